@@ -1,0 +1,216 @@
+//! Address newtypes and aggregation keys.
+//!
+//! [`PeerAddr`] (the socket we accepted) and [`ClientAddr`] (who we believe the
+//! client is) are distinct types so that keying a limit by the wrong one does
+//! not compile.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The direct TCP peer of a connection: a client, or a load balancer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerAddr(pub SocketAddr);
+
+impl PeerAddr {
+    /// The peer's IP, with IPv4-mapped IPv6 normalised to IPv4.
+    pub fn ip(&self) -> IpAddr {
+        normalize(self.0.ip())
+    }
+}
+
+/// The address weir believes the client has, after trusted-proxy resolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientAddr(IpAddr);
+
+impl ClientAddr {
+    /// Wraps an address, normalising IPv4-mapped IPv6 (`::ffff:a.b.c.d`) to IPv4
+    /// so one client never has two keys.
+    pub fn new(ip: IpAddr) -> Self {
+        ClientAddr(normalize(ip))
+    }
+
+    pub fn ip(&self) -> IpAddr {
+        self.0
+    }
+
+    /// The aggregation key of this address at `level`.
+    pub fn key(&self, level: Level) -> PrefixKey {
+        PrefixKey::of(self.0, level)
+    }
+}
+
+/// Where the client address came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddrSource {
+    /// The TCP peer itself (no trusted proxy in front).
+    Peer,
+    /// A PROXY protocol header from a trusted peer.
+    ProxyProtocol,
+    /// `X-Forwarded-For` from a trusted peer.
+    XForwardedFor,
+    /// RFC 7239 `Forwarded` from a trusted peer.
+    Forwarded,
+}
+
+impl AddrSource {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            AddrSource::Peer => "peer",
+            AddrSource::ProxyProtocol => "proxy_protocol",
+            AddrSource::XForwardedFor => "x_forwarded_for",
+            AddrSource::Forwarded => "forwarded",
+        }
+    }
+}
+
+/// The identity of a request's client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientId {
+    pub peer: PeerAddr,
+    pub client: ClientAddr,
+    pub source: AddrSource,
+}
+
+/// Aggregation levels for keys: the same level means a comparable share of the
+/// address space for IPv4 and IPv6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Level {
+    /// One address: IPv4 /32, IPv6 /128.
+    Address,
+    /// A subnet: IPv4 /24, IPv6 /64 (one customer's LAN).
+    Subnet,
+    /// A network: IPv4 /16, IPv6 /48 (one site or provider block).
+    Network,
+}
+
+impl Level {
+    pub fn prefix_len(&self, ip: &IpAddr) -> u8 {
+        match (self, ip) {
+            (Level::Address, IpAddr::V4(_)) => 32,
+            (Level::Subnet, IpAddr::V4(_)) => 24,
+            (Level::Network, IpAddr::V4(_)) => 16,
+            (Level::Address, IpAddr::V6(_)) => 128,
+            (Level::Subnet, IpAddr::V6(_)) => 64,
+            (Level::Network, IpAddr::V6(_)) => 48,
+        }
+    }
+}
+
+/// A masked address and its prefix length: a compact, hashable map key.
+///
+/// IPv4 keys live in the low 32 bits with `v4 = true`, so `10.0.0.0/8` and
+/// `::a00:0/8` never collide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PrefixKey {
+    bits: u128,
+    len: u8,
+    v4: bool,
+}
+
+impl PrefixKey {
+    pub fn of(ip: IpAddr, level: Level) -> PrefixKey {
+        let ip = normalize(ip);
+        let len = level.prefix_len(&ip);
+        match ip {
+            IpAddr::V4(v4) => {
+                let raw = u32::from(v4);
+                let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+                PrefixKey {
+                    bits: (raw & mask) as u128,
+                    len,
+                    v4: true,
+                }
+            }
+            IpAddr::V6(v6) => {
+                let raw = u128::from(v6);
+                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                PrefixKey {
+                    bits: raw & mask,
+                    len,
+                    v4: false,
+                }
+            }
+        }
+    }
+
+    /// The network address of the prefix.
+    pub fn network(&self) -> IpAddr {
+        if self.v4 {
+            IpAddr::V4(Ipv4Addr::from(self.bits as u32))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(self.bits))
+        }
+    }
+
+    pub fn len(&self) -> u8 {
+        self.len
+    }
+
+    /// A 64-bit digest for compact stores (not a cryptographic hash).
+    pub fn digest(&self) -> u64 {
+        let hi = (self.bits >> 64) as u64;
+        let lo = self.bits as u64;
+        let mixed = hi.rotate_left(17) ^ lo ^ ((self.len as u64) << 56) ^ (self.v4 as u64);
+        // splitmix64 finaliser: spreads nearby prefixes over the whole range.
+        let mut z = mixed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+impl std::fmt::Display for PrefixKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.network(), self.len)
+    }
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) becomes plain IPv4.
+pub fn normalize(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ip: &str, level: Level) -> String {
+        PrefixKey::of(ip.parse().unwrap(), level).to_string()
+    }
+
+    #[test]
+    fn prefixes_per_level() {
+        let cases = [
+            ("203.0.113.77", Level::Address, "203.0.113.77/32"),
+            ("203.0.113.77", Level::Subnet, "203.0.113.0/24"),
+            ("203.0.113.77", Level::Network, "203.0.0.0/16"),
+            ("::ffff:203.0.113.77", Level::Subnet, "203.0.113.0/24"),
+            ("2001:db8:1:2:3:4:5:6", Level::Address, "2001:db8:1:2:3:4:5:6/128"),
+            ("2001:db8:1:2:3:4:5:6", Level::Subnet, "2001:db8:1:2::/64"),
+            ("2001:db8:1:2:3:4:5:6", Level::Network, "2001:db8:1::/48"),
+        ];
+        for (ip, level, want) in cases {
+            assert_eq!(key(ip, level), want, "{ip} at {level:?}");
+        }
+    }
+
+    #[test]
+    fn mapped_and_plain_v4_are_one_client() {
+        let a = ClientAddr::new("::ffff:10.1.2.3".parse().unwrap());
+        let b = ClientAddr::new("10.1.2.3".parse().unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a.key(Level::Address).digest(), b.key(Level::Address).digest());
+    }
+
+    #[test]
+    fn v4_and_v6_keys_differ() {
+        let v4 = PrefixKey::of("10.0.0.0".parse().unwrap(), Level::Address);
+        let v6 = PrefixKey::of("::a00:0".parse().unwrap(), Level::Address);
+        assert_ne!(v4, v6);
+    }
+}

@@ -1,0 +1,1 @@
+//! Dominant peer detection (stub).

@@ -1,0 +1,1 @@
+//! Forwarding headers (stub).

@@ -1,0 +1,1 @@
+//! limiter (being written).

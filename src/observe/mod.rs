@@ -1,0 +1,1 @@
+//! observe (being written).
