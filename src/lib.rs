@@ -19,7 +19,9 @@
 //! - [`proxy`]: the one function that composes the stages for each request.
 
 pub mod config;
+pub mod body;
 pub mod edge;
+pub mod gateway;
 pub mod identity;
 pub mod lab;
 pub mod limiter;
@@ -27,4 +29,5 @@ pub mod observe;
 pub mod policy;
 pub mod proxy;
 pub mod runtime;
+pub mod server;
 pub mod upstream;

@@ -1,1 +1,176 @@
-fn main() {}
+//! The `weir` command line: `run`, `check` (and, as the lab lands, `sim`,
+//! `replay`, `demo`). Errors are printed once, with their chain, here and only
+//! here; exit status 2 for unusable input, 1 for failures.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use weir::config::{ProcessEnv, load_file};
+use weir::gateway::Gateway;
+use weir::server::Server;
+
+#[derive(Parser)]
+#[command(name = "weir", version, about = "An edge gateway that keeps a web app up under crawler floods without shutting people out")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Run {
+        /// Configuration file.
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+        /// Write bound addresses as JSON to this file once serving
+        /// (`{"listeners":[...],"admin":"...","pid":N}`).
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+    },
+    /// Validate a configuration file and report every problem with its line.
+    Check {
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run { config, ready_file } => run(&config, ready_file.as_deref()),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("weir: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn check(path: &Path) -> anyhow::Result<ExitCode> {
+    let outcome = load_file(path, &ProcessEnv).and_then(|l| Gateway::build(l, None, 1));
+    match outcome {
+        Ok(g) => {
+            println!(
+                "{}: ok ({} listeners, {} pools, {} routes)",
+                path.display(),
+                g.listeners.len(),
+                g.pools.len(),
+                g.routes.routes.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{e}");
+            }
+            eprintln!("{}: {} problem(s)", path.display(), errors.0.len());
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let loaded = load_file(path, &ProcessEnv).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let workers = match loaded.config.process.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .thread_name("weir-worker")
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let server = Server::start(loaded, Some(path.to_path_buf()), Box::new(ProcessEnv)).await?;
+        tracing::info!(listeners = ?server.listeners, admin = ?server.admin, "weir is serving");
+        if let Some(file) = ready_file {
+            write_ready_file(file, &server).context("writing the ready file")?;
+        }
+        let drain_timeout = server.runtime.gateway.load().drain_timeout;
+        wait_for_stop(&server).await;
+        tracing::info!(?drain_timeout, "draining: finishing in-flight requests");
+        let fast = tokio::spawn(async {
+            second_signal().await;
+        });
+        let report = tokio::select! {
+            r = server.drain(drain_timeout) => r,
+            _ = fast => {
+                tracing::warn!("second signal: stopping now");
+                return Ok(ExitCode::SUCCESS);
+            }
+        };
+        tracing::info!(forced = report.forced, took = ?report.took, "drained; exiting");
+        Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
+    })
+}
+
+fn write_ready_file(path: &Path, server: &Server) -> std::io::Result<()> {
+    let doc = serde_json::json!({
+        "listeners": server.listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "admin": server.admin.map(|a| a.to_string()),
+        "pid": std::process::id(),
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, doc.to_string())?;
+    std::fs::rename(tmp, path)
+}
+
+/// Waits for SIGTERM or SIGINT; reloads on SIGHUP meanwhile.
+async fn wait_for_stop(server: &Server) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        tracing::error!("cannot install signal handlers; waiting forever");
+        std::future::pending::<()>().await;
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = term.recv() => return,
+            _ = int.recv() => return,
+            _ = hup.recv() => {
+                let rt = server.runtime.clone();
+                let _ = tokio::task::spawn_blocking(move || rt.reload(true)).await;
+            }
+        }
+    }
+}
+
+/// A second SIGTERM/SIGINT, or SIGQUIT, during a drain means stop now.
+async fn second_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int), Ok(mut quit)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::quit()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        _ = quit.recv() => {}
+    }
+    let _ = Duration::ZERO;
+}

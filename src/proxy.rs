@@ -1,1 +1,427 @@
-//! proxy
+//! The request path: one function that runs the stages in order.
+//!
+//! ```text
+//! handle ─► identity ─► policy ─► upstream ─► response
+//!   │        ClientId    Route,     pool,        │
+//!   │                    Decision   server       ▼
+//!   └──────────────────────────────────────► observe (on body end)
+//! ```
+//!
+//! Each stage hands the next a typed value. [`reject`] is the one place that
+//! turns a rejection or failure into a response; [`RequestLog`] is the one
+//! place that writes the access log and request metrics, when the response
+//! body ends, so the log's bytes and durations are true.
+
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use crate::body::{OnComplete, RequestBody, ResponseBody};
+use crate::edge::inflight::InFlightGuard;
+use crate::edge::{ConnGuard, ConnState};
+use crate::identity::forwarded;
+use crate::identity::{ClientId, PeerAddr};
+use crate::observe::access_log::{AccessRecord, timestamp};
+use crate::observe::metrics::{PoolErrorLabels, PoolLabels, RequestLabels, RuleLabels};
+use crate::policy::route::RequestView;
+use crate::policy::{Decision, RejectReason};
+use crate::runtime::Runtime;
+use crate::upstream::forward::{self, ForwardError, Hop, strip_hop_by_hop};
+use crate::upstream::{Pool, ServerGuard};
+
+/// What a request knows about its connection.
+pub struct ConnCtx {
+    pub peer: PeerAddr,
+    pub peer_trusted: bool,
+    /// The PROXY protocol source, believed (peer trusted).
+    pub proxy_source: Option<IpAddr>,
+    pub tls: bool,
+    pub state: Arc<ConnState>,
+    /// Keeps the connection's slots while any request or tunnel uses them.
+    pub guard: Arc<ConnGuard>,
+    pub rt: Arc<Runtime>,
+}
+
+/// Serves one request. Never fails: every outcome is a response.
+pub async fn handle(
+    mut req: Request<Incoming>,
+    conn: Arc<ConnCtx>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let started = Instant::now();
+    conn.state.request_started(req.version() == Version::HTTP_2);
+    let rt = &conn.rt;
+    let gw = rt.gateway.load_full();
+
+    // Identity: who is the client.
+    let resolved = forwarded::resolve(
+        conn.peer,
+        conn.proxy_source,
+        req.headers(),
+        &gw.trusted,
+        gw.client_header,
+    );
+    if let Some(w) = resolved.warning {
+        rt.forwarding_warning(w.as_str(), conn.peer);
+    }
+    if gw.trusted.is_empty()
+        && let Some(d) = gw.dominance.observe(conn.peer.ip(), started)
+    {
+        rt.dominant_peer(d);
+    }
+    let client = resolved.client;
+
+    // Policy: which route, and may it go upstream.
+    let host = request_host(&req).map(str::to_owned);
+    let mut log = RequestLog::new(&req, &client, host.as_deref(), conn.clone(), started);
+    let route = gw.routes.find(&RequestView {
+        method: req.method(),
+        uri: req.uri(),
+        host: host.as_deref(),
+        headers: req.headers(),
+    });
+    let decision = match route {
+        None => Decision::Reject(RejectReason::NoRoute),
+        Some(route) => {
+            log.record.class = route.class.as_str().to_owned();
+            log.class = route.class.shared();
+            let max = gw.edge.max_in_flight_per_ip;
+            match rt.client_in_flight.acquire(client.client, max) {
+                Some(g) => {
+                    log.in_flight = Some(g);
+                    Decision::Admit
+                }
+                None => Decision::Reject(RejectReason::ClientInFlight { limit: max }),
+            }
+        }
+    };
+    log.record.decision = decision.as_str();
+    let route = match (decision, route) {
+        (Decision::Admit, Some(route)) => route,
+        (Decision::Reject(reason), _) => return Ok(reject(&reason, log)),
+        (Decision::Admit, None) => return Ok(reject(&RejectReason::NoRoute, log)),
+    };
+
+    // Upstream: pick a server and forward.
+    let pool = gw.pools[route.pool].clone();
+    log.record.pool = Some(pool.name.to_string());
+    let hop = Hop {
+        client: &client,
+        peer_trusted: conn.peer_trusted,
+        proxy_source: conn.proxy_source,
+        tls: conn.tls,
+        host: host.as_deref(),
+    };
+    let client_version = req.version();
+    let upgrade = is_upgrade(&req);
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    parts.headers.remove(header::EXPECT);
+    if parts.version == Version::HTTP_2
+        && !parts.headers.contains_key(header::HOST)
+        && let Some(h) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        parts.headers.insert(header::HOST, h);
+    }
+    gw.forwarding.apply(&mut parts.headers, &hop, parts.version);
+    let body = RequestBody::new(body, route.settings.body_read_timeout, log.bytes_in.clone());
+    let timeout = route.settings.response_timeout.unwrap_or(pool.response_timeout);
+    let result = send_with_failover(&pool, parts, body, timeout, &mut log, rt).await;
+    match result {
+        Ok(mut resp) => {
+            log.record.upstream_status = Some(resp.status().as_u16());
+            let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+            strip_hop_by_hop(resp.headers_mut(), is_101 && upgrade);
+            if is_101 && let Some(client_upgrade) = client_upgrade {
+                let upstream_upgrade = hyper::upgrade::on(&mut resp);
+                let tunnel_guard = conn.guard.clone();
+                tokio::spawn(async move {
+                    if let (Ok(a), Ok(b)) = tokio::join!(client_upgrade, upstream_upgrade) {
+                        let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
+                    }
+                    drop(tunnel_guard);
+                });
+            }
+            let (mut parts, body) = resp.into_parts();
+            // The client gets its own protocol version, whatever the upstream spoke.
+            parts.version = client_version;
+            log.record.status = parts.status.as_u16();
+            let body = ResponseBody::upstream(body).on_complete(Box::new(log));
+            Ok(Response::from_parts(parts, body))
+        }
+        Err(e) => {
+            log.record.error = Some(e.to_string());
+            let status = e.status();
+            Ok(failure(status, e.kind(), log))
+        }
+    }
+}
+
+/// Sends the request; a connect failure of a bodyless request is re-sent once
+/// to another server (nothing reached the first one, so this is always safe).
+async fn send_with_failover(
+    pool: &Arc<Pool>,
+    parts: http::request::Parts,
+    body: RequestBody,
+    timeout: Duration,
+    log: &mut RequestLog,
+    rt: &Runtime,
+) -> Result<Response<Incoming>, ForwardError> {
+    use http_body::Body as _;
+    let retry_copy = (body.is_end_stream() && pool.servers.len() > 1)
+        .then(|| (parts.method.clone(), parts.uri.clone(), parts.version, parts.headers.clone()));
+    let mut request = Some(Request::from_parts(parts, body));
+    let mut failed: Option<ServerGuard> = None;
+    loop {
+        let Some(guard) = pool.pick(failed.as_ref().map(|g| &g.server)) else {
+            return Err(ForwardError::NoServer);
+        };
+        let req = match request.take() {
+            Some(r) => r,
+            None => {
+                // Only reached on a retry, which requires `retry_copy`.
+                let Some((method, uri, version, headers)) = retry_copy.clone() else {
+                    return Err(ForwardError::NoServer);
+                };
+                let mut r = Request::new(RequestBody::empty());
+                *r.method_mut() = method;
+                *r.uri_mut() = uri;
+                *r.version_mut() = version;
+                *r.headers_mut() = headers;
+                r
+            }
+        };
+        log.record.upstream = Some(guard.server.addr.to_string());
+        let labels = PoolLabels {
+            pool: pool.name.clone(),
+        };
+        let in_flight = rt.metrics.upstream_in_flight.get_or_create(&labels).clone();
+        in_flight.inc();
+        let sent = Instant::now();
+        let res = forward::send(pool, &guard.server, req, timeout).await;
+        in_flight.dec();
+        log.upstream_started = Some(sent);
+        match res {
+            Ok(resp) => {
+                rt.metrics
+                    .upstream_duration
+                    .get_or_create(&labels)
+                    .observe(sent.elapsed().as_secs_f64());
+                log.record.upstream_ms = Some(ms(sent.elapsed()));
+                log.server = Some(guard);
+                return Ok(resp);
+            }
+            Err(e) => {
+                rt.metrics
+                    .upstream_errors
+                    .get_or_create(&PoolErrorLabels {
+                        pool: pool.name.clone(),
+                        kind: e.kind(),
+                    })
+                    .inc();
+                let can_retry = e.nothing_sent() && failed.is_none() && retry_copy.is_some();
+                if !can_retry {
+                    return Err(e);
+                }
+                rt.metrics.upstream_retries.get_or_create(&labels).inc();
+                tracing::debug!(error = %e, "connect failed; trying another server");
+                failed = Some(guard);
+            }
+        }
+    }
+}
+
+fn is_upgrade(req: &Request<Incoming>) -> bool {
+    req.version() == Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && req
+            .headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// The request's host without port: the URI authority (HTTP/2, absolute
+/// form) or the `Host` header.
+fn request_host<B>(req: &Request<B>) -> Option<&str> {
+    let raw = match req.uri().host() {
+        Some(h) => h,
+        None => req.headers().get(header::HOST)?.to_str().ok()?,
+    };
+    Some(strip_port(raw))
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.split(']').next().map_or(host, |h| &host[..h.len() + 1]);
+    }
+    match host.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+/// The one place a rejection becomes a response.
+pub fn reject(reason: &RejectReason, mut log: RequestLog) -> Response<ResponseBody> {
+    log.record.rule = Some(reason.rule());
+    log.conn
+        .rt
+        .metrics
+        .rejections
+        .get_or_create(&RuleLabels { rule: reason.rule() })
+        .inc();
+    let message = match reason {
+        RejectReason::ClientInFlight { limit } => {
+            format!("too many requests in flight from your address (limit {limit})")
+        }
+        RejectReason::NoRoute => "no route for this request".into(),
+        RejectReason::BadRequest(why) => (*why).into(),
+        RejectReason::Draining => "this server is restarting; please retry".into(),
+    };
+    respond(reason.status(), reason.retry_after(), reason.rule(), &message, log)
+}
+
+/// The one place an upstream failure becomes a response.
+fn failure(status: StatusCode, kind: &'static str, log: RequestLog) -> Response<ResponseBody> {
+    let message = match status {
+        StatusCode::GATEWAY_TIMEOUT => "the application did not answer in time",
+        _ => "the application could not be reached",
+    };
+    respond(status, None, kind, message, log)
+}
+
+fn respond(
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    reason: &str,
+    message: &str,
+    mut log: RequestLog,
+) -> Response<ResponseBody> {
+    log.record.status = status.as_u16();
+    let body = format!("{} {}: {message}\n", status.as_u16(), status.canonical_reason().unwrap_or(""));
+    let mut resp = Response::new(ResponseBody::full(body).on_complete(Box::new(log)));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(after) = retry_after {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
+    }
+    if let Ok(v) = HeaderValue::from_str(reason) {
+        h.insert("x-weir-reason", v);
+    }
+    resp
+}
+
+/// The access-log line and request metrics of one request, written once when
+/// its response body ends. Holds the request's slots until then.
+pub struct RequestLog {
+    pub record: AccessRecord,
+    class: Arc<str>,
+    started: Instant,
+    upstream_started: Option<Instant>,
+    bytes_in: Arc<AtomicU64>,
+    conn: Arc<ConnCtx>,
+    in_flight: Option<InFlightGuard>,
+    server: Option<ServerGuard>,
+}
+
+impl RequestLog {
+    fn new<B>(req: &Request<B>, client: &ClientId, host: Option<&str>, conn: Arc<ConnCtx>, started: Instant) -> Self {
+        let proto = match req.version() {
+            Version::HTTP_2 => "HTTP/2",
+            Version::HTTP_10 => "HTTP/1.0",
+            _ => "HTTP/1.1",
+        };
+        RequestLog {
+            record: AccessRecord {
+                time: timestamp(SystemTime::now()),
+                client: client.client.ip(),
+                peer: client.peer.ip(),
+                client_source: client.source.as_str(),
+                method: req.method().as_str().to_owned(),
+                host: host.unwrap_or("").to_owned(),
+                path: req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+                proto,
+                class: "unrouted".into(),
+                decision: "admit",
+                rule: None,
+                pool: None,
+                upstream: None,
+                status: 0,
+                upstream_status: None,
+                bytes_in: 0,
+                bytes_out: 0,
+                duration_ms: 0.0,
+                queue_ms: 0.0,
+                upstream_ms: None,
+                error: None,
+            },
+            class: Arc::from("unrouted"),
+            started,
+            upstream_started: None,
+            bytes_in: Arc::new(AtomicU64::new(0)),
+            conn,
+            in_flight: None,
+            server: None,
+        }
+    }
+}
+
+impl OnComplete for RequestLog {
+    fn complete(mut self: Box<Self>, bytes_out: u64, error: Option<String>) {
+        let rt = &self.conn.rt;
+        self.record.bytes_out = bytes_out;
+        self.record.bytes_in = self.bytes_in.load(Ordering::Relaxed);
+        self.record.duration_ms = ms(self.started.elapsed());
+        if error.is_some() && self.record.error.is_none() {
+            self.record.error = error;
+        }
+        let _ = self.upstream_started;
+        rt.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                class: self.class.clone(),
+                status: self.record.status,
+                decision: self.record.decision,
+            })
+            .inc();
+        if !rt.access_log.write(&self.record) {
+            rt.metrics.access_log_dropped.inc();
+        }
+        self.in_flight.take();
+        self.server.take();
+        self.conn.state.request_finished();
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_without_port() {
+        let cases = [
+            ("wiki.example:8080", "wiki.example"),
+            ("wiki.example", "wiki.example"),
+            ("[2001:db8::1]:443", "[2001:db8::1]"),
+            ("[2001:db8::1]", "[2001:db8::1]"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(strip_port(input), want, "{input}");
+        }
+    }
+}

@@ -1,1 +1,176 @@
-//! runtime
+//! What one running weir process shares across all its connections: the
+//! current [`Gateway`] (swapped atomically on reload), metrics, the connection
+//! tracker, per-client in-flight counts and the access log.
+//!
+//! Reload lives here: validate, build, swap; an invalid file is refused with
+//! its reasons and the running gateway stays.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+
+use crate::config::{ConfigErrors, Env, LoadedConfig, load_file};
+use crate::edge::ConnTracker;
+use crate::edge::inflight::ClientInFlight;
+use crate::gateway::Gateway;
+use crate::identity::PeerAddr;
+use crate::identity::dominance::DominantPeer;
+use crate::observe::metrics::ResultLabels;
+use crate::observe::{AccessLog, Metrics};
+
+/// Process-wide state.
+pub struct Runtime {
+    pub gateway: ArcSwap<Gateway>,
+    pub metrics: Arc<Metrics>,
+    pub tracker: Arc<ConnTracker>,
+    pub client_in_flight: Arc<ClientInFlight>,
+    pub access_log: AccessLog,
+    pub started: Instant,
+    config_path: Option<PathBuf>,
+    env: Box<dyn Env + Send + Sync>,
+    reload_lock: Mutex<()>,
+    /// Rate-limits warning logs: at most one per kind per interval.
+    last_warning_ms: [AtomicU64; 3],
+}
+
+/// How often a repeated warning is logged (it is always counted).
+const WARN_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The outcome of a reload.
+#[derive(Debug)]
+pub enum ReloadOutcome {
+    /// The new configuration runs; `restart_needed` lists settings that only
+    /// take effect after a restart.
+    Applied {
+        version: u64,
+        restart_needed: Vec<&'static str>,
+    },
+    /// The file did not change.
+    Unchanged,
+}
+
+impl Runtime {
+    pub fn new(
+        gateway: Gateway,
+        metrics: Arc<Metrics>,
+        access_log: AccessLog,
+        config_path: Option<PathBuf>,
+        env: Box<dyn Env + Send + Sync>,
+    ) -> Arc<Runtime> {
+        let tracker = ConnTracker::new(gateway.edge.conn, metrics.clone());
+        metrics.config_version.set(gateway.version as i64);
+        Arc::new(Runtime {
+            gateway: ArcSwap::from_pointee(gateway),
+            metrics,
+            tracker,
+            client_in_flight: Arc::new(ClientInFlight::default()),
+            access_log,
+            started: Instant::now(),
+            config_path,
+            env,
+            reload_lock: Mutex::new(()),
+            last_warning_ms: Default::default(),
+        })
+    }
+
+    /// Re-reads the config file and applies it. `force` applies it even when
+    /// the file did not change.
+    pub fn reload(&self, force: bool) -> Result<ReloadOutcome, ConfigErrors> {
+        let Some(path) = self.config_path.clone() else {
+            return Ok(ReloadOutcome::Unchanged);
+        };
+        let _one_at_a_time = self.reload_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let loaded = match load_file(&path, &*self.env) {
+            Ok(l) => l,
+            Err(e) => return Err(self.reload_failed(e)),
+        };
+        if !force && loaded.digest == self.gateway.load().loaded.digest {
+            return Ok(ReloadOutcome::Unchanged);
+        }
+        self.apply(loaded)
+    }
+
+    /// Builds and swaps in a parsed configuration.
+    pub fn apply(&self, loaded: LoadedConfig) -> Result<ReloadOutcome, ConfigErrors> {
+        let current = self.gateway.load_full();
+        let version = current.version + 1;
+        let next = match Gateway::build(loaded, Some(&current), version) {
+            Ok(g) => g,
+            Err(e) => return Err(self.reload_failed(e)),
+        };
+        let mut restart_needed = Vec::new();
+        if next.loaded.config.listeners != current.loaded.config.listeners {
+            restart_needed.push("listeners");
+        }
+        if next.loaded.config.admin != current.loaded.config.admin {
+            restart_needed.push("admin");
+        }
+        if next.loaded.config.access_log != current.loaded.config.access_log {
+            restart_needed.push("access_log");
+        }
+        if next.loaded.config.process.workers != current.loaded.config.process.workers {
+            restart_needed.push("process.workers");
+        }
+        self.tracker.set_limits(next.edge.conn);
+        self.gateway.store(Arc::new(next));
+        self.metrics.config_version.set(version as i64);
+        self.metrics.reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
+        tracing::info!(version, ?restart_needed, "configuration reloaded");
+        Ok(ReloadOutcome::Applied {
+            version,
+            restart_needed,
+        })
+    }
+
+    fn reload_failed(&self, e: ConfigErrors) -> ConfigErrors {
+        self.metrics
+            .reloads
+            .get_or_create(&ResultLabels { result: "invalid" })
+            .inc();
+        tracing::error!(errors = %e, "configuration reload refused; the running configuration stays");
+        e
+    }
+
+    /// Counts a forwarding-header warning and logs it at most once a minute.
+    pub fn forwarding_warning(&self, kind: &'static str, peer: PeerAddr) {
+        self.metrics.forwarding_warning(kind);
+        let slot = if kind == "untrusted_peer" { 0 } else { 1 };
+        if self.should_log(slot) {
+            tracing::warn!(
+                kind,
+                peer = %peer.0.ip(),
+                "forwarding headers ignored: the peer is not in identity.trusted_proxies \
+                 (if weir runs behind a load balancer, add its addresses there)"
+            );
+        }
+    }
+
+    /// Reports a peer that carries most traffic while no proxy is trusted.
+    pub fn dominant_peer(&self, d: DominantPeer) {
+        self.metrics.forwarding_warning("dominant_peer");
+        self.metrics.dominant_peer_share.set(d.share);
+        if self.should_log(2) {
+            tracing::warn!(
+                peer = %d.peer,
+                share = d.share,
+                requests = d.requests,
+                "one peer address sends most requests and no trusted proxy is configured: \
+                 weir may be behind a load balancer and see every client as one address"
+            );
+        }
+    }
+
+    fn should_log(&self, slot: usize) -> bool {
+        let now = self.started.elapsed().as_millis() as u64 + 1;
+        let last = self.last_warning_ms[slot].load(Ordering::Relaxed);
+        if last != 0 && now - last < WARN_INTERVAL.as_millis() as u64 {
+            return false;
+        }
+        self.last_warning_ms[slot]
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+}

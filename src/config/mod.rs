@@ -1,1 +1,17 @@
-//! config (being written).
+//! Configuration: the TOML schema, `${VAR}` substitution, validation and loading.
+//!
+//! This module owns the *file* view of configuration: serde structs that mirror
+//! the TOML, each field documented with its default. It does not build runtime
+//! state; [`crate::gateway::Gateway::build`] turns a validated [`Config`] into
+//! values that cannot be invalid (compiled routes, CIDR tables, durations).
+//!
+//! Every key is documented in `docs/configuration.md`; a test keeps the two in
+//! step.
+
+mod env;
+mod load;
+mod schema;
+
+pub use env::{Env, ProcessEnv};
+pub use load::{ConfigError, ConfigErrors, KeyPath, LoadedConfig, load_file, load_str};
+pub use schema::*;

@@ -1,1 +1,13 @@
-//! upstream (being written).
+//! Upstream: pools of servers, balancing, and forwarding with proxy semantics.
+//!
+//! Owns the connections to upstream servers (keep-alive pooled by hyper-util's
+//! client), choosing a server per request, rewriting headers for the hop, and
+//! classifying failures (connect, timeout, reset) by side and retry safety.
+//! It does not decide whether a request may go upstream; that is policy's and
+//! (later) admission's job.
+
+pub mod forward;
+pub mod pool;
+
+pub use forward::{ForwardError, ForwardingHeaders, Hop};
+pub use pool::{Pool, Server, ServerGuard};

@@ -1,0 +1,217 @@
+//! Body wrappers for the two directions of a proxied exchange.
+//!
+//! [`RequestBody`] streams the client's body upstream, counting bytes and
+//! enforcing the class's body read timeout (the longest wait between two
+//! chunks). [`ResponseBody`] streams the response to the client and runs a
+//! completion hook exactly once, when the body ends or is dropped, so the
+//! access log and in-flight counters see the true end of every request.
+//! Neither buffers: memory stays flat for a 1 GiB upload.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The request body has stalled longer than the class allows.
+#[derive(Debug, thiserror::Error)]
+#[error("request body read timed out after {0:?} without data")]
+pub struct BodyReadTimeout(pub Duration);
+
+/// The client's request body, on its way upstream.
+pub struct RequestBody {
+    inner: Option<Incoming>,
+    read_timeout: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    bytes: Arc<AtomicU64>,
+}
+
+impl RequestBody {
+    pub fn new(inner: Incoming, read_timeout: Duration, bytes: Arc<AtomicU64>) -> Self {
+        RequestBody {
+            inner: Some(inner),
+            read_timeout,
+            timer: None,
+            bytes,
+        }
+    }
+
+    /// An empty body (for a request re-sent after a connect failure).
+    pub fn empty() -> Self {
+        RequestBody {
+            inner: None,
+            read_timeout: Duration::MAX,
+            timer: None,
+            bytes: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+                if let Some(t) = this.timer.as_mut() {
+                    t.as_mut().reset(Instant::now() + this.read_timeout);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                if this.read_timeout == Duration::MAX {
+                    return Poll::Pending;
+                }
+                let timeout = this.read_timeout;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                ready!(timer.as_mut().poll(cx));
+                Poll::Ready(Some(Err(Box::new(BodyReadTimeout(timeout)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+/// Runs once when a response body ends (or is abandoned).
+pub trait OnComplete: Send + Sync + 'static {
+    /// `bytes_out`: body bytes sent; `error`: why it did not end cleanly.
+    fn complete(self: Box<Self>, bytes_out: u64, error: Option<String>);
+}
+
+enum Inner {
+    Upstream(Incoming),
+    Full(Option<Bytes>),
+}
+
+/// A response body towards the client.
+pub struct ResponseBody {
+    inner: Inner,
+    bytes_out: u64,
+    on_complete: Option<Box<dyn OnComplete>>,
+}
+
+impl ResponseBody {
+    pub fn upstream(body: Incoming) -> Self {
+        ResponseBody {
+            inner: Inner::Upstream(body),
+            bytes_out: 0,
+            on_complete: None,
+        }
+    }
+
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        let b: Bytes = bytes.into();
+        ResponseBody {
+            inner: Inner::Full((!b.is_empty()).then_some(b)),
+            bytes_out: 0,
+            on_complete: None,
+        }
+    }
+
+    pub fn empty() -> Self {
+        Self::full(Bytes::new())
+    }
+
+    /// Attaches the completion hook.
+    pub fn on_complete(mut self, hook: Box<dyn OnComplete>) -> Self {
+        self.on_complete = Some(hook);
+        self
+    }
+
+    fn finish(&mut self, error: Option<String>) {
+        if let Some(hook) = self.on_complete.take() {
+            hook.complete(self.bytes_out, error);
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = match &mut this.inner {
+            Inner::Upstream(b) => match ready!(Pin::new(b).poll_frame(cx)) {
+                Some(Ok(f)) => Some(Ok(f)),
+                Some(Err(e)) => Some(Err(BoxError::from(e))),
+                None => None,
+            },
+            Inner::Full(b) => b.take().map(|d| Ok(Frame::data(d))),
+        };
+        match &polled {
+            Some(Ok(frame)) => {
+                if let Some(d) = frame.data_ref() {
+                    this.bytes_out += d.len() as u64;
+                }
+                if this.is_end_stream() {
+                    this.finish(None);
+                }
+            }
+            Some(Err(e)) => this.finish(Some(format!("upstream body: {e}"))),
+            None => this.finish(None),
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Upstream(b) => b.is_end_stream(),
+            Inner::Full(b) => b.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Upstream(b) => b.size_hint(),
+            Inner::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        if self.on_complete.is_some() {
+            let error = if self.is_end_stream() {
+                None
+            } else {
+                Some("client closed before the response ended".to_string())
+            };
+            self.finish(error);
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! The configuration file's schema: one serde struct per TOML table.
+//!
+//! Defaults are part of the product: a file with only a listener and a pool
+//! already caps connections per address, times out slow headers and sheds idle
+//! connections first. Each default below says why it was chosen.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where weir accepts client connections. At least one.
+    #[serde(default)]
+    pub listeners: Vec<ListenerConfig>,
+    /// The admin API (metrics, health, status, reload).
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// How the client address is found.
+    #[serde(default)]
+    pub identity: IdentityConfig,
+    /// Connection control at the edge.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Which forwarding headers weir sets towards upstreams.
+    #[serde(default)]
+    pub forwarding: ForwardingConfig,
+    /// The access log.
+    #[serde(default)]
+    pub access_log: AccessLogConfig,
+    /// Process-level settings: worker threads, drain, reload.
+    #[serde(default)]
+    pub process: ProcessConfig,
+    /// Upstream pools by name.
+    #[serde(default)]
+    pub pools: BTreeMap<String, PoolConfig>,
+    /// Route classes by name: per-class timeouts (and later, rules).
+    #[serde(default)]
+    pub classes: BTreeMap<String, ClassConfig>,
+    /// Routes, matched in order; the first match wins.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// One listening socket.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// `ip:port` to bind, e.g. `0.0.0.0:80` or `[::]:443`. Port 0 picks a free port.
+    pub address: String,
+    /// Expect a PROXY protocol v1 or v2 header on every connection. Only
+    /// believed when the peer is in `identity.trusted_proxies`.
+    #[serde(default)]
+    pub proxy_protocol: bool,
+    /// Serve TLS with these PEM files; ALPN offers h2 and http/1.1.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    /// Accept HTTP/2 (h2c prior knowledge on plain listeners, ALPN on TLS).
+    #[serde(default = "yes")]
+    pub http2: bool,
+}
+
+/// Certificate and key for a TLS listener.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file with the certificate chain, leaf first.
+    pub cert: String,
+    /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: String,
+}
+
+/// The admin listener.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `ip:port` of the admin API. Loopback by default: it can reload config.
+    #[serde(default = "default_admin_address")]
+    pub address: String,
+    /// Set to false to run without an admin listener.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            address: default_admin_address(),
+            enabled: true,
+        }
+    }
+}
+
+/// Client identity settings.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IdentityConfig {
+    /// CIDRs of proxies/load balancers whose forwarding information is believed.
+    /// Empty (the default) means the TCP peer is the client.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// Which header carries the client chain from trusted proxies:
+    /// `x-forwarded-for` (default) or `forwarded` (RFC 7239).
+    #[serde(default)]
+    pub client_header: ClientHeader,
+    /// Warn when one peer address sends more than this share of requests
+    /// while `trusted_proxies` is empty: weir is probably behind an
+    /// unconfigured load balancer and sees every client as one (incident 4).
+    #[serde(default = "default_dominant_share")]
+    pub dominant_peer_share: f64,
+    /// The window over which that share is measured.
+    #[serde(default = "default_dominant_window")]
+    pub dominant_peer_window: ConfigDuration,
+    /// Minimum requests in a window before the share is judged.
+    #[serde(default = "default_dominant_min")]
+    pub dominant_peer_min_requests: u64,
+}
+
+impl Default for IdentityConfig {
+    fn default() -> Self {
+        IdentityConfig {
+            trusted_proxies: Vec::new(),
+            client_header: ClientHeader::default(),
+            dominant_peer_share: default_dominant_share(),
+            dominant_peer_window: default_dominant_window(),
+            dominant_peer_min_requests: default_dominant_min(),
+        }
+    }
+}
+
+/// Which forwarding header to believe from trusted proxies.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientHeader {
+    #[default]
+    XForwardedFor,
+    Forwarded,
+}
+
+/// Connection control at the edge.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Connections open at once, all listeners together. At the cap weir closes
+    /// idle keep-alive connections first, then refuses new ones. Default 10,000;
+    /// lowered at start-up if the open-file limit cannot hold it.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Connections from one client address. Default 256: generous for carrier
+    /// NAT, yet a flood from a handful of addresses cannot fill the global cap.
+    #[serde(default = "default_max_connections_per_ip")]
+    pub max_connections_per_ip: usize,
+    /// Requests in flight from one client address (after trusted-proxy
+    /// resolution). Default 128.
+    #[serde(default = "default_max_in_flight_per_ip")]
+    pub max_requests_in_flight_per_ip: usize,
+    /// Time to receive a complete request head, from connection start or from
+    /// the first byte of a request on a kept-alive connection (slowloris).
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: ConfigDuration,
+    /// An idle keep-alive connection is closed after this long.
+    #[serde(default = "default_keepalive_idle_timeout")]
+    pub keepalive_idle_timeout: ConfigDuration,
+    /// Time to complete a TLS handshake or read a PROXY protocol header.
+    #[serde(default = "default_handshake_timeout")]
+    pub handshake_timeout: ConfigDuration,
+    /// Largest request head in bytes (request line plus headers). Larger heads
+    /// get 431. Minimum 8192.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+    /// Most header fields in one request. More get 431.
+    #[serde(default = "default_max_headers")]
+    pub max_headers: usize,
+    /// Default longest wait between two chunks of a request body; classes may
+    /// override (an `upload` class may need minutes).
+    #[serde(default = "default_body_read_timeout")]
+    pub body_read_timeout: ConfigDuration,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_connections: default_max_connections(),
+            max_connections_per_ip: default_max_connections_per_ip(),
+            max_requests_in_flight_per_ip: default_max_in_flight_per_ip(),
+            header_read_timeout: default_header_read_timeout(),
+            keepalive_idle_timeout: default_keepalive_idle_timeout(),
+            handshake_timeout: default_handshake_timeout(),
+            max_header_bytes: default_max_header_bytes(),
+            max_headers: default_max_headers(),
+            body_read_timeout: default_body_read_timeout(),
+        }
+    }
+}
+
+/// Forwarding headers set on requests to upstreams.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardingConfig {
+    /// `append` (default): add the client to the received chain when the peer is
+    /// trusted, or start a new chain with the client when it is not (an
+    /// untrusted chain is never passed on); `replace`: send only the client;
+    /// `off`: send none.
+    #[serde(default)]
+    pub x_forwarded_for: XffMode,
+    /// Set `X-Forwarded-Proto` to `http` or `https`.
+    #[serde(default = "yes")]
+    pub x_forwarded_proto: bool,
+    /// Set an RFC 7239 `Forwarded` header (`for=`, `proto=`, `host=`).
+    #[serde(default)]
+    pub forwarded: bool,
+    /// Add a `Via` header naming weir (RFC 9110 §7.6.3).
+    #[serde(default)]
+    pub via: bool,
+}
+
+impl Default for ForwardingConfig {
+    fn default() -> Self {
+        ForwardingConfig {
+            x_forwarded_for: XffMode::default(),
+            x_forwarded_proto: true,
+            forwarded: false,
+            via: false,
+        }
+    }
+}
+
+/// How `X-Forwarded-For` is written.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum XffMode {
+    #[default]
+    Append,
+    Replace,
+    Off,
+}
+
+/// The access log.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AccessLogConfig {
+    /// `stdout` (default), `off`, or a file path (appended to).
+    #[serde(default = "default_access_log_target")]
+    pub target: String,
+}
+
+impl Default for AccessLogConfig {
+    fn default() -> Self {
+        AccessLogConfig {
+            target: default_access_log_target(),
+        }
+    }
+}
+
+/// Process-level settings; changing them needs a restart, not a reload.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessConfig {
+    /// Worker threads. 0 (default) means one per CPU core.
+    #[serde(default)]
+    pub workers: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    #[serde(default = "default_drain_timeout")]
+    pub drain_timeout: ConfigDuration,
+    /// Reload when the config file's content changes.
+    #[serde(default = "yes")]
+    pub watch_config: bool,
+    /// How often the config file is checked for changes.
+    #[serde(default = "default_watch_interval")]
+    pub watch_interval: ConfigDuration,
+}
+
+impl Default for ProcessConfig {
+    fn default() -> Self {
+        ProcessConfig {
+            workers: 0,
+            drain_timeout: default_drain_timeout(),
+            watch_config: true,
+            watch_interval: default_watch_interval(),
+        }
+    }
+}
+
+/// An upstream pool.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// `host:port` of each server (IP literals; names are resolved at load).
+    pub servers: Vec<String>,
+    /// `least_in_flight` (default) or `round_robin`.
+    #[serde(default)]
+    pub balance: Balance,
+    /// How long to wait for a TCP connection to a server. Default 10 s: a
+    /// server whose workers are warming up is slow, not dead (incident 2 needed
+    /// 10 s where 3 s produced 502s).
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: ConfigDuration,
+    /// How long to wait for response headers once the request is sent.
+    #[serde(default = "default_response_timeout")]
+    pub response_timeout: ConfigDuration,
+    /// Idle pooled connections to a server are closed after this long.
+    #[serde(default = "default_pool_idle_timeout")]
+    pub idle_timeout: ConfigDuration,
+    /// Idle pooled connections kept per server.
+    #[serde(default = "default_max_idle_per_server")]
+    pub max_idle_per_server: usize,
+}
+
+/// Balancing across a pool's servers.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    #[default]
+    LeastInFlight,
+    RoundRobin,
+}
+
+/// Per-route-class settings.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    /// Longest wait between two chunks of a request body for this class
+    /// (overrides `limits.body_read_timeout`).
+    #[serde(default)]
+    pub body_read_timeout: Option<ConfigDuration>,
+    /// Time to wait for the upstream's response headers (overrides the pool's).
+    #[serde(default)]
+    pub response_timeout: Option<ConfigDuration>,
+}
+
+/// A route: conditions (all must hold) leading to a pool and a class.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The pool that serves matching requests.
+    pub pool: String,
+    /// The route class (default `default`): a name for limits, timeouts and metrics.
+    #[serde(default = "default_class")]
+    pub class: String,
+    /// Host to match: exact (`wiki.example.org`) or suffix (`*.example.org`).
+    /// Compared without port, case-insensitively.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Path prefix to match, e.g. `/w/`.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+    /// Regular expression the path must match (Rust `regex` syntax, unanchored).
+    #[serde(default)]
+    pub path_regex: Option<String>,
+    /// Methods to match, e.g. `["GET", "HEAD"]`. Empty means any.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// The route matches if the query string has any of these keys
+    /// (e.g. `["search", "diff", "oldid"]`). Empty means no condition.
+    #[serde(default)]
+    pub query_keys: Vec<String>,
+    /// Header names that must be present.
+    #[serde(default)]
+    pub headers: Vec<String>,
+    /// Cookie names that must be present. Presence routes; it never exempts
+    /// anyone from a limit (anyone can set a cookie).
+    #[serde(default)]
+    pub cookies: Vec<String>,
+}
+
+/// A duration written as text: `500ms`, `10s`, `5m`, `1h 30m`, `1d`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ConfigDuration(pub Duration);
+
+impl ConfigDuration {
+    pub const fn secs(s: u64) -> Self {
+        ConfigDuration(Duration::from_secs(s))
+    }
+}
+
+impl fmt::Debug for ConfigDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for ConfigDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(text.trim())
+            .map(ConfigDuration)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "`{text}` is not a duration ({e}); write e.g. \"500ms\", \"10s\", \"5m\""
+                ))
+            })
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_admin_address() -> String {
+    "127.0.0.1:9901".into()
+}
+fn default_dominant_share() -> f64 {
+    0.5
+}
+fn default_dominant_window() -> ConfigDuration {
+    ConfigDuration::secs(60)
+}
+fn default_dominant_min() -> u64 {
+    1000
+}
+fn default_max_connections() -> usize {
+    10_000
+}
+fn default_max_connections_per_ip() -> usize {
+    256
+}
+fn default_max_in_flight_per_ip() -> usize {
+    128
+}
+fn default_header_read_timeout() -> ConfigDuration {
+    ConfigDuration::secs(10)
+}
+fn default_keepalive_idle_timeout() -> ConfigDuration {
+    ConfigDuration::secs(60)
+}
+fn default_handshake_timeout() -> ConfigDuration {
+    ConfigDuration::secs(10)
+}
+fn default_max_header_bytes() -> usize {
+    // nginx's large_client_header_buffers default is 4 x 8k; 32 KiB keeps big
+    // cookies working while bounding memory per connection.
+    32 * 1024
+}
+fn default_max_headers() -> usize {
+    100
+}
+fn default_body_read_timeout() -> ConfigDuration {
+    ConfigDuration::secs(30)
+}
+fn default_access_log_target() -> String {
+    "stdout".into()
+}
+fn default_drain_timeout() -> ConfigDuration {
+    ConfigDuration::secs(30)
+}
+fn default_watch_interval() -> ConfigDuration {
+    ConfigDuration::secs(2)
+}
+fn default_connect_timeout() -> ConfigDuration {
+    ConfigDuration::secs(10)
+}
+fn default_response_timeout() -> ConfigDuration {
+    ConfigDuration::secs(60)
+}
+fn default_pool_idle_timeout() -> ConfigDuration {
+    ConfigDuration::secs(60)
+}
+fn default_max_idle_per_server() -> usize {
+    256
+}
+fn default_class() -> String {
+    "default".into()
+}

@@ -1,0 +1,418 @@
+//! The gateway: a validated configuration compiled into runtime values.
+//!
+//! A [`Gateway`] is immutable. A reload builds a new one and swaps it in
+//! atomically; requests already running keep the one they started with. Pools
+//! whose definition did not change are carried over, with their warm
+//! connections and state.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{ClientHeader, ConfigError, ConfigErrors, KeyPath, LoadedConfig};
+use crate::edge::ConnLimits;
+use crate::edge::tls;
+use crate::identity::TrustedProxies;
+use crate::identity::dominance::DominantPeerDetector;
+use crate::identity::forwarded::ForwardedHeader;
+use crate::policy::route::{ClassSettings, HostMatch};
+use crate::policy::{Route, RouteClass, RouteTable};
+use crate::upstream::{ForwardingHeaders, Pool};
+
+
+/// A listener as configured (binding happens once, at start).
+#[derive(Clone)]
+pub struct ListenerSpec {
+    pub address: SocketAddr,
+    pub proxy_protocol: bool,
+    pub http2: bool,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl std::fmt::Debug for ListenerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerSpec")
+            .field("address", &self.address)
+            .field("proxy_protocol", &self.proxy_protocol)
+            .field("http2", &self.http2)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// Edge settings for hyper and the connection tracker.
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeSettings {
+    pub conn: ConnLimits,
+    pub max_in_flight_per_ip: usize,
+    pub handshake_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+}
+
+/// Everything a request needs from configuration, compiled.
+pub struct Gateway {
+    pub version: u64,
+    pub loaded: LoadedConfig,
+    pub listeners: Vec<ListenerSpec>,
+    pub routes: RouteTable,
+    pub pools: Vec<Arc<Pool>>,
+    pub classes: HashMap<String, ClassSettings>,
+    pub trusted: TrustedProxies,
+    pub client_header: ForwardedHeader,
+    pub forwarding: ForwardingHeaders,
+    pub edge: EdgeSettings,
+    pub dominance: Arc<DominantPeerDetector>,
+    pub admin_address: Option<SocketAddr>,
+    pub drain_timeout: Duration,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("version", &self.version)
+            .field("pools", &self.pools)
+            .finish()
+    }
+}
+
+/// Smallest buffer hyper accepts for request heads.
+const MIN_HEADER_BYTES: usize = 8192;
+
+impl Gateway {
+    /// Compiles `loaded`, collecting every problem. Pools identical to one in
+    /// `previous` are reused.
+    pub fn build(
+        loaded: LoadedConfig,
+        previous: Option<&Gateway>,
+        version: u64,
+    ) -> Result<Gateway, ConfigErrors> {
+        let cfg = &loaded.config;
+        let root = KeyPath::root();
+        let mut errors: Vec<ConfigError> = Vec::new();
+
+        // Listeners.
+        if cfg.listeners.is_empty() {
+            errors.push(loaded.error_at(&root.key("listeners"), "at least one [[listeners]] entry is required"));
+        }
+        let mut listeners = Vec::new();
+        for (i, l) in cfg.listeners.iter().enumerate() {
+            let at = root.key("listeners").index(i);
+            let address = match l.address.parse::<SocketAddr>() {
+                Ok(a) => a,
+                Err(_) => {
+                    errors.push(loaded.error_at(
+                        &at.key("address"),
+                        format!("`{}` is not ip:port (e.g. \"0.0.0.0:8080\" or \"[::]:443\")", l.address),
+                    ));
+                    continue;
+                }
+            };
+            let tls = match &l.tls {
+                None => None,
+                Some(t) => match tls::acceptor(&t.cert, &t.key, l.http2) {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        let key = if matches!(e, tls::TlsError::Key { .. }) { "key" } else { "cert" };
+                        errors.push(loaded.error_at(&at.key("tls").key(key), e.to_string()));
+                        None
+                    }
+                },
+            };
+            listeners.push(ListenerSpec {
+                address,
+                proxy_protocol: l.proxy_protocol,
+                http2: l.http2,
+                tls,
+            });
+        }
+
+        // Admin.
+        let admin_address = if cfg.admin.enabled {
+            match cfg.admin.address.parse::<SocketAddr>() {
+                Ok(a) => Some(a),
+                Err(_) => {
+                    errors.push(loaded.error_at(
+                        &root.key("admin").key("address"),
+                        format!("`{}` is not ip:port", cfg.admin.address),
+                    ));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+
+        // Identity.
+        let id_at = root.key("identity");
+        for (i, entry) in cfg.identity.trusted_proxies.iter().enumerate() {
+            if let Err(e) = TrustedProxies::parse(std::slice::from_ref(entry)) {
+                errors.push(loaded.error_at(&id_at.key("trusted_proxies").index(i), e.to_string()));
+            }
+        }
+        let trusted = TrustedProxies::parse(&cfg.identity.trusted_proxies).unwrap_or_default();
+        let share = cfg.identity.dominant_peer_share;
+        if !(share > 0.0 && share <= 1.0) {
+            errors.push(loaded.error_at(
+                &id_at.key("dominant_peer_share"),
+                format!("{share} must be in (0, 1]"),
+            ));
+        }
+
+        // Limits.
+        let lim = &cfg.limits;
+        let lim_at = root.key("limits");
+        if lim.max_connections == 0 {
+            errors.push(loaded.error_at(&lim_at.key("max_connections"), "must be at least 1"));
+        }
+        if lim.max_connections_per_ip == 0 {
+            errors.push(loaded.error_at(&lim_at.key("max_connections_per_ip"), "must be at least 1"));
+        }
+        if lim.max_requests_in_flight_per_ip == 0 {
+            errors.push(loaded.error_at(&lim_at.key("max_requests_in_flight_per_ip"), "must be at least 1"));
+        }
+        if lim.max_header_bytes < MIN_HEADER_BYTES {
+            errors.push(loaded.error_at(
+                &lim_at.key("max_header_bytes"),
+                format!("{} is below the minimum of {MIN_HEADER_BYTES}", lim.max_header_bytes),
+            ));
+        }
+        if lim.max_headers == 0 {
+            errors.push(loaded.error_at(&lim_at.key("max_headers"), "must be at least 1"));
+        }
+
+        // Pools.
+        let mut pools: Vec<Arc<Pool>> = Vec::new();
+        let mut pool_index: HashMap<&str, usize> = HashMap::new();
+        for (name, def) in &cfg.pools {
+            let reused = previous.and_then(|p| {
+                p.pools
+                    .iter()
+                    .find(|old| &*old.name == name.as_str() && old.definition == *def)
+                    .cloned()
+            });
+            let pool = match reused {
+                Some(p) => p,
+                None => match Pool::build(name, def) {
+                    Ok(p) => Arc::new(p),
+                    Err(errs) => {
+                        for (i, e) in errs {
+                            let at = root.key("pools").key(name).key("servers");
+                            let at = if def.servers.is_empty() { at } else { at.index(i) };
+                            errors.push(loaded.error_at(&at, e.to_string()));
+                        }
+                        continue;
+                    }
+                },
+            };
+            pool_index.insert(name.as_str(), pools.len());
+            pools.push(pool);
+        }
+
+        // Classes.
+        let mut classes = HashMap::new();
+        for (name, c) in &cfg.classes {
+            classes.insert(
+                name.clone(),
+                ClassSettings {
+                    body_read_timeout: c.body_read_timeout.map_or(lim.body_read_timeout.0, |d| d.0),
+                    response_timeout: c.response_timeout.map(|d| d.0),
+                },
+            );
+        }
+        let default_class = ClassSettings {
+            body_read_timeout: lim.body_read_timeout.0,
+            response_timeout: None,
+        };
+
+        // Routes.
+        let mut routes = Vec::new();
+        if cfg.routes.is_empty() {
+            match cfg.pools.len() {
+                1 => routes.push(Route {
+                    pool: 0,
+                    class: RouteClass::new("default"),
+                    settings: default_class,
+                    host: None,
+                    path_prefix: None,
+                    path_regex: None,
+                    methods: vec![],
+                    query_keys: vec![],
+                    headers: vec![],
+                    cookies: vec![],
+                }),
+                0 => errors.push(loaded.error_at(&root.key("pools"), "at least one pool is required")),
+                _ => errors.push(loaded.error_at(
+                    &root.key("routes"),
+                    "with several pools, [[routes]] must say which pool serves what",
+                )),
+            }
+        }
+        for (i, r) in cfg.routes.iter().enumerate() {
+            let at = root.key("routes").index(i);
+            let pool = match pool_index.get(r.pool.as_str()) {
+                Some(p) => *p,
+                None => {
+                    if !cfg.pools.contains_key(&r.pool) {
+                        let known: Vec<&str> = cfg.pools.keys().map(String::as_str).collect();
+                        errors.push(loaded.error_at(
+                            &at.key("pool"),
+                            format!("no pool named `{}` (pools: {})", r.pool, known.join(", ")),
+                        ));
+                    }
+                    continue;
+                }
+            };
+            let path_regex = match r.path_regex.as_deref().map(regex::Regex::new) {
+                None => None,
+                Some(Ok(re)) => Some(re),
+                Some(Err(e)) => {
+                    errors.push(loaded.error_at(&at.key("path_regex"), format!("invalid regex: {e}")));
+                    None
+                }
+            };
+            let mut methods = Vec::new();
+            for (j, m) in r.methods.iter().enumerate() {
+                match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                    Ok(m) => methods.push(m),
+                    Err(_) => errors.push(loaded.error_at(
+                        &at.key("methods").index(j),
+                        format!("`{m}` is not an HTTP method"),
+                    )),
+                }
+            }
+            let mut headers = Vec::new();
+            for (j, h) in r.headers.iter().enumerate() {
+                match http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()) {
+                    Ok(h) => headers.push(h),
+                    Err(_) => errors.push(loaded.error_at(
+                        &at.key("headers").index(j),
+                        format!("`{h}` is not a header name"),
+                    )),
+                }
+            }
+            if r.class.is_empty() {
+                errors.push(loaded.error_at(&at.key("class"), "must not be empty"));
+            }
+            let settings = classes.get(&r.class).copied().unwrap_or(default_class);
+            routes.push(Route {
+                pool,
+                class: RouteClass::new(&r.class),
+                settings,
+                host: r.host.as_deref().map(HostMatch::parse),
+                path_prefix: r.path_prefix.clone(),
+                path_regex,
+                methods,
+                query_keys: r.query_keys.clone(),
+                headers,
+                cookies: r.cookies.clone(),
+            });
+        }
+
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        let dominance = Arc::new(DominantPeerDetector::new(
+            cfg.identity.dominant_peer_window.0,
+            share,
+            cfg.identity.dominant_peer_min_requests,
+        ));
+        Ok(Gateway {
+            version,
+            listeners,
+            routes: RouteTable { routes },
+            pools,
+            classes,
+            client_header: match cfg.identity.client_header {
+                ClientHeader::XForwardedFor => ForwardedHeader::XForwardedFor,
+                ClientHeader::Forwarded => ForwardedHeader::Forwarded,
+            },
+            trusted,
+            forwarding: ForwardingHeaders::new(cfg.forwarding.clone()),
+            edge: EdgeSettings {
+                conn: ConnLimits {
+                    max_connections: lim.max_connections,
+                    max_per_ip: lim.max_connections_per_ip,
+                    header_timeout: lim.header_read_timeout.0,
+                    idle_timeout: lim.keepalive_idle_timeout.0,
+                },
+                max_in_flight_per_ip: lim.max_requests_in_flight_per_ip,
+                handshake_timeout: lim.handshake_timeout.0,
+                max_header_bytes: lim.max_header_bytes,
+                max_headers: lim.max_headers,
+            },
+            dominance,
+            admin_address,
+            drain_timeout: cfg.process.drain_timeout.0,
+            loaded,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use std::collections::HashMap as Map;
+    use std::path::Path;
+
+    fn build(text: &str) -> Result<Gateway, ConfigErrors> {
+        let loaded = load_str(text, Some(Path::new("weir.toml")), &Map::<String, String>::new())?;
+        Gateway::build(loaded, None, 1)
+    }
+
+    #[test]
+    fn minimal_config_gets_a_default_route() {
+        let g = build("[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"127.0.0.1:9000\"]\n").unwrap();
+        assert_eq!(g.routes.routes.len(), 1);
+        assert_eq!(g.routes.routes[0].class.as_str(), "default");
+        assert_eq!(g.edge.conn.max_per_ip, 256);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_line_and_key() {
+        let text = r#"[[listeners]]
+address = "nope"
+
+[identity]
+trusted_proxies = ["10.0.0.0/8", "banana"]
+
+[pools.app]
+servers = ["127.0.0.1:9000"]
+
+[[routes]]
+pool = "ap"
+class = "page"
+
+[[routes]]
+pool = "app"
+path_regex = "(unclosed"
+methods = ["GET", "G E T"]
+"#;
+        let errs = build(text).unwrap_err();
+        let lines: Vec<String> = errs.0.iter().map(|e| e.to_string()).collect();
+        let want = [
+            "weir.toml:2: listeners[0].address: `nope` is not ip:port",
+            "weir.toml:5: identity.trusted_proxies[1]: ",
+            "weir.toml:11: routes[0].pool: no pool named `ap` (pools: app)",
+            "weir.toml:16: routes[1].path_regex: invalid regex",
+            "weir.toml:17: routes[1].methods[1]: `G E T` is not an HTTP method",
+        ];
+        assert_eq!(lines.len(), want.len(), "{lines:#?}");
+        for (got, want) in lines.iter().zip(want) {
+            assert!(got.starts_with(want), "got {got:?}, want prefix {want:?}");
+        }
+    }
+
+    #[test]
+    fn unchanged_pools_are_reused_on_reload() {
+        let text = "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.a]\nservers = [\"127.0.0.1:1\"]\n[pools.b]\nservers = [\"127.0.0.1:2\"]\n[[routes]]\npool = \"a\"\n";
+        let first = build(text).unwrap();
+        let changed = text.replace("127.0.0.1:2", "127.0.0.1:3");
+        let loaded = load_str(&changed, None, &Map::<String, String>::new()).unwrap();
+        let second = Gateway::build(loaded, Some(&first), 2).unwrap();
+        assert!(Arc::ptr_eq(&first.pools[0], &second.pools[0]));
+        assert!(!Arc::ptr_eq(&first.pools[1], &second.pools[1]));
+    }
+}

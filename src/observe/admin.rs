@@ -1,0 +1,156 @@
+//! The admin API: `/metrics`, `/livez`, `/readyz`, `/status`, `POST /reload`.
+//!
+//! It listens on loopback by default, apart from client traffic, so health
+//! checks and scrapes never queue behind it. `/livez` says only that weir's
+//! own loop answers (never restart weir because an upstream is slow);
+//! `/readyz` says whether this instance should receive traffic.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::runtime::{ReloadOutcome, Runtime};
+
+/// Serves the admin API until `stop` turns true.
+pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = crate::server::stopped(&mut stop) => break,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(_) => continue,
+            },
+        };
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let rt = rt.clone();
+                async move { Ok::<_, Infallible>(route(req, &rt).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(5))
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes>> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => text(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            rt.metrics.encode(),
+        ),
+        (&Method::GET, "/livez") => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        (&Method::GET, "/readyz") => {
+            if rt.tracker.is_draining() {
+                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())
+            } else {
+                text(StatusCode::OK, "text/plain", "ready\n".into())
+            }
+        }
+        (&Method::GET, "/status") => text(StatusCode::OK, "application/json", status(rt).to_string()),
+        (&Method::POST, "/reload") => {
+            let rt = rt.clone();
+            // Building a gateway reads files and resolves names: off the loop.
+            let outcome = tokio::task::spawn_blocking(move || rt.reload(true)).await;
+            match outcome {
+                Ok(Ok(ReloadOutcome::Applied {
+                    version,
+                    restart_needed,
+                })) => json_response(
+                    StatusCode::OK,
+                    json!({"result": "ok", "version": version, "restart_needed": restart_needed}),
+                ),
+                Ok(Ok(ReloadOutcome::Unchanged)) => {
+                    json_response(StatusCode::OK, json!({"result": "unchanged"}))
+                }
+                Ok(Err(errors)) => json_response(
+                    StatusCode::BAD_REQUEST,
+                    json!({
+                        "result": "invalid",
+                        "errors": errors.0.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+                    }),
+                ),
+                Err(_) => json_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    json!({"result": "error"}),
+                ),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+/// The `/status` document.
+pub fn status(rt: &Runtime) -> serde_json::Value {
+    let gw = rt.gateway.load();
+    let pools: Vec<_> = gw
+        .pools
+        .iter()
+        .map(|p| {
+            json!({
+                "name": &*p.name,
+                "in_flight": p.in_flight(),
+                "servers": p.servers.iter().map(|s| json!({
+                    "address": s.addr.to_string(),
+                    "in_flight": s.in_flight(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let listeners: Vec<_> = gw
+        .listeners
+        .iter()
+        .map(|l| {
+            json!({
+                "address": l.address.to_string(),
+                "tls": l.tls.is_some(),
+                "proxy_protocol": l.proxy_protocol,
+                "http2": l.http2,
+            })
+        })
+        .collect();
+    json!({
+        "config_version": gw.version,
+        "config_file": gw.loaded.path.as_ref().map(|p| p.display().to_string()),
+        "uptime_seconds": rt.started.elapsed().as_secs(),
+        "draining": rt.tracker.is_draining(),
+        "listeners": listeners,
+        "connections": {
+            "open": rt.tracker.open(),
+            "max": rt.tracker.limits().max_connections,
+            "max_per_ip": rt.tracker.limits().max_per_ip,
+        },
+        "pools": pools,
+    })
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    r
+}
+
+fn json_response(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+    text(status, "application/json", v.to_string())
+}
+
+/// Binds the admin listener.
+pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    crate::edge::listener::bind(addr)
+}

@@ -1,0 +1,265 @@
+//! Prometheus metrics (prometheus-client), all under the `weir_` prefix.
+//!
+//! Names and units follow Prometheus conventions: counters end in `_total`
+//! (added by the registry), durations are in seconds. Every metric here is
+//! listed in `docs/metrics.md`; a test keeps the two in step.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub class: Arc<str>,
+    pub status: u16,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolErrorLabels {
+    pub pool: Arc<str>,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s: from a cached page to a slow upload.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// All of weir's metrics, registered once per process and kept across reloads.
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub rejections: Family<RuleLabels, Counter>,
+    pub connections_open: Gauge,
+    pub connections_accepted: Counter,
+    pub connections_refused: Family<ReasonLabels, Counter>,
+    pub connections_closed: Family<ReasonLabels, Counter>,
+    pub connection_errors: Family<KindLabels, Counter>,
+    pub upstream_in_flight: Family<PoolLabels, Gauge>,
+    pub upstream_duration: HistogramFamily<PoolLabels>,
+    pub upstream_errors: Family<PoolErrorLabels, Counter>,
+    pub upstream_retries: Family<PoolLabels, Counter>,
+    pub reloads: Family<ResultLabels, Counter>,
+    pub config_version: Gauge,
+    pub forwarding_warnings: Family<KindLabels, Counter>,
+    pub dominant_peer_share: Gauge<f64, AtomicU64>,
+    pub access_log_dropped: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("weir");
+        let m = Metrics {
+            requests: Family::default(),
+            rejections: Family::default(),
+            connections_open: Gauge::default(),
+            connections_accepted: Counter::default(),
+            connections_refused: Family::default(),
+            connections_closed: Family::default(),
+            connection_errors: Family::default(),
+            upstream_in_flight: Family::default(),
+            upstream_duration: Family::new_with_constructor(latency_histogram),
+            upstream_errors: Family::default(),
+            upstream_retries: Family::default(),
+            reloads: Family::default(),
+            config_version: Gauge::default(),
+            forwarding_warnings: Family::default(),
+            dominant_peer_share: Gauge::default(),
+            access_log_dropped: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "Requests answered, by route class, status and decision",
+            m.requests.clone(),
+        );
+        registry.register(
+            "rejections",
+            "Requests rejected before reaching an upstream, by rule",
+            m.rejections.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Client connections currently open",
+            m.connections_open.clone(),
+        );
+        registry.register(
+            "connections_accepted",
+            "Client connections accepted",
+            m.connections_accepted.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Client connections refused at accept, by reason",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Client connections closed by weir before the client closed them, by reason",
+            m.connections_closed.clone(),
+        );
+        registry.register(
+            "connection_errors",
+            "Client connections that ended in a protocol or I/O error, by kind",
+            m.connection_errors.clone(),
+        );
+        registry.register(
+            "upstream_in_flight",
+            "Requests in flight to each pool",
+            m.upstream_in_flight.clone(),
+        );
+        registry.register_with_unit(
+            "upstream_response_duration",
+            "Time from sending a request upstream to its response headers, by pool",
+            Unit::Seconds,
+            m.upstream_duration.clone(),
+        );
+        registry.register(
+            "upstream_errors",
+            "Upstream failures by pool and kind (connect, timeout, reset)",
+            m.upstream_errors.clone(),
+        );
+        registry.register(
+            "upstream_retries",
+            "Requests re-sent to another server after a connect failure, by pool",
+            m.upstream_retries.clone(),
+        );
+        registry.register(
+            "reloads",
+            "Configuration reloads by result (ok, invalid)",
+            m.reloads.clone(),
+        );
+        registry.register(
+            "config_version",
+            "Version of the running configuration (1 at start, +1 per successful reload)",
+            m.config_version.clone(),
+        );
+        registry.register(
+            "forwarding_header_warnings",
+            "Forwarding information ignored or suspicious, by kind (untrusted_peer, malformed, dominant_peer)",
+            m.forwarding_warnings.clone(),
+        );
+        registry.register(
+            "dominant_peer_share",
+            "Share of requests from the busiest peer address in the last window, while no trusted proxy is configured",
+            m.dominant_peer_share.clone(),
+        );
+        registry.register(
+            "access_log_dropped",
+            "Access-log lines dropped because the writer could not keep up",
+            m.access_log_dropped.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn refused(&self, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn connection_error(&self, kind: &'static str) {
+        self.connection_errors.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub fn forwarding_warning(&self, kind: &'static str) {
+        self.forwarding_warnings
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_and_labels() {
+        let m = Metrics::new();
+        m.requests
+            .get_or_create(&RequestLabels {
+                class: Arc::from("page"),
+                status: 200,
+                decision: "admit",
+            })
+            .inc();
+        m.refused("per_ip_cap");
+        m.upstream_duration
+            .get_or_create(&PoolLabels { pool: Arc::from("app") })
+            .observe(0.003);
+        let text = m.encode();
+        assert!(
+            text.contains("weir_requests_total{class=\"page\",status=\"200\",decision=\"admit\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_connections_refused_total{reason=\"per_ip_cap\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE weir_upstream_response_duration_seconds histogram"), "{text}");
+        assert!(
+            text.contains("weir_upstream_response_duration_seconds_bucket{le=\"0.004\",pool=\"app\"} 1"),
+            "{text}"
+        );
+    }
+}

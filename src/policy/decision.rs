@@ -1,0 +1,71 @@
+//! The value the policy stage hands forward: admit, or reject with a reason.
+//!
+//! [`crate::proxy::respond`] is the one place that turns a rejection into a
+//! response (status, `Retry-After`, reason header); stages never build error
+//! responses themselves.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+/// What happens to a request after the policy stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Forward to the upstream.
+    Admit,
+    /// Answer now; later stages are skipped.
+    Reject(RejectReason),
+}
+
+impl Decision {
+    /// A short label for logs and metrics (`admit`, `reject`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Decision::Admit => "admit",
+            Decision::Reject(_) => "reject",
+        }
+    }
+}
+
+/// Why a request was not forwarded, and how the client is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The client address has too many requests in flight.
+    ClientInFlight { limit: usize },
+    /// No route matches the request.
+    NoRoute,
+    /// The request is malformed (bad Host, bad URI).
+    BadRequest(&'static str),
+    /// weir is draining and takes no new requests on this connection.
+    Draining,
+}
+
+impl RejectReason {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RejectReason::ClientInFlight { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RejectReason::NoRoute => StatusCode::NOT_FOUND,
+            RejectReason::BadRequest(_) => StatusCode::BAD_REQUEST,
+            RejectReason::Draining => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            RejectReason::ClientInFlight { .. } | RejectReason::Draining => {
+                Some(Duration::from_secs(1))
+            }
+            RejectReason::NoRoute | RejectReason::BadRequest(_) => None,
+        }
+    }
+
+    /// The rule label in logs and metrics: bounded, never an address.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            RejectReason::ClientInFlight { .. } => "client_in_flight",
+            RejectReason::NoRoute => "no_route",
+            RejectReason::BadRequest(_) => "bad_request",
+            RejectReason::Draining => "draining",
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Starting and stopping a weir instance: bind listeners, spawn the accept
+//! loops, the connection sweep, the config watcher and the admin API; drain
+//! on request.
+//!
+//! Used by `weir run` and, in-process, by tests.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{ConfigErrors, Env, LoadedConfig};
+use crate::edge::{listener, serve};
+use crate::gateway::Gateway;
+use crate::observe::access_log::LogTarget;
+use crate::observe::{AccessLog, Metrics, admin};
+use crate::runtime::Runtime;
+
+/// Why an instance could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration:\n{0}")]
+    Config(#[from] ConfigErrors),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot open the access log `{target}`: {source}")]
+    AccessLog {
+        target: String,
+        source: std::io::Error,
+    },
+}
+
+/// A running instance.
+pub struct Server {
+    pub runtime: Arc<Runtime>,
+    /// Bound client listener addresses, in configuration order.
+    pub listeners: Vec<SocketAddr>,
+    /// The bound admin address, if enabled.
+    pub admin: Option<SocketAddr>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Connections still open at the deadline (closed by force).
+    pub forced: usize,
+    pub took: Duration,
+}
+
+/// Descriptors kept back for upstream connections, logs and the admin API.
+const FD_RESERVE: u64 = 64;
+
+impl Server {
+    /// Builds the gateway and starts serving. Must run inside a tokio runtime.
+    pub async fn start(
+        loaded: LoadedConfig,
+        config_path: Option<PathBuf>,
+        env: Box<dyn Env + Send + Sync>,
+    ) -> Result<Server, StartError> {
+        let gateway = Gateway::build(loaded, None, 1)?;
+        let target = gateway.loaded.config.access_log.target.clone();
+        let access_log = AccessLog::start(&LogTarget::parse(&target)).map_err(|source| {
+            StartError::AccessLog {
+                target: target.clone(),
+                source,
+            }
+        })?;
+        let metrics = Arc::new(Metrics::new());
+        let specs = gateway.listeners.clone();
+        let admin_addr = gateway.admin_address;
+        let watch_interval = gateway
+            .loaded
+            .config
+            .process
+            .watch_config
+            .then_some(gateway.loaded.config.process.watch_interval.0);
+        let runtime = Runtime::new(gateway, metrics, access_log, config_path, env);
+        runtime.tracker.set_ceiling(connection_ceiling());
+
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut listeners = Vec::new();
+        let mut bound = Vec::new();
+        for spec in &specs {
+            let std_listener = listener::bind(spec.address).map_err(|source| StartError::Bind {
+                addr: spec.address,
+                source,
+            })?;
+            let tokio_listener =
+                tokio::net::TcpListener::from_std(std_listener).map_err(|source| StartError::Bind {
+                    addr: spec.address,
+                    source,
+                })?;
+            listeners.push(tokio_listener.local_addr().unwrap_or(spec.address));
+            bound.push(tokio_listener);
+        }
+        let admin = match admin_addr {
+            None => None,
+            Some(addr) => {
+                let l = admin::bind(addr)
+                    .and_then(tokio::net::TcpListener::from_std)
+                    .map_err(|source| StartError::Bind { addr, source })?;
+                let local = l.local_addr().unwrap_or(addr);
+                tasks.push(tokio::spawn(admin::serve(l, runtime.clone(), stop_rx.clone())));
+                Some(local)
+            }
+        };
+        for (index, (l, spec)) in bound.into_iter().zip(specs).enumerate() {
+            tasks.push(tokio::spawn(serve::accept_loop(
+                l,
+                index,
+                spec,
+                runtime.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(sweep(runtime.clone(), stop_rx.clone())));
+        if let Some(every) = watch_interval {
+            tasks.push(tokio::spawn(watch_config(runtime.clone(), every, stop_rx)));
+        }
+        Ok(Server {
+            runtime,
+            listeners,
+            admin,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Stops accepting, lets in-flight requests finish up to `deadline`, then
+    /// closes what is left.
+    pub async fn drain(self, deadline: Duration) -> DrainReport {
+        let started = Instant::now();
+        let _ = self.stop.send(true);
+        self.runtime.tracker.drain();
+        let mut forced = 0;
+        while self.runtime.tracker.open() > 0 {
+            if started.elapsed() >= deadline {
+                forced = self.runtime.tracker.open();
+                self.runtime.tracker.abort_all();
+                // Give aborted tasks a moment to drop their sockets.
+                let grace = Instant::now();
+                while self.runtime.tracker.open() > 0 && grace.elapsed() < Duration::from_secs(1) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for t in self.tasks {
+            t.abort();
+        }
+        DrainReport {
+            forced,
+            took: started.elapsed(),
+        }
+    }
+
+    /// Closes everything now.
+    pub fn abort(&self) {
+        let _ = self.stop.send(true);
+        self.runtime.tracker.drain();
+        self.runtime.tracker.abort_all();
+    }
+}
+
+/// Client connections this process can hold: each needs its own descriptor
+/// and, while proxied, one towards an upstream.
+fn connection_ceiling() -> usize {
+    let limit = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
+    (limit.saturating_sub(FD_RESERVE) / 2).max(1) as usize
+}
+
+/// Resolves once `stop` says true (or its sender is gone).
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
+    loop {
+        if *stop.borrow_and_update() {
+            return;
+        }
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn sweep(rt: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = crate::server::stopped(&mut stop) => break,
+            _ = tick.tick() => rt.tracker.sweep(Instant::now()),
+        }
+    }
+}
+
+async fn watch_config(rt: Arc<Runtime>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = crate::server::stopped(&mut stop) => break,
+            _ = tick.tick() => {
+                let rt = rt.clone();
+                // Errors are logged and counted by reload itself.
+                let _ = tokio::task::spawn_blocking(move || rt.reload(false)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! Forwarding one request: header rewriting for the hop and the send itself.
+//!
+//! Proxy semantics (RFC 9110 §7.6): hop-by-hop headers (and any named in
+//! `Connection`) are removed in both directions, `Host` is kept, and the
+//! forwarding headers are set as configured. Forwarding information received
+//! from an untrusted peer is never passed on: a spoofed `X-Forwarded-For` must
+//! not reach the app either.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+
+use super::pool::{Pool, Server};
+use crate::body::RequestBody;
+use crate::config::{ForwardingConfig, XffMode};
+use crate::identity::ClientId;
+
+/// A failed exchange with an upstream server.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The pool has no server to try.
+    #[error("no server to send to")]
+    NoServer,
+    /// Nothing was sent: the connection could not be made. Safe to retry.
+    #[error("connect to {server} failed: {source}")]
+    Connect {
+        server: std::net::SocketAddr,
+        source: hyper_util::client::legacy::Error,
+    },
+    /// No response headers within the response timeout.
+    #[error("{server} sent no response within {after:?}")]
+    Timeout {
+        server: std::net::SocketAddr,
+        after: Duration,
+    },
+    /// The exchange failed after the request was (partly) sent.
+    #[error("exchange with {server} failed: {source}")]
+    Exchange {
+        server: std::net::SocketAddr,
+        source: hyper_util::client::legacy::Error,
+    },
+}
+
+impl ForwardError {
+    /// The status the client receives.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ForwardError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// A bounded label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ForwardError::NoServer => "no_server",
+            ForwardError::Connect { .. } => "connect",
+            ForwardError::Timeout { .. } => "timeout",
+            ForwardError::Exchange { source, .. } => {
+                if is_body_timeout(source) {
+                    "client_body_timeout"
+                } else {
+                    "exchange"
+                }
+            }
+        }
+    }
+
+    /// True when the upstream never saw the request, so another server may.
+    pub fn nothing_sent(&self) -> bool {
+        matches!(self, ForwardError::Connect { .. })
+    }
+}
+
+fn is_body_timeout(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<crate::body::BodyReadTimeout>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Sends `req` to `server` and waits up to `timeout` for response headers.
+pub async fn send(
+    pool: &Pool,
+    server: &Server,
+    mut req: Request<RequestBody>,
+    timeout: Duration,
+) -> Result<Response<Incoming>, ForwardError> {
+    let pq = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(server.authority.clone());
+    parts.path_and_query = Some(pq);
+    // Both parts are set, so this cannot fail.
+    if let Ok(uri) = http::Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = Version::HTTP_11;
+    match tokio::time::timeout(timeout, pool.client.request(req)).await {
+        Err(_) => Err(ForwardError::Timeout {
+            server: server.addr,
+            after: timeout,
+        }),
+        Ok(Err(source)) if source.is_connect() => Err(ForwardError::Connect {
+            server: server.addr,
+            source,
+        }),
+        Ok(Err(source)) => Err(ForwardError::Exchange {
+            server: server.addr,
+            source,
+        }),
+        Ok(Ok(resp)) => Ok(resp),
+    }
+}
+
+/// Facts about this hop that the forwarding headers describe.
+#[derive(Debug, Clone, Copy)]
+pub struct Hop<'a> {
+    pub client: &'a ClientId,
+    /// The TCP peer is a trusted proxy (its forwarding headers are believed).
+    pub peer_trusted: bool,
+    /// The PROXY protocol source, when the peer sent one.
+    pub proxy_source: Option<IpAddr>,
+    /// The client connection is TLS.
+    pub tls: bool,
+    /// The request's host, for `Forwarded: host=`.
+    pub host: Option<&'a str>,
+}
+
+/// The configured forwarding headers, ready to apply.
+#[derive(Debug, Clone)]
+pub struct ForwardingHeaders {
+    config: ForwardingConfig,
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+impl ForwardingHeaders {
+    pub fn new(config: ForwardingConfig) -> Self {
+        ForwardingHeaders { config }
+    }
+
+    /// Rewrites forwarding headers on a request about to go upstream.
+    pub fn apply(&self, headers: &mut HeaderMap, hop: &Hop<'_>, version: Version) {
+        let client = hop.client.client.ip();
+        let nearest = hop.proxy_source.unwrap_or_else(|| hop.client.peer.ip());
+        match self.config.x_forwarded_for {
+            XffMode::Off => {
+                headers.remove(&X_FORWARDED_FOR);
+            }
+            XffMode::Replace => set(headers, &X_FORWARDED_FOR, &client.to_string()),
+            XffMode::Append if hop.peer_trusted => {
+                let received: Vec<&str> = headers
+                    .get_all(&X_FORWARDED_FOR)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .collect();
+                let value = if received.is_empty() {
+                    nearest.to_string()
+                } else {
+                    format!("{}, {nearest}", received.join(", "))
+                };
+                set(headers, &X_FORWARDED_FOR, &value);
+            }
+            XffMode::Append => set(headers, &X_FORWARDED_FOR, &client.to_string()),
+        }
+        if !hop.peer_trusted {
+            headers.remove(&X_REAL_IP);
+            headers.remove(header::FORWARDED);
+        }
+        let proto = if hop.tls { "https" } else { "http" };
+        if self.config.x_forwarded_proto {
+            // A trusted load balancer that terminated TLS knows the real scheme.
+            if !(hop.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+                set(headers, &X_FORWARDED_PROTO, proto);
+            }
+        } else if !hop.peer_trusted {
+            headers.remove(&X_FORWARDED_PROTO);
+        }
+        if self.config.forwarded {
+            let mut element = format!("for={}", forwarded_node(client));
+            if let Some(host) = hop.host {
+                element.push_str(&format!(";host=\"{host}\""));
+            }
+            element.push_str(&format!(";proto={proto}"));
+            let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+                Some(prev) if hop.peer_trusted => format!("{prev}, {element}"),
+                _ => element,
+            };
+            set(headers, &header::FORWARDED, &value);
+        }
+        if self.config.via {
+            let v = match version {
+                Version::HTTP_2 => "2 weir",
+                Version::HTTP_10 => "1.0 weir",
+                _ => "1.1 weir",
+            };
+            let value = match headers.get(header::VIA).and_then(|x| x.to_str().ok()) {
+                Some(prev) => format!("{prev}, {v}"),
+                None => v.to_string(),
+            };
+            set(headers, &header::VIA, &value);
+        }
+    }
+}
+
+fn forwarded_node(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    }
+}
+
+fn set(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        headers.insert(name.clone(), v);
+    }
+}
+
+/// Removes hop-by-hop headers, including any listed in `Connection`.
+/// With `keep_upgrade`, `Connection: upgrade` and `Upgrade` stay (WebSocket).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in listed {
+        if keep_upgrade && name == header::UPGRADE {
+            continue;
+        }
+        headers.remove(&name);
+    }
+    headers.remove(header::CONNECTION);
+    headers.remove(&KEEP_ALIVE);
+    headers.remove(&PROXY_CONNECTION);
+    headers.remove(header::TE);
+    headers.remove(header::TRAILER);
+    headers.remove(header::TRANSFER_ENCODING);
+    headers.remove(header::PROXY_AUTHORIZATION);
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{AddrSource, ClientAddr, PeerAddr};
+
+    fn id(peer: &str, client: &str) -> ClientId {
+        ClientId {
+            peer: PeerAddr(format!("{peer}:5000").parse().unwrap()),
+            client: ClientAddr::new(client.parse().unwrap()),
+            source: AddrSource::Peer,
+        }
+    }
+
+    fn run(mode: XffMode, trusted: bool, incoming: &[(&str, &str)], peer: &str, client: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in incoming {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        let cid = id(peer, client);
+        let fh = ForwardingHeaders::new(ForwardingConfig {
+            x_forwarded_for: mode,
+            x_forwarded_proto: true,
+            forwarded: true,
+            via: true,
+        });
+        fh.apply(
+            &mut h,
+            &Hop {
+                client: &cid,
+                peer_trusted: trusted,
+                proxy_source: None,
+                tls: false,
+                host: Some("wiki.example"),
+            },
+            Version::HTTP_11,
+        );
+        h
+    }
+
+    fn get<'a>(h: &'a HeaderMap, k: &str) -> Option<&'a str> {
+        h.get(k).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn xff_table() {
+        let spoof = [("x-forwarded-for", "6.6.6.6")];
+        let chain = [("x-forwarded-for", "1.1.1.1, 2.2.2.2"), ("x-forwarded-for", "3.3.3.3")];
+        let cases: &[(XffMode, bool, &[(&str, &str)], &str, &str, Option<&str>)] = &[
+            (XffMode::Append, false, &spoof, "9.9.9.9", "9.9.9.9", Some("9.9.9.9")),
+            (XffMode::Append, true, &chain, "10.0.0.1", "3.3.3.3", Some("1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.1")),
+            (XffMode::Append, true, &[], "10.0.0.1", "10.0.0.1", Some("10.0.0.1")),
+            (XffMode::Replace, true, &chain, "10.0.0.1", "3.3.3.3", Some("3.3.3.3")),
+            (XffMode::Off, true, &chain, "10.0.0.1", "3.3.3.3", None),
+        ];
+        for (i, (mode, trusted, incoming, peer, client, want)) in cases.iter().enumerate() {
+            let h = run(*mode, *trusted, incoming, peer, client);
+            assert_eq!(get(&h, "x-forwarded-for"), *want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn untrusted_forwarding_headers_are_not_passed_on() {
+        let h = run(
+            XffMode::Append,
+            false,
+            &[("forwarded", "for=6.6.6.6"), ("x-real-ip", "6.6.6.6"), ("x-forwarded-proto", "https")],
+            "9.9.9.9",
+            "9.9.9.9",
+        );
+        assert_eq!(get(&h, "forwarded"), Some("for=9.9.9.9;host=\"wiki.example\";proto=http"));
+        assert_eq!(get(&h, "x-real-ip"), None);
+        assert_eq!(get(&h, "x-forwarded-proto"), Some("http"));
+        assert_eq!(get(&h, "via"), Some("1.1 weir"));
+    }
+
+    #[test]
+    fn trusted_proto_is_kept() {
+        let h = run(XffMode::Append, true, &[("x-forwarded-proto", "https")], "10.0.0.1", "1.2.3.4");
+        assert_eq!(get(&h, "x-forwarded-proto"), Some("https"));
+    }
+
+    #[test]
+    fn hop_by_hop_removed() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("host", "a"),
+        ] {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        let mut plain = h.clone();
+        strip_hop_by_hop(&mut plain, false);
+        let names: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["host"]);
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(get(&h, "upgrade"), Some("websocket"));
+        assert_eq!(get(&h, "connection"), Some("upgrade"));
+        assert_eq!(get(&h, "x-secret"), None);
+    }
+}
