@@ -1,0 +1,341 @@
+//! In-process fixtures for end-to-end tests of the proxy: weir started from a
+//! TOML string, test upstreams, and HTTP clients bound to chosen loopback
+//! source addresses. A test reads: start upstream, start weir, send, assert.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+use weir::config::{ProcessEnv, load_file};
+use weir::server::Server;
+
+pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+/// weir running in this process.
+pub struct TestWeir {
+    pub server: Option<Server>,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+}
+
+impl TestWeir {
+    /// Starts weir with `toml`; `{{dir}}` in it is replaced by a temp dir.
+    /// Listeners and admin should use port 0. The access log goes to
+    /// `{{dir}}/access.log` unless the config says otherwise.
+    pub async fn start(toml: &str) -> TestWeir {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = toml.replace("{{dir}}", dir.path().to_str().unwrap());
+        if !text.contains("[access_log]") {
+            text.push_str(&format!(
+                "\n[access_log]\ntarget = \"{}/access.log\"\n",
+                dir.path().display()
+            ));
+        }
+        if !text.contains("[admin]") {
+            text.push_str("\n[admin]\naddress = \"127.0.0.1:0\"\n");
+        }
+        let config_path = dir.path().join("weir.toml");
+        std::fs::write(&config_path, &text).unwrap();
+        let loaded = load_file(&config_path, &ProcessEnv).unwrap_or_else(|e| panic!("{e}"));
+        let server = Server::start(loaded, Some(config_path.clone()), Box::new(ProcessEnv))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        TestWeir {
+            addr: server.listeners[0],
+            admin: server.admin.unwrap(),
+            server: Some(server),
+            dir,
+            config_path,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn server(&self) -> &Server {
+        self.server.as_ref().unwrap()
+    }
+
+    /// The access log's lines as JSON, waiting until at least `n` are written.
+    pub async fn access_log(&self, n: usize) -> Vec<serde_json::Value> {
+        let path = self.dir.path().join("access.log");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The metrics exposition from the admin API.
+    pub async fn metrics(&self) -> String {
+        let (_, _, body) = get(self.admin, "/metrics", &[]).await;
+        String::from_utf8(body).unwrap()
+    }
+}
+
+impl Drop for TestWeir {
+    fn drop(&mut self) {
+        if let Some(s) = &self.server {
+            s.abort();
+        }
+    }
+}
+
+/// The value of a metric line (exact name with labels), or 0 if absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().unwrap())
+        })
+        .unwrap_or(0.0)
+}
+
+/// A test upstream: echoes what it saw as headers, with a few special paths:
+/// - `/bytes/N`: a streamed body of N bytes (in 64 KiB chunks);
+/// - `/count`: reads the whole request body and answers its length;
+/// - `/slow/MS`: answers after MS milliseconds;
+/// - `/ws`: answers 101 and then echoes raw bytes (WebSocket stand-in).
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub hits: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        Self::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> Upstream {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, peer)) = listener.accept().await else { break };
+                let h = h.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        h.fetch_add(1, Ordering::Relaxed);
+                        upstream_handle(req, peer)
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, hits, task }
+    }
+}
+
+async fn upstream_handle(
+    mut req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<Response<BoxBody>, Infallible> {
+    let path = req.uri().path().to_string();
+    if let Some(n) = path.strip_prefix("/bytes/") {
+        let n: usize = n.parse().unwrap();
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        let stream = futures_stream(n, chunk);
+        return Ok(Response::new(BodyExt::boxed(StreamBody::new(stream))));
+    }
+    if let Some(ms) = path.strip_prefix("/slow/") {
+        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap())).await;
+    }
+    if path == "/ws" {
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(up) = on.await {
+                let mut io = TokioIo::new(up);
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = io.read(&mut buf).await {
+                    if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut resp = Response::new(full(""));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        resp.headers_mut().insert("upgrade", "websocket".parse().unwrap());
+        resp.headers_mut().insert("connection", "upgrade".parse().unwrap());
+        return Ok(resp);
+    }
+    let mut seen: HashMap<String, String> = HashMap::new();
+    for (k, v) in req.headers() {
+        let entry = seen.entry(k.as_str().to_string()).or_default();
+        if !entry.is_empty() {
+            entry.push_str(" | ");
+        }
+        entry.push_str(v.to_str().unwrap_or("<bin>"));
+    }
+    let method = req.method().to_string();
+    let uri = req.uri().to_string();
+    let mut body = req.into_body();
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => len += f.data_ref().map_or(0, |d| d.len()),
+            Err(_) => break,
+        }
+    }
+    let doc = serde_json::json!({
+        "method": method,
+        "uri": uri,
+        "headers": seen,
+        "body_len": len,
+        "peer": peer.to_string(),
+    });
+    let mut resp = Response::new(full(&doc.to_string()));
+    resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    resp.headers_mut().insert("connection", "keep-alive, x-upstream-hop".parse().unwrap());
+    resp.headers_mut().insert("x-upstream-hop", "secret".parse().unwrap());
+    Ok(resp)
+}
+
+fn futures_stream(
+    mut remaining: usize,
+    chunk: Bytes,
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send + Sync + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        while remaining > 0 {
+            let n = remaining.min(chunk.len());
+            if tx.send(Ok(Frame::data(chunk.slice(..n)))).await.is_err() {
+                break;
+            }
+            remaining -= n;
+        }
+    });
+    tokio_stream_from(rx)
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_core::Stream<Item = T> + Send + Sync + 'static {
+    struct S<T>(tokio::sync::mpsc::Receiver<T>);
+    impl<T> futures_core::Stream for S<T> {
+        type Item = T;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<T>> {
+            self.0.poll_recv(cx)
+        }
+    }
+    let _ = &mut rx;
+    S(rx)
+}
+
+pub fn full(s: &str) -> BoxBody {
+    BodyExt::boxed(Full::new(Bytes::from(s.to_string())).map_err(|never| match never {}))
+}
+
+/// Opens a TCP connection from `source` (any 127.x.y.z) to `to`.
+pub async fn connect_from(source: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(source, 0))?;
+    socket.connect(to).await
+}
+
+/// An HTTP/1.1 connection (hyper client) from a chosen source address.
+pub struct H1 {
+    pub sender: hyper::client::conn::http1::SendRequest<BoxBody>,
+}
+
+impl H1 {
+    pub async fn connect(source: IpAddr, to: SocketAddr) -> std::io::Result<H1> {
+        let stream = connect_from(source, to).await?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(std::io::Error::other)?;
+        tokio::spawn(conn.with_upgrades());
+        Ok(H1 { sender })
+    }
+
+    /// Sends a request; returns status, headers and the whole body.
+    pub async fn send(
+        &mut self,
+        req: Request<BoxBody>,
+    ) -> Result<(StatusCode, http::HeaderMap, Vec<u8>), hyper::Error> {
+        self.sender.ready().await?;
+        let resp = self.sender.send_request(req).await?;
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await?.to_bytes().to_vec();
+        Ok((parts.status, parts.headers, body))
+    }
+}
+
+/// A GET from 127.0.0.1 with extra headers, on a fresh connection.
+pub async fn get(to: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    get_from("127.0.0.1".parse().unwrap(), to, path, headers).await
+}
+
+/// A GET from `source` with extra headers, on a fresh connection.
+pub async fn get_from(
+    source: IpAddr,
+    to: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    let mut c = H1::connect(source, to).await.unwrap();
+    let mut b = Request::get(path).header("host", "test.local");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    c.send(b.body(full("")).unwrap()).await.unwrap()
+}
+
+/// The upstream's echo document.
+pub fn echo(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body).unwrap_or_else(|_| panic!("not an echo: {}", String::from_utf8_lossy(body)))
+}
+
+/// A client for HTTP/2 (prior knowledge) or any version over a given stream.
+pub fn legacy_client() -> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, BoxBody> {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A minimal config: one listener, one pool with the given servers.
+pub fn config(servers: &[SocketAddr], extra: &str) -> String {
+    let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [{}]\n\n{extra}\n",
+        list.join(", ")
+    )
+}
