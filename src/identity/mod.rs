@@ -15,4 +15,4 @@ pub mod forwarded;
 pub mod trusted;
 
 pub use addr::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
-pub use trusted::TrustedProxies;
+pub use trusted::{TrustedProxies, TrustedProxyError};
