@@ -84,7 +84,11 @@ impl TrustedProxies {
                     Some(v4) if n.prefix_len() >= 96 => self.insert_v4(v4, n.prefix_len() - 96),
                     _ => {
                         let len = n.prefix_len();
-                        let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                        let mask = if len == 0 {
+                            0
+                        } else {
+                            u128::MAX << (128 - len)
+                        };
                         let entry = (u128::from(n.network()) & mask, mask, len);
                         if !self.v6.contains(&entry) {
                             self.v6.push(entry);
@@ -198,7 +202,11 @@ mod tests {
         ];
         for (entries, addr, want) in cases {
             let trusted = TrustedProxies::parse(entries).unwrap();
-            assert_eq!(trusted.contains(ip(addr)), *want, "{entries:?} contains {addr}");
+            assert_eq!(
+                trusted.contains(ip(addr)),
+                *want,
+                "{entries:?} contains {addr}"
+            );
         }
     }
 
