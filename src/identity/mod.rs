@@ -15,4 +15,6 @@ pub mod forwarded;
 pub mod trusted;
 
 pub use addr::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
+pub use dominance::{DominantPeer, DominantPeerDetector};
+pub use forwarded::{ForwardedHeader, ForwardingWarning, Resolved, resolve};
 pub use trusted::{TrustedProxies, TrustedProxyError};
