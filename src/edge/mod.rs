@@ -1,1 +1,3 @@
 //! edge (being written).
+
+pub mod proxy_protocol;
