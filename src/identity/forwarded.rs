@@ -253,37 +253,39 @@ fn is_obfuscated_port(p: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
-/// Splits `s` at `sep` outside quoted strings. The flag is true for a piece
-/// whose quoted string never closed.
-fn split_unquoted(s: &[u8], sep: u8) -> Vec<(&[u8], bool)> {
-    let mut pieces = Vec::new();
-    let mut start = 0;
-    let mut in_quote = false;
-    let mut escaped = false;
-    for (i, &b) in s.iter().enumerate() {
-        if in_quote {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
+/// Splits `s` at `sep` outside quoted strings, without allocating. Yields
+/// `(piece, unterminated)`; the flag is true for a piece whose quoted string
+/// never closed.
+fn split_unquoted(s: &[u8], sep: u8) -> impl Iterator<Item = (&[u8], bool)> {
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let s = rest?;
+        let mut in_quote = false;
+        let mut escaped = false;
+        for (i, &b) in s.iter().enumerate() {
+            if in_quote {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' {
+                    escaped = true;
+                } else if b == b'"' {
+                    in_quote = false;
+                }
             } else if b == b'"' {
-                in_quote = false;
+                in_quote = true;
+            } else if b == sep {
+                rest = Some(&s[i + 1..]);
+                return Some((&s[..i], false));
             }
-        } else if b == b'"' {
-            in_quote = true;
-        } else if b == sep {
-            pieces.push((&s[start..i], false));
-            start = i + 1;
         }
-    }
-    pieces.push((&s[start..], in_quote));
-    pieces
+        rest = None;
+        Some((s, in_quote))
+    })
 }
 
 /// The hops of one `Forwarded` line, left to right; empty elements skipped.
 fn forwarded_hops(line: &[u8]) -> Vec<Hop> {
     split_unquoted(line, b',')
-        .into_iter()
         .filter(|(element, _)| !trim_ows(element).is_empty())
         .map(|(element, unterminated)| {
             if unterminated {
