@@ -122,7 +122,11 @@ impl PrefixKey {
             }
             IpAddr::V6(v6) => {
                 let raw = u128::from(v6);
-                let mask = if len == 0 { 0 } else { u128::MAX << (128 - len) };
+                let mask = if len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - len)
+                };
                 PrefixKey {
                     bits: raw & mask,
                     len,
@@ -141,6 +145,8 @@ impl PrefixKey {
         }
     }
 
+    /// The prefix length in bits (not a count of items, so no `is_empty`).
+    #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> u8 {
         self.len
     }
@@ -190,7 +196,11 @@ mod tests {
             ("203.0.113.77", Level::Subnet, "203.0.113.0/24"),
             ("203.0.113.77", Level::Network, "203.0.0.0/16"),
             ("::ffff:203.0.113.77", Level::Subnet, "203.0.113.0/24"),
-            ("2001:db8:1:2:3:4:5:6", Level::Address, "2001:db8:1:2:3:4:5:6/128"),
+            (
+                "2001:db8:1:2:3:4:5:6",
+                Level::Address,
+                "2001:db8:1:2:3:4:5:6/128",
+            ),
             ("2001:db8:1:2:3:4:5:6", Level::Subnet, "2001:db8:1:2::/64"),
             ("2001:db8:1:2:3:4:5:6", Level::Network, "2001:db8:1::/48"),
         ];
@@ -204,7 +214,10 @@ mod tests {
         let a = ClientAddr::new("::ffff:10.1.2.3".parse().unwrap());
         let b = ClientAddr::new("10.1.2.3".parse().unwrap());
         assert_eq!(a, b);
-        assert_eq!(a.key(Level::Address).digest(), b.key(Level::Address).digest());
+        assert_eq!(
+            a.key(Level::Address).digest(),
+            b.key(Level::Address).digest()
+        );
     }
 
     #[test]

@@ -6,6 +6,21 @@
 //! keyed by a spoofable header, or by the load balancer's own address, is how
 //! incident 4 refused 97% of the world.
 //!
+//! ```
+//! use weir::identity::{AddrSource, ForwardedHeader, PeerAddr, TrustedProxies, resolve};
+//!
+//! let trusted = TrustedProxies::parse(&["10.0.0.0/8"]).unwrap();
+//! let mut headers = http::HeaderMap::new();
+//! // 6.6.6.6 was written by the client itself; 198.51.100.7 by our balancer.
+//! headers.insert("x-forwarded-for", "6.6.6.6, 198.51.100.7".parse().unwrap());
+//! let peer = PeerAddr("10.0.0.1:40000".parse().unwrap());
+//!
+//! let got = resolve(peer, None, &headers, &trusted, ForwardedHeader::XForwardedFor);
+//! assert_eq!(got.client.client.ip().to_string(), "198.51.100.7");
+//! assert_eq!(got.client.source, AddrSource::XForwardedFor);
+//! assert_eq!(got.warning, None);
+//! ```
+//!
 //! This module does not decide anything about the request; it only names the
 //! client. Sessions (verified users, pass tokens) are added by later stages.
 
@@ -15,4 +30,6 @@ pub mod forwarded;
 pub mod trusted;
 
 pub use addr::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
-pub use trusted::TrustedProxies;
+pub use dominance::{DominantPeer, DominantPeerDetector};
+pub use forwarded::{ForwardedHeader, ForwardingWarning, Resolved, resolve};
+pub use trusted::{TrustedProxies, TrustedProxyError};
