@@ -1,3 +1,18 @@
-//! edge (being written).
+//! Edge: everything between the socket and the first HTTP request.
+//!
+//! Listeners accept connections, the [`conn::ConnTracker`] admits or refuses
+//! them (global cap with idle-first shedding, per-address cap), the PROXY
+//! protocol header and TLS handshake are read under a deadline, and hyper
+//! serves HTTP/1.1 and HTTP/2 with header size and count limits. Timeouts for
+//! slow headers and idle keep-alive connections are enforced by the tracker's
+//! sweep. Draining stops accepting and lets in-flight requests finish.
 
+pub mod conn;
+pub mod inflight;
+pub mod io;
+pub mod listener;
 pub mod proxy_protocol;
+pub mod serve;
+pub mod tls;
+
+pub use conn::{ConnGuard, ConnLimits, ConnState, ConnTracker, Refusal};

@@ -251,18 +251,3 @@ mod tests {
         assert_eq!(some.to_string(), "10.0.0.0/8, ::1/128");
     }
 }
-
-impl TrustedProxies {
-    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, String> {
-        let mut nets = Vec::new();
-        for e in entries {
-            let e = e.as_ref().trim();
-            let net = e
-                .parse::<ipnet::IpNet>()
-                .or_else(|_| e.parse::<IpAddr>().map(ipnet::IpNet::from))
-                .map_err(|_| format!("`{e}` is not a CIDR"))?;
-            nets.push(net);
-        }
-        Ok(TrustedProxies { nets })
-    }
-}
