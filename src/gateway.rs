@@ -20,7 +20,6 @@ use crate::policy::route::{ClassSettings, HostMatch};
 use crate::policy::{Route, RouteClass, RouteTable};
 use crate::upstream::{ForwardingHeaders, Pool};
 
-
 /// A listener as configured (binding happens once, at start).
 #[derive(Clone)]
 pub struct ListenerSpec {
@@ -94,7 +93,10 @@ impl Gateway {
 
         // Listeners.
         if cfg.listeners.is_empty() {
-            errors.push(loaded.error_at(&root.key("listeners"), "at least one [[listeners]] entry is required"));
+            errors.push(loaded.error_at(
+                &root.key("listeners"),
+                "at least one [[listeners]] entry is required",
+            ));
         }
         let mut listeners = Vec::new();
         for (i, l) in cfg.listeners.iter().enumerate() {
@@ -104,7 +106,10 @@ impl Gateway {
                 Err(_) => {
                     errors.push(loaded.error_at(
                         &at.key("address"),
-                        format!("`{}` is not ip:port (e.g. \"0.0.0.0:8080\" or \"[::]:443\")", l.address),
+                        format!(
+                            "`{}` is not ip:port (e.g. \"0.0.0.0:8080\" or \"[::]:443\")",
+                            l.address
+                        ),
                     ));
                     continue;
                 }
@@ -114,7 +119,11 @@ impl Gateway {
                 Some(t) => match tls::acceptor(&t.cert, &t.key, l.http2) {
                     Ok(a) => Some(a),
                     Err(e) => {
-                        let key = if matches!(e, tls::TlsError::Key { .. }) { "key" } else { "cert" };
+                        let key = if matches!(e, tls::TlsError::Key { .. }) {
+                            "key"
+                        } else {
+                            "cert"
+                        };
                         errors.push(loaded.error_at(&at.key("tls").key(key), e.to_string()));
                         None
                     }
@@ -167,15 +176,22 @@ impl Gateway {
             errors.push(loaded.error_at(&lim_at.key("max_connections"), "must be at least 1"));
         }
         if lim.max_connections_per_ip == 0 {
-            errors.push(loaded.error_at(&lim_at.key("max_connections_per_ip"), "must be at least 1"));
+            errors
+                .push(loaded.error_at(&lim_at.key("max_connections_per_ip"), "must be at least 1"));
         }
         if lim.max_requests_in_flight_per_ip == 0 {
-            errors.push(loaded.error_at(&lim_at.key("max_requests_in_flight_per_ip"), "must be at least 1"));
+            errors.push(loaded.error_at(
+                &lim_at.key("max_requests_in_flight_per_ip"),
+                "must be at least 1",
+            ));
         }
         if lim.max_header_bytes < MIN_HEADER_BYTES {
             errors.push(loaded.error_at(
                 &lim_at.key("max_header_bytes"),
-                format!("{} is below the minimum of {MIN_HEADER_BYTES}", lim.max_header_bytes),
+                format!(
+                    "{} is below the minimum of {MIN_HEADER_BYTES}",
+                    lim.max_header_bytes
+                ),
             ));
         }
         if lim.max_headers == 0 {
@@ -199,7 +215,11 @@ impl Gateway {
                     Err(errs) => {
                         for (i, e) in errs {
                             let at = root.key("pools").key(name).key("servers");
-                            let at = if def.servers.is_empty() { at } else { at.index(i) };
+                            let at = if def.servers.is_empty() {
+                                at
+                            } else {
+                                at.index(i)
+                            };
                             errors.push(loaded.error_at(&at, e.to_string()));
                         }
                         continue;
@@ -242,7 +262,8 @@ impl Gateway {
                     headers: vec![],
                     cookies: vec![],
                 }),
-                0 => errors.push(loaded.error_at(&root.key("pools"), "at least one pool is required")),
+                0 => errors
+                    .push(loaded.error_at(&root.key("pools"), "at least one pool is required")),
                 _ => errors.push(loaded.error_at(
                     &root.key("routes"),
                     "with several pools, [[routes]] must say which pool serves what",
@@ -268,7 +289,9 @@ impl Gateway {
                 None => None,
                 Some(Ok(re)) => Some(re),
                 Some(Err(e)) => {
-                    errors.push(loaded.error_at(&at.key("path_regex"), format!("invalid regex: {e}")));
+                    errors.push(
+                        loaded.error_at(&at.key("path_regex"), format!("invalid regex: {e}")),
+                    );
                     None
                 }
             };
@@ -358,7 +381,11 @@ mod tests {
     use std::path::Path;
 
     fn build(text: &str) -> Result<Gateway, ConfigErrors> {
-        let loaded = load_str(text, Some(Path::new("weir.toml")), &Map::<String, String>::new())?;
+        let loaded = load_str(
+            text,
+            Some(Path::new("weir.toml")),
+            &Map::<String, String>::new(),
+        )?;
         Gateway::build(loaded, None, 1)
     }
 

@@ -18,8 +18,8 @@
 //! - [`config`]: the TOML schema, `${VAR}` substitution, validation, reload.
 //! - [`proxy`]: the one function that composes the stages for each request.
 
-pub mod config;
 pub mod body;
+pub mod config;
 pub mod edge;
 pub mod gateway;
 pub mod identity;

@@ -14,7 +14,11 @@ use weir::gateway::Gateway;
 use weir::server::Server;
 
 #[derive(Parser)]
-#[command(name = "weir", version, about = "An edge gateway that keeps a web app up under crawler floods without shutting people out")]
+#[command(
+    name = "weir",
+    version,
+    about = "An edge gateway that keeps a web app up under crawler floods without shutting people out"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -126,13 +126,19 @@ pub async fn handle(
     parts.headers.remove(header::EXPECT);
     if parts.version == Version::HTTP_2
         && !parts.headers.contains_key(header::HOST)
-        && let Some(h) = parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        && let Some(h) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     {
         parts.headers.insert(header::HOST, h);
     }
     gw.forwarding.apply(&mut parts.headers, &hop, parts.version);
     let body = RequestBody::new(body, route.settings.body_read_timeout, log.bytes_in.clone());
-    let timeout = route.settings.response_timeout.unwrap_or(pool.response_timeout);
+    let timeout = route
+        .settings
+        .response_timeout
+        .unwrap_or(pool.response_timeout);
     let result = send_with_failover(&pool, parts, body, timeout, &mut log, rt).await;
     match result {
         Ok(mut resp) => {
@@ -144,7 +150,11 @@ pub async fn handle(
                 let tunnel_guard = conn.guard.clone();
                 tokio::spawn(async move {
                     if let (Ok(a), Ok(b)) = tokio::join!(client_upgrade, upstream_upgrade) {
-                        let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
+                        let _ = tokio::io::copy_bidirectional(
+                            &mut TokioIo::new(a),
+                            &mut TokioIo::new(b),
+                        )
+                        .await;
                     }
                     drop(tunnel_guard);
                 });
@@ -175,8 +185,14 @@ async fn send_with_failover(
     rt: &Runtime,
 ) -> Result<Response<Incoming>, ForwardError> {
     use http_body::Body as _;
-    let retry_copy = (body.is_end_stream() && pool.servers.len() > 1)
-        .then(|| (parts.method.clone(), parts.uri.clone(), parts.version, parts.headers.clone()));
+    let retry_copy = (body.is_end_stream() && pool.servers.len() > 1).then(|| {
+        (
+            parts.method.clone(),
+            parts.uri.clone(),
+            parts.version,
+            parts.headers.clone(),
+        )
+    });
     let mut request = Some(Request::from_parts(parts, body));
     let mut failed: Option<ServerGuard> = None;
     loop {
@@ -262,7 +278,10 @@ fn request_host<B>(req: &Request<B>) -> Option<&str> {
 
 fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
-        return host.split(']').next().map_or(host, |h| &host[..h.len() + 1]);
+        return host
+            .split(']')
+            .next()
+            .map_or(host, |h| &host[..h.len() + 1]);
     }
     match host.rsplit_once(':') {
         Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
@@ -277,7 +296,9 @@ pub fn reject(reason: &RejectReason, mut log: RequestLog) -> Response<ResponseBo
         .rt
         .metrics
         .rejections
-        .get_or_create(&RuleLabels { rule: reason.rule() })
+        .get_or_create(&RuleLabels {
+            rule: reason.rule(),
+        })
         .inc();
     let message = match reason {
         RejectReason::ClientInFlight { limit } => {
@@ -287,7 +308,13 @@ pub fn reject(reason: &RejectReason, mut log: RequestLog) -> Response<ResponseBo
         RejectReason::BadRequest(why) => (*why).into(),
         RejectReason::Draining => "this server is restarting; please retry".into(),
     };
-    respond(reason.status(), reason.retry_after(), reason.rule(), &message, log)
+    respond(
+        reason.status(),
+        reason.retry_after(),
+        reason.rule(),
+        &message,
+        log,
+    )
 }
 
 /// The one place an upstream failure becomes a response.
@@ -307,14 +334,24 @@ fn respond(
     mut log: RequestLog,
 ) -> Response<ResponseBody> {
     log.record.status = status.as_u16();
-    let body = format!("{} {}: {message}\n", status.as_u16(), status.canonical_reason().unwrap_or(""));
+    let body = format!(
+        "{} {}: {message}\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
     let mut resp = Response::new(ResponseBody::full(body).on_complete(Box::new(log)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     if let Some(after) = retry_after {
-        h.insert(header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
+        h.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(after.as_secs().max(1)),
+        );
     }
     if let Ok(v) = HeaderValue::from_str(reason) {
         h.insert("x-weir-reason", v);
@@ -336,7 +373,13 @@ pub struct RequestLog {
 }
 
 impl RequestLog {
-    fn new<B>(req: &Request<B>, client: &ClientId, host: Option<&str>, conn: Arc<ConnCtx>, started: Instant) -> Self {
+    fn new<B>(
+        req: &Request<B>,
+        client: &ClientId,
+        host: Option<&str>,
+        conn: Arc<ConnCtx>,
+        started: Instant,
+    ) -> Self {
         let proto = match req.version() {
             Version::HTTP_2 => "HTTP/2",
             Version::HTTP_10 => "HTTP/1.0",
@@ -350,7 +393,11 @@ impl RequestLog {
                 client_source: client.source.as_str(),
                 method: req.method().as_str().to_owned(),
                 host: host.unwrap_or("").to_owned(),
-                path: req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+                path: req
+                    .uri()
+                    .path_and_query()
+                    .map_or("/", |p| p.as_str())
+                    .to_owned(),
                 proto,
                 class: "unrouted".into(),
                 decision: "admit",

@@ -117,7 +117,10 @@ impl Runtime {
         self.tracker.set_limits(next.edge.conn);
         self.gateway.store(Arc::new(next));
         self.metrics.config_version.set(version as i64);
-        self.metrics.reloads.get_or_create(&ResultLabels { result: "ok" }).inc();
+        self.metrics
+            .reloads
+            .get_or_create(&ResultLabels { result: "ok" })
+            .inc();
         tracing::info!(version, ?restart_needed, "configuration reloaded");
         Ok(ReloadOutcome::Applied {
             version,

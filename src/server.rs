@@ -95,9 +95,11 @@ impl Server {
                 source,
             })?;
             let tokio_listener =
-                tokio::net::TcpListener::from_std(std_listener).map_err(|source| StartError::Bind {
-                    addr: spec.address,
-                    source,
+                tokio::net::TcpListener::from_std(std_listener).map_err(|source| {
+                    StartError::Bind {
+                        addr: spec.address,
+                        source,
+                    }
                 })?;
             listeners.push(tokio_listener.local_addr().unwrap_or(spec.address));
             bound.push(tokio_listener);
@@ -109,7 +111,11 @@ impl Server {
                     .and_then(tokio::net::TcpListener::from_std)
                     .map_err(|source| StartError::Bind { addr, source })?;
                 let local = l.local_addr().unwrap_or(addr);
-                tasks.push(tokio::spawn(admin::serve(l, runtime.clone(), stop_rx.clone())));
+                tasks.push(tokio::spawn(admin::serve(
+                    l,
+                    runtime.clone(),
+                    stop_rx.clone(),
+                )));
                 Some(local)
             }
         };

@@ -71,11 +71,7 @@ pub fn substitute(text: &str, env: &dyn Env) -> Result<String, Vec<SubstError>> 
             Some((n, d)) => (n, Some(d)),
             None => (body, None),
         };
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             errors.push(SubstError {
                 line,
                 message: format!("`${{{body}}}` is not a valid variable name"),
@@ -96,12 +92,18 @@ pub fn substitute(text: &str, env: &dyn Env) -> Result<String, Vec<SubstError>> 
             (_, Some(d)) => out.push_str(d),
             (None, None) | (Some(_), None) => errors.push(SubstError {
                 line,
-                message: format!("{name} is not set and `${{{name}}}` has no default (use `${{{name}:-value}}`)"),
+                message: format!(
+                    "{name} is not set and `${{{name}}}` has no default (use `${{{name}:-value}}`)"
+                ),
             }),
         }
     }
     out.push_str(rest);
-    if errors.is_empty() { Ok(out) } else { Err(errors) }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
 }
 
 #[cfg(test)]

@@ -132,7 +132,11 @@ pub fn load_file(path: &Path, env: &dyn Env) -> Result<LoadedConfig, ConfigError
 }
 
 /// Parses configuration text; `path` only names the source in errors.
-pub fn load_str(raw: &str, path: Option<&Path>, env: &dyn Env) -> Result<LoadedConfig, ConfigErrors> {
+pub fn load_str(
+    raw: &str,
+    path: Option<&Path>,
+    env: &dyn Env,
+) -> Result<LoadedConfig, ConfigErrors> {
     let file = path.map(Path::to_path_buf);
     let text = substitute(raw, env).map_err(|errs| {
         ConfigErrors(
@@ -149,7 +153,12 @@ pub fn load_str(raw: &str, path: Option<&Path>, env: &dyn Env) -> Result<LoadedC
     let config: Config = toml::from_str(&text).map_err(|e| {
         let line = e.span().map(|s| line_of(&text, s.start));
         // toml's message repeats the source excerpt; keep only its first line.
-        let message = e.message().lines().next().unwrap_or("invalid TOML").to_string();
+        let message = e
+            .message()
+            .lines()
+            .next()
+            .unwrap_or("invalid TOML")
+            .to_string();
         ConfigErrors(vec![ConfigError {
             file: file.clone(),
             line,
@@ -250,6 +259,9 @@ mod tests {
         assert_eq!(cfg.error_at(&pools.index(1), "x").line, Some(7));
         let route = KeyPath::root().key("routes").index(1).key("pool");
         assert_eq!(cfg.error_at(&route, "x").line, Some(12));
-        assert_eq!(cfg.error_at(&route, "x").key.as_deref(), Some("routes[1].pool"));
+        assert_eq!(
+            cfg.error_at(&route, "x").key.as_deref(),
+            Some("routes[1].pool")
+        );
     }
 }

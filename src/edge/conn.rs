@@ -269,7 +269,11 @@ impl ConnTracker {
     /// configured cap is above it.
     pub fn set_ceiling(&self, ceiling: usize) {
         self.ceiling.store(ceiling, Ordering::Relaxed);
-        let configured = self.limits.lock().unwrap_or_else(|e| e.into_inner()).max_connections;
+        let configured = self
+            .limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .max_connections;
         if configured > ceiling {
             tracing::warn!(
                 configured,
@@ -339,7 +343,13 @@ impl ConnTracker {
         let mut idle: Vec<&Arc<ConnState>> = reg
             .conns
             .values()
-            .filter(|c| c.in_flight() == 0 && c.command() == Command::None)
+            // Only kept-alive connections between requests: a fresh one is
+            // about to send its first request (and the header timeout bounds it).
+            .filter(|c| {
+                c.in_flight() == 0
+                    && c.requests.load(Ordering::Relaxed) > 0
+                    && c.command() == Command::None
+            })
             .collect();
         if idle.is_empty() {
             return 0;
@@ -368,9 +378,12 @@ impl ConnTracker {
             }
             let pending = c.pending_since_ms.load(Ordering::Relaxed);
             let never_requested = c.requests.load(Ordering::Relaxed) == 0;
-            if never_requested && now.saturating_sub(c.opened_ms) > header_ms {
-                c.give(Command::Abort, "header_timeout");
-            } else if pending != 0 && now.saturating_sub(pending) > header_ms {
+            let head_stalled = if never_requested {
+                now.saturating_sub(c.opened_ms) > header_ms
+            } else {
+                pending != 0 && now.saturating_sub(pending) > header_ms
+            };
+            if head_stalled {
                 c.give(Command::Abort, "header_timeout");
             } else if !never_requested
                 && now.saturating_sub(c.idle_since_ms.load(Ordering::Relaxed)) > idle_ms
@@ -471,7 +484,11 @@ mod tests {
         kept.state.bytes_read();
         t.sweep(start + Duration::from_secs(30));
         assert_eq!(kept.state.command(), Command::Abort);
-        assert_eq!(busy.state.command(), Command::None, "busy connections are never cut");
+        assert_eq!(
+            busy.state.command(),
+            Command::None,
+            "busy connections are never cut"
+        );
         t.sweep(start + Duration::from_secs(120));
         assert_eq!(busy.state.command(), Command::None);
     }

@@ -30,7 +30,11 @@ macro_rules! drive {
         tokio::pin!(conn);
         let mut graceful = false;
         loop {
-            let wanted = if graceful { Command::Abort } else { Command::Graceful };
+            let wanted = if graceful {
+                Command::Abort
+            } else {
+                Command::Graceful
+            };
             tokio::select! {
                 res = conn.as_mut() => break res.map_err(Into::into),
                 cmd = $state.wait_for(wanted) => {
@@ -126,7 +130,9 @@ async fn serve_connection(
         match proxy_protocol::read_header(&stream, edge.handshake_timeout).await {
             Ok(h) => {
                 if peer_trusted {
-                    proxy_source = h.source.map(|s| crate::identity::ClientAddr::new(s.ip()).ip());
+                    proxy_source = h
+                        .source
+                        .map(|s| crate::identity::ClientAddr::new(s.ip()).ip());
                 } else {
                     rt.metrics.forwarding_warning("untrusted_proxy_protocol");
                 }
@@ -187,7 +193,8 @@ async fn serve_connection(
             stream.set_nodelay(true).ok();
             let io = TokioIo::new(TrackedIo::new(stream, state.clone()));
             if spec.http2 {
-                let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 configure_http1(&mut builder.http1(), &edge);
                 configure_http2(&mut builder.http2(), &edge);
                 let conn = builder.serve_connection_with_upgrades(io, service);
@@ -211,7 +218,6 @@ async fn serve_connection(
     drop(guard);
 }
 
-
 fn configure_http1<T: Http1Settings>(b: &mut T, edge: &EdgeSettings) {
     b.apply(edge);
 }
@@ -228,7 +234,9 @@ trait Http1Settings {
 impl Http1Settings for hyper::server::conn::http1::Builder {
     fn apply(&mut self, edge: &EdgeSettings) {
         self.timer(TokioTimer::new())
-            .header_read_timeout(edge.conn.header_timeout)
+            // Off: hyper's timer would also cut idle keep-alive connections at
+            // the header timeout. The tracker's sweep enforces both separately.
+            .header_read_timeout(None)
             .max_buf_size(edge.max_header_bytes)
             .max_headers(edge.max_headers)
             .keep_alive(true);
@@ -238,7 +246,9 @@ impl Http1Settings for hyper::server::conn::http1::Builder {
 impl<E> Http1Settings for hyper_util::server::conn::auto::Http1Builder<'_, E> {
     fn apply(&mut self, edge: &EdgeSettings) {
         self.timer(TokioTimer::new())
-            .header_read_timeout(edge.conn.header_timeout)
+            // Off: hyper's timer would also cut idle keep-alive connections at
+            // the header timeout. The tracker's sweep enforces both separately.
+            .header_read_timeout(None)
             .max_buf_size(edge.max_header_bytes)
             .max_headers(edge.max_headers)
             .keep_alive(true);

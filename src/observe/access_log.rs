@@ -70,7 +70,9 @@ pub struct AccessLog {
 
 impl std::fmt::Debug for AccessLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AccessLog").field("on", &self.tx.is_some()).finish()
+        f.debug_struct("AccessLog")
+            .field("on", &self.tx.is_some())
+            .finish()
     }
 }
 
@@ -88,9 +90,9 @@ impl AccessLog {
         let out: Box<dyn Write + Send> = match target {
             LogTarget::Off => return Ok(AccessLog::off()),
             LogTarget::Stdout => Box::new(io::stdout()),
-            LogTarget::File(path) => Box::new(
-                OpenOptions::new().create(true).append(true).open(path)?,
-            ),
+            LogTarget::File(path) => {
+                Box::new(OpenOptions::new().create(true).append(true).open(path)?)
+            }
         };
         let (tx, rx) = sync_channel(CHANNEL_LINES);
         std::thread::Builder::new()
@@ -120,10 +122,9 @@ impl AccessLog {
 
 fn write_lines(rx: Receiver<Vec<u8>>, out: Box<dyn Write + Send>) {
     let mut out = BufWriter::with_capacity(64 * 1024, out);
-    loop {
-        // Block for the first line, then drain what is queued before flushing,
-        // so a burst costs one write(2), and a quiet log is flushed promptly.
-        let Ok(line) = rx.recv() else { break };
+    // Block for the first line, then drain what is queued before flushing,
+    // so a burst costs one write(2), and a quiet log is flushed promptly.
+    while let Ok(line) = rx.recv() {
         if out.write_all(&line).is_err() {
             continue;
         }

@@ -56,12 +56,18 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
         (&Method::GET, "/livez") => text(StatusCode::OK, "text/plain", "ok\n".into()),
         (&Method::GET, "/readyz") => {
             if rt.tracker.is_draining() {
-                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n".into())
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "draining\n".into(),
+                )
             } else {
                 text(StatusCode::OK, "text/plain", "ready\n".into())
             }
         }
-        (&Method::GET, "/status") => text(StatusCode::OK, "application/json", status(rt).to_string()),
+        (&Method::GET, "/status") => {
+            text(StatusCode::OK, "application/json", status(rt).to_string())
+        }
         (&Method::POST, "/reload") => {
             let rt = rt.clone();
             // Building a gateway reads files and resolves names: off the loop.
@@ -141,8 +147,10 @@ pub fn status(rt: &Runtime) -> serde_json::Value {
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
     r
 }
 

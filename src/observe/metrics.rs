@@ -219,7 +219,9 @@ impl Metrics {
     }
 
     pub fn connection_error(&self, kind: &'static str) {
-        self.connection_errors.get_or_create(&KindLabels { kind }).inc();
+        self.connection_errors
+            .get_or_create(&KindLabels { kind })
+            .inc();
     }
 
     pub fn forwarding_warning(&self, kind: &'static str) {
@@ -245,20 +247,29 @@ mod tests {
             .inc();
         m.refused("per_ip_cap");
         m.upstream_duration
-            .get_or_create(&PoolLabels { pool: Arc::from("app") })
+            .get_or_create(&PoolLabels {
+                pool: Arc::from("app"),
+            })
             .observe(0.003);
         let text = m.encode();
         assert!(
-            text.contains("weir_requests_total{class=\"page\",status=\"200\",decision=\"admit\"} 1"),
+            text.contains(
+                "weir_requests_total{class=\"page\",status=\"200\",decision=\"admit\"} 1"
+            ),
             "{text}"
         );
         assert!(
             text.contains("weir_connections_refused_total{reason=\"per_ip_cap\"} 1"),
             "{text}"
         );
-        assert!(text.contains("# TYPE weir_upstream_response_duration_seconds histogram"), "{text}");
         assert!(
-            text.contains("weir_upstream_response_duration_seconds_bucket{le=\"0.004\",pool=\"app\"} 1"),
+            text.contains("# TYPE weir_upstream_response_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "weir_upstream_response_duration_seconds_bucket{le=\"0.004\",pool=\"app\"} 1"
+            ),
             "{text}"
         );
     }

@@ -191,7 +191,13 @@ mod tests {
         }
     }
 
-    fn check(r: &Route, method: &str, uri: &str, host: Option<&str>, headers: &[(&str, &str)]) -> bool {
+    fn check(
+        r: &Route,
+        method: &str,
+        uri: &str,
+        host: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> bool {
         let method: Method = method.parse().unwrap();
         let uri: Uri = uri.parse().unwrap();
         let mut map = HeaderMap::new();
@@ -233,8 +239,23 @@ mod tests {
             headers: vec![http::HeaderName::from_static("authorization")],
             ..route()
         };
-        let cases: &[(&Route, &str, &str, Option<&str>, &[(&str, &str)], bool)] = &[
-            (&expensive, "GET", "/w/index.php?title=A&diff=2", None, &[], true),
+        type Case<'a> = (
+            &'a Route,
+            &'a str,
+            &'a str,
+            Option<&'a str>,
+            &'a [(&'a str, &'a str)],
+            bool,
+        );
+        let cases: &[Case] = &[
+            (
+                &expensive,
+                "GET",
+                "/w/index.php?title=A&diff=2",
+                None,
+                &[],
+                true,
+            ),
             (&expensive, "GET", "/w/index.php?title=A", None, &[], false),
             (&expensive, "GET", "/w/index.php?diffx=1", None, &[], false),
             (&expensive, "GET", "/w/index.php?search", None, &[], true),
@@ -247,9 +268,30 @@ mod tests {
             (&get_only, "POST", "/", None, &[], false),
             (&regex, "POST", "/api/v2/upload/x", None, &[], true),
             (&regex, "POST", "/api/vx/upload", None, &[], false),
-            (&cookie, "GET", "/", None, &[("cookie", "a=1; wikiUserID=5"), ("authorization", "x")], true),
-            (&cookie, "GET", "/", None, &[("cookie", "xwikiUserID=5"), ("authorization", "x")], false),
-            (&cookie, "GET", "/", None, &[("cookie", "wikiUserID=5")], false),
+            (
+                &cookie,
+                "GET",
+                "/",
+                None,
+                &[("cookie", "a=1; wikiUserID=5"), ("authorization", "x")],
+                true,
+            ),
+            (
+                &cookie,
+                "GET",
+                "/",
+                None,
+                &[("cookie", "xwikiUserID=5"), ("authorization", "x")],
+                false,
+            ),
+            (
+                &cookie,
+                "GET",
+                "/",
+                None,
+                &[("cookie", "wikiUserID=5")],
+                false,
+            ),
         ];
         for (i, (r, m, u, h, hdrs, want)) in cases.iter().enumerate() {
             assert_eq!(check(r, m, u, *h, hdrs), *want, "case {i}: {m} {u}");

@@ -275,10 +275,19 @@ mod tests {
         }
     }
 
-    fn run(mode: XffMode, trusted: bool, incoming: &[(&str, &str)], peer: &str, client: &str) -> HeaderMap {
+    fn run(
+        mode: XffMode,
+        trusted: bool,
+        incoming: &[(&str, &str)],
+        peer: &str,
+        client: &str,
+    ) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in incoming {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         let cid = id(peer, client);
         let fh = ForwardingHeaders::new(ForwardingConfig {
@@ -308,12 +317,51 @@ mod tests {
     #[test]
     fn xff_table() {
         let spoof = [("x-forwarded-for", "6.6.6.6")];
-        let chain = [("x-forwarded-for", "1.1.1.1, 2.2.2.2"), ("x-forwarded-for", "3.3.3.3")];
-        let cases: &[(XffMode, bool, &[(&str, &str)], &str, &str, Option<&str>)] = &[
-            (XffMode::Append, false, &spoof, "9.9.9.9", "9.9.9.9", Some("9.9.9.9")),
-            (XffMode::Append, true, &chain, "10.0.0.1", "3.3.3.3", Some("1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.1")),
-            (XffMode::Append, true, &[], "10.0.0.1", "10.0.0.1", Some("10.0.0.1")),
-            (XffMode::Replace, true, &chain, "10.0.0.1", "3.3.3.3", Some("3.3.3.3")),
+        let chain = [
+            ("x-forwarded-for", "1.1.1.1, 2.2.2.2"),
+            ("x-forwarded-for", "3.3.3.3"),
+        ];
+        type Case<'a> = (
+            XffMode,
+            bool,
+            &'a [(&'a str, &'a str)],
+            &'a str,
+            &'a str,
+            Option<&'a str>,
+        );
+        let cases: &[Case] = &[
+            (
+                XffMode::Append,
+                false,
+                &spoof,
+                "9.9.9.9",
+                "9.9.9.9",
+                Some("9.9.9.9"),
+            ),
+            (
+                XffMode::Append,
+                true,
+                &chain,
+                "10.0.0.1",
+                "3.3.3.3",
+                Some("1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.1"),
+            ),
+            (
+                XffMode::Append,
+                true,
+                &[],
+                "10.0.0.1",
+                "10.0.0.1",
+                Some("10.0.0.1"),
+            ),
+            (
+                XffMode::Replace,
+                true,
+                &chain,
+                "10.0.0.1",
+                "3.3.3.3",
+                Some("3.3.3.3"),
+            ),
             (XffMode::Off, true, &chain, "10.0.0.1", "3.3.3.3", None),
         ];
         for (i, (mode, trusted, incoming, peer, client, want)) in cases.iter().enumerate() {
@@ -327,11 +375,18 @@ mod tests {
         let h = run(
             XffMode::Append,
             false,
-            &[("forwarded", "for=6.6.6.6"), ("x-real-ip", "6.6.6.6"), ("x-forwarded-proto", "https")],
+            &[
+                ("forwarded", "for=6.6.6.6"),
+                ("x-real-ip", "6.6.6.6"),
+                ("x-forwarded-proto", "https"),
+            ],
             "9.9.9.9",
             "9.9.9.9",
         );
-        assert_eq!(get(&h, "forwarded"), Some("for=9.9.9.9;host=\"wiki.example\";proto=http"));
+        assert_eq!(
+            get(&h, "forwarded"),
+            Some("for=9.9.9.9;host=\"wiki.example\";proto=http")
+        );
         assert_eq!(get(&h, "x-real-ip"), None);
         assert_eq!(get(&h, "x-forwarded-proto"), Some("http"));
         assert_eq!(get(&h, "via"), Some("1.1 weir"));
@@ -339,7 +394,13 @@ mod tests {
 
     #[test]
     fn trusted_proto_is_kept() {
-        let h = run(XffMode::Append, true, &[("x-forwarded-proto", "https")], "10.0.0.1", "1.2.3.4");
+        let h = run(
+            XffMode::Append,
+            true,
+            &[("x-forwarded-proto", "https")],
+            "10.0.0.1",
+            "1.2.3.4",
+        );
         assert_eq!(get(&h, "x-forwarded-proto"), Some("https"));
     }
 
@@ -355,7 +416,10 @@ mod tests {
             ("upgrade", "websocket"),
             ("host", "a"),
         ] {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         let mut plain = h.clone();
         strip_hop_by_hop(&mut plain, false);

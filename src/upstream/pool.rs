@@ -182,10 +182,17 @@ mod tests {
 
     #[tokio::test]
     async fn least_in_flight_prefers_idle_server() {
-        let pool = Pool::build("p", &def(&["127.0.0.1:1", "127.0.0.1:2"], Balance::LeastInFlight)).unwrap();
+        let pool = Pool::build(
+            "p",
+            &def(&["127.0.0.1:1", "127.0.0.1:2"], Balance::LeastInFlight),
+        )
+        .unwrap();
         let a = pool.pick(None).unwrap();
         let b = pool.pick(None).unwrap();
-        assert_ne!(a.server.addr, b.server.addr, "second pick goes to the idle server");
+        assert_ne!(
+            a.server.addr, b.server.addr,
+            "second pick goes to the idle server"
+        );
         let held = pool.pick(None).unwrap();
         drop(a);
         let next = pool.pick(None).unwrap();
@@ -195,8 +202,17 @@ mod tests {
 
     #[tokio::test]
     async fn round_robin_and_exclusion() {
-        let pool = Pool::build("p", &def(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], Balance::RoundRobin)).unwrap();
-        let picks: Vec<u16> = (0..6).map(|_| pool.pick(None).unwrap().server.addr.port()).collect();
+        let pool = Pool::build(
+            "p",
+            &def(
+                &["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"],
+                Balance::RoundRobin,
+            ),
+        )
+        .unwrap();
+        let picks: Vec<u16> = (0..6)
+            .map(|_| pool.pick(None).unwrap().server.addr.port())
+            .collect();
         assert_eq!(picks, vec![1, 2, 3, 1, 2, 3]);
         let bad = pool.servers[0].clone();
         for _ in 0..5 {
@@ -206,7 +222,11 @@ mod tests {
 
     #[test]
     fn bad_servers_are_named() {
-        let errs = Pool::build("p", &def(&["127.0.0.1:80", "nonsense", "x:y:z"], Balance::RoundRobin)).unwrap_err();
+        let errs = Pool::build(
+            "p",
+            &def(&["127.0.0.1:80", "nonsense", "x:y:z"], Balance::RoundRobin),
+        )
+        .unwrap_err();
         assert_eq!(errs.len(), 2);
         assert_eq!(errs[0].0, 1);
         assert!(errs[0].1.to_string().contains("nonsense"));

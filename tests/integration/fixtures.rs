@@ -145,7 +145,9 @@ impl Upstream {
         let h = hits.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, peer)) = listener.accept().await else { break };
+                let Ok((stream, peer)) = listener.accept().await else {
+                    break;
+                };
                 let h = h.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
@@ -192,8 +194,10 @@ async fn upstream_handle(
         });
         let mut resp = Response::new(full(""));
         *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        resp.headers_mut().insert("upgrade", "websocket".parse().unwrap());
-        resp.headers_mut().insert("connection", "upgrade".parse().unwrap());
+        resp.headers_mut()
+            .insert("upgrade", "websocket".parse().unwrap());
+        resp.headers_mut()
+            .insert("connection", "upgrade".parse().unwrap());
         return Ok(resp);
     }
     let mut seen: HashMap<String, String> = HashMap::new();
@@ -222,16 +226,20 @@ async fn upstream_handle(
         "peer": peer.to_string(),
     });
     let mut resp = Response::new(full(&doc.to_string()));
-    resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
-    resp.headers_mut().insert("connection", "keep-alive, x-upstream-hop".parse().unwrap());
-    resp.headers_mut().insert("x-upstream-hop", "secret".parse().unwrap());
+    resp.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    resp.headers_mut()
+        .insert("connection", "keep-alive, x-upstream-hop".parse().unwrap());
+    resp.headers_mut()
+        .insert("x-upstream-hop", "secret".parse().unwrap());
     Ok(resp)
 }
 
 fn futures_stream(
     mut remaining: usize,
     chunk: Bytes,
-) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send + Sync + 'static {
+) -> impl futures_core::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send + Sync + 'static
+{
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
         while remaining > 0 {
@@ -302,7 +310,11 @@ impl H1 {
 }
 
 /// A GET from 127.0.0.1 with extra headers, on a fresh connection.
-pub async fn get(to: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+pub async fn get(
+    to: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, Vec<u8>) {
     get_from("127.0.0.1".parse().unwrap(), to, path, headers).await
 }
 
@@ -323,11 +335,13 @@ pub async fn get_from(
 
 /// The upstream's echo document.
 pub fn echo(body: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(body).unwrap_or_else(|_| panic!("not an echo: {}", String::from_utf8_lossy(body)))
+    serde_json::from_slice(body)
+        .unwrap_or_else(|_| panic!("not an echo: {}", String::from_utf8_lossy(body)))
 }
 
 /// A client for HTTP/2 (prior knowledge) or any version over a given stream.
-pub fn legacy_client() -> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, BoxBody> {
+pub fn legacy_client()
+-> hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, BoxBody> {
     hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
 }
 

@@ -1,0 +1,128 @@
+//! Reload (valid and invalid) and drain under load.
+
+use std::time::Duration;
+
+use http::Request;
+
+use crate::fixtures::*;
+
+async fn post_reload(weir: &TestWeir) -> (u16, serde_json::Value) {
+    let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.admin)
+        .await
+        .unwrap();
+    let (status, _, body) = c
+        .send(
+            Request::post("/reload")
+                .header("host", "admin")
+                .body(full(""))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    (status.as_u16(), serde_json::from_slice(&body).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_applies_valid_config_and_refuses_invalid() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let base = "[process]\nwatch_config = false\n[admin]\naddress = \"127.0.0.1:0\"\n[access_log]\ntarget = \"off\"\n";
+    let weir = TestWeir::start(&format!("{base}{}", config(&[a.addr], ""))).await;
+    let (status, _, _) = get(weir.addr, "/", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(a.hits.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // Valid: point the pool at b.
+    std::fs::write(
+        &weir.config_path,
+        format!("{base}{}", config(&[b.addr], "")),
+    )
+    .unwrap();
+    let (code, doc) = post_reload(&weir).await;
+    assert_eq!(code, 200, "{doc}");
+    assert_eq!(doc["version"], 2);
+    get(weir.addr, "/", &[]).await;
+    assert_eq!(b.hits.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // Invalid: refused with key and line; the running config stays.
+    let broken = format!(
+        "{base}{}\n[[routes]]\npool = \"missing\"\n",
+        config(&[a.addr], "")
+    );
+    std::fs::write(&weir.config_path, &broken).unwrap();
+    let (code, doc) = post_reload(&weir).await;
+    assert_eq!(code, 400, "{doc}");
+    let err = doc["errors"][0].as_str().unwrap();
+    assert!(
+        err.contains("routes[0].pool") && err.contains("missing"),
+        "{err}"
+    );
+    let line = broken
+        .lines()
+        .position(|l| l.contains("\"missing\""))
+        .unwrap()
+        + 1;
+    assert!(err.contains(&format!("weir.toml:{line}:")), "{err}");
+    get(weir.addr, "/", &[]).await;
+    assert_eq!(
+        b.hits.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "old config still serves"
+    );
+    let m = weir.metrics().await;
+    assert_eq!(metric(&m, "weir_reloads_total{result=\"ok\"}"), 1.0);
+    assert_eq!(metric(&m, "weir_reloads_total{result=\"invalid\"}"), 1.0);
+    assert_eq!(metric(&m, "weir_config_version"), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_file_change_is_picked_up() {
+    let a = Upstream::start().await;
+    let b = Upstream::start().await;
+    let base = "[process]\nwatch_interval = \"200ms\"\n[access_log]\ntarget = \"off\"\n";
+    let weir = TestWeir::start(&format!("{base}{}", config(&[a.addr], ""))).await;
+    std::fs::write(
+        &weir.config_path,
+        format!("{base}{}", config(&[b.addr], "")),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while weir.server().runtime.gateway.load().version < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "file change not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    get(weir.addr, "/", &[]).await;
+    assert_eq!(b.hits.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_under_load_loses_no_request() {
+    let up = Upstream::start().await;
+    let mut weir = TestWeir::start(&config(&[up.addr], "[access_log]\ntarget = \"off\"\n")).await;
+    let addr = weir.addr;
+    let mut inflight = Vec::new();
+    for i in 0..50u32 {
+        inflight.push(tokio::spawn(async move {
+            let src = format!("127.0.10.{}", i % 200 + 1).parse().unwrap();
+            get_from(src, addr, &format!("/slow/{}", 300 + i * 10), &[])
+                .await
+                .0
+        }));
+    }
+    let server = weir.server.take().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while server.runtime.gateway.load().pools[0].in_flight() < 50 {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let report = server.drain(Duration::from_secs(20)).await;
+    assert_eq!(report.forced, 0);
+    for r in inflight {
+        assert_eq!(r.await.unwrap(), 200);
+    }
+    // After the drain nothing listens.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}

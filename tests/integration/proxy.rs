@@ -1,0 +1,388 @@
+//! Proxy semantics over real sockets: methods, bodies both ways, HTTP/2, TLS,
+//! WebSocket upgrade, hop-by-hop headers, failover on connect errors.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::fixtures::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_keeps_host_sets_forwarding_headers_and_strips_hop_by_hop() {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let (status, headers, body) = get(
+        weir.addr,
+        "/wiki/Main_Page?x=1",
+        &[
+            ("connection", "keep-alive, x-drop-me"),
+            ("x-drop-me", "1"),
+            ("te", "trailers"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let e = echo(&body);
+    assert_eq!(e["uri"], "/wiki/Main_Page?x=1");
+    assert_eq!(e["headers"]["host"], "test.local");
+    assert_eq!(e["headers"]["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(e["headers"]["x-forwarded-proto"], "http");
+    assert!(e["headers"].get("x-drop-me").is_none(), "{e}");
+    assert!(e["headers"].get("te").is_none(), "{e}");
+    // The upstream's hop-by-hop header (named in its Connection) is removed.
+    assert!(headers.get("x-upstream-hop").is_none(), "{headers:?}");
+    let log = weir.access_log(1).await;
+    assert_eq!(log[0]["status"], 200);
+    assert_eq!(log[0]["upstream_status"], 200);
+    assert_eq!(log[0]["client"], "127.0.0.1");
+    assert_eq!(log[0]["class"], "default");
+    assert_eq!(log[0]["path"], "/wiki/Main_Page?x=1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_body_and_keepalive_reuse() {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.addr)
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let req = Request::post("/submit")
+            .header("host", "test.local")
+            .header("expect", "100-continue")
+            .body(full(&"y".repeat(1000 + i)))
+            .unwrap();
+        let (status, _, body) = c.send(req).await.unwrap();
+        assert_eq!(status, 200);
+        let e = echo(&body);
+        assert_eq!(e["method"], "POST");
+        assert_eq!(e["body_len"], 1000 + i);
+        assert!(e["headers"].get("expect").is_none());
+    }
+    let log = weir.access_log(5).await;
+    assert_eq!(log[4]["bytes_in"], 1004);
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_gib_upload_and_large_download_stream_with_flat_memory() {
+    const GIB: u64 = 1 << 30;
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let before = rss_bytes();
+
+    // Upload: a 1 GiB body produced chunk by chunk, never held whole.
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+    tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'u'; 256 * 1024]);
+        for _ in 0..(GIB / chunk.len() as u64) {
+            if tx.send(Ok(Frame::data(chunk.clone()))).await.is_err() {
+                break;
+            }
+        }
+    });
+    let stream = ReceiverStream(rx);
+    let body = BodyExt::boxed(StreamBody::new(stream));
+    let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.addr)
+        .await
+        .unwrap();
+    let req = Request::put("/upload")
+        .header("host", "t")
+        .body(body)
+        .unwrap();
+    let (status, _, resp) = c.send(req).await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(echo(&resp)["body_len"], GIB);
+    let after_upload = rss_bytes();
+
+    // Download: 256 MiB streamed back, counted without keeping it.
+    let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.addr)
+        .await
+        .unwrap();
+    c.sender.ready().await.unwrap();
+    let resp = c
+        .sender
+        .send_request(
+            Request::get(format!("/bytes/{}", 256 << 20))
+                .header("host", "t")
+                .body(full(""))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut body = resp.into_body();
+    let mut got = 0u64;
+    while let Some(f) = body.frame().await {
+        got += f.unwrap().data_ref().map_or(0, |d| d.len() as u64);
+    }
+    assert_eq!(got, 256 << 20);
+    let after_download = rss_bytes();
+    let growth = after_upload.max(after_download).saturating_sub(before);
+    assert!(
+        growth < 64 << 20,
+        "memory grew by {} MiB while streaming",
+        growth >> 20
+    );
+    let log = weir.access_log(2).await;
+    assert_eq!(log[0]["bytes_in"], GIB);
+    assert_eq!(log[1]["bytes_out"], 256u64 << 20);
+}
+
+struct ReceiverStream<T>(tokio::sync::mpsc::Receiver<T>);
+impl<T> futures_core::Stream for ReceiverStream<T> {
+    type Item = T;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_upgrade_is_passed_through() {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    for msg in [&b"hello"[..], b"second frame"] {
+        s.write_all(msg).await.unwrap();
+        let mut buf = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(buf, msg);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_prior_knowledge() {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let stream = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut handles = Vec::new();
+    for i in 0..10 {
+        let req = Request::get(format!("http://wiki.example/page/{i}"))
+            .body(full(""))
+            .unwrap();
+        handles.push(send.send_request(req));
+    }
+    for (i, h) in handles.into_iter().enumerate() {
+        let resp = h.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let e = echo(&body);
+        assert_eq!(e["uri"], format!("/page/{i}"));
+        assert_eq!(e["headers"]["host"], "wiki.example");
+    }
+    let log = weir.access_log(10).await;
+    assert!(log.iter().all(|l| l["proto"] == "HTTP/2"));
+}
+
+fn tls_files(dir: &std::path::Path) -> (String, String) {
+    let cert = rcgen::generate_simple_self_signed(vec!["weir.test".to_string()]).unwrap();
+    let cert_path = dir.join("cert.pem");
+    let key_path = dir.join("key.pem");
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    (
+        cert_path.display().to_string(),
+        key_path.display().to_string(),
+    )
+}
+
+#[derive(Debug)]
+struct AcceptAny;
+impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &[rustls_pki_types::CertificateDer<'_>],
+        _: &rustls_pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+async fn tls_connect(
+    addr: std::net::SocketAddr,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AcceptAny))
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    connector
+        .connect(
+            rustls_pki_types::ServerName::try_from("weir.test").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_alpn_h2_and_http11() {
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = tls_files(dir.path());
+    let cfg = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\ntls = {{ cert = \"{cert}\", key = \"{key}\" }}\n\n[pools.app]\nservers = [\"{}\"]\n",
+        up.addr
+    );
+    let weir = TestWeir::start(&cfg).await;
+
+    // HTTP/2 over TLS.
+    let tls = tls_connect(weir.addr, &[b"h2"]).await;
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let resp = send
+        .send_request(
+            Request::get("https://weir.test/secure")
+                .body(full(""))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(echo(&body)["headers"]["x-forwarded-proto"], "https");
+
+    // HTTP/1.1 over TLS.
+    let tls = tls_connect(weir.addr, &[b"http/1.1"]).await;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let resp = send
+        .send_request(
+            Request::get("/secure")
+                .header("host", "weir.test")
+                .body(full(""))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_11);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_refused_fails_over_to_another_server() {
+    let up = Upstream::start().await;
+    // A port with nothing listening: bind, read the port, close.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let cfg = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"{dead}\", \"{}\"]\nbalance = \"round_robin\"\n",
+        up.addr
+    );
+    let weir = TestWeir::start(&cfg).await;
+    for _ in 0..6 {
+        let (status, _, _) = get(weir.addr, "/", &[]).await;
+        assert_eq!(status, 200);
+    }
+    let m = weir.metrics().await;
+    assert!(
+        metric(&m, "weir_upstream_retries_total{pool=\"app\"}") >= 2.0,
+        "{m}"
+    );
+    assert!(
+        metric(
+            &m,
+            "weir_upstream_errors_total{pool=\"app\",kind=\"connect\"}"
+        ) >= 2.0,
+        "{m}"
+    );
+
+    // A body cannot be replayed: a POST that hits the dead server gets 502.
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.addr)
+            .await
+            .unwrap();
+        let req = Request::post("/x")
+            .header("host", "t")
+            .body(full("data"))
+            .unwrap();
+        statuses.push(c.send(req).await.unwrap().0.as_u16());
+    }
+    assert!(
+        statuses.contains(&502) && statuses.contains(&200),
+        "{statuses:?}"
+    );
+}
