@@ -16,7 +16,9 @@ use crate::edge::tls;
 use crate::identity::TrustedProxies;
 use crate::identity::dominance::DominantPeerDetector;
 use crate::identity::forwarded::ForwardedHeader;
+use crate::limiter::{InflightTable, Quota, RuleFingerprint, RuleStores, StoreConfig};
 use crate::policy::route::{ClassSettings, HostMatch};
+use crate::policy::rules::{self, KeyKind, RateLevel, Rule, RuleBody};
 use crate::policy::{Route, RouteClass, RouteTable};
 use crate::upstream::{ForwardingHeaders, Pool};
 
@@ -65,6 +67,16 @@ pub struct Gateway {
     pub dominance: Arc<DominantPeerDetector>,
     pub admin_address: Option<SocketAddr>,
     pub drain_timeout: Duration,
+    /// Every rule level's state, by fingerprint; carried across reloads.
+    pub rule_stores: RuleStores,
+    /// Concurrency rules' in-flight tables, by fingerprint.
+    pub inflight_tables: HashMap<RuleFingerprint, Arc<InflightTable>>,
+    /// All rules in shadow mode.
+    pub rules_shadow: bool,
+    /// Rejection bodies (templates).
+    pub rejection: crate::config::RejectionConfig,
+    /// Below this per-address rate a rejected client counts as "low-rate".
+    pub low_rate: Quota,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -230,8 +242,9 @@ impl Gateway {
             pools.push(pool);
         }
 
-        // Classes.
+        // Classes and their rules.
         let mut classes = HashMap::new();
+        let mut rule_defs = Vec::new();
         for (name, c) in &cfg.classes {
             classes.insert(
                 name.clone(),
@@ -240,7 +253,83 @@ impl Gateway {
                     response_timeout: c.response_timeout.map(|d| d.0),
                 },
             );
+            let at = root.key("classes").key(name).key("rules");
+            rule_defs.push((
+                name.clone(),
+                compile_rules(&loaded, &at, name, &c.rules, &mut errors),
+            ));
         }
+        let mut names = std::collections::HashSet::new();
+        for (_, defs) in &rule_defs {
+            for d in defs {
+                if !names.insert(d.name.clone()) {
+                    errors.push(loaded.error_at(
+                        &root.key("classes"),
+                        format!(
+                            "rule name `{}` is used twice; rule names must be unique",
+                            d.name
+                        ),
+                    ));
+                }
+            }
+        }
+        let store_config = StoreConfig::with_max_keys(cfg.rules.max_keys_per_level.max(1024));
+        let level_fps: Vec<(RuleFingerprint, StoreConfig)> = rule_defs
+            .iter()
+            .flat_map(|(_, defs)| defs.iter())
+            .flat_map(|d| d.levels.iter().map(|l| (l.fingerprint, store_config)))
+            .collect();
+        let rule_stores = RuleStores::build(&level_fps, previous.map(|p| &p.rule_stores))
+            .unwrap_or_else(|e| {
+                errors.push(
+                    loaded.error_at(&root.key("rules").key("max_keys_per_level"), e.to_string()),
+                );
+                RuleStores::default()
+            });
+        let mut inflight_tables = HashMap::new();
+        let mut class_rules: HashMap<String, Arc<[Rule]>> = HashMap::new();
+        for (class, defs) in rule_defs {
+            let mut compiled = Vec::new();
+            for d in defs {
+                let body = match d.concurrency {
+                    Some((key, max, fp)) => {
+                        let table = previous
+                            .and_then(|p| p.inflight_tables.get(&fp).cloned())
+                            .unwrap_or_else(InflightTable::new);
+                        inflight_tables.insert(fp, table.clone());
+                        RuleBody::Concurrency {
+                            key,
+                            max,
+                            table,
+                            fingerprint: fp,
+                        }
+                    }
+                    None => RuleBody::Rate(
+                        d.levels
+                            .into_iter()
+                            .filter_map(|l| {
+                                let store = rule_stores.by_fingerprint(l.fingerprint)?.clone();
+                                Some(RateLevel {
+                                    key: l.key,
+                                    quota: l.quota,
+                                    store,
+                                    fingerprint: l.fingerprint,
+                                })
+                            })
+                            .collect(),
+                    ),
+                };
+                compiled.push(Rule {
+                    name: Arc::from(d.name.as_str()),
+                    body,
+                    exempt_verified: d.exempt_verified,
+                    shadow: d.shadow,
+                    methods: d.methods,
+                });
+            }
+            class_rules.insert(class, Arc::from(compiled));
+        }
+        let no_rules: Arc<[Rule]> = Arc::from(Vec::new());
         let default_class = ClassSettings {
             body_read_timeout: lim.body_read_timeout.0,
             response_timeout: None,
@@ -253,7 +342,11 @@ impl Gateway {
                 1 => routes.push(Route {
                     pool: 0,
                     class: RouteClass::new("default"),
-                    settings: default_class,
+                    settings: classes.get("default").copied().unwrap_or(default_class),
+                    rules: class_rules
+                        .get("default")
+                        .cloned()
+                        .unwrap_or_else(|| no_rules.clone()),
                     host: None,
                     path_prefix: None,
                     path_regex: None,
@@ -323,6 +416,10 @@ impl Gateway {
                 pool,
                 class: RouteClass::new(&r.class),
                 settings,
+                rules: class_rules
+                    .get(&r.class)
+                    .cloned()
+                    .unwrap_or_else(|| no_rules.clone()),
                 host: r.host.as_deref().map(HostMatch::parse),
                 path_prefix: r.path_prefix.clone(),
                 path_regex,
@@ -333,9 +430,22 @@ impl Gateway {
             });
         }
 
-        if !errors.is_empty() {
+        let low_rate = match Quota::new(
+            cfg.rules.low_rate_per_minute.max(1),
+            Duration::from_secs(60),
+            cfg.rules.low_rate_per_minute.max(1),
+        ) {
+            Ok(q) => Some(q),
+            Err(e) => {
+                errors.push(
+                    loaded.error_at(&root.key("rules").key("low_rate_per_minute"), e.to_string()),
+                );
+                None
+            }
+        };
+        let (true, Some(low_rate)) = (errors.is_empty(), low_rate) else {
             return Err(ConfigErrors(errors));
-        }
+        };
         let dominance = Arc::new(DominantPeerDetector::new(
             cfg.identity.dominant_peer_window.0,
             share,
@@ -368,9 +478,167 @@ impl Gateway {
             dominance,
             admin_address,
             drain_timeout: cfg.process.drain_timeout.0,
+            rule_stores,
+            inflight_tables,
+            rules_shadow: cfg.rules.shadow,
+            rejection: cfg.rejection.clone(),
+            low_rate,
             loaded,
         })
     }
+}
+
+/// A rule as validated, before its state is attached.
+struct RuleDef {
+    name: String,
+    levels: Vec<LevelDef>,
+    concurrency: Option<(KeyKind, u32, RuleFingerprint)>,
+    exempt_verified: bool,
+    shadow: bool,
+    methods: Vec<http::Method>,
+}
+
+struct LevelDef {
+    key: KeyKind,
+    quota: Quota,
+    fingerprint: RuleFingerprint,
+}
+
+/// Longest window a rate level may have: a day (state is kept in memory and
+/// snapshots; longer windows belong in the application).
+const MAX_WINDOW: Duration = Duration::from_secs(86_400);
+
+fn compile_rules(
+    loaded: &LoadedConfig,
+    at: &KeyPath,
+    class: &str,
+    defs: &[crate::config::RuleConfig],
+    errors: &mut Vec<ConfigError>,
+) -> Vec<RuleDef> {
+    use crate::config::RuleKind;
+    let mut out = Vec::new();
+    for (i, d) in defs.iter().enumerate() {
+        let at = at.index(i);
+        let before = errors.len();
+        if d.name.trim().is_empty() {
+            errors.push(loaded.error_at(&at.key("name"), "a rule needs a name"));
+        }
+        let mut exempt_verified = false;
+        for (j, e) in d.exempt.iter().enumerate() {
+            match e.as_str() {
+                "verified" => exempt_verified = true,
+                other => errors.push(loaded.error_at(
+                    &at.key("exempt").index(j),
+                    format!(
+                        "`{other}` cannot exempt: only `verified` sessions can (a cookie's name or presence proves nothing; any visitor can get one)"
+                    ),
+                )),
+            }
+        }
+        let mut methods = Vec::new();
+        for (j, m) in d.methods.iter().enumerate() {
+            match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                Ok(m) => methods.push(m),
+                Err(_) => errors.push(loaded.error_at(
+                    &at.key("methods").index(j),
+                    format!("`{m}` is not an HTTP method"),
+                )),
+            }
+        }
+        let mut levels = Vec::new();
+        let mut concurrency = None;
+        match d.kind {
+            RuleKind::Rate => {
+                if d.limits.is_empty() {
+                    errors.push(loaded.error_at(
+                        &at.key("limits"),
+                        "a rate rule needs at least one entry in `limits`",
+                    ));
+                }
+                if d.limits.len() > rules::MAX_LEVELS {
+                    errors.push(loaded.error_at(
+                        &at.key("limits"),
+                        format!("at most {} levels per rule", rules::MAX_LEVELS),
+                    ));
+                }
+                if d.per.is_some() || d.max.is_some() {
+                    errors.push(loaded.error_at(
+                        &at.key("type"),
+                        "`per` and `max` belong to concurrency rules; rate rules use `limits`",
+                    ));
+                }
+                for (j, l) in d.limits.iter().enumerate() {
+                    let lat = at.key("limits").index(j);
+                    let key = match KeyKind::parse(&l.per) {
+                        Ok(k) => k,
+                        Err(e) => {
+                            errors.push(loaded.error_at(&lat.key("per"), e));
+                            continue;
+                        }
+                    };
+                    if l.window.0 > MAX_WINDOW {
+                        errors.push(loaded.error_at(
+                            &lat.key("window"),
+                            format!("{:?} is longer than a day", l.window),
+                        ));
+                        continue;
+                    }
+                    let burst = l.burst.unwrap_or(l.rate);
+                    match Quota::new(l.rate, l.window.0, burst) {
+                        Ok(quota) => levels.push(LevelDef {
+                            fingerprint: rules::fingerprint(&[
+                                class,
+                                &d.name,
+                                &l.per,
+                                &l.rate.to_string(),
+                                &l.window.0.as_nanos().to_string(),
+                                &burst.to_string(),
+                            ]),
+                            key,
+                            quota,
+                        }),
+                        Err(e) => errors.push(loaded.error_at(&lat, e.to_string())),
+                    }
+                }
+            }
+            RuleKind::Concurrency => {
+                if !d.limits.is_empty() {
+                    errors.push(loaded.error_at(
+                        &at.key("limits"),
+                        "concurrency rules use `per` and `max`, not `limits`",
+                    ));
+                }
+                match (&d.per, d.max) {
+                    (Some(per), Some(max)) if max > 0 => match KeyKind::parse(per) {
+                        Ok(k) => {
+                            concurrency = Some((
+                                k,
+                                max,
+                                rules::fingerprint(&[class, &d.name, per, "concurrency"]),
+                            ))
+                        }
+                        Err(e) => errors.push(loaded.error_at(&at.key("per"), e)),
+                    },
+                    (_, Some(0)) => {
+                        errors.push(loaded.error_at(&at.key("max"), "must be at least 1"))
+                    }
+                    _ => errors
+                        .push(loaded.error_at(&at, "a concurrency rule needs `per` and `max`")),
+                }
+            }
+        }
+        if errors.len() == before {
+            out.push(RuleDef {
+                name: d.name.clone(),
+                levels,
+                concurrency,
+                exempt_verified,
+                shadow: d.shadow,
+                methods,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]

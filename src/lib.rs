@@ -30,4 +30,5 @@ pub mod policy;
 pub mod proxy;
 pub mod runtime;
 pub mod server;
+pub mod state;
 pub mod upstream;

@@ -93,19 +93,24 @@ pub async fn handle(
             log.class = route.class.shared();
             let max = gw.edge.max_in_flight_per_ip;
             match rt.client_in_flight.acquire(client.client, max) {
+                None => Decision::Reject(RejectReason::ClientInFlight { limit: max }),
                 Some(g) => {
                     log.in_flight = Some(g);
-                    Decision::Admit
+                    if route.rules.is_empty() {
+                        Decision::Admit
+                    } else {
+                        apply_rules(&route.rules, &req, &client, &gw, &mut log)
+                    }
                 }
-                None => Decision::Reject(RejectReason::ClientInFlight { limit: max }),
             }
         }
     };
     log.record.decision = decision.as_str();
+    let accept = Accepts::of(req.headers());
     let route = match (decision, route) {
         (Decision::Admit, Some(route)) => route,
-        (Decision::Reject(reason), _) => return Ok(reject(&reason, log)),
-        (Decision::Admit, None) => return Ok(reject(&RejectReason::NoRoute, log)),
+        (Decision::Reject(reason), _) => return Ok(reject(&reason, log, accept)),
+        (Decision::Admit, None) => return Ok(reject(&RejectReason::NoRoute, log, accept)),
     };
 
     // Upstream: pick a server and forward.
@@ -169,8 +174,86 @@ pub async fn handle(
         Err(e) => {
             log.record.error = Some(e.to_string());
             let status = e.status();
-            Ok(failure(status, e.kind(), log))
+            Ok(failure(status, e.kind(), log, accept))
         }
+    }
+}
+
+/// The rules stage: evaluates the route class's rules and records what they
+/// decided (metrics, shadow rejections, human-collateral signals).
+fn apply_rules(
+    rules: &[crate::policy::rules::Rule],
+    req: &Request<Incoming>,
+    client: &ClientId,
+    gw: &crate::gateway::Gateway,
+    log: &mut RequestLog,
+) -> Decision {
+    use crate::limiter::Clock as _;
+    use crate::policy::rules::{RequestFacts, evaluate};
+    let rt = &log.conn.rt;
+    let now = crate::limiter::MonotonicClock.now();
+    let low_rate = rt.record_activity(client.client, gw, now);
+    let user: Option<&str> = None;
+    let facts = RequestFacts {
+        client,
+        method: req.method(),
+        headers: req.headers(),
+        user,
+        now,
+    };
+    let ev = evaluate(rules, &facts, gw.rules_shadow);
+    for (rule, result) in &ev.results {
+        rt.metrics
+            .rule_decisions
+            .get_or_create(&crate::observe::metrics::RuleResultLabels {
+                rule: rule.clone(),
+                result: result.as_str(),
+            })
+            .inc();
+    }
+    let signal = collateral_signal(user.is_some(), req.headers(), low_rate);
+    for shadow in &ev.shadow {
+        rt.rule_rejected(shadow, client.client, signal, false);
+    }
+    if !ev.shadow.is_empty() {
+        log.record.shadow_rules = Some(ev.shadow.iter().map(|r| r.rule.to_string()).collect());
+    }
+    log.rule_guards = ev.guards;
+    match ev.rejection {
+        None => Decision::Admit,
+        Some(r) => {
+            rt.rule_rejected(&r, client.client, signal, true);
+            log.record.rule_level = Some(r.level);
+            log.record.rule_key = Some(r.key.clone());
+            log.record.collateral = signal;
+            Decision::Reject(RejectReason::Rule(r))
+        }
+    }
+}
+
+/// Why a rejected client may be a person rather than a crawler, strongest
+/// signal first. Browser headers can be faked; they are a signal to watch,
+/// not proof.
+fn collateral_signal(
+    verified: bool,
+    headers: &http::HeaderMap,
+    low_rate: bool,
+) -> Option<&'static str> {
+    let navigates = headers
+        .get("sec-fetch-mode")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"navigate"))
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("text/html"));
+    if verified {
+        Some("verified")
+    } else if low_rate {
+        Some("low_rate")
+    } else if navigates {
+        Some("browser")
+    } else {
+        None
     }
 }
 
@@ -290,15 +373,21 @@ fn strip_port(host: &str) -> &str {
 }
 
 /// The one place a rejection becomes a response.
-pub fn reject(reason: &RejectReason, mut log: RequestLog) -> Response<ResponseBody> {
-    log.record.rule = Some(reason.rule());
+pub fn reject(
+    reason: &RejectReason,
+    mut log: RequestLog,
+    accept: Accepts,
+) -> Response<ResponseBody> {
+    log.record.rule = Some(reason.rule().to_string());
+    let label: Arc<str> = match reason {
+        RejectReason::Rule(r) => r.rule.clone(),
+        other => Arc::from(other.rule()),
+    };
     log.conn
         .rt
         .metrics
         .rejections
-        .get_or_create(&RuleLabels {
-            rule: reason.rule(),
-        })
+        .get_or_create(&RuleLabels { rule: label })
         .inc();
     let message = match reason {
         RejectReason::ClientInFlight { limit } => {
@@ -307,23 +396,73 @@ pub fn reject(reason: &RejectReason, mut log: RequestLog) -> Response<ResponseBo
         RejectReason::NoRoute => "no route for this request".into(),
         RejectReason::BadRequest(why) => (*why).into(),
         RejectReason::Draining => "this server is restarting; please retry".into(),
+        RejectReason::Rule(_) => "too many requests; please retry later".into(),
     };
-    respond(
+    let gw = log.conn.rt.gateway.load_full();
+    let mut resp = respond(
         reason.status(),
         reason.retry_after(),
         reason.rule(),
         &message,
         log,
-    )
+        accept,
+        &gw.rejection,
+    );
+    if let RejectReason::Rule(r) = reason
+        && let Some((quota, window)) = r.policy
+    {
+        // draft-ietf-httpapi-ratelimit-headers: the policy that fired and
+        // what is left of it (nothing, for `t` seconds).
+        let h = resp.headers_mut();
+        let name = r.rule.replace('"', "");
+        if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w={window}")) {
+            h.insert("ratelimit-policy", v);
+        }
+        let t = r.retry_after.as_secs_f64().ceil() as u64;
+        if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={t}")) {
+            h.insert("ratelimit", v);
+        }
+    }
+    resp
+}
+
+/// Which body format a client prefers for an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepts {
+    Html,
+    Json,
+    Text,
+}
+
+impl Accepts {
+    fn of(headers: &http::HeaderMap) -> Accepts {
+        let accept = headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if accept.contains("text/html") {
+            Accepts::Html
+        } else if accept.contains("json") {
+            Accepts::Json
+        } else {
+            Accepts::Text
+        }
+    }
 }
 
 /// The one place an upstream failure becomes a response.
-fn failure(status: StatusCode, kind: &'static str, log: RequestLog) -> Response<ResponseBody> {
+fn failure(
+    status: StatusCode,
+    kind: &'static str,
+    log: RequestLog,
+    accept: Accepts,
+) -> Response<ResponseBody> {
     let message = match status {
         StatusCode::GATEWAY_TIMEOUT => "the application did not answer in time",
         _ => "the application could not be reached",
     };
-    respond(status, None, kind, message, log)
+    let no_templates = crate::config::RejectionConfig::default();
+    respond(status, None, kind, message, log, accept, &no_templates)
 }
 
 fn respond(
@@ -332,26 +471,48 @@ fn respond(
     reason: &str,
     message: &str,
     mut log: RequestLog,
+    accept: Accepts,
+    templates: &crate::config::RejectionConfig,
 ) -> Response<ResponseBody> {
     log.record.status = status.as_u16();
-    let body = format!(
-        "{} {}: {message}\n",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or("")
-    );
+    let retry = retry_after.map(|d| d.as_secs_f64().ceil().max(1.0) as u64);
+    let fill = |t: &str| {
+        t.replace("{status}", status.as_str())
+            .replace("{retry_after}", &retry.unwrap_or(0).to_string())
+            .replace("{rule}", reason)
+    };
+    let (content_type, body) = match accept {
+        Accepts::Html => (
+            "text/html; charset=utf-8",
+            templates.html.as_deref().map(fill).unwrap_or_else(|| {
+                format!(
+                    "<!doctype html><html lang=\"en\"><meta charset=\"utf-8\"><title>{code}</title><h1>Please wait a moment</h1><p>{message}.</p>{retry_line}</html>\n",
+                    code = status.as_u16(),
+                    retry_line = retry.map_or(String::new(), |s| format!("<p>Try again in {s} seconds.</p>")),
+                )
+            }),
+        ),
+        Accepts::Json => (
+            "application/json",
+            templates.json.as_deref().map(fill).unwrap_or_else(|| {
+                serde_json::json!({"status": status.as_u16(), "error": message, "reason": reason, "retry_after": retry})
+                    .to_string()
+            }),
+        ),
+        Accepts::Text => (
+            "text/plain; charset=utf-8",
+            templates.text.as_deref().map(fill).unwrap_or_else(|| {
+                format!("{} {}: {message}\n", status.as_u16(), status.canonical_reason().unwrap_or(""))
+            }),
+        ),
+    };
     let mut resp = Response::new(ResponseBody::full(body).on_complete(Box::new(log)));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if let Some(after) = retry_after {
-        h.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(after.as_secs().max(1)),
-        );
+    if let Some(after) = retry {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(after));
     }
     if let Ok(v) = HeaderValue::from_str(reason) {
         h.insert("x-weir-reason", v);
@@ -370,6 +531,7 @@ pub struct RequestLog {
     conn: Arc<ConnCtx>,
     in_flight: Option<InFlightGuard>,
     server: Option<ServerGuard>,
+    rule_guards: Vec<crate::limiter::InflightGuard>,
 }
 
 impl RequestLog {
@@ -402,6 +564,10 @@ impl RequestLog {
                 class: "unrouted".into(),
                 decision: "admit",
                 rule: None,
+                rule_level: None,
+                rule_key: None,
+                shadow_rules: None,
+                collateral: None,
                 pool: None,
                 upstream: None,
                 status: 0,
@@ -420,6 +586,7 @@ impl RequestLog {
             conn,
             in_flight: None,
             server: None,
+            rule_guards: Vec::new(),
         }
     }
 }
@@ -447,6 +614,7 @@ impl OnComplete for RequestLog {
         }
         self.in_flight.take();
         self.server.take();
+        self.rule_guards.clear();
         self.conn.state.request_finished();
     }
 }

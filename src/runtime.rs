@@ -18,8 +18,14 @@ use crate::edge::inflight::ClientInFlight;
 use crate::gateway::Gateway;
 use crate::identity::PeerAddr;
 use crate::identity::dominance::DominantPeer;
-use crate::observe::metrics::ResultLabels;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use crate::identity::{ClientAddr, Level};
+use crate::limiter::{MonoTime, ShardedStore, StoreConfig};
+use crate::observe::metrics::{CollateralLabels, ResultLabels, RuleLabels};
 use crate::observe::{AccessLog, Metrics};
+use crate::policy::rules::RuleRejection;
 
 /// Process-wide state.
 pub struct Runtime {
@@ -29,12 +35,26 @@ pub struct Runtime {
     pub client_in_flight: Arc<ClientInFlight>,
     pub access_log: AccessLog,
     pub started: Instant,
+    /// This process's generation id, written into snapshots.
+    pub generation: u64,
     config_path: Option<PathBuf>,
     env: Box<dyn Env + Send + Sync>,
     reload_lock: Mutex<()>,
     /// Rate-limits warning logs: at most one per kind per interval.
     last_warning_ms: [AtomicU64; 3],
+    /// Recent request rate per client address, for the "low-rate before
+    /// rejection" collateral signal.
+    activity: ShardedStore,
+    /// Distinct clients rejected per rule in the current minute.
+    rejected_clients: Mutex<HashMap<Arc<str>, (u64, HashSet<IpAddr>)>>,
 }
+
+/// Distinct rejected clients remembered per rule per minute; past it the
+/// gauge saturates (memory stays bounded under a spray).
+const MAX_REJECTED_CLIENTS: usize = 100_000;
+
+/// Addresses tracked for the low-rate signal (about 25 bytes each).
+const ACTIVITY_KEYS: usize = 200_000;
 
 /// How often a repeated warning is logged (it is always counted).
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
@@ -69,10 +89,16 @@ impl Runtime {
             client_in_flight: Arc::new(ClientInFlight::default()),
             access_log,
             started: Instant::now(),
+            generation: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
             config_path,
             env,
             reload_lock: Mutex::new(()),
             last_warning_ms: Default::default(),
+            activity: ShardedStore::new(StoreConfig::with_max_keys(ACTIVITY_KEYS))
+                .expect("a constant, non-zero store size is valid"),
+            rejected_clients: Mutex::new(HashMap::new()),
         })
     }
 
@@ -164,6 +190,56 @@ impl Runtime {
                  weir may be behind a load balancer and see every client as one address"
             );
         }
+    }
+
+    /// Counts a request of `client` for the low-rate signal; true when the
+    /// client is still under `rules.low_rate_per_minute`.
+    pub fn record_activity(&self, client: ClientAddr, gw: &Gateway, now: MonoTime) -> bool {
+        let key = crate::limiter::key(0, 0, client.key(Level::Address).digest());
+        self.activity.check(key, &gw.low_rate, now, 1).is_allowed()
+    }
+
+    /// Records a rule rejection (enforced or shadow) for the metrics that
+    /// tell whether a rule is hitting people.
+    pub fn rule_rejected(
+        &self,
+        r: &RuleRejection,
+        client: ClientAddr,
+        collateral: Option<&'static str>,
+        enforced: bool,
+    ) {
+        if let Some(signal) = collateral {
+            self.metrics
+                .rule_collateral
+                .get_or_create(&CollateralLabels {
+                    rule: r.rule.clone(),
+                    signal,
+                    enforced: if enforced { "yes" } else { "shadow" },
+                })
+                .inc();
+        }
+        let minute = self.started.elapsed().as_secs() / 60;
+        let mut map = self
+            .rejected_clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let entry = map
+            .entry(r.rule.clone())
+            .or_insert_with(|| (minute, HashSet::new()));
+        if entry.0 != minute {
+            *entry = (minute, HashSet::new());
+        }
+        if entry.1.len() < MAX_REJECTED_CLIENTS {
+            entry.1.insert(client.ip());
+        }
+        let distinct = entry.1.len() as i64;
+        drop(map);
+        self.metrics
+            .rule_rejected_clients
+            .get_or_create(&RuleLabels {
+                rule: r.rule.clone(),
+            })
+            .set(distinct);
     }
 
     fn should_log(&self, slot: usize) -> bool {

@@ -18,6 +18,7 @@ use crate::gateway::Gateway;
 use crate::observe::access_log::LogTarget;
 use crate::observe::{AccessLog, Metrics, admin};
 use crate::runtime::Runtime;
+use crate::state;
 
 /// Why an instance could not start.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,8 @@ pub struct Server {
     pub listeners: Vec<SocketAddr>,
     /// The bound admin address, if enabled.
     pub admin: Option<SocketAddr>,
+    /// What the start-up restore of limiter state found.
+    pub restored: state::Restored,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -84,6 +87,9 @@ impl Server {
             .then_some(gateway.loaded.config.process.watch_interval.0);
         let runtime = Runtime::new(gateway, metrics, access_log, config_path, env);
         runtime.tracker.set_ceiling(connection_ceiling());
+        // State first: the first request after a restart must meet the limits
+        // the previous process had reached.
+        let restored = state::restore(&runtime);
 
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -130,14 +136,20 @@ impl Server {
         }
         tasks.push(tokio::spawn(sweep(runtime.clone(), stop_rx.clone())));
         if let Some(every) = watch_interval {
-            tasks.push(tokio::spawn(watch_config(runtime.clone(), every, stop_rx)));
+            tasks.push(tokio::spawn(watch_config(
+                runtime.clone(),
+                every,
+                stop_rx.clone(),
+            )));
         }
+        tasks.push(tokio::spawn(maintain_state(runtime.clone(), stop_rx)));
         Ok(Server {
             runtime,
             listeners,
             admin,
             stop,
             tasks,
+            restored,
         })
     }
 
@@ -163,6 +175,11 @@ impl Server {
         }
         for t in self.tasks {
             t.abort();
+        }
+        if let Some(path) = state::snapshot_path(&self.runtime) {
+            let rt = self.runtime.clone();
+            // Errors are logged and counted by `write`.
+            let _ = tokio::task::spawn_blocking(move || state::write(&rt, &path)).await;
         }
         DrainReport {
             forced,
@@ -204,6 +221,29 @@ async fn sweep(rt: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
         tokio::select! {
             _ = crate::server::stopped(&mut stop) => break,
             _ = tick.tick() => rt.tracker.sweep(Instant::now()),
+        }
+    }
+}
+
+/// Sweeps expired limiter keys and writes the snapshot periodically.
+async fn maintain_state(rt: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
+    let every = rt.gateway.load().loaded.config.state.snapshot_interval.0;
+    let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => break,
+            _ = tick.tick() => {
+                let rt = rt.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    state::sweep(&rt);
+                    if let Some(path) = state::snapshot_path(&rt) {
+                        let _ = state::write(&rt, &path);
+                    }
+                })
+                .await;
+            }
         }
     }
 }

@@ -44,6 +44,137 @@ pub struct Config {
     /// Routes, matched in order; the first match wins.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// Settings for all rules: global shadow switch, memory caps.
+    #[serde(default)]
+    pub rules: RulesConfig,
+    /// Where limiter state is kept across restarts.
+    #[serde(default)]
+    pub state: StateConfig,
+    /// Bodies of rejection responses.
+    #[serde(default)]
+    pub rejection: RejectionConfig,
+}
+
+/// Settings shared by all rules.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RulesConfig {
+    /// Run every rule in shadow mode: decide, log and count "would reject",
+    /// never enforce. For trying a new configuration on real traffic.
+    #[serde(default)]
+    pub shadow: bool,
+    /// Most live keys one rule level keeps in memory (about 20-30 bytes
+    /// each). Past it, the keys that owe least are evicted (and counted).
+    #[serde(default = "default_max_keys_per_level")]
+    pub max_keys_per_level: usize,
+    /// A rejected client counts as "low-rate before" (a possible human hit by
+    /// an aggregate limit) when its address sent fewer than this many
+    /// requests per minute.
+    #[serde(default = "default_low_rate_per_minute")]
+    pub low_rate_per_minute: u32,
+}
+
+impl Default for RulesConfig {
+    fn default() -> Self {
+        RulesConfig {
+            shadow: false,
+            max_keys_per_level: default_max_keys_per_level(),
+            low_rate_per_minute: default_low_rate_per_minute(),
+        }
+    }
+}
+
+/// Limiter state persistence.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// Snapshot file: written periodically and at shutdown, read at start.
+    /// Unset: state lives in memory only and a restart forgets it.
+    #[serde(default)]
+    pub snapshot_file: Option<String>,
+    /// How often the snapshot is written.
+    #[serde(default = "default_snapshot_interval")]
+    pub snapshot_interval: ConfigDuration,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            snapshot_file: None,
+            snapshot_interval: default_snapshot_interval(),
+        }
+    }
+}
+
+/// Rejection response bodies. `{status}`, `{retry_after}` and `{rule}` are
+/// replaced. HTML goes to browsers (`Accept: text/html`), JSON to clients
+/// that accept `application/json`, text to the rest.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RejectionConfig {
+    #[serde(default)]
+    pub html: Option<String>,
+    #[serde(default)]
+    pub json: Option<String>,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// One rule of a route class.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// Unique name: in rejections, logs and metrics.
+    pub name: String,
+    /// `rate` (default) or `concurrency`.
+    #[serde(default, rename = "type")]
+    pub kind: RuleKind,
+    /// Rate rules: one or more levels, all of which must pass.
+    #[serde(default)]
+    pub limits: Vec<LimitConfig>,
+    /// Concurrency rules: what is counted (`ip`, `subnet`, `network`, `site`,
+    /// `header:NAME`, `cookie:NAME`, `user`).
+    #[serde(default)]
+    pub per: Option<String>,
+    /// Concurrency rules: most requests in flight per key.
+    #[serde(default)]
+    pub max: Option<u32>,
+    /// Who the rule does not apply to: `verified` (a session weir verified:
+    /// signed cookie or auth sub-request). Never a cookie name.
+    #[serde(default)]
+    pub exempt: Vec<String>,
+    /// Methods the rule applies to; empty means all.
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Decide, log and count, but never enforce.
+    #[serde(default)]
+    pub shadow: bool,
+}
+
+/// The kind of a rule.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleKind {
+    #[default]
+    Rate,
+    Concurrency,
+}
+
+/// One level of a rate rule: `rate` requests per `window` per key.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitConfig {
+    /// What is counted: `ip`, `subnet` (IPv4 /24, IPv6 /64), `network`
+    /// (IPv4 /16, IPv6 /48), `site` (one key for everyone), `header:NAME`,
+    /// `cookie:NAME`, `user` (verified user).
+    pub per: String,
+    /// Requests per window.
+    pub rate: u32,
+    /// The window, from seconds to a day (`10s`, `10m`, `1d`).
+    pub window: ConfigDuration,
+    /// Requests allowed at once before the rate applies (default: `rate`).
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
 
 /// One listening socket.
@@ -330,6 +461,9 @@ pub struct ClassConfig {
     /// Time to wait for the upstream's response headers (overrides the pool's).
     #[serde(default)]
     pub response_timeout: Option<ConfigDuration>,
+    /// Rules, evaluated in order; all that apply must pass.
+    #[serde(default)]
+    pub rules: Vec<RuleConfig>,
 }
 
 /// A route: conditions (all must hold) leading to a pool and a class.
@@ -460,6 +594,15 @@ fn default_pool_idle_timeout() -> ConfigDuration {
 }
 fn default_max_idle_per_server() -> usize {
     256
+}
+fn default_max_keys_per_level() -> usize {
+    1_000_000
+}
+fn default_low_rate_per_minute() -> u32 {
+    30
+}
+fn default_snapshot_interval() -> ConfigDuration {
+    ConfigDuration::secs(30)
 }
 fn default_class() -> String {
     "default".into()

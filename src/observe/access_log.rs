@@ -30,7 +30,15 @@ pub struct AccessRecord {
     pub class: String,
     pub decision: &'static str,
     /// The rule that rejected the request, if any.
-    pub rule: Option<&'static str>,
+    pub rule: Option<String>,
+    /// The level of that rule that fired (`ip`, `subnet`, `network`, `site`, ...).
+    pub rule_level: Option<&'static str>,
+    /// The key that fired: an address, a prefix, `site`.
+    pub rule_key: Option<String>,
+    /// Rules that would have rejected the request in shadow mode.
+    pub shadow_rules: Option<Vec<String>>,
+    /// Why the rejected client may be a person: low_rate, verified, browser.
+    pub collateral: Option<&'static str>,
     pub pool: Option<String>,
     pub upstream: Option<String>,
     pub status: u16,

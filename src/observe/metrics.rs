@@ -23,7 +23,20 @@ pub struct RequestLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabels {
-    pub rule: &'static str,
+    pub rule: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleResultLabels {
+    pub rule: Arc<str>,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CollateralLabels {
+    pub rule: Arc<str>,
+    pub signal: &'static str,
+    pub enforced: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -78,6 +91,13 @@ pub struct Metrics {
     pub forwarding_warnings: Family<KindLabels, Counter>,
     pub dominant_peer_share: Gauge<f64, AtomicU64>,
     pub access_log_dropped: Counter,
+    pub rule_decisions: Family<RuleResultLabels, Counter>,
+    pub rule_collateral: Family<CollateralLabels, Counter>,
+    pub rule_rejected_clients: Family<RuleLabels, Gauge>,
+    pub state_restored_keys: Gauge,
+    pub state_snapshot_keys: Gauge,
+    pub state_snapshots: Family<ResultLabels, Counter>,
+    pub limiter_evicted_keys: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -112,6 +132,13 @@ impl Metrics {
             forwarding_warnings: Family::default(),
             dominant_peer_share: Gauge::default(),
             access_log_dropped: Counter::default(),
+            rule_decisions: Family::default(),
+            rule_collateral: Family::default(),
+            rule_rejected_clients: Family::default(),
+            state_restored_keys: Gauge::default(),
+            state_snapshot_keys: Gauge::default(),
+            state_snapshots: Family::default(),
+            limiter_evicted_keys: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -194,6 +221,41 @@ impl Metrics {
             "access_log_dropped",
             "Access-log lines dropped because the writer could not keep up",
             m.access_log_dropped.clone(),
+        );
+        registry.register(
+            "rule_decisions",
+            "Rule outcomes by rule and result (allow, reject, shadow_reject, exempt)",
+            m.rule_decisions.clone(),
+        );
+        registry.register(
+            "rule_collateral",
+            "Rejections (enforced or shadow) of clients that look human: low_rate (few requests before), verified (holds a verified session), browser (sends navigation headers)",
+            m.rule_collateral.clone(),
+        );
+        registry.register(
+            "rule_rejected_clients",
+            "Distinct client addresses rejected by a rule in the current minute",
+            m.rule_rejected_clients.clone(),
+        );
+        registry.register(
+            "state_restored_keys",
+            "Limiter keys restored from the snapshot at start (0 after a restart means state was lost)",
+            m.state_restored_keys.clone(),
+        );
+        registry.register(
+            "state_snapshot_keys",
+            "Limiter keys written in the last snapshot",
+            m.state_snapshot_keys.clone(),
+        );
+        registry.register(
+            "state_snapshots",
+            "Snapshot writes by result (ok, error)",
+            m.state_snapshots.clone(),
+        );
+        registry.register(
+            "limiter_evicted_keys",
+            "Live limiter keys evicted because a level reached rules.max_keys_per_level",
+            m.limiter_evicted_keys.clone(),
         );
         Metrics { registry, ..m }
     }

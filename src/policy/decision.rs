@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 
+use super::rules::RuleRejection;
+
 /// What happens to a request after the policy stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -32,6 +34,8 @@ impl Decision {
 pub enum RejectReason {
     /// The client address has too many requests in flight.
     ClientInFlight { limit: usize },
+    /// A configured rule (rate or concurrency limit) refused the request.
+    Rule(RuleRejection),
     /// No route matches the request.
     NoRoute,
     /// The request is malformed (bad Host, bad URI).
@@ -43,7 +47,9 @@ pub enum RejectReason {
 impl RejectReason {
     pub fn status(&self) -> StatusCode {
         match self {
-            RejectReason::ClientInFlight { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RejectReason::ClientInFlight { .. } | RejectReason::Rule(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             RejectReason::NoRoute => StatusCode::NOT_FOUND,
             RejectReason::BadRequest(_) => StatusCode::BAD_REQUEST,
             RejectReason::Draining => StatusCode::SERVICE_UNAVAILABLE,
@@ -55,13 +61,15 @@ impl RejectReason {
             RejectReason::ClientInFlight { .. } | RejectReason::Draining => {
                 Some(Duration::from_secs(1))
             }
+            RejectReason::Rule(r) => Some(r.retry_after),
             RejectReason::NoRoute | RejectReason::BadRequest(_) => None,
         }
     }
 
     /// The rule label in logs and metrics: bounded, never an address.
-    pub fn rule(&self) -> &'static str {
+    pub fn rule(&self) -> &str {
         match self {
+            RejectReason::Rule(r) => &r.rule,
             RejectReason::ClientInFlight { .. } => "client_in_flight",
             RejectReason::NoRoute => "no_route",
             RejectReason::BadRequest(_) => "bad_request",

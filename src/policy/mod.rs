@@ -7,6 +7,7 @@
 
 pub mod decision;
 pub mod route;
+pub mod rules;
 
 pub use decision::{Decision, RejectReason};
 pub use route::{ClassSettings, Route, RouteClass, RouteTable};

@@ -72,6 +72,8 @@ pub struct Route {
     pub pool: usize,
     pub class: RouteClass,
     pub settings: ClassSettings,
+    /// The class's rules, in evaluation order.
+    pub rules: std::sync::Arc<[super::rules::Rule]>,
     pub host: Option<HostMatch>,
     pub path_prefix: Option<String>,
     pub path_regex: Option<Regex>,
@@ -181,6 +183,7 @@ mod tests {
                 body_read_timeout: std::time::Duration::from_secs(1),
                 response_timeout: None,
             },
+            rules: std::sync::Arc::from(Vec::new()),
             host: None,
             path_prefix: None,
             path_regex: None,
