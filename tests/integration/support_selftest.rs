@@ -335,3 +335,41 @@ async fn weir_fixture_times_out_without_ready_file() {
         .expect("no ready file means not ready");
     assert!(matches!(err, FixtureError::NotReady { .. }), "{err}");
 }
+
+/// The real binary against the fixture's contract: bound, proxying, access log
+/// on stdout, clean exit on SIGTERM.
+#[tokio::test]
+#[ignore = "needs `weir run` with --ready-file (lead); remove this line when it lands"]
+async fn weir_binary_runs_proxies_and_drains_on_term() {
+    let upstream = HttpUpstream::echo_headers().await.expect("upstream");
+    let mut weir = Weir::builder()
+        .config(format!(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[admin]\naddress = \"127.0.0.1:0\"\n\n\
+             [pools.app]\nservers = [\"{}\"]\n\n[[routes]]\npool = \"app\"\nclass = \"page\"\n",
+            upstream.addr()
+        ))
+        .start()
+        .await
+        .expect("weir starts");
+    assert_eq!(weir.pid(), weir.child_pid());
+    let resp = HttpRequest::get("/")
+        .from(Ipv4Addr::new(127, 0, 0, 66))
+        .send(weir.listener(0))
+        .await
+        .expect("response via weir");
+    assert_eq!(resp.status, 200, "{resp}\nstderr:\n{}", weir.stderr());
+    assert!(resp.text().starts_with("peer: 127.0.0.1:"), "{resp}");
+    assert_eq!(upstream.requests(), 1);
+    assert_eventually!(
+        weir.stdout().contains("127.0.0.66"),
+        "access log: {}",
+        weir.stdout()
+    );
+
+    weir.signal(Signal::Term).expect("send TERM");
+    let status = weir
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("drains and exits");
+    assert!(status.success(), "{status}\nstderr:\n{}", weir.stderr());
+}
