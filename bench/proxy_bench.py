@@ -99,9 +99,9 @@ def rss_kib(pids):
 class Server:
     """One started process (and its children), stopped and reaped by stop()."""
 
-    def __init__(self, name, argv, workdir, port, logs, pin=None):
+    def __init__(self, name, argv, workdir, port, logs, pin=None, stdout_null=False):
         self.name, self.port, self.logs = name, port, logs
-        self.stdout = open(os.path.join(workdir, f"{name}.stdout"), "w")
+        self.stdout = open(os.devnull if stdout_null else os.path.join(workdir, f"{name}.stdout"), "w")
         self.stderr_path = os.path.join(workdir, f"{name}.stderr")
         self.stderr = open(self.stderr_path, "w")
         self.logs = logs + [self.stderr_path]
@@ -199,8 +199,7 @@ def start_haproxy(workdir, upstream_port, pin):
             f"backend app\n    http-reuse always\n    server s1 127.0.0.1:{upstream_port}\n"
         )
     # stdout carries the access log (logging on, like the others) -> /dev/null.
-    s = Server("haproxy", ["haproxy", "-db", "-f", cfg], d, port, [], pin)
-    s.stdout.close()
+    s = Server("haproxy", ["haproxy", "-db", "-f", cfg], d, port, [], pin, stdout_null=True)
     wait_port(port, s.proc, START_DEADLINE, s.logs)
     return s
 
