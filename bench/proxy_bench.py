@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -483,6 +484,7 @@ def main():
         for s in servers.values():
             s.stop()
         upstream.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
