@@ -1,13 +1,32 @@
-//! weir's end-to-end tests: real sockets on loopback, one binary for all.
+//! weir's end-to-end tests: real sockets on loopback, one test binary for the
+//! whole project (one link instead of one per file). Each module below is one
+//! area; add new ones as `mod name;` lines with a comment saying what they cover.
 //!
-//! - `fixtures`: in-process weir, test upstreams, clients from chosen sources.
-//! - `proxy`: proxy semantics, HTTP/2, TLS, WebSocket, streaming.
-//! - `identity`: client identity behind trusted and untrusted peers, PROXY protocol.
-//! - `edge`: connection caps, timeouts, bad input.
-//! - `lifecycle`: reload and drain.
+//! Servers (nginx, HAProxy, Redis) come from scripts/install-test-deps.sh;
+//! `scripts/test.sh` runs it first.
 
-mod edge;
+#[macro_use]
+mod support;
+
+// In-process fixtures: weir started from a TOML string, test upstreams,
+// clients bound to chosen 127.x.y.z source addresses.
 mod fixtures;
-mod identity;
-mod lifecycle;
+
+// The process fixtures themselves: nginx as a load balancer adding
+// X-Forwarded-For, HAProxy sending PROXY v2, Redis answering PING, the weir
+// binary's guard.
+mod support_selftest;
+
+// Proxy semantics: methods, bodies both ways (1 GiB), HTTP/2, TLS, WebSocket,
+// hop-by-hop headers, failover on connect errors.
 mod proxy;
+
+// Client identity behind trusted and untrusted peers, PROXY protocol.
+mod identity;
+
+// Connection caps, slow-header and idle timeouts, header limits, per-client
+// in-flight limits.
+mod edge;
+
+// Reload (admin API, file change) and drain under load.
+mod lifecycle;

@@ -1,0 +1,491 @@
+#!/usr/bin/env python3
+"""Reverse-proxy benchmark: direct vs nginx vs HAProxy vs weir, in one run.
+
+Owns: starting a fast upstream (nginx, `return 200`, ~100-byte body) and each
+proxy in front of it on loopback, running wrk (-t1) in interleaved rounds
+(every round visits every target, order rotated) so drift on a shared 2-core
+machine hits all targets alike, CPU microseconds per request of each proxy's
+processes from /proc/PID/stat, idle keep-alive memory with a separate client
+process, raw CSV + configs + wrk output under bench/runs/<date>-<host>/, and
+the summary table.
+
+Does not: install or build anything (bench/proxy.sh does), pin CPUs unless
+--pin is given, or judge results. Unfair-comparison notes are in README.md.
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# ~100 bytes: a small page or API answer, so proxy overhead dominates.
+BODY = "weir-bench " + "x" * 88 + "\n"
+START_DEADLINE = 15.0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, deadline, logs):
+    end = time.time() + deadline
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}\n{read_logs(logs)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"port {port} not accepting after {deadline}s\n{read_logs(logs)}")
+
+
+def read_logs(paths):
+    out = []
+    for p in paths:
+        try:
+            with open(p, errors="replace") as f:
+                out.append(f"--- {p} ---\n{f.read()[-4000:]}")
+        except OSError as e:
+            out.append(f"--- {p}: {e}")
+    return "\n".join(out)
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def cpu_ticks(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            # after the comm field: state is [0], utime [11], stime [12]
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def rss_kib(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+class Server:
+    """One started process (and its children), stopped and reaped by stop()."""
+
+    def __init__(self, name, argv, workdir, port, logs, pin=None, stdout_null=False):
+        self.name, self.port, self.logs = name, port, logs
+        self.stdout = open(os.devnull if stdout_null else os.path.join(workdir, f"{name}.stdout"), "w")
+        self.stderr_path = os.path.join(workdir, f"{name}.stderr")
+        self.stderr = open(self.stderr_path, "w")
+        self.logs = logs + [self.stderr_path]
+        if pin is not None:
+            argv = ["taskset", "-c", pin] + argv
+        self.proc = subprocess.Popen(
+            argv, stdout=self.stdout, stderr=self.stderr, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def pids(self):
+        return [self.proc.pid] + children(self.proc.pid)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.stdout.close()
+        self.stderr.close()
+
+
+def nginx_main(d, workers, conns):
+    return (
+        f"daemon off;\nmaster_process on;\nworker_processes {workers};\n"
+        f"worker_rlimit_nofile 20000;\npid {d}/nginx.pid;\nerror_log {d}/error.log notice;\n"
+        f"events {{ worker_connections {conns}; }}\n"
+    )
+
+
+def nginx_http_common(d):
+    return (
+        f"client_body_temp_path {d}/cb; proxy_temp_path {d}/px; fastcgi_temp_path {d}/fc;\n"
+        f"uwsgi_temp_path {d}/uw; scgi_temp_path {d}/sc;\n"
+        "keepalive_timeout 300s; keepalive_requests 1000000;\n"
+    )
+
+
+def start_nginx(name, conf_text, workdir, port, pin):
+    d = os.path.join(workdir, name)
+    os.makedirs(d, exist_ok=True)
+    os.chmod(workdir, 0o755)
+    os.chmod(d, 0o755)
+    conf = os.path.join(d, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(conf_text(d))
+    err = os.path.join(d, "error.log")
+    s = Server(name, ["nginx", "-p", d, "-c", conf, "-e", err], d, port, [err], pin)
+    wait_port(port, s.proc, START_DEADLINE, s.logs)
+    return s
+
+
+def start_upstream(workdir, pin):
+    port = free_port()
+    def conf(d):
+        return nginx_main(d, 1, 4096) + (
+            "http {\n" + nginx_http_common(d) + "access_log off;\n"
+            f"server {{ listen 127.0.0.1:{port} backlog=4096; default_type text/plain;\n"
+            f"  location / {{ return 200 \"{BODY.strip()}\\n\"; }} }}\n}}\n"
+        )
+    return start_nginx("upstream", conf, workdir, port, pin)
+
+
+def start_nginx_proxy(workdir, upstream_port, pin):
+    port = free_port()
+    def conf(d):
+        # 1 worker; enough connections for 10,000 idle clients + upstream.
+        return nginx_main(d, 1, 19000) + (
+            "http {\n" + nginx_http_common(d) + "access_log /dev/null;\n"
+            f"upstream app {{ server 127.0.0.1:{upstream_port}; keepalive 1024; }}\n"
+            f"server {{ listen 127.0.0.1:{port} backlog=4096;\n"
+            "  location / { proxy_pass http://app; proxy_http_version 1.1;\n"
+            "    proxy_set_header Connection \"\";\n"
+            "    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; } }\n}\n"
+        )
+    return start_nginx("nginx", conf, workdir, port, pin)
+
+
+def start_haproxy(workdir, upstream_port, pin):
+    port = free_port()
+    d = os.path.join(workdir, "haproxy")
+    os.makedirs(d, exist_ok=True)
+    cfg = os.path.join(d, "haproxy.cfg")
+    with open(cfg, "w") as f:
+        f.write(
+            f"global\n    nbthread 1\n    maxconn 4096\n    pidfile {d}/haproxy.pid\n"
+            "    log stdout format raw local0\n"
+            "defaults\n    mode http\n    log global\n    option httplog\n"
+            "    option forwardfor\n    timeout connect 5s\n    timeout client 300s\n"
+            "    timeout server 30s\n    timeout http-keep-alive 300s\n"
+            f"frontend fe\n    bind 127.0.0.1:{port}\n    default_backend app\n"
+            f"backend app\n    http-reuse always\n    server s1 127.0.0.1:{upstream_port}\n"
+        )
+    # stdout carries the access log (logging on, like the others) -> /dev/null.
+    s = Server("haproxy", ["haproxy", "-db", "-f", cfg], d, port, [], pin, stdout_null=True)
+    wait_port(port, s.proc, START_DEADLINE, s.logs)
+    return s
+
+
+def start_weir(workdir, upstream_port, weir_bin, pin):
+    d = os.path.join(workdir, "weir")
+    os.makedirs(d, exist_ok=True)
+    cfg = os.path.join(d, "weir.toml")
+    ready = os.path.join(d, "ready.json")
+    with open(cfg, "w") as f:
+        f.write(
+            '[[listeners]]\naddress = "127.0.0.1:0"\n\n[admin]\naddress = "127.0.0.1:0"\n\n'
+            '[access_log]\ntarget = "/dev/null"\n\n'
+            f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\n\n'
+            '[[routes]]\npool = "app"\nclass = "page"\n'
+        )
+    s = Server("weir", [weir_bin, "run", "-c", cfg, "--ready-file", ready], d, None, [], pin)
+    end = time.time() + START_DEADLINE
+    while True:
+        if s.proc.poll() is not None:
+            s.stop()
+            raise RuntimeError(f"exited with {s.proc.returncode}\n{read_logs(s.logs)}")
+        try:
+            with open(ready) as f:
+                info = json.load(f)
+            s.port = int(info["listeners"][0].rsplit(":", 1)[1])
+            break
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        if time.time() > end:
+            s.stop()
+            raise RuntimeError(f"no ready file after {START_DEADLINE}s\n{read_logs(s.logs)}")
+        time.sleep(0.05)
+    wait_port(s.port, s.proc, START_DEADLINE, s.logs)
+    return s
+
+
+def parse_duration_ms(text):
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if not m:
+        return float("nan")
+    v, unit = float(m.group(1)), m.group(2)
+    return v * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+
+
+def parse_wrk(out):
+    res = {"requests": 0, "seconds": float("nan"), "rps": 0.0, "p50_ms": float("nan"),
+           "p99_ms": float("nan"), "socket_errors": 0, "non_2xx": 0}
+    m = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", out)
+    if m:
+        res["requests"] = int(m.group(1))
+        res["seconds"] = parse_duration_ms(m.group(2) + m.group(3)) / 1000
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if m:
+        res["rps"] = float(m.group(1))
+    for pct, key in (("50", "p50_ms"), ("99", "p99_ms")):
+        m = re.search(rf"^\s+{pct}(?:\.000)?%\s+(\S+)", out, re.M)
+        if m:
+            res[key] = parse_duration_ms(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if m:
+        res["socket_errors"] = sum(int(g) for g in m.groups())
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if m:
+        res["non_2xx"] = int(m.group(1))
+    return res
+
+
+def run_wrk(port, conns, duration, pin):
+    argv = ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", "--timeout", "5s",
+            f"http://127.0.0.1:{port}/"]
+    if pin is not None:
+        argv = ["taskset", "-c", pin] + argv
+    return subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60).stdout
+
+
+def idle_memory(target, server, n, here):
+    """RSS of the proxy's processes before and while holding n idle connections."""
+    before = rss_kib(server.pids())
+    client = subprocess.Popen(
+        [sys.executable, os.path.join(here, "idle_conns.py"), "127.0.0.1", str(server.port), str(n)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        line = client.stdout.readline().split()
+        opened, failed = (int(line[1]), int(line[2])) if len(line) == 3 else (0, n)
+        time.sleep(1.0)
+        during = rss_kib(server.pids())
+        client.stdin.write("count\n")
+        client.stdin.flush()
+        still_open = int(client.stdout.readline().strip() or 0)
+    finally:
+        if client.stdin:
+            client.stdin.close()
+        try:
+            client.wait(30)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            client.wait()
+    per_conn = (during - before) * 1024 / still_open if still_open else float("nan")
+    return {"target": target, "connections": n, "opened": opened, "failed": failed,
+            "still_open": still_open, "rss_before_kib": before, "rss_during_kib": during,
+            "bytes_per_conn": round(per_conn)}
+
+
+def fmt(v, spec):
+    return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--conns", default="50,1000")
+    ap.add_argument("--targets", default="direct,nginx,haproxy,weir")
+    ap.add_argument("--idle-conns", type=int, default=10000)
+    ap.add_argument("--idle-targets", default="nginx,weir")
+    ap.add_argument("--weir-bin", default="target/release/weir")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--pin", action="store_true",
+                    help="pin upstream+wrk to CPU 1 and the proxy to CPU 0")
+    args = ap.parse_args()
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    host = socket.gethostname().split(".")[0]
+    stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M%S")
+    out = args.out or os.path.join(here, "runs", f"{stamp}-{host}")
+    os.makedirs(os.path.join(out, "wrk"), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="weir-bench-")
+    pin_proxy, pin_other = ("0", "1") if args.pin else (None, None)
+    conns_list = [int(c) for c in args.conns.split(",") if c]
+    wanted = [t for t in args.targets.split(",") if t]
+
+    servers, skipped = {}, {}
+    upstream = start_upstream(work, pin_other)
+    try:
+        starters = {
+            "nginx": lambda: start_nginx_proxy(work, upstream.port, pin_proxy),
+            "haproxy": lambda: start_haproxy(work, upstream.port, pin_proxy),
+            "weir": lambda: start_weir(work, upstream.port, args.weir_bin, pin_proxy),
+        }
+        targets = []
+        for t in wanted:
+            if t == "direct":
+                targets.append(t)
+                continue
+            if t == "weir" and not os.access(args.weir_bin, os.X_OK):
+                skipped[t] = f"{args.weir_bin} not found (build failed?)"
+            else:
+                try:
+                    servers[t] = starters[t]()
+                    targets.append(t)
+                except Exception as e:  # a target that cannot start is skipped, said loudly
+                    skipped[t] = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+                    with open(os.path.join(out, f"{t}-start-failure.txt"), "w") as f:
+                        f.write(str(e))
+            if t in skipped:
+                print(f"SKIPPED {t}: failed to start: {skipped[t]}", flush=True)
+
+        port_of = {t: (upstream.port if t == "direct" else servers[t].port) for t in targets}
+        rows = []
+        total = args.rounds * len(conns_list) * len(targets)
+        print(f"{total} runs of {args.duration}s: targets {targets}, conns {conns_list}, "
+              f"rounds {args.rounds}; raw results in {out}", flush=True)
+        for r in range(args.rounds):
+            for c in conns_list:
+                # Rotate the order each round so no target always runs first.
+                order = targets[r % len(targets):] + targets[:r % len(targets)]
+                for t in order:
+                    proxy_pids = servers[t].pids() if t in servers else []
+                    up_pids = upstream.pids()
+                    p0, u0 = cpu_ticks(proxy_pids), cpu_ticks(up_pids)
+                    text = run_wrk(port_of[t], c, args.duration, pin_other)
+                    p1, u1 = cpu_ticks(proxy_pids), cpu_ticks(up_pids)
+                    with open(os.path.join(out, "wrk", f"r{r + 1}-{t}-c{c}.txt"), "w") as f:
+                        f.write(text)
+                    w = parse_wrk(text)
+                    req = w["requests"] or 1
+                    row = {"round": r + 1, "target": t, "conns": c, **w,
+                           "proxy_cpu_s": (p1 - p0) / CLK_TCK if proxy_pids else "",
+                           "proxy_cpu_us_per_req": round((p1 - p0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
+                           "upstream_cpu_us_per_req": round((u1 - u0) / CLK_TCK * 1e6 / req, 2)}
+                    rows.append(row)
+                    print(f"  round {r + 1} c={c:<5} {t:<8} {w['rps']:>10.0f} req/s  "
+                          f"p50 {fmt(w['p50_ms'], '.2f')} ms  p99 {fmt(w['p99_ms'], '.2f')} ms  "
+                          f"cpu {fmt(row['proxy_cpu_us_per_req'] or None, '.1f')} us/req"
+                          + (f"  ERRORS {w['socket_errors']} non2xx {w['non_2xx']}"
+                             if w["socket_errors"] or w["non_2xx"] else ""), flush=True)
+
+        with open(os.path.join(out, "rounds.csv"), "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["round"])
+            wr.writeheader()
+            wr.writerows(rows)
+
+        summary = []
+        med = lambda xs: statistics.median(xs) if xs else float("nan")
+        for c in conns_list:
+            base = {}
+            for t in targets:
+                rs = [x for x in rows if x["target"] == t and x["conns"] == c]
+                base[t] = {
+                    "target": t, "conns": c, "rounds": len(rs),
+                    "rps_median": round(med([x["rps"] for x in rs])),
+                    "p50_ms": round(med([x["p50_ms"] for x in rs]), 3),
+                    "p99_ms": round(med([x["p99_ms"] for x in rs]), 3),
+                    "proxy_cpu_us_per_req": round(med([x["proxy_cpu_us_per_req"] for x in rs]), 2)
+                    if t in servers else float("nan"),
+                    "upstream_cpu_us_per_req": round(med([x["upstream_cpu_us_per_req"] for x in rs]), 2),
+                    "errors": sum(x["socket_errors"] + x["non_2xx"] for x in rs),
+                }
+            for t in targets:
+                s = base[t]
+                s["vs_direct"] = round(s["rps_median"] / base["direct"]["rps_median"], 3) \
+                    if "direct" in base and base["direct"]["rps_median"] else float("nan")
+                s["vs_nginx"] = round(s["rps_median"] / base["nginx"]["rps_median"], 3) \
+                    if "nginx" in base and base["nginx"]["rps_median"] else float("nan")
+                summary.append(s)
+
+        with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(summary[0].keys()) if summary else ["target"])
+            wr.writeheader()
+            wr.writerows(summary)
+
+        idle = []
+        for t in [t for t in args.idle_targets.split(",") if t]:
+            if t not in servers:
+                print(f"SKIPPED idle memory for {t}: not running", flush=True)
+                continue
+            if args.idle_conns > 0:
+                # A fresh instance: after the load rounds, freed buffers stay in
+                # the allocator and would hide the cost of idle connections.
+                servers.pop(t).stop()
+                servers[t] = starters[t]()
+                idle.append(idle_memory(t, servers[t], args.idle_conns, here))
+        if idle:
+            with open(os.path.join(out, "idle_memory.csv"), "w", newline="") as f:
+                wr = csv.DictWriter(f, fieldnames=list(idle[0].keys()))
+                wr.writeheader()
+                wr.writerows(idle)
+
+        with open(os.path.join(out, "meta.txt"), "w") as f:
+            f.write(f"date {stamp}\nhost {host}\nnproc {os.cpu_count()}\n"
+                    f"rounds {args.rounds}\nduration_s {args.duration}\nconns {conns_list}\n"
+                    f"pin {args.pin}\nskipped {skipped}\n")
+            for cmd in (["nginx", "-v"], ["haproxy", "-v"], ["wrk", "-v"], ["uname", "-a"]):
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                f.write((r.stdout + r.stderr).splitlines()[0] if (r.stdout + r.stderr) else "")
+                f.write("\n")
+        # Keep the setup with the numbers.
+        os.makedirs(os.path.join(out, "configs"), exist_ok=True)
+        for root, _, files in os.walk(work):
+            for name in files:
+                if name.endswith((".conf", ".cfg", ".toml")):
+                    with open(os.path.join(root, name)) as src, \
+                         open(os.path.join(out, "configs", f"{os.path.basename(root)}-{name}"), "w") as dst:
+                        dst.write(src.read())
+
+        print()
+        print(f"wrk -t1, {args.rounds} interleaved rounds x {args.duration}s, medians of rounds; "
+              f"cpu = proxy processes' user+sys CPU per request")
+        hdr = f"{'target':<8} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} " \
+              f"{'vs direct':>9} {'vs nginx':>8} {'cpu us/req':>10} {'errors':>6}"
+        print(hdr)
+        print("-" * len(hdr))
+        for s in summary:
+            print(f"{s['target']:<8} {s['conns']:>5} {s['rps_median']:>9} {fmt(s['p50_ms'], '.2f'):>8} "
+                  f"{fmt(s['p99_ms'], '.2f'):>8} {fmt(s['vs_direct'], '.2f'):>9} "
+                  f"{fmt(s['vs_nginx'], '.2f'):>8} {fmt(s['proxy_cpu_us_per_req'], '.1f'):>10} "
+                  f"{s['errors']:>6}")
+        if idle:
+            print()
+            print(f"{'idle':<8} {'conns':>6} {'open':>6} {'RSS before':>11} {'RSS held':>10} {'bytes/conn':>10}")
+            for i in idle:
+                print(f"{i['target']:<8} {i['connections']:>6} {i['still_open']:>6} "
+                      f"{i['rss_before_kib'] / 1024:>8.1f} MiB {i['rss_during_kib'] / 1024:>6.1f} MiB "
+                      f"{i['bytes_per_conn']:>10}")
+        for t, why in skipped.items():
+            print(f"SKIPPED {t}: {why}")
+        print(f"\nraw results: {out}")
+    finally:
+        for s in servers.values():
+            s.stop()
+        upstream.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+//! Fixtures for end-to-end tests over real loopback sockets: a test reads
+//! "start upstream, start weir (or nginx/HAProxy/Redis), send, assert".
+//!
+//! - [`process`]: the spawned-process guard every server fixture is built on
+//!   (own process group, logs to files, kill + reap on drop).
+//! - [`nginx`], [`haproxy`], [`redis`]: real servers from a config string in
+//!   a fresh temp dir on OS-chosen 127.0.0.1 ports (the load balancer in
+//!   front of weir, or the state store behind it).
+//! - [`weir`]: the weir binary under test, addresses from its ready file.
+//! - [`upstream`]: an in-test hyper server (echo, counters).
+//! - [`client`]: raw and keep-alive HTTP clients with a chosen source address.
+//! - [`eventually`]: `assert_eventually!` / `assert_eventually_async!`.
+//!
+//! Does not: install servers (scripts/install-test-deps.sh does) or touch any
+//! address outside 127.0.0.0/8.
+
+// Each test module uses a different slice of these fixtures.
+#![allow(dead_code)]
+
+pub mod client;
+#[macro_use]
+pub mod eventually;
+pub mod haproxy;
+pub mod nginx;
+pub mod ports;
+pub mod process;
+pub mod redis;
+pub mod upstream;
+pub mod weir;
+
+// Re-exported so tests import from `support` alone; not every test uses all.
+#[allow(unused_imports)]
+pub use client::{ClientError, HttpRequest, HttpResponse, KeepAliveClient, connect_from};
+#[allow(unused_imports)]
+pub use haproxy::Haproxy;
+#[allow(unused_imports)]
+pub use nginx::Nginx;
+#[allow(unused_imports)]
+pub use process::{FixtureError, Signal};
+#[allow(unused_imports)]
+pub use redis::Redis;
+#[allow(unused_imports)]
+pub use upstream::{HttpUpstream, UpstreamRequest};
+#[allow(unused_imports)]
+pub use weir::{ReadyFile, Weir};
