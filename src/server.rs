@@ -58,8 +58,9 @@ pub struct DrainReport {
     pub took: Duration,
 }
 
-/// Descriptors kept back for upstream connections, logs and the admin API.
-const FD_RESERVE: u64 = 64;
+/// Descriptors kept back for upstream connections, logs, snapshots and the
+/// admin API when the open-file limit caps client connections.
+const FD_RESERVE: u64 = 1024;
 
 impl Server {
     /// Builds the gateway and starts serving. Must run inside a tokio runtime.
@@ -195,11 +196,12 @@ impl Server {
     }
 }
 
-/// Client connections this process can hold: each needs its own descriptor
-/// and, while proxied, one towards an upstream.
+/// Client connections this process can hold. Each needs a descriptor; busy
+/// ones also hold an upstream connection, which draws from the reserve (idle
+/// keep-alive connections, the bulk at any cap, do not).
 fn connection_ceiling() -> usize {
     let limit = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
-    (limit.saturating_sub(FD_RESERVE) / 2).max(1) as usize
+    (limit.saturating_sub(FD_RESERVE)).max(64) as usize
 }
 
 /// Resolves once `stop` says true (or its sender is gone).

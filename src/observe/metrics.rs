@@ -98,6 +98,7 @@ pub struct Metrics {
     pub state_snapshot_keys: Gauge,
     pub state_snapshots: Family<ResultLabels, Counter>,
     pub limiter_evicted_keys: Gauge,
+    pub process_start_time: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -139,6 +140,7 @@ impl Metrics {
             state_snapshot_keys: Gauge::default(),
             state_snapshots: Family::default(),
             limiter_evicted_keys: Gauge::default(),
+            process_start_time: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -256,6 +258,17 @@ impl Metrics {
             "limiter_evicted_keys",
             "Live limiter keys evicted because a level reached rules.max_keys_per_level",
             m.limiter_evicted_keys.clone(),
+        );
+        registry.register_with_unit(
+            "process_start_time",
+            "Unix time this weir process started",
+            Unit::Seconds,
+            m.process_start_time.clone(),
+        );
+        m.process_start_time.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64),
         );
         Metrics { registry, ..m }
     }

@@ -30,3 +30,14 @@ mod edge;
 
 // Reload (admin API, file change) and drain under load.
 mod lifecycle;
+
+// Rate and concurrency rules per level, shadow mode, 429 responses, limiter
+// state across restart and reload.
+mod rules;
+
+// weir as a process: behind a real nginx load balancer, behind HAProxy with
+// PROXY protocol, signals under load.
+mod topology;
+
+// Operator docs kept true: config keys, metrics, alert runbooks.
+mod docs;
