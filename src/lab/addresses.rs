@@ -32,7 +32,11 @@ pub enum AddressError {
     #[error("networks[{index}]: prefixes must be at least 1")]
     NoPrefixes { index: usize },
     #[error("networks[{index}]: {prefixes} /{len}s do not fit in the lab's /16s")]
-    TooManyPrefixes { index: usize, prefixes: usize, len: u8 },
+    TooManyPrefixes {
+        index: usize,
+        prefixes: usize,
+        len: u8,
+    },
     #[error("networks[{index}]: {addresses} addresses do not fit in {prefixes} /{len}s")]
     TooManyAddresses {
         index: usize,
@@ -78,7 +82,7 @@ pub fn slash16_needed<'a>(groups: impl Iterator<Item = &'a NetworkGroup>) -> usi
 /// Checks a cohort's groups for `addresses` addresses without allocating any.
 pub fn check_groups(groups: &[NetworkGroup], addresses: usize) -> Result<(), AddressError> {
     let sum: f64 = groups.iter().map(|g| g.share).sum();
-    if (sum - 1.0).abs() > 1e-6 || groups.iter().any(|g| !(g.share >= 0.0)) {
+    if (sum - 1.0).abs() > 1e-6 || groups.iter().any(|g| g.share.is_nan() || g.share < 0.0) {
         return Err(AddressError::Shares(format!("{sum}")));
     }
     for ((index, g), n) in groups.iter().enumerate().zip(split(groups, addresses)) {
@@ -90,7 +94,7 @@ pub fn check_groups(groups: &[NetworkGroup], addresses: usize) -> Result<(), Add
         }
         let per_16 = slots_per_16(g.len) as usize;
         let sixteens = slash16s_of(g);
-        if g.prefixes.div_ceil(sixteens) > per_16 {
+        if sixteens > SLASH16_AVAILABLE || g.prefixes.div_ceil(sixteens) > per_16 {
             return Err(AddressError::TooManyPrefixes {
                 index,
                 prefixes: g.prefixes,
@@ -144,11 +148,17 @@ impl AddressSpace {
 
     /// `total` addresses laid out over `groups`; group order is kept, so the first
     /// `round(share x total)` addresses belong to the first group.
-    pub fn allocate(&mut self, groups: &[NetworkGroup], total: usize) -> Result<Vec<Ipv4Addr>, AddressError> {
+    pub fn allocate(
+        &mut self,
+        groups: &[NetworkGroup],
+        total: usize,
+    ) -> Result<Vec<Ipv4Addr>, AddressError> {
         check_groups(groups, total)?;
         let mut out = Vec::with_capacity(total);
         for (g, n) in groups.iter().zip(split(groups, total)) {
-            let sixteens: Vec<u8> = (0..slash16s_of(g)).map(|_| self.take()).collect::<Result<_, _>>()?;
+            let sixteens: Vec<u8> = (0..slash16s_of(g))
+                .map(|_| self.take())
+                .collect::<Result<_, _>>()?;
             let per_16 = g.prefixes.div_ceil(sixteens.len());
             // Prefix j: in /16 number j % m, the (j / m)-th of `per_16` spread across it.
             let stride = slots_per_16(g.len) / per_16 as u32;
@@ -179,12 +189,20 @@ mod tests {
     use std::collections::BTreeSet;
 
     fn group(share: f64, prefixes: usize, len: u8) -> NetworkGroup {
-        NetworkGroup { share, prefixes, len }
+        NetworkGroup {
+            share,
+            prefixes,
+            len,
+        }
     }
 
     fn count_prefixes(addrs: &[Ipv4Addr], len: u8) -> usize {
         let mask = u32::MAX << (32 - len);
-        addrs.iter().map(|a| u32::from(*a) & mask).collect::<BTreeSet<_>>().len()
+        addrs
+            .iter()
+            .map(|a| u32::from(*a) & mask)
+            .collect::<BTreeSet<_>>()
+            .len()
     }
 
     #[test]
@@ -206,7 +224,11 @@ mod tests {
             let distinct: BTreeSet<_> = addrs.iter().collect();
             assert_eq!(distinct.len(), total, "addresses unique: {groups:?}");
             assert_eq!(
-                (count_prefixes(&addrs, 16), count_prefixes(&addrs, 20), count_prefixes(&addrs, 24)),
+                (
+                    count_prefixes(&addrs, 16),
+                    count_prefixes(&addrs, 20),
+                    count_prefixes(&addrs, 24)
+                ),
                 (s16, s20, s24),
                 "{groups:?}"
             );
@@ -248,7 +270,11 @@ mod tests {
             (vec![group(1.0, 1, 24)], 255, AddressError::TooManyAddresses { index: 0, addresses: 255, prefixes: 1, len: 24 }),
         ];
         for (groups, total, want) in cases {
-            assert_eq!(check_groups(&groups, total), Err(want.clone()), "{groups:?}");
+            assert_eq!(
+                check_groups(&groups, total),
+                Err(want.clone()),
+                "{groups:?}"
+            );
             assert_eq!(AddressSpace::new(0).allocate(&groups, total), Err(want));
         }
         let mut space = AddressSpace::new(0);

@@ -26,7 +26,10 @@ pub enum SimError {
     #[error(transparent)]
     Run(#[from] RunError),
     #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// What to run and where to write.
@@ -51,8 +54,11 @@ pub fn sim(path: &Path, options: &SimOptions) -> Result<SimReport, SimError> {
 
 /// `weir demo`: the crawler-flood scenario, every variant, HTML to `html`.
 pub fn demo(html: Option<PathBuf>, progress: bool) -> Result<SimReport, SimError> {
-    let scenario = load_scenario_str(DEMO_SCENARIO, Some(Path::new("2026-09-23-crawler-flood.toml")))
-        .map_err(SimError::Scenario)?;
+    let scenario = load_scenario_str(
+        DEMO_SCENARIO,
+        Some(Path::new("2026-09-23-crawler-flood.toml")),
+    )
+    .map_err(SimError::Scenario)?;
     let options = SimOptions {
         variants: Vec::new(),
         json: None,
@@ -74,12 +80,21 @@ pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimRepo
     let selected: Vec<&super::scenario::Variant> = if options.variants.is_empty() {
         scenario.variants.iter().collect()
     } else {
-        let known = || scenario.variants.iter().map(|v| v.name.clone()).collect::<Vec<_>>().join(", ");
+        let known = || {
+            scenario
+                .variants
+                .iter()
+                .map(|v| v.name.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         (options.variants.iter())
             .map(|name| {
-                (scenario.variants.iter().find(|v| &v.name == name)).ok_or_else(|| SimError::UnknownVariant {
-                    name: name.clone(),
-                    known: known(),
+                (scenario.variants.iter().find(|v| &v.name == name)).ok_or_else(|| {
+                    SimError::UnknownVariant {
+                        name: name.clone(),
+                        known: known(),
+                    }
                 })
             })
             .collect::<Result<_, _>>()?
@@ -90,7 +105,10 @@ pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimRepo
     }
     let mut checks = Vec::new();
     for e in &scenario.checks {
-        for v in variants.iter().filter(|v| e.variant.as_ref().is_none_or(|n| n == &v.name)) {
+        for v in variants
+            .iter()
+            .filter(|v| e.variant.as_ref().is_none_or(|n| n == &v.name))
+        {
             let (value, passed) = v.evaluate(&e.check);
             checks.push(CheckResult {
                 variant: v.name.clone(),
@@ -141,7 +159,10 @@ pub fn demo_summary(report: &SimReport) -> String {
         "variant", "humans served", "humans refused", "5xx", "app workers busy/W"
     );
     for v in &report.variants {
-        let humans = v.cohorts.iter().filter(|c| c.kind == super::scenario::CohortKind::Humans);
+        let humans = v
+            .cohorts
+            .iter()
+            .filter(|c| c.kind == super::scenario::CohortKind::Humans);
         let (mut sent, mut served, mut refused) = (0, 0, 0);
         for h in humans {
             sent += h.sent;
@@ -149,7 +170,13 @@ pub fn demo_summary(report: &SimReport) -> String {
             refused += h.sent - h.count(super::cohort::Outcome::Served);
         }
         let errors: u64 = v.cohorts.iter().map(|c| c.failed()).sum();
-        let pct = |n: u64| if sent == 0 { 0.0 } else { n as f64 * 100.0 / sent as f64 };
+        let pct = |n: u64| {
+            if sent == 0 {
+                0.0
+            } else {
+                n as f64 * 100.0 / sent as f64
+            }
+        };
         let _ = writeln!(
             out,
             "{:<14} {:>13.1}% {:>15.1}% {:>10} {:>22}",
@@ -157,7 +184,10 @@ pub fn demo_summary(report: &SimReport) -> String {
             pct(served),
             pct(refused),
             errors,
-            format!("{}/{} (refused {})", v.upstream.max_in_flight, v.upstream.workers, v.upstream.refused)
+            format!(
+                "{}/{} (refused {})",
+                v.upstream.max_in_flight, v.upstream.workers, v.upstream.refused
+            )
         );
     }
     out

@@ -143,7 +143,8 @@ impl RunClock {
 
     /// Fraction of the run at `t`.
     pub fn fraction(&self, t: Instant) -> f64 {
-        t.saturating_duration_since(self.start).as_secs_f64() / self.duration.as_secs_f64().max(1e-9)
+        t.saturating_duration_since(self.start).as_secs_f64()
+            / self.duration.as_secs_f64().max(1e-9)
     }
 
     /// The 1 s bucket of `t`, clamped to the last one.
@@ -214,7 +215,10 @@ impl CohortStats {
     /// Requests counted so far, and how many of them were served.
     pub fn progress(&self) -> (u64, u64) {
         let sent = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-        (sent, self.counts[Outcome::Served as usize].load(Ordering::Relaxed))
+        (
+            sent,
+            self.counts[Outcome::Served as usize].load(Ordering::Relaxed),
+        )
     }
 
     /// Requests sent and not yet answered.
@@ -224,9 +228,17 @@ impl CohortStats {
 
     /// Copies everything; call after every client has finished.
     pub fn totals(&self) -> CohortTotals {
-        let mut latencies_us = self.latencies_us.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut latencies_us = self
+            .latencies_us
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         latencies_us.sort_unstable();
-        let mut lags_us = self.lags_us.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut lags_us = self
+            .lags_us
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         lags_us.sort_unstable();
         CohortTotals {
             counts: std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed)),
@@ -259,12 +271,19 @@ pub struct ClientPlan {
     /// Fetches the login page first and sends its session cookie (crawlers).
     pub session_cookie: bool,
     pub seed: u64,
+    /// Delay of this client's start after the cohort's (ramp-up).
+    pub offset: Duration,
 }
 
 type ClientBody = http_body_util::Either<http_body_util::Empty<Bytes>, TrickleBody>;
 
 /// Runs one client until its cohort stops (or the run is cancelled).
-pub async fn run_client(ctx: Arc<RunContext>, cohort: Arc<Cohort>, stats: Arc<CohortStats>, plan: ClientPlan) {
+pub async fn run_client(
+    ctx: Arc<RunContext>,
+    cohort: Arc<Cohort>,
+    stats: Arc<CohortStats>,
+    plan: ClientPlan,
+) {
     let mut rng = SmallRng::seed_from_u64(plan.seed);
     let clock = ctx.clock;
     let stop_at = clock.at(cohort.stop);
@@ -277,7 +296,8 @@ pub async fn run_client(ctx: Arc<RunContext>, cohort: Arc<Cohort>, stats: Arc<Co
     let mut lags = Vec::new();
     let mut cancel = ctx.cancel.clone();
 
-    let mut next = clock.at(cohort.start);
+    let mut next = clock.at(cohort.start) + plan.offset;
+    let mut on_connection = 0u32;
     match next_send(&cohort, &clock, next, &mut rng) {
         Some(t) => next = t,
         None => return,
@@ -301,9 +321,10 @@ pub async fn run_client(ctx: Arc<RunContext>, cohort: Arc<Cohort>, stats: Arc<Co
         // What to send: kind-specific first steps, then the weighted mix.
         let (method, path) = if first && cohort.kind == CohortKind::Editors {
             (Method::POST, ctx.login_path.clone())
-        } else if first && plan.session_cookie {
-            (Method::GET, ctx.login_path.clone())
-        } else if cohort.kind == CohortKind::Humans && rng.random_bool(cohort.login_share) {
+        } else if (first && plan.session_cookie)
+            || (cohort.kind == CohortKind::Humans && rng.random_bool(cohort.login_share))
+        {
+            // The login page: it hands out the session cookie the jar then keeps.
             (Method::GET, ctx.login_path.clone())
         } else {
             let mix = &cohort.requests[pick(&weights, total_weight, &mut rng)];
@@ -328,6 +349,14 @@ pub async fn run_client(ctx: Arc<RunContext>, cohort: Arc<Cohort>, stats: Arc<Co
             }
         };
         stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        on_connection += 1;
+        if conn.is_none()
+            || (cohort.requests_per_connection > 0
+                && on_connection >= cohort.requests_per_connection)
+        {
+            conn = None;
+            on_connection = 0;
+        }
         stats.record(bucket, result.outcome, result.reached_app);
         if result.outcome == Outcome::Served {
             latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
@@ -335,7 +364,7 @@ pub async fn run_client(ctx: Arc<RunContext>, cohort: Arc<Cohort>, stats: Arc<Co
         if result.outcome == Outcome::Unfinished {
             break;
         }
-        if result.outcome == Outcome::ConnError && cohort.kind == CohortKind::Flood {
+        if result.outcome.is_failure() && cohort.kind == CohortKind::Flood {
             // A load tool retrying a refused connect at once would only measure itself.
             tokio::select! {
                 _ = tokio::time::sleep(cohort.reconnect_delay) => {}
@@ -348,7 +377,9 @@ pub async fn run_client(ctx: Arc<RunContext>, cohort: Arc<Cohort>, stats: Arc<Co
             None => break,
         }
     }
-    let lock = |m: &Mutex<Vec<u32>>, v: Vec<u32>| m.lock().unwrap_or_else(PoisonError::into_inner).extend(v);
+    let lock = |m: &Mutex<Vec<u32>>, v: Vec<u32>| {
+        m.lock().unwrap_or_else(PoisonError::into_inner).extend(v)
+    };
     lock(&stats.latencies_us, latencies);
     lock(&stats.lags_us, lags);
 }
@@ -359,19 +390,35 @@ async fn wait_true(rx: &mut watch::Receiver<bool>) {
 }
 
 /// The next intended send after `prev`: a Poisson gap at the rate of the current phase.
-/// A phase with factor 0 pauses until the next phase; `None` when nothing follows.
-fn next_send(cohort: &Cohort, clock: &RunClock, prev: Instant, rng: &mut SmallRng) -> Option<Instant> {
+/// A gap that crosses a phase boundary is redrawn from the boundary at the new rate
+/// (exact for Poisson arrivals: they have no memory). A phase with factor 0 pauses until
+/// the next phase; `None` when nothing follows.
+fn next_send(
+    cohort: &Cohort,
+    clock: &RunClock,
+    prev: Instant,
+    rng: &mut SmallRng,
+) -> Option<Instant> {
     let mut from = prev;
     loop {
         let f = clock.fraction(from);
         let rate = cohort.rate * cohort.factor_at(f);
+        let boundary = cohort
+            .phases
+            .iter()
+            .find(|p| p.at > f)
+            .map(|p| clock.at(p.at));
         if rate > 0.0 {
             let u: f64 = rng.random();
             let gap = -(1.0 - u).ln() / rate;
-            return Some(from + Duration::from_secs_f64(gap.min(86_400.0)));
+            let t = from + Duration::from_secs_f64(gap.min(86_400.0));
+            match boundary {
+                Some(b) if t > b => from = b,
+                _ => return Some(t),
+            }
+        } else {
+            from = boundary?;
         }
-        let resume = cohort.phases.iter().find(|p| p.at > f && p.factor > 0.0)?;
-        from = clock.at(resume.at);
     }
 }
 
@@ -456,12 +503,18 @@ async fn exchange(
         return Answer::failed(Outcome::ConnError);
     }
     let upload = cohort.kind == CohortKind::Uploads && method == Method::POST;
-    let mut req = Request::builder().method(method).uri(path).header("host", &cohort.host);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", &cohort.host);
     req = req.header("user-agent", &cohort.user_agent);
     match cohort.kind {
         CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => {
             req = req
-                .header("accept", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+                .header(
+                    "accept",
+                    "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+                )
                 .header("accept-language", "ko-KR,ko;q=0.9,en;q=0.8")
                 .header("sec-fetch-mode", "navigate")
                 .header("sec-fetch-site", "same-origin")
@@ -522,7 +575,9 @@ impl CookieJar {
     pub fn set(&mut self, header: &HeaderValue) {
         let Ok(text) = header.to_str() else { return };
         let pair = text.split(';').next().unwrap_or("");
-        let Some((name, value)) = pair.split_once('=') else { return };
+        let Some((name, value)) = pair.split_once('=') else {
+            return;
+        };
         let (name, value) = (name.trim(), value.trim());
         if name.is_empty() {
             return;
@@ -572,14 +627,17 @@ impl Body for TrickleBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         if self.left == 0 {
             return Poll::Ready(None);
         }
-        if let Some(sleep) = self.sleep.as_mut() {
-            if sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
+        if let Some(sleep) = self.sleep.as_mut()
+            && sleep.as_mut().poll(cx).is_pending()
+        {
+            return Poll::Pending;
         }
         let tick = self.tick;
         self.sleep = Some(Box::pin(tokio::time::sleep(tick)));
@@ -615,7 +673,11 @@ mod tests {
             (403, true, Outcome::Challenged), (200, true, Outcome::Challenged),
         ];
         for (status, challenged, want) in cases {
-            assert_eq!(Outcome::of_response(status, challenged), want, "{status} {challenged}");
+            assert_eq!(
+                Outcome::of_response(status, challenged),
+                want,
+                "{status} {challenged}"
+            );
         }
         for (i, o) in OUTCOMES.iter().enumerate() {
             assert_eq!(*o as usize, i, "OUTCOMES is indexed by discriminant");
@@ -626,11 +688,16 @@ mod tests {
     fn cookie_jar_keeps_latest_values() {
         let mut jar = CookieJar::default();
         assert_eq!(jar.header(), None);
-        jar.set(&HeaderValue::from_static("wikisession=abc; Path=/; HttpOnly"));
+        jar.set(&HeaderValue::from_static(
+            "wikisession=abc; Path=/; HttpOnly",
+        ));
         jar.set(&HeaderValue::from_static("wikiUserID=1; Path=/"));
         jar.set(&HeaderValue::from_static("wikisession=def"));
         jar.set(&HeaderValue::from_static("=novalue"));
-        assert_eq!(jar.header().as_deref(), Some("wikisession=def; wikiUserID=1"));
+        assert_eq!(
+            jar.header().as_deref(),
+            Some("wikisession=def; wikiUserID=1")
+        );
         assert!(jar.has_session());
     }
 
@@ -639,7 +706,16 @@ mod tests {
         let start = Instant::now();
         let clock = RunClock::new(start, Duration::from_secs(100), Duration::ZERO);
         let cohort = Cohort {
-            phases: vec![Phase { at: 0.5, factor: 0.0 }, Phase { at: 0.8, factor: 4.0 }],
+            phases: vec![
+                Phase {
+                    at: 0.5,
+                    factor: 0.0,
+                },
+                Phase {
+                    at: 0.8,
+                    factor: 4.0,
+                },
+            ],
             ..test_cohort(10.0)
         };
         let mut rng = SmallRng::seed_from_u64(1);
@@ -650,7 +726,13 @@ mod tests {
                 break;
             }
             let f = clock.fraction(next);
-            per_phase[if f < 0.5 { 0 } else if f < 0.8 { 1 } else { 2 }] += 1;
+            per_phase[if f < 0.5 {
+                0
+            } else if f < 0.8 {
+                1
+            } else {
+                2
+            }] += 1;
             t = next;
         }
         // 50 s at 10/s, a pause, 20 s at 40/s: within 10% (seeded, so exact per run).
@@ -663,7 +745,10 @@ mod tests {
     fn numbers_are_filled_in() {
         let mut rng = SmallRng::seed_from_u64(2);
         let p = fill_numbers("/w/index.php?title=P{n}&diff={n}", &mut rng);
-        assert!(!p.contains("{n}") && p.starts_with("/w/index.php?title=P"), "{p}");
+        assert!(
+            !p.contains("{n}") && p.starts_with("/w/index.php?title=P"),
+            "{p}"
+        );
         assert_eq!(fill_numbers("/plain", &mut rng), "/plain");
     }
 
@@ -687,6 +772,8 @@ mod tests {
             reconnect_delay: Duration::from_millis(500),
             upload_bytes: 0,
             upload_rate: 1,
+            requests_per_connection: 0,
+            ramp: Duration::ZERO,
         }
     }
 }

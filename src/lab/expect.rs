@@ -114,11 +114,15 @@ pub struct Check {
 pub enum CheckError {
     #[error("empty check")]
     Empty,
-    #[error("no comparison: write `<subject>.<metric> <op> <number>` with op one of < <= > >= == !=")]
+    #[error(
+        "no comparison: write `<subject>.<metric> <op> <number>` with op one of < <= > >= == !="
+    )]
     NoOperator,
     #[error("{0:?} is not a number")]
     BadNumber(String),
-    #[error("{0:?} is not `<subject>.<metric>` (subject: a cohort, upstream, generator or rules.NAME)")]
+    #[error(
+        "{0:?} is not `<subject>.<metric>` (subject: a cohort, upstream, generator or rules.NAME)"
+    )]
     BadTarget(String),
     #[error("{subject} has no metric {metric:?}; it has: {known}")]
     UnknownMetric {
@@ -195,7 +199,11 @@ fn parse_number(text: &str) -> Result<f64, CheckError> {
 fn parse_target(target: &str) -> Result<(Subject, String), CheckError> {
     let bad = || CheckError::BadTarget(target.to_string());
     let parts: Vec<&str> = target.split('.').collect();
-    let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
     if !parts.iter().all(|p| ok(p)) {
         return Err(bad());
     }
@@ -219,8 +227,14 @@ fn check_metric(subject: &Subject, metric: &str) -> Result<(), CheckError> {
                 .collect();
             (format!("cohort {c:?}"), all)
         }
-        Subject::Upstream => ("upstream".into(), UPSTREAM_METRICS.iter().map(|m| m.to_string()).collect()),
-        Subject::Generator => ("generator".into(), GENERATOR_METRICS.iter().map(|m| m.to_string()).collect()),
+        Subject::Upstream => (
+            "upstream".into(),
+            UPSTREAM_METRICS.iter().map(|m| m.to_string()).collect(),
+        ),
+        Subject::Generator => (
+            "generator".into(),
+            GENERATOR_METRICS.iter().map(|m| m.to_string()).collect(),
+        ),
         // `rules.NAME.<cohort>` is checked against the cohorts when the scenario loads.
         Subject::Rule(_) => return Ok(()),
     };
@@ -244,25 +258,74 @@ mod tests {
         let c = |s: &str| Check::parse(s).map(|c| (c.subject, c.metric, c.op, c.bound));
         let cohort = |s: &str| Subject::Cohort(s.into());
         #[rustfmt::skip]
-        let cases: Vec<(&str, Result<(Subject, String, Op, f64), CheckError>)> = vec![
-            ("humans.served >= 0.99", Ok((cohort("humans"), "served".into(), Op::Ge, 0.99))),
-            ("humans.served>=99%", Ok((cohort("humans"), "served".into(), Op::Ge, 0.99))),
-            ("  upstream.refused == 0 ", Ok((Subject::Upstream, "refused".into(), Op::Eq, 0.0))),
-            ("upstream.max_in_flight <= 10", Ok((Subject::Upstream, "max_in_flight".into(), Op::Le, 10.0))),
-            ("crawlers.reached_app < 0.2", Ok((cohort("crawlers"), "reached_app".into(), Op::Lt, 0.2))),
-            ("humans.rejected_429_count > 1_000", Ok((cohort("humans"), "rejected_429_count".into(), Op::Gt, 1000.0))),
-            ("rules.client_in_flight.count != 0", Ok((Subject::Rule("client_in_flight".into()), "count".into(), Op::Ne, 0.0))),
-            ("rules.per_ip_cap.flood >= 1", Ok((Subject::Rule("per_ip_cap".into()), "flood".into(), Op::Ge, 1.0))),
-            ("generator.lag_p99_ms < 50", Ok((Subject::Generator, "lag_p99_ms".into(), Op::Lt, 50.0))),
+        type Parsed = Result<(Subject, String, Op, f64), CheckError>;
+        let cases: Vec<(&str, Parsed)> = vec![
+            (
+                "humans.served >= 0.99",
+                Ok((cohort("humans"), "served".into(), Op::Ge, 0.99)),
+            ),
+            (
+                "humans.served>=99%",
+                Ok((cohort("humans"), "served".into(), Op::Ge, 0.99)),
+            ),
+            (
+                "  upstream.refused == 0 ",
+                Ok((Subject::Upstream, "refused".into(), Op::Eq, 0.0)),
+            ),
+            (
+                "upstream.max_in_flight <= 10",
+                Ok((Subject::Upstream, "max_in_flight".into(), Op::Le, 10.0)),
+            ),
+            (
+                "crawlers.reached_app < 0.2",
+                Ok((cohort("crawlers"), "reached_app".into(), Op::Lt, 0.2)),
+            ),
+            (
+                "humans.rejected_429_count > 1_000",
+                Ok((
+                    cohort("humans"),
+                    "rejected_429_count".into(),
+                    Op::Gt,
+                    1000.0,
+                )),
+            ),
+            (
+                "rules.client_in_flight.count != 0",
+                Ok((
+                    Subject::Rule("client_in_flight".into()),
+                    "count".into(),
+                    Op::Ne,
+                    0.0,
+                )),
+            ),
+            (
+                "rules.per_ip_cap.flood >= 1",
+                Ok((
+                    Subject::Rule("per_ip_cap".into()),
+                    "flood".into(),
+                    Op::Ge,
+                    1.0,
+                )),
+            ),
+            (
+                "generator.lag_p99_ms < 50",
+                Ok((Subject::Generator, "lag_p99_ms".into(), Op::Lt, 50.0)),
+            ),
             ("", Err(CheckError::Empty)),
             ("humans.served", Err(CheckError::NoOperator)),
-            ("humans.served >= lots", Err(CheckError::BadNumber("lots".into()))),
+            (
+                "humans.served >= lots",
+                Err(CheckError::BadNumber("lots".into())),
+            ),
             ("humans.served >= ", Err(CheckError::BadNumber("".into()))),
             ("humans.served >= %", Err(CheckError::BadNumber("%".into()))),
             ("humans >= 1", Err(CheckError::BadTarget("humans".into()))),
             ("a.b.c >= 1", Err(CheckError::BadTarget("a.b.c".into()))),
             ("rules.x >= 1", Err(CheckError::BadTarget("rules.x".into()))),
-            ("humans..served >= 1", Err(CheckError::BadTarget("humans..served".into()))),
+            (
+                "humans..served >= 1",
+                Err(CheckError::BadTarget("humans..served".into())),
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(c(text), want, "{text:?}");
@@ -273,7 +336,10 @@ mod tests {
     fn unknown_metrics_list_the_known_ones() {
         let err = Check::parse("upstream.refusd == 0").unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("\"refusd\"") && text.contains("refused"), "{text}");
+        assert!(
+            text.contains("\"refusd\"") && text.contains("refused"),
+            "{text}"
+        );
         let err = Check::parse("humans.servd >= 1").unwrap_err();
         assert!(err.to_string().contains("served_count"), "{err}");
     }

@@ -138,7 +138,9 @@ http {{
 
     /// Stops nginx (SIGTERM to the master, SIGKILL after 5 s) and reaps it.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         // SIGTERM through kill(1): this crate has no unsafe code for libc::kill.
         let _ = Command::new("kill")
             .arg("-TERM")

@@ -66,11 +66,19 @@ impl CohortReport {
 
     /// Failures from the sender's side: 503, other 5xx, connection errors, timeouts.
     pub fn failed(&self) -> u64 {
-        OUTCOMES.iter().filter(|o| o.is_failure()).map(|o| self.count(*o)).sum()
+        OUTCOMES
+            .iter()
+            .filter(|o| o.is_failure())
+            .map(|o| self.count(*o))
+            .sum()
     }
 
     pub fn share(&self, n: u64) -> f64 {
-        if self.sent == 0 { 0.0 } else { n as f64 / self.sent as f64 }
+        if self.sent == 0 {
+            0.0
+        } else {
+            n as f64 / self.sent as f64
+        }
     }
 }
 
@@ -190,7 +198,10 @@ impl VariantReport {
                 let r = self.rules.get(rule);
                 Some(match metric {
                     "count" => r.map_or(0, |r| r.count) as f64,
-                    cohort => r.and_then(|r| r.by_cohort.get(cohort)).copied().unwrap_or(0) as f64,
+                    cohort => r
+                        .and_then(|r| r.by_cohort.get(cohort))
+                        .copied()
+                        .unwrap_or(0) as f64,
                 })
             }
         }
@@ -245,7 +256,11 @@ impl SimReport {
     /// The side-by-side terminal table and the check list.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "scenario: {} ({}s per variant)", self.scenario, self.duration_s);
+        let _ = writeln!(
+            out,
+            "scenario: {} ({}s per variant)",
+            self.scenario, self.duration_s
+        );
         let names: Vec<&str> = self.variants.iter().map(|v| v.name.as_str()).collect();
         let width = names.iter().map(|n| n.len()).max().unwrap_or(0).max(14);
         let row = |out: &mut String, label: &str, cells: Vec<String>| {
@@ -266,23 +281,57 @@ impl SimReport {
             let cell = |f: &dyn Fn(&CohortReport) -> String| -> Vec<String> {
                 cohorts.iter().map(|c| c.map_or("-".into(), f)).collect()
             };
-            row(&mut out, &format!("{name}: sent"), cell(&|c| c.sent.to_string()));
+            row(
+                &mut out,
+                &format!("{name}: sent"),
+                cell(&|c| c.sent.to_string()),
+            );
             for o in OUTCOMES {
                 let any = cohorts.iter().flatten().any(|c| c.count(o) > 0);
                 if o == Outcome::Served || any {
-                    row(&mut out, &format!("  {}", o.as_str()), cell(&|c| pct_count(c, c.count(o))));
+                    row(
+                        &mut out,
+                        &format!("  {}", o.as_str()),
+                        cell(&|c| pct_count(c, c.count(o))),
+                    );
                 }
             }
-            row(&mut out, "  reached app", cell(&|c| pct_count(c, c.reached_app)));
-            row(&mut out, "  p50/p95/p99 ms", cell(&|c| format!("{:.0}/{:.0}/{:.0}", c.p50_ms, c.p95_ms, c.p99_ms)));
+            row(
+                &mut out,
+                "  reached app",
+                cell(&|c| pct_count(c, c.reached_app)),
+            );
+            row(
+                &mut out,
+                "  p50/p95/p99 ms",
+                cell(&|c| format!("{:.0}/{:.0}/{:.0}", c.p50_ms, c.p95_ms, c.p99_ms)),
+            );
         }
-        let up = |f: &dyn Fn(&UpstreamReport) -> String| self.variants.iter().map(|v| f(&v.upstream)).collect();
-        row(&mut out, "upstream: max in-flight / W", up(&|u| format!("{}/{}", u.max_in_flight, u.workers)));
+        let up = |f: &dyn Fn(&UpstreamReport) -> String| {
+            self.variants.iter().map(|v| f(&v.upstream)).collect()
+        };
+        row(
+            &mut out,
+            "upstream: max in-flight / W",
+            up(&|u| format!("{}/{}", u.max_in_flight, u.workers)),
+        );
         row(&mut out, "  max queued", up(&|u| u.max_queued.to_string()));
         row(&mut out, "  served", up(&|u| u.served.to_string()));
-        row(&mut out, "  refused (backlog full)", up(&|u| u.refused.to_string()));
-        row(&mut out, "  cut (abandoned)", up(&|u| u.abandoned.to_string()));
-        row(&mut out, "  health failed / checks", up(&|u| format!("{}/{}", u.health_failures, u.health_checks)));
+        row(
+            &mut out,
+            "  refused (backlog full)",
+            up(&|u| u.refused.to_string()),
+        );
+        row(
+            &mut out,
+            "  cut (abandoned)",
+            up(&|u| u.abandoned.to_string()),
+        );
+        row(
+            &mut out,
+            "  health failed / checks",
+            up(&|u| format!("{}/{}", u.health_failures, u.health_checks)),
+        );
         row(&mut out, "  restarts", up(&|u| u.restarts.to_string()));
         let mut rules: Vec<&String> = self.variants.iter().flat_map(|v| v.rules.keys()).collect();
         rules.sort();
@@ -296,8 +345,24 @@ impl SimReport {
                     .collect(),
             );
         }
-        let g = |f: &dyn Fn(&GeneratorReport) -> String| self.variants.iter().map(|v| f(&v.generator)).collect();
-        row(&mut out, "generator lag p99 / max ms", g(&|g| format!("{:.1}/{:.0}", g.lag_p99_ms, g.lag_max_ms)));
+        for v in &self.variants {
+            for (rule, r) in v.rules.iter().filter(|(_, r)| !r.by_cohort.is_empty()) {
+                let parts: Vec<String> = r
+                    .by_cohort
+                    .iter()
+                    .map(|(c, n)| format!("{c} {n}"))
+                    .collect();
+                let _ = writeln!(out, "  {}: {rule} hit {}", v.name, parts.join(", "));
+            }
+        }
+        let g = |f: &dyn Fn(&GeneratorReport) -> String| {
+            self.variants.iter().map(|v| f(&v.generator)).collect()
+        };
+        row(
+            &mut out,
+            "generator lag p99 / max ms",
+            g(&|g| format!("{:.1}/{:.0}", g.lag_p99_ms, g.lag_max_ms)),
+        );
         for v in &self.variants {
             if v.generator.bottleneck {
                 let _ = writeln!(
@@ -321,7 +386,11 @@ impl SimReport {
             };
             let value = c.value.map_or("missing".to_string(), fmt_value);
             let line = c.line.map_or(String::new(), |l| format!(" [line {l}]"));
-            let _ = writeln!(out, "  {verdict:<22} {:<12} {}  (value {value}){line}", c.variant, c.check);
+            let _ = writeln!(
+                out,
+                "  {verdict:<22} {:<12} {}  (value {value}){line}",
+                c.variant, c.check
+            );
         }
         out
     }
@@ -340,23 +409,40 @@ impl SimReport {
              .warn{{background:#fee;padding:.5em;border:1px solid #c00}}</style></head><body>",
             esc(&self.scenario)
         );
-        let _ = write!(h, "<h1>{}</h1><p>{}</p>", esc(&self.scenario), esc(&self.description));
+        let _ = write!(
+            h,
+            "<h1>{}</h1><p>{}</p>",
+            esc(&self.scenario),
+            esc(&self.description)
+        );
         let _ = write!(
             h,
             "<p>{} s per variant; one second here stands for {} s of the incident{}.</p>",
             self.duration_s,
             self.compression,
-            self.story_start.as_ref().map_or(String::new(), |s| format!(", starting at {}", esc(s)))
+            self.story_start
+                .as_ref()
+                .map_or(String::new(), |s| format!(", starting at {}", esc(s)))
         );
         h.push_str("<h2>Side by side</h2><pre>");
         h.push_str(&esc(&self.to_text()));
         h.push_str("</pre><div class=\"legend\">");
         for o in OUTCOMES {
-            let _ = write!(h, "<span><i style=\"background:{}\"></i>{}</span>", color(o), o.as_str());
+            let _ = write!(
+                h,
+                "<span><i style=\"background:{}\"></i>{}</span>",
+                color(o),
+                o.as_str()
+            );
         }
         h.push_str("</div><div class=\"variants\">");
         for v in &self.variants {
-            let _ = write!(h, "<div class=\"variant\"><h2>{}</h2><p>{}</p>", esc(&v.name), esc(&v.description));
+            let _ = write!(
+                h,
+                "<div class=\"variant\"><h2>{}</h2><p>{}</p>",
+                esc(&v.name),
+                esc(&v.description)
+            );
             if v.generator.bottleneck {
                 h.push_str("<p class=\"warn\">The load generator fell behind: the machine limited the load.</p>");
             }
@@ -416,7 +502,10 @@ fn color(o: Outcome) -> &'static str {
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 const CHART_W: f64 = 560.0;
@@ -437,15 +526,28 @@ fn axis(h: &mut String, max: f64, seconds: usize) {
 
 fn stacked_bars(series: &BTreeMap<String, Vec<u32>>, seconds: usize) -> String {
     let totals: Vec<u32> = (0..seconds)
-        .map(|s| series.values().map(|v| v.get(s).copied().unwrap_or(0)).sum())
+        .map(|s| {
+            series
+                .values()
+                .map(|v| v.get(s).copied().unwrap_or(0))
+                .sum()
+        })
         .collect();
     let max = totals.iter().copied().max().unwrap_or(0).max(1) as f64;
     let bw = CHART_W / seconds.max(1) as f64;
-    let mut h = format!("<svg width=\"{}\" height=\"{}\" role=\"img\">", CHART_W + 50.0, CHART_H + 30.0);
+    let mut h = format!(
+        "<svg width=\"{}\" height=\"{}\" role=\"img\">",
+        CHART_W + 50.0,
+        CHART_H + 30.0
+    );
     for s in 0..seconds {
         let mut y = CHART_H + 10.0;
         for o in OUTCOMES {
-            let n = series.get(o.as_str()).and_then(|v| v.get(s)).copied().unwrap_or(0);
+            let n = series
+                .get(o.as_str())
+                .and_then(|v| v.get(s))
+                .copied()
+                .unwrap_or(0);
             if n == 0 {
                 continue;
             }
@@ -468,21 +570,33 @@ fn stacked_bars(series: &BTreeMap<String, Vec<u32>>, seconds: usize) -> String {
 
 fn upstream_chart(t: &Timeline) -> String {
     let seconds = t.seconds.max(1);
-    let max = (t.upstream_workers.iter().chain(&t.upstream_in_flight).chain(&t.upstream_queued))
-        .copied()
-        .max()
-        .unwrap_or(0)
-        .max(1) as f64;
+    let max = (t
+        .upstream_workers
+        .iter()
+        .chain(&t.upstream_in_flight)
+        .chain(&t.upstream_queued))
+    .copied()
+    .max()
+    .unwrap_or(0)
+    .max(1) as f64;
     let x = |s: usize| 40.0 + (s as f64 + 0.5) * CHART_W / seconds as f64;
     let y = |v: u32| CHART_H + 10.0 - v as f64 / max * CHART_H;
     let line = |v: &[u32], color: &str, label: &str| {
-        let pts: Vec<String> = v.iter().enumerate().map(|(s, n)| format!("{:.1},{:.1}", x(s), y(*n))).collect();
+        let pts: Vec<String> = v
+            .iter()
+            .enumerate()
+            .map(|(s, n)| format!("{:.1},{:.1}", x(s), y(*n)))
+            .collect();
         format!(
             "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"><title>{label}</title></polyline>",
             pts.join(" ")
         )
     };
-    let mut h = format!("<svg width=\"{}\" height=\"{}\" role=\"img\">", CHART_W + 50.0, CHART_H + 30.0);
+    let mut h = format!(
+        "<svg width=\"{}\" height=\"{}\" role=\"img\">",
+        CHART_W + 50.0,
+        CHART_H + 30.0
+    );
     for s in &t.restarts {
         let _ = write!(
             h,
@@ -493,11 +607,17 @@ fn upstream_chart(t: &Timeline) -> String {
     }
     h.push_str(&line(&t.upstream_workers, "#222", "W (workers)"));
     h.push_str(&line(&t.upstream_queued, "#f0a020", "queued (max per s)"));
-    h.push_str(&line(&t.upstream_in_flight, "#3070d0", "in flight (max per s)"));
+    h.push_str(&line(
+        &t.upstream_in_flight,
+        "#3070d0",
+        "in flight (max per s)",
+    ));
     axis(&mut h, max, seconds);
-    h.push_str("</svg><div class=\"legend\"><span><i style=\"background:#222\"></i>W</span>\
+    h.push_str(
+        "</svg><div class=\"legend\"><span><i style=\"background:#222\"></i>W</span>\
                 <span><i style=\"background:#3070d0\"></i>in flight</span>\
                 <span><i style=\"background:#f0a020\"></i>queued</span>\
-                <span><i style=\"background:#d03030\"></i>restart</span></div>");
+                <span><i style=\"background:#d03030\"></i>restart</span></div>",
+    );
     h
 }

@@ -43,7 +43,10 @@ pub enum RunError {
     #[error("the app did not start: {0}")]
     App(std::io::Error),
     #[error("variant {variant:?}: weir's config is invalid:\n{errors}")]
-    WeirConfig { variant: String, errors: ConfigErrors },
+    WeirConfig {
+        variant: String,
+        errors: ConfigErrors,
+    },
     #[error("variant {variant:?}: weir did not start: {source}")]
     WeirStart { variant: String, source: StartError },
     #[error("variant {0:?}: weir's config has no listener")]
@@ -51,7 +54,10 @@ pub enum RunError {
     #[error(transparent)]
     Nginx(#[from] NginxError),
     #[error("cohort {cohort:?}: {source}")]
-    Addresses { cohort: String, source: AddressError },
+    Addresses {
+        cohort: String,
+        source: AddressError,
+    },
 }
 
 /// Lead time between starting the clients and the run's time zero.
@@ -60,7 +66,11 @@ const LEAD: Duration = Duration::from_millis(300);
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
 /// Runs one variant of `scenario`. `progress` prints a status line on stderr each second.
-pub fn run_variant(scenario: &Scenario, variant: &Variant, progress: bool) -> Result<VariantReport, RunError> {
+pub fn run_variant(
+    scenario: &Scenario,
+    variant: &Variant,
+    progress: bool,
+) -> Result<VariantReport, RunError> {
     let meta = &scenario.file.scenario;
     let dir = tempfile::tempdir().map_err(RunError::Setup)?;
     let app_rt = runtime("weir-lab-app", 1)?;
@@ -77,20 +87,30 @@ pub fn run_variant(scenario: &Scenario, variant: &Variant, progress: bool) -> Re
 
     // weir.
     let access_log = dir.path().join("access.log");
-    let text = weir_config_text(variant, supervisor.addr, dir.path(), &access_log, meta.access_log);
-    let loaded = load_str(&text, variant.config_path.as_deref(), &ProcessEnv).map_err(|errors| {
-        RunError::WeirConfig {
-            variant: variant.name.clone(),
-            errors,
-        }
-    })?;
+    let text = weir_config_text(
+        variant,
+        supervisor.addr,
+        dir.path(),
+        &access_log,
+        meta.access_log,
+    );
+    let loaded =
+        load_str(&text, variant.config_path.as_deref(), &ProcessEnv).map_err(|errors| {
+            RunError::WeirConfig {
+                variant: variant.name.clone(),
+                errors,
+            }
+        })?;
     let server = weir_rt
         .block_on(Server::start(loaded, None, Box::new(ProcessEnv)))
         .map_err(|source| RunError::WeirStart {
             variant: variant.name.clone(),
             source,
         })?;
-    let weir_addr = *server.listeners.first().ok_or_else(|| RunError::NoListener(variant.name.clone()))?;
+    let weir_addr = *server
+        .listeners
+        .first()
+        .ok_or_else(|| RunError::NoListener(variant.name.clone()))?;
     let admin = server.admin;
 
     let lb = match scenario.file.topology.load_balancer {
@@ -123,11 +143,14 @@ pub fn run_variant(scenario: &Scenario, variant: &Variant, progress: bool) -> Re
             // Exactly round(share x addresses) addresses carry the session cookie, spread evenly.
             let share = cohort.session_cookie_share;
             let session_cookie = ((a + 1) as f64 * share).floor() > (a as f64 * share).floor();
-            let seed = meta.seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let seed =
+                meta.seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let offset = cohort.ramp.mul_f64(i as f64 / cohort.clients.max(1) as f64);
             clients.push(ClientPlan {
                 src: addrs[a.min(addrs.len() - 1)],
                 session_cookie,
                 seed,
+                offset,
             });
         }
         plans.push(clients);
@@ -149,7 +172,12 @@ pub fn run_variant(scenario: &Scenario, variant: &Variant, progress: bool) -> Re
             stop_rx.clone(),
         ))
     });
-    let sampler = app_rt.spawn(sample(supervisor.clone(), clock, buckets.clone(), stop_rx.clone()));
+    let sampler = app_rt.spawn(sample(
+        supervisor.clone(),
+        clock,
+        buckets.clone(),
+        stop_rx.clone(),
+    ));
 
     // The load.
     let stats: Vec<Arc<CohortStats>> = (scenario.cohorts.iter())
@@ -200,14 +228,19 @@ pub fn run_variant(scenario: &Scenario, variant: &Variant, progress: bool) -> Re
     let _ = app_rt.block_on(sampler);
 
     // What weir counted, then stop everything.
-    let metrics = admin.map(|a| weir_rt.block_on(scrape(a))).unwrap_or_default();
+    let metrics = admin
+        .map(|a| weir_rt.block_on(scrape(a)))
+        .unwrap_or_default();
     drop(lb);
     server.abort();
     drop(server);
     weir_rt.shutdown_timeout(Duration::from_secs(1));
     let upstream = supervisor.totals();
     let restarts = supervisor.restarts.load(Ordering::Relaxed);
-    let health = (supervisor.health_checks.load(Ordering::Relaxed), supervisor.health_failures.load(Ordering::Relaxed));
+    let health = (
+        supervisor.health_checks.load(Ordering::Relaxed),
+        supervisor.health_failures.load(Ordering::Relaxed),
+    );
     drop(supervisor);
     load_rt.shutdown_timeout(Duration::from_secs(1));
     app_rt.shutdown_timeout(Duration::from_secs(1));
@@ -218,12 +251,25 @@ pub fn run_variant(scenario: &Scenario, variant: &Variant, progress: bool) -> Re
     }
     let buckets = std::mem::take(&mut *buckets.lock().unwrap_or_else(PoisonError::into_inner));
     Ok(build_report(
-        scenario, variant, lb_name(scenario), &stats, upstream, restarts, health, rules, buckets, clock,
+        scenario,
+        variant,
+        lb_name(scenario),
+        &stats,
+        upstream,
+        restarts,
+        health,
+        rules,
+        buckets,
+        clock,
     ))
 }
 
 fn lb_name(scenario: &Scenario) -> Option<String> {
-    scenario.file.topology.load_balancer.map(|LoadBalancer::Nginx| "nginx".to_string())
+    scenario
+        .file
+        .topology
+        .load_balancer
+        .map(|LoadBalancer::Nginx| "nginx".to_string())
 }
 
 fn runtime(name: &str, threads: usize) -> Result<tokio::runtime::Runtime, RunError> {
@@ -237,7 +283,13 @@ fn runtime(name: &str, threads: usize) -> Result<tokio::runtime::Runtime, RunErr
 
 /// The variant's text with `{{app}}` and `{{dir}}` filled in, an admin API on a free
 /// port and the access log in the run's dir unless the text sets them.
-pub fn weir_config_text(variant: &Variant, app: SocketAddr, dir: &Path, access_log: &Path, log_on: bool) -> String {
+pub fn weir_config_text(
+    variant: &Variant,
+    app: SocketAddr,
+    dir: &Path,
+    access_log: &Path,
+    log_on: bool,
+) -> String {
     let mut text = variant
         .config_text
         .replace("{{app}}", &app.to_string())
@@ -246,7 +298,11 @@ pub fn weir_config_text(variant: &Variant, app: SocketAddr, dir: &Path, access_l
         text.push_str("\n[admin]\naddress = \"127.0.0.1:0\"\n");
     }
     if !text.contains("[access_log]") {
-        let target = if log_on { access_log.display().to_string() } else { "off".into() };
+        let target = if log_on {
+            access_log.display().to_string()
+        } else {
+            "off".into()
+        };
         text.push_str(&format!("\n[access_log]\ntarget = {target:?}\n"));
     }
     text
@@ -288,7 +344,11 @@ impl AppSupervisor {
 
     fn totals(&self) -> UpstreamReport {
         let now = self.snapshot();
-        let past = self.past.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let past = self
+            .past
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         UpstreamReport {
             workers: self.cfg.workers,
             max_in_flight: now.max_in_flight.max(past.max_in_flight),
@@ -349,7 +409,12 @@ struct UpstreamBucket {
     restart: bool,
 }
 
-async fn sample(sup: Arc<AppSupervisor>, clock: RunClock, buckets: Arc<Mutex<Vec<UpstreamBucket>>>, mut stop: watch::Receiver<bool>) {
+async fn sample(
+    sup: Arc<AppSupervisor>,
+    clock: RunClock,
+    buckets: Arc<Mutex<Vec<UpstreamBucket>>>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tokio::select! {
@@ -361,7 +426,12 @@ async fn sample(sup: Arc<AppSupervisor>, clock: RunClock, buckets: Arc<Mutex<Vec
             continue;
         }
         let s = sup.snapshot();
-        let refused_total = s.refused + sup.past.lock().unwrap_or_else(PoisonError::into_inner).refused;
+        let refused_total = s.refused
+            + sup
+                .past
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .refused;
         let mut b = buckets.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(b) = b.get_mut(clock.bucket(now)) {
             b.in_flight = b.in_flight.max(s.in_flight as u32);
@@ -402,12 +472,20 @@ async fn health_checks(
         sup.health_failures.fetch_add(1, Ordering::Relaxed);
         in_a_row += 1;
         let bucket = clock.bucket(Instant::now());
-        if let Some(b) = buckets.lock().unwrap_or_else(PoisonError::into_inner).get_mut(bucket) {
+        if let Some(b) = buckets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(bucket)
+        {
             b.health_failures += 1;
         }
         if cfg.autoheal && in_a_row >= cfg.failures {
             in_a_row = 0;
-            if let Some(b) = buckets.lock().unwrap_or_else(PoisonError::into_inner).get_mut(bucket) {
+            if let Some(b) = buckets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_mut(bucket)
+            {
                 b.restart = true;
             }
             tokio::select! {
@@ -432,9 +510,17 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Byt
         .header("host", "localhost")
         .body(Empty::<Bytes>::new())
         .map_err(std::io::Error::other)?;
-    let resp = sender.send_request(req).await.map_err(std::io::Error::other)?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(std::io::Error::other)?;
     let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
     Ok((status, body))
 }
 
@@ -449,11 +535,22 @@ async fn scrape(admin: SocketAddr) -> String {
 pub fn rules_from_metrics(text: &str) -> BTreeMap<String, RuleReport> {
     let mut out = BTreeMap::new();
     for line in text.lines() {
-        for (family, label) in [("weir_rejections_total{", "rule=\""), ("weir_connections_refused_total{", "reason=\"")] {
-            let Some(rest) = line.strip_prefix(family) else { continue };
-            let Some(after) = rest.split_once(label).map(|(_, a)| a) else { continue };
-            let Some((name, _)) = after.split_once('"') else { continue };
-            let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+        for (family, label) in [
+            ("weir_rejections_total{", "rule=\""),
+            ("weir_connections_refused_total{", "reason=\""),
+        ] {
+            let Some(rest) = line.strip_prefix(family) else {
+                continue;
+            };
+            let Some(after) = rest.split_once(label).map(|(_, a)| a) else {
+                continue;
+            };
+            let Some((name, _)) = after.split_once('"') else {
+                continue;
+            };
+            let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+                continue;
+            };
             if value > 0.0 {
                 let r: &mut RuleReport = out.entry(name.to_string()).or_default();
                 r.count += value as u64;
@@ -464,28 +561,58 @@ pub fn rules_from_metrics(text: &str) -> BTreeMap<String, RuleReport> {
 }
 
 /// Per-rule, per-cohort rejections from weir's access log.
-fn count_log_rejections(path: &Path, owners: &HashMap<IpAddr, String>, rules: &mut BTreeMap<String, RuleReport>) {
-    let Ok(file) = std::fs::File::open(path) else { return };
+fn count_log_rejections(
+    path: &Path,
+    owners: &HashMap<IpAddr, String>,
+    rules: &mut BTreeMap<String, RuleReport>,
+) {
+    let Ok(file) = std::fs::File::open(path) else {
+        return;
+    };
     for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-        let Some(rule) = v.get("rule").and_then(|r| r.as_str()) else { continue };
-        let client = v.get("client").and_then(|c| c.as_str()).and_then(|c| c.parse::<IpAddr>().ok());
-        let cohort = client.and_then(|c| owners.get(&c)).map_or(super::expect::UNKNOWN_CLIENT, String::as_str);
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let Some(rule) = v.get("rule").and_then(|r| r.as_str()) else {
+            continue;
+        };
+        let client = v
+            .get("client")
+            .and_then(|c| c.as_str())
+            .and_then(|c| c.parse::<IpAddr>().ok());
+        let cohort = client
+            .and_then(|c| owners.get(&c))
+            .map_or(super::expect::UNKNOWN_CLIENT, String::as_str);
         let r = rules.entry(rule.to_string()).or_default();
         *r.by_cohort.entry(cohort.to_string()).or_default() += 1;
     }
 }
 
-fn print_progress(label: &str, clock: &RunClock, stats: &[Arc<CohortStats>], sup: &AppSupervisor, workers: usize) {
-    let t = Instant::now().saturating_duration_since(clock.start).as_secs();
+fn print_progress(
+    label: &str,
+    clock: &RunClock,
+    stats: &[Arc<CohortStats>],
+    sup: &AppSupervisor,
+    workers: usize,
+) {
+    let t = Instant::now()
+        .saturating_duration_since(clock.start)
+        .as_secs();
     let mut line = format!("\r{label}: {t:>3}/{}s", clock.duration.as_secs());
     for s in stats {
         let (sent, served) = s.progress();
-        let pct = if sent == 0 { 100.0 } else { served as f64 * 100.0 / sent as f64 };
+        let pct = if sent == 0 {
+            100.0
+        } else {
+            served as f64 * 100.0 / sent as f64
+        };
         line.push_str(&format!("  {} {sent} ({pct:.0}% served)", s.name));
     }
     let snap = sup.snapshot();
-    line.push_str(&format!("  app {}/{workers} busy, {} queued   ", snap.in_flight, snap.queued));
+    line.push_str(&format!(
+        "  app {}/{workers} busy, {} queued   ",
+        snap.in_flight, snap.queued
+    ));
     let mut err = std::io::stderr();
     let _ = err.write_all(line.as_bytes());
     let _ = err.flush();
@@ -527,7 +654,10 @@ fn build_report(
                 clients: c.clients,
                 addresses: c.addresses,
                 sent: t.sent(),
-                outcomes: OUTCOMES.iter().map(|o| (o.as_str().to_string(), t.count(*o))).collect(),
+                outcomes: OUTCOMES
+                    .iter()
+                    .map(|o| (o.as_str().to_string(), t.count(*o)))
+                    .collect(),
                 reached_app: t.reached_app,
                 p50_ms: quantile_ms(&t.latencies_us, 0.50),
                 p95_ms: quantile_ms(&t.latencies_us, 0.95),
@@ -536,8 +666,15 @@ fn build_report(
         })
         .collect();
     all_lags.sort_unstable();
-    let late = all_lags.iter().filter(|l| **l as u128 > super::cohort::LATE.as_micros()).count();
-    let late_share = if all_lags.is_empty() { 0.0 } else { late as f64 / all_lags.len() as f64 };
+    let late = all_lags
+        .iter()
+        .filter(|l| **l as u128 > super::cohort::LATE.as_micros())
+        .count();
+    let late_share = if all_lags.is_empty() {
+        0.0
+    } else {
+        late as f64 / all_lags.len() as f64
+    };
     let lag_p99_ms = quantile_ms(&all_lags, 0.99);
     let generator = GeneratorReport {
         timed_sends: all_lags.len() as u64,
@@ -553,10 +690,16 @@ fn build_report(
         timeline.upstream_in_flight.push(b.in_flight);
         timeline.upstream_queued.push(b.queued);
         // A second with no sample keeps the previous second's pool size.
-        last_workers = if b.workers > 0 { b.workers } else { last_workers };
+        last_workers = if b.workers > 0 {
+            b.workers
+        } else {
+            last_workers
+        };
         timeline.upstream_workers.push(last_workers);
         let total = b.refused_total.max(prev_refused);
-        timeline.upstream_refused.push((total - prev_refused) as u32);
+        timeline
+            .upstream_refused
+            .push((total - prev_refused) as u32);
         prev_refused = total;
         timeline.health_failures.push(b.health_failures);
         if b.restart {
@@ -604,11 +747,26 @@ mod tests {
             config_path: None,
         };
         let app: SocketAddr = "127.0.0.1:8080".parse().expect("literal");
-        let text = weir_config_text(&v, app, Path::new("/tmp/d"), Path::new("/tmp/d/a.log"), true);
+        let text = weir_config_text(
+            &v,
+            app,
+            Path::new("/tmp/d"),
+            Path::new("/tmp/d/a.log"),
+            true,
+        );
         assert!(text.contains("servers = [\"127.0.0.1:8080\"]"), "{text}");
-        assert!(text.contains("[admin]\naddress = \"127.0.0.1:0\""), "{text}");
+        assert!(
+            text.contains("[admin]\naddress = \"127.0.0.1:0\""),
+            "{text}"
+        );
         assert!(text.contains("target = \"/tmp/d/a.log\""), "{text}");
-        let off = weir_config_text(&v, app, Path::new("/tmp/d"), Path::new("/tmp/d/a.log"), false);
+        let off = weir_config_text(
+            &v,
+            app,
+            Path::new("/tmp/d"),
+            Path::new("/tmp/d/a.log"),
+            false,
+        );
         assert!(off.contains("target = \"off\""), "{off}");
     }
 }

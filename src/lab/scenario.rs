@@ -144,7 +144,9 @@ pub struct WeirVariantConfig {
 }
 
 /// What a cohort is.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum CohortKind {
     /// Anonymous people with browsers: think time, a cookie jar, sometimes the login page.
@@ -194,8 +196,20 @@ impl CohortKind {
 
 /// Keys every cohort kind may have.
 const COMMON_COHORT_KEYS: &[&str] = &[
-    "kind", "name", "addresses", "networks", "rate", "requests", "user_agent", "timeout", "start",
-    "stop", "phases", "host",
+    "kind",
+    "name",
+    "addresses",
+    "networks",
+    "rate",
+    "requests",
+    "user_agent",
+    "timeout",
+    "start",
+    "stop",
+    "phases",
+    "host",
+    "requests_per_connection",
+    "ramp",
 ];
 
 /// `[[cohorts]]`: one population of clients. Which keys apply depends on `kind`
@@ -232,6 +246,14 @@ pub struct CohortConfig {
     /// Weighted request mix. Default per kind (see `docs/lab.md`).
     #[serde(default)]
     pub requests: Vec<RequestMix>,
+    /// A client closes its connection after this many requests and opens a new one for
+    /// the next (a new visit, a new tab). Default: humans and editors 5, others never.
+    #[serde(default)]
+    pub requests_per_connection: Option<u32>,
+    /// Clients start evenly over this long from `start` instead of all at once, as a
+    /// load-test tool ramps up. Default 1s for flood, 0 for others.
+    #[serde(default)]
+    pub ramp: Option<ConfigDuration>,
     /// humans: share of requests that are visits to the login page (the session cookie
     /// it sets is then kept and sent, as a browser does).
     #[serde(default)]
@@ -387,14 +409,16 @@ pub struct Cohort {
     pub reconnect_delay: Duration,
     pub upload_bytes: u64,
     pub upload_rate: u64,
+    /// 0: keep the connection as long as it lasts.
+    pub requests_per_connection: u32,
+    pub ramp: Duration,
 }
 
 impl Cohort {
     /// Rate multiplier at fraction `f` of the run: the last phase at or before `f`.
     pub fn factor_at(&self, f: f64) -> f64 {
         (self.phases.iter())
-            .filter(|p| p.at <= f)
-            .last()
+            .rfind(|p| p.at <= f)
             .map_or(1.0, |p| p.factor)
     }
 }
@@ -431,7 +455,12 @@ pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, Co
     };
     let file: ScenarioFile = toml::from_str(text).map_err(|e| {
         let line = e.span().map(|s| line_of(text, s.start));
-        let message = e.message().lines().next().unwrap_or("invalid TOML").to_string();
+        let message = e
+            .message()
+            .lines()
+            .next()
+            .unwrap_or("invalid TOML")
+            .to_string();
         ConfigErrors(vec![ConfigError {
             file: at.file.clone(),
             line,
@@ -446,18 +475,27 @@ pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, Co
     if meta.duration.0.is_zero() || meta.duration.0 > MAX_DURATION {
         errors.push(at.error(
             &root.key("scenario").key("duration"),
-            format!("must be more than 0 and at most {}s", MAX_DURATION.as_secs()),
+            format!(
+                "must be more than 0 and at most {}s",
+                MAX_DURATION.as_secs()
+            ),
         ));
     }
     if !(meta.compression.is_finite() && meta.compression > 0.0) {
-        errors.push(at.error(&root.key("scenario").key("compression"), "must be a number > 0"));
+        errors.push(at.error(
+            &root.key("scenario").key("compression"),
+            "must be a number > 0",
+        ));
     }
     if let Err(e) = file.app.validate() {
         errors.push(at.error(&root.key("app"), e.to_string()));
     }
     let health = &file.health;
     if health.enabled && (health.interval.0.is_zero() || health.timeout.0.is_zero()) {
-        errors.push(at.error(&root.key("health"), "interval and timeout must be more than 0"));
+        errors.push(at.error(
+            &root.key("health"),
+            "interval and timeout must be more than 0",
+        ));
     }
     if health.enabled && health.failures == 0 {
         errors.push(at.error(&root.key("health").key("failures"), "must be at least 1"));
@@ -475,7 +513,10 @@ pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, Co
         {
             errors.push(at.error(
                 &key.key("variant"),
-                format!("no variant {v:?}; the scenario has {}", variant_list(&variants)),
+                format!(
+                    "no variant {v:?}; the scenario has {}",
+                    variant_list(&variants)
+                ),
             ));
         }
         let line = at.line(&key.key("check"));
@@ -537,7 +578,12 @@ fn variants(
     }
     // File order, not alphabetical: the first variant is usually the incident's own.
     let mut order: Vec<&String> = file.weir.keys().collect();
-    if let Some(table) = at.doc.as_ref().and_then(|d| d.get("weir")).and_then(|i| i.as_table_like()) {
+    if let Some(table) = at
+        .doc
+        .as_ref()
+        .and_then(|d| d.get("weir"))
+        .and_then(|i| i.as_table_like())
+    {
         let in_file: Vec<&str> = table.iter().map(|(k, _)| k).collect();
         order.sort_by_key(|k| in_file.iter().position(|f| f == k).unwrap_or(usize::MAX));
     }
@@ -563,7 +609,10 @@ fn variants(
                 }
             }
             _ => {
-                errors.push(at.error(&key, "needs exactly one of `config` (inline TOML) or `file`"));
+                errors.push(at.error(
+                    &key,
+                    "needs exactly one of `config` (inline TOML) or `file`",
+                ));
                 None
             }
         };
@@ -594,33 +643,47 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
                 ));
             }
         }
-        let name = c.name.clone().unwrap_or_else(|| c.kind.as_str().to_string());
+        let name = c
+            .name
+            .clone()
+            .unwrap_or_else(|| c.kind.as_str().to_string());
         if !valid_name(&name) {
-            errors.push(at.error(&key.key("name"), format!("{name:?}: use letters, digits, `_` or `-`")));
+            errors.push(at.error(
+                &key.key("name"),
+                format!("{name:?}: use letters, digits, `_` or `-`"),
+            ));
         } else if ["upstream", "rules", "generator"].contains(&name.as_str()) {
             errors.push(at.error(&key.key("name"), format!("{name:?} is reserved in checks")));
         } else if out.iter().any(|o| o.name == name) {
-            errors.push(at.error(&key.key("name"), format!("{name:?} names two cohorts; set `name`")));
+            errors.push(at.error(
+                &key.key("name"),
+                format!("{name:?} names two cohorts; set `name`"),
+            ));
         }
-        let fraction = |v: Option<f64>, default: f64, field: &str, errors: &mut Vec<ConfigError>| {
-            let v = v.unwrap_or(default);
-            if !(0.0..=1.0).contains(&v) {
-                errors.push(at.error(&key.key(field), format!("{v} must be between 0 and 1")));
-            }
-            v
-        };
+        let fraction =
+            |v: Option<f64>, default: f64, field: &str, errors: &mut Vec<ConfigError>| {
+                let v = v.unwrap_or(default);
+                if !(0.0..=1.0).contains(&v) {
+                    errors.push(at.error(&key.key(field), format!("{v} must be between 0 and 1")));
+                }
+                v
+            };
         if !(c.rate.is_finite() && c.rate > 0.0) {
             errors.push(at.error(&key.key("rate"), format!("{} must be a number > 0", c.rate)));
         }
         let start = fraction(c.start, 0.0, "start", errors);
         let stop = fraction(c.stop, 1.0, "stop", errors);
         if start >= stop {
-            errors.push(at.error(&key.key("stop"), format!("stop = {stop} is not after start = {start}")));
+            errors.push(at.error(
+                &key.key("stop"),
+                format!("stop = {stop} is not after start = {start}"),
+            ));
         }
         let login_share = fraction(c.login_share, 0.0, "login_share", errors);
-        let session_cookie_share = fraction(c.session_cookie_share, 0.0, "session_cookie_share", errors);
+        let session_cookie_share =
+            fraction(c.session_cookie_share, 0.0, "session_cookie_share", errors);
         for (j, p) in c.phases.iter().enumerate() {
-            if !(0.0..=1.0).contains(&p.at) || !(p.factor.is_finite() && p.factor >= 0.0) {
+            if !((0.0..=1.0).contains(&p.at) && p.factor.is_finite() && p.factor >= 0.0) {
                 errors.push(at.error(
                     &key.key("phases").index(j),
                     "`at` must be between 0 and 1 and `factor` a number >= 0",
@@ -637,7 +700,10 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
                 0
             }
             None => {
-                errors.push(at.error(&key, format!("a `{}` cohort needs `{field}`", c.kind.as_str())));
+                errors.push(at.error(
+                    &key,
+                    format!("a `{}` cohort needs `{field}`", c.kind.as_str()),
+                ));
                 0
             }
         };
@@ -687,13 +753,22 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
         };
         for (j, r) in requests.iter().enumerate() {
             if !r.path.starts_with('/') {
-                errors.push(at.error(&key.key("requests").index(j).key("path"), format!("{:?} must start with '/'", r.path)));
+                errors.push(at.error(
+                    &key.key("requests").index(j).key("path"),
+                    format!("{:?} must start with '/'", r.path),
+                ));
             }
             if !(r.weight.is_finite() && r.weight >= 0.0) {
-                errors.push(at.error(&key.key("requests").index(j).key("weight"), "must be a number >= 0"));
+                errors.push(at.error(
+                    &key.key("requests").index(j).key("weight"),
+                    "must be a number >= 0",
+                ));
             }
             if http::Method::from_bytes(r.method.as_bytes()).is_err() {
-                errors.push(at.error(&key.key("requests").index(j).key("method"), format!("{:?} is not an HTTP method", r.method)));
+                errors.push(at.error(
+                    &key.key("requests").index(j).key("method"),
+                    format!("{:?} is not an HTTP method", r.method),
+                ));
             }
         }
         if requests.iter().map(|r| r.weight).sum::<f64>() <= 0.0 {
@@ -720,15 +795,32 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
             requests,
             login_share,
             session_cookie_share,
-            user_agent: c.user_agent.clone().unwrap_or_else(|| default_user_agent(c.kind).into()),
+            user_agent: c
+                .user_agent
+                .clone()
+                .unwrap_or_else(|| default_user_agent(c.kind).into()),
             host: c.host.clone().unwrap_or_else(|| "wiki.example.org".into()),
             timeout,
             start,
             stop,
             phases: c.phases.clone(),
-            reconnect_delay: c.reconnect_delay.map_or(Duration::from_millis(500), |d| d.0),
+            reconnect_delay: c
+                .reconnect_delay
+                .map_or(Duration::from_millis(500), |d| d.0),
             upload_bytes: c.upload_bytes.unwrap_or(1 << 20),
             upload_rate,
+            requests_per_connection: c.requests_per_connection.unwrap_or(match c.kind {
+                CohortKind::Humans | CohortKind::Editors => 5,
+                _ => 0,
+            }),
+            ramp: c.ramp.map_or(
+                if c.kind == CohortKind::Flood {
+                    Duration::from_secs(1)
+                } else {
+                    Duration::ZERO
+                },
+                |d| d.0,
+            ),
         });
     }
     if connections > MAX_CLIENT_CONNECTIONS {
@@ -754,7 +846,10 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
 }
 
 fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Default request mix per kind: what incident 1's traffic looked like.
@@ -883,7 +978,12 @@ fn key_segments(key: &KeyPath) -> Vec<Seg> {
             out.push(Seg::Key(name.to_string()));
         }
         for idx in rest.split('[') {
-            if let Some(n) = idx.trim_end_matches(']').parse().ok().filter(|_| !idx.is_empty()) {
+            if let Some(n) = idx
+                .trim_end_matches(']')
+                .parse()
+                .ok()
+                .filter(|_| !idx.is_empty())
+            {
                 out.push(Seg::Index(n));
             }
         }
@@ -893,4 +993,130 @@ fn key_segments(key: &KeyPath) -> Vec<Seg> {
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"[scenario]
+name = "t"
+duration = "3s"
+
+[weir.only]
+config = "[[listeners]]\naddress = \"127.0.0.1:0\"\n"
+
+[[cohorts]]
+kind = "humans"
+count = 2
+rate = 1.0
+"#;
+
+    fn errors(text: &str) -> Vec<(Option<usize>, String)> {
+        match load_scenario_str(text, Some(Path::new("s.toml"))) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.into_iter().map(|e| (e.line, e.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn base_scenario_loads_with_defaults() {
+        let s = load_scenario_str(BASE, None).expect("valid");
+        assert_eq!(s.variants.len(), 1);
+        let c = &s.cohorts[0];
+        assert_eq!((c.name.as_str(), c.clients, c.addresses), ("humans", 2, 2));
+        assert_eq!(c.requests_per_connection, 5);
+        assert_eq!(s.file.app.workers, 10);
+        assert!(s.file.health.enabled);
+    }
+
+    #[test]
+    fn bad_inputs_name_line_and_key() {
+        // (text appended to BASE, expected line, text the message contains)
+        #[rustfmt::skip]
+        let cases: &[(&str, usize, &str)] = &[
+            ("[[cohorts]]\nkind = \"robots\"\nrate = 1\n", 13, "robots"),
+            ("[[cohorts]]\nkind = \"humans\"\ncount = 1\nrate = 0\n", 15, "cohorts[1].rate"),
+            ("[[cohorts]]\nkind = \"humans\"\ncount = 1\nrate = 1\nconnections = 5\n", 16, "not a key of a `humans` cohort"),
+            ("[[cohorts]]\nkind = \"crawlers\"\nrate = 1\n", 12, "needs `addresses`"),
+            ("[[cohorts]]\nkind = \"flood\"\naddresses = 2\nrate = 1\nconnections = 0\n", 16, "connections: must be at least 1"),
+            ("[[cohorts]]\nkind = \"crawlers\"\naddresses = 9\nrate = 1\nnetworks = [{ share = 0.5, prefixes = 1, len = 24 }]\n", 16, "shares sum"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"humans\"\ncount = 1\nrate = 1\n", 14, "names two cohorts"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"upstream\"\ncount = 1\nrate = 1\n", 14, "reserved"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"late\"\ncount = 1\nrate = 1\nstart = 0.5\nstop = 0.4\n", 18, "not after start"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"p\"\ncount = 1\nrate = 1\nphases = [{ at = 2, factor = 1 }]\n", 17, "cohorts[1].phases[0]"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"r\"\ncount = 1\nrate = 1\nrequests = [{ path = \"nope\" }]\n", 17, "must start with '/'"),
+            ("[[expect]]\ncheck = \"humans.served >=\"\n", 13, "is not a number"),
+            ("[[expect]]\ncheck = \"crawlers.served >= 1\"\n", 13, "no cohort named \"crawlers\""),
+            ("[[expect]]\nvariant = \"other\"\ncheck = \"humans.served >= 1\"\n", 13, "no variant \"other\""),
+            ("[[expect]]\ncheck = \"upstream.nope == 0\"\n", 13, "has no metric"),
+            ("[health]\nfailures = 0\n", 13, "health.failures"),
+            ("[app]\nworkers = 0\n", 12, "app: invalid app config"),
+            ("[topology]\nload_balancer = \"haproxy\"\n", 13, "haproxy"),
+            ("[weir.two]\n", 12, "needs exactly one of `config`"),
+            ("[weir.three]\nfile = \"does-not-exist.toml\"\n", 13, "cannot read"),
+            ("unknown = 1\n", 12, "unknown field"),
+        ];
+        for (extra, line, needle) in cases {
+            let text = format!("{BASE}{extra}");
+            let errs = errors(&text);
+            assert!(
+                errs.iter()
+                    .any(|(l, m)| *l == Some(*line) && m.contains(needle)),
+                "{extra:?}: want line {line} with {needle:?}, got {errs:#?}"
+            );
+            assert!(
+                errs.iter().all(|(_, m)| m.starts_with("s.toml:")),
+                "{errs:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn scenario_keys_are_checked() {
+        let errs = errors("[scenario]\nname = \"t\"\nduration = \"0s\"\n");
+        assert!(
+            errs.iter()
+                .any(|(l, m)| *l == Some(3) && m.contains("scenario.duration")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter().any(|(_, m)| m.contains("no [weir.<variant>]")),
+            "{errs:?}"
+        );
+        let errs = errors("[scenario]\nname = \"t\"\nduration = \"soon\"\n");
+        assert!(
+            errs.iter()
+                .any(|(l, m)| *l == Some(3) && m.contains("soon")),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn variants_keep_file_order_and_checks_parse() {
+        let text = BASE.replace(
+            "[weir.only]",
+            "[weir.zeta]\nconfig = \"x\"\n[weir.alpha]\nconfig = \"y\"\n[weir.only]",
+        ) + "[[expect]]\nvariant = \"alpha\"\ncheck = \"humans.served >= 99%\"\npending = \"issue 3\"\n";
+        let s = load_scenario_str(&text, None).expect("valid");
+        let names: Vec<&str> = s.variants.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["zeta", "alpha", "only"]);
+        assert_eq!(s.checks[0].check.bound, 0.99);
+        assert_eq!(s.checks[0].pending.as_deref(), Some("issue 3"));
+        assert_eq!(s.checks[0].line, Some(18));
+    }
+
+    #[test]
+    fn shipped_scenarios_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).expect("scenarios/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                load_scenario_file(&path).unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+        }
+        assert_eq!(n, 4);
+    }
 }
