@@ -1,5 +1,5 @@
-//! The `weir` command line: `run`, `check` (and, as the lab lands, `sim`,
-//! `replay`, `demo`). Errors are printed once, with their chain, here and only
+//! The `weir` command line: `run`, `check`, `sim`, `demo` (and, as the lab lands,
+//! `replay`). Errors are printed once, with their chain, here and only
 //! here; exit status 2 for unusable input, 1 for failures.
 
 use std::path::{Path, PathBuf};
@@ -41,6 +41,26 @@ enum Command {
         #[arg(short, long, default_value = "weir.toml")]
         config: PathBuf,
     },
+    /// Run a lab scenario against each weir variant it defines; exit 1 if a check fails.
+    Sim {
+        /// Scenario file (see docs/lab.md).
+        scenario: PathBuf,
+        /// Run only this variant (repeatable; default: all).
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+        /// Write the full report as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write a self-contained HTML report.
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
+    /// Replay incident 1 (crawler flood) with and without weir's recommended config.
+    Demo {
+        /// Where to write the HTML report.
+        #[arg(long, default_value = weir::lab::cli::DEMO_HTML)]
+        html: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -56,6 +76,19 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config, ready_file } => run(&config, ready_file.as_deref()),
+        Command::Sim { scenario, variants, json, html } => {
+            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let options = weir::lab::cli::SimOptions { variants, json, html, progress };
+            weir::lab::cli::sim(&scenario, &options)
+                .map(|r| if r.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+                .map_err(anyhow::Error::from)
+        }
+        Command::Demo { html } => {
+            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            weir::lab::cli::demo(Some(html), progress)
+                .map(|_| ExitCode::SUCCESS)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(code) => code,

@@ -4,10 +4,14 @@
 //!   server whose only scarce resource is `W` workers and a bounded backlog, with a health
 //!   check that needs a worker, a login that any crawler can reach and a logged-in cookie
 //!   that only a real login yields.
+//! - [`scenario`]: scenario files (`weir sim SCENARIO.toml`): app, weir variants, cohorts,
+//!   checks; [`expect`]: the check grammar; [`addresses`]: client networks in 127/8.
+//! - [`cohort`]: the load generator; [`nginx`]: a real nginx in front, for incident 4;
+//!   [`runner`]: one variant's run; [`report`]: tables, JSON and HTML; [`cli`]: `weir sim`
+//!   and `weir demo`.
 //!
 //! The lab deliberately contains no part of weir's request path: nothing here decides
-//! anything about a request weir serves. Traffic cohorts, scenario files and log replay
-//! will live beside [`app`].
+//! anything about a request weir serves.
 //!
 //! ```
 //! use weir::lab::app::{AppConfig, SimApp};
@@ -23,4 +27,12 @@
 //! # }
 //! ```
 
+pub mod addresses;
 pub mod app;
+pub mod cli;
+pub mod cohort;
+pub mod expect;
+pub mod nginx;
+pub mod report;
+pub mod runner;
+pub mod scenario;

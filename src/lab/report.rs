@@ -1,0 +1,623 @@
+//! What a `weir sim` run found: per-variant numbers, check results, and three renderings
+//! of them: a side-by-side terminal table, JSON, and a self-contained HTML page (inline
+//! SVG, no external assets) with a timeline per cohort and the app's in-flight vs `W`.
+//!
+//! It only presents numbers the runner measured; it measures nothing itself.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::cohort::{OUTCOMES, Outcome};
+use super::expect::{Check, Subject};
+use super::scenario::CohortKind;
+
+/// A whole run: every variant, every check.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    pub scenario: String,
+    pub description: String,
+    pub duration_s: f64,
+    pub compression: f64,
+    pub story_start: Option<String>,
+    pub variants: Vec<VariantReport>,
+    pub checks: Vec<CheckResult>,
+}
+
+/// One variant's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantReport {
+    pub name: String,
+    pub description: String,
+    /// `nginx` when a load balancer stood in front of weir.
+    pub load_balancer: Option<String>,
+    pub cohorts: Vec<CohortReport>,
+    pub upstream: UpstreamReport,
+    /// Rejections by rule: request rules from `weir_rejections_total`, connection refusals
+    /// from `weir_connections_refused_total`; per cohort from the access log.
+    pub rules: BTreeMap<String, RuleReport>,
+    pub generator: GeneratorReport,
+    pub timeline: Timeline,
+}
+
+/// One cohort's outcomes.
+#[derive(Debug, Clone, Serialize)]
+pub struct CohortReport {
+    pub name: String,
+    pub kind: CohortKind,
+    pub clients: usize,
+    pub addresses: usize,
+    pub sent: u64,
+    /// Count per outcome name (see [`OUTCOMES`]).
+    pub outcomes: BTreeMap<String, u64>,
+    /// Responses that came from the app (carried `x-app-class`).
+    pub reached_app: u64,
+    /// Latency of served requests.
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+}
+
+impl CohortReport {
+    pub fn count(&self, o: Outcome) -> u64 {
+        self.outcomes.get(o.as_str()).copied().unwrap_or(0)
+    }
+
+    /// Failures from the sender's side: 503, other 5xx, connection errors, timeouts.
+    pub fn failed(&self) -> u64 {
+        OUTCOMES
+            .iter()
+            .filter(|o| o.is_failure())
+            .map(|o| self.count(*o))
+            .sum()
+    }
+
+    pub fn share(&self, n: u64) -> f64 {
+        if self.sent == 0 {
+            0.0
+        } else {
+            n as f64 / self.sent as f64
+        }
+    }
+}
+
+/// The app behind weir, over every instance (autoheal restarts start new ones).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UpstreamReport {
+    pub workers: usize,
+    pub max_in_flight: usize,
+    pub max_queued: usize,
+    /// Requests answered by the app (health checks included).
+    pub served: u64,
+    /// Refused because workers and backlog were full (connection reset).
+    pub refused: u64,
+    /// Cut without a response (client gone, or the app killed by a restart).
+    pub abandoned: u64,
+    pub health_checks: u64,
+    pub health_failures: u64,
+    pub restarts: u64,
+}
+
+/// Rejections by one rule.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RuleReport {
+    pub count: u64,
+    /// From the access log, by the cohort owning the client address (`unknown`: an
+    /// address of no cohort, e.g. the load balancer's when it is not trusted).
+    pub by_cohort: BTreeMap<String, u64>,
+}
+
+/// Whether the load generator kept up.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GeneratorReport {
+    /// Sends that waited for their timer (lag is measured on these).
+    pub timed_sends: u64,
+    pub lag_p50_ms: f64,
+    pub lag_p99_ms: f64,
+    pub lag_max_ms: f64,
+    /// Share of timed sends more than 10 ms late.
+    pub late_share: f64,
+    /// True when the generator, not weir, limited the load: results understate it.
+    pub bottleneck: bool,
+}
+
+/// 1 s buckets of the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timeline {
+    pub seconds: usize,
+    /// Cohort name -> outcome name -> requests sent in each second.
+    pub cohorts: BTreeMap<String, BTreeMap<String, Vec<u32>>>,
+    /// Most requests holding an app worker, per second.
+    pub upstream_in_flight: Vec<u32>,
+    /// Most requests waiting in the app's backlog, per second.
+    pub upstream_queued: Vec<u32>,
+    /// Workers the app had, per second (warm-up).
+    pub upstream_workers: Vec<u32>,
+    /// Requests the app refused, per second.
+    pub upstream_refused: Vec<u32>,
+    /// Failed health checks, per second.
+    pub health_failures: Vec<u32>,
+    /// Seconds in which the app was restarted.
+    pub restarts: Vec<usize>,
+}
+
+/// One check's result for one variant.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckResult {
+    pub variant: String,
+    pub check: String,
+    pub line: Option<usize>,
+    pub value: Option<f64>,
+    pub passed: bool,
+    pub pending: Option<String>,
+}
+
+impl CheckResult {
+    /// Fails the run: not passed and not pending.
+    pub fn fails_run(&self) -> bool {
+        !self.passed && self.pending.is_none()
+    }
+}
+
+impl VariantReport {
+    /// The value a check looks at, or `None` when it does not exist in this run.
+    pub fn metric(&self, subject: &Subject, metric: &str) -> Option<f64> {
+        match subject {
+            Subject::Cohort(name) => {
+                let c = self.cohorts.iter().find(|c| &c.name == name)?;
+                cohort_metric(c, metric)
+            }
+            Subject::Upstream => {
+                let u = &self.upstream;
+                Some(match metric {
+                    "workers" => u.workers as f64,
+                    "max_in_flight" => u.max_in_flight as f64,
+                    "max_queued" => u.max_queued as f64,
+                    "served" => u.served as f64,
+                    "refused" => u.refused as f64,
+                    "abandoned" => u.abandoned as f64,
+                    "health_checks" => u.health_checks as f64,
+                    "health_failures" => u.health_failures as f64,
+                    "restarts" => u.restarts as f64,
+                    _ => return None,
+                })
+            }
+            Subject::Generator => {
+                let g = &self.generator;
+                Some(match metric {
+                    "lag_p50_ms" => g.lag_p50_ms,
+                    "lag_p99_ms" => g.lag_p99_ms,
+                    "lag_max_ms" => g.lag_max_ms,
+                    "late_share" => g.late_share,
+                    _ => return None,
+                })
+            }
+            // A rule that never fired has no entry: it counts 0.
+            Subject::Rule(rule) => {
+                let r = self.rules.get(rule);
+                Some(match metric {
+                    "count" => r.map_or(0, |r| r.count) as f64,
+                    cohort => r
+                        .and_then(|r| r.by_cohort.get(cohort))
+                        .copied()
+                        .unwrap_or(0) as f64,
+                })
+            }
+        }
+    }
+
+    /// Evaluates one check.
+    pub fn evaluate(&self, check: &Check) -> (Option<f64>, bool) {
+        let value = self.metric(&check.subject, &check.metric);
+        (value, value.is_some_and(|v| check.op.holds(v, check.bound)))
+    }
+}
+
+fn cohort_metric(c: &CohortReport, metric: &str) -> Option<f64> {
+    let (name, as_count) = match metric.strip_suffix("_count") {
+        Some(n) => (n, true),
+        None => (metric, false),
+    };
+    let n = match name {
+        "failed" => c.failed(),
+        "reached_app" => c.reached_app,
+        other => match OUTCOMES.iter().find(|o| o.as_str() == other) {
+            Some(o) => c.count(*o),
+            None => {
+                return match metric {
+                    "sent" => Some(c.sent as f64),
+                    "p50_ms" => Some(c.p50_ms),
+                    "p95_ms" => Some(c.p95_ms),
+                    "p99_ms" => Some(c.p99_ms),
+                    _ => None,
+                };
+            }
+        },
+    };
+    Some(if as_count { n as f64 } else { c.share(n) })
+}
+
+/// The `q` quantile (0..1) of sorted microseconds, in milliseconds.
+pub fn quantile_ms(sorted_us: &[u32], q: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted_us.len() - 1) as f64 * q).round() as usize;
+    sorted_us[i.min(sorted_us.len() - 1)] as f64 / 1000.0
+}
+
+impl SimReport {
+    /// True when no check fails the run (pending ones never do).
+    pub fn passed(&self) -> bool {
+        !self.checks.iter().any(CheckResult::fails_run)
+    }
+
+    /// The side-by-side terminal table and the check list.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "scenario: {} ({}s per variant)",
+            self.scenario, self.duration_s
+        );
+        let names: Vec<&str> = self.variants.iter().map(|v| v.name.as_str()).collect();
+        let width = names.iter().map(|n| n.len()).max().unwrap_or(0).max(14);
+        let row = |out: &mut String, label: &str, cells: Vec<String>| {
+            let _ = write!(out, "{label:<30}");
+            for c in cells {
+                let _ = write!(out, " {c:>width$}");
+            }
+            out.push('\n');
+        };
+        row(&mut out, "", names.iter().map(|n| n.to_string()).collect());
+        let cohort_names: Vec<String> = (self.variants.first())
+            .map(|v| v.cohorts.iter().map(|c| c.name.clone()).collect())
+            .unwrap_or_default();
+        for name in &cohort_names {
+            let cohorts: Vec<Option<&CohortReport>> = (self.variants.iter())
+                .map(|v| v.cohorts.iter().find(|c| &c.name == name))
+                .collect();
+            let cell = |f: &dyn Fn(&CohortReport) -> String| -> Vec<String> {
+                cohorts.iter().map(|c| c.map_or("-".into(), f)).collect()
+            };
+            row(
+                &mut out,
+                &format!("{name}: sent"),
+                cell(&|c| c.sent.to_string()),
+            );
+            for o in OUTCOMES {
+                let any = cohorts.iter().flatten().any(|c| c.count(o) > 0);
+                if o == Outcome::Served || any {
+                    row(
+                        &mut out,
+                        &format!("  {}", o.as_str()),
+                        cell(&|c| pct_count(c, c.count(o))),
+                    );
+                }
+            }
+            row(
+                &mut out,
+                "  reached app",
+                cell(&|c| pct_count(c, c.reached_app)),
+            );
+            row(
+                &mut out,
+                "  p50/p95/p99 ms",
+                cell(&|c| format!("{:.0}/{:.0}/{:.0}", c.p50_ms, c.p95_ms, c.p99_ms)),
+            );
+        }
+        let up = |f: &dyn Fn(&UpstreamReport) -> String| {
+            self.variants.iter().map(|v| f(&v.upstream)).collect()
+        };
+        row(
+            &mut out,
+            "upstream: max in-flight / W",
+            up(&|u| format!("{}/{}", u.max_in_flight, u.workers)),
+        );
+        row(&mut out, "  max queued", up(&|u| u.max_queued.to_string()));
+        row(&mut out, "  served", up(&|u| u.served.to_string()));
+        row(
+            &mut out,
+            "  refused (backlog full)",
+            up(&|u| u.refused.to_string()),
+        );
+        row(
+            &mut out,
+            "  cut (abandoned)",
+            up(&|u| u.abandoned.to_string()),
+        );
+        row(
+            &mut out,
+            "  health failed / checks",
+            up(&|u| format!("{}/{}", u.health_failures, u.health_checks)),
+        );
+        row(&mut out, "  restarts", up(&|u| u.restarts.to_string()));
+        let mut rules: Vec<&String> = self.variants.iter().flat_map(|v| v.rules.keys()).collect();
+        rules.sort();
+        rules.dedup();
+        for rule in rules {
+            row(
+                &mut out,
+                &format!("rule {rule}"),
+                (self.variants.iter())
+                    .map(|v| v.rules.get(rule).map_or(0, |r| r.count).to_string())
+                    .collect(),
+            );
+        }
+        for v in &self.variants {
+            for (rule, r) in v.rules.iter().filter(|(_, r)| !r.by_cohort.is_empty()) {
+                let parts: Vec<String> = r
+                    .by_cohort
+                    .iter()
+                    .map(|(c, n)| format!("{c} {n}"))
+                    .collect();
+                let _ = writeln!(out, "  {}: {rule} hit {}", v.name, parts.join(", "));
+            }
+        }
+        let g = |f: &dyn Fn(&GeneratorReport) -> String| {
+            self.variants.iter().map(|v| f(&v.generator)).collect()
+        };
+        row(
+            &mut out,
+            "generator lag p99 / max ms",
+            g(&|g| format!("{:.1}/{:.0}", g.lag_p99_ms, g.lag_max_ms)),
+        );
+        for v in &self.variants {
+            if v.generator.bottleneck {
+                let _ = writeln!(
+                    out,
+                    "WARNING: {}: the load generator fell behind (lag p99 {:.1} ms, {:.1}% of sends \
+                     >10 ms late): the machine, not weir, limited the load",
+                    v.name,
+                    v.generator.lag_p99_ms,
+                    v.generator.late_share * 100.0
+                );
+            }
+        }
+        if !self.checks.is_empty() {
+            out.push_str("\nchecks:\n");
+        }
+        for c in &self.checks {
+            let verdict = match (c.passed, &c.pending) {
+                (true, _) => "pass".to_string(),
+                (false, Some(why)) => format!("PENDING ({why})"),
+                (false, None) => "FAIL".to_string(),
+            };
+            let value = c.value.map_or("missing".to_string(), fmt_value);
+            let line = c.line.map_or(String::new(), |l| format!(" [line {l}]"));
+            let _ = writeln!(
+                out,
+                "  {verdict:<22} {:<12} {}  (value {value}){line}",
+                c.variant, c.check
+            );
+        }
+        out
+    }
+
+    /// A self-contained HTML page.
+    pub fn to_html(&self) -> String {
+        let mut h = String::new();
+        let _ = write!(
+            h,
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>weir sim: {}</title><style>\
+             body{{font:14px system-ui,sans-serif;margin:2em;color:#222}}\
+             table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}\
+             th:first-child,td:first-child{{text-align:left}}.pass{{color:#080}}.fail{{color:#c00;font-weight:bold}}\
+             .pending{{color:#a60}}.variants{{display:flex;flex-wrap:wrap;gap:2em}}.variant{{flex:1;min-width:480px}}\
+             .legend span{{display:inline-block;margin-right:1em}}.legend i{{display:inline-block;width:10px;height:10px;margin-right:4px}}\
+             .warn{{background:#fee;padding:.5em;border:1px solid #c00}}</style></head><body>",
+            esc(&self.scenario)
+        );
+        let _ = write!(
+            h,
+            "<h1>{}</h1><p>{}</p>",
+            esc(&self.scenario),
+            esc(&self.description)
+        );
+        let _ = write!(
+            h,
+            "<p>{} s per variant; one second here stands for {} s of the incident{}.</p>",
+            self.duration_s,
+            self.compression,
+            self.story_start
+                .as_ref()
+                .map_or(String::new(), |s| format!(", starting at {}", esc(s)))
+        );
+        h.push_str("<h2>Side by side</h2><pre>");
+        h.push_str(&esc(&self.to_text()));
+        h.push_str("</pre><div class=\"legend\">");
+        for o in OUTCOMES {
+            let _ = write!(
+                h,
+                "<span><i style=\"background:{}\"></i>{}</span>",
+                color(o),
+                o.as_str()
+            );
+        }
+        h.push_str("</div><div class=\"variants\">");
+        for v in &self.variants {
+            let _ = write!(
+                h,
+                "<div class=\"variant\"><h2>{}</h2><p>{}</p>",
+                esc(&v.name),
+                esc(&v.description)
+            );
+            if v.generator.bottleneck {
+                h.push_str("<p class=\"warn\">The load generator fell behind: the machine limited the load.</p>");
+            }
+            for (name, series) in &v.timeline.cohorts {
+                let _ = write!(h, "<h3>{} — requests/s by outcome</h3>", esc(name));
+                h.push_str(&stacked_bars(series, v.timeline.seconds));
+            }
+            let _ = write!(h, "<h3>app: workers busy (max per s) vs W</h3>");
+            h.push_str(&upstream_chart(&v.timeline));
+            h.push_str("</div>");
+        }
+        h.push_str("</div><h2>Checks</h2><table><tr><th>variant</th><th>check</th><th>value</th><th>result</th></tr>");
+        for c in &self.checks {
+            let (class, text) = match (c.passed, &c.pending) {
+                (true, _) => ("pass", "pass".to_string()),
+                (false, Some(why)) => ("pending", format!("pending: {why}")),
+                (false, None) => ("fail", "FAIL".to_string()),
+            };
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{class}\">{}</td></tr>",
+                esc(&c.variant),
+                esc(&c.check),
+                c.value.map_or("missing".into(), fmt_value),
+                esc(&text)
+            );
+        }
+        h.push_str("</table></body></html>\n");
+        h
+    }
+}
+
+fn pct_count(c: &CohortReport, n: u64) -> String {
+    format!("{:.1}% ({n})", c.share(n) * 100.0)
+}
+
+fn fmt_value(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+fn color(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Served => "#2a9d3a",
+        Outcome::Rejected429 => "#f0a020",
+        Outcome::Unavailable503 => "#d03030",
+        Outcome::Error5xx => "#801010",
+        Outcome::ConnError => "#8040a0",
+        Outcome::Timeout => "#707070",
+        Outcome::Challenged => "#3070d0",
+        Outcome::Other => "#b0b0b0",
+        Outcome::Unfinished => "#404040",
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+const CHART_W: f64 = 560.0;
+const CHART_H: f64 = 160.0;
+
+fn axis(h: &mut String, max: f64, seconds: usize) {
+    let _ = write!(
+        h,
+        "<line x1=\"40\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#999\"/><line x1=\"40\" y1=\"10\" x2=\"40\" y2=\"{b}\" stroke=\"#999\"/>\
+         <text x=\"36\" y=\"16\" font-size=\"10\" text-anchor=\"end\">{max:.0}</text>\
+         <text x=\"36\" y=\"{b}\" font-size=\"10\" text-anchor=\"end\">0</text>\
+         <text x=\"{r}\" y=\"{t}\" font-size=\"10\" text-anchor=\"end\">{seconds} s</text>",
+        b = CHART_H + 10.0,
+        r = 40.0 + CHART_W,
+        t = CHART_H + 24.0,
+    );
+}
+
+fn stacked_bars(series: &BTreeMap<String, Vec<u32>>, seconds: usize) -> String {
+    let totals: Vec<u32> = (0..seconds)
+        .map(|s| {
+            series
+                .values()
+                .map(|v| v.get(s).copied().unwrap_or(0))
+                .sum()
+        })
+        .collect();
+    let max = totals.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let bw = CHART_W / seconds.max(1) as f64;
+    let mut h = format!(
+        "<svg width=\"{}\" height=\"{}\" role=\"img\">",
+        CHART_W + 50.0,
+        CHART_H + 30.0
+    );
+    for s in 0..seconds {
+        let mut y = CHART_H + 10.0;
+        for o in OUTCOMES {
+            let n = series
+                .get(o.as_str())
+                .and_then(|v| v.get(s))
+                .copied()
+                .unwrap_or(0);
+            if n == 0 {
+                continue;
+            }
+            let hgt = n as f64 / max * CHART_H;
+            y -= hgt;
+            let _ = write!(
+                h,
+                "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{hgt:.1}\" fill=\"{}\"><title>{s}s {}: {n}</title></rect>",
+                40.0 + s as f64 * bw,
+                (bw - 0.5).max(0.5),
+                color(o),
+                o.as_str()
+            );
+        }
+    }
+    axis(&mut h, max, seconds);
+    h.push_str("</svg>");
+    h
+}
+
+fn upstream_chart(t: &Timeline) -> String {
+    let seconds = t.seconds.max(1);
+    let max = (t
+        .upstream_workers
+        .iter()
+        .chain(&t.upstream_in_flight)
+        .chain(&t.upstream_queued))
+    .copied()
+    .max()
+    .unwrap_or(0)
+    .max(1) as f64;
+    let x = |s: usize| 40.0 + (s as f64 + 0.5) * CHART_W / seconds as f64;
+    let y = |v: u32| CHART_H + 10.0 - v as f64 / max * CHART_H;
+    let line = |v: &[u32], color: &str, label: &str| {
+        let pts: Vec<String> = v
+            .iter()
+            .enumerate()
+            .map(|(s, n)| format!("{:.1},{:.1}", x(s), y(*n)))
+            .collect();
+        format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"><title>{label}</title></polyline>",
+            pts.join(" ")
+        )
+    };
+    let mut h = format!(
+        "<svg width=\"{}\" height=\"{}\" role=\"img\">",
+        CHART_W + 50.0,
+        CHART_H + 30.0
+    );
+    for s in &t.restarts {
+        let _ = write!(
+            h,
+            "<line x1=\"{0:.1}\" x2=\"{0:.1}\" y1=\"10\" y2=\"{1}\" stroke=\"#d03030\" stroke-dasharray=\"3\"><title>restart at {s}s</title></line>",
+            x(*s),
+            CHART_H + 10.0
+        );
+    }
+    h.push_str(&line(&t.upstream_workers, "#222", "W (workers)"));
+    h.push_str(&line(&t.upstream_queued, "#f0a020", "queued (max per s)"));
+    h.push_str(&line(
+        &t.upstream_in_flight,
+        "#3070d0",
+        "in flight (max per s)",
+    ));
+    axis(&mut h, max, seconds);
+    h.push_str(
+        "</svg><div class=\"legend\"><span><i style=\"background:#222\"></i>W</span>\
+                <span><i style=\"background:#3070d0\"></i>in flight</span>\
+                <span><i style=\"background:#f0a020\"></i>queued</span>\
+                <span><i style=\"background:#d03030\"></i>restart</span></div>",
+    );
+    h
+}

@@ -1,0 +1,154 @@
+//! `weir sim` end to end: a tiny scenario whose report must agree with the app's own
+//! counters, and the two incident scenarios that weir can already pass (incident 3:
+//! connection exhaustion; incident 4: a limit behind a load balancer), each run under
+//! both variants: the original reproduces the incident, the recommended passes.
+//!
+//! Runs are serialized: they share two cores, and a second run at the same time would
+//! measure the other instead of weir.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use weir::lab::cli::{SimOptions, run_scenario};
+use weir::lab::cohort::Outcome;
+use weir::lab::report::SimReport;
+use weir::lab::scenario::{load_scenario_file, load_scenario_str};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn run_file(name: &str) -> SimReport {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(name);
+    let scenario = load_scenario_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn check_results(report: &SimReport, variant: &str) -> Vec<(String, bool)> {
+    (report.checks.iter())
+        .filter(|c| c.variant == variant)
+        .map(|c| (c.check.clone(), c.passed))
+        .collect()
+}
+
+const TINY: &str = r#"
+[scenario]
+name = "tiny"
+duration = "3s"
+grace = "3s"
+
+[app]
+workers = 8
+backlog = 64
+default_service = { dist = "fixed", ms = 5 }
+classes = []          # every request a cheap page: nothing should queue
+
+[health]
+enabled = false
+
+[weir.plain]
+config = """
+[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{{app}}"]
+"""
+
+[[cohorts]]
+kind = "humans"
+count = 10
+rate = 5
+login_share = 0.1
+
+[[cohorts]]
+kind = "crawlers"
+addresses = 20
+networks = [{ share = 1.0, prefixes = 2, len = 20 }]
+rate = 2
+session_cookie_share = 0.5
+
+[[expect]]
+check = "humans.served == 1"
+"#;
+
+#[test]
+fn tiny_run_agrees_with_the_apps_own_counters() {
+    let scenario = load_scenario_str(TINY, None).unwrap_or_else(|e| panic!("{e}"));
+    let report = {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let v = &report.variants[0];
+    let (mut sent, mut served, mut reached, mut unfinished) = (0, 0, 0, 0);
+    for c in &v.cohorts {
+        sent += c.sent;
+        served += c.count(Outcome::Served);
+        reached += c.reached_app;
+        unfinished += c.count(Outcome::Unfinished);
+        // Every request lands in exactly one second of the timeline.
+        let in_timeline: u64 = v.timeline.cohorts[&c.name]
+            .values()
+            .flatten()
+            .map(|n| *n as u64)
+            .sum();
+        assert_eq!(in_timeline, c.sent, "{}", c.name);
+    }
+    // 10 people at 5/s and 20 crawlers at 2/s for 3 s: ~270 requests.
+    assert!((180..=360).contains(&sent), "sent {sent}");
+    assert_eq!(unfinished, 0, "all answered within the grace period");
+    assert_eq!(served, sent, "nothing limits this run: {:#?}", v.cohorts);
+    assert_eq!(reached, served, "every 2xx came from the app");
+    assert_eq!(
+        v.upstream.served, served,
+        "the app served exactly what the cohorts saw: {:#?}",
+        v.upstream
+    );
+    assert_eq!((v.upstream.refused, v.upstream.abandoned), (0, 0));
+    assert!(v.upstream.max_in_flight <= 8);
+    assert!(v.rules.is_empty(), "{:?}", v.rules);
+    assert!(report.passed());
+    assert_eq!(report.checks.len(), 1);
+}
+
+#[test]
+fn connection_exhaustion_reproduces_and_per_ip_caps_fix_it() {
+    let report = run_file("nginx-connection-exhaustion.toml");
+    let original = check_results(&report, "original");
+    assert!(
+        original.iter().all(|(_, passed)| *passed),
+        "the incident reproduces: {original:?}\n{}",
+        report.to_text()
+    );
+    let recommended = check_results(&report, "recommended");
+    assert!(
+        recommended.iter().all(|(_, passed)| *passed),
+        "{recommended:?}\n{}",
+        report.to_text()
+    );
+    assert_eq!(recommended.len(), 3);
+    assert!(report.passed());
+}
+
+#[test]
+fn limit_behind_a_load_balancer_needs_trusted_proxies() {
+    let report = run_file("2025-10-21-feature-flags-lb.toml");
+    let original = check_results(&report, "original");
+    assert!(
+        original.iter().all(|(_, passed)| *passed),
+        "the incident reproduces: {original:?}\n{}",
+        report.to_text()
+    );
+    let recommended = check_results(&report, "recommended");
+    assert!(
+        recommended.iter().all(|(_, passed)| *passed),
+        "{recommended:?}\n{}",
+        report.to_text()
+    );
+    let v = &report.variants[0];
+    assert_eq!(v.load_balancer.as_deref(), Some("nginx"));
+    // Without trusted proxies weir saw the balancer, never a person.
+    let rule = &v.rules["client_in_flight"];
+    assert_eq!(rule.by_cohort.get("humans"), None, "{rule:?}");
+    assert!(report.passed());
+}
