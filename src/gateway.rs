@@ -295,7 +295,7 @@ impl Gateway {
                     Some((key, max, fp)) => {
                         let table = previous
                             .and_then(|p| p.inflight_tables.get(&fp).cloned())
-                            .unwrap_or_else(InflightTable::new);
+                            .unwrap_or_default();
                         inflight_tables.insert(fp, table.clone());
                         RuleBody::Concurrency {
                             key,

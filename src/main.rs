@@ -76,11 +76,27 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run { config, ready_file } => run(&config, ready_file.as_deref()),
-        Command::Sim { scenario, variants, json, html } => {
+        Command::Sim {
+            scenario,
+            variants,
+            json,
+            html,
+        } => {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let options = weir::lab::cli::SimOptions { variants, json, html, progress };
+            let options = weir::lab::cli::SimOptions {
+                variants,
+                json,
+                html,
+                progress,
+            };
             weir::lab::cli::sim(&scenario, &options)
-                .map(|r| if r.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+                .map(|r| {
+                    if r.passed() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    }
+                })
                 .map_err(anyhow::Error::from)
         }
         Command::Demo { html } => {

@@ -46,8 +46,11 @@ pub struct Runtime {
     /// rejection" collateral signal.
     activity: ShardedStore,
     /// Distinct clients rejected per rule in the current minute.
-    rejected_clients: Mutex<HashMap<Arc<str>, (u64, HashSet<IpAddr>)>>,
+    rejected_clients: Mutex<HashMap<Arc<str>, MinuteClients>>,
 }
+
+/// The minute (since start) and the distinct addresses rejected in it.
+type MinuteClients = (u64, HashSet<IpAddr>);
 
 /// Distinct rejected clients remembered per rule per minute; past it the
 /// gauge saturates (memory stays bounded under a spray).

@@ -31,11 +31,17 @@ fn every_config_key_is_documented() {
     let missing: Vec<&String> = keys
         .iter()
         .filter(|k| {
-            let toml = renamed.iter().find(|(r, _)| r == k).map_or(k.as_str(), |(_, t)| t);
+            let toml = renamed
+                .iter()
+                .find(|(r, _)| r == k)
+                .map_or(k.as_str(), |(_, t)| t);
             !doc.contains(&format!("`{toml}`")) && !doc.contains(&format!(".{toml}`"))
         })
         .collect();
-    assert!(missing.is_empty(), "keys missing from docs/configuration.md: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "keys missing from docs/configuration.md: {missing:?}"
+    );
 }
 
 #[test]
@@ -56,7 +62,10 @@ fn every_metric_is_documented() {
         .iter()
         .filter(|n| !doc.contains(&format!("`weir_{n}")))
         .collect();
-    assert!(missing.is_empty(), "metrics missing from docs/metrics.md: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "metrics missing from docs/metrics.md: {missing:?}"
+    );
 }
 
 #[test]
@@ -69,8 +78,14 @@ fn every_alert_has_a_runbook_section() {
         .collect();
     assert!(alerts.len() >= 5);
     for a in alerts {
-        assert!(runbook.contains(&format!("## {a}")), "no runbook section for {a}");
-        assert!(rules.contains(&format!("docs/alerts.md#{}", a.to_lowercase())), "{a} links no runbook");
+        assert!(
+            runbook.contains(&format!("## {a}")),
+            "no runbook section for {a}"
+        );
+        assert!(
+            rules.contains(&format!("docs/alerts.md#{}", a.to_lowercase())),
+            "{a} links no runbook"
+        );
     }
 }
 

@@ -41,3 +41,7 @@ mod topology;
 
 // Operator docs kept true: config keys, metrics, alert runbooks.
 mod docs;
+
+// The lab end to end: a tiny scenario's report against the app's own counts,
+// and incidents 3 and 4 (original config fails, recommended passes).
+mod sim;

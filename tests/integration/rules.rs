@@ -32,7 +32,11 @@ async fn burst(weir: &TestWeir, sources: &[IpAddr], headers: &[(&str, &str)]) ->
     let mut ok = 0;
     let mut limited = 0;
     for s in sources {
-        match get_from(*s, weir.addr, "/w/index.php?search=x", headers).await.0.as_u16() {
+        match get_from(*s, weir.addr, "/w/index.php?search=x", headers)
+            .await
+            .0
+            .as_u16()
+        {
             200 => ok += 1,
             429 => limited += 1,
             other => panic!("unexpected status {other}"),
@@ -68,15 +72,29 @@ limits = [
     assert_eq!(burst(&weir, &[ip("127.21.0.1")], &[]).await, (1, 0));
     let log = weir.access_log(81).await;
     let fired: Vec<_> = log.iter().filter(|l| l["status"] == 429).collect();
-    assert!(fired.iter().all(|l| l["rule"] == "anon-expensive" && l["rule_level"] == "network"));
+    assert!(
+        fired
+            .iter()
+            .all(|l| l["rule"] == "anon-expensive" && l["rule_level"] == "network")
+    );
     assert_eq!(fired[0]["rule_key"], "127.20.0.0/16");
     let m = weir.metrics().await;
-    assert_eq!(metric(&m, "weir_rejections_total{rule=\"anon-expensive\"}"), 50.0, "{m}");
     assert_eq!(
-        metric(&m, "weir_rule_decisions_total{rule=\"anon-expensive\",result=\"reject\"}"),
+        metric(&m, "weir_rejections_total{rule=\"anon-expensive\"}"),
+        50.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "weir_rule_decisions_total{rule=\"anon-expensive\",result=\"reject\"}"
+        ),
         50.0
     );
-    assert_eq!(metric(&m, "weir_rule_rejected_clients{rule=\"anon-expensive\"}"), 50.0);
+    assert_eq!(
+        metric(&m, "weir_rule_rejected_clients{rule=\"anon-expensive\"}"),
+        50.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,8 +122,13 @@ limits = [{ per = "site", rate = 25, window = "1m" }]
     assert_eq!(ok, 25 - 4, "site quota minus the 4 requests admitted above");
     assert_eq!(limited, 40 - ok);
     let log = weir.access_log(46).await;
-    assert!(log.iter().any(|l| l["rule"] == "per-ip" && l["rule_level"] == "ip" && l["rule_key"] == "127.30.0.1"));
-    assert!(log.iter().any(|l| l["rule"] == "site" && l["rule_level"] == "site"));
+    assert!(log.iter().any(|l| l["rule"] == "per-ip"
+        && l["rule_level"] == "ip"
+        && l["rule_key"] == "127.30.0.1"));
+    assert!(
+        log.iter()
+            .any(|l| l["rule"] == "site" && l["rule_level"] == "site")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,7 +149,10 @@ limits = [{ per = "ip", rate = 1, window = "1m" }]
     let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
     assert_eq!(h["ratelimit-policy"], "\"tight\";q=1;w=60");
-    assert_eq!(h["ratelimit"].to_str().unwrap(), format!("\"tight\";r=0;t={retry}"));
+    assert_eq!(
+        h["ratelimit"].to_str().unwrap(),
+        format!("\"tight\";r=0;t={retry}")
+    );
     let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(doc["reason"], "tight");
     let (_, h, body) = get_from(me, weir.addr, "/", &[("accept", "text/html,*/*")]).await;
@@ -135,7 +161,10 @@ limits = [{ per = "ip", rate = 1, window = "1m" }]
     // A browser navigation that is refused counts as possible human collateral.
     let m = weir.metrics().await;
     assert!(
-        metric(&m, "weir_rule_collateral_total{rule=\"tight\",signal=\"low_rate\",enforced=\"yes\"}") >= 1.0,
+        metric(
+            &m,
+            "weir_rule_collateral_total{rule=\"tight\",signal=\"low_rate\",enforced=\"yes\"}"
+        ) >= 1.0,
         "{m}"
     );
 }
@@ -155,7 +184,14 @@ limits = [{ per = "subnet", rate = 2, window = "1m" }]
     let sources: Vec<IpAddr> = (1..=6).map(|n| ip(&format!("127.32.0.{n}"))).collect();
     assert_eq!(burst(&weir, &sources, &[]).await, (6, 0));
     let m = weir.metrics().await;
-    assert_eq!(metric(&m, "weir_rule_decisions_total{rule=\"trial\",result=\"shadow_reject\"}"), 4.0, "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            "weir_rule_decisions_total{rule=\"trial\",result=\"shadow_reject\"}"
+        ),
+        4.0,
+        "{m}"
+    );
     assert_eq!(metric(&m, "weir_rejections_total{rule=\"trial\"}"), 0.0);
     let log = weir.access_log(6).await;
     assert_eq!(log[5]["shadow_rules"][0], "trial");
@@ -176,8 +212,13 @@ async fn cookie_presence_can_never_exempt() {
     )
     .unwrap();
     let loaded = weir::config::load_file(&path, &weir::config::ProcessEnv).unwrap();
-    let err = weir::gateway::Gateway::build(loaded, None, 1).unwrap_err().to_string();
-    assert!(err.contains("classes.expensive.rules[0].exempt[0]"), "{err}");
+    let err = weir::gateway::Gateway::build(loaded, None, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("classes.expensive.rules[0].exempt[0]"),
+        "{err}"
+    );
     assert!(err.contains("only `verified` sessions"), "{err}");
     // With the exemption for verified sessions only, a session cookie anyone
     // can get from the login page changes nothing.
@@ -212,11 +253,19 @@ async fn limits_hold_from_the_first_request_after_a_restart() {
         snap.display()
     );
     let mut first = TestWeir::start(&cfg).await;
-    assert!(matches!(first.server().restored, weir::state::Restored::Missing(_)));
+    assert!(matches!(
+        first.server().restored,
+        weir::state::Restored::Missing(_)
+    ));
     let me = ip("127.34.0.1");
     assert_eq!(burst(&first, &[me; 4], &[]).await, (3, 1));
     // Graceful stop writes the snapshot.
-    first.server.take().unwrap().drain(std::time::Duration::from_secs(5)).await;
+    first
+        .server
+        .take()
+        .unwrap()
+        .drain(std::time::Duration::from_secs(5))
+        .await;
     assert!(snap.exists());
 
     let second = TestWeir::start(&cfg).await;
@@ -239,13 +288,25 @@ async fn reload_keeps_state_of_unchanged_rules_only() {
 
     // An unrelated change (the other rule): `per-ip` keeps its state.
     let changed_other = SNAPSHOT_RULES.replace("rate = 1000", "rate = 2000");
-    std::fs::write(&weir.config_path, format!("{base}{}", rules_config(up.addr, &changed_other))).unwrap();
+    std::fs::write(
+        &weir.config_path,
+        format!("{base}{}", rules_config(up.addr, &changed_other)),
+    )
+    .unwrap();
     weir.server().runtime.reload(true).unwrap();
-    assert_eq!(burst(&weir, &[me], &[]).await, (0, 1), "state kept across reload");
+    assert_eq!(
+        burst(&weir, &[me], &[]).await,
+        (0, 1),
+        "state kept across reload"
+    );
 
     // Changing the rule itself starts it afresh.
     let changed_rule = changed_other.replace("rate = 3,", "rate = 5,");
-    std::fs::write(&weir.config_path, format!("{base}{}", rules_config(up.addr, &changed_rule))).unwrap();
+    std::fs::write(
+        &weir.config_path,
+        format!("{base}{}", rules_config(up.addr, &changed_rule)),
+    )
+    .unwrap();
     weir.server().runtime.reload(true).unwrap();
     assert_eq!(burst(&weir, &[me], &[]).await, (1, 0));
 }

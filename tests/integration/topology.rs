@@ -47,21 +47,32 @@ limits = [{{ per = "ip", rate = 2, window = "1m" }}]
 async fn statuses_via(lb: SocketAddr, client: Ipv4Addr, n: usize) -> Vec<u16> {
     let mut out = Vec::new();
     for _ in 0..n {
-        let r = HttpRequest::get("/flags").from(client).send(lb).await.expect("response via nginx");
+        let r = HttpRequest::get("/flags")
+            .from(client)
+            .send(lb)
+            .await
+            .expect("response via nginx");
         out.push(r.status);
     }
     out
 }
 
 async fn metrics(weir: &Weir) -> String {
-    HttpRequest::get("/metrics").send(weir.admin()).await.expect("metrics").text()
+    HttpRequest::get("/metrics")
+        .send(weir.admin())
+        .await
+        .expect("metrics")
+        .text()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_real_nginx_load_balancer_each_client_is_limited_alone() {
     let app = Upstream::start().await;
     let weir = Weir::builder()
-        .config(weir_config(app.addr, "[identity]\ntrusted_proxies = [\"127.0.0.1/32\"]\n"))
+        .config(weir_config(
+            app.addr,
+            "[identity]\ntrusted_proxies = [\"127.0.0.1/32\"]\n",
+        ))
         .start()
         .await
         .expect("weir starts");
@@ -108,17 +119,34 @@ async fn without_trusted_proxies_weir_says_so_instead_of_silently_limiting_the_b
         .start()
         .await
         .expect("nginx starts");
-    assert_eq!(statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 1), 2).await, vec![200, 200]);
+    assert_eq!(
+        statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 1), 2).await,
+        vec![200, 200]
+    );
     // ...so a different person is refused: the incident, reproduced.
-    assert_eq!(statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 2), 1).await, vec![429]);
+    assert_eq!(
+        statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 2), 1).await,
+        vec![429]
+    );
     // But weir counts and reports it: forwarding headers from an untrusted
     // peer, and one peer carrying all traffic.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 3), 1).await;
     let m = metrics(&weir).await;
-    assert!(m.contains("weir_forwarding_header_warnings_total{kind=\"untrusted_peer\"}"), "{m}");
-    assert!(m.contains("weir_forwarding_header_warnings_total{kind=\"dominant_peer\"} 1"), "{m}");
-    assert!(weir.stderr().contains("one peer address sends most requests"), "{}", weir.stderr());
+    assert!(
+        m.contains("weir_forwarding_header_warnings_total{kind=\"untrusted_peer\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("weir_forwarding_header_warnings_total{kind=\"dominant_peer\"} 1"),
+        "{m}"
+    );
+    assert!(
+        weir.stderr()
+            .contains("one peer address sends most requests"),
+        "{}",
+        weir.stderr()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,7 +156,11 @@ async fn behind_haproxy_with_proxy_protocol_v1_and_v2() {
         "[[listeners]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = true\n[admin]\naddress = \"127.0.0.1:0\"\n[identity]\ntrusted_proxies = [\"127.0.0.1\"]\n[pools.app]\nservers = [\"{}\"]\n",
         app.addr
     );
-    let weir = Weir::builder().config(cfg).start().await.expect("weir starts");
+    let weir = Weir::builder()
+        .config(cfg)
+        .start()
+        .await
+        .expect("weir starts");
     let target = weir.listener(0);
     let haproxy = Haproxy::builder()
         .ports(2)
@@ -143,10 +175,21 @@ async fn behind_haproxy_with_proxy_protocol_v1_and_v2() {
         .start()
         .await
         .expect("haproxy starts");
-    for (i, client) in [Ipv4Addr::new(127, 52, 0, 1), Ipv4Addr::new(127, 52, 0, 2)].into_iter().enumerate() {
-        let r = HttpRequest::get("/pp").from(client).send(haproxy.addr(i)).await.expect("via haproxy");
+    for (i, client) in [Ipv4Addr::new(127, 52, 0, 1), Ipv4Addr::new(127, 52, 0, 2)]
+        .into_iter()
+        .enumerate()
+    {
+        let r = HttpRequest::get("/pp")
+            .from(client)
+            .send(haproxy.addr(i))
+            .await
+            .expect("via haproxy");
         assert_eq!(r.status, 200, "{r}");
-        assert!(r.text().contains(&format!("\"x-forwarded-for\":\"{client}\"")), "{r}");
+        assert!(
+            r.text()
+                .contains(&format!("\"x-forwarded-for\":\"{client}\"")),
+            "{r}"
+        );
     }
     assert_eventually_async!(
         {
@@ -156,7 +199,10 @@ async fn behind_haproxy_with_proxy_protocol_v1_and_v2() {
         "{}",
         weir.stdout()
     );
-    assert!(weir.stdout().contains("\"client_source\":\"proxy_protocol\""));
+    assert!(
+        weir.stdout()
+            .contains("\"client_source\":\"proxy_protocol\"")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,14 +212,23 @@ async fn sigterm_under_load_completes_every_in_flight_request_and_sighup_reloads
         "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n[access_log]\ntarget = \"off\"\n[pools.app]\nservers = [\"{}\"]\n",
         app.addr
     );
-    let mut weir = Weir::builder().config(cfg.clone()).start().await.expect("weir starts");
+    let mut weir = Weir::builder()
+        .config(cfg.clone())
+        .start()
+        .await
+        .expect("weir starts");
     // SIGHUP: a changed file is applied.
-    weir.write_config(&cfg.replace("[access_log]", "[limits]\nmax_headers = 50\n[access_log]")).unwrap();
+    weir.write_config(&cfg.replace("[access_log]", "[limits]\nmax_headers = 50\n[access_log]"))
+        .unwrap();
     weir.signal(Signal::Hup).unwrap();
     let admin = weir.admin();
     let mut version = 0;
     for _ in 0..100 {
-        let s = HttpRequest::get("/status").send(admin).await.unwrap().text();
+        let s = HttpRequest::get("/status")
+            .send(admin)
+            .await
+            .unwrap()
+            .text();
         let doc: serde_json::Value = serde_json::from_str(&s).unwrap();
         version = doc["config_version"].as_u64().unwrap();
         if version == 2 {
@@ -200,14 +255,18 @@ async fn sigterm_under_load_completes_every_in_flight_request_and_sighup_reloads
     for r in inflight {
         assert_eq!(r.await.unwrap().expect("request completes"), 200);
     }
-    let status = weir.wait_exit(Duration::from_secs(20)).await.expect("weir exits");
+    let status = weir
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("weir exits");
     assert!(status.success(), "{status:?}");
 }
 
 /// Sends one keep-alive request on `s` and reads one small response.
 async fn request_on(s: &mut tokio::net::TcpStream) -> std::io::Result<bool> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    s.write_all(b"GET /held HTTP/1.1\r\nHost: t\r\n\r\n").await?;
+    s.write_all(b"GET /held HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await?;
     let mut buf = vec![0u8; 4096];
     let mut got = 0;
     // The echo body is small; read until the JSON closes.
@@ -243,7 +302,11 @@ async fn holds_ten_thousand_keep_alive_connections() {
          [limits]\nmax_connections = 12000\nkeepalive_idle_timeout = \"5m\"\n[pools.app]\nservers = [\"{}\"]\n",
         app.addr
     );
-    let weir = Weir::builder().config(cfg).start().await.expect("weir starts");
+    let weir = Weir::builder()
+        .config(cfg)
+        .start()
+        .await
+        .expect("weir starts");
     let addr = weir.listener(0);
     let rss_before = rss_mib(weir.pid());
     // The clients live in this test process, weir in its own: each side needs
@@ -256,7 +319,9 @@ async fn holds_ten_thousand_keep_alive_connections() {
             let _p = gate.acquire().await.unwrap();
             // 100 addresses x 100 connections: under the per-address cap.
             let src = Ipv4Addr::new(127, 60, (i / 100) as u8, (i % 100 + 1) as u8);
-            let mut s = crate::support::connect_from(IpAddr::V4(src), addr).await.ok()?;
+            let mut s = crate::support::connect_from(IpAddr::V4(src), addr)
+                .await
+                .ok()?;
             request_on(&mut s).await.ok()?.then_some(s)
         }));
     }
@@ -266,13 +331,29 @@ async fn holds_ten_thousand_keep_alive_connections() {
             held.push(s);
         }
     }
-    assert_eq!(held.len(), CONNS, "every connection was accepted and served");
-    let status: serde_json::Value =
-        serde_json::from_str(&HttpRequest::get("/status").send(weir.admin()).await.unwrap().text()).unwrap();
-    assert!(status["connections"]["open"].as_u64().unwrap() >= CONNS as u64, "{status}");
+    assert_eq!(
+        held.len(),
+        CONNS,
+        "every connection was accepted and served"
+    );
+    let status: serde_json::Value = serde_json::from_str(
+        &HttpRequest::get("/status")
+            .send(weir.admin())
+            .await
+            .unwrap()
+            .text(),
+    )
+    .unwrap();
+    assert!(
+        status["connections"]["open"].as_u64().unwrap() >= CONNS as u64,
+        "{status}"
+    );
     // They are alive: a second request on a sample of them succeeds.
     for s in held.iter_mut().step_by(97) {
-        assert!(request_on(s).await.unwrap(), "a held connection still serves");
+        assert!(
+            request_on(s).await.unwrap(),
+            "a held connection still serves"
+        );
     }
     let m = metrics(&weir).await;
     assert!(!m.contains("weir_connections_refused_total"), "{m}");
