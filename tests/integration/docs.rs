@@ -35,7 +35,10 @@ fn every_config_key_is_documented() {
                 .iter()
                 .find(|(r, _)| r == k)
                 .map_or(k.as_str(), |(_, t)| t);
-            !doc.contains(&format!("`{toml}`")) && !doc.contains(&format!(".{toml}`"))
+            !doc.contains(&format!("`{toml}`"))
+                && !doc.contains(&format!(".{toml}`"))
+                && !doc.contains(&format!("`[{toml}"))
+                && !doc.contains(&format!("`[[{toml}"))
         })
         .collect();
     assert!(

@@ -129,7 +129,9 @@ async fn without_trusted_proxies_weir_says_so_instead_of_silently_limiting_the_b
         vec![429]
     );
     // But weir counts and reports it: forwarding headers from an untrusted
-    // peer, and one peer carrying all traffic.
+    // peer, and one peer carrying all traffic (the window needs 4 requests;
+    // the next window's first request closes it).
+    statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 4), 2).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 3), 1).await;
     let m = metrics(&weir).await;
