@@ -25,7 +25,12 @@ fn keys() -> Vec<FairKey> {
                 (10, 1, (i / 250) as u8, (i % 250) as u8)
             } else {
                 let j = i - WAITING / 3;
-                (11 + (j % 200) as u8, (j / 200 % 250) as u8, 0, (j / 50000 + 1) as u8)
+                (
+                    11 + (j % 200) as u8,
+                    (j / 200 % 250) as u8,
+                    0,
+                    (j / 50000 + 1) as u8,
+                )
             };
             FairKey::of(ClientAddr::new(IpAddr::V4(Ipv4Addr::new(a, b, c, d))))
         })
@@ -91,7 +96,10 @@ fn admission_queue(c: &mut Criterion) {
     g.bench_function("acquire_release_uncontended", |b| {
         let q = AdmissionQueue::new(deep_config(8)).expect("queue");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
-        b.iter(|| rt.block_on(q.acquire(Lane::PASS, keys[0], deadline)).map(drop))
+        b.iter(|| {
+            rt.block_on(q.acquire(Lane::PASS, keys[0], deadline))
+                .map(drop)
+        })
     });
     // Every slot hand-off goes through a queue 10,000 deep: each of 10,000
     // tasks acquires, drops its permit at once, and queues again.

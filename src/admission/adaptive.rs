@@ -100,7 +100,7 @@ impl GradientConfig {
         if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
             return Err(GradientConfigError::Smoothing(self.smoothing));
         }
-        if !(self.tolerance >= 1.0) {
+        if self.tolerance.is_nan() || self.tolerance < 1.0 {
             return Err(GradientConfigError::Tolerance(self.tolerance));
         }
         if !(self.backoff > 0.0 && self.backoff < 1.0) {
@@ -226,7 +226,11 @@ impl GradientLimit {
         // Headroom only while latency is within tolerance: with tens of
         // workers, a sqrt term added under pressure would pin the limit near 4
         // however slow the app gets (the fixed point of 0.5·L + sqrt(L)).
-        let headroom = if gradient >= 1.0 { self.limit.sqrt() } else { 0.0 };
+        let headroom = if gradient >= 1.0 {
+            self.limit.sqrt()
+        } else {
+            0.0
+        };
         let candidate = self.limit * gradient + headroom;
         let mut next = self.limit * (1.0 - cfg.smoothing) + candidate * cfg.smoothing;
         let app_limited = (w.max_in_flight as f64) < self.limit / 2.0;
@@ -323,7 +327,10 @@ mod tests {
         };
         let after = g.on_sample(now, sample).unwrap_or(usize::MAX);
         // ×0.9 of the unrounded limit: within one of ×0.9 of the rounded one.
-        assert!(after < before && after + 1 >= before * 9 / 10, "{before} -> {after}");
+        assert!(
+            after < before && after + 1 >= before * 9 / 10,
+            "{before} -> {after}"
+        );
     }
 
     #[test]
@@ -361,12 +368,30 @@ mod tests {
     fn rejects_bad_config() {
         let now = Instant::now();
         let cases = [
-            GradientConfig { min: 0, ..GradientConfig::default() },
-            GradientConfig { initial: 100, ..GradientConfig::default() },
-            GradientConfig { smoothing: 0.0, ..GradientConfig::default() },
-            GradientConfig { tolerance: 0.5, ..GradientConfig::default() },
-            GradientConfig { backoff: 1.0, ..GradientConfig::default() },
-            GradientConfig { long_window: 0, ..GradientConfig::default() },
+            GradientConfig {
+                min: 0,
+                ..GradientConfig::default()
+            },
+            GradientConfig {
+                initial: 100,
+                ..GradientConfig::default()
+            },
+            GradientConfig {
+                smoothing: 0.0,
+                ..GradientConfig::default()
+            },
+            GradientConfig {
+                tolerance: 0.5,
+                ..GradientConfig::default()
+            },
+            GradientConfig {
+                backoff: 1.0,
+                ..GradientConfig::default()
+            },
+            GradientConfig {
+                long_window: 0,
+                ..GradientConfig::default()
+            },
         ];
         for cfg in cases {
             assert!(GradientLimit::new(cfg.clone(), now).is_err(), "{cfg:?}");

@@ -501,7 +501,7 @@ mod tests {
         assert_eq!(q.remove(a), Some('a'));
         assert_eq!(q.remove(a), None, "second removal is stale");
         assert_eq!(q.len(), 1);
-        assert_eq!(q.pop().map(|(t, v)| (t, v)), Some((b, 'b')));
+        assert_eq!(q.pop(), Some((b, 'b')));
         assert_eq!(q.remove(b), None, "served ticket is stale");
         // A reused slot does not answer to the old ticket.
         let c = q.push(key(10, 0, 0, 2), 'c');
@@ -598,7 +598,12 @@ mod tests {
             match next() % 4 {
                 0 | 1 => {
                     let r = next();
-                    let k = key(10 + (r % 5) as u8, 0, (r >> 8) as u8 % 4, (r >> 16) as u8 % 8);
+                    let k = key(
+                        10 + (r % 5) as u8,
+                        0,
+                        (r >> 8) as u8 % 4,
+                        (r >> 16) as u8 % 8,
+                    );
                     live.push((q.push(k, step), step));
                 }
                 2 => {

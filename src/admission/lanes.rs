@@ -168,7 +168,10 @@ impl Lanes {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (Lane, &LaneSpec)> {
-        self.specs.iter().enumerate().map(|(i, s)| (Lane(i as u8), s))
+        self.specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (Lane(i as u8), s))
     }
 }
 
@@ -190,7 +193,10 @@ mod tests {
             (vec!["a", "b"], None),
             (vec![], Some(LanesError::Empty)),
             (vec!["a", "a"], Some(LanesError::Duplicate("a".into()))),
-            (vec!["Bad Name"], Some(LanesError::BadName("Bad Name".into()))),
+            (
+                vec!["Bad Name"],
+                Some(LanesError::BadName("Bad Name".into())),
+            ),
             (vec!["x"; 9], Some(LanesError::TooMany(9))),
         ];
         for (names, want) in cases {

@@ -289,7 +289,12 @@ impl AdmissionQueue {
 
     /// Waits for a slot until `deadline`. A lane beyond this pool's lanes is
     /// treated as the lowest lane.
-    pub async fn acquire(&self, lane: Lane, key: FairKey, deadline: Instant) -> Result<Permit, Shed> {
+    pub async fn acquire(
+        &self,
+        lane: Lane,
+        key: FairKey,
+        deadline: Instant,
+    ) -> Result<Permit, Shed> {
         let shared = &self.shared;
         let lane = shared.config.lanes.clamp(lane);
         let now = Instant::now();
@@ -301,7 +306,13 @@ impl AdmissionQueue {
                 st.lanes[lane.index()].counters.admitted += 1;
                 let in_flight = st.in_flight;
                 drop(st);
-                return Ok(Permit::new(shared.clone(), lane, Duration::ZERO, now, in_flight));
+                return Ok(Permit::new(
+                    shared.clone(),
+                    lane,
+                    Duration::ZERO,
+                    now,
+                    in_flight,
+                ));
             }
             let refused = if deadline <= now {
                 Err(ShedReason::DeadlineExceeded)
@@ -616,7 +627,13 @@ impl std::fmt::Debug for Permit {
 }
 
 impl Permit {
-    fn new(shared: Arc<Shared>, lane: Lane, waited: Duration, now: Instant, in_flight: usize) -> Permit {
+    fn new(
+        shared: Arc<Shared>,
+        lane: Lane,
+        waited: Duration,
+        now: Instant,
+        in_flight: usize,
+    ) -> Permit {
         Permit {
             shared: Some(shared),
             lane,

@@ -32,7 +32,12 @@ async fn settle() {
     }
 }
 
-fn wait(q: &AdmissionQueue, lane: Lane, k: FairKey, within: Duration) -> JoinHandle<Result<Permit, Shed>> {
+fn wait(
+    q: &AdmissionQueue,
+    lane: Lane,
+    k: FairKey,
+    within: Duration,
+) -> JoinHandle<Result<Permit, Shed>> {
     let q = q.clone();
     let deadline = Instant::now() + within;
     tokio::spawn(async move { q.acquire(lane, k, deadline).await })
@@ -54,8 +59,12 @@ fn shed_count(q: &AdmissionQueue, lane: Lane, reason: ShedReason) -> u64 {
 #[tokio::test(start_paused = true)]
 async fn grants_up_to_limit_then_queues_and_records_wait() {
     let q = queue(2);
-    let p1 = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
-    let _p2 = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 2)).await.unwrap();
+    let p1 = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let _p2 = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 2))
+        .await
+        .unwrap();
     assert_eq!(p1.waited(), Duration::ZERO);
     let w = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 3), secs(10));
     settle().await;
@@ -71,7 +80,9 @@ async fn grants_up_to_limit_then_queues_and_records_wait() {
 #[tokio::test(start_paused = true)]
 async fn higher_lanes_are_served_first() {
     let q = queue(1);
-    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
+    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     let anon = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10));
     settle().await;
     let pass = wait(&q, Lane::PASS, key(10, 0, 0, 3), secs(10));
@@ -93,7 +104,9 @@ async fn higher_lanes_are_served_first() {
 #[tokio::test(start_paused = true)]
 async fn fair_within_a_lane() {
     let q = queue(1);
-    let mut held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
+    let mut held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     let crawlers: Vec<_> = (0..5)
         .map(|i| wait(&q, Lane::ANONYMOUS, key(10, 0, i, 9), secs(10)))
         .collect();
@@ -117,36 +130,55 @@ async fn fair_within_a_lane() {
 #[tokio::test(start_paused = true)]
 async fn deadline_sheds_with_retry_after() {
     let q = queue(1);
-    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
+    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     // With every task waiting, the paused clock jumps to the deadline.
-    let shed = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10)).await.unwrap().unwrap_err();
+    let shed = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10))
+        .await
+        .unwrap()
+        .unwrap_err();
     assert_eq!(shed.reason, ShedReason::DeadlineExceeded);
     assert_eq!(shed.waited, secs(10));
     assert!(shed.retry_after >= secs(1) && shed.retry_after <= secs(30));
     assert_eq!(q.snapshot().queued(), 0);
-    assert_eq!(shed_count(&q, Lane::ANONYMOUS, ShedReason::DeadlineExceeded), 1);
+    assert_eq!(
+        shed_count(&q, Lane::ANONYMOUS, ShedReason::DeadlineExceeded),
+        1
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn past_deadline_is_shed_at_once() {
     let q = queue(1);
-    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
-    let got = q.acquire(Lane::VERIFIED, key(10, 0, 0, 2), Instant::now()).await;
+    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let got = q
+        .acquire(Lane::VERIFIED, key(10, 0, 0, 2), Instant::now())
+        .await;
     assert_eq!(got.unwrap_err().reason, ShedReason::DeadlineExceeded);
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_follows_queue_and_hold_time() {
     let q = queue(1);
-    let p = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
+    let p = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     tokio::time::advance(secs(4)).await;
     drop(p); // permits are held 4 s on average now
-    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
+    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     let _waiters: Vec<_> = (0..3)
         .map(|i| wait(&q, Lane::ANONYMOUS, key(10, i, 0, 1), secs(60)))
         .collect();
     settle().await;
-    let shed = q.acquire(Lane::ANONYMOUS, key(11, 0, 0, 1), Instant::now()).await.unwrap_err();
+    let shed = q
+        .acquire(Lane::ANONYMOUS, key(11, 0, 0, 1), Instant::now())
+        .await
+        .unwrap_err();
     // 3 waiting + this one, through 1 slot, 4 s each.
     assert_eq!(shed.retry_after, secs(16));
 }
@@ -180,13 +212,18 @@ async fn full_lane_sheds_the_fattest_network_not_the_newcomer() {
     assert_eq!(a2.await.unwrap().unwrap_err().reason, ShedReason::QueueFull);
     assert!(!b.is_finished());
     let snap = q.snapshot();
-    assert_eq!((snap.lanes[0].queued, snap.lanes[0].networks_queued), (2, 2));
+    assert_eq!(
+        (snap.lanes[0].queued, snap.lanes[0].networks_queued),
+        (2, 2)
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn zero_depth_lane_never_waits() {
     let q = one_lane(0);
-    let _held = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 1)).await.unwrap();
+    let _held = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     let got = now_acquire(&q, Lane::VERIFIED, key(20, 0, 0, 1)).await;
     assert_eq!(got.unwrap_err().reason, ShedReason::QueueFull);
 }
@@ -196,7 +233,9 @@ async fn full_pool_sheds_lowest_lane_for_higher_arrival() {
     let mut cfg = QueueConfig::fixed(nz(1));
     cfg.max_queued = 2;
     let q = AdmissionQueue::new(cfg).unwrap();
-    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
+    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     let pass = wait(&q, Lane::PASS, key(30, 0, 0, 1), secs(10));
     settle().await;
     let anon = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10));
@@ -207,7 +246,10 @@ async fn full_pool_sheds_lowest_lane_for_higher_arrival() {
     assert_eq!(shed.reason, ShedReason::LowerLaneShed);
     assert_eq!(shed.lane, Lane::ANONYMOUS);
     assert!(!verified.is_finished() && !pass.is_finished());
-    assert_eq!(shed_count(&q, Lane::ANONYMOUS, ShedReason::LowerLaneShed), 1);
+    assert_eq!(
+        shed_count(&q, Lane::ANONYMOUS, ShedReason::LowerLaneShed),
+        1
+    );
     // Now full of higher lanes: an anonymous arrival cannot push them out.
     let got = now_acquire(&q, Lane::ANONYMOUS, key(40, 0, 0, 1)).await;
     assert_eq!(got.unwrap_err().reason, ShedReason::QueueFull);
@@ -216,7 +258,9 @@ async fn full_pool_sheds_lowest_lane_for_higher_arrival() {
 #[tokio::test(start_paused = true)]
 async fn client_leaving_frees_its_place() {
     let q = queue(1);
-    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
+    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     let w = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10));
     settle().await;
     w.abort();
@@ -230,7 +274,9 @@ async fn client_leaving_frees_its_place() {
 #[tokio::test(start_paused = true)]
 async fn permit_granted_to_a_departed_waiter_is_not_leaked() {
     let q = queue(1);
-    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await.unwrap();
+    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
     let w = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10));
     settle().await;
     drop(held); // the permit is now in the waiter's channel, not yet received
@@ -246,8 +292,12 @@ async fn health_slot_is_outside_traffic_and_bounded() {
     cfg.workers = Some(nz(3));
     let q = AdmissionQueue::new(cfg).unwrap();
     assert_eq!(q.limit(), 2, "workers 3 minus 1 reserved");
-    let _a = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 1)).await.unwrap();
-    let _b = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 2)).await.unwrap();
+    let _a = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let _b = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 2))
+        .await
+        .unwrap();
     let _w = wait(&q, Lane::VERIFIED, key(10, 0, 0, 3), secs(10));
     settle().await;
     let h = q.try_acquire_health();
@@ -292,7 +342,11 @@ async fn adaptive_limit_grows_on_flat_latency_and_is_exported() {
         let n = q.limit();
         let mut permits = Vec::new();
         for i in 0..n {
-            permits.push(now_acquire(&q, Lane::PASS, key(10, 0, (i % 200) as u8, 1)).await.unwrap());
+            permits.push(
+                now_acquire(&q, Lane::PASS, key(10, 0, (i % 200) as u8, 1))
+                    .await
+                    .unwrap(),
+            );
         }
         tokio::time::advance(Duration::from_millis(100)).await;
         for p in permits {
