@@ -21,7 +21,9 @@
 //! [`crate::admission::queue`]), and it does not weigh requests by cost: every
 //! request is one unit, because within one lane requests are of one class.
 
+use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
 
 use crate::identity::{ClientAddr, Level, PrefixKey};
 
@@ -58,6 +60,80 @@ pub struct Ticket {
 }
 
 const ROOT: u32 = 0;
+
+/// Seeded folded-multiply hashing for prefix keys (the foldhash idea): a few
+/// nanoseconds instead of SipHash's tens, on the hot path of every push.
+/// Both the start state and the multiplier come from a per-queue random seed,
+/// so clients who choose their addresses (an IPv6 /64 holds 2^64 of them)
+/// cannot aim for collisions without knowing it.
+#[derive(Debug, Clone)]
+struct KeyHashing {
+    seed: u64,
+    multiplier: u64,
+}
+
+impl KeyHashing {
+    fn new() -> KeyHashing {
+        let random = RandomState::new();
+        KeyHashing {
+            seed: random.hash_one(0x5EED_u64),
+            multiplier: random.hash_one(0x0DD_u64) | 1,
+        }
+    }
+}
+
+impl BuildHasher for KeyHashing {
+    type Hasher = KeyHasher;
+
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher {
+            state: self.seed,
+            multiplier: self.multiplier,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct KeyHasher {
+    state: u64,
+    multiplier: u64,
+}
+
+fn folded_multiply(a: u64, b: u64) -> u64 {
+    let full = (a as u128).wrapping_mul(b as u128);
+    (full as u64) ^ ((full >> 64) as u64)
+}
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        folded_multiply(self.state, self.multiplier.rotate_left(29))
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, x: u8) {
+        self.write_u64(x as u64);
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.state = folded_multiply(self.state ^ x, self.multiplier);
+    }
+
+    fn write_u128(&mut self, x: u128) {
+        self.write_u64(x as u64);
+        self.write_u64((x >> 64) as u64);
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Depth {
@@ -125,13 +201,15 @@ struct Slot<T> {
 pub struct FairQueue<T> {
     nodes: Vec<Node>,
     free_nodes: Vec<u32>,
-    index: HashMap<PrefixKey, u32>,
+    index: HashMap<PrefixKey, u32, KeyHashing>,
     slots: Vec<Slot<T>>,
     free_slots: Vec<u32>,
     /// `buckets[n]` lists the networks with exactly `n` live items, so the
     /// fattest network is found in O(1) (counts only move by one).
     buckets: Vec<Vec<u32>>,
     fattest: usize,
+    /// Networks with at least one live item.
+    active_networks: usize,
 }
 
 impl<T> Default for FairQueue<T> {
@@ -145,11 +223,12 @@ impl<T> FairQueue<T> {
         FairQueue {
             nodes: vec![Node::new(None, Depth::Root, ROOT)],
             free_nodes: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::with_hasher(KeyHashing::new()),
             slots: Vec::new(),
             free_slots: Vec::new(),
             buckets: vec![Vec::new()],
             fattest: 0,
+            active_networks: 0,
         }
     }
 
@@ -164,7 +243,7 @@ impl<T> FairQueue<T> {
 
     /// Networks with at least one item queued.
     pub fn networks(&self) -> usize {
-        self.buckets.iter().skip(1).map(Vec::len).sum()
+        self.active_networks
     }
 
     /// Items queued from `network` (a /16 or /48 key).
@@ -299,14 +378,21 @@ impl<T> FairQueue<T> {
         if let Some(&n) = self.index.get(&key) {
             return n;
         }
-        let node = Node::new(Some(key), depth, parent);
         let n = match self.free_nodes.pop() {
             Some(n) => {
-                self.nodes[n as usize] = node;
+                // Reuse in place: the (cleared) rings keep their capacity, so
+                // a client that comes and goes does not allocate each time.
+                let node = &mut self.nodes[n as usize];
+                node.key = Some(key);
+                node.depth = depth;
+                node.parent = parent;
+                node.live = 0;
+                node.in_ring = false;
+                node.bucket_pos = 0;
                 n
             }
             None => {
-                self.nodes.push(node);
+                self.nodes.push(Node::new(Some(key), depth, parent));
                 (self.nodes.len() - 1) as u32
             }
         };
@@ -340,6 +426,10 @@ impl<T> FairQueue<T> {
     /// Frees an empty node and everything still in its ring (all empty too:
     /// a node's `live` is the sum of its children's).
     fn free_subtree(&mut self, n: u32) {
+        if self.nodes[n as usize].children.is_empty() {
+            self.free_node(n);
+            return;
+        }
         let mut stack = vec![n];
         while let Some(n) = stack.pop() {
             let node = &mut self.nodes[n as usize];
@@ -352,6 +442,17 @@ impl<T> FairQueue<T> {
             }
             self.free_nodes.push(n);
         }
+    }
+
+    fn free_node(&mut self, n: u32) {
+        let node = &mut self.nodes[n as usize];
+        node.items.clear();
+        node.arrivals.clear();
+        node.in_ring = false;
+        if let Some(key) = node.key.take() {
+            self.index.remove(&key);
+        }
+        self.free_nodes.push(n);
     }
 
     fn account_removal(&mut self, leaf: u32, net: u32) {
@@ -371,6 +472,11 @@ impl<T> FairQueue<T> {
     fn bucket_move(&mut self, net: u32, delta: i64) {
         let live = self.nodes[net as usize].live as usize;
         let old = (live as i64 + delta) as usize;
+        match (old > 0, live > 0) {
+            (false, true) => self.active_networks += 1,
+            (true, false) => self.active_networks -= 1,
+            _ => {}
+        }
         if old > 0 {
             let pos = self.nodes[net as usize].bucket_pos;
             let bucket = &mut self.buckets[old];
@@ -436,6 +542,7 @@ impl<T> FairQueue<T> {
             b.clear();
         }
         self.fattest = 0;
+        self.active_networks = 0;
     }
 
     #[cfg(test)]
@@ -452,6 +559,25 @@ mod tests {
 
     fn key(a: u8, b: u8, c: u8, d: u8) -> FairKey {
         FairKey::of(ClientAddr::new(IpAddr::V4(Ipv4Addr::new(a, b, c, d))))
+    }
+
+    #[test]
+    fn key_hashing_separates_neighbours_and_is_seeded() {
+        let h = KeyHashing::new();
+        let a = h.hash_one(key(10, 0, 0, 1).address);
+        let b = h.hash_one(key(10, 0, 0, 2).address);
+        let c = h.hash_one(key(10, 0, 0, 0).subnet);
+        assert!(a != b && a != c && b != c);
+        assert_eq!(
+            a,
+            h.hash_one(key(10, 0, 0, 1).address),
+            "deterministic per queue"
+        );
+        assert_ne!(
+            a,
+            KeyHashing::new().hash_one(key(10, 0, 0, 1).address),
+            "seeded"
+        );
     }
 
     #[test]
@@ -626,6 +752,10 @@ mod tests {
                 .max()
                 .unwrap_or(0);
             assert_eq!(q.fattest_len(), fattest);
+            let active = (10..15u8)
+                .filter(|&a| q.network_len(&key(a, 0, 0, 0).network) > 0)
+                .count();
+            assert_eq!(q.networks(), active);
         }
     }
 }

@@ -29,11 +29,13 @@
 //! are explained in `docs/admission.md`.
 
 pub mod adaptive;
+pub mod coalesce;
 pub mod fair;
 pub mod lanes;
 pub mod queue;
 
 pub use adaptive::{GradientConfig, GradientLimit};
+pub use coalesce::{CoalesceKey, Coalescer, Role, SharedResponse};
 pub use fair::{FairKey, FairQueue};
 pub use lanes::{Lane, LaneSpec, Lanes};
 pub use queue::{
