@@ -374,3 +374,15 @@ async fn adaptive_limit_backs_off_on_overload() {
     }
     assert!(q.limit() < 10, "limit {}", q.limit());
 }
+
+#[test]
+fn types_cross_tasks() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<AdmissionQueue>();
+    send_sync::<Permit>();
+    send_sync::<HealthPermit>();
+    let q = queue(1);
+    let fut = q.acquire(Lane::PASS, key(10, 0, 0, 1), Instant::now());
+    send(&fut);
+}
