@@ -18,6 +18,7 @@
 //! - [`config`]: the TOML schema, `${VAR}` substitution, validation, reload.
 //! - [`proxy`]: the one function that composes the stages for each request.
 
+pub mod admission;
 pub mod body;
 pub mod config;
 pub mod edge;

@@ -7,7 +7,10 @@
 //! (later) admission's job.
 
 pub mod forward;
+pub mod health;
 pub mod pool;
+pub mod retry_budget;
+pub mod slow_start;
 
 pub use forward::{ForwardError, ForwardingHeaders, Hop};
 pub use pool::{Pool, Server, ServerGuard};

@@ -1,0 +1,348 @@
+//! Request coalescing (opt-in): identical anonymous GETs in flight at the same
+//! time share one upstream request.
+//!
+//! The first request for a [`CoalesceKey`] becomes the [`Leader`] and goes
+//! upstream; later ones become [`Follower`]s and wait for it. If the leader's
+//! response is shareable ([`shareable`]: cacheable status, no `Set-Cookie`,
+//! not `private`/`no-store`, no `Vary: *`, body buffered within a size cap)
+//! the followers answer with a copy; otherwise (or if the leader fails or is
+//! dropped) each follower is told to go upstream itself. A crawler storm on
+//! one popular page then costs one worker, not hundreds.
+//!
+//! What is *anonymous* is the caller's decision (no verified session, no
+//! `Authorization`); [`CoalesceKey::for_request`] refuses requests that carry
+//! credentials or are not GET/HEAD as a second line of defence. This module
+//! does not cache: an entry lives only while its leader is in flight.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use tokio::sync::watch;
+
+/// What makes two requests identical: method, authority, path and query, and
+/// the request headers a shared response commonly varies on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CoalesceKey {
+    method: Method,
+    authority: String,
+    path_and_query: String,
+    accept_encoding: Option<HeaderValue>,
+    accept_language: Option<HeaderValue>,
+}
+
+impl CoalesceKey {
+    /// The key of a request, or `None` if it must never be coalesced
+    /// (not GET/HEAD, or carrying `Cookie`/`Authorization`, or a `Range`).
+    pub fn for_request(method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<CoalesceKey> {
+        if method != Method::GET && method != Method::HEAD {
+            return None;
+        }
+        let personal = [header::COOKIE, header::AUTHORIZATION, header::RANGE];
+        if personal.iter().any(|h| headers.contains_key(h)) {
+            return None;
+        }
+        let authority = uri
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()))?
+            .to_ascii_lowercase();
+        Some(CoalesceKey {
+            method: method.clone(),
+            authority,
+            path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+            accept_encoding: headers.get(header::ACCEPT_ENCODING).cloned(),
+            accept_language: headers.get(header::ACCEPT_LANGUAGE).cloned(),
+        })
+    }
+}
+
+/// A fully buffered response that followers may copy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// Whether a response may be handed to other clients.
+pub fn shareable(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body_len: usize,
+    max_bytes: usize,
+) -> bool {
+    // Heuristically cacheable statuses (RFC 9110 §15.1).
+    let cacheable_status = matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    );
+    let cache_control_forbids = headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|d| d.trim().to_ascii_lowercase())
+        .any(|d| d == "private" || d == "no-store" || d.starts_with("private="));
+    let varies_on_everything = headers
+        .get_all(header::VARY)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|f| f.trim() == "*"));
+    cacheable_status
+        && !headers.contains_key(header::SET_COOKIE)
+        && !cache_control_forbids
+        && !varies_on_everything
+        && body_len <= max_bytes
+}
+
+#[derive(Debug, Clone)]
+enum Outcome {
+    Pending,
+    Shared(Arc<SharedResponse>),
+    NotShared,
+}
+
+type InFlight = Mutex<HashMap<CoalesceKey, watch::Receiver<Outcome>>>;
+
+/// The map of in-flight leaders. Cheap to clone (shared).
+#[derive(Debug, Clone, Default)]
+pub struct Coalescer {
+    in_flight: Arc<InFlight>,
+}
+
+/// What a request does after [`Coalescer::join`].
+#[derive(Debug)]
+pub enum Role {
+    /// Go upstream, then [`Leader::finish`].
+    Leader(Leader),
+    /// Wait for the leader with [`Follower::wait`].
+    Follower(Follower),
+}
+
+impl Coalescer {
+    pub fn new() -> Coalescer {
+        Coalescer::default()
+    }
+
+    /// Leaders in flight now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CoalesceKey, watch::Receiver<Outcome>>> {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Becomes the leader for `key`, or a follower of the current one.
+    pub fn join(&self, key: CoalesceKey) -> Role {
+        let mut map = self.lock();
+        if let Some(rx) = map.get(&key) {
+            return Role::Follower(Follower { rx: rx.clone() });
+        }
+        let (tx, rx) = watch::channel(Outcome::Pending);
+        map.insert(key.clone(), rx);
+        Role::Leader(Leader {
+            owner: self.in_flight.clone(),
+            key: Some(key),
+            tx,
+        })
+    }
+}
+
+/// The request that goes upstream for everyone. Dropping it unfinished tells
+/// the followers to go upstream themselves.
+#[derive(Debug)]
+pub struct Leader {
+    owner: Arc<InFlight>,
+    key: Option<CoalesceKey>,
+    tx: watch::Sender<Outcome>,
+}
+
+impl Leader {
+    /// Publishes the response: `Some` if [`shareable`] said yes and it is
+    /// fully buffered, `None` to send the followers upstream.
+    pub fn finish(mut self, response: Option<SharedResponse>) {
+        let outcome = response.map_or(Outcome::NotShared, |r| Outcome::Shared(Arc::new(r)));
+        self.publish(outcome);
+    }
+
+    fn publish(&mut self, outcome: Outcome) {
+        if let Some(key) = self.key.take() {
+            // Leave the map first: a request arriving from now on starts
+            // afresh instead of copying a response it did not wait for.
+            self.owner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+            self.tx.send_replace(outcome);
+        }
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        self.publish(Outcome::NotShared);
+    }
+}
+
+/// A request waiting for its leader.
+#[derive(Debug)]
+pub struct Follower {
+    rx: watch::Receiver<Outcome>,
+}
+
+impl Follower {
+    /// The leader's response, or `None`: go upstream yourself.
+    pub async fn wait(mut self) -> Option<Arc<SharedResponse>> {
+        let outcome = self
+            .rx
+            .wait_for(|o| !matches!(o, Outcome::Pending))
+            .await
+            .ok()?;
+        match &*outcome {
+            Outcome::Shared(r) => Some(r.clone()),
+            Outcome::Pending | Outcome::NotShared => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(path: &str) -> CoalesceKey {
+        let uri: Uri = format!("http://wiki.example{path}").parse().unwrap();
+        CoalesceKey::for_request(&Method::GET, &uri, &HeaderMap::new()).unwrap()
+    }
+
+    fn response(body: &'static str) -> SharedResponse {
+        SharedResponse {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(body.as_bytes()),
+        }
+    }
+
+    fn leader(role: Role) -> Leader {
+        match role {
+            Role::Leader(l) => l,
+            Role::Follower(_) => panic!("expected a leader"),
+        }
+    }
+
+    fn follower(role: Role) -> Follower {
+        match role {
+            Role::Follower(f) => f,
+            Role::Leader(_) => panic!("expected a follower"),
+        }
+    }
+
+    #[tokio::test]
+    async fn followers_share_the_leaders_response() {
+        let c = Coalescer::new();
+        let lead = leader(c.join(key("/wiki/Main")));
+        let waits: Vec<_> = (0..3)
+            .map(|_| tokio::spawn(follower(c.join(key("/wiki/Main"))).wait()))
+            .collect();
+        let other = leader(c.join(key("/wiki/Other")));
+        assert_eq!(c.len(), 2);
+        lead.finish(Some(response("page")));
+        for w in waits {
+            let got = w.await.unwrap().expect("shared");
+            assert_eq!(got.body, Bytes::from_static(b"page"));
+        }
+        drop(other);
+        assert!(c.is_empty());
+    }
+
+    #[tokio::test]
+    async fn unshareable_or_dropped_leader_sends_followers_upstream() {
+        let c = Coalescer::new();
+        let lead = leader(c.join(key("/a")));
+        let f = follower(c.join(key("/a")));
+        lead.finish(None);
+        assert_eq!(f.wait().await, None);
+
+        let lead = leader(c.join(key("/b")));
+        let f = follower(c.join(key("/b")));
+        drop(lead);
+        assert_eq!(f.wait().await, None);
+    }
+
+    #[tokio::test]
+    async fn after_finish_the_next_request_leads_again() {
+        let c = Coalescer::new();
+        leader(c.join(key("/a"))).finish(Some(response("old")));
+        assert!(matches!(c.join(key("/a")), Role::Leader(_)));
+    }
+
+    #[test]
+    fn keys_refuse_personal_requests() {
+        let uri: Uri = "http://wiki.example/x?y=1".parse().unwrap();
+        let mut with_cookie = HeaderMap::new();
+        with_cookie.insert(header::COOKIE, HeaderValue::from_static("s=1"));
+        let mut with_auth = HeaderMap::new();
+        with_auth.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic x"));
+        let cases = [
+            (Method::GET, HeaderMap::new(), true),
+            (Method::HEAD, HeaderMap::new(), true),
+            (Method::POST, HeaderMap::new(), false),
+            (Method::GET, with_cookie, false),
+            (Method::GET, with_auth, false),
+        ];
+        for (method, headers, want) in cases {
+            let got = CoalesceKey::for_request(&method, &uri, &headers).is_some();
+            assert_eq!(got, want, "{method} {headers:?}");
+        }
+        let mut gzip = HeaderMap::new();
+        gzip.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+        assert_ne!(
+            CoalesceKey::for_request(&Method::GET, &uri, &gzip),
+            CoalesceKey::for_request(&Method::GET, &uri, &HeaderMap::new()),
+            "different encodings are different responses"
+        );
+    }
+
+    #[test]
+    fn shareable_table() {
+        let h = |pairs: &[(header::HeaderName, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.append(k.clone(), HeaderValue::from_static(v));
+            }
+            m
+        };
+        let cases = [
+            (200, h(&[]), 10, true),
+            (404, h(&[]), 10, true),
+            (500, h(&[]), 10, false),
+            (302, h(&[]), 10, false),
+            (200, h(&[(header::SET_COOKIE, "s=1")]), 10, false),
+            (
+                200,
+                h(&[(header::CACHE_CONTROL, "max-age=0, private")]),
+                10,
+                false,
+            ),
+            (200, h(&[(header::CACHE_CONTROL, "no-store")]), 10, false),
+            (200, h(&[(header::CACHE_CONTROL, "no-cache")]), 10, true),
+            (200, h(&[(header::VARY, "Accept-Encoding, *")]), 10, false),
+            (200, h(&[]), 2_000_000, false),
+        ];
+        for (status, headers, len, want) in cases {
+            let got = shareable(
+                StatusCode::from_u16(status).unwrap(),
+                &headers,
+                len,
+                1 << 20,
+            );
+            assert_eq!(got, want, "{status} {headers:?} {len}");
+        }
+    }
+}

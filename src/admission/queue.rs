@@ -1,0 +1,724 @@
+//! The admission queue of one upstream pool: a concurrency limit, bounded
+//! waiting by priority lane with fair share inside each lane, deadlines, and
+//! shedding that answers fast instead of letting the app's backlog overflow.
+//!
+//! A request calls [`AdmissionQueue::acquire`] and gets a [`Permit`] (a guard:
+//! dropping it frees the slot and hands it straight to the next waiter) or a
+//! [`Shed`] saying why not and when to come back. Waiters are served highest
+//! lane first, and within a lane by [`FairQueue`]'s round robin over networks,
+//! subnets and addresses.
+//!
+//! When there is no room to wait (lane at `max_depth`, or the pool at
+//! `max_queued`):
+//! 1. a pool-wide overflow sheds the newest waiter of the fattest network in
+//!    the *lowest non-empty lane below* the arrival (`LowerLaneShed`);
+//! 2. otherwise the arrival's own lane sheds the newest waiter of its fattest
+//!    network, if the arrival's network has fewer waiting than that one
+//!    (`QueueFull` for the victim); a tie or worse sheds the arrival itself.
+//!
+//! So a flood fills the queue only up to the point where it starts shedding
+//! itself, and a higher lane is never refused while a lower lane holds room.
+//!
+//! One slot class sits outside the traffic limit: health checks
+//! ([`AdmissionQueue::try_acquire_health`]) use up to `health_reserve` slots
+//! carved out of the app's `workers`, so a check never waits behind traffic
+//! and traffic never takes the worker the check needs (incident 1: a check that
+//! competed for php-fpm workers turned *busy* into *restarted*).
+//!
+//! Time comes from tokio's clock (`tokio::time::Instant`), which tests pause
+//! and advance; nothing here sleeps except a waiter until its own deadline.
+//! This module does not pick a server, measure the upstream, or build a
+//! response: a [`Shed`] is turned into `503` + `Retry-After` by the one
+//! function that maps rejections to responses.
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::adaptive::{GradientConfig, GradientConfigError, GradientLimit, Sample};
+use super::fair::{FairKey, FairQueue, Ticket};
+use super::lanes::{Lane, Lanes};
+
+/// Where the traffic limit comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LimitConfig {
+    /// A fixed `max_in_flight`, e.g. the app's workers minus one.
+    Fixed(NonZeroUsize),
+    /// Learned from latency ([`GradientLimit`]).
+    Adaptive(GradientConfig),
+}
+
+/// Settings of one pool's [`AdmissionQueue`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    pub lanes: Lanes,
+    pub limit: LimitConfig,
+    /// The app's real worker count, when known. Traffic never gets more than
+    /// `workers - health_reserve` slots, whatever `limit` says.
+    pub workers: Option<NonZeroUsize>,
+    /// Slots kept for health checks beyond the traffic limit (default 1;
+    /// 0 = no reserved slot: [`AdmissionQueue::try_acquire_health`] always
+    /// says no and the pool relies on passive signals).
+    pub health_reserve: usize,
+    /// Most requests waiting in all lanes together.
+    pub max_queued: usize,
+    /// Bounds of the `Retry-After` given with a [`Shed`].
+    pub retry_after_min: Duration,
+    pub retry_after_max: Duration,
+}
+
+impl QueueConfig {
+    /// Standard lanes, a fixed limit, one health slot, room for 2,048 waiters.
+    pub fn fixed(max_in_flight: NonZeroUsize) -> QueueConfig {
+        QueueConfig {
+            lanes: Lanes::standard(),
+            limit: LimitConfig::Fixed(max_in_flight),
+            workers: None,
+            health_reserve: 1,
+            max_queued: 2048,
+            retry_after_min: Duration::from_secs(1),
+            retry_after_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a [`QueueConfig`] cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum QueueConfigError {
+    #[error("workers = {workers} leaves no slot for traffic after health_reserve = {reserve}")]
+    ReserveTakesAllWorkers { workers: usize, reserve: usize },
+    #[error("retry_after_min {min:?} exceeds retry_after_max {max:?}")]
+    RetryAfterBounds { min: Duration, max: Duration },
+    #[error(transparent)]
+    Adaptive(#[from] GradientConfigError),
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ShedReason {
+    /// No room to wait in the lane or the pool.
+    QueueFull,
+    /// Waited until its deadline without getting a slot.
+    DeadlineExceeded,
+    /// Evicted from the queue to make room for a higher lane.
+    LowerLaneShed,
+}
+
+impl ShedReason {
+    /// The `reason` label in logs and metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ShedReason::QueueFull => "queue_full",
+            ShedReason::DeadlineExceeded => "deadline_exceeded",
+            ShedReason::LowerLaneShed => "lower_lane_shed",
+        }
+    }
+
+    const ALL: [ShedReason; 3] = [
+        ShedReason::QueueFull,
+        ShedReason::DeadlineExceeded,
+        ShedReason::LowerLaneShed,
+    ];
+
+    fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// A refusal: answer `503` with `Retry-After: retry_after` (whole seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("shed from lane {} ({}) after waiting {waited:?}; retry after {retry_after:?}", lane.index(), reason.as_str())]
+pub struct Shed {
+    pub reason: ShedReason,
+    pub lane: Lane,
+    pub retry_after: Duration,
+    pub waited: Duration,
+}
+
+/// How a request that held a [`Permit`] ended, for the adaptive limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The upstream answered; `latency` is the upstream time only.
+    Answered(Duration),
+    /// The upstream was overloaded: timed out, reset, or answered 503.
+    Overloaded,
+    /// Says nothing about the upstream (client left, rejected early).
+    Abandoned,
+}
+
+enum Limiter {
+    Fixed(usize),
+    Adaptive(GradientLimit),
+}
+
+impl Limiter {
+    fn limit(&self) -> usize {
+        match self {
+            Limiter::Fixed(n) => *n,
+            Limiter::Adaptive(g) => g.limit(),
+        }
+    }
+}
+
+struct Waiter {
+    tx: oneshot::Sender<Result<Permit, Shed>>,
+    enqueued: Instant,
+}
+
+#[derive(Default)]
+struct LaneCounters {
+    admitted: u64,
+    shed: [u64; 3],
+    abandoned: u64,
+}
+
+struct LaneState {
+    queue: FairQueue<Waiter>,
+    counters: LaneCounters,
+}
+
+struct State {
+    in_flight: usize,
+    health_in_flight: usize,
+    queued: usize,
+    lanes: Vec<LaneState>,
+    limiter: Limiter,
+    /// Exponential average of how long a permit is held, for `Retry-After`.
+    hold_secs: Option<f64>,
+}
+
+struct Shared {
+    config: QueueConfig,
+    /// `workers - health_reserve`, or unbounded.
+    ceiling: usize,
+    state: Mutex<State>,
+}
+
+struct Grant {
+    tx: oneshot::Sender<Result<Permit, Shed>>,
+    lane: Lane,
+    waited: Duration,
+    in_flight: usize,
+}
+
+struct Evicted {
+    waiter: Waiter,
+    shed: Shed,
+}
+
+/// One pool's admission queue. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct AdmissionQueue {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for AdmissionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.snapshot();
+        f.debug_struct("AdmissionQueue")
+            .field("limit", &s.limit)
+            .field("in_flight", &s.in_flight)
+            .field("queued", &s.queued())
+            .finish()
+    }
+}
+
+impl AdmissionQueue {
+    pub fn new(config: QueueConfig) -> Result<AdmissionQueue, QueueConfigError> {
+        if config.retry_after_min > config.retry_after_max {
+            return Err(QueueConfigError::RetryAfterBounds {
+                min: config.retry_after_min,
+                max: config.retry_after_max,
+            });
+        }
+        let ceiling = match config.workers {
+            Some(w) if w.get() <= config.health_reserve => {
+                return Err(QueueConfigError::ReserveTakesAllWorkers {
+                    workers: w.get(),
+                    reserve: config.health_reserve,
+                });
+            }
+            Some(w) => w.get() - config.health_reserve,
+            None => usize::MAX,
+        };
+        let limiter = match &config.limit {
+            LimitConfig::Fixed(n) => Limiter::Fixed(n.get()),
+            LimitConfig::Adaptive(g) => {
+                Limiter::Adaptive(GradientLimit::new(g.clone(), Instant::now().into_std())?)
+            }
+        };
+        let lanes = (0..config.lanes.len())
+            .map(|_| LaneState {
+                queue: FairQueue::new(),
+                counters: LaneCounters::default(),
+            })
+            .collect();
+        Ok(AdmissionQueue {
+            shared: Arc::new(Shared {
+                ceiling,
+                state: Mutex::new(State {
+                    in_flight: 0,
+                    health_in_flight: 0,
+                    queued: 0,
+                    lanes,
+                    limiter,
+                    hold_secs: None,
+                }),
+                config,
+            }),
+        })
+    }
+
+    pub fn lanes(&self) -> &Lanes {
+        &self.shared.config.lanes
+    }
+
+    /// The default deadline for `lane`: `now` plus the lane's `max_wait`.
+    pub fn deadline(&self, lane: Lane, now: Instant) -> Instant {
+        now + self.shared.config.lanes.spec(lane).max_wait
+    }
+
+    /// The traffic limit in force now (fixed or adaptive, capped by workers).
+    pub fn limit(&self) -> usize {
+        let st = self.shared.lock();
+        self.shared.limit(&st)
+    }
+
+    /// Waits for a slot until `deadline`. A lane beyond this pool's lanes is
+    /// treated as the lowest lane.
+    pub async fn acquire(
+        &self,
+        lane: Lane,
+        key: FairKey,
+        deadline: Instant,
+    ) -> Result<Permit, Shed> {
+        let shared = &self.shared;
+        let lane = shared.config.lanes.clamp(lane);
+        let now = Instant::now();
+        let mut evicted = Vec::new();
+        let queued = {
+            let mut st = shared.lock();
+            if st.queued == 0 && st.in_flight < shared.limit(&st) {
+                st.in_flight += 1;
+                st.lanes[lane.index()].counters.admitted += 1;
+                let in_flight = st.in_flight;
+                drop(st);
+                return Ok(Permit::new(
+                    shared.clone(),
+                    lane,
+                    Duration::ZERO,
+                    now,
+                    in_flight,
+                ));
+            }
+            let refused = if deadline <= now {
+                Err(ShedReason::DeadlineExceeded)
+            } else {
+                shared.make_room(&mut st, lane, &key, &mut evicted)
+            };
+            match refused {
+                Err(reason) => Err(shared.count_shed(&mut st, lane, reason, Duration::ZERO)),
+                Ok(()) => {
+                    let (tx, rx) = oneshot::channel();
+                    let ticket = st.lanes[lane.index()]
+                        .queue
+                        .push(key, Waiter { tx, enqueued: now });
+                    st.queued += 1;
+                    Ok((rx, ticket))
+                }
+            }
+        };
+        for e in evicted {
+            // The victim may have left already; then there is no one to tell.
+            let _ = e.waiter.tx.send(Err(e.shed));
+        }
+        let (mut rx, ticket) = queued?;
+
+        let mut waiting = Waiting {
+            shared,
+            lane,
+            ticket: Some(ticket),
+        };
+        let got = tokio::select! {
+            biased;
+            got = &mut rx => got,
+            () = tokio::time::sleep_until(deadline) => {
+                let removed = {
+                    let mut st = shared.lock();
+                    let removed = st.lanes[lane.index()].queue.remove(ticket);
+                    removed.map(|w| {
+                        st.queued -= 1;
+                        let waited = Instant::now().saturating_duration_since(w.enqueued);
+                        (w, shared.count_shed(&mut st, lane, ShedReason::DeadlineExceeded, waited))
+                    })
+                };
+                waiting.ticket = None;
+                if let Some((_waiter, shed)) = removed {
+                    return Err(shed);
+                }
+                // Granted or evicted just as the deadline fired: the answer is
+                // already on its way.
+                (&mut rx).await
+            }
+        };
+        waiting.ticket = None;
+        // The sender lives in the queue, which lives as long as this future
+        // holds `shared`; a closed channel cannot happen, but is not a panic.
+        got.unwrap_or(Err(Shed {
+            reason: ShedReason::DeadlineExceeded,
+            lane,
+            retry_after: shared.config.retry_after_min,
+            waited: Duration::ZERO,
+        }))
+    }
+
+    /// A slot for a health check, outside the traffic limit; `None` when
+    /// the reserve is in use (a check is still running) or is zero.
+    pub fn try_acquire_health(&self) -> Option<HealthPermit> {
+        let mut st = self.shared.lock();
+        if st.health_in_flight >= self.shared.config.health_reserve {
+            return None;
+        }
+        st.health_in_flight += 1;
+        Some(HealthPermit {
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Counters and gauges for metrics and the admin API.
+    pub fn snapshot(&self) -> QueueSnapshot {
+        let st = self.shared.lock();
+        QueueSnapshot {
+            limit: self.shared.limit(&st),
+            in_flight: st.in_flight,
+            health_in_flight: st.health_in_flight,
+            lanes: st
+                .lanes
+                .iter()
+                .zip(self.shared.config.lanes.iter())
+                .map(|(ls, (lane, spec))| LaneSnapshot {
+                    lane,
+                    name: spec.name.clone(),
+                    queued: ls.queue.len(),
+                    networks_queued: ls.queue.networks(),
+                    admitted_total: ls.counters.admitted,
+                    shed_total: ShedReason::ALL.map(|r| (r, ls.counters.shed[r.slot()])),
+                    abandoned_total: ls.counters.abandoned,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock leaves counts that are
+        // still usable; refusing all traffic forever would be worse.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn limit(&self, st: &State) -> usize {
+        st.limiter.limit().min(self.ceiling).max(1)
+    }
+
+    fn retry_after(&self, st: &State) -> Duration {
+        let cfg = &self.config;
+        let hold = st.hold_secs.unwrap_or(1.0);
+        // Time for the queue ahead to drain through `limit` slots.
+        let secs = (hold * (st.queued as f64 + 1.0) / self.limit(st) as f64).ceil();
+        Duration::from_secs_f64(secs.min(cfg.retry_after_max.as_secs_f64()))
+            .clamp(cfg.retry_after_min, cfg.retry_after_max)
+    }
+
+    fn count_shed(&self, st: &mut State, lane: Lane, reason: ShedReason, waited: Duration) -> Shed {
+        st.lanes[lane.index()].counters.shed[reason.slot()] += 1;
+        Shed {
+            reason,
+            lane,
+            retry_after: self.retry_after(st),
+            waited,
+        }
+    }
+
+    /// Makes room for one more waiter in `lane`, shedding at most one other
+    /// waiter (see the module docs for the order).
+    fn make_room(
+        &self,
+        st: &mut State,
+        lane: Lane,
+        key: &FairKey,
+        evicted: &mut Vec<Evicted>,
+    ) -> Result<(), ShedReason> {
+        let spec = self.config.lanes.spec(lane);
+        let own = lane.index();
+        let pool_full = st.queued >= self.config.max_queued;
+        let lower = if pool_full {
+            (own + 1..st.lanes.len())
+                .rev()
+                .find(|&i| !st.lanes[i].queue.is_empty())
+        } else {
+            None
+        };
+        let lane_len = st.lanes[own].queue.len();
+        let lane_full = lane_len >= spec.max_depth;
+        let need_own = lane_full || (pool_full && lower.is_none());
+        if !need_own && !pool_full {
+            return Ok(());
+        }
+        let (victim_lane, reason) = if need_own {
+            let q = &st.lanes[own].queue;
+            let arrival_is_lighter = lane_len > 0 && q.network_len(&key.network) < q.fattest_len();
+            if !arrival_is_lighter {
+                return Err(ShedReason::QueueFull);
+            }
+            (own, ShedReason::QueueFull)
+        } else {
+            match lower {
+                Some(i) => (i, ShedReason::LowerLaneShed),
+                None => return Err(ShedReason::QueueFull),
+            }
+        };
+        let Some((_, waiter)) = st.lanes[victim_lane].queue.shed_newest_of_fattest() else {
+            return Err(ShedReason::QueueFull);
+        };
+        st.queued -= 1;
+        let victim = Lane::from_index(victim_lane);
+        let waited = Instant::now().saturating_duration_since(waiter.enqueued);
+        let shed = self.count_shed(st, victim, reason, waited);
+        evicted.push(Evicted { waiter, shed });
+        Ok(())
+    }
+
+    /// Pops waiters into free slots, highest lane first.
+    fn take_grants(&self, st: &mut State, now: Instant) -> Vec<Grant> {
+        let mut grants = Vec::new();
+        let limit = self.limit(st);
+        while st.in_flight < limit && st.queued > 0 {
+            let Some((i, waiter)) = st
+                .lanes
+                .iter_mut()
+                .enumerate()
+                .find_map(|(i, l)| l.queue.pop().map(|(_, w)| (i, w)))
+            else {
+                break;
+            };
+            st.queued -= 1;
+            st.in_flight += 1;
+            st.lanes[i].counters.admitted += 1;
+            grants.push(Grant {
+                tx: waiter.tx,
+                lane: Lane::from_index(i),
+                waited: now.saturating_duration_since(waiter.enqueued),
+                in_flight: st.in_flight,
+            });
+        }
+        grants
+    }
+
+    fn release(self: &Arc<Self>, done: Released) {
+        let now = Instant::now();
+        let mut freed = 1usize;
+        let mut sample = Some(done);
+        loop {
+            let grants = {
+                let mut st = self.lock();
+                st.in_flight = st.in_flight.saturating_sub(freed);
+                freed = 0;
+                if let Some(done) = sample.take() {
+                    self.record(&mut st, done, now);
+                }
+                self.take_grants(&mut st, now)
+            };
+            for g in grants {
+                let permit = Permit::new(self.clone(), g.lane, g.waited, now, g.in_flight);
+                if let Err(Ok(mut unsent)) = g.tx.send(Ok(permit)) {
+                    // The waiter left between being popped and told: take the
+                    // slot back here rather than recursing through Drop.
+                    unsent.shared = None;
+                    freed += 1;
+                }
+            }
+            if freed == 0 {
+                return;
+            }
+        }
+    }
+
+    fn record(&self, st: &mut State, done: Released, now: Instant) {
+        let held = now.saturating_duration_since(done.granted_at).as_secs_f64();
+        st.hold_secs = Some(match st.hold_secs {
+            None => held,
+            Some(avg) => avg + 0.1 * (held - avg),
+        });
+        if let Limiter::Adaptive(g) = &mut st.limiter {
+            let sample = match done.outcome {
+                Outcome::Answered(latency) => Sample {
+                    latency,
+                    in_flight: done.in_flight,
+                    dropped: false,
+                },
+                Outcome::Overloaded => Sample {
+                    latency: Duration::from_secs_f64(held),
+                    in_flight: done.in_flight,
+                    dropped: true,
+                },
+                Outcome::Abandoned => return,
+            };
+            g.on_sample(now.into_std(), sample);
+        }
+    }
+}
+
+/// Removes a waiter whose future is dropped (client gone) from the queue.
+struct Waiting<'a> {
+    shared: &'a Arc<Shared>,
+    lane: Lane,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let removed = {
+            let mut st = self.shared.lock();
+            let removed = st.lanes[self.lane.index()].queue.remove(ticket);
+            if removed.is_some() {
+                st.queued -= 1;
+                st.lanes[self.lane.index()].counters.abandoned += 1;
+            }
+            removed
+        };
+        // Dropped outside the lock: nothing in a Waiter takes it, but keep
+        // the rule simple.
+        drop(removed);
+    }
+}
+
+struct Released {
+    granted_at: Instant,
+    in_flight: usize,
+    outcome: Outcome,
+}
+
+/// An admission slot. Dropping it frees the slot and wakes the next waiter;
+/// [`Permit::complete`] also reports how the request went.
+#[must_use = "dropping a permit frees its slot at once"]
+pub struct Permit {
+    shared: Option<Arc<Shared>>,
+    lane: Lane,
+    waited: Duration,
+    granted_at: Instant,
+    in_flight: usize,
+    outcome: Outcome,
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("lane", &self.lane)
+            .field("waited", &self.waited)
+            .finish()
+    }
+}
+
+impl Permit {
+    fn new(
+        shared: Arc<Shared>,
+        lane: Lane,
+        waited: Duration,
+        now: Instant,
+        in_flight: usize,
+    ) -> Permit {
+        Permit {
+            shared: Some(shared),
+            lane,
+            waited,
+            granted_at: now,
+            in_flight,
+            outcome: Outcome::Abandoned,
+        }
+    }
+
+    pub fn lane(&self) -> Lane {
+        self.lane
+    }
+
+    /// Time spent in the queue before the slot was granted (zero if none).
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// Frees the slot, telling the adaptive limit how the request went.
+    pub fn complete(mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            shared.release(Released {
+                granted_at: self.granted_at,
+                in_flight: self.in_flight,
+                outcome: self.outcome,
+            });
+        }
+    }
+}
+
+/// A health-check slot from the reserve; dropping it returns the slot.
+#[must_use = "dropping a health permit frees its slot at once"]
+pub struct HealthPermit {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for HealthPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HealthPermit")
+    }
+}
+
+impl Drop for HealthPermit {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.health_in_flight = st.health_in_flight.saturating_sub(1);
+    }
+}
+
+/// A point-in-time view of a queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSnapshot {
+    /// The traffic limit in force (export as `weir_admission_limit`).
+    pub limit: usize,
+    pub in_flight: usize,
+    pub health_in_flight: usize,
+    pub lanes: Vec<LaneSnapshot>,
+}
+
+impl QueueSnapshot {
+    pub fn queued(&self) -> usize {
+        self.lanes.iter().map(|l| l.queued).sum()
+    }
+}
+
+/// One lane's gauges and counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneSnapshot {
+    pub lane: Lane,
+    pub name: String,
+    pub queued: usize,
+    /// Distinct networks (/16, /48) with someone waiting.
+    pub networks_queued: usize,
+    pub admitted_total: u64,
+    pub shed_total: [(ShedReason, u64); 3],
+    /// Waiters that left before an answer (client hung up).
+    pub abandoned_total: u64,
+}
+
+#[cfg(test)]
+mod tests;

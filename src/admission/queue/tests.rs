@@ -1,0 +1,388 @@
+//! Tests of [`super::AdmissionQueue`] on tokio's paused clock: time moves only
+//! by `advance` or when every task is waiting on a timer.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use tokio::task::JoinHandle;
+
+use super::*;
+use crate::admission::lanes::LaneSpec;
+use crate::identity::ClientAddr;
+
+fn key(a: u8, b: u8, c: u8, d: u8) -> FairKey {
+    FairKey::of(ClientAddr::new(IpAddr::V4(Ipv4Addr::new(a, b, c, d))))
+}
+
+fn nz(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).unwrap()
+}
+
+fn queue(limit: usize) -> AdmissionQueue {
+    AdmissionQueue::new(QueueConfig::fixed(nz(limit))).unwrap()
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Lets spawned tasks run until they block, without moving the clock.
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn wait(
+    q: &AdmissionQueue,
+    lane: Lane,
+    k: FairKey,
+    within: Duration,
+) -> JoinHandle<Result<Permit, Shed>> {
+    let q = q.clone();
+    let deadline = Instant::now() + within;
+    tokio::spawn(async move { q.acquire(lane, k, deadline).await })
+}
+
+async fn now_acquire(q: &AdmissionQueue, lane: Lane, k: FairKey) -> Result<Permit, Shed> {
+    q.acquire(lane, k, Instant::now() + secs(10)).await
+}
+
+fn shed_count(q: &AdmissionQueue, lane: Lane, reason: ShedReason) -> u64 {
+    let snap = q.snapshot();
+    snap.lanes[lane.index()]
+        .shed_total
+        .iter()
+        .find(|(r, _)| *r == reason)
+        .map_or(0, |(_, n)| *n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn grants_up_to_limit_then_queues_and_records_wait() {
+    let q = queue(2);
+    let p1 = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let _p2 = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 2))
+        .await
+        .unwrap();
+    assert_eq!(p1.waited(), Duration::ZERO);
+    let w = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 3), secs(10));
+    settle().await;
+    assert_eq!(q.snapshot().queued(), 1);
+    tokio::time::advance(secs(3)).await;
+    drop(p1);
+    let p3 = w.await.unwrap().unwrap();
+    assert_eq!(p3.waited(), secs(3));
+    let snap = q.snapshot();
+    assert_eq!((snap.in_flight, snap.queued()), (2, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn higher_lanes_are_served_first() {
+    let q = queue(1);
+    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let anon = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10));
+    settle().await;
+    let pass = wait(&q, Lane::PASS, key(10, 0, 0, 3), secs(10));
+    settle().await;
+    let verified = wait(&q, Lane::VERIFIED, key(10, 0, 0, 4), secs(10));
+    settle().await;
+
+    drop(held);
+    settle().await;
+    assert!(verified.is_finished() && !pass.is_finished() && !anon.is_finished());
+    drop(verified.await.unwrap().unwrap());
+    settle().await;
+    assert!(pass.is_finished() && !anon.is_finished());
+    drop(pass.await.unwrap().unwrap());
+    let last = anon.await.unwrap().unwrap();
+    assert_eq!(last.lane(), Lane::ANONYMOUS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fair_within_a_lane() {
+    let q = queue(1);
+    let mut held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let crawlers: Vec<_> = (0..5)
+        .map(|i| wait(&q, Lane::ANONYMOUS, key(10, 0, i, 9), secs(10)))
+        .collect();
+    settle().await;
+    let human = wait(&q, Lane::ANONYMOUS, key(20, 0, 0, 1), secs(10));
+    settle().await;
+    let mut order = Vec::new();
+    let mut handles: Vec<_> = crawlers.into_iter().map(|h| ("crawler", h)).collect();
+    handles.push(("human", human));
+    for _ in 0..2 {
+        drop(held);
+        settle().await;
+        let i = handles.iter().position(|(_, h)| h.is_finished()).unwrap();
+        let (who, h) = handles.swap_remove(i);
+        order.push(who);
+        held = h.await.unwrap().unwrap();
+    }
+    assert_eq!(order, vec!["crawler", "human"], "the other network is next");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_sheds_with_retry_after() {
+    let q = queue(1);
+    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    // With every task waiting, the paused clock jumps to the deadline.
+    let shed = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(shed.reason, ShedReason::DeadlineExceeded);
+    assert_eq!(shed.waited, secs(10));
+    assert!(shed.retry_after >= secs(1) && shed.retry_after <= secs(30));
+    assert_eq!(q.snapshot().queued(), 0);
+    assert_eq!(
+        shed_count(&q, Lane::ANONYMOUS, ShedReason::DeadlineExceeded),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_deadline_is_shed_at_once() {
+    let q = queue(1);
+    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let got = q
+        .acquire(Lane::VERIFIED, key(10, 0, 0, 2), Instant::now())
+        .await;
+    assert_eq!(got.unwrap_err().reason, ShedReason::DeadlineExceeded);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_follows_queue_and_hold_time() {
+    let q = queue(1);
+    let p = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    tokio::time::advance(secs(4)).await;
+    drop(p); // permits are held 4 s on average now
+    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let _waiters: Vec<_> = (0..3)
+        .map(|i| wait(&q, Lane::ANONYMOUS, key(10, i, 0, 1), secs(60)))
+        .collect();
+    settle().await;
+    let shed = q
+        .acquire(Lane::ANONYMOUS, key(11, 0, 0, 1), Instant::now())
+        .await
+        .unwrap_err();
+    // 3 waiting + this one, through 1 slot, 4 s each.
+    assert_eq!(shed.retry_after, secs(16));
+}
+
+fn one_lane(max_depth: usize) -> AdmissionQueue {
+    let mut cfg = QueueConfig::fixed(nz(1));
+    cfg.lanes = Lanes::new(vec![LaneSpec {
+        name: "all".into(),
+        max_depth,
+        max_wait: secs(10),
+    }])
+    .unwrap();
+    AdmissionQueue::new(cfg).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_lane_sheds_the_fattest_network_not_the_newcomer() {
+    let q = one_lane(2);
+    let lane = Lane::VERIFIED;
+    let _held = now_acquire(&q, lane, key(10, 0, 0, 1)).await.unwrap();
+    let _a1 = wait(&q, lane, key(10, 0, 1, 1), secs(10));
+    settle().await;
+    let a2 = wait(&q, lane, key(10, 0, 2, 1), secs(10));
+    settle().await;
+    // Same network as the backlog: the newcomer is refused.
+    let a3 = now_acquire(&q, lane, key(10, 0, 3, 1)).await.unwrap_err();
+    assert_eq!(a3.reason, ShedReason::QueueFull);
+    // Another network: the crawler network's newest waiter makes room.
+    let b = wait(&q, lane, key(20, 0, 0, 1), secs(10));
+    settle().await;
+    assert_eq!(a2.await.unwrap().unwrap_err().reason, ShedReason::QueueFull);
+    assert!(!b.is_finished());
+    let snap = q.snapshot();
+    assert_eq!(
+        (snap.lanes[0].queued, snap.lanes[0].networks_queued),
+        (2, 2)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_depth_lane_never_waits() {
+    let q = one_lane(0);
+    let _held = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let got = now_acquire(&q, Lane::VERIFIED, key(20, 0, 0, 1)).await;
+    assert_eq!(got.unwrap_err().reason, ShedReason::QueueFull);
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_pool_sheds_lowest_lane_for_higher_arrival() {
+    let mut cfg = QueueConfig::fixed(nz(1));
+    cfg.max_queued = 2;
+    let q = AdmissionQueue::new(cfg).unwrap();
+    let _held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let pass = wait(&q, Lane::PASS, key(30, 0, 0, 1), secs(10));
+    settle().await;
+    let anon = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10));
+    settle().await;
+    let verified = wait(&q, Lane::VERIFIED, key(20, 0, 0, 1), secs(10));
+    settle().await;
+    let shed = anon.await.unwrap().unwrap_err();
+    assert_eq!(shed.reason, ShedReason::LowerLaneShed);
+    assert_eq!(shed.lane, Lane::ANONYMOUS);
+    assert!(!verified.is_finished() && !pass.is_finished());
+    assert_eq!(
+        shed_count(&q, Lane::ANONYMOUS, ShedReason::LowerLaneShed),
+        1
+    );
+    // Now full of higher lanes: an anonymous arrival cannot push them out.
+    let got = now_acquire(&q, Lane::ANONYMOUS, key(40, 0, 0, 1)).await;
+    assert_eq!(got.unwrap_err().reason, ShedReason::QueueFull);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_leaving_frees_its_place() {
+    let q = queue(1);
+    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let w = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10));
+    settle().await;
+    w.abort();
+    settle().await;
+    let snap = q.snapshot();
+    assert_eq!((snap.queued(), snap.lanes[2].abandoned_total), (0, 1));
+    drop(held);
+    assert_eq!(q.snapshot().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn permit_granted_to_a_departed_waiter_is_not_leaked() {
+    let q = queue(1);
+    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let w = wait(&q, Lane::ANONYMOUS, key(10, 0, 0, 2), secs(10));
+    settle().await;
+    drop(held); // the permit is now in the waiter's channel, not yet received
+    assert_eq!(q.snapshot().in_flight, 1);
+    w.abort();
+    settle().await;
+    assert_eq!(q.snapshot().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_slot_is_outside_traffic_and_bounded() {
+    let mut cfg = QueueConfig::fixed(nz(10));
+    cfg.workers = Some(nz(3));
+    let q = AdmissionQueue::new(cfg).unwrap();
+    assert_eq!(q.limit(), 2, "workers 3 minus 1 reserved");
+    let _a = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let _b = now_acquire(&q, Lane::VERIFIED, key(10, 0, 0, 2))
+        .await
+        .unwrap();
+    let _w = wait(&q, Lane::VERIFIED, key(10, 0, 0, 3), secs(10));
+    settle().await;
+    let h = q.try_acquire_health();
+    assert!(h.is_some(), "health never queues behind traffic");
+    assert!(q.try_acquire_health().is_none(), "only the reserve");
+    drop(h);
+    assert!(q.try_acquire_health().is_some());
+    assert_eq!(q.snapshot().in_flight, 2);
+}
+
+#[test]
+fn config_errors_name_the_values() {
+    let mut cfg = QueueConfig::fixed(nz(4));
+    cfg.workers = Some(nz(1));
+    let err = AdmissionQueue::new(cfg).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "workers = 1 leaves no slot for traffic after health_reserve = 1"
+    );
+    let mut cfg = QueueConfig::fixed(nz(4));
+    cfg.retry_after_min = secs(5);
+    cfg.retry_after_max = secs(1);
+    assert!(matches!(
+        AdmissionQueue::new(cfg),
+        Err(QueueConfigError::RetryAfterBounds { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_limit_grows_on_flat_latency_and_is_exported() {
+    let mut cfg = QueueConfig::fixed(nz(1));
+    cfg.limit = LimitConfig::Adaptive(GradientConfig {
+        initial: 2,
+        min: 1,
+        max: 20,
+        min_samples: 5,
+        ..GradientConfig::default()
+    });
+    let q = AdmissionQueue::new(cfg).unwrap();
+    assert_eq!(q.snapshot().limit, 2);
+    for round in 0..600u32 {
+        let n = q.limit();
+        let mut permits = Vec::new();
+        for i in 0..n {
+            permits.push(
+                now_acquire(&q, Lane::PASS, key(10, 0, (i % 200) as u8, 1))
+                    .await
+                    .unwrap(),
+            );
+        }
+        tokio::time::advance(Duration::from_millis(100)).await;
+        for p in permits {
+            p.complete(Outcome::Answered(Duration::from_millis(100)));
+        }
+        assert!(q.limit() <= 20, "round {round}");
+    }
+    assert!(q.snapshot().limit >= 10, "limit {}", q.limit());
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_limit_backs_off_on_overload() {
+    let mut cfg = QueueConfig::fixed(nz(1));
+    cfg.limit = LimitConfig::Adaptive(GradientConfig {
+        initial: 10,
+        min: 1,
+        max: 20,
+        ..GradientConfig::default()
+    });
+    let q = AdmissionQueue::new(cfg).unwrap();
+    for _ in 0..30 {
+        let p = now_acquire(&q, Lane::PASS, key(10, 0, 0, 1)).await.unwrap();
+        tokio::time::advance(Duration::from_millis(200)).await;
+        p.complete(Outcome::Overloaded);
+    }
+    assert!(q.limit() < 10, "limit {}", q.limit());
+}
+
+#[test]
+fn types_cross_tasks() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<AdmissionQueue>();
+    send_sync::<Permit>();
+    send_sync::<HealthPermit>();
+    let q = queue(1);
+    let fut = q.acquire(Lane::PASS, key(10, 0, 0, 1), Instant::now());
+    send(&fut);
+}
