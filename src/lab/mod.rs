@@ -24,3 +24,4 @@
 //! ```
 
 pub mod app;
+pub mod replay;
