@@ -27,6 +27,7 @@
 mod addr;
 pub mod dominance;
 pub mod forwarded;
+pub mod session;
 pub mod trusted;
 
 pub use addr::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};

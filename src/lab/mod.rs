@@ -33,6 +33,7 @@ pub mod cli;
 pub mod cohort;
 pub mod expect;
 pub mod nginx;
+pub mod replay;
 pub mod report;
 pub mod runner;
 pub mod scenario;

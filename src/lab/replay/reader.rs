@@ -1,0 +1,584 @@
+//! Reading log files: gzip detection, format detection, line numbers, malformed-line
+//! accounting, time ordering within a file and merging across files.
+//!
+//! Three levels, fastest first:
+//! - [`LogReader::next_line`] / [`LogReader::for_each_record`]: file order, records borrow
+//!   the line buffer (no allocation per line);
+//! - [`OrderedRecords`]: owned records in log-time order. Web servers write a line when a
+//!   request *ends* (weir: stamped with its start), so a file is only nearly sorted; records
+//!   are held in a heap until the newest time seen is `reorder_window` past them. A record
+//!   older than one already yielded (beyond the window) is yielded at that earlier record's
+//!   time and counted as `late`, so the output never goes back in time;
+//! - [`MergedRecords`]: several [`OrderedRecords`] merged by time (ties: file order).
+//!
+//! This module does not interpret records.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::Path;
+use std::time::Duration;
+
+use flate2::read::MultiGzDecoder;
+
+use super::time::UnixNanos;
+use super::{LogFormat, LogRecord, ParseError, Parsed, TrailingField, parse_line};
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// Longest excerpt of a malformed line kept as an example.
+const EXAMPLE_CHARS: usize = 200;
+const READ_BUFFER: usize = 256 * 1024;
+
+/// How to read a log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderOptions {
+    /// `None`: detect from the first non-empty line.
+    pub format: Option<LogFormat>,
+    /// Fields after the user agent in combined logs, in order.
+    pub trailing: Vec<TrailingField>,
+    /// Malformed lines kept as examples (the first ones). Default 10.
+    pub max_examples: usize,
+    /// How far back in time a line may be and still be put in order. Default 10 s.
+    pub reorder_window: Duration,
+}
+
+impl Default for ReaderOptions {
+    fn default() -> Self {
+        ReaderOptions {
+            format: None,
+            trailing: Vec::new(),
+            max_examples: 10,
+            reorder_window: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One malformed line, for the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MalformedLine {
+    /// 1-based.
+    pub line: u64,
+    pub error: ParseError,
+    /// The start of the line (at most 200 characters).
+    pub excerpt: String,
+}
+
+/// What reading found so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParseStats {
+    /// Lines read, blank ones included.
+    pub lines: u64,
+    pub records: u64,
+    /// Lines that are no request: blank, or JSON from another logger.
+    pub skipped: u64,
+    pub malformed: u64,
+    /// Malformed counts per [`ParseError::kind`], in first-seen order.
+    pub malformed_by_kind: Vec<(&'static str, u64)>,
+    /// The first malformed lines.
+    pub examples: Vec<MalformedLine>,
+    /// Records that came later than the reorder window allowed (see [`OrderedRecords`]).
+    pub late: u64,
+}
+
+impl ParseStats {
+    fn malformed(&mut self, line: u64, text: &str, error: ParseError, max_examples: usize) {
+        self.malformed += 1;
+        let kind = error.kind();
+        match self.malformed_by_kind.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => self.malformed_by_kind.push((kind, 1)),
+        }
+        if self.examples.len() < max_examples {
+            let excerpt = text.chars().take(EXAMPLE_CHARS).collect();
+            self.examples.push(MalformedLine {
+                line,
+                error,
+                excerpt,
+            });
+        }
+    }
+}
+
+/// One line's outcome from [`LogReader::next_line`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+// Boxing the record would cost an allocation per line, the one thing the fast path avoids.
+#[allow(clippy::large_enum_variant)]
+pub enum ParsedLine<'a> {
+    Record(LogRecord<'a>),
+    /// Counted in [`ParseStats::malformed`] with its line number.
+    Malformed,
+    /// Blank, or not a request.
+    Skipped,
+}
+
+/// A streaming reader of one log; see the module documentation.
+pub struct LogReader {
+    input: Box<dyn BufRead + Send>,
+    options: ReaderOptions,
+    format: Option<LogFormat>,
+    buf: Vec<u8>,
+    stats: ParseStats,
+}
+
+impl std::fmt::Debug for LogReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogReader")
+            .field("format", &self.format)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl LogReader {
+    /// Reads `input`, decompressing it if it starts with the gzip magic bytes.
+    pub fn new<R: Read + Send + 'static>(
+        input: R,
+        options: ReaderOptions,
+    ) -> io::Result<LogReader> {
+        let mut input = BufReader::with_capacity(READ_BUFFER, input);
+        let head = input.fill_buf()?;
+        let input: Box<dyn BufRead + Send> = if head.starts_with(&GZIP_MAGIC) {
+            Box::new(BufReader::with_capacity(
+                READ_BUFFER,
+                MultiGzDecoder::new(input),
+            ))
+        } else {
+            Box::new(input)
+        };
+        Ok(LogReader {
+            input,
+            format: options.format,
+            options,
+            buf: Vec::with_capacity(4096),
+            stats: ParseStats::default(),
+        })
+    }
+
+    /// Opens a file (plain or gzip).
+    pub fn open(path: &Path, options: ReaderOptions) -> io::Result<LogReader> {
+        LogReader::new(File::open(path)?, options)
+    }
+
+    /// The format in use: forced, detected, or `None` before the first non-empty line.
+    pub fn format(&self) -> Option<LogFormat> {
+        self.format
+    }
+
+    pub fn stats(&self) -> &ParseStats {
+        &self.stats
+    }
+
+    /// The next line; `None` at the end of input. Only I/O errors are errors.
+    pub fn next_line(&mut self) -> io::Result<Option<ParsedLine<'_>>> {
+        self.buf.clear();
+        if self.input.read_until(b'\n', &mut self.buf)? == 0 {
+            return Ok(None);
+        }
+        self.stats.lines += 1;
+        let number = self.stats.lines;
+        let bytes = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            let lossy = String::from_utf8_lossy(bytes);
+            let max = self.options.max_examples;
+            self.stats
+                .malformed(number, &lossy, ParseError::NotUtf8, max);
+            return Ok(Some(ParsedLine::Malformed));
+        };
+        let format = match self.format {
+            Some(f) => f,
+            None => match LogFormat::detect(text) {
+                Some(f) => *self.format.insert(f),
+                None => {
+                    self.stats.skipped += 1;
+                    return Ok(Some(ParsedLine::Skipped));
+                }
+            },
+        };
+        match parse_line(format, text, &self.options.trailing) {
+            Ok(Parsed::Record(r)) => {
+                self.stats.records += 1;
+                Ok(Some(ParsedLine::Record(r)))
+            }
+            Ok(Parsed::Skip) => {
+                self.stats.skipped += 1;
+                Ok(Some(ParsedLine::Skipped))
+            }
+            Err(e) => {
+                let max = self.options.max_examples;
+                self.stats.malformed(number, text, e, max);
+                Ok(Some(ParsedLine::Malformed))
+            }
+        }
+    }
+
+    /// Calls `f` with every record, in file order; returns at the end of input.
+    pub fn for_each_record(&mut self, mut f: impl FnMut(LogRecord<'_>)) -> io::Result<()> {
+        while let Some(line) = self.next_line()? {
+            if let ParsedLine::Record(r) = line {
+                f(r);
+            }
+        }
+        Ok(())
+    }
+
+    /// The records in log-time order, owned.
+    pub fn ordered(self) -> OrderedRecords {
+        OrderedRecords {
+            window: self.options.reorder_window,
+            reader: self,
+            heap: BinaryHeap::new(),
+            newest: None,
+            last_out: None,
+            done: false,
+        }
+    }
+}
+
+/// A record waiting in the reorder heap; ordered by time, then line.
+struct Pending {
+    time: UnixNanos,
+    line: u64,
+    record: LogRecord<'static>,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.time, self.line).cmp(&(other.time, other.line))
+    }
+}
+
+/// Records of one log in time order; see the module documentation.
+pub struct OrderedRecords {
+    reader: LogReader,
+    window: Duration,
+    heap: BinaryHeap<Reverse<Pending>>,
+    newest: Option<UnixNanos>,
+    last_out: Option<UnixNanos>,
+    done: bool,
+}
+
+impl OrderedRecords {
+    /// Counts so far (including `late`).
+    pub fn stats(&self) -> &ParseStats {
+        &self.reader.stats
+    }
+
+    pub fn format(&self) -> Option<LogFormat> {
+        self.reader.format
+    }
+
+    fn ready(&self) -> bool {
+        let Some(Reverse(top)) = self.heap.peek() else {
+            return false;
+        };
+        if self.done {
+            return true;
+        }
+        self.newest
+            .is_some_and(|newest| top.time <= newest.saturating_sub(self.window))
+    }
+
+    fn pull(&mut self) -> io::Result<()> {
+        let Some(line) = self.reader.next_line()? else {
+            self.done = true;
+            return Ok(());
+        };
+        let ParsedLine::Record(record) = line else {
+            return Ok(());
+        };
+        let mut record = record.into_owned();
+        let line = self.reader.stats.lines;
+        self.newest = Some(self.newest.map_or(record.time, |n| n.max(record.time)));
+        if let Some(last) = self.last_out
+            && record.time < last
+        {
+            self.reader.stats.late += 1;
+            record.time = last;
+        }
+        self.heap.push(Reverse(Pending {
+            time: record.time,
+            line,
+            record,
+        }));
+        Ok(())
+    }
+}
+
+impl Iterator for OrderedRecords {
+    type Item = io::Result<LogRecord<'static>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.ready() {
+                let Reverse(p) = self.heap.pop()?;
+                self.last_out = Some(p.time);
+                return Some(Ok(p.record));
+            }
+            if self.done {
+                return None;
+            }
+            if let Err(e) = self.pull() {
+                // An I/O error ends this file; what was read is still yielded first.
+                self.done = true;
+                return Some(Err(e));
+            }
+        }
+    }
+}
+
+/// Several logs merged by time; yields `(source index, record)`.
+pub struct MergedRecords {
+    sources: Vec<OrderedRecords>,
+    heads: BinaryHeap<Reverse<(UnixNanos, usize)>>,
+    pending: Vec<Option<LogRecord<'static>>>,
+    started: bool,
+}
+
+impl MergedRecords {
+    pub fn new(sources: Vec<OrderedRecords>) -> MergedRecords {
+        let pending = sources.iter().map(|_| None).collect();
+        MergedRecords {
+            sources,
+            heads: BinaryHeap::new(),
+            pending,
+            started: false,
+        }
+    }
+
+    /// Each source's counts, in the order given.
+    pub fn stats(&self) -> Vec<&ParseStats> {
+        self.sources.iter().map(|s| s.stats()).collect()
+    }
+
+    /// Loads the next record of `i` into its head slot.
+    fn refill(&mut self, i: usize) -> io::Result<()> {
+        if let Some(next) = self.sources[i].next() {
+            let record = next?;
+            self.heads.push(Reverse((record.time, i)));
+            self.pending[i] = Some(record);
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for MergedRecords {
+    type Item = io::Result<(usize, LogRecord<'static>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if !self.started {
+            self.started = true;
+            for i in 0..self.sources.len() {
+                if let Err(e) = self.refill(i) {
+                    return Some(Err(e));
+                }
+            }
+        }
+        let Reverse((_, i)) = self.heads.pop()?;
+        let record = self.pending[i].take()?;
+        if let Err(e) = self.refill(i) {
+            return Some(Err(e));
+        }
+        Some(Ok((i, record)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn combined(ip: &str, secs: u32, path: &str) -> String {
+        let (m, s) = (secs / 60, secs % 60);
+        format!(
+            "{ip} - - [10/Oct/2026:13:{m:02}:{s:02} +0000] \"GET {path} HTTP/1.1\" 200 1 \"-\" \"ua\"\n"
+        )
+    }
+
+    fn reader(text: &str, options: ReaderOptions) -> LogReader {
+        LogReader::new(io::Cursor::new(text.as_bytes().to_vec()), options).expect("in memory")
+    }
+
+    #[test]
+    fn malformed_lines_are_counted_with_numbers() {
+        let text = [
+            combined("10.0.0.1", 0, "/a"),
+            "\n".into(),
+            "junk line\n".into(),
+            combined("10.0.0.2", 1, "/b"),
+            "10.0.0.3 - - [bad] \"GET / HTTP/1.1\" 200 1 \"-\" \"ua\"\n".into(),
+            combined("10.0.0.4", 2, "/c").trim_end().to_string(), // no final newline
+        ]
+        .concat();
+        let mut r = reader(
+            &text,
+            ReaderOptions {
+                max_examples: 1,
+                ..Default::default()
+            },
+        );
+        let mut targets = Vec::new();
+        r.for_each_record(|rec| targets.push(rec.target.into_owned()))
+            .expect("read");
+        assert_eq!(targets, ["/a", "/b", "/c"]);
+        let s = r.stats();
+        assert_eq!((s.lines, s.records, s.skipped, s.malformed), (6, 3, 1, 2));
+        assert_eq!(s.malformed_by_kind, [("bad_address", 1), ("bad_time", 1)]);
+        assert_eq!(s.examples.len(), 1, "only the first example is kept");
+        assert_eq!(
+            (s.examples[0].line, s.examples[0].excerpt.as_str()),
+            (3, "junk line")
+        );
+    }
+
+    #[test]
+    fn not_utf8_is_malformed_not_fatal() {
+        let mut bytes = combined("10.0.0.1", 0, "/a").into_bytes();
+        bytes.extend_from_slice(b"\xff\xfe broken\n");
+        bytes.extend_from_slice(combined("10.0.0.1", 1, "/b").as_bytes());
+        let mut r = LogReader::new(io::Cursor::new(bytes), ReaderOptions::default()).expect("mem");
+        let mut n = 0;
+        r.for_each_record(|_| n += 1).expect("read");
+        assert_eq!(n, 2);
+        assert_eq!(r.stats().examples[0].line, 2);
+        assert_eq!(r.stats().examples[0].error, ParseError::NotUtf8);
+    }
+
+    #[test]
+    fn format_detection_and_forcing() {
+        let caddy = r#"{"level":"info","ts":1791608136.5,"logger":"http.log.access","msg":"handled request","request":{"remote_ip":"10.0.0.1","method":"GET","host":"h","uri":"/x","headers":{}},"status":200,"size":1}"#;
+        let weir = r#"{"time":"2026-10-10T04:55:36.123Z","client":"10.0.0.1","peer":"10.0.0.1","method":"GET","host":"h","path":"/y","status":200,"class":"page","decision":"admit","rule":null}"#;
+        let cases: &[(String, Option<LogFormat>, Option<LogFormat>, u64)] = &[
+            (format!("\n{caddy}\n"), None, Some(LogFormat::Caddy), 1),
+            (format!("{weir}\n"), None, Some(LogFormat::Weir), 1),
+            (
+                combined("10.0.0.1", 0, "/a"),
+                None,
+                Some(LogFormat::Combined),
+                1,
+            ),
+            (
+                format!("{caddy}\n"),
+                Some(LogFormat::Combined),
+                Some(LogFormat::Combined),
+                0,
+            ),
+            ("\n\n".into(), None, None, 0),
+        ];
+        for (text, forced, want, records) in cases {
+            let mut r = reader(
+                text,
+                ReaderOptions {
+                    format: *forced,
+                    ..Default::default()
+                },
+            );
+            r.for_each_record(|_| {}).expect("read");
+            assert_eq!((r.format(), r.stats().records), (*want, *records), "{text}");
+        }
+        assert_eq!("nginx".parse(), Ok(LogFormat::Combined));
+        assert!("csv".parse::<LogFormat>().is_err());
+    }
+
+    #[test]
+    fn gzip_round_trip() {
+        let text: String = (0..500)
+            .map(|i| combined("10.0.0.1", i % 3600, &format!("/p{i}")))
+            .collect();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(text.as_bytes()).expect("compress");
+        let compressed = gz.finish().expect("finish");
+        assert_eq!(compressed[..2], GZIP_MAGIC);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("access.log.gz");
+        std::fs::write(&path, &compressed).expect("write");
+        let read = |r: &mut LogReader| {
+            let mut v = Vec::new();
+            r.for_each_record(|rec| v.push(rec.into_owned()))
+                .expect("read");
+            v
+        };
+        let from_gz = read(&mut LogReader::open(&path, ReaderOptions::default()).expect("open"));
+        let from_plain = read(&mut reader(&text, ReaderOptions::default()));
+        assert_eq!(from_gz.len(), 500);
+        assert_eq!(from_gz, from_plain);
+    }
+
+    #[test]
+    fn ordered_within_the_window_and_late_records_clamped() {
+        // Seconds: 5, 3 (within a 10 s window), 20, 1 (too late: 19 s after 20 was seen).
+        let text = [
+            combined("10.0.0.1", 5, "/5"),
+            combined("10.0.0.1", 3, "/3"),
+            combined("10.0.0.1", 20, "/20"),
+            combined("10.0.0.1", 30, "/30"),
+            combined("10.0.0.1", 1, "/1"),
+            combined("10.0.0.1", 30, "/30b"),
+        ]
+        .concat();
+        let r = reader(&text, ReaderOptions::default());
+        let mut ordered = r.ordered();
+        let got: Vec<(String, i64)> = (&mut ordered)
+            .map(|rec| rec.expect("in memory"))
+            .map(|rec| (rec.target.into_owned(), rec.time.as_secs() % 60))
+            .collect();
+        let want: Vec<(String, i64)> = [
+            ("/3", 3),
+            ("/5", 5),
+            ("/20", 20),
+            ("/1", 20),
+            ("/30", 30),
+            ("/30b", 30),
+        ]
+        .iter()
+        .map(|(p, t)| (p.to_string(), *t))
+        .collect();
+        assert_eq!(got, want);
+        assert_eq!(ordered.stats().late, 1);
+    }
+
+    #[test]
+    fn merge_orders_across_files() {
+        let a: String = [0, 2, 4, 6]
+            .iter()
+            .map(|s| combined("10.0.0.1", *s, &format!("/a{s}")))
+            .collect();
+        let b: String = [1, 2, 3, 7, 8]
+            .iter()
+            .map(|s| combined("10.0.0.2", *s, &format!("/b{s}")))
+            .collect();
+        let c = "".to_string();
+        let sources = [a, b, c]
+            .iter()
+            .map(|t| reader(t, ReaderOptions::default()).ordered())
+            .collect();
+        let merged: Vec<(usize, String)> = MergedRecords::new(sources)
+            .map(|r| r.expect("in memory"))
+            .map(|(i, rec)| (i, rec.target.into_owned()))
+            .collect();
+        let want = [
+            (0, "/a0"),
+            (1, "/b1"),
+            (0, "/a2"),
+            (1, "/b2"),
+            (1, "/b3"),
+            (0, "/a4"),
+            (0, "/a6"),
+            (1, "/b7"),
+            (1, "/b8"),
+        ];
+        let want: Vec<(usize, String)> = want.iter().map(|(i, s)| (*i, s.to_string())).collect();
+        assert_eq!(merged, want);
+    }
+}
