@@ -20,6 +20,9 @@ use crate::limiter::{InflightTable, Quota, RuleFingerprint, RuleStores, StoreCon
 use crate::policy::route::{ClassSettings, HostMatch};
 use crate::policy::rules::{self, KeyKind, RateLevel, Rule, RuleBody};
 use crate::policy::{Route, RouteClass, RouteTable};
+use crate::identity::session::{
+    AuthSubrequest, AuthSubrequestConfig, SessionVerifier, SignedCookie, SigningKeys, SystemWallClock,
+};
 use crate::upstream::{ForwardingHeaders, Pool};
 
 /// A listener as configured (binding happens once, at start).
@@ -77,6 +80,8 @@ pub struct Gateway {
     pub rejection: crate::config::RejectionConfig,
     /// Below this per-address rate a rejected client counts as "low-rate".
     pub low_rate: Quota,
+    /// Session verification, if configured.
+    pub sessions: Option<Arc<SessionVerifier>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -430,6 +435,11 @@ impl Gateway {
             });
         }
 
+        let sessions = match previous {
+            // Unchanged: keep the verifier and its cache of answers.
+            Some(p) if p.loaded.config.sessions == cfg.sessions => p.sessions.clone(),
+            _ => build_sessions(&loaded, &pools, &mut errors),
+        };
         let low_rate = match Quota::new(
             cfg.rules.low_rate_per_minute.max(1),
             Duration::from_secs(60),
@@ -483,9 +493,74 @@ impl Gateway {
             rules_shadow: cfg.rules.shadow,
             rejection: cfg.rejection.clone(),
             low_rate,
+            sessions,
             loaded,
         })
     }
+}
+
+/// Builds the session verifier from `[sessions]`, or `None` when neither
+/// method is configured.
+fn build_sessions(
+    loaded: &LoadedConfig,
+    pools: &[Arc<Pool>],
+    errors: &mut Vec<ConfigError>,
+) -> Option<Arc<SessionVerifier>> {
+    let cfg = &loaded.config.sessions;
+    let at = KeyPath::root().key("sessions");
+    let before = errors.len();
+    let signed = cfg.signed_cookie.as_ref().and_then(|s| {
+        let at = at.key("signed_cookie");
+        if s.cookie.trim().is_empty() {
+            errors.push(loaded.error_at(&at.key("cookie"), "a cookie name is required"));
+        }
+        match SigningKeys::new(&s.keys) {
+            Ok(keys) => Some(SignedCookie::new(&s.cookie, keys)),
+            Err(e) => {
+                errors.push(loaded.error_at(&at.key("keys"), e.to_string()));
+                None
+            }
+        }
+    });
+    let subrequest = cfg.auth_subrequest.as_ref().and_then(|a| {
+        let at = at.key("auth_subrequest");
+        let Some(server) = pools
+            .iter()
+            .find(|p| &*p.name == a.pool.as_str())
+            .and_then(|p| p.servers.first())
+        else {
+            errors.push(loaded.error_at(&at.key("pool"), format!("no pool named `{}`", a.pool)));
+            return None;
+        };
+        let cookies: Vec<&str> = a.cookies.iter().map(String::as_str).collect();
+        let mut c = AuthSubrequestConfig::new(server.addr, &cookies);
+        c.path = a.path.clone();
+        c.user_header = match a.user_header.as_deref().map(|h| http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes())) {
+            None => None,
+            Some(Ok(h)) => Some(h),
+            Some(Err(_)) => {
+                errors.push(loaded.error_at(&at.key("user_header"), "not a header name"));
+                None
+            }
+        };
+        c.timeout = a.timeout.0;
+        c.verified_ttl = a.verified_ttl.0;
+        c.denied_ttl = a.denied_ttl.0;
+        c.unknown_ttl = a.unknown_ttl.0;
+        c.max_entries = a.max_entries;
+        c.max_in_flight = a.max_in_flight;
+        match AuthSubrequest::new(c, Arc::new(crate::limiter::MonotonicClock)) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                errors.push(loaded.error_at(&at, e.to_string()));
+                None
+            }
+        }
+    });
+    if errors.len() > before || (signed.is_none() && subrequest.is_none()) {
+        return None;
+    }
+    Some(Arc::new(SessionVerifier::new(signed, subrequest, Arc::new(SystemWallClock))))
 }
 
 /// A rule as validated, before its state is attached.

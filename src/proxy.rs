@@ -27,6 +27,7 @@ use crate::body::{OnComplete, RequestBody, ResponseBody};
 use crate::edge::inflight::InFlightGuard;
 use crate::edge::{ConnGuard, ConnState};
 use crate::identity::forwarded;
+use crate::identity::session::SessionState;
 use crate::identity::{ClientId, PeerAddr};
 use crate::observe::access_log::{AccessRecord, timestamp};
 use crate::observe::metrics::{PoolErrorLabels, PoolLabels, RequestLabels, RuleLabels};
@@ -86,6 +87,13 @@ pub async fn handle(
         host: host.as_deref(),
         headers: req.headers(),
     });
+    // Session: verified only by a signed cookie or the app's own answer,
+    // and only looked up when a rule could use it.
+    let session = match (&gw.sessions, route) {
+        (Some(v), Some(r)) if !r.rules.is_empty() => v.check(req.headers()).await,
+        _ => SessionState::Anonymous,
+    };
+    log.record.session = session.as_str();
     let decision = match route {
         None => Decision::Reject(RejectReason::NoRoute),
         Some(route) => {
@@ -99,7 +107,7 @@ pub async fn handle(
                     if route.rules.is_empty() {
                         Decision::Admit
                     } else {
-                        apply_rules(&route.rules, &req, &client, &gw, &mut log)
+                        apply_rules(&route.rules, &req, &client, session.user(), &gw, &mut log)
                     }
                 }
             }
@@ -185,6 +193,7 @@ fn apply_rules(
     rules: &[crate::policy::rules::Rule],
     req: &Request<Incoming>,
     client: &ClientId,
+    user: Option<&str>,
     gw: &crate::gateway::Gateway,
     log: &mut RequestLog,
 ) -> Decision {
@@ -193,7 +202,6 @@ fn apply_rules(
     let rt = &log.conn.rt;
     let now = crate::limiter::MonotonicClock.now();
     let low_rate = rt.record_activity(client.client, gw, now);
-    let user: Option<&str> = None;
     let facts = RequestFacts {
         client,
         method: req.method(),
@@ -563,6 +571,7 @@ impl RequestLog {
                 proto,
                 class: "unrouted".into(),
                 decision: "admit",
+                session: "anonymous",
                 rule: None,
                 rule_level: None,
                 rule_key: None,

@@ -53,6 +53,68 @@ pub struct Config {
     /// Bodies of rejection responses.
     #[serde(default)]
     pub rejection: RejectionConfig,
+    /// How weir verifies logged-in sessions (the only exemption it honours).
+    #[serde(default)]
+    pub sessions: SessionsConfig,
+}
+
+/// Session verification: a signed cookie weir can check, and/or an auth
+/// sub-request to the app. Without either, every request is anonymous.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// A cookie signed by the app (or a login service) with one of `keys`.
+    #[serde(default)]
+    pub signed_cookie: Option<SignedCookieConfig>,
+    /// Ask the app whether a request's cookies belong to a logged-in user.
+    #[serde(default)]
+    pub auth_subrequest: Option<AuthSubrequestSettings>,
+}
+
+/// A signed session cookie: `v1.<base64url user>.<expiry>.<base64url HMAC-SHA256>`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SignedCookieConfig {
+    /// The cookie's name.
+    pub cookie: String,
+    /// HMAC keys, at least 32 bytes each; the first signs, all verify (rotation).
+    /// Write them as `${ENV}` references, not literals.
+    pub keys: Vec<String>,
+}
+
+/// The auth sub-request.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSubrequestSettings {
+    /// The pool whose first server is asked.
+    pub pool: String,
+    /// Path asked; 2xx means logged in, 401/403 not.
+    #[serde(default = "default_auth_path")]
+    pub path: String,
+    /// Cookies forwarded (only these). Requests carrying none are anonymous and
+    /// cause no sub-request. Never the session cookie every visitor gets.
+    pub cookies: Vec<String>,
+    /// Response header with the user id; unset: the first line of the body.
+    #[serde(default)]
+    pub user_header: Option<String>,
+    /// Whole sub-request deadline.
+    #[serde(default = "default_auth_timeout")]
+    pub timeout: ConfigDuration,
+    /// How long a verified answer is reused.
+    #[serde(default = "default_verified_ttl")]
+    pub verified_ttl: ConfigDuration,
+    /// How long a refusal (401/403) is reused.
+    #[serde(default = "default_denied_ttl")]
+    pub denied_ttl: ConfigDuration,
+    /// How long an unknown answer (timeout, 5xx) is reused.
+    #[serde(default = "default_unknown_ttl")]
+    pub unknown_ttl: ConfigDuration,
+    /// Sessions cached at once (about 120 bytes each).
+    #[serde(default = "default_auth_max_entries")]
+    pub max_entries: usize,
+    /// Sub-requests in flight at once: each takes one of the app's workers.
+    #[serde(default = "default_auth_max_in_flight")]
+    pub max_in_flight: usize,
 }
 
 /// Settings shared by all rules.
@@ -603,6 +665,27 @@ fn default_low_rate_per_minute() -> u32 {
 }
 fn default_snapshot_interval() -> ConfigDuration {
     ConfigDuration::secs(30)
+}
+fn default_auth_path() -> String {
+    "/whoami".into()
+}
+fn default_auth_timeout() -> ConfigDuration {
+    ConfigDuration(Duration::from_millis(500))
+}
+fn default_verified_ttl() -> ConfigDuration {
+    ConfigDuration::secs(60)
+}
+fn default_denied_ttl() -> ConfigDuration {
+    ConfigDuration::secs(10)
+}
+fn default_unknown_ttl() -> ConfigDuration {
+    ConfigDuration::secs(1)
+}
+fn default_auth_max_entries() -> usize {
+    100_000
+}
+fn default_auth_max_in_flight() -> usize {
+    4
 }
 fn default_class() -> String {
     "default".into()

@@ -29,6 +29,9 @@ pub struct AccessRecord {
     pub proto: &'static str,
     pub class: String,
     pub decision: &'static str,
+    /// The session: `anonymous`, `verified`, or `unverified` (a session
+    /// cookie that failed its check).
+    pub session: &'static str,
     /// The rule that rejected the request, if any.
     pub rule: Option<String>,
     /// The level of that rule that fired (`ip`, `subnet`, `network`, `site`, ...).
