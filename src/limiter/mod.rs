@@ -9,6 +9,7 @@
 //!   clock, with a per-rule report of what came back.
 //! - [`redis`]: the same GCRA in Redis (one Lua script, all of a request's
 //!   rules at once), so several instances share limits.
+//! - [`shared`]: Redis with the local store as mirror and fallback.
 //!
 //! This module decides nothing about which rules a request meets or what
 //! response a rejection gets (policy does); it keeps the counts.
@@ -33,6 +34,7 @@
 pub mod gcra;
 pub mod inflight;
 pub mod redis;
+pub mod shared;
 pub mod snapshot;
 pub mod store;
 

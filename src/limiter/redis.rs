@@ -29,7 +29,7 @@
 //! touches keys of several rules, which need not share a hash slot).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -97,13 +97,17 @@ pub enum RedisSetupError {
         #[source]
         source: RedisError,
     },
-    #[error("redis key prefix is empty: give one (e.g. \"weir:\") so weir's keys cannot collide with the app's")]
+    #[error(
+        "redis key prefix is empty: give one (e.g. \"weir:\") so weir's keys cannot collide with the app's"
+    )]
     EmptyPrefix,
     #[error("redis key prefix {prefix:?} is {len} bytes, more than {MAX_PREFIX_BYTES}")]
     PrefixTooLong { prefix: String, len: usize },
     #[error("redis connection cannot be set up: {0}")]
     Connection(#[source] RedisError),
-    #[error("the redis limiter must be created inside a tokio runtime (it connects in the background)")]
+    #[error(
+        "the redis limiter must be created inside a tokio runtime (it connects in the background)"
+    )]
     NoRuntime,
 }
 
@@ -223,7 +227,10 @@ impl RedisLimiter {
     /// Decides every check at once, all or nothing, on the server's clock.
     /// Outcomes come back in the order of `checks`. Bounded by
     /// [`RedisTimeouts::command`].
-    pub async fn check_all(&self, checks: &[RuleCheck<'_>]) -> Result<Vec<Outcome>, RedisCheckError> {
+    pub async fn check_all(
+        &self,
+        checks: &[RuleCheck<'_>],
+    ) -> Result<Vec<Outcome>, RedisCheckError> {
         self.check_all_at(checks, None).await
     }
 
@@ -242,10 +249,9 @@ impl RedisLimiter {
             cost,
         }];
         let mut outcomes = self.check_all(&checks).await?;
-        outcomes.pop().ok_or(RedisCheckError::UnexpectedReply {
-            got: 0,
-            checks: 1,
-        })
+        outcomes
+            .pop()
+            .ok_or(RedisCheckError::UnexpectedReply { got: 0, checks: 1 })
     }
 
     /// [`Self::check_all`] with `now` (ns since the Unix epoch) instead of the
@@ -446,7 +452,10 @@ fn redact_url(url: &str) -> String {
     let authority_end = url[scheme_end..]
         .find('/')
         .map_or(url.len(), |i| scheme_end + i);
-    let Some(at) = url[scheme_end..authority_end].rfind('@').map(|i| scheme_end + i) else {
+    let Some(at) = url[scheme_end..authority_end]
+        .rfind('@')
+        .map(|i| scheme_end + i)
+    else {
         return url.to_owned();
     };
     let redacted = match url[scheme_end..at].split_once(':') {
@@ -465,8 +474,8 @@ fn nanos(d: Duration) -> u64 {
 /// as `now`; production uses the server's `TIME`).
 #[cfg(test)]
 pub(crate) fn unix_now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, nanos)
 }
 

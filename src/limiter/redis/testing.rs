@@ -23,7 +23,12 @@ pub(crate) struct RedisServer {
 impl RedisServer {
     /// Starts a server on a free port of 127.0.0.1 and waits until it answers.
     pub(crate) fn start() -> RedisServer {
-        let port = free_port();
+        RedisServer::start_on(free_port())
+    }
+
+    /// Starts a server on `port` of 127.0.0.1 (for a limiter that was told
+    /// the address before anything listened there).
+    pub(crate) fn start_on(port: u16) -> RedisServer {
         let dir = tempfile::tempdir().expect("temporary directory for redis-server");
         let mut server = RedisServer {
             child: None,
@@ -32,10 +37,6 @@ impl RedisServer {
         };
         server.restart();
         server
-    }
-
-    pub(crate) fn port(&self) -> u16 {
-        self.port
     }
 
     pub(crate) fn url(&self) -> String {

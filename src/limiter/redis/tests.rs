@@ -254,7 +254,10 @@ async fn a_key_checked_twice_in_one_call_counts_twice() {
         cost: 1,
     };
     let now = unix_now_ns();
-    let got = redis.check_all_at(&[check, check], Some(now)).await.unwrap();
+    let got = redis
+        .check_all_at(&[check, check], Some(now))
+        .await
+        .unwrap();
     assert_eq!(got, vec![allowed(1, 50 * S), allowed(0, 100 * S)]);
     let got = redis.check_all_at(&[check], Some(now)).await.unwrap();
     assert_eq!(got, vec![rejected(50 * S, 100 * S)]);
@@ -270,7 +273,10 @@ async fn keys_expire_when_their_tat_passes_and_rejections_write_nothing() {
     let before_ns = unix_now_ns();
     redis.check(RuleFingerprint(9), 5, &quota, 3).await.unwrap();
     let pttl: i64 = conn.pttl(&name).await.unwrap();
-    assert!((1..=300).contains(&pttl), "PTTL {pttl} ms, TAT is 300 ms ahead");
+    assert!(
+        (1..=300).contains(&pttl),
+        "PTTL {pttl} ms, TAT is 300 ms ahead"
+    );
     let value: String = conn.get(&name).await.unwrap();
     let tat: u64 = value.parse().expect("TAT is decimal ns");
     assert!(
@@ -283,7 +289,10 @@ async fn keys_expire_when_their_tat_passes_and_rejections_write_nothing() {
     assert_eq!(unchanged, value);
     // Cost-0 reads of an absent key write nothing either.
     redis.check(RuleFingerprint(9), 6, &quota, 0).await.unwrap();
-    let absent: Option<String> = conn.get(redis.key_name(RuleFingerprint(9), 6)).await.unwrap();
+    let absent: Option<String> = conn
+        .get(redis.key_name(RuleFingerprint(9), 6))
+        .await
+        .unwrap();
     assert_eq!(absent, None);
 }
 
@@ -348,7 +357,10 @@ async fn a_stalled_server_times_out_within_the_command_timeout() {
     redis.check(RuleFingerprint(1), 1, &quota, 1).await.unwrap();
     server.pause();
     let started = Instant::now();
-    let err = redis.check(RuleFingerprint(1), 1, &quota, 1).await.unwrap_err();
+    let err = redis
+        .check(RuleFingerprint(1), 1, &quota, 1)
+        .await
+        .unwrap_err();
     let took = started.elapsed();
     server.resume();
     assert!(
@@ -404,8 +416,8 @@ fn setup_errors_name_the_input() {
 
 #[test]
 fn new_outside_a_runtime_says_so() {
-    let err = RedisLimiter::new("redis://127.0.0.1/", "weir:", RedisTimeouts::default())
-        .unwrap_err();
+    let err =
+        RedisLimiter::new("redis://127.0.0.1/", "weir:", RedisTimeouts::default()).unwrap_err();
     assert!(matches!(err, RedisSetupError::NoRuntime), "{err}");
 }
 
@@ -428,9 +440,27 @@ fn redact_url_hides_passwords_only() {
 #[test]
 fn key_names_and_patterns_share_one_prefix() {
     let cases = [
-        ("weir:", 1, 2, "weir:0000000000000001:0000000000000002", "weir:0000000000000001:"),
-        ("a*b?", 0xff, 0, "a*b?00000000000000ff:0000000000000000", "a\\*b\\?00000000000000ff:"),
-        ("x[1-2]\\", 0, 0, "x[1-2]\\0000000000000000:0000000000000000", "x\\[1\\-2\\]\\\\0000000000000000:"),
+        (
+            "weir:",
+            1,
+            2,
+            "weir:0000000000000001:0000000000000002",
+            "weir:0000000000000001:",
+        ),
+        (
+            "a*b?",
+            0xff,
+            0,
+            "a*b?00000000000000ff:0000000000000000",
+            "a\\*b\\?00000000000000ff:",
+        ),
+        (
+            "x[1-2]\\",
+            0,
+            0,
+            "x[1-2]\\0000000000000000:0000000000000000",
+            "x\\[1\\-2\\]\\\\0000000000000000:",
+        ),
     ];
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -438,10 +468,13 @@ fn key_names_and_patterns_share_one_prefix() {
         .unwrap();
     let _entered = runtime.enter();
     for (prefix, rule, key, name, pattern) in cases {
-        let redis = RedisLimiter::new("redis://127.0.0.1/", prefix, RedisTimeouts::default())
-            .unwrap();
+        let redis =
+            RedisLimiter::new("redis://127.0.0.1/", prefix, RedisTimeouts::default()).unwrap();
         assert_eq!(redis.key_name(RuleFingerprint(rule), key), name);
-        assert_eq!(glob_escape(&rule_prefix(prefix, RuleFingerprint(rule))), pattern);
+        assert_eq!(
+            glob_escape(&rule_prefix(prefix, RuleFingerprint(rule))),
+            pattern
+        );
         assert!(name.starts_with(&rule_prefix(prefix, RuleFingerprint(rule))));
     }
 }
