@@ -264,23 +264,39 @@ impl RedisLimiter {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
+        let names: Vec<String> = checks
+            .iter()
+            .map(|c| self.key_name(c.rule, c.key))
+            .collect();
+        self.run_script(&names, checks, now_unix_ns, self.timeouts.command)
+            .await
+    }
+
+    /// Runs the script on `names` (one per check), within `limit`.
+    async fn run_script(
+        &self,
+        names: &[String],
+        checks: &[RuleCheck<'_>],
+        now_unix_ns: Option<u64>,
+        limit: Duration,
+    ) -> Result<Vec<Outcome>, RedisCheckError> {
         let mut connection = ConnectionManager::clone(&self.connection.load());
-        let evalsha = self.script_cmd("EVALSHA", &self.script_sha, checks, now_unix_ns);
+        let evalsha = script_cmd("EVALSHA", &self.script_sha, names, checks, now_unix_ns);
         let call = async {
             match evalsha.query_async::<Vec<i64>>(&mut connection).await {
                 // A restarted or flushed Redis has forgotten the script: send
                 // it whole once, which also caches it for the next EVALSHA.
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    self.script_cmd("EVAL", GCRA_SCRIPT, checks, now_unix_ns)
+                    script_cmd("EVAL", GCRA_SCRIPT, names, checks, now_unix_ns)
                         .query_async::<Vec<i64>>(&mut connection)
                         .await
                 }
                 other => other,
             }
         };
-        let values = tokio::time::timeout(self.timeouts.command, call)
+        let values = tokio::time::timeout(limit, call)
             .await
-            .map_err(|_| RedisCheckError::Timeout(self.timeouts.command))??;
+            .map_err(|_| RedisCheckError::Timeout(limit))??;
         if values.len() != checks.len() * 4 {
             return Err(RedisCheckError::UnexpectedReply {
                 got: values.len(),
@@ -294,51 +310,24 @@ impl RedisLimiter {
             .collect())
     }
 
-    fn script_cmd(
-        &self,
-        verb: &str,
-        script: &str,
-        checks: &[RuleCheck<'_>],
-        now_unix_ns: Option<u64>,
-    ) -> Cmd {
-        let mut cmd = redis::cmd(verb);
-        cmd.arg(script).arg(checks.len());
-        for check in checks {
-            cmd.arg(self.key_name(check.rule, check.key));
-        }
-        match now_unix_ns {
-            Some(now) => cmd.arg(now.to_string()),
-            None => cmd.arg(""),
-        };
-        for check in checks {
-            cmd.arg(nanos(check.quota.emission_interval()))
-                .arg(nanos(check.quota.tolerance()))
-                .arg(check.quota.burst())
-                .arg(check.cost);
-        }
-        cmd
-    }
-
-    /// Makes sure Redis answers and has the script cached (`SCRIPT LOAD`),
-    /// within [`RedisTimeouts::connect`] plus [`RedisTimeouts::admin`].
+    /// Whether Redis can decide a request now: runs the script, writing one
+    /// key (`{prefix}probe`, expiring after 1 ms), within
+    /// [`RedisTimeouts::connect`] plus [`RedisTimeouts::admin`]. A `PING`
+    /// would pass where requests fail (a Redis out of memory refuses the
+    /// write; one that restarted has lost the script, which this re-sends).
     pub async fn probe(&self) -> Result<(), RedisCheckError> {
-        let mut connection = ConnectionManager::clone(&self.connection.load());
+        let quota = probe_quota();
+        let check = RuleCheck {
+            rule: RuleFingerprint(0),
+            key: 0,
+            quota: &quota,
+            cost: 1,
+        };
+        let names = [format!("{}probe", self.prefix)];
         let limit = self.timeouts.connect + self.timeouts.admin;
-        let mut load = redis::cmd("SCRIPT");
-        load.arg("LOAD").arg(GCRA_SCRIPT);
-        let load = load.query_async::<String>(&mut connection);
-        let sha = tokio::time::timeout(limit, load)
+        self.run_script(&names, &[check], None, limit)
             .await
-            .map_err(|_| RedisCheckError::Timeout(limit))??;
-        // Only a different script text could hash differently; say so.
-        if sha != self.script_sha {
-            return Err(RedisCheckError::Redis(RedisError::from((
-                ErrorKind::Client,
-                "SCRIPT LOAD returned an unexpected SHA-1",
-                sha,
-            ))));
-        }
-        Ok(())
+            .map(drop)
     }
 
     /// Replaces the connection with a fresh one, connected on first use.
@@ -386,6 +375,39 @@ impl RedisLimiter {
             }
             cursor = next;
         }
+    }
+}
+
+/// `EVALSHA`/`EVAL` of the script over `names`, one per check.
+fn script_cmd(
+    verb: &str,
+    script: &str,
+    names: &[String],
+    checks: &[RuleCheck<'_>],
+    now_unix_ns: Option<u64>,
+) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(names.len()).arg(names);
+    match now_unix_ns {
+        Some(now) => cmd.arg(now.to_string()),
+        None => cmd.arg(""),
+    };
+    for check in checks {
+        cmd.arg(nanos(check.quota.emission_interval()))
+            .arg(nanos(check.quota.tolerance()))
+            .arg(check.quota.burst())
+            .arg(check.cost);
+    }
+    cmd
+}
+
+/// 1 per millisecond: the probe is always allowed, and its key expires
+/// 1 ms after it is written.
+fn probe_quota() -> Quota {
+    match Quota::new(1, Duration::from_millis(1), 1) {
+        Ok(quota) => quota,
+        // Constant arguments that Quota::new accepts (see its tests).
+        Err(e) => unreachable!("probe quota rejected: {e}"),
     }
 }
 

@@ -26,9 +26,9 @@
 //!
 //! Outages: the first failed round trip switches the limiter to local
 //! decisions (one warning in the log, `outages` + 1), a background task then
-//! probes every [`RedisTimeouts::probe_interval`](super::redis::RedisTimeouts::probe_interval) (`SCRIPT LOAD`, which also
-//! re-caches the script in a restarted Redis) and switches back on the first
-//! success (one info line). Requests never wait on a Redis known to be down,
+//! probes every [`RedisTimeouts::probe_interval`](super::redis::RedisTimeouts::probe_interval)
+//! (one script call that writes, see [`RedisLimiter::probe`]) and switches
+//! back on the first success (one info line). Requests never wait on a Redis known to be down,
 //! and the probe is the only traffic to it, so a struggling Redis is not
 //! buried under retries (incident 4). At start-up the limiter decides locally
 //! until the first probe succeeds, a few milliseconds when Redis is up.

@@ -346,6 +346,33 @@ async fn forgotten_script_is_sent_whole_once() {
 }
 
 #[tokio::test]
+async fn probe_and_checks_fail_while_redis_refuses_writes() {
+    let server = RedisServer::start();
+    let redis = limiter(&server, "weir:test:");
+    let quota = Quota::new(10, 100 * S, 10).unwrap();
+    redis.probe().await.expect("healthy probe");
+    let mut conn = raw(&server).await;
+    let set_maxmemory = |bytes: &'static str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg("maxmemory").arg(bytes);
+        cmd
+    };
+    // Out of memory with no eviction: every write is refused (incident 4's
+    // Redis). A PING would still pass; the probe must not.
+    let _: () = set_maxmemory("1").query_async(&mut conn).await.unwrap();
+    let probe = redis.probe().await.unwrap_err();
+    assert!(probe.to_string().contains("OOM"), "{probe}");
+    let check = redis.check(RuleFingerprint(1), 1, &quota, 1).await;
+    assert!(check.is_err(), "{check:?}");
+    let _: () = set_maxmemory("0").query_async(&mut conn).await.unwrap();
+    redis.probe().await.expect("probe after memory is back");
+    assert_eq!(
+        redis.check(RuleFingerprint(1), 1, &quota, 1).await.unwrap(),
+        allowed(9, 10 * S)
+    );
+}
+
+#[tokio::test]
 async fn a_stalled_server_times_out_within_the_command_timeout() {
     let server = RedisServer::start();
     let timeouts = RedisTimeouts {
