@@ -23,6 +23,9 @@
 //! [`RedisTimeouts::command`] (50 ms by default): a limiter must not add much
 //! latency, and a slow Redis is treated like an unreachable one.
 //!
+//! [`RedisLimiter::probe`] also runs the script, on the key `{prefix}probe`
+//! (it expires 1 ms after each probe).
+//!
 //! This module decides nothing when Redis fails: it returns the error. Falling
 //! back to local state, counting and logging outages and probing for recovery
 //! are [`super::shared`]'s. Redis Cluster is not supported (one script call
@@ -401,10 +404,11 @@ fn script_cmd(
     cmd
 }
 
-/// 1 per millisecond: the probe is always allowed, and its key expires
-/// 1 ms after it is written.
+/// T = 1 ns and τ = 1 ms: every probe is admitted, so every probe writes
+/// (a refused probe would write nothing and pass an out-of-memory Redis),
+/// however many instances probe at once, and the key expires 1 ms later.
 fn probe_quota() -> Quota {
-    match Quota::new(1, Duration::from_millis(1), 1) {
+    match Quota::new(1_000_000, Duration::from_millis(1), 1_000_000) {
         Ok(quota) => quota,
         // Constant arguments that Quota::new accepts (see its tests).
         Err(e) => unreachable!("probe quota rejected: {e}"),

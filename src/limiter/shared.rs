@@ -43,6 +43,41 @@
 //! This module does not choose rules, keys or quotas (policy does), turn
 //! outcomes into responses, or register metrics: [`SharedLimiter::stats`]
 //! hands out the counters for the metrics module to export.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use weir::limiter::redis::{RedisLimiter, RedisTimeouts, RuleCheck};
+//! use weir::limiter::shared::{SharedLimiter, all_allowed};
+//! use weir::limiter::{key, MonotonicClock, Quota, RuleFingerprint, RuleStores, StoreConfig};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let per_24 = RuleFingerprint(0x24);
+//! let site = RuleFingerprint(0x5173);
+//! let local = RuleStores::build(
+//!     &[(per_24, StoreConfig::with_max_keys(100_000)), (site, StoreConfig::with_max_keys(64))],
+//!     None,
+//! )?;
+//! // Returns at once, even with Redis down; connects in the background.
+//! let redis = RedisLimiter::new("redis://127.0.0.1:6379/", "weir:wiki:", RedisTimeouts::default())?;
+//! let limiter = SharedLimiter::new(redis, local, Arc::new(MonotonicClock));
+//! if limiter.wait_for_redis(Duration::from_secs(1)).await {
+//!     let n = limiter.redis().count_keys(per_24).await?;
+//!     println!("restored {n} /24 keys from redis");
+//! }
+//! let q24 = Quota::new(300, Duration::from_secs(600), 300)?;
+//! let qsite = Quota::new(1500, Duration::from_secs(600), 1500)?;
+//! let decided = limiter
+//!     .check_all(&[
+//!         RuleCheck { rule: per_24, key: key(0, 1, 0x0a00_01), quota: &q24, cost: 1 },
+//!         RuleCheck { rule: site, key: key(1, 0, 0), quota: &qsite, cost: 1 },
+//!     ])
+//!     .await;
+//! let admitted = all_allowed(&decided);
+//! # let _ = admitted;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
