@@ -23,6 +23,14 @@
 //! percentiles of an I/O path are the point, and criterion reports means.
 //! Run: `cargo bench --bench redis` (needs `redis-server` on PATH, or
 //! `WEIR_REDIS_SERVER`).
+//!
+//! Measured (redis-server 7.0.15, 2-core VM shared with other builds, three
+//! runs, range): local 4.3-5.4 M req/s, p50 110-150 ns; redis 1 rule p50
+//! 46-123 us; 4 rules as 4 trips p50 362-523 us; 4 rules in one
+//! `check_all` 6.4-14.6 k req/s, p50 62-146 us, p99 140-390 us; shared
+//! sequential 6.8-13.0 k req/s, p50 68-132 us, p99 165-368 us; shared with
+//! 32 tasks 30-40 k req/s (120-160 k rule decisions/s), p50 0.73-0.97 ms,
+//! p99 1.9-2.9 ms. Redis (single-threaded) and the bench share 2 cores.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
