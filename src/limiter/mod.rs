@@ -7,6 +7,9 @@
 //! - [`inflight`]: concurrency limits per key, a guard per request.
 //! - [`snapshot`]: the state on disk across restarts, rebased through the wall
 //!   clock, with a per-rule report of what came back.
+//! - [`redis`]: the same GCRA in Redis (one Lua script, all of a request's
+//!   rules at once), so several instances share limits.
+//! - [`shared`]: Redis with the local store as mirror and fallback.
 //!
 //! This module decides nothing about which rules a request meets or what
 //! response a rejection gets (policy does); it keeps the counts.
@@ -30,6 +33,8 @@
 
 pub mod gcra;
 pub mod inflight;
+pub mod redis;
+pub mod shared;
 pub mod snapshot;
 pub mod store;
 

@@ -1,0 +1,509 @@
+//! GCRA state in Redis, so several weir instances share one set of limits.
+//!
+//! Each key's state is one Redis string, its TAT in nanoseconds since the Unix
+//! epoch, under `{prefix}{rule fingerprint:016x}:{key:016x}` (the same `u64`
+//! keys the local [`ShardedStore`](super::ShardedStore) holds). One Lua script
+//! (`redis/gcra.lua`, sent by `EVALSHA`, by `EVAL` when the server answers
+//! `NOSCRIPT`) decides every rule of a request at once, all or nothing: if any
+//! rule rejects, no rule is charged. Its arithmetic is [`Quota::check`]'s
+//! (same `T`, `τ`, cost, `remaining`, `reset`, `retry_after`), on the Redis
+//! server's clock (`TIME`), so instances whose clocks disagree still agree on
+//! every decision. Each write sets `PX` to the key's TAT: a key expires when
+//! its state stops mattering, so Redis holds only live keys (PostHog's Redis,
+//! shared with the main app, ran out of memory: incident 4).
+//!
+//! The prefix is given once, to [`RedisLimiter::new`], and every key name and
+//! every `SCAN` pattern is built from it by the same function, so state cannot
+//! be written under one name and looked for under another (incident 2: the
+//! new server's counters were written with a path prefix and listed without).
+//!
+//! [`RedisLimiter::new`] never waits for Redis: it returns at once and the
+//! connection is made in the background (incident 4: pool creation slower
+//! than the start-up timeout crash-looped pods). Every command is bounded by
+//! [`RedisTimeouts::command`] (50 ms by default): a limiter must not add much
+//! latency, and a slow Redis is treated like an unreachable one.
+//!
+//! [`RedisLimiter::probe`] also runs the script, on the key `{prefix}probe`
+//! (it expires 1 ms after each probe).
+//!
+//! This module decides nothing when Redis fails: it returns the error. Falling
+//! back to local state, counting and logging outages and probing for recovery
+//! are [`super::shared`]'s. Redis Cluster is not supported (one script call
+//! touches keys of several rules, which need not share a hash slot).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+
+use super::gcra::{Outcome, Quota};
+use super::store::RuleFingerprint;
+
+#[cfg(test)]
+pub(crate) mod testing;
+
+/// The script; its SHA-1 is what `EVALSHA` names.
+const GCRA_SCRIPT: &str = include_str!("redis/gcra.lua");
+
+/// Longest key prefix accepted: a prefix is a namespace, not data.
+pub const MAX_PREFIX_BYTES: usize = 128;
+
+/// Keys asked for per `SCAN` page when counting.
+const SCAN_PAGE: usize = 1000;
+
+/// How long Redis operations may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisTimeouts {
+    /// One connection attempt (TCP connect and handshake).
+    pub connect: Duration,
+    /// One decision's round trip on the request path. When it passes, the
+    /// caller decides without Redis; keep it a small part of a request's
+    /// latency budget.
+    pub command: Duration,
+    /// One command off the request path: a probe, a `SCAN` page.
+    pub admin: Duration,
+    /// How often [`super::shared::SharedLimiter`] probes a Redis it cannot
+    /// reach, to go back to shared limits when it returns.
+    pub probe_interval: Duration,
+}
+
+impl Default for RedisTimeouts {
+    fn default() -> RedisTimeouts {
+        RedisTimeouts {
+            connect: Duration::from_secs(1),
+            command: Duration::from_millis(50),
+            admin: Duration::from_secs(1),
+            probe_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// One rule a request must pass: the rule, the request's key for it (as the
+/// local store keys it), the rule's quota and the request's cost.
+#[derive(Debug, Clone, Copy)]
+pub struct RuleCheck<'q> {
+    pub rule: RuleFingerprint,
+    pub key: u64,
+    pub quota: &'q Quota,
+    pub cost: u32,
+}
+
+/// A Redis limiter that cannot be built; messages name the bad input.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisSetupError {
+    #[error("redis URL {url} is not valid: {source}")]
+    BadUrl {
+        /// The URL with any password replaced by `***`.
+        url: String,
+        #[source]
+        source: RedisError,
+    },
+    #[error(
+        "redis key prefix is empty: give one (e.g. \"weir:\") so weir's keys cannot collide with the app's"
+    )]
+    EmptyPrefix,
+    #[error("redis key prefix {prefix:?} is {len} bytes, more than {MAX_PREFIX_BYTES}")]
+    PrefixTooLong { prefix: String, len: usize },
+    #[error("redis connection cannot be set up: {0}")]
+    Connection(#[source] RedisError),
+    #[error(
+        "the redis limiter must be created inside a tokio runtime (it connects in the background)"
+    )]
+    NoRuntime,
+}
+
+/// A Redis operation that did not produce an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisCheckError {
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("redis command failed: {0}")]
+    Redis(#[from] RedisError),
+    #[error("redis GCRA script returned {got} values for {checks} checks (expected 4 each)")]
+    UnexpectedReply { got: usize, checks: usize },
+}
+
+/// GCRA decisions made in Redis; shared by every instance using the same
+/// Redis and prefix.
+pub struct RedisLimiter {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// Swapped for a fresh manager by [`Self::reset_connection`] when the
+    /// current one stays broken (a half-open socket, a failed handshake that
+    /// the manager does not retry).
+    connection: ArcSwap<ConnectionManager>,
+    prefix: String,
+    url: String,
+    timeouts: RedisTimeouts,
+    script_sha: String,
+    runtime: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .field("timeouts", &self.timeouts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisLimiter {
+    /// Prepares a limiter for the Redis at `url` (`redis://[user:pass@]host:port/db`)
+    /// with every key under `prefix`. Returns at once, without connecting:
+    /// the first command (or [`Self::probe`]) connects, in the background of
+    /// the caller's tokio runtime, which must exist.
+    pub fn new(
+        url: &str,
+        prefix: &str,
+        timeouts: RedisTimeouts,
+    ) -> Result<RedisLimiter, RedisSetupError> {
+        if prefix.is_empty() {
+            return Err(RedisSetupError::EmptyPrefix);
+        }
+        if prefix.len() > MAX_PREFIX_BYTES {
+            return Err(RedisSetupError::PrefixTooLong {
+                prefix: prefix.to_owned(),
+                len: prefix.len(),
+            });
+        }
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
+        let client = redis::Client::open(url).map_err(|source| RedisSetupError::BadUrl {
+            url: redact_url(url),
+            source,
+        })?;
+        // Few, quick reconnection attempts: an outage is handled by deciding
+        // locally and probing (see `shared`), not by commands queueing behind
+        // a long backoff. Retries that multiply load on a struggling Redis are
+        // what incident 4 warns about.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.command))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(timeouts.probe_interval.max(Duration::from_millis(50)));
+        let connection = {
+            let _entered = runtime.enter();
+            lazy_manager(&client, &config)?
+        };
+        Ok(RedisLimiter {
+            client,
+            config,
+            connection: ArcSwap::from_pointee(connection),
+            prefix: prefix.to_owned(),
+            url: redact_url(url),
+            timeouts,
+            script_sha: redis::Script::new(GCRA_SCRIPT).get_hash().to_owned(),
+            runtime,
+        })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The URL, with any password replaced by `***` (for logs).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn timeouts(&self) -> RedisTimeouts {
+        self.timeouts
+    }
+
+    /// The runtime the limiter was created in (background tasks run there).
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
+    /// The Redis key holding `key`'s TAT under `rule`.
+    pub fn key_name(&self, rule: RuleFingerprint, key: u64) -> String {
+        let mut name = rule_prefix(&self.prefix, rule);
+        push_hex(&mut name, key);
+        name
+    }
+
+    /// Decides every check at once, all or nothing, on the server's clock.
+    /// Outcomes come back in the order of `checks`. Bounded by
+    /// [`RedisTimeouts::command`].
+    pub async fn check_all(
+        &self,
+        checks: &[RuleCheck<'_>],
+    ) -> Result<Vec<Outcome>, RedisCheckError> {
+        self.check_all_at(checks, None).await
+    }
+
+    /// One check; see [`Self::check_all`].
+    pub async fn check(
+        &self,
+        rule: RuleFingerprint,
+        key: u64,
+        quota: &Quota,
+        cost: u32,
+    ) -> Result<Outcome, RedisCheckError> {
+        let checks = [RuleCheck {
+            rule,
+            key,
+            quota,
+            cost,
+        }];
+        let mut outcomes = self.check_all(&checks).await?;
+        outcomes
+            .pop()
+            .ok_or(RedisCheckError::UnexpectedReply { got: 0, checks: 1 })
+    }
+
+    /// [`Self::check_all`] with `now` (ns since the Unix epoch) instead of the
+    /// server's clock, so tests can compare with [`Quota::check`] exactly.
+    pub(crate) async fn check_all_at(
+        &self,
+        checks: &[RuleCheck<'_>],
+        now_unix_ns: Option<u64>,
+    ) -> Result<Vec<Outcome>, RedisCheckError> {
+        if checks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = checks
+            .iter()
+            .map(|c| self.key_name(c.rule, c.key))
+            .collect();
+        self.run_script(&names, checks, now_unix_ns, self.timeouts.command)
+            .await
+    }
+
+    /// Runs the script on `names` (one per check), within `limit`.
+    async fn run_script(
+        &self,
+        names: &[String],
+        checks: &[RuleCheck<'_>],
+        now_unix_ns: Option<u64>,
+        limit: Duration,
+    ) -> Result<Vec<Outcome>, RedisCheckError> {
+        let mut connection = ConnectionManager::clone(&self.connection.load());
+        let evalsha = script_cmd("EVALSHA", &self.script_sha, names, checks, now_unix_ns);
+        let call = async {
+            match evalsha.query_async::<Vec<i64>>(&mut connection).await {
+                // A restarted or flushed Redis has forgotten the script: send
+                // it whole once, which also caches it for the next EVALSHA.
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script_cmd("EVAL", GCRA_SCRIPT, names, checks, now_unix_ns)
+                        .query_async::<Vec<i64>>(&mut connection)
+                        .await
+                }
+                other => other,
+            }
+        };
+        let values = tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| RedisCheckError::Timeout(limit))??;
+        if values.len() != checks.len() * 4 {
+            return Err(RedisCheckError::UnexpectedReply {
+                got: values.len(),
+                checks: checks.len(),
+            });
+        }
+        Ok(checks
+            .iter()
+            .zip(values.chunks_exact(4))
+            .map(|(check, v)| outcome_from_reply(check, v))
+            .collect())
+    }
+
+    /// Whether Redis can decide a request now: runs the script, writing one
+    /// key (`{prefix}probe`, expiring after 1 ms), within
+    /// [`RedisTimeouts::connect`] plus [`RedisTimeouts::admin`]. A `PING`
+    /// would pass where requests fail (a Redis out of memory refuses the
+    /// write; one that restarted has lost the script, which this re-sends).
+    pub async fn probe(&self) -> Result<(), RedisCheckError> {
+        let quota = probe_quota();
+        let check = RuleCheck {
+            rule: RuleFingerprint(0),
+            key: 0,
+            quota: &quota,
+            cost: 1,
+        };
+        let names = [format!("{}probe", self.prefix)];
+        let limit = self.timeouts.connect + self.timeouts.admin;
+        self.run_script(&names, &[check], None, limit)
+            .await
+            .map(drop)
+    }
+
+    /// Replaces the connection with a fresh one, connected on first use.
+    /// For a connection that stays broken although Redis may be back.
+    pub fn reset_connection(&self) {
+        let _entered = self.runtime.enter();
+        if let Ok(fresh) = lazy_manager(&self.client, &self.config) {
+            self.connection.store(Arc::new(fresh));
+        }
+    }
+
+    /// Live keys Redis holds for `rule` under this limiter's prefix (`SCAN`,
+    /// so it never blocks Redis). A start-up check that state is there:
+    /// "restored N keys". Approximate while keys are written or expire, and
+    /// `SCAN` may return a key twice if Redis resizes its table meanwhile.
+    pub async fn count_keys(&self, rule: RuleFingerprint) -> Result<u64, RedisCheckError> {
+        self.count_matching(&glob_escape(&rule_prefix(&self.prefix, rule)))
+            .await
+    }
+
+    /// Live keys under this limiter's prefix, all rules together.
+    pub async fn count_all_keys(&self) -> Result<u64, RedisCheckError> {
+        self.count_matching(&glob_escape(&self.prefix)).await
+    }
+
+    async fn count_matching(&self, escaped_prefix: &str) -> Result<u64, RedisCheckError> {
+        let pattern = format!("{escaped_prefix}*");
+        let mut connection = ConnectionManager::clone(&self.connection.load());
+        let mut cursor: u64 = 0;
+        let mut count: u64 = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_PAGE);
+            let page = scan.query_async::<(u64, Vec<redis::Value>)>(&mut connection);
+            let (next, keys) = tokio::time::timeout(self.timeouts.admin, page)
+                .await
+                .map_err(|_| RedisCheckError::Timeout(self.timeouts.admin))??;
+            count += keys.len() as u64;
+            if next == 0 {
+                return Ok(count);
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// `EVALSHA`/`EVAL` of the script over `names`, one per check.
+fn script_cmd(
+    verb: &str,
+    script: &str,
+    names: &[String],
+    checks: &[RuleCheck<'_>],
+    now_unix_ns: Option<u64>,
+) -> Cmd {
+    let mut cmd = redis::cmd(verb);
+    cmd.arg(script).arg(names.len()).arg(names);
+    match now_unix_ns {
+        Some(now) => cmd.arg(now.to_string()),
+        None => cmd.arg(""),
+    };
+    for check in checks {
+        cmd.arg(nanos(check.quota.emission_interval()))
+            .arg(nanos(check.quota.tolerance()))
+            .arg(check.quota.burst())
+            .arg(check.cost);
+    }
+    cmd
+}
+
+/// T = 1 ns and τ = 1 ms: every probe is admitted, so every probe writes
+/// (a refused probe would write nothing and pass an out-of-memory Redis),
+/// however many instances probe at once, and the key expires 1 ms later.
+fn probe_quota() -> Quota {
+    match Quota::new(1_000_000, Duration::from_millis(1), 1_000_000) {
+        Ok(quota) => quota,
+        // Constant arguments that Quota::new accepts (see its tests).
+        Err(e) => unreachable!("probe quota rejected: {e}"),
+    }
+}
+
+fn lazy_manager(
+    client: &redis::Client,
+    config: &ConnectionManagerConfig,
+) -> Result<ConnectionManager, RedisSetupError> {
+    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+        .map_err(RedisSetupError::Connection)
+}
+
+/// Maps one check's 4 integers (status, remaining, retry_after, reset).
+fn outcome_from_reply(check: &RuleCheck<'_>, v: &[i64]) -> Outcome {
+    let ns = |x: i64| Duration::from_nanos(u64::try_from(x).unwrap_or(0));
+    match v[0] {
+        0 => Outcome::Allowed {
+            remaining: u32::try_from(v[1].max(0)).unwrap_or(check.quota.burst()),
+            reset: ns(v[3]),
+        },
+        1 => Outcome::Rejected {
+            retry_after: ns(v[2]),
+            reset: ns(v[3]),
+        },
+        _ => Outcome::CostExceedsBurst {
+            cost: check.cost,
+            burst: check.quota.burst(),
+        },
+    }
+}
+
+/// `{prefix}{fingerprint:016x}:`, the start of every key of one rule: the
+/// one place key names begin, for writing and for counting alike.
+fn rule_prefix(prefix: &str, rule: RuleFingerprint) -> String {
+    let mut name = String::with_capacity(prefix.len() + 34);
+    name.push_str(prefix);
+    push_hex(&mut name, rule.0);
+    name.push(':');
+    name
+}
+
+fn push_hex(out: &mut String, x: u64) {
+    use std::fmt::Write;
+    let _ = write!(out, "{x:016x}");
+}
+
+/// Escapes `SCAN MATCH` glob characters, so a prefix such as `weir[blue]:`
+/// matches itself only.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 4);
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `url` with the password (between `user:` and `@`) replaced by `***`.
+fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let authority_end = url[scheme_end..]
+        .find('/')
+        .map_or(url.len(), |i| scheme_end + i);
+    let Some(at) = url[scheme_end..authority_end]
+        .rfind('@')
+        .map(|i| scheme_end + i)
+    else {
+        return url.to_owned();
+    };
+    let redacted = match url[scheme_end..at].split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        // `redis://secret@host`: treat a lone user part as a secret too.
+        None => "***".to_owned(),
+    };
+    format!("{}{redacted}{}", &url[..scheme_end], &url[at..])
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Nanoseconds since the Unix epoch on this machine's clock (tests pass it
+/// as `now`; production uses the server's `TIME`).
+#[cfg(test)]
+pub(crate) fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, nanos)
+}
+
+#[cfg(test)]
+mod tests;
