@@ -16,13 +16,14 @@ use crate::edge::tls;
 use crate::identity::TrustedProxies;
 use crate::identity::dominance::DominantPeerDetector;
 use crate::identity::forwarded::ForwardedHeader;
+use crate::identity::session::{
+    AuthSubrequest, AuthSubrequestConfig, SessionVerifier, SignedCookie, SigningKeys,
+    SystemWallClock,
+};
 use crate::limiter::{InflightTable, Quota, RuleFingerprint, RuleStores, StoreConfig};
 use crate::policy::route::{ClassSettings, HostMatch};
 use crate::policy::rules::{self, KeyKind, RateLevel, Rule, RuleBody};
 use crate::policy::{Route, RouteClass, RouteTable};
-use crate::identity::session::{
-    AuthSubrequest, AuthSubrequestConfig, SessionVerifier, SignedCookie, SigningKeys, SystemWallClock,
-};
 use crate::upstream::{ForwardingHeaders, Pool};
 
 /// A listener as configured (binding happens once, at start).
@@ -535,7 +536,11 @@ fn build_sessions(
         let cookies: Vec<&str> = a.cookies.iter().map(String::as_str).collect();
         let mut c = AuthSubrequestConfig::new(server.addr, &cookies);
         c.path = a.path.clone();
-        c.user_header = match a.user_header.as_deref().map(|h| http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes())) {
+        c.user_header = match a
+            .user_header
+            .as_deref()
+            .map(|h| http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()))
+        {
             None => None,
             Some(Ok(h)) => Some(h),
             Some(Err(_)) => {
@@ -560,7 +565,11 @@ fn build_sessions(
     if errors.len() > before || (signed.is_none() && subrequest.is_none()) {
         return None;
     }
-    Some(Arc::new(SessionVerifier::new(signed, subrequest, Arc::new(SystemWallClock))))
+    Some(Arc::new(SessionVerifier::new(
+        signed,
+        subrequest,
+        Arc::new(SystemWallClock),
+    )))
 }
 
 /// A rule as validated, before its state is attached.

@@ -108,6 +108,7 @@ pub async fn handle(
                         Decision::Admit
                     } else {
                         apply_rules(&route.rules, &req, &client, session.user(), &gw, &mut log)
+                            .await
                     }
                 }
             }
@@ -189,7 +190,7 @@ pub async fn handle(
 
 /// The rules stage: evaluates the route class's rules and records what they
 /// decided (metrics, shadow rejections, human-collateral signals).
-fn apply_rules(
+async fn apply_rules(
     rules: &[crate::policy::rules::Rule],
     req: &Request<Incoming>,
     client: &ClientId,
@@ -209,7 +210,7 @@ fn apply_rules(
         user,
         now,
     };
-    let ev = evaluate(rules, &facts, gw.rules_shadow);
+    let ev = evaluate(rules, &facts, gw.rules_shadow, rt.shared_limiter()).await;
     for (rule, result) in &ev.results {
         rt.metrics
             .rule_decisions

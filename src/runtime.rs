@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use crate::identity::{ClientAddr, Level};
+use crate::limiter::shared::{SharedLimiter, SharedStats};
 use crate::limiter::{MonoTime, ShardedStore, StoreConfig};
 use crate::observe::metrics::{CollateralLabels, ResultLabels, RuleLabels};
 use crate::observe::{AccessLog, Metrics};
@@ -45,6 +46,10 @@ pub struct Runtime {
     /// Recent request rate per client address, for the "low-rate before
     /// rejection" collateral signal.
     activity: ShardedStore,
+    /// Rate limits shared through Redis, when configured (set once at start).
+    shared: std::sync::OnceLock<Arc<SharedLimiter>>,
+    /// Shared-limiter counters already exported (deltas go to the metrics).
+    shared_exported: Mutex<SharedStats>,
     /// Distinct clients rejected per rule in the current minute.
     rejected_clients: Mutex<HashMap<Arc<str>, MinuteClients>>,
 }
@@ -102,6 +107,8 @@ impl Runtime {
             activity: ShardedStore::new(StoreConfig::with_max_keys(ACTIVITY_KEYS))
                 .expect("a constant, non-zero store size is valid"),
             rejected_clients: Mutex::new(HashMap::new()),
+            shared: std::sync::OnceLock::new(),
+            shared_exported: Mutex::new(SharedStats::default()),
         })
     }
 
@@ -142,6 +149,14 @@ impl Runtime {
         }
         if next.loaded.config.process.workers != current.loaded.config.process.workers {
             restart_needed.push("process.workers");
+        }
+        if next.loaded.config.state.redis_url != current.loaded.config.state.redis_url
+            || next.loaded.config.state.redis_prefix != current.loaded.config.state.redis_prefix
+        {
+            restart_needed.push("state.redis_url");
+        }
+        if let Some(shared) = self.shared.get() {
+            shared.set_rules(next.rule_stores.clone());
         }
         self.tracker.set_limits(next.edge.conn);
         self.gateway.store(Arc::new(next));
@@ -193,6 +208,41 @@ impl Runtime {
                  weir may be behind a load balancer and see every client as one address"
             );
         }
+    }
+
+    /// The shared (Redis) limiter, if configured.
+    pub fn shared_limiter(&self) -> Option<&SharedLimiter> {
+        self.shared.get().map(|s| &**s)
+    }
+
+    /// Installs the shared limiter (once, at start).
+    pub fn set_shared_limiter(&self, shared: Arc<SharedLimiter>) {
+        let _ = self.shared.set(shared);
+    }
+
+    /// Copies the shared limiter's counters into the metrics (before a scrape).
+    pub fn export_shared_stats(&self) {
+        let Some(shared) = self.shared.get() else {
+            return;
+        };
+        let now = shared.stats();
+        let mut last = self
+            .shared_exported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let m = &self.metrics;
+        let delta = |a: u64, b: u64| a.saturating_sub(b);
+        m.redis_round_trips
+            .get_or_create(&ResultLabels { result: "ok" })
+            .inc_by(delta(now.redis_ok, last.redis_ok));
+        m.redis_round_trips
+            .get_or_create(&ResultLabels { result: "error" })
+            .inc_by(delta(now.redis_errors, last.redis_errors));
+        m.redis_fallback_decisions
+            .inc_by(delta(now.fallback_decisions, last.fallback_decisions));
+        m.redis_outages.inc_by(delta(now.outages, last.outages));
+        m.redis_fallback_active.set(i64::from(now.fallback_active));
+        *last = now;
     }
 
     /// Counts a request of `client` for the low-rate signal; true when the

@@ -30,6 +30,8 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("state.redis_url: {0}")]
+    Redis(#[from] crate::limiter::redis::RedisSetupError),
     #[error("cannot open the access log `{target}`: {source}")]
     AccessLog {
         target: String,
@@ -91,6 +93,7 @@ impl Server {
         // State first: the first request after a restart must meet the limits
         // the previous process had reached.
         let restored = state::restore(&runtime);
+        state::connect_redis(&runtime)?;
 
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();

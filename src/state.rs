@@ -133,3 +133,34 @@ pub fn sweep(rt: &Runtime) {
         p.store.sweep(now);
     }
 }
+
+/// Starts the shared (Redis) limiter when `state.redis_url` is set. It never
+/// blocks: connecting happens in the background, and until Redis answers
+/// (or whenever it stops answering) decisions use the local stores.
+pub fn connect_redis(rt: &Runtime) -> Result<(), crate::limiter::redis::RedisSetupError> {
+    use crate::limiter::redis::{RedisLimiter, RedisTimeouts};
+    use crate::limiter::shared::SharedLimiter;
+    let gw = rt.gateway.load();
+    let cfg = &gw.loaded.config.state;
+    let Some(url) = &cfg.redis_url else {
+        return Ok(());
+    };
+    let timeouts = RedisTimeouts {
+        connect: cfg.redis_connect_timeout.0,
+        command: cfg.redis_command_timeout.0,
+        ..RedisTimeouts::default()
+    };
+    let redis = RedisLimiter::new(url, &cfg.redis_prefix, timeouts)?;
+    tracing::info!(
+        url = redis.url(),
+        prefix = redis.prefix(),
+        "sharing limits through Redis"
+    );
+    let shared = SharedLimiter::new(
+        redis,
+        gw.rule_stores.clone(),
+        std::sync::Arc::new(MonotonicClock),
+    );
+    rt.set_shared_limiter(std::sync::Arc::new(shared));
+    Ok(())
+}

@@ -157,6 +157,20 @@ pub struct StateConfig {
     /// How often the snapshot is written.
     #[serde(default = "default_snapshot_interval")]
     pub snapshot_interval: ConfigDuration,
+    /// Share rate limits between instances through this Redis
+    /// (`redis://host:6379/0`). Unset: limits are per instance. When Redis is
+    /// unreachable weir decides with its local state and recovers by itself.
+    #[serde(default)]
+    pub redis_url: Option<String>,
+    /// Prefix of every key weir writes in Redis (one per deployment).
+    #[serde(default = "default_redis_prefix")]
+    pub redis_prefix: String,
+    /// Longest wait for one Redis round trip before deciding locally.
+    #[serde(default = "default_redis_command_timeout")]
+    pub redis_command_timeout: ConfigDuration,
+    /// Longest wait to (re)connect to Redis.
+    #[serde(default = "default_redis_connect_timeout")]
+    pub redis_connect_timeout: ConfigDuration,
 }
 
 impl Default for StateConfig {
@@ -164,6 +178,10 @@ impl Default for StateConfig {
         StateConfig {
             snapshot_file: None,
             snapshot_interval: default_snapshot_interval(),
+            redis_url: None,
+            redis_prefix: default_redis_prefix(),
+            redis_command_timeout: default_redis_command_timeout(),
+            redis_connect_timeout: default_redis_connect_timeout(),
         }
     }
 }
@@ -665,6 +683,15 @@ fn default_low_rate_per_minute() -> u32 {
 }
 fn default_snapshot_interval() -> ConfigDuration {
     ConfigDuration::secs(30)
+}
+fn default_redis_prefix() -> String {
+    "weir:".into()
+}
+fn default_redis_command_timeout() -> ConfigDuration {
+    ConfigDuration(Duration::from_millis(50))
+}
+fn default_redis_connect_timeout() -> ConfigDuration {
+    ConfigDuration::secs(1)
 }
 fn default_auth_path() -> String {
     "/whoami".into()

@@ -48,11 +48,14 @@ pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, mut stop: watch::Rec
 
 async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => text(
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            rt.metrics.encode(),
-        ),
+        (&Method::GET, "/metrics") => {
+            rt.export_shared_stats();
+            text(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                rt.metrics.encode(),
+            )
+        }
         (&Method::GET, "/livez") => text(StatusCode::OK, "text/plain", "ok\n".into()),
         (&Method::GET, "/readyz") => {
             if rt.tracker.is_draining() {

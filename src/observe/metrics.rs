@@ -99,6 +99,10 @@ pub struct Metrics {
     pub state_snapshots: Family<ResultLabels, Counter>,
     pub limiter_evicted_keys: Gauge,
     pub process_start_time: Gauge,
+    pub redis_round_trips: Family<ResultLabels, Counter>,
+    pub redis_fallback_decisions: Counter,
+    pub redis_outages: Counter,
+    pub redis_fallback_active: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -141,6 +145,10 @@ impl Metrics {
             state_snapshots: Family::default(),
             limiter_evicted_keys: Gauge::default(),
             process_start_time: Gauge::default(),
+            redis_round_trips: Family::default(),
+            redis_fallback_decisions: Counter::default(),
+            redis_outages: Counter::default(),
+            redis_fallback_active: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -264,6 +272,26 @@ impl Metrics {
             "Unix time this weir process started",
             Unit::Seconds,
             m.process_start_time.clone(),
+        );
+        registry.register(
+            "redis_round_trips",
+            "Round trips to Redis for shared limits, by result (ok, error)",
+            m.redis_round_trips.clone(),
+        );
+        registry.register(
+            "redis_fallback_decisions",
+            "Rate decisions taken with local state because Redis was unreachable or slow",
+            m.redis_fallback_decisions.clone(),
+        );
+        registry.register(
+            "redis_outages",
+            "Times weir lost Redis and switched to local limits",
+            m.redis_outages.clone(),
+        );
+        registry.register(
+            "redis_fallback_active",
+            "1 while Redis is unreachable and limits are enforced per instance",
+            m.redis_fallback_active.clone(),
         );
         m.process_start_time.set(
             std::time::SystemTime::now()

@@ -21,6 +21,8 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, Method};
 
 use crate::identity::{ClientId, Level};
+use crate::limiter::redis::RuleCheck;
+use crate::limiter::shared::SharedLimiter;
 use crate::limiter::{
     InflightGuard, InflightTable, MonoTime, Outcome, Quota, RuleFingerprint, ShardedStore,
 };
@@ -236,7 +238,14 @@ pub struct Evaluation {
 }
 
 /// Evaluates `rules` in order. `global_shadow` puts every rule in shadow mode.
-pub fn evaluate(rules: &[Rule], facts: &RequestFacts<'_>, global_shadow: bool) -> Evaluation {
+/// With `shared`, rate levels are decided through Redis (one round trip per
+/// rule, all levels at once), falling back to the local stores.
+pub async fn evaluate(
+    rules: &[Rule],
+    facts: &RequestFacts<'_>,
+    global_shadow: bool,
+    shared: Option<&SharedLimiter>,
+) -> Evaluation {
     let mut ev = Evaluation::default();
     for rule in rules {
         if !rule.methods.is_empty() && !rule.methods.contains(facts.method) {
@@ -248,7 +257,10 @@ pub fn evaluate(rules: &[Rule], facts: &RequestFacts<'_>, global_shadow: bool) -
         }
         let shadow = rule.shadow || global_shadow;
         let verdict = match &rule.body {
-            RuleBody::Rate(levels) => check_rate(rule, levels, facts),
+            RuleBody::Rate(levels) => match shared {
+                Some(shared) => check_rate_shared(rule, levels, facts, shared).await,
+                None => check_rate(rule, levels, facts),
+            },
             RuleBody::Concurrency {
                 key, max, table, ..
             } => match key.key(facts) {
@@ -321,6 +333,38 @@ fn check_rate(
     Ok(None)
 }
 
+/// Like [`check_rate`], through the shared limiter: all levels in one call,
+/// charged only if all pass.
+async fn check_rate_shared(
+    rule: &Rule,
+    levels: &[RateLevel],
+    facts: &RequestFacts<'_>,
+    shared: &SharedLimiter,
+) -> Result<Option<InflightGuard>, RuleRejection> {
+    let mut keyed = Vec::with_capacity(levels.len());
+    for level in levels {
+        if let Some(k) = level.key.key(facts) {
+            keyed.push((level, k));
+        }
+    }
+    let checks: Vec<RuleCheck<'_>> = keyed
+        .iter()
+        .map(|(level, (key, _))| RuleCheck {
+            rule: level.fingerprint,
+            key: *key,
+            quota: &level.quota,
+            cost: 1,
+        })
+        .collect();
+    let decided = shared.check_all(&checks).await;
+    for ((level, (_, shown)), d) in keyed.iter().zip(&decided) {
+        if let Outcome::Rejected { retry_after, .. } = d.outcome {
+            return Err(rejection(rule, level, shown.clone(), retry_after));
+        }
+    }
+    Ok(None)
+}
+
 fn rejection(rule: &Rule, level: &RateLevel, key: String, retry_after: Duration) -> RuleRejection {
     RuleRejection {
         rule: rule.name.clone(),
@@ -352,6 +396,7 @@ mod tests {
     use super::*;
     use crate::identity::{AddrSource, ClientAddr, PeerAddr};
     use crate::limiter::StoreConfig;
+    use std::future::Future as _;
 
     fn client(ip: &str) -> ClientId {
         ClientId {
@@ -383,17 +428,19 @@ mod tests {
     fn run(rules: &[Rule], ip: &str, user: Option<&str>, now: MonoTime) -> Evaluation {
         let c = client(ip);
         let h = HeaderMap::new();
-        evaluate(
-            rules,
-            &RequestFacts {
-                client: &c,
-                method: &Method::GET,
-                headers: &h,
-                user,
-                now,
-            },
-            false,
-        )
+        let facts = RequestFacts {
+            client: &c,
+            method: &Method::GET,
+            headers: &h,
+            user,
+            now,
+        };
+        // No shared limiter: evaluation never waits, so a no-op waker suffices.
+        let fut = std::pin::pin!(evaluate(rules, &facts, false, None));
+        match fut.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(ev) => ev,
+            std::task::Poll::Pending => unreachable!("local evaluation does not wait"),
+        }
     }
 
     #[test]

@@ -45,3 +45,10 @@ mod docs;
 // The lab end to end: a tiny scenario's report against the app's own counts,
 // and incidents 3 and 4 (original config fails, recommended passes).
 mod sim;
+
+// Exemption only for verified sessions (signed cookie, auth sub-request).
+mod sessions;
+
+// Three weir processes sharing limits through a real Redis; Redis loss and
+// recovery.
+mod shared_limits;

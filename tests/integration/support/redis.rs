@@ -23,6 +23,7 @@ use super::process::{FixtureError, START_DEADLINE, ServerProcess, Signal, temp_d
 /// Builds a [`Redis`].
 pub struct RedisBuilder {
     extra: String,
+    addr: Option<SocketAddr>,
 }
 
 impl RedisBuilder {
@@ -32,13 +33,22 @@ impl RedisBuilder {
         self
     }
 
+    /// Listen on this address (to restart a killed Redis where clients expect it).
+    pub fn addr(mut self, addr: SocketAddr) -> Self {
+        self.addr = Some(addr);
+        self
+    }
+
     pub async fn start(self) -> Result<Redis, FixtureError> {
         let program = find_program("redis-server")?;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let dir = temp_dir("redis")?;
-            let addrs = free_addrs("redis", 1)?;
+            let addrs = match self.addr {
+                Some(a) => vec![a],
+                None => free_addrs("redis", 1)?,
+            };
             let addr = addrs[0];
             let conf = dir.path().join("redis.conf");
             write_file("redis", &conf, &self.render(dir.path(), addr))?;
@@ -83,6 +93,7 @@ impl Redis {
     pub fn builder() -> RedisBuilder {
         RedisBuilder {
             extra: String::new(),
+            addr: None,
         }
     }
 

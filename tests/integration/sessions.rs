@@ -1,0 +1,166 @@
+//! Exemptions by verified identity only, against the simulated app: the
+//! session cookie the login page gives every visitor exempts nothing; the
+//! app's own answer about a real login does; a signed cookie weir can check
+//! does; a forged one does not.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use weir::identity::session::{SignedCookie, SigningKeys};
+use weir::lab::app::{AppConfig, SimApp};
+
+use crate::fixtures::*;
+
+const KEY: &str = "0123456789abcdef0123456789abcdef-test-key";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn weir_config(app: SocketAddr) -> String {
+    format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+
+[pools.app]
+servers = ["{app}"]
+
+[[routes]]
+pool = "app"
+class = "expensive"
+methods = ["GET"]
+
+[[routes]]
+pool = "app"
+class = "other"
+
+[[classes.expensive.rules]]
+name = "anon"
+exempt = ["verified"]
+limits = [{{ per = "ip", rate = 1, window = "1m" }}]
+
+[sessions.signed_cookie]
+cookie = "weir_session"
+keys = ["{KEY}"]
+
+[sessions.auth_subrequest]
+pool = "app"
+path = "/whoami"
+cookies = ["wikiUserID", "wikiToken"]
+"#
+    )
+}
+
+/// Status of `n` GETs from `source` carrying `cookie`.
+async fn statuses(weir: &TestWeir, source: IpAddr, cookie: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let h: Vec<(&str, &str)> = if cookie.is_empty() {
+            vec![]
+        } else {
+            vec![("cookie", cookie)]
+        };
+        out.push(
+            get_from(source, weir.addr, "/w/index.php?search=x", &h)
+                .await
+                .0
+                .as_u16(),
+        );
+    }
+    out
+}
+
+/// Cookies from a response's Set-Cookie headers, as a Cookie header value.
+fn cookies_of(headers: &http::HeaderMap) -> String {
+    headers
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok()?.split(';').next().map(str::to_string))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_verified_sessions_are_exempt() {
+    let app = SimApp::start(
+        AppConfig {
+            workers: 4,
+            backlog: 16,
+            time_scale: 0.01,
+            ..Default::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    let weir = TestWeir::start(&weir_config(app.addr())).await;
+
+    // The login page gives anyone a session cookie; it exempts nothing.
+    let (_, h, _) = get_from(ip("127.70.0.1"), weir.addr, "/login", &[]).await;
+    let visitor = cookies_of(&h);
+    assert!(visitor.contains("wikisession="), "{visitor}");
+    assert_eq!(
+        statuses(&weir, ip("127.70.0.1"), &visitor, 3).await,
+        vec![200, 429, 429]
+    );
+
+    // A real login (through weir): the app says who it is; exempt.
+    let mut c = H1::connect(ip("127.70.0.2"), weir.addr).await.unwrap();
+    let (status, h, _) = c
+        .send(
+            http::Request::post("/login")
+                .header("host", "t")
+                .body(full(""))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let editor = cookies_of(&h);
+    assert!(editor.contains("wikiToken="), "{editor}");
+    assert_eq!(
+        statuses(&weir, ip("127.70.0.2"), &editor, 5).await,
+        vec![200; 5]
+    );
+    // The answer is cached: one sub-request for five requests.
+    assert_eq!(app.snapshot().class("whoami"), 1);
+
+    // Made-up login cookies: the app denies them; not exempt.
+    let fake = "wikiUserID=1; wikiToken=00000000000000000000000000000000";
+    assert_eq!(
+        statuses(&weir, ip("127.70.0.3"), fake, 2).await,
+        vec![200, 429]
+    );
+
+    // A signed cookie weir can check: exempt; a forged one: not.
+    let signer = SignedCookie::new("weir_session", SigningKeys::new(&[KEY]).unwrap());
+    let expires = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let good = format!("weir_session={}", signer.issue("alice", expires).unwrap());
+    assert_eq!(
+        statuses(&weir, ip("127.70.0.4"), &good, 4).await,
+        vec![200; 4]
+    );
+    let forger = SignedCookie::new(
+        "weir_session",
+        SigningKeys::new(&["another key of at least thirty-two bytes!"]).unwrap(),
+    );
+    let forged = format!("weir_session={}", forger.issue("alice", expires).unwrap());
+    assert_eq!(
+        statuses(&weir, ip("127.70.0.5"), &forged, 2).await,
+        vec![200, 429]
+    );
+
+    let log = weir.access_log(18).await;
+    let sessions: Vec<&str> = log.iter().filter_map(|l| l["session"].as_str()).collect();
+    assert!(
+        sessions.contains(&"verified") && sessions.contains(&"unverified"),
+        "{sessions:?}"
+    );
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}

@@ -1,0 +1,123 @@
+//! Three weir processes sharing one real Redis: together they admit the
+//! configured rate; killing Redis mid-run causes no 5xx and no fail-closed;
+//! they recover when it returns.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use crate::fixtures::Upstream;
+use crate::support::{HttpRequest, Redis, Signal, Weir};
+
+fn config(app: SocketAddr, redis: SocketAddr) -> String {
+    format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[admin]
+address = "127.0.0.1:0"
+[access_log]
+target = "off"
+[state]
+redis_url = "redis://{redis}/0"
+redis_command_timeout = "100ms"
+[pools.app]
+servers = ["{app}"]
+[[routes]]
+pool = "app"
+class = "api"
+[[classes.api.rules]]
+name = "site"
+limits = [{{ per = "site", rate = 300, window = "1m" }}]
+"#
+    )
+}
+
+async fn fallback_active(w: &Weir) -> bool {
+    let m = HttpRequest::get("/metrics")
+        .send(w.admin())
+        .await
+        .unwrap()
+        .text();
+    m.contains("weir_redis_fallback_active 1")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_one_rate_and_survive_redis_loss() {
+    let app = Upstream::start().await;
+    let redis = Redis::builder().start().await.expect("redis starts");
+    let redis_addr = redis.addr();
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(
+            Weir::builder()
+                .config(config(app.addr, redis_addr))
+                .start()
+                .await
+                .expect("weir starts"),
+        );
+    }
+    let listeners: Vec<SocketAddr> = instances.iter().map(|w| w.listener(0)).collect();
+    // Let every instance reach Redis before measuring.
+    for w in &instances {
+        assert_eventually_async!(!fallback_active(w).await);
+    }
+
+    // 600 requests spread over the three instances, as fast as they go.
+    let mut tasks = Vec::new();
+    for i in 0..600usize {
+        let to = listeners[i % 3];
+        tasks.push(tokio::spawn(async move {
+            let src = IpAddr::V4(Ipv4Addr::new(127, 80, (i / 250) as u8, (i % 250 + 1) as u8));
+            HttpRequest::get("/api")
+                .from(src)
+                .send(to)
+                .await
+                .map(|r| r.status)
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        match t.await.unwrap().expect("every request is answered") {
+            200 => admitted += 1,
+            429 => {}
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    // 300 per minute: the burst, plus what refilled while the burst ran.
+    assert!(
+        (300..=315).contains(&admitted),
+        "admitted {admitted}, want 300 within 5%"
+    );
+
+    // Redis dies: no 5xx, nobody refused by a closed limiter (local state
+    // still holds the spent budget, so requests are 429, never 5xx).
+    redis.signal(Signal::Kill).unwrap();
+    drop(redis);
+    for (i, to) in listeners.iter().enumerate() {
+        let r = HttpRequest::get("/api")
+            .from(Ipv4Addr::new(127, 81, 0, i as u8 + 1))
+            .send(*to)
+            .await
+            .unwrap();
+        assert!(r.status == 200 || r.status == 429, "{r}");
+    }
+    for w in &instances {
+        assert_eventually_async!(fallback_active(w).await);
+    }
+    // Redis returns on the same address: every instance recovers by itself.
+    let _redis = Redis::builder()
+        .addr(redis_addr)
+        .start()
+        .await
+        .expect("redis restarts");
+    for w in &instances {
+        assert_eventually_async!(!fallback_active(w).await);
+        // A fresh Redis has no state: the shared budget starts again.
+        let r = HttpRequest::get("/api")
+            .from(Ipv4Addr::new(127, 82, 0, 1))
+            .send(w.listener(0))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{r}");
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
