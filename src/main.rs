@@ -55,6 +55,25 @@ enum Command {
         #[arg(long)]
         html: Option<PathBuf>,
     },
+    /// Replay access logs through a configuration, offline: who would it have
+    /// rejected? (nginx/Apache combined, Caddy JSON, weir JSON; gzip too.)
+    Replay {
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+        /// Log files, merged in time order.
+        #[arg(required = true)]
+        logs: Vec<PathBuf>,
+        /// Force the format: combined, caddy or weir (default: detect).
+        #[arg(long)]
+        format: Option<String>,
+        /// Extra quoted fields after the user agent in combined logs, in order,
+        /// e.g. `$http_cookie,$http_x_forwarded_for`.
+        #[arg(long, value_delimiter = ',')]
+        trailing: Vec<String>,
+        /// Write the report as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Replay incident 1 (crawler flood) with and without weir's recommended config.
     Demo {
         /// Where to write the HTML report.
@@ -99,6 +118,19 @@ fn main() -> ExitCode {
                 })
                 .map_err(anyhow::Error::from)
         }
+        Command::Replay {
+            config,
+            logs,
+            format,
+            trailing,
+            json,
+        } => replay(
+            &config,
+            &logs,
+            format.as_deref(),
+            &trailing,
+            json.as_deref(),
+        ),
         Command::Demo { html } => {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             weir::lab::cli::demo(Some(html), progress)
@@ -226,4 +258,45 @@ async fn second_signal() {
         _ = quit.recv() => {}
     }
     let _ = Duration::ZERO;
+}
+
+fn replay(
+    config: &Path,
+    logs: &[PathBuf],
+    format: Option<&str>,
+    trailing: &[String],
+    json: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    use weir::lab::replay::{ReaderOptions, engine};
+    let loaded = load_file(config, &ProcessEnv).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let gateway = Gateway::build(loaded, None, 1).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut options = ReaderOptions::default();
+    if let Some(f) = format {
+        options.format = Some(f.parse().map_err(|e| anyhow::anyhow!("--format: {e}"))?);
+    }
+    for t in trailing {
+        options.trailing.push(
+            t.parse()
+                .map_err(|e| anyhow::anyhow!("--trailing {t}: {e}"))?,
+        );
+    }
+    let started = std::time::Instant::now();
+    let run = engine::replay_files(gateway, logs, &options, |_, _| {})?;
+    let took = started.elapsed();
+    print!("{}", run.report);
+    println!(
+        "\n{} lines read in {:.2} s ({:.0} lines/s); {} malformed",
+        run.lines,
+        took.as_secs_f64(),
+        run.lines as f64 / took.as_secs_f64().max(1e-9),
+        run.malformed
+    );
+    for (file, line, error) in &run.malformed_examples {
+        println!("  {}:{line}: {error}", logs[*file].display());
+    }
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&run)?)
+            .context("writing the JSON report")?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -52,3 +52,6 @@ mod sessions;
 // Three weir processes sharing limits through a real Redis; Redis loss and
 // recovery.
 mod shared_limits;
+
+// `weir replay`: nginx, Caddy and weir logs replay to the live decisions.
+mod replay;

@@ -95,7 +95,7 @@ async fn only_verified_sessions_are_exempt() {
     let weir = TestWeir::start(&weir_config(app.addr())).await;
 
     // The login page gives anyone a session cookie; it exempts nothing.
-    let (_, h, _) = get_from(ip("127.70.0.1"), weir.addr, "/login", &[]).await;
+    let (_, h, _) = get_from(ip("127.70.0.9"), weir.addr, "/login", &[]).await;
     let visitor = cookies_of(&h);
     assert!(visitor.contains("wikisession="), "{visitor}");
     assert_eq!(

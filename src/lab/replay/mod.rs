@@ -37,6 +37,7 @@
 //! kept as written).
 
 mod combined;
+pub mod engine;
 mod json;
 mod reader;
 pub mod time;
