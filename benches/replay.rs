@@ -156,6 +156,35 @@ fn memory_run(name: &str, text: &str, lines: u64) {
     report(name, lines, text.len() as u64, started);
 }
 
+/// Routes and rules for the parse-and-decide row (the MediaWiki example's shape).
+const DECIDE_CONFIG: &str = r#"
+[[listeners]]
+address = "127.0.0.1:0"
+[pools.wiki]
+servers = ["127.0.0.1:9"]
+[[routes]]
+pool = "wiki"
+class = "expensive"
+path_prefix = "/w/index.php"
+query_keys = ["search", "diff", "oldid", "action"]
+[[routes]]
+pool = "wiki"
+class = "page"
+[[classes.expensive.rules]]
+name = "anon-expensive"
+limits = [
+  { per = "ip", rate = 20, window = "10m" },
+  { per = "subnet", rate = 100, window = "10m" },
+  { per = "network", rate = 400, window = "10m" },
+  { per = "site", rate = 20000, window = "10m" },
+]
+"#;
+
+fn report_row(name: &str, lines: u64, bytes: u64, started: Instant, note: &str) {
+    report(name, lines, bytes, started);
+    println!("({name}: {note})");
+}
+
 fn main() -> std::io::Result<()> {
     let lines: u64 = std::env::var("WEIR_BENCH_LINES")
         .ok()
@@ -203,6 +232,20 @@ fn main() -> std::io::Result<()> {
     black_box(sum);
     assert_eq!(reader.stats().records, lines, "{:?}", reader.stats());
     report("parse", lines, bytes, started);
+
+    // Parse and decide: every record through routes and four rule levels,
+    // the path `weir replay` takes.
+    let loaded = weir::config::load_str(DECIDE_CONFIG, None, &std::collections::HashMap::<String, String>::new())
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let gateway = weir::gateway::Gateway::build(loaded, None, 1).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut replay = weir::lab::replay::engine::Replay::new(gateway);
+    let started = Instant::now();
+    let mut reader = LogReader::open(&file, options())?;
+    reader.for_each_record(|r| {
+        black_box(replay.decide(&r));
+    })?;
+    let summary = replay.finish();
+    report_row("parse+decide", lines, bytes, started, &format!("{} rejected", summary.rejected));
 
     let owned_lines = lines / 10;
     let started = Instant::now();
