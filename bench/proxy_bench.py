@@ -215,8 +215,15 @@ def start_weir(workdir, upstream_port, weir_bin, pin):
             '[[listeners]]\naddress = "127.0.0.1:0"\n\n[admin]\naddress = "127.0.0.1:0"\n\n'
             '[access_log]\ntarget = "/dev/null"\n\n'
             f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\n\n'
-            '[[routes]]\npool = "app"\nclass = "page"\n'
+            '[[routes]]\npool = "app"\nclass = "page"\n\n'
+            # wrk is one address holding up to 1,000 connections: weir's
+            # per-address defaults (256 connections, 128 in flight) would
+            # rightly treat it as a flood. The bench measures proxying.
+            '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n'
         )
+    # A ready file left by an earlier instance in this directory would name its port.
+    if os.path.exists(ready):
+        os.remove(ready)
     s = Server("weir", [weir_bin, "run", "-c", cfg, "--ready-file", ready], d, None, [], pin)
     end = time.time() + START_DEADLINE
     while True:
