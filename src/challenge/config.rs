@@ -217,7 +217,7 @@ impl Default for ChallengeText {
             heading: "One moment, please".into(),
             explanation: "This site is very busy. To keep it available for people, your \
                 browser does a short calculation before the page opens. This usually takes \
-                a second or two and happens about once a day."
+                a second or two."
                 .into(),
             working: "Checking your browser…".into(),
             done: "Done. Opening the page…".into(),
@@ -258,9 +258,7 @@ pub enum ChallengeConfigError {
         value: String,
         range: &'static str,
     },
-    #[error(
-        "challenge.cookie_name = {0:?} is not a cookie name: use letters, digits, `_` or `-`"
-    )]
+    #[error("challenge.cookie_name = {0:?} is not a cookie name: use letters, digits, `_` or `-`")]
     CookieName(String),
     #[error("challenge.{key}[{index}] = {value:?} {reason}")]
     BadEntry {
@@ -269,7 +267,9 @@ pub enum ChallengeConfigError {
         value: String,
         reason: &'static str,
     },
-    #[error("challenge.good_bots[{index}].user_agent = {value:?} is too short to identify a crawler (3+ characters)")]
+    #[error(
+        "challenge.good_bots[{index}].user_agent = {value:?} is too short to identify a crawler (3+ characters)"
+    )]
     BotUserAgent { index: usize, value: String },
     #[error("challenge.{key}: {source}")]
     Cidr {
@@ -322,7 +322,14 @@ fn default_exempt_paths() -> Vec<String> {
     ])
 }
 fn default_exempt_prefixes() -> Vec<String> {
-    strings(&["/.well-known/", "/api/", "/api.php", "/rest.php/", "/static/", "/assets/"])
+    strings(&[
+        "/.well-known/",
+        "/api/",
+        "/api.php",
+        "/rest.php/",
+        "/static/",
+        "/assets/",
+    ])
 }
 fn default_exempt_suffixes() -> Vec<String> {
     strings(&[

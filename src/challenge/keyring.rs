@@ -186,10 +186,16 @@ mod tests {
         let tag = old.sign(b"m");
         assert!(old.verify(b"m", &tag));
         assert!(rotated.verify(b"m", &tag), "old key still verifies");
-        assert!(!new_only.verify(b"m", &tag), "dropped key no longer verifies");
+        assert!(
+            !new_only.verify(b"m", &tag),
+            "dropped key no longer verifies"
+        );
         assert!(!pow.verify(b"m", &tag), "purposes use different keys");
         assert!(!old.verify(b"n", &tag));
-        assert!(new_only.verify(b"m", &rotated.sign(b"m")), "first key signs");
+        assert!(
+            new_only.verify(b"m", &rotated.sign(b"m")),
+            "first key signs"
+        );
     }
 
     #[test]
@@ -205,7 +211,10 @@ mod tests {
             let (ba, bb) = (Binding::of(addr(a), b"ua"), Binding::of(addr(b), b"ua"));
             assert_eq!(ba.prefix == bb.prefix, same, "{a} vs {b}");
         }
-        assert_eq!(binding_prefix(addr("2001:db8:1:2::1")).to_string(), "2001:db8:1::/48");
+        assert_eq!(
+            binding_prefix(addr("2001:db8:1:2::1")).to_string(),
+            "2001:db8:1::/48"
+        );
         assert_ne!(
             Binding::of(addr("203.0.113.7"), b"Firefox").agent,
             Binding::of(addr("203.0.113.7"), b"Chrome").agent

@@ -250,12 +250,7 @@ impl Challenger {
             p.queue_depth.to_string(),
             ">= 4 (disengage is below a quarter of it)",
         )?;
-        range(
-            "pressure.wait",
-            !p.wait.0.is_zero(),
-            secs(&p.wait),
-            "> 0",
-        )?;
+        range("pressure.wait", !p.wait.0.is_zero(), secs(&p.wait), "> 0")?;
         range(
             "pressure.step_after",
             !p.step_after.0.is_zero(),
@@ -273,12 +268,11 @@ impl Challenger {
         check_paths("exempt_prefixes", &c.exempt_prefixes, true)?;
         check_paths("exempt_suffixes", &c.exempt_suffixes, false)?;
         check_paths("exempt_query_keys", &c.exempt_query_keys, false)?;
-        let allow = TrustedProxies::parse(&c.allow_cidrs).map_err(|source| {
-            ChallengeConfigError::Cidr {
+        let allow =
+            TrustedProxies::parse(&c.allow_cidrs).map_err(|source| ChallengeConfigError::Cidr {
                 key: "allow_cidrs".into(),
                 source,
-            }
-        })?;
+            })?;
         let mut good_bots = Vec::with_capacity(c.good_bots.len());
         for (i, bot) in c.good_bots.iter().enumerate() {
             if bot.user_agent.trim().len() < 3 {
@@ -313,7 +307,11 @@ impl Challenger {
             pressure: PressureSettings::from_config(c),
             exempt_paths: c.exempt_paths.clone(),
             exempt_prefixes: c.exempt_prefixes.clone(),
-            exempt_suffixes: c.exempt_suffixes.iter().map(|s| s.to_ascii_lowercase()).collect(),
+            exempt_suffixes: c
+                .exempt_suffixes
+                .iter()
+                .map(|s| s.to_ascii_lowercase())
+                .collect(),
             exempt_query_keys: c.exempt_query_keys.clone(),
             allow,
             good_bots,
@@ -518,7 +516,8 @@ impl Challenger {
         };
         match result {
             Ok(solved) => {
-                let cookie = token::issue(&self.token_keys, solved.seed, binding, now, self.pass_ttl);
+                let cookie =
+                    token::issue(&self.token_keys, solved.seed, binding, now, self.pass_ttl);
                 let mut set_cookie = format!(
                     "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
                     self.cookie_name,
@@ -556,7 +555,10 @@ impl Challenger {
                     .as_ref()
                     .and_then(|(nonce, _)| pow::open(&self.pow_keys, nonce).ok());
                 let (path, bits) = opened.as_ref().map_or(("/", self.base_difficulty), |o| {
-                    (o.return_path.as_str(), o.difficulty.max(self.base_difficulty))
+                    (
+                        o.return_path.as_str(),
+                        o.difficulty.max(self.base_difficulty),
+                    )
                 });
                 let status = match reason {
                     PowRejection::Malformed | PowRejection::BadSignature => StatusCode::FORBIDDEN,

@@ -77,7 +77,8 @@ impl PageTemplate {
         PageTemplate {
             text: text.clone(),
             // Made only of ASCII from this file and base64.
-            csp: HeaderValue::from_str(&csp).unwrap_or(HeaderValue::from_static("default-src 'none'")),
+            csp: HeaderValue::from_str(&csp)
+                .unwrap_or(HeaderValue::from_static("default-src 'none'")),
             script_version,
         }
     }
@@ -139,7 +140,10 @@ impl PageTemplate {
             header::X_CONTENT_TYPE_OPTIONS,
             HeaderValue::from_static("nosniff"),
         );
-        h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+        h.insert(
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("same-origin"),
+        );
         h.insert(CHALLENGE_HEADER, HeaderValue::from_static("1"));
         resp
     }
@@ -196,7 +200,10 @@ mod tests {
             StatusCode::TOO_MANY_REQUESTS,
         );
         let headers = resp.headers().clone();
-        (String::from_utf8(resp.into_body().to_vec()).unwrap(), headers)
+        (
+            String::from_utf8(resp.into_body().to_vec()).unwrap(),
+            headers,
+        )
     }
 
     #[test]
@@ -222,7 +229,10 @@ mod tests {
         let (html, h) = page();
         let start = html.find("<style>").unwrap() + "<style>".len();
         let end = html.find("</style>").unwrap();
-        let want = STANDARD.encode(digest::digest(&digest::SHA256, html[start..end].as_bytes()));
+        let want = STANDARD.encode(digest::digest(
+            &digest::SHA256,
+            &html.as_bytes()[start..end],
+        ));
         let csp = h.get("content-security-policy").unwrap().to_str().unwrap();
         assert!(csp.contains(&format!("'sha256-{want}'")), "{csp}");
     }

@@ -323,6 +323,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::type_complexity)] // one tuple per table row
     fn refusals() {
         let b = bind("203.0.113.7", "ua");
         let c = issue(&keys(A), b, 12, 1, "/wiki/Page", now());

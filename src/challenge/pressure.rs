@@ -102,7 +102,11 @@ impl Pressure {
         let s = &self.settings;
         let hot = queue_depth >= s.engage_depth || max_wait >= s.engage_wait;
         let calm = queue_depth < s.calm_depth.max(1) && max_wait < s.calm_wait;
-        self.hot_since = if hot { self.hot_since.or(Some(now)) } else { None };
+        self.hot_since = if hot {
+            self.hot_since.or(Some(now))
+        } else {
+            None
+        };
         self.calm_since = if calm {
             self.calm_since.or(Some(now))
         } else {
@@ -175,7 +179,11 @@ mod tests {
     /// Feeds one observation per second: `(seconds, depth, wait_ms)` runs.
     fn run(p: &mut Pressure, t0: Instant, at: &mut u64, secs: u64, depth: usize, wait_ms: u64) {
         for _ in 0..secs {
-            p.observe(t0 + Duration::from_secs(*at), depth, Duration::from_millis(wait_ms));
+            p.observe(
+                t0 + Duration::from_secs(*at),
+                depth,
+                Duration::from_millis(wait_ms),
+            );
             *at += 1;
         }
     }
@@ -189,6 +197,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::type_complexity)] // one tuple per table row
     fn hysteresis_table() {
         // Each case: a sequence of (seconds, depth, wait ms) runs and whether
         // the machine is engaged at the end.
@@ -229,7 +238,10 @@ mod tests {
         }
         assert_eq!(
             changes,
-            vec![(10, PressureChange::Engaged), (150, PressureChange::Disengaged)]
+            vec![
+                (10, PressureChange::Engaged),
+                (150, PressureChange::Disengaged)
+            ]
         );
     }
 

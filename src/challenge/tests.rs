@@ -60,6 +60,7 @@ fn now() -> SystemTime {
 const NAV: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
 
 #[test]
+#[allow(clippy::type_complexity)] // one tuple per table row
 fn config_errors_name_the_key() {
     #[rustfmt::skip]
     let cases: Vec<(&str, Box<dyn Fn(&mut ChallengeConfig)>, &str)> = vec![
@@ -91,6 +92,7 @@ fn config_errors_name_the_key() {
 }
 
 #[test]
+#[allow(clippy::type_complexity)] // one tuple per table row
 fn eligibility_table() {
     let ch = challenger();
     use Exemption::*;
@@ -135,7 +137,10 @@ fn eligibility_table() {
         let u: Uri = uri.parse().unwrap();
         let got = ch.exemption(&m, &u, &headers(hdrs), &client(ip));
         assert_eq!(&got, want, "{method} {uri} from {ip} {hdrs:?}");
-        assert_eq!(ch.eligible(&m, &u, &headers(hdrs), &client(ip)), want.is_none());
+        assert_eq!(
+            ch.eligible(&m, &u, &headers(hdrs), &client(ip)),
+            want.is_none()
+        );
     }
 }
 
@@ -148,7 +153,13 @@ fn solve_and_verify(
     tls: bool,
     at: SystemTime,
 ) -> Response<Bytes> {
-    let page = ch.page(&uri.parse().unwrap(), &client(from), h, ch.base_difficulty(), at);
+    let page = ch.page(
+        &uri.parse().unwrap(),
+        &client(from),
+        h,
+        ch.base_difficulty(),
+        at,
+    );
     let nonce = page_nonce(page.body()).unwrap();
     let counter = pow::solve(&nonce, ch.base_difficulty());
     let body = format!("nonce={nonce}&counter={counter}");
@@ -173,7 +184,13 @@ fn cookie_of(resp: &Response<Bytes>) -> String {
 fn page_response() {
     let ch = challenger();
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
-    let page = ch.page(&"/wiki/Page".parse().unwrap(), &client("203.0.113.7"), &h, 9, now());
+    let page = ch.page(
+        &"/wiki/Page".parse().unwrap(),
+        &client("203.0.113.7"),
+        &h,
+        9,
+        now(),
+    );
     assert_eq!(page.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(page.headers()["x-weir-challenge"], "1");
     assert_eq!(page.headers()["cache-control"], "no-store");
@@ -190,33 +207,67 @@ fn solved_challenge_earns_a_pass() {
     assert_eq!(resp.status(), StatusCode::SEE_OTHER);
     assert_eq!(resp.headers()["location"], "/wiki/Page?oldid=5");
     let set = resp.headers()["set-cookie"].to_str().unwrap();
-    for part in ["weir_pass=", "; Path=/", "; HttpOnly", "; SameSite=Lax", "; Max-Age=43200"] {
+    for part in [
+        "weir_pass=",
+        "; Path=/",
+        "; HttpOnly",
+        "; SameSite=Lax",
+        "; Max-Age=43200",
+    ] {
         assert!(set.contains(part), "{set} lacks {part}");
     }
     assert!(!set.contains("Secure"), "not TLS: {set}");
-    let [ChallengeEvent::Solved { difficulty: 8, time_to_solve, pass_id }] = events(&resp) else {
+    let [
+        ChallengeEvent::Solved {
+            difficulty: 8,
+            time_to_solve,
+            pass_id,
+        },
+    ] = events(&resp)
+    else {
         panic!("events: {:?}", events(&resp));
     };
     assert_eq!(*time_to_solve, Duration::from_millis(1500));
 
     // The cookie is a valid pass from the same /24 and browser, with no store.
     let mut with_cookie = h.clone();
-    with_cookie.insert("cookie", format!("theme=dark; {}", cookie_of(&resp)).parse().unwrap());
+    with_cookie.insert(
+        "cookie",
+        format!("theme=dark; {}", cookie_of(&resp)).parse().unwrap(),
+    );
     let check = ch.pass(&with_cookie, &client("203.0.113.99"), now());
-    assert!(matches!(check, PassCheck::Valid(t) if t.id == *pass_id), "{check:?}");
-    assert_eq!(check.event(), Some(ChallengeEvent::PassAdmitted { id: *pass_id }));
+    assert!(
+        matches!(check, PassCheck::Valid(t) if t.id == *pass_id),
+        "{check:?}"
+    );
+    assert_eq!(
+        check.event(),
+        Some(ChallengeEvent::PassAdmitted { id: *pass_id })
+    );
     assert_eq!(
         ch.pass(&with_cookie, &client("198.51.100.1"), now()),
         PassCheck::Invalid(TokenRejection::OtherPrefix)
     );
     assert_eq!(
-        ch.pass(&with_cookie, &client("203.0.113.7"), now() + Duration::from_secs(43201)),
+        ch.pass(
+            &with_cookie,
+            &client("203.0.113.7"),
+            now() + Duration::from_secs(43201)
+        ),
         PassCheck::Invalid(TokenRejection::Expired)
     );
-    assert_eq!(ch.pass(&h, &client("203.0.113.7"), now()), PassCheck::Missing);
+    assert_eq!(
+        ch.pass(&h, &client("203.0.113.7"), now()),
+        PassCheck::Missing
+    );
 
     let tls = solve_and_verify(&ch, "/wiki/Page", "203.0.113.7", &h, true, now());
-    assert!(tls.headers()["set-cookie"].to_str().unwrap().ends_with("; Secure"));
+    assert!(
+        tls.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .ends_with("; Secure")
+    );
 }
 
 #[test]
@@ -227,7 +278,10 @@ fn any_valid_cookie_among_several_is_enough() {
     let mut with = h.clone();
     with.append("cookie", "weir_pass=junk".parse().unwrap());
     with.append("cookie", cookie_of(&resp).parse().unwrap());
-    assert!(matches!(ch.pass(&with, &client("203.0.113.7"), now()), PassCheck::Valid(_)));
+    assert!(matches!(
+        ch.pass(&with, &client("203.0.113.7"), now()),
+        PassCheck::Valid(_)
+    ));
     let mut junk = h.clone();
     junk.append("cookie", "weir_pass=junk; weir_pass_x=1".parse().unwrap());
     assert_eq!(
@@ -266,10 +320,17 @@ fn replayed_solution_mints_the_same_pass_id() {
 }
 
 #[test]
+#[allow(clippy::type_complexity)] // one tuple per table row
 fn failed_answers() {
     let ch = challenger();
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
-    let page = ch.page(&"/wiki/Page".parse().unwrap(), &client("203.0.113.7"), &h, 8, now());
+    let page = ch.page(
+        &"/wiki/Page".parse().unwrap(),
+        &client("203.0.113.7"),
+        &h,
+        8,
+        now(),
+    );
     let nonce = page_nonce(page.body()).unwrap();
     let good = pow::solve(&nonce, 8);
     let wrong = (0..)
@@ -293,14 +354,29 @@ fn failed_answers() {
     for (name, body, ip, ua, at, reason, status, path) in cases {
         let hh = headers(&[("user-agent", ua)]);
         let resp = ch
-            .handle(&Method::POST, &VERIFY_PATH.parse().unwrap(), &hh, body.as_bytes(), &client(ip), false, at)
+            .handle(
+                &Method::POST,
+                &VERIFY_PATH.parse().unwrap(),
+                &hh,
+                body.as_bytes(),
+                &client(ip),
+                false,
+                at,
+            )
             .unwrap();
         assert_eq!(resp.status(), status, "{name}");
-        assert_eq!(resp.headers()["x-weir-challenge"], "1", "{name}: a fresh challenge");
+        assert_eq!(
+            resp.headers()["x-weir-challenge"],
+            "1",
+            "{name}: a fresh challenge"
+        );
         assert!(resp.headers().get("set-cookie").is_none(), "{name}");
         assert_eq!(
             events(&resp),
-            &[ChallengeEvent::Failed(reason), ChallengeEvent::Issued { difficulty: 8 }],
+            &[
+                ChallengeEvent::Failed(reason),
+                ChallengeEvent::Issued { difficulty: 8 }
+            ],
             "{name}"
         );
         // The fresh challenge returns to the original path only when the
@@ -331,9 +407,20 @@ fn served_paths() {
     let call = |m: Method, p: &str| ch.handle(&m, &p.parse().unwrap(), &h, b"", &c, false, now());
     let script = call(Method::GET, "/.weir/challenge.js?v=abc").unwrap();
     assert_eq!(script.status(), StatusCode::OK);
-    assert!(script.headers()["content-type"].to_str().unwrap().starts_with("text/javascript"));
-    assert_eq!(call(Method::GET, VERIFY_PATH).unwrap().status(), StatusCode::METHOD_NOT_ALLOWED);
-    assert_eq!(call(Method::POST, SCRIPT_PATH).unwrap().status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert!(
+        script.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
+    assert_eq!(
+        call(Method::GET, VERIFY_PATH).unwrap().status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    assert_eq!(
+        call(Method::POST, SCRIPT_PATH).unwrap().status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
     assert!(call(Method::GET, "/wiki/Page").is_none());
     assert!(call(Method::GET, "/.weir/other").is_none());
     assert!(ch.is_challenge_path(&VERIFY_PATH.parse().unwrap()));
@@ -346,17 +433,34 @@ fn open_redirects_are_impossible() {
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
     // An absolute-form request target (`GET http://evil/ HTTP/1.1`) or a
     // path that browsers read as another host returns the visitor to `/`.
-    for target in ["http://evil.example/x", "//evil.example/x", "/\\evil.example"] {
-        let Ok(uri) = target.parse::<Uri>() else { continue };
+    for target in [
+        "http://evil.example/x",
+        "//evil.example/x",
+        "/\\evil.example",
+    ] {
+        let Ok(uri) = target.parse::<Uri>() else {
+            continue;
+        };
         let page = ch.page(&uri, &client("203.0.113.7"), &h, 8, now());
         let nonce = page_nonce(page.body()).unwrap();
         let body = format!("nonce={nonce}&counter={}", pow::solve(&nonce, 8));
         let resp = ch
-            .handle(&Method::POST, &VERIFY_PATH.parse().unwrap(), &h, body.as_bytes(), &client("203.0.113.7"), false, now())
+            .handle(
+                &Method::POST,
+                &VERIFY_PATH.parse().unwrap(),
+                &h,
+                body.as_bytes(),
+                &client("203.0.113.7"),
+                false,
+                now(),
+            )
             .unwrap();
         let location = resp.headers()["location"].to_str().unwrap();
         assert!(
-            location == "/" || (location.starts_with('/') && !location.starts_with("//") && !location.contains('\\')),
+            location == "/"
+                || (location.starts_with('/')
+                    && !location.starts_with("//")
+                    && !location.contains('\\')),
             "{target} -> {location}"
         );
     }
@@ -376,10 +480,6 @@ fn form_decoding() {
     ];
     for (body, want) in cases {
         let got = parse_answer(body.as_bytes());
-        assert_eq!(
-            got.as_ref().map(|(n, c)| (n.as_str(), *c)),
-            *want,
-            "{body}"
-        );
+        assert_eq!(got.as_ref().map(|(n, c)| (n.as_str(), *c)), *want, "{body}");
     }
 }

@@ -45,3 +45,7 @@ mod docs;
 // The lab end to end: a tiny scenario's report against the app's own counts,
 // and incidents 3 and 4 (original config fails, recommended passes).
 mod sim;
+
+// The browser challenge in headless Chromium: solve, redirect, pass cookie;
+// a screenshot at target/test-artifacts/challenge.png.
+mod challenge;
