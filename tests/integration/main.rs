@@ -55,3 +55,7 @@ mod shared_limits;
 
 // `weir replay`: nginx, Caddy and weir logs replay to the live decisions.
 mod replay;
+
+// The browser challenge in headless Chromium: solve, redirect, pass cookie;
+// a screenshot at target/test-artifacts/challenge.png.
+mod challenge;

@@ -1,0 +1,485 @@
+//! Tests of the [`Challenger`] facade: config checks, eligibility, the pass
+//! check and the verify endpoint, all with injected time.
+
+use super::*;
+use crate::identity::{AddrSource, ClientAddr, PeerAddr};
+
+const KEY: &str = "0123456789abcdef0123456789abcdef";
+const UA: &str = "Mozilla/5.0 (X11; Linux x86_64) Firefox/140.0";
+
+fn config() -> ChallengeConfig {
+    ChallengeConfig {
+        keys: vec![KEY.into()],
+        difficulty: 8,
+        max_difficulty: 10,
+        allow_cidrs: vec!["192.0.2.0/24".into()],
+        good_bots: vec![
+            GoodBotConfig {
+                name: "googlebot".into(),
+                user_agent: "Googlebot/".into(),
+                cidrs: vec!["66.249.64.0/19".into()],
+            },
+            GoodBotConfig {
+                name: "uptime".into(),
+                user_agent: "UptimeChecker/".into(),
+                cidrs: vec![],
+            },
+        ],
+        ..ChallengeConfig::default()
+    }
+}
+
+fn challenger() -> Challenger {
+    Challenger::new(&config()).unwrap()
+}
+
+fn client(ip: &str) -> ClientId {
+    let addr = std::net::SocketAddr::new(ip.parse().unwrap(), 40000);
+    ClientId {
+        peer: PeerAddr(addr),
+        client: ClientAddr::new(addr.ip()),
+        source: AddrSource::Peer,
+    }
+}
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            http::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    h
+}
+
+fn now() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+const NAV: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+
+#[test]
+#[allow(clippy::type_complexity)] // one tuple per table row
+fn config_errors_name_the_key() {
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Box<dyn Fn(&mut ChallengeConfig)>, &str)> = vec![
+        ("no keys",         Box::new(|c| c.keys.clear()),                         "challenge.keys is empty"),
+        ("short key",       Box::new(|c| c.keys = vec!["x".into()]),              "challenge.keys[0] is 1 bytes"),
+        ("difficulty low",  Box::new(|c| c.difficulty = 2),                       "challenge.difficulty = \"2\""),
+        ("max below base",  Box::new(|c| c.max_difficulty = 7),                   "challenge.max_difficulty"),
+        ("max above 28",    Box::new(|c| c.max_difficulty = 40),                  "challenge.max_difficulty"),
+        ("pass ttl",        Box::new(|c| c.pass_ttl = crate::config::ConfigDuration::secs(30)), "challenge.pass_ttl"),
+        ("solve ttl",       Box::new(|c| c.solve_ttl = crate::config::ConfigDuration::secs(1)), "challenge.solve_ttl"),
+        ("queue depth",     Box::new(|c| c.pressure.queue_depth = 1),             "challenge.pressure.queue_depth"),
+        ("cookie name",     Box::new(|c| c.cookie_name = "a b".into()),           "challenge.cookie_name"),
+        ("empty prefix",    Box::new(|c| c.exempt_prefixes.push(String::new())),  "challenge.exempt_prefixes[6]"),
+        ("relative path",   Box::new(|c| c.exempt_paths = vec!["robots.txt".into()]), "challenge.exempt_paths[0]"),
+        ("bad cidr",        Box::new(|c| c.allow_cidrs = vec!["10.0.0.0/33".into()]), "challenge.allow_cidrs"),
+        ("bad bot cidr",    Box::new(|c| c.good_bots[0].cidrs = vec!["x".into()]), "challenge.good_bots[0].cidrs"),
+        ("bot ua empty",    Box::new(|c| c.good_bots[1].user_agent = "".into()),  "challenge.good_bots[1].user_agent"),
+    ];
+    for (name, change, want) in cases {
+        let mut c = config();
+        change(&mut c);
+        let err = Challenger::new(&c).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains(want)),
+            "{name}: {err:?} does not contain {want:?}"
+        );
+    }
+    assert!(Challenger::new(&config()).is_ok());
+}
+
+#[test]
+#[allow(clippy::type_complexity)] // one tuple per table row
+fn eligibility_table() {
+    let ch = challenger();
+    use Exemption::*;
+    #[rustfmt::skip]
+    let cases: &[(&str, &str, &str, &[(&str, &str)], Option<Exemption>)] = &[
+        // method, uri, client, headers, expected exemption (None = eligible)
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", UA)], None),
+        ("HEAD", "/wiki/Page",              "203.0.113.7", &[("accept", NAV)], None),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("sec-fetch-mode", "navigate"), ("accept", "*/*")], None),
+        ("GET",  "/index.php?title=X&action=history", "203.0.113.7", &[("accept", "text/html")], None),
+        ("GET",  "/wiki/Page",              "2001:db8::1", &[("accept", "text/html")], None),
+        ("POST", "/wiki/Page",              "203.0.113.7", &[("accept", NAV)], Some(Method)),
+        ("PUT",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV)], Some(Method)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", "application/json")], Some(NotNavigation)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", "*/*")], Some(NotNavigation)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[], Some(NotNavigation)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", "text/html;q=0, */*")], Some(NotNavigation)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("sec-fetch-mode", "cors"), ("accept", "text/html")], Some(NotNavigation)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("sec-fetch-mode", "no-cors"), ("accept", NAV)], Some(NotNavigation)),
+        ("GET",  "/api/v1/items",           "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/api.php?action=query",   "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/robots.txt",             "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/healthz",                "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/.well-known/security.txt", "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/static/app.CSS",         "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/images/logo.png",        "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/feed.atom",              "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/index.php?title=Special:RecentChanges&feed=atom", "203.0.113.7", &[("accept", NAV)], Some(Query)),
+        ("GET",  "/index.php?feedformat=rss", "203.0.113.7", &[("accept", NAV)], Some(Query)),
+        ("GET",  "/.weir/challenge.js",     "203.0.113.7", &[("accept", NAV)], Some(WeirPath)),
+        ("GET",  "/wiki/Page",              "192.0.2.55",  &[("accept", NAV)], Some(AllowedNetwork)),
+        ("GET",  "/wiki/Page",              "66.249.66.1", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (compatible; Googlebot/2.1)")], Some(GoodBot("googlebot".into()))),
+        // Claims Googlebot from outside Google's networks: challenged.
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (compatible; Googlebot/2.1)")], None),
+        // Google's network without the claim: an ordinary client.
+        ("GET",  "/wiki/Page",              "66.249.66.1", &[("accept", NAV), ("user-agent", UA)], None),
+        // A bot listed without networks: the User-Agent alone (spoofable).
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "UptimeChecker/1.0")], Some(GoodBot("uptime".into()))),
+    ];
+    for (method, uri, ip, hdrs, want) in cases {
+        let m: http::Method = method.parse().unwrap();
+        let u: Uri = uri.parse().unwrap();
+        let got = ch.exemption(&m, &u, &headers(hdrs), &client(ip));
+        assert_eq!(&got, want, "{method} {uri} from {ip} {hdrs:?}");
+        assert_eq!(
+            ch.eligible(&m, &u, &headers(hdrs), &client(ip)),
+            want.is_none()
+        );
+    }
+}
+
+/// Serves a page, solves it like the browser, posts the answer.
+fn solve_and_verify(
+    ch: &Challenger,
+    uri: &str,
+    from: &str,
+    h: &HeaderMap,
+    tls: bool,
+    at: SystemTime,
+) -> Response<Bytes> {
+    let page = ch.page(
+        &uri.parse().unwrap(),
+        &client(from),
+        h,
+        ch.base_difficulty(),
+        at,
+    );
+    let nonce = page_nonce(page.body()).unwrap();
+    let counter = pow::solve(&nonce, ch.base_difficulty());
+    let body = format!("nonce={nonce}&counter={counter}");
+    ch.handle(
+        &Method::POST,
+        &VERIFY_PATH.parse().unwrap(),
+        h,
+        body.as_bytes(),
+        &client(from),
+        tls,
+        at + Duration::from_millis(1500),
+    )
+    .unwrap()
+}
+
+fn cookie_of(resp: &Response<Bytes>) -> String {
+    let set = resp.headers()["set-cookie"].to_str().unwrap();
+    set.split(';').next().unwrap().to_string()
+}
+
+#[test]
+fn page_response() {
+    let ch = challenger();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let page = ch.page(
+        &"/wiki/Page".parse().unwrap(),
+        &client("203.0.113.7"),
+        &h,
+        9,
+        now(),
+    );
+    assert_eq!(page.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(page.headers()["x-weir-challenge"], "1");
+    assert_eq!(page.headers()["cache-control"], "no-store");
+    assert_eq!(events(&page), &[ChallengeEvent::Issued { difficulty: 9 }]);
+    let html = std::str::from_utf8(page.body()).unwrap();
+    assert!(html.contains("data-bits=\"9\""));
+}
+
+#[test]
+fn solved_challenge_earns_a_pass() {
+    let ch = challenger();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let resp = solve_and_verify(&ch, "/wiki/Page?oldid=5", "203.0.113.7", &h, false, now());
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    assert_eq!(resp.headers()["location"], "/wiki/Page?oldid=5");
+    let set = resp.headers()["set-cookie"].to_str().unwrap();
+    for part in [
+        "weir_pass=",
+        "; Path=/",
+        "; HttpOnly",
+        "; SameSite=Lax",
+        "; Max-Age=43200",
+    ] {
+        assert!(set.contains(part), "{set} lacks {part}");
+    }
+    assert!(!set.contains("Secure"), "not TLS: {set}");
+    let [
+        ChallengeEvent::Solved {
+            difficulty: 8,
+            time_to_solve,
+            pass_id,
+        },
+    ] = events(&resp)
+    else {
+        panic!("events: {:?}", events(&resp));
+    };
+    assert_eq!(*time_to_solve, Duration::from_millis(1500));
+
+    // The cookie is a valid pass from the same /24 and browser, with no store.
+    let mut with_cookie = h.clone();
+    with_cookie.insert(
+        "cookie",
+        format!("theme=dark; {}", cookie_of(&resp)).parse().unwrap(),
+    );
+    let check = ch.pass(&with_cookie, &client("203.0.113.99"), now());
+    assert!(
+        matches!(check, PassCheck::Valid(t) if t.id == *pass_id),
+        "{check:?}"
+    );
+    assert_eq!(
+        check.event(),
+        Some(ChallengeEvent::PassAdmitted { id: *pass_id })
+    );
+    assert_eq!(
+        ch.pass(&with_cookie, &client("198.51.100.1"), now()),
+        PassCheck::Invalid(TokenRejection::OtherPrefix)
+    );
+    assert_eq!(
+        ch.pass(
+            &with_cookie,
+            &client("203.0.113.7"),
+            now() + Duration::from_secs(43201)
+        ),
+        PassCheck::Invalid(TokenRejection::Expired)
+    );
+    assert_eq!(
+        ch.pass(&h, &client("203.0.113.7"), now()),
+        PassCheck::Missing
+    );
+
+    let tls = solve_and_verify(&ch, "/wiki/Page", "203.0.113.7", &h, true, now());
+    assert!(
+        tls.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .ends_with("; Secure")
+    );
+}
+
+#[test]
+fn any_valid_cookie_among_several_is_enough() {
+    let ch = challenger();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let resp = solve_and_verify(&ch, "/", "203.0.113.7", &h, false, now());
+    let mut with = h.clone();
+    with.append("cookie", "weir_pass=junk".parse().unwrap());
+    with.append("cookie", cookie_of(&resp).parse().unwrap());
+    assert!(matches!(
+        ch.pass(&with, &client("203.0.113.7"), now()),
+        PassCheck::Valid(_)
+    ));
+    let mut junk = h.clone();
+    junk.append("cookie", "weir_pass=junk; weir_pass_x=1".parse().unwrap());
+    assert_eq!(
+        ch.pass(&junk, &client("203.0.113.7"), now()),
+        PassCheck::Invalid(TokenRejection::Malformed)
+    );
+}
+
+#[test]
+fn replayed_solution_mints_the_same_pass_id() {
+    let ch = challenger();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let page = ch.page(&"/".parse().unwrap(), &client("203.0.113.7"), &h, 8, now());
+    let nonce = page_nonce(page.body()).unwrap();
+    let body = format!("nonce={nonce}&counter={}", pow::solve(&nonce, 8));
+    let ids: Vec<u64> = (0..3)
+        .map(|i| {
+            let resp = ch
+                .handle(
+                    &Method::POST,
+                    &VERIFY_PATH.parse().unwrap(),
+                    &h,
+                    body.as_bytes(),
+                    &client("203.0.113.7"),
+                    false,
+                    now() + Duration::from_secs(i),
+                )
+                .unwrap();
+            match events(&resp) {
+                [ChallengeEvent::Solved { pass_id, .. }] => *pass_id,
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+}
+
+#[test]
+#[allow(clippy::type_complexity)] // one tuple per table row
+fn failed_answers() {
+    let ch = challenger();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let page = ch.page(
+        &"/wiki/Page".parse().unwrap(),
+        &client("203.0.113.7"),
+        &h,
+        8,
+        now(),
+    );
+    let nonce = page_nonce(page.body()).unwrap();
+    let good = pow::solve(&nonce, 8);
+    let wrong = (0..)
+        .find(|&n| pow::leading_zero_bits(&pow::hash(&nonce, n)) < 8)
+        .unwrap();
+    let ttl = Duration::from_secs(300);
+    let flip = if &nonce[10..11] == "A" { "B" } else { "A" };
+    let forged = format!("{}{flip}{}", &nonce[..10], &nonce[11..]);
+    use PowRejection::*;
+    #[rustfmt::skip]
+    let cases: Vec<(&str, String, &str, &str, SystemTime, PowRejection, StatusCode, &str)> = vec![
+        ("wrong counter", format!("nonce={nonce}&counter={wrong}"), "203.0.113.7", UA, now(), InsufficientWork, StatusCode::TOO_MANY_REQUESTS, "/wiki/Page"),
+        ("expired",       format!("nonce={nonce}&counter={good}"),  "203.0.113.7", UA, now() + ttl, Expired, StatusCode::TOO_MANY_REQUESTS, "/wiki/Page"),
+        ("other network", format!("nonce={nonce}&counter={good}"),  "198.51.100.7", UA, now(), OtherPrefix, StatusCode::TOO_MANY_REQUESTS, "/wiki/Page"),
+        ("other browser", format!("nonce={nonce}&counter={good}"),  "203.0.113.7", "curl/8", now(), OtherAgent, StatusCode::TOO_MANY_REQUESTS, "/wiki/Page"),
+        ("forged nonce",  format!("nonce={forged}&counter={good}"), "203.0.113.7", UA, now(), BadSignature, StatusCode::FORBIDDEN, "/"),
+        ("no counter",    format!("nonce={nonce}"),                 "203.0.113.7", UA, now(), Malformed, StatusCode::FORBIDDEN, "/"),
+        ("bad counter",   format!("nonce={nonce}&counter=-1"),      "203.0.113.7", UA, now(), Malformed, StatusCode::FORBIDDEN, "/"),
+        ("huge body",     "x".repeat(MAX_VERIFY_BODY + 1),          "203.0.113.7", UA, now(), Malformed, StatusCode::FORBIDDEN, "/"),
+    ];
+    for (name, body, ip, ua, at, reason, status, path) in cases {
+        let hh = headers(&[("user-agent", ua)]);
+        let resp = ch
+            .handle(
+                &Method::POST,
+                &VERIFY_PATH.parse().unwrap(),
+                &hh,
+                body.as_bytes(),
+                &client(ip),
+                false,
+                at,
+            )
+            .unwrap();
+        assert_eq!(resp.status(), status, "{name}");
+        assert_eq!(
+            resp.headers()["x-weir-challenge"],
+            "1",
+            "{name}: a fresh challenge"
+        );
+        assert!(resp.headers().get("set-cookie").is_none(), "{name}");
+        assert_eq!(
+            events(&resp),
+            &[
+                ChallengeEvent::Failed(reason),
+                ChallengeEvent::Issued { difficulty: 8 }
+            ],
+            "{name}"
+        );
+        // The fresh challenge returns to the original path only when the
+        // failed nonce was ours.
+        let fresh = page_nonce(resp.body()).unwrap();
+        let counter = pow::solve(&fresh, 8);
+        let again = ch
+            .handle(
+                &Method::POST,
+                &VERIFY_PATH.parse().unwrap(),
+                &hh,
+                format!("nonce={fresh}&counter={counter}").as_bytes(),
+                &client(ip),
+                false,
+                at,
+            )
+            .unwrap();
+        assert_eq!(again.status(), StatusCode::SEE_OTHER, "{name}: retry");
+        assert_eq!(again.headers()["location"], path, "{name}");
+    }
+}
+
+#[test]
+fn served_paths() {
+    let ch = challenger();
+    let h = HeaderMap::new();
+    let c = client("203.0.113.7");
+    let call = |m: Method, p: &str| ch.handle(&m, &p.parse().unwrap(), &h, b"", &c, false, now());
+    let script = call(Method::GET, "/.weir/challenge.js?v=abc").unwrap();
+    assert_eq!(script.status(), StatusCode::OK);
+    assert!(
+        script.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
+    assert_eq!(
+        call(Method::GET, VERIFY_PATH).unwrap().status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    assert_eq!(
+        call(Method::POST, SCRIPT_PATH).unwrap().status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    assert!(call(Method::GET, "/wiki/Page").is_none());
+    assert!(call(Method::GET, "/.weir/other").is_none());
+    assert!(ch.is_challenge_path(&VERIFY_PATH.parse().unwrap()));
+    assert!(!ch.is_challenge_path(&"/wiki/Page".parse().unwrap()));
+}
+
+#[test]
+fn open_redirects_are_impossible() {
+    let ch = challenger();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    // An absolute-form request target (`GET http://evil/ HTTP/1.1`) or a
+    // path that browsers read as another host returns the visitor to `/`.
+    for target in [
+        "http://evil.example/x",
+        "//evil.example/x",
+        "/\\evil.example",
+    ] {
+        let Ok(uri) = target.parse::<Uri>() else {
+            continue;
+        };
+        let page = ch.page(&uri, &client("203.0.113.7"), &h, 8, now());
+        let nonce = page_nonce(page.body()).unwrap();
+        let body = format!("nonce={nonce}&counter={}", pow::solve(&nonce, 8));
+        let resp = ch
+            .handle(
+                &Method::POST,
+                &VERIFY_PATH.parse().unwrap(),
+                &h,
+                body.as_bytes(),
+                &client("203.0.113.7"),
+                false,
+                now(),
+            )
+            .unwrap();
+        let location = resp.headers()["location"].to_str().unwrap();
+        assert!(
+            location == "/"
+                || (location.starts_with('/')
+                    && !location.starts_with("//")
+                    && !location.contains('\\')),
+            "{target} -> {location}"
+        );
+    }
+}
+
+#[test]
+fn form_decoding() {
+    let cases: &[(&str, Option<(&str, u64)>)] = &[
+        ("nonce=abc&counter=12", Some(("abc", 12))),
+        ("counter=12&nonce=a%2Db", Some(("a-b", 12))),
+        ("nonce=abc&counter=12&extra=1", Some(("abc", 12))),
+        ("nonce=abc", None),
+        ("counter=1", None),
+        ("nonce=abc&counter=x", None),
+        ("nonce=%zz&counter=1", None),
+        ("nonce=abc&counter=18446744073709551616", None),
+    ];
+    for (body, want) in cases {
+        let got = parse_answer(body.as_bytes());
+        assert_eq!(got.as_ref().map(|(n, c)| (n.as_str(), *c)), *want, "{body}");
+    }
+}
