@@ -235,9 +235,14 @@ fn main() -> std::io::Result<()> {
 
     // Parse and decide: every record through routes and four rule levels,
     // the path `weir replay` takes.
-    let loaded = weir::config::load_str(DECIDE_CONFIG, None, &std::collections::HashMap::<String, String>::new())
+    let loaded = weir::config::load_str(
+        DECIDE_CONFIG,
+        None,
+        &std::collections::HashMap::<String, String>::new(),
+    )
+    .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let gateway = weir::gateway::Gateway::build(loaded, None, 1)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let gateway = weir::gateway::Gateway::build(loaded, None, 1).map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut replay = weir::lab::replay::engine::Replay::new(gateway);
     let started = Instant::now();
     let mut reader = LogReader::open(&file, options())?;
@@ -245,7 +250,13 @@ fn main() -> std::io::Result<()> {
         black_box(replay.decide(&r));
     })?;
     let summary = replay.finish();
-    report_row("parse+decide", lines, bytes, started, &format!("{} rejected", summary.rejected));
+    report_row(
+        "parse+decide",
+        lines,
+        bytes,
+        started,
+        &format!("{} rejected", summary.rejected),
+    );
 
     let owned_lines = lines / 10;
     let started = Instant::now();

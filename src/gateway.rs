@@ -83,6 +83,8 @@ pub struct Gateway {
     pub low_rate: Quota,
     /// Session verification, if configured.
     pub sessions: Option<Arc<SessionVerifier>>,
+    /// The browser challenge, if configured.
+    pub challenger: Option<Arc<crate::challenge::Challenger>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -353,6 +355,11 @@ impl Gateway {
                         .get("default")
                         .cloned()
                         .unwrap_or_else(|| no_rules.clone()),
+                    challenge: cfg
+                        .classes
+                        .get("default")
+                        .map(|c| c.challenge)
+                        .unwrap_or_default(),
                     host: None,
                     path_prefix: None,
                     path_regex: None,
@@ -426,6 +433,11 @@ impl Gateway {
                     .get(&r.class)
                     .cloned()
                     .unwrap_or_else(|| no_rules.clone()),
+                challenge: cfg
+                    .classes
+                    .get(&r.class)
+                    .map(|c| c.challenge)
+                    .unwrap_or_default(),
                 host: r.host.as_deref().map(HostMatch::parse),
                 path_prefix: r.path_prefix.clone(),
                 path_regex,
@@ -440,6 +452,26 @@ impl Gateway {
             // Unchanged: keep the verifier and its cache of answers.
             Some(p) if p.loaded.config.sessions == cfg.sessions => p.sessions.clone(),
             _ => build_sessions(&loaded, &pools, &mut errors),
+        };
+        let challenger = match &cfg.challenge {
+            None => {
+                for (name, c) in &cfg.classes {
+                    if c.challenge != crate::challenge::ChallengeMode::Off {
+                        errors.push(loaded.error_at(
+                            &root.key("classes").key(name).key("challenge"),
+                            "needs a [challenge] section (at least `keys`)",
+                        ));
+                    }
+                }
+                None
+            }
+            Some(c) => match crate::challenge::Challenger::new(c) {
+                Ok(ch) => Some(Arc::new(ch)),
+                Err(e) => {
+                    errors.push(loaded.error_at(&root.key("challenge"), e.to_string()));
+                    None
+                }
+            },
         };
         let low_rate = match Quota::new(
             cfg.rules.low_rate_per_minute.max(1),
@@ -495,6 +527,7 @@ impl Gateway {
             rejection: cfg.rejection.clone(),
             low_rate,
             sessions,
+            challenger,
             loaded,
         })
     }

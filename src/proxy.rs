@@ -87,6 +87,12 @@ pub async fn handle(
         host: host.as_deref(),
         headers: req.headers(),
     });
+    // Challenge endpoints (the page's script, the answer) are weir's own.
+    if let Some(ch) = gw.challenger.clone()
+        && ch.is_challenge_path(req.uri())
+    {
+        return Ok(challenge_endpoint(&ch, req, &client, log, conn.tls).await);
+    }
     // Session: verified only by a signed cookie or the app's own answer,
     // and only looked up when a rule could use it.
     let session = match (&gw.sessions, route) {
@@ -94,6 +100,35 @@ pub async fn handle(
         _ => SessionState::Anonymous,
     };
     log.record.session = session.as_str();
+    // Challenge: browser navigations without a valid pass, when the class
+    // challenges (always, or while its pool is under pressure).
+    let mut pass = None;
+    if let (Some(ch), Some(route)) = (&gw.challenger, route)
+        && route.challenge != crate::challenge::ChallengeMode::Off
+        && !session.is_verified()
+    {
+        let now = SystemTime::now();
+        let check = ch.pass(req.headers(), &client, now);
+        if let Some(e) = check.event() {
+            rt.challenge_event(&e);
+        }
+        if let crate::challenge::PassCheck::Valid(t) = check {
+            pass = Some(t.id);
+            log.record.challenge = Some("pass");
+        } else {
+            let pool = &gw.pools[route.pool];
+            let (engaged, difficulty) =
+                rt.challenge_pressure(pool, ch.base_difficulty(), &ch.pressure());
+            if route.challenge.applies(engaged)
+                && ch.eligible(req.method(), req.uri(), req.headers(), &client)
+            {
+                log.record.class = route.class.as_str().to_owned();
+                log.class = route.class.shared();
+                let page = ch.page(req.uri(), &client, req.headers(), difficulty, now);
+                return Ok(challenge_response(page, log, rt));
+            }
+        }
+    }
     let decision = match route {
         None => Decision::Reject(RejectReason::NoRoute),
         Some(route) => {
@@ -107,8 +142,16 @@ pub async fn handle(
                     if route.rules.is_empty() {
                         Decision::Admit
                     } else {
-                        apply_rules(&route.rules, &req, &client, session.user(), &gw, &mut log)
-                            .await
+                        apply_rules(
+                            &route.rules,
+                            &req,
+                            &client,
+                            session.user(),
+                            pass,
+                            &gw,
+                            &mut log,
+                        )
+                        .await
                     }
                 }
             }
@@ -195,6 +238,7 @@ async fn apply_rules(
     req: &Request<Incoming>,
     client: &ClientId,
     user: Option<&str>,
+    pass: Option<u64>,
     gw: &crate::gateway::Gateway,
     log: &mut RequestLog,
 ) -> Decision {
@@ -208,6 +252,7 @@ async fn apply_rules(
         method: req.method(),
         headers: req.headers(),
         user,
+        pass,
         now,
     };
     let ev = evaluate(rules, &facts, gw.rules_shadow, rt.shared_limiter()).await;
@@ -264,6 +309,62 @@ fn collateral_signal(
     } else {
         None
     }
+}
+
+/// Serves `/.weir/challenge.js` and `/.weir/challenge/verify`.
+async fn challenge_endpoint(
+    ch: &crate::challenge::Challenger,
+    req: Request<Incoming>,
+    client: &ClientId,
+    mut log: RequestLog,
+    tls: bool,
+) -> Response<ResponseBody> {
+    use http_body_util::BodyExt as _;
+    log.record.class = "challenge".into();
+    log.class = Arc::from("challenge");
+    let (parts, body) = req.into_parts();
+    let limited = http_body_util::Limited::new(body, crate::challenge::MAX_VERIFY_BODY);
+    let bytes = match limited.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            let accept = Accepts::of(&parts.headers);
+            return reject(
+                &RejectReason::BadRequest("challenge answer too large or cut"),
+                log,
+                accept,
+            );
+        }
+    };
+    let rt = log.conn.rt.clone();
+    match ch.handle(
+        &parts.method,
+        &parts.uri,
+        &parts.headers,
+        &bytes,
+        client,
+        tls,
+        SystemTime::now(),
+    ) {
+        Some(resp) => challenge_response(resp, log, &rt),
+        None => reject(&RejectReason::NoRoute, log, Accepts::of(&parts.headers)),
+    }
+}
+
+/// Turns a challenger's response into weir's, recording its events.
+fn challenge_response(
+    resp: Response<bytes::Bytes>,
+    mut log: RequestLog,
+    rt: &Runtime,
+) -> Response<ResponseBody> {
+    for e in crate::challenge::events(&resp) {
+        rt.challenge_event(e);
+    }
+    log.record.decision = "challenge";
+    log.record.status = resp.status().as_u16();
+    log.record.challenge = crate::challenge::events(&resp)
+        .first()
+        .map(|e| e.labels().0);
+    resp.map(|b| ResponseBody::full(b).on_complete(Box::new(log)))
 }
 
 /// Sends the request; a connect failure of a bodyless request is re-sent once
@@ -573,6 +674,7 @@ impl RequestLog {
                 class: "unrouted".into(),
                 decision: "admit",
                 session: "anonymous",
+                challenge: None,
                 rule: None,
                 rule_level: None,
                 rule_key: None,

@@ -50,6 +50,8 @@ pub struct Runtime {
     shared: std::sync::OnceLock<Arc<SharedLimiter>>,
     /// Shared-limiter counters already exported (deltas go to the metrics).
     shared_exported: Mutex<SharedStats>,
+    /// Challenge pressure state per pool (hysteresis), kept across reloads.
+    pressure: Mutex<HashMap<Arc<str>, crate::challenge::pressure::Pressure>>,
     /// Distinct clients rejected per rule in the current minute.
     rejected_clients: Mutex<HashMap<Arc<str>, MinuteClients>>,
 }
@@ -107,6 +109,7 @@ impl Runtime {
             activity: ShardedStore::new(StoreConfig::with_max_keys(ACTIVITY_KEYS))
                 .expect("a constant, non-zero store size is valid"),
             rejected_clients: Mutex::new(HashMap::new()),
+            pressure: Mutex::new(HashMap::new()),
             shared: std::sync::OnceLock::new(),
             shared_exported: Mutex::new(SharedStats::default()),
         })
@@ -210,6 +213,44 @@ impl Runtime {
         }
     }
 
+    /// Records a challenge event in the metrics.
+    pub fn challenge_event(&self, e: &crate::challenge::ChallengeEvent) {
+        let (event, reason) = e.labels();
+        self.metrics
+            .challenge_events
+            .get_or_create(&crate::observe::metrics::ChallengeLabels { event, reason })
+            .inc();
+        if let crate::challenge::ChallengeEvent::Solved { time_to_solve, .. } = e {
+            self.metrics
+                .challenge_solve
+                .observe(time_to_solve.as_secs_f64());
+        }
+    }
+
+    /// Whether `pool` is under pressure (the admission queue's depth and
+    /// oldest wait, through the challenge's hysteresis), and the difficulty
+    /// to ask for now.
+    pub fn challenge_pressure(
+        &self,
+        pool: &crate::upstream::Pool,
+        base: u8,
+        fresh: &crate::challenge::pressure::Pressure,
+    ) -> (bool, u8) {
+        let (depth, wait) = pool_pressure(pool);
+        let mut map = self.pressure.lock().unwrap_or_else(|e| e.into_inner());
+        let p = map
+            .entry(pool.name.clone())
+            .or_insert_with(|| fresh.clone());
+        let engaged = p.observe(std::time::Instant::now(), depth, wait);
+        self.metrics
+            .challenge_engaged
+            .get_or_create(&crate::observe::metrics::PoolLabels {
+                pool: pool.name.clone(),
+            })
+            .set(i64::from(engaged));
+        (engaged, p.difficulty(base))
+    }
+
     /// The shared (Redis) limiter, if configured.
     pub fn shared_limiter(&self) -> Option<&SharedLimiter> {
         self.shared.get().map(|s| &**s)
@@ -305,4 +346,10 @@ impl Runtime {
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
     }
+}
+
+/// A pool's admission pressure: requests waiting and the oldest wait. Without
+/// an admission queue a pool never reports pressure.
+fn pool_pressure(_pool: &crate::upstream::Pool) -> (usize, Duration) {
+    (0, Duration::ZERO)
 }

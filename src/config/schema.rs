@@ -56,6 +56,10 @@ pub struct Config {
     /// How weir verifies logged-in sessions (the only exemption it honours).
     #[serde(default)]
     pub sessions: SessionsConfig,
+    /// The browser challenge (keys, difficulty, pressure, allow-lists);
+    /// required when any class sets `challenge`.
+    #[serde(default)]
+    pub challenge: Option<crate::challenge::ChallengeConfig>,
 }
 
 /// Session verification: a signed cookie weir can check, and/or an auth
@@ -544,6 +548,10 @@ pub struct ClassConfig {
     /// Rules, evaluated in order; all that apply must pass.
     #[serde(default)]
     pub rules: Vec<RuleConfig>,
+    /// Browser challenge for this class: `off` (default), `under_pressure`
+    /// (when the pool's admission queue is saturated), `always`.
+    #[serde(default)]
+    pub challenge: crate::challenge::ChallengeMode,
 }
 
 /// A route: conditions (all must hold) leading to a pool and a class.

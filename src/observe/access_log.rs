@@ -32,6 +32,9 @@ pub struct AccessRecord {
     /// The session: `anonymous`, `verified`, or `unverified` (a session
     /// cookie that failed its check).
     pub session: &'static str,
+    /// Challenge outcome: `issued` (page served), `solved`, `failed`,
+    /// `pass` (a valid pass token admitted the request).
+    pub challenge: Option<&'static str>,
     /// The rule that rejected the request, if any.
     pub rule: Option<String>,
     /// The level of that rule that fired (`ip`, `subnet`, `network`, `site`, ...).

@@ -40,6 +40,12 @@ pub struct CollateralLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChallengeLabels {
+    pub event: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -103,6 +109,9 @@ pub struct Metrics {
     pub redis_fallback_decisions: Counter,
     pub redis_outages: Counter,
     pub redis_fallback_active: Gauge,
+    pub challenge_events: Family<ChallengeLabels, Counter>,
+    pub challenge_solve: Histogram,
+    pub challenge_engaged: Family<PoolLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -149,6 +158,9 @@ impl Metrics {
             redis_fallback_decisions: Counter::default(),
             redis_outages: Counter::default(),
             redis_fallback_active: Gauge::default(),
+            challenge_events: Family::default(),
+            challenge_solve: Histogram::new(exponential_buckets(0.05, 2.0, 10)),
+            challenge_engaged: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -292,6 +304,22 @@ impl Metrics {
             "redis_fallback_active",
             "1 while Redis is unreachable and limits are enforced per instance",
             m.redis_fallback_active.clone(),
+        );
+        registry.register(
+            "challenge_events",
+            "Browser challenge events: issued, solved, failed (by reason), pass_admitted, pass_rejected (by reason)",
+            m.challenge_events.clone(),
+        );
+        registry.register_with_unit(
+            "challenge_solve_duration",
+            "Time from a challenge page being served to its answer arriving",
+            Unit::Seconds,
+            m.challenge_solve.clone(),
+        );
+        registry.register(
+            "challenge_engaged",
+            "1 while a pool is under pressure and under_pressure classes challenge",
+            m.challenge_engaged.clone(),
         );
         m.process_start_time.set(
             std::time::SystemTime::now()

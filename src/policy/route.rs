@@ -74,6 +74,8 @@ pub struct Route {
     pub settings: ClassSettings,
     /// The class's rules, in evaluation order.
     pub rules: std::sync::Arc<[super::rules::Rule]>,
+    /// When the class challenges browser navigations.
+    pub challenge: crate::challenge::ChallengeMode,
     pub host: Option<HostMatch>,
     pub path_prefix: Option<String>,
     pub path_regex: Option<Regex>,
@@ -184,6 +186,7 @@ mod tests {
                 response_timeout: None,
             },
             rules: std::sync::Arc::from(Vec::new()),
+            challenge: crate::challenge::ChallengeMode::Off,
             host: None,
             path_prefix: None,
             path_regex: None,

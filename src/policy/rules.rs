@@ -45,6 +45,9 @@ pub enum KeyKind {
     Cookie(String),
     /// The verified user (level skipped for anonymous requests).
     User,
+    /// The challenge pass token (level skipped without one): a token shared
+    /// by a crawler farm is limited as one client.
+    Token,
 }
 
 impl KeyKind {
@@ -57,6 +60,7 @@ impl KeyKind {
             "network" | "/16" | "/48" => KeyKind::Network,
             "site" => KeyKind::Site,
             "user" => KeyKind::User,
+            "token" | "pass" => KeyKind::Token,
             other => {
                 if let Some(name) = other.strip_prefix("header:") {
                     KeyKind::Header(
@@ -70,7 +74,7 @@ impl KeyKind {
                     KeyKind::Cookie(name.trim().to_string())
                 } else {
                     return Err(format!(
-                        "`{other}` is not a key: use ip, subnet (/24, /64), network (/16, /48), site, header:NAME, cookie:NAME or user"
+                        "`{other}` is not a key: use ip, subnet (/24, /64), network (/16, /48), site, header:NAME, cookie:NAME, user or token"
                     ));
                 }
             }
@@ -88,6 +92,7 @@ impl KeyKind {
             KeyKind::Header(_) => "header",
             KeyKind::Cookie(_) => "cookie",
             KeyKind::User => "user",
+            KeyKind::Token => "token",
         }
     }
 
@@ -100,6 +105,7 @@ impl KeyKind {
             KeyKind::Header(_) => 5,
             KeyKind::Cookie(_) => 6,
             KeyKind::User => 7,
+            KeyKind::Token => 8,
         }
     }
 
@@ -135,6 +141,10 @@ impl KeyKind {
             KeyKind::User => {
                 let u = facts.user?;
                 (fnv(u.as_bytes()), format!("user:{u}"))
+            }
+            KeyKind::Token => {
+                let t = facts.pass?;
+                (t, format!("token:{:08x}", t as u32))
             }
         };
         Some((crate::limiter::key(0, self.code(), digest), shown))
@@ -188,6 +198,8 @@ pub struct RequestFacts<'a> {
     pub headers: &'a HeaderMap,
     /// The verified user, if the session was verified.
     pub user: Option<&'a str>,
+    /// The challenge pass token's id, if the request holds a valid one.
+    pub pass: Option<u64>,
     pub now: MonoTime,
 }
 
@@ -433,6 +445,7 @@ mod tests {
             method: &Method::GET,
             headers: &h,
             user,
+            pass: None,
             now,
         };
         // No shared limiter: evaluation never waits, so a no-op waker suffices.
@@ -513,6 +526,7 @@ mod tests {
             method: &Method::GET,
             headers: &HeaderMap::new(),
             user: None,
+            pass: None,
             now,
         });
         assert!(levels[0].store.tat(k.unwrap().0).is_none());

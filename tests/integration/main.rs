@@ -59,3 +59,6 @@ mod replay;
 // The browser challenge in headless Chromium: solve, redirect, pass cookie;
 // a screenshot at target/test-artifacts/challenge.png.
 mod challenge;
+
+// The challenge in weir's request path: navigations only, passes, token keys.
+mod challenge_proxy;

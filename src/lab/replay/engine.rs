@@ -149,6 +149,7 @@ impl Replay {
             method: &method,
             headers: &headers,
             user: None,
+            pass: None,
             now,
         };
         let ev = poll_now(evaluate(&route.rules, &facts, gw.rules_shadow, None));

@@ -1,0 +1,172 @@
+//! The browser challenge wired into weir's request path: navigations without
+//! a pass get the challenge page; APIs and POSTs never do; an answer computed
+//! the way a browser does earns a pass that admits the next requests and
+//! counts as its own rate-limit key.
+
+use std::net::IpAddr;
+
+use http::Request;
+use weir::challenge::{page_nonce, pow};
+
+use crate::fixtures::*;
+
+const KEY: &str = "challenge-key-for-tests-0123456789abcdef";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn config(up: std::net::SocketAddr) -> String {
+    format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{up}"]
+[[routes]]
+pool = "app"
+class = "page"
+[classes.page]
+challenge = "always"
+[[classes.page.rules]]
+name = "per-pass"
+limits = [{{ per = "token", rate = 5, window = "1m" }}]
+[challenge]
+keys = ["{KEY}"]
+difficulty = 10
+"#
+    )
+}
+
+const NAV: [(&str, &str); 3] = [
+    ("accept", "text/html,application/xhtml+xml"),
+    ("sec-fetch-mode", "navigate"),
+    ("user-agent", "Mozilla/5.0 test"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(up.addr)).await;
+    let me = ip("127.100.0.1");
+
+    // A browser navigation without a pass: the challenge page.
+    let (status, h, body) = get_from(me, weir.addr, "/wiki/Page?x=1", &NAV).await;
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-challenge"], "1");
+    assert!(h.contains_key("content-security-policy"));
+    assert_eq!(up.hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+    // API clients and POSTs are never challenged.
+    let (status, _, _) = get_from(
+        me,
+        weir.addr,
+        "/api/v1/x",
+        &[("accept", "application/json")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let mut c = H1::connect(me, weir.addr).await.unwrap();
+    let (status, _, _) = c
+        .send(
+            Request::post("/wiki/Page")
+                .header("host", "t")
+                .header("accept", "text/html")
+                .body(full("a=1"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+
+    // Solve it as a browser would, natively, with the same algorithm.
+    let nonce = page_nonce(&body).expect("the page carries its challenge");
+    let counter = pow::solve(&nonce, 10);
+    let form = format!("nonce={}&counter={counter}", urlencode(&nonce));
+    let mut c = H1::connect(me, weir.addr).await.unwrap();
+    let (status, h, _) = c
+        .send(
+            Request::post("/.weir/challenge/verify")
+                .header("host", "t")
+                .header("user-agent", "Mozilla/5.0 test")
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(full(&form))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 303, "a correct answer redirects back");
+    assert_eq!(h["location"], "/wiki/Page?x=1");
+    let cookie = h["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(cookie.starts_with("weir_pass="), "{cookie}");
+
+    // The pass admits the navigation; its token is a rate-limit key: 5 a minute.
+    let with_pass: Vec<(&str, &str)> = NAV
+        .iter()
+        .copied()
+        .chain([("cookie", cookie.as_str())])
+        .collect();
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(
+            get_from(me, weir.addr, "/wiki/Page?x=1", &with_pass)
+                .await
+                .0
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, vec![200, 200, 200, 200, 200, 429]);
+    // The same pass from another /24 is not valid: challenged again.
+    let (status, h, _) = get_from(ip("127.100.9.1"), weir.addr, "/wiki/Page", &with_pass).await;
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-challenge"], "1");
+
+    let m = weir.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "weir_challenge_events_total{event=\"issued\",reason=\"\"}"
+        ) >= 2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "weir_challenge_events_total{event=\"solved\",reason=\"\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert!(
+        metric(
+            &m,
+            "weir_challenge_events_total{event=\"pass_admitted\",reason=\"\"}"
+        ) >= 5.0,
+        "{m}"
+    );
+    let log = weir.access_log(12).await;
+    assert!(
+        log.iter()
+            .any(|l| l["decision"] == "challenge" && l["challenge"] == "issued")
+    );
+    assert!(
+        log.iter()
+            .any(|l| l["challenge"] == "pass" && l["status"] == 200)
+    );
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
