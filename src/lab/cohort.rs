@@ -165,6 +165,8 @@ pub struct CohortStats {
     timeline: Vec<[AtomicU32; OUTCOMES.len()]>,
     latencies_us: Mutex<Vec<u32>>,
     lags_us: Mutex<Vec<u32>>,
+    /// Requests served after the client solved a challenge.
+    challenges_solved: AtomicU64,
 }
 
 /// A plain copy of a cohort's counters.
@@ -177,6 +179,9 @@ pub struct CohortTotals {
     /// Scheduling lag of sends, microseconds, sorted.
     pub lags_us: Vec<u32>,
     pub timeline: Vec<[u32; OUTCOMES.len()]>,
+    /// Requests answered after the client solved a challenge (counted in
+    /// their final outcome, e.g. `served`).
+    pub challenges_solved: u64,
 }
 
 impl CohortTotals {
@@ -199,6 +204,7 @@ impl CohortStats {
             timeline: (0..buckets).map(|_| Default::default()).collect(),
             latencies_us: Mutex::new(Vec::new()),
             lags_us: Mutex::new(Vec::new()),
+            challenges_solved: AtomicU64::new(0),
         }
     }
 
@@ -248,6 +254,7 @@ impl CohortStats {
             timeline: (self.timeline.iter())
                 .map(|b| std::array::from_fn(|i| b[i].load(Ordering::Relaxed)))
                 .collect(),
+            challenges_solved: self.challenges_solved.load(Ordering::Relaxed),
         }
     }
 }
@@ -273,9 +280,11 @@ pub struct ClientPlan {
     pub seed: u64,
     /// Delay of this client's start after the cohort's (ramp-up).
     pub offset: Duration,
+    /// A crawler that runs a real (headless) browser and so solves challenges.
+    pub headless: bool,
 }
 
-type ClientBody = http_body_util::Either<http_body_util::Empty<Bytes>, TrickleBody>;
+type ClientBody = http_body_util::Either<http_body_util::Full<Bytes>, TrickleBody>;
 
 /// Runs one client until its cohort stops (or the run is cancelled).
 pub async fn run_client(
@@ -334,7 +343,14 @@ pub async fn run_client(
         first = false;
 
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let exchange = exchange(&ctx, &cohort, plan.src, &mut conn, &mut jar, method, &path);
+        let solves = match cohort.kind {
+            CohortKind::Humans | CohortKind::Editors => true,
+            CohortKind::Crawlers => plan.headless,
+            _ => false,
+        };
+        let exchange = exchange(
+            &ctx, &cohort, plan.src, &mut conn, &mut jar, method, &path, solves,
+        );
         let result = tokio::select! {
             r = tokio::time::timeout(cohort.timeout, exchange) => match r {
                 Ok(r) => r,
@@ -358,6 +374,9 @@ pub async fn run_client(
             on_connection = 0;
         }
         stats.record(bucket, result.outcome, result.reached_app);
+        if result.solved_challenge {
+            stats.challenges_solved.fetch_add(1, Ordering::Relaxed);
+        }
         if result.outcome == Outcome::Served {
             latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
         }
@@ -453,6 +472,8 @@ fn fill_numbers(path: &str, rng: &mut SmallRng) -> String {
 struct Answer {
     outcome: Outcome,
     reached_app: bool,
+    /// The client met a challenge, solved it and then got this outcome.
+    solved_challenge: bool,
 }
 
 impl Answer {
@@ -460,8 +481,19 @@ impl Answer {
         Answer {
             outcome,
             reached_app: false,
+            solved_challenge: false,
         }
     }
+}
+
+/// The challenge in a page: its nonce and difficulty (`data-bits`).
+fn challenge_of(html: &[u8]) -> Option<(String, u8)> {
+    let nonce = crate::challenge::page_nonce(html)?;
+    let text = std::str::from_utf8(html).ok()?;
+    let marker = "data-bits=\"";
+    let start = text.find(marker)? + marker.len();
+    let len = text[start..].find('"')?;
+    Some((nonce, text[start..start + len].parse().ok()?))
 }
 
 async fn connect(src: Ipv4Addr, target: SocketAddr) -> std::io::Result<SendRequest<ClientBody>> {
@@ -479,6 +511,7 @@ async fn connect(src: Ipv4Addr, target: SocketAddr) -> std::io::Result<SendReque
     Ok(sender)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn exchange(
     ctx: &RunContext,
     cohort: &Cohort,
@@ -487,7 +520,9 @@ async fn exchange(
     jar: &mut CookieJar,
     method: Method,
     path: &str,
+    solves: bool,
 ) -> Answer {
+    let method_again = method.clone();
     if conn.as_ref().is_some_and(|c| c.is_closed()) {
         *conn = None;
     }
@@ -529,7 +564,7 @@ async fn exchange(
         req = req.header("content-length", cohort.upload_bytes);
         ClientBody::Right(TrickleBody::new(cohort.upload_bytes, cohort.upload_rate))
     } else {
-        ClientBody::Left(http_body_util::Empty::new())
+        ClientBody::Left(http_body_util::Full::new(Bytes::new()))
     };
     let Ok(request) = req.body(body) else {
         return Answer::failed(Outcome::Other);
@@ -551,17 +586,95 @@ async fn exchange(
     for v in headers.get_all(SET_COOKIE) {
         jar.set(v);
     }
-    if response.into_body().collect().await.is_err() {
-        *conn = None;
-        return Answer::failed(Outcome::ConnError);
-    }
+    let body = match response.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            *conn = None;
+            return Answer::failed(Outcome::ConnError);
+        }
+    };
     if !keep {
         *conn = None;
+    }
+    // A browser (people, and the share of crawlers that run one) solves the
+    // challenge the way the page's script does, then asks again.
+    if challenged
+        && solves
+        && let Some((nonce, bits)) = challenge_of(&body)
+    {
+        let counter = tokio::task::spawn_blocking(move || {
+            crate::challenge::pow::solve(&nonce, bits).to_string()
+        })
+        .await
+        .unwrap_or_default();
+        let nonce = crate::challenge::page_nonce(&body).unwrap_or_default();
+        let form = format!("nonce={}&counter={counter}", form_encode(&nonce));
+        if let Some(answer) = submit_answer(ctx, cohort, src, jar, form).await {
+            if answer {
+                let retry = Box::pin(exchange(
+                    ctx,
+                    cohort,
+                    src,
+                    conn,
+                    jar,
+                    method_again,
+                    path,
+                    false,
+                ))
+                .await;
+                return Answer {
+                    solved_challenge: true,
+                    ..retry
+                };
+            }
+        }
     }
     Answer {
         outcome: Outcome::of_response(status, challenged),
         reached_app,
+        solved_challenge: false,
     }
+}
+
+/// Posts a challenge answer on a fresh connection, keeping the pass cookie;
+/// `Some(true)` when it was accepted (303).
+async fn submit_answer(
+    ctx: &RunContext,
+    cohort: &Cohort,
+    src: Ipv4Addr,
+    jar: &mut CookieJar,
+    form: String,
+) -> Option<bool> {
+    let mut sender = connect(src, ctx.target).await.ok()?;
+    sender.ready().await.ok()?;
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri("/.weir/challenge/verify")
+        .header("host", &cohort.host)
+        .header("user-agent", &cohort.user_agent)
+        .header("content-type", "application/x-www-form-urlencoded");
+    if let Some(cookies) = jar.header() {
+        req = req.header("cookie", cookies);
+    }
+    let body = ClientBody::Left(http_body_util::Full::new(Bytes::from(form)));
+    let resp = sender.send_request(req.body(body).ok()?).await.ok()?;
+    for v in resp.headers().get_all(SET_COOKIE) {
+        jar.set(v);
+    }
+    let ok = resp.status().as_u16() == 303;
+    let _ = resp.into_body().collect().await;
+    Some(ok)
+}
+
+fn form_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// The cookies a browser would keep for one site: name=value pairs, latest wins.

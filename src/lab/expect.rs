@@ -29,6 +29,7 @@ pub const COHORT_SHARES: &[&str] = &[
     "unfinished",
     "failed",
     "reached_app",
+    "challenges_solved",
 ];
 /// Other cohort metrics (counts and milliseconds).
 pub const COHORT_VALUES: &[&str] = &["sent", "p50_ms", "p95_ms", "p99_ms"];

@@ -53,6 +53,9 @@ pub struct CohortReport {
     pub outcomes: BTreeMap<String, u64>,
     /// Responses that came from the app (carried `x-app-class`).
     pub reached_app: u64,
+    /// Requests answered after the client solved a challenge (already
+    /// counted in their outcome: a solved challenge then served is served).
+    pub challenges_solved: u64,
     /// Latency of served requests.
     pub p50_ms: f64,
     pub p95_ms: f64,
@@ -222,6 +225,7 @@ fn cohort_metric(c: &CohortReport, metric: &str) -> Option<f64> {
     let n = match name {
         "failed" => c.failed(),
         "reached_app" => c.reached_app,
+        "challenges_solved" => c.challenges_solved,
         other => match OUTCOMES.iter().find(|o| o.as_str() == other) {
             Some(o) => c.count(*o),
             None => {

@@ -143,6 +143,9 @@ pub fn run_variant(
             // Exactly round(share x addresses) addresses carry the session cookie, spread evenly.
             let share = cohort.session_cookie_share;
             let session_cookie = ((a + 1) as f64 * share).floor() > (a as f64 * share).floor();
+            // The same even spread, offset so it does not coincide with the cookie one.
+            let hs = cohort.headless_share;
+            let headless = ((a + 2) as f64 * hs).floor() > ((a + 1) as f64 * hs).floor();
             let seed =
                 meta.seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let offset = cohort.ramp.mul_f64(i as f64 / cohort.clients.max(1) as f64);
@@ -151,6 +154,7 @@ pub fn run_variant(
                 session_cookie,
                 seed,
                 offset,
+                headless,
             });
         }
         plans.push(clients);
@@ -659,6 +663,7 @@ fn build_report(
                     .map(|o| (o.as_str().to_string(), t.count(*o)))
                     .collect(),
                 reached_app: t.reached_app,
+                challenges_solved: t.challenges_solved,
                 p50_ms: quantile_ms(&t.latencies_us, 0.50),
                 p95_ms: quantile_ms(&t.latencies_us, 0.95),
                 p99_ms: quantile_ms(&t.latencies_us, 0.99),

@@ -176,7 +176,7 @@ impl CohortKind {
     fn own_keys(self) -> &'static [&'static str] {
         const HUMANS: &[&str] = &["count", "login_share"];
         const EDITORS: &[&str] = &["count"];
-        const CRAWLERS: &[&str] = &["concurrency", "session_cookie_share"];
+        const CRAWLERS: &[&str] = &["concurrency", "session_cookie_share", "headless_share"];
         const FLOOD: &[&str] = &["connections", "reconnect_delay"];
         const UPLOADS: &[&str] = &["count", "upload_bytes", "upload_rate"];
         match self {
@@ -262,6 +262,10 @@ pub struct CohortConfig {
     /// session cookie with every request (incident 1: ~1/5).
     #[serde(default)]
     pub session_cookie_share: Option<f64>,
+    /// crawlers: share of addresses that run a headless browser and so solve the
+    /// challenge (people always do). Default 0.
+    #[serde(default)]
+    pub headless_share: Option<f64>,
     /// `User-Agent` sent. Default per kind: a mobile browser for people, a tool for others.
     #[serde(default)]
     pub user_agent: Option<String>,
@@ -400,6 +404,7 @@ pub struct Cohort {
     pub requests: Vec<RequestMix>,
     pub login_share: f64,
     pub session_cookie_share: f64,
+    pub headless_share: f64,
     pub user_agent: String,
     pub host: String,
     pub timeout: Duration,
@@ -682,6 +687,7 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
         let login_share = fraction(c.login_share, 0.0, "login_share", errors);
         let session_cookie_share =
             fraction(c.session_cookie_share, 0.0, "session_cookie_share", errors);
+        let headless_share = fraction(c.headless_share, 0.0, "headless_share", errors);
         for (j, p) in c.phases.iter().enumerate() {
             if !((0.0..=1.0).contains(&p.at) && p.factor.is_finite() && p.factor >= 0.0) {
                 errors.push(at.error(
@@ -795,6 +801,7 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
             requests,
             login_share,
             session_cookie_share,
+            headless_share,
             user_agent: c
                 .user_agent
                 .clone()
