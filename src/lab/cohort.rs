@@ -609,24 +609,22 @@ async fn exchange(
         .unwrap_or_default();
         let nonce = crate::challenge::page_nonce(&body).unwrap_or_default();
         let form = format!("nonce={}&counter={counter}", form_encode(&nonce));
-        if let Some(answer) = submit_answer(ctx, cohort, src, jar, form).await {
-            if answer {
-                let retry = Box::pin(exchange(
-                    ctx,
-                    cohort,
-                    src,
-                    conn,
-                    jar,
-                    method_again,
-                    path,
-                    false,
-                ))
-                .await;
-                return Answer {
-                    solved_challenge: true,
-                    ..retry
-                };
-            }
+        if submit_answer(ctx, cohort, src, jar, form).await == Some(true) {
+            let retry = Box::pin(exchange(
+                ctx,
+                cohort,
+                src,
+                conn,
+                jar,
+                method_again,
+                path,
+                false,
+            ))
+            .await;
+            return Answer {
+                solved_challenge: true,
+                ..retry
+            };
         }
     }
     Answer {
@@ -876,6 +874,7 @@ mod tests {
             requests: Vec::new(),
             login_share: 0.0,
             session_cookie_share: 0.0,
+            headless_share: 0.0,
             user_agent: "test".into(),
             host: "wiki.example.org".into(),
             timeout: Duration::from_secs(1),
