@@ -219,7 +219,9 @@ def start_weir(workdir, upstream_port, weir_bin, pin):
             # wrk is one address holding up to 1,000 connections: weir's
             # per-address defaults (256 connections, 128 in flight) would
             # rightly treat it as a flood. The bench measures proxying.
-            '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n'
+            '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n\n'
+            # One worker thread, as nginx (1 worker) and HAProxy (1 thread).
+            '[process]\nworkers = 1\n'
         )
     # A ready file left by an earlier instance in this directory would name its port.
     if os.path.exists(ready):
