@@ -67,6 +67,13 @@ pub struct DrainReport {
 /// admin API when the open-file limit caps client connections.
 const FD_RESERVE: u64 = 1024;
 
+/// Between stopping accepting and asking connections to close: a connection
+/// accepted just before has its first request in the socket but not yet
+/// parsed, and closing it then resets a request the client already sent (an
+/// upgrade would show this as a failed request). Idle keep-alive connections
+/// keep serving meanwhile.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(300);
+
 impl Server {
     /// Builds the gateway and starts serving. Must run inside a tokio runtime.
     pub async fn start(
@@ -226,10 +233,16 @@ impl Server {
     ) -> DrainReport {
         let started = Instant::now();
         let _ = self.stop.send(true);
-        self.runtime.tracker.drain();
-        let mut forced = 0;
         tokio::pin!(stop_now);
         let mut cut_short = false;
+        if deadline > FIRST_REQUEST_GRACE && self.runtime.tracker.open() > 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
+                _ = &mut stop_now => cut_short = true,
+            }
+        }
+        self.runtime.tracker.drain();
+        let mut forced = 0;
         while self.runtime.tracker.open() > 0 {
             if cut_short || started.elapsed() >= deadline {
                 forced = self.runtime.tracker.open();
