@@ -31,9 +31,6 @@ mod edge;
 // Reload (admin API, file change) and drain under load.
 mod lifecycle;
 
-// In-place upgrades under load, signals, systemd activation, start-up budget.
-mod upgrade;
-
 // Rate and concurrency rules per level, shadow mode, 429 responses, limiter
 // state across restart and reload.
 mod rules;
