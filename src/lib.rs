@@ -26,6 +26,7 @@ pub mod edge;
 pub mod gateway;
 pub mod identity;
 pub mod lab;
+pub mod lifecycle;
 pub mod limiter;
 pub mod observe;
 pub mod policy;

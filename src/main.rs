@@ -1,5 +1,5 @@
-//! The `weir` command line: `run`, `check`, `sim`, `demo` (and, as the lab lands,
-//! `replay`). Errors are printed once, with their chain, here and only
+//! The `weir` command line: `run`, `upgrade`, `check`, `sim`, `demo` (and, as
+//! the lab lands, `replay`). Errors are printed once, with their chain, here and only
 //! here; exit status 2 for unusable input, 1 for failures.
 
 use std::path::{Path, PathBuf};
@@ -11,6 +11,9 @@ use clap::{Parser, Subcommand};
 
 use weir::config::{ProcessEnv, load_file};
 use weir::gateway::Gateway;
+use weir::lifecycle::signals::{Request, Signals};
+use weir::lifecycle::upgrade::{self, Taken, UpgradeSocket, Upgrader};
+use weir::lifecycle::{Inherited, systemd};
 use weir::server::Server;
 
 #[derive(Parser)]
@@ -35,6 +38,31 @@ enum Command {
         /// (`{"listeners":[...],"admin":"...","pid":N}`).
         #[arg(long)]
         ready_file: Option<PathBuf>,
+        /// Unix socket for in-place upgrades (`weir upgrade`, SIGUSR2).
+        /// Default: `$RUNTIME_DIRECTORY`, `$XDG_RUNTIME_DIR` or the temp dir,
+        /// named after the config file's path.
+        #[arg(long)]
+        upgrade_socket: Option<PathBuf>,
+        /// How long a new process gets to report ready in an upgrade.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        upgrade_timeout: Duration,
+        /// Internal: take listeners and limiter state over from the process
+        /// listening on this upgrade socket (set by the old process).
+        #[arg(long, hide = true)]
+        inherit: Option<PathBuf>,
+    },
+    /// Replace the running `weir run` for this config with the executable now
+    /// on disk, without refusing a connection; exits 0 once the new process
+    /// serves, 1 if the upgrade failed (the old process then serves on).
+    Upgrade {
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+        /// The running process's upgrade socket (default as for `run`).
+        #[arg(long)]
+        upgrade_socket: Option<PathBuf>,
+        /// How long to wait for the outcome.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
     },
     /// Validate a configuration file and report every problem with its line.
     Check {
@@ -94,7 +122,30 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { config } => check(&config),
-        Command::Run { config, ready_file } => run(&config, ready_file.as_deref()),
+        Command::Run {
+            config,
+            ready_file,
+            upgrade_socket,
+            upgrade_timeout,
+            inherit,
+        } => {
+            let socket = upgrade_socket.unwrap_or_else(|| upgrade::default_socket_path(&config));
+            run(&RunOptions {
+                config,
+                ready_file,
+                upgrade_socket: socket,
+                upgrade_timeout,
+                inherit,
+            })
+        }
+        Command::Upgrade {
+            config,
+            upgrade_socket,
+            timeout,
+        } => {
+            let socket = upgrade_socket.unwrap_or_else(|| upgrade::default_socket_path(&config));
+            request_upgrade(&socket, timeout)
+        }
         Command::Sim {
             scenario,
             variants,
@@ -170,7 +221,22 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+struct RunOptions {
+    config: PathBuf,
+    ready_file: Option<PathBuf>,
+    upgrade_socket: PathBuf,
+    upgrade_timeout: Duration,
+    inherit: Option<PathBuf>,
+}
+
+fn run(opts: &RunOptions) -> anyhow::Result<ExitCode> {
+    let path = opts.config.as_path();
+    // Before any thread starts: it clears LISTEN_* from the environment.
+    let activated = if opts.inherit.is_none() {
+        systemd::activated_listeners()
+    } else {
+        Vec::new()
+    };
     let loaded = load_file(path, &ProcessEnv).map_err(|e| anyhow::anyhow!("{e}"))?;
     let workers = match loaded.config.process.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -183,27 +249,149 @@ fn run(path: &Path, ready_file: Option<&Path>) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let server = Server::start(loaded, Some(path.to_path_buf()), Box::new(ProcessEnv)).await?;
-        tracing::info!(listeners = ?server.listeners, admin = ?server.admin, "weir is serving");
-        if let Some(file) = ready_file {
-            write_ready_file(file, &server).context("writing the ready file")?;
-        }
-        let drain_timeout = server.runtime.gateway.load().drain_timeout;
-        wait_for_stop(&server).await;
-        tracing::info!(?drain_timeout, "draining: finishing in-flight requests");
-        let fast = tokio::spawn(async {
-            second_signal().await;
-        });
-        let report = tokio::select! {
-            r = server.drain(drain_timeout) => r,
-            _ = fast => {
-                tracing::warn!("second signal: stopping now");
-                return Ok(ExitCode::SUCCESS);
+        // First, so a signal right after readiness is never fatal.
+        let mut signals = Signals::install().context("installing signal handlers")?;
+        let (inherited, taken_over, upgrade_socket) = match &opts.inherit {
+            Some(from) => {
+                let mut taken = Taken::connect(from, opts.upgrade_timeout)
+                    .await
+                    .with_context(|| format!("taking over from {}", from.display()))?;
+                let inherited = std::mem::take(&mut taken.inherited);
+                let socket = taken.upgrade_socket.take();
+                (inherited, Some(taken), socket)
+            }
+            None => {
+                let socket = match UpgradeSocket::bind(&opts.upgrade_socket) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::error!(error = %e, "in-place upgrades are disabled");
+                        None
+                    }
+                };
+                let inherited = Inherited {
+                    listeners: activated,
+                    ..Inherited::default()
+                };
+                (inherited, None, socket)
             }
         };
+        let from_generation = inherited.from_generation;
+        let server = Server::start_with(
+            loaded,
+            Some(path.to_path_buf()),
+            Box::new(ProcessEnv),
+            inherited,
+        )
+        .await?;
+        let drain_timeout = server.runtime.gateway.load().drain_timeout;
+        if let Some(generation) = from_generation {
+            tracing::info!(
+                "inherited {} listeners and {} limiter keys from generation {generation}",
+                server.inherited_listeners,
+                server.restored.keys()
+            );
+        }
+        if let Some(taken) = taken_over {
+            // Ready only once the old process has stopped accepting: then a
+            // next upgrade can never reach it instead of us.
+            let last = taken
+                .report_ready(
+                    server.listeners.len() + usize::from(server.admin.is_some()),
+                    server.restored.keys(),
+                    opts.upgrade_timeout,
+                )
+                .await
+                .context("reporting ready to the previous process")?;
+            let runtime = server.runtime.clone();
+            let wait = drain_timeout + Duration::from_secs(10);
+            tokio::spawn(async move {
+                match last.merge_into(&runtime, wait).await {
+                    Ok(Some(report)) => tracing::info!(
+                        keys = report.restored(),
+                        "merged the previous process's final limiter state"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "no final limiter state from the previous process"),
+                }
+            });
+        }
+        tracing::info!(listeners = ?server.listeners, admin = ?server.admin, "weir is serving");
+        if let Some(file) = &opts.ready_file {
+            write_ready_file(file, &server).context("writing the ready file")?;
+        }
+        systemd::notify_ready();
+        let mut upgrader = Upgrader::start(upgrade_socket, opts.upgrade_timeout);
+
+        // Serve until told to stop or an upgrade hands over.
+        let handover = loop {
+            let (request, operator) = tokio::select! {
+                r = signals.next() => (r, None),
+                op = upgrader.requested() => (Request::Upgrade, Some(op)),
+            };
+            match request {
+                Request::Drain => break None,
+                Request::StopNow => {
+                    tracing::warn!("SIGQUIT: stopping now");
+                    let report = server.drain_unless(Duration::ZERO, async {}).await;
+                    if let Some(s) = upgrader.socket() {
+                        s.remove();
+                    }
+                    tracing::info!(forced = report.forced, "stopped");
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Request::Reload => {
+                    let rt = server.runtime.clone();
+                    let _ = tokio::task::spawn_blocking(move || rt.reload(true)).await;
+                }
+                Request::Upgrade => {
+                    let outcome = upgrader.upgrade(&server.runtime, server.sockets()).await;
+                    let reply = outcome.as_ref().map(|h| h.pid).map_err(|e| e.to_string());
+                    if let Some(op) = operator {
+                        op.reply(reply).await;
+                    }
+                    if let Ok(handover) = outcome {
+                        break Some(handover);
+                    }
+                }
+            }
+        };
+        let runtime = server.runtime.clone();
+        if handover.is_none() {
+            systemd::notify_stopping();
+            if let Some(s) = upgrader.socket() {
+                s.remove();
+            }
+        }
+        tracing::info!(?drain_timeout, "draining: finishing in-flight requests");
+        let report = server
+            .drain_unless(drain_timeout, async {
+                signals.stop_now().await;
+                tracing::warn!("second signal: stopping now");
+            })
+            .await;
         tracing::info!(forced = report.forced, took = ?report.took, "drained; exiting");
+        if let Some(handover) = handover {
+            handover.finish(&runtime).await;
+        }
         Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
     })
+}
+
+fn request_upgrade(socket: &Path, timeout: Duration) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match rt.block_on(upgrade::request(socket, timeout)) {
+        Ok(pid) => {
+            println!("upgraded: pid {pid} is serving");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(why) => {
+            eprintln!("weir: upgrade failed (the running process serves on): {why}");
+            Ok(ExitCode::from(1))
+        }
+    }
 }
 
 fn write_ready_file(path: &Path, server: &Server) -> std::io::Result<()> {
@@ -215,49 +403,6 @@ fn write_ready_file(path: &Path, server: &Server) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, doc.to_string())?;
     std::fs::rename(tmp, path)
-}
-
-/// Waits for SIGTERM or SIGINT; reloads on SIGHUP meanwhile.
-async fn wait_for_stop(server: &Server) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers; waiting forever");
-        std::future::pending::<()>().await;
-        return;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = hup.recv() => {
-                let rt = server.runtime.clone();
-                let _ = tokio::task::spawn_blocking(move || rt.reload(true)).await;
-            }
-        }
-    }
-}
-
-/// A second SIGTERM/SIGINT, or SIGQUIT, during a drain means stop now.
-async fn second_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut quit)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::quit()),
-    ) else {
-        std::future::pending::<()>().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-        _ = quit.recv() => {}
-    }
-    let _ = Duration::ZERO;
 }
 
 fn replay(

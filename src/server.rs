@@ -1,6 +1,6 @@
-//! Starting and stopping a weir instance: bind listeners, spawn the accept
-//! loops, the connection sweep, the config watcher and the admin API; drain
-//! on request.
+//! Starting and stopping a weir instance: bind listeners (or take over
+//! inherited ones, see `lifecycle`), spawn the accept loops, the connection
+//! sweep, the config watcher and the admin API; drain on request.
 //!
 //! Used by `weir run` and, in-process, by tests.
 
@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use crate::config::{ConfigErrors, Env, LoadedConfig};
 use crate::edge::{listener, serve};
 use crate::gateway::Gateway;
+use crate::lifecycle::{Inherited, ListeningSocket, SocketRole, upgrade};
 use crate::observe::access_log::LogTarget;
 use crate::observe::{AccessLog, Metrics, admin};
 use crate::runtime::Runtime;
@@ -48,6 +49,10 @@ pub struct Server {
     pub admin: Option<SocketAddr>,
     /// What the start-up restore of limiter state found.
     pub restored: state::Restored,
+    /// Listening sockets taken over instead of bound.
+    pub inherited_listeners: usize,
+    /// The same sockets as `listeners` and `admin`, kept to hand on.
+    sockets: Vec<ListeningSocket>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -64,12 +69,32 @@ pub struct DrainReport {
 /// admin API when the open-file limit caps client connections.
 const FD_RESERVE: u64 = 1024;
 
+/// Between stopping accepting and asking connections to close: a connection
+/// accepted just before has its first request in the socket but not yet
+/// parsed, and closing it then resets a request the client already sent (an
+/// upgrade would show this as a failed request). Idle keep-alive connections
+/// keep serving meanwhile.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(300);
+
 impl Server {
     /// Builds the gateway and starts serving. Must run inside a tokio runtime.
     pub async fn start(
         loaded: LoadedConfig,
         config_path: Option<PathBuf>,
         env: Box<dyn Env + Send + Sync>,
+    ) -> Result<Server, StartError> {
+        Server::start_with(loaded, config_path, env, Inherited::default()).await
+    }
+
+    /// Like [`Server::start`], but takes over `inherited` sockets (matched to
+    /// configured listeners by role and address; the rest are bound) and,
+    /// if it carries one, restores limiter state from its snapshot instead
+    /// of the snapshot file.
+    pub async fn start_with(
+        loaded: LoadedConfig,
+        config_path: Option<PathBuf>,
+        env: Box<dyn Env + Send + Sync>,
+        mut inherited: Inherited,
     ) -> Result<Server, StartError> {
         let gateway = Gateway::build(loaded, None, 1)?;
         let target = gateway.loaded.config.access_log.target.clone();
@@ -92,18 +117,46 @@ impl Server {
         runtime.tracker.set_ceiling(connection_ceiling());
         // State first: the first request after a restart must meet the limits
         // the previous process had reached.
-        let restored = state::restore(&runtime);
+        let restored = match inherited.snapshot.take() {
+            Some(snapshot) => {
+                let report = upgrade::restore(&runtime, &snapshot);
+                runtime
+                    .metrics
+                    .state_restored_keys
+                    .set(report.restored() as i64);
+                state::Restored::Loaded(report)
+            }
+            None => state::restore(&runtime),
+        };
         state::connect_redis(&runtime)?;
 
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
+        let mut sockets = Vec::new();
+        let mut inherited_listeners = 0;
+        let mut open = |role: SocketRole, addr: SocketAddr| {
+            let bind_err = |source| StartError::Bind { addr, source };
+            let std_listener = match inherited.take(role, addr) {
+                Some(l) => {
+                    inherited_listeners += 1;
+                    // Non-blocking is a property of the shared socket; set it
+                    // anyway (systemd may pass blocking sockets).
+                    l.set_nonblocking(true).map_err(bind_err)?;
+                    l
+                }
+                None => listener::bind(addr).map_err(bind_err)?,
+            };
+            sockets.push(ListeningSocket {
+                role,
+                configured: addr,
+                socket: std_listener.try_clone().map_err(bind_err)?,
+            });
+            Ok::<_, StartError>(std_listener)
+        };
         for spec in &specs {
-            let std_listener = listener::bind(spec.address).map_err(|source| StartError::Bind {
-                addr: spec.address,
-                source,
-            })?;
+            let std_listener = open(SocketRole::Client, spec.address)?;
             let tokio_listener =
                 tokio::net::TcpListener::from_std(std_listener).map_err(|source| {
                     StartError::Bind {
@@ -117,8 +170,7 @@ impl Server {
         let admin = match admin_addr {
             None => None,
             Some(addr) => {
-                let l = admin::bind(addr)
-                    .and_then(tokio::net::TcpListener::from_std)
+                let l = tokio::net::TcpListener::from_std(open(SocketRole::Admin, addr)?)
                     .map_err(|source| StartError::Bind { addr, source })?;
                 let local = l.local_addr().unwrap_or(addr);
                 tasks.push(tokio::spawn(admin::serve(
@@ -147,6 +199,9 @@ impl Server {
             )));
         }
         tasks.push(tokio::spawn(maintain_state(runtime.clone(), stop_rx)));
+        // Sockets inherited but no longer configured close here; the
+        // previous process still holds its copies until it exits.
+        drop(inherited);
         Ok(Server {
             runtime,
             listeners,
@@ -154,18 +209,45 @@ impl Server {
             stop,
             tasks,
             restored,
+            inherited_listeners,
+            sockets,
         })
+    }
+
+    /// The listening sockets (client listeners, then admin), to hand to the
+    /// next process in an upgrade.
+    pub fn sockets(&self) -> &[ListeningSocket] {
+        &self.sockets
     }
 
     /// Stops accepting, lets in-flight requests finish up to `deadline`, then
     /// closes what is left.
     pub async fn drain(self, deadline: Duration) -> DrainReport {
+        self.drain_unless(deadline, std::future::pending()).await
+    }
+
+    /// [`Server::drain`], cut short when `stop_now` resolves (a second
+    /// signal): open connections are closed at once. The snapshot is written
+    /// either way.
+    pub async fn drain_unless(
+        self,
+        deadline: Duration,
+        stop_now: impl std::future::Future<Output = ()>,
+    ) -> DrainReport {
         let started = Instant::now();
         let _ = self.stop.send(true);
+        tokio::pin!(stop_now);
+        let mut cut_short = false;
+        if deadline > FIRST_REQUEST_GRACE && self.runtime.tracker.open() > 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
+                _ = &mut stop_now => cut_short = true,
+            }
+        }
         self.runtime.tracker.drain();
         let mut forced = 0;
         while self.runtime.tracker.open() > 0 {
-            if started.elapsed() >= deadline {
+            if cut_short || started.elapsed() >= deadline {
                 forced = self.runtime.tracker.open();
                 self.runtime.tracker.abort_all();
                 // Give aborted tasks a moment to drop their sockets.
@@ -175,7 +257,10 @@ impl Server {
                 }
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                _ = &mut stop_now => cut_short = true,
+            }
         }
         for t in self.tasks {
             t.abort();

@@ -62,3 +62,7 @@ mod challenge;
 
 // The challenge in weir's request path: navigations only, passes, token keys.
 mod challenge_proxy;
+
+// In-place upgrades under load (fd hand-off and limiter state), failed
+// upgrades, SIGTERM/SIGQUIT, socket activation, start-up budget.
+mod upgrade;
