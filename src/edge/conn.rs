@@ -103,6 +103,11 @@ impl ConnState {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    /// Requests started on this connection so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
     pub fn command(&self) -> Command {
         match self.command.load(Ordering::Acquire) {
             1 => Command::Graceful,

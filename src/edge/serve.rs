@@ -29,8 +29,14 @@ macro_rules! drive {
         let conn = $conn;
         tokio::pin!(conn);
         let mut graceful = false;
+        // A connection told to close before its first request started may
+        // already hold that request unread: closing it now would drop a
+        // request the client sent. Such a close is deferred until the first
+        // request starts (hyper then closes after answering it) or
+        // `FIRST_REQUEST_GRACE` passes.
+        let mut deferred: Option<tokio::time::Instant> = None;
         loop {
-            let wanted = if graceful {
+            let wanted = if graceful || deferred.is_some() {
                 Command::Abort
             } else {
                 Command::Graceful
@@ -41,13 +47,27 @@ macro_rules! drive {
                     if cmd == Command::Abort {
                         break Ok(());
                     }
-                    graceful = true;
-                    conn.as_mut().graceful_shutdown();
+                    if $state.requests() == 0 {
+                        deferred = Some(tokio::time::Instant::now() + FIRST_REQUEST_GRACE);
+                    } else {
+                        graceful = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+                _ = tokio::time::sleep(std::time::Duration::from_millis(10)), if deferred.is_some() => {
+                    if $state.requests() > 0 || deferred.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                        deferred = None;
+                        graceful = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
                 }
             }
         }
     }};
 }
+
+/// How long a connection asked to close may still bring its first request.
+const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Accepts connections on `listener` until `stop` turns true.
 pub async fn accept_loop(

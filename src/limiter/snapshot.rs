@@ -391,7 +391,9 @@ fn temp_path(path: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_default();
-    name.push(".tmp");
+    // The pid keeps two processes writing at once (the old and new one
+    // during an upgrade) from sharing a temporary file; the rename is atomic.
+    name.push(format!(".tmp.{}", std::process::id()));
     path.with_file_name(name)
 }
 
