@@ -449,6 +449,28 @@ async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
     send_signal("weir", last, Signal::Term).unwrap();
     assert_eq!(reap(last, Duration::from_secs(15)).await, Ended::Code(0));
 
+    let mut unique = pids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    let ok = counts.ok.load(Ordering::Relaxed);
+    let errors = counts.errors.lock().unwrap().clone();
+    upgrade_times.sort();
+    eprintln!(
+        "{rounds} upgrades in {upgrading:?}: {ok} requests ok ({:.0}/s), {} uploads, {} failed, \
+         {} refused, {} idle keep-alive closes retried, {} fresh connections closed unanswered; upgrade (SIGUSR2 -> new ready) \
+         p50 {:?} p99 {:?} max {:?}",
+        ok as f64 / (upgrading.as_secs_f64() + 0.5),
+        counts.uploads.load(Ordering::Relaxed),
+        counts.failed.load(Ordering::Relaxed),
+        counts.refused.load(Ordering::Relaxed),
+        counts.idle_close_retries.load(Ordering::Relaxed),
+        counts.fresh_closed.load(Ordering::Relaxed),
+        upgrade_times[upgrade_times.len() / 2],
+        upgrade_times[upgrade_times.len() * 99 / 100],
+        upgrade_times[upgrade_times.len() - 1],
+    );
+    assert_eq!(counts.refused.load(Ordering::Relaxed), 0, "{errors:?}");
+    assert_eq!(counts.failed.load(Ordering::Relaxed), 0, "{errors:?}");
     // A connection the drain asks to close before its first request started
     // keeps it: the close waits for that request (edge/serve.rs).
     assert_eq!(counts.fresh_closed.load(Ordering::Relaxed), 0, "{errors:?}");
