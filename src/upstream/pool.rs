@@ -237,10 +237,19 @@ impl Pool {
         if let Some(h) = &def.health {
             check_health(h, &mut errors);
         }
-        let admission = def
-            .admission
-            .as_ref()
-            .and_then(|a| build_admission(a, &mut errors));
+        // An unchanged queue is kept: its in-flight count and waiters stay
+        // true across the reload (a new one would let the app get twice the
+        // limit while old requests finish).
+        let kept_queue = previous
+            .filter(|p| p.definition.admission == def.admission)
+            .and_then(|p| p.admission.clone());
+        let admission = match kept_queue {
+            Some(q) => Some(q),
+            None => def
+                .admission
+                .as_ref()
+                .and_then(|a| build_admission(a, &mut errors)),
+        };
         let retry_budget = match RetryBudget::new(
             RetryBudgetConfig {
                 ratio: def.retry_budget.ratio,

@@ -52,3 +52,8 @@ mod sessions;
 // Three weir processes sharing limits through a real Redis; Redis loss and
 // recovery.
 mod shared_limits;
+
+// Admission queue (lanes, fair share, shedding with Retry-After), upstream
+// health (slow, dead, panic mode), slow start and the retry budget, against
+// the simulated app.
+mod admission;
