@@ -478,9 +478,8 @@ impl Pool {
                 st.slow_start = None;
             }
         }
-        if self.checks.is_none() {
-            return None;
-        }
+        // Without active checks nothing would bring a dead server back.
+        self.checks.as_ref()?;
         let t = st.health.observe_request(now, outcome);
         self.on_transition(&mut st, server, t, now)
     }
