@@ -405,6 +405,11 @@ impl AdmissionQueue {
         })
     }
 
+    /// Whether two handles are the same queue.
+    pub fn same_queue(&self, other: &AdmissionQueue) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Counters and gauges for metrics and the admin API.
     pub fn snapshot(&self) -> QueueSnapshot {
         let st = self.shared.lock();

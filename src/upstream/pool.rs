@@ -831,6 +831,82 @@ mod tests {
         }
     }
 
+    fn checked(servers: &[&str]) -> PoolConfig {
+        let mut d = def(servers, Balance::LeastInFlight);
+        d.health = Some(HealthCheckSettings {
+            path: "/healthz".into(),
+            interval: ConfigDuration::secs(1),
+            timeout: ConfigDuration::secs(1),
+            slow_threshold: ConfigDuration::secs(2),
+            fall: 1,
+            rise: 1,
+            silence: ConfigDuration::secs(30),
+        });
+        d
+    }
+
+    #[tokio::test]
+    async fn dead_servers_are_skipped_and_panic_serves_only_reads() {
+        let pool = Pool::build("p", &checked(&["127.0.0.1:1", "127.0.0.1:2"]), None).unwrap();
+        let now = Instant::now();
+        let (a, b) = (pool.servers[0].clone(), pool.servers[1].clone());
+        pool.observe_check(&a, now, CheckResult::Refused);
+        assert_eq!(a.health(), HealthState::Dead);
+        for _ in 0..4 {
+            let g = pool.pick(None, false, now).unwrap();
+            assert_eq!(g.server.addr, b.addr, "a dead server gets nothing");
+        }
+        pool.observe_check(&b, now, CheckResult::Refused);
+        assert_eq!(pool.mode(), PoolMode::Panic);
+        assert_eq!(pool.signal(now), PoolSignal::Down);
+        assert_eq!(pool.pick(None, false, now).unwrap_err(), NoServer::AllDead);
+        assert!(pool.pick(None, true, now).is_ok(), "panic mode tries reads");
+        pool.observe_check(
+            &a,
+            now,
+            CheckResult::Ok {
+                latency: Duration::from_millis(5),
+            },
+        );
+        assert_eq!(a.health(), HealthState::Healthy, "rise = 1");
+        assert_eq!(pool.pick(None, false, now).unwrap().server.addr, a.addr);
+    }
+
+    #[tokio::test]
+    async fn servers_added_by_reload_slow_start_and_cap_the_queue() {
+        let mut d = checked(&["127.0.0.1:1"]);
+        d.admission = Some(AdmissionSettings {
+            max_in_flight: Some(8),
+            workers: Some(10),
+            max_queued: 100,
+            queue_timeout: ConfigDuration::secs(10),
+            slow_start: ConfigDuration::secs(10),
+        });
+        let first = Pool::build("p", &d, None).unwrap();
+        let now = Instant::now();
+        assert_eq!(
+            first.servers[0].view(now).slow_start_cap,
+            None,
+            "warm at start"
+        );
+        d.servers.push("127.0.0.1:2".into());
+        let second = Pool::build("p", &d, Some(&first)).unwrap();
+        assert!(Arc::ptr_eq(&first.servers[0], &second.servers[0]), "kept");
+        let fresh = &second.servers[1];
+        assert_eq!(fresh.view(now).slow_start_cap, Some(1));
+        // The fresh server takes one request; the next goes to the warm one.
+        let g1 = second.pick(None, true, now).unwrap();
+        let g2 = second.pick(None, true, now).unwrap();
+        let g3 = second.pick(None, true, now).unwrap();
+        let on_fresh = [&g1, &g2, &g3]
+            .iter()
+            .filter(|g| g.server.addr == fresh.addr)
+            .count();
+        assert_eq!(on_fresh, 1);
+        let (q1, q2) = (first.admission.unwrap(), second.admission.unwrap());
+        assert!(q1.same_queue(&q2), "an unchanged admission queue is kept");
+    }
+
     #[test]
     fn bad_servers_are_named() {
         let errs = Pool::build(
