@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admission::{Lane, Lanes};
 use crate::config::{ClientHeader, ConfigError, ConfigErrors, KeyPath, LoadedConfig};
 use crate::edge::ConnLimits;
 use crate::edge::tls;
@@ -85,6 +86,28 @@ pub struct Gateway {
     pub sessions: Option<Arc<SessionVerifier>>,
     /// The browser challenge, if configured.
     pub challenger: Option<Arc<crate::challenge::Challenger>>,
+    /// Admission lane and queue deadline per route class (classes not
+    /// listed use [`ClassAdmission::default`]).
+    pub class_admission: HashMap<String, ClassAdmission>,
+}
+
+/// How a route class waits in its pool's admission queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassAdmission {
+    /// Lane of anonymous requests (verified sessions always use the top one).
+    pub lane: Lane,
+    /// Deadline in the queue; `None` uses the pool's `queue_timeout`.
+    pub queue_timeout: Option<Duration>,
+}
+
+impl Default for ClassAdmission {
+    /// The middle lane: cheap pages from anyone.
+    fn default() -> Self {
+        ClassAdmission {
+            lane: Lane::PASS,
+            queue_timeout: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Gateway {
@@ -228,17 +251,19 @@ impl Gateway {
                     .find(|old| &*old.name == name.as_str() && old.definition == *def)
                     .cloned()
             });
+            let before =
+                previous.and_then(|p| p.pools.iter().find(|old| &*old.name == name.as_str()));
             let pool = match reused {
                 Some(p) => p,
-                None => match Pool::build(name, def) {
+                None => match Pool::build(name, def, before.map(|p| &**p)) {
                     Ok(p) => Arc::new(p),
                     Err(errs) => {
                         for (i, e) in errs {
-                            let at = root.key("pools").key(name).key("servers");
-                            let at = if def.servers.is_empty() {
-                                at
-                            } else {
-                                at.index(i)
+                            let pool_at = root.key("pools").key(name);
+                            let at = match e.key() {
+                                Some(keys) => keys.iter().fold(pool_at, |at, k| at.key(k)),
+                                None if def.servers.is_empty() => pool_at.key("servers"),
+                                None => pool_at.key("servers").index(i),
                             };
                             errors.push(loaded.error_at(&at, e.to_string()));
                         }
@@ -252,8 +277,35 @@ impl Gateway {
 
         // Classes and their rules.
         let mut classes = HashMap::new();
+        let mut class_admission = HashMap::new();
         let mut rule_defs = Vec::new();
         for (name, c) in &cfg.classes {
+            let lane = match c.lane.as_deref() {
+                None => Lane::PASS,
+                Some(l) => match Lanes::standard().by_name(l) {
+                    Some(lane) => lane,
+                    None => {
+                        errors.push(loaded.error_at(
+                            &root.key("classes").key(name).key("lane"),
+                            format!("`{l}` is not a lane (verified, pass, anonymous)"),
+                        ));
+                        Lane::PASS
+                    }
+                },
+            };
+            if c.queue_timeout.is_some_and(|t| t.0.is_zero()) {
+                errors.push(loaded.error_at(
+                    &root.key("classes").key(name).key("queue_timeout"),
+                    "must be more than 0s",
+                ));
+            }
+            class_admission.insert(
+                name.clone(),
+                ClassAdmission {
+                    lane,
+                    queue_timeout: c.queue_timeout.map(|d| d.0),
+                },
+            );
             classes.insert(
                 name.clone(),
                 ClassSettings {
@@ -528,6 +580,7 @@ impl Gateway {
             low_rate,
             sessions,
             challenger,
+            class_admission,
             loaded,
         })
     }

@@ -35,7 +35,7 @@ use crate::policy::route::RequestView;
 use crate::policy::{Decision, RejectReason};
 use crate::runtime::Runtime;
 use crate::upstream::forward::{self, ForwardError, Hop, strip_hop_by_hop};
-use crate::upstream::{Pool, ServerGuard};
+use crate::upstream::{NoServer, Pool, ServerGuard};
 
 /// What a request knows about its connection.
 pub struct ConnCtx {
@@ -94,9 +94,11 @@ pub async fn handle(
         return Ok(challenge_endpoint(&ch, req, &client, log, conn.tls).await);
     }
     // Session: verified only by a signed cookie or the app's own answer,
-    // and only looked up when a rule could use it.
+    // and only looked up when a rule or an admission lane could use it.
     let session = match (&gw.sessions, route) {
-        (Some(v), Some(r)) if !r.rules.is_empty() => v.check(req.headers()).await,
+        (Some(v), Some(r)) if !r.rules.is_empty() || gw.pools[r.pool].admission.is_some() => {
+            v.check(req.headers()).await
+        }
         _ => SessionState::Anonymous,
     };
     log.record.session = session.as_str();
@@ -165,9 +167,28 @@ pub async fn handle(
         (Decision::Admit, None) => return Ok(reject(&RejectReason::NoRoute, log, accept)),
     };
 
-    // Upstream: pick a server and forward.
+    // Upstream: wait for an admission slot, pick a server and forward.
     let pool = gw.pools[route.pool].clone();
     log.record.pool = Some(pool.name.to_string());
+    // A pass token (the challenge stage) lifts a request to the `pass` lane.
+    let pass_token = pass.is_some();
+    let class = gw
+        .class_admission
+        .get(route.class.as_str())
+        .copied()
+        .unwrap_or_default();
+    if let Err(reason) = admit(
+        &pool,
+        class,
+        session.is_verified(),
+        pass_token,
+        &client,
+        &mut log,
+    )
+    .await
+    {
+        return Ok(reject(&reason, log, accept));
+    }
     let hop = Hop {
         client: &client,
         peer_trusted: conn.peer_trusted,
@@ -197,6 +218,7 @@ pub async fn handle(
         .response_timeout
         .unwrap_or(pool.response_timeout);
     let result = send_with_failover(&pool, parts, body, timeout, &mut log, rt).await;
+    log.admission_outcome = admission_outcome(&result, log.record.upstream_ms);
     match result {
         Ok(mut resp) => {
             log.record.upstream_status = Some(resp.status().as_u16());
@@ -223,11 +245,107 @@ pub async fn handle(
             let body = ResponseBody::upstream(body).on_complete(Box::new(log));
             Ok(Response::from_parts(parts, body))
         }
+        Err(ForwardError::NoHealthyServer) => {
+            let reason = RejectReason::Shed {
+                reason: "no_healthy_upstream",
+                retry_after: Duration::from_secs(1),
+            };
+            Ok(reject(&reason, log, accept))
+        }
         Err(e) => {
             log.record.error = Some(e.to_string());
             let status = e.status();
             Ok(failure(status, e.kind(), log, accept))
         }
+    }
+}
+
+/// The admission stage: whether an admitted request may go to `pool` now,
+/// waits for a slot (in its lane, fair by client network), or is shed with
+/// `503` + `Retry-After`. Pools without `[pools.NAME.admission]` pass
+/// everything at once. The slot is held by the request's log record until
+/// the response body ends.
+async fn admit(
+    pool: &Pool,
+    class: crate::gateway::ClassAdmission,
+    verified: bool,
+    pass_token: bool,
+    client: &ClientId,
+    log: &mut RequestLog,
+) -> Result<(), RejectReason> {
+    use crate::admission::{FairKey, Lane, ShedReason};
+    use crate::observe::metrics::{LaneLabels, ShedLabels};
+    let Some(queue) = &pool.admission else {
+        return Ok(());
+    };
+    let lane = queue
+        .lanes()
+        .clamp(Lane::for_request(verified, pass_token, class.lane));
+    let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());
+    log.record.lane = Some(lane_name.to_string());
+    let now = tokio::time::Instant::now();
+    let deadline = match class.queue_timeout {
+        Some(t) => now + t,
+        None => queue.deadline(lane, now),
+    };
+    let metrics = &log.conn.rt.metrics;
+    match queue
+        .acquire(lane, FairKey::of(client.client), deadline)
+        .await
+    {
+        Ok(permit) => {
+            let labels = LaneLabels {
+                pool: pool.name.clone(),
+                lane: lane_name,
+            };
+            metrics.admission_admitted.get_or_create(&labels).inc();
+            metrics
+                .admission_queue_wait
+                .get_or_create(&labels)
+                .observe(permit.waited().as_secs_f64());
+            log.record.queue_ms = ms(permit.waited());
+            log.permit = Some(permit);
+            Ok(())
+        }
+        Err(shed) => {
+            pool.shed(Instant::now());
+            // A waiter may be shed from its lane to make room above it; the
+            // label names the lane it was in.
+            let shed_lane: Arc<str> = Arc::from(queue.lanes().spec(shed.lane).name.as_str());
+            metrics
+                .admission_shed
+                .get_or_create(&ShedLabels {
+                    pool: pool.name.clone(),
+                    lane: shed_lane,
+                    reason: shed.reason.as_str(),
+                })
+                .inc();
+            log.record.queue_ms = ms(shed.waited);
+            let reason = match shed.reason {
+                ShedReason::QueueFull => "admission_queue_full",
+                ShedReason::DeadlineExceeded => "admission_deadline_exceeded",
+                ShedReason::LowerLaneShed => "admission_lower_lane_shed",
+            };
+            Err(RejectReason::Shed {
+                reason,
+                retry_after: shed.retry_after,
+            })
+        }
+    }
+}
+
+/// What a forwarded request tells the adaptive limit: an answer and its
+/// latency, or overload (timeout, reset, `503`), or nothing (no server).
+fn admission_outcome(
+    result: &Result<Response<Incoming>, ForwardError>,
+    upstream_ms: Option<f64>,
+) -> crate::admission::Outcome {
+    use crate::admission::Outcome;
+    match result {
+        Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => Outcome::Overloaded,
+        Ok(_) => Outcome::Answered(Duration::from_secs_f64(upstream_ms.unwrap_or(0.0) / 1e3)),
+        Err(ForwardError::Timeout { .. } | ForwardError::Exchange { .. }) => Outcome::Overloaded,
+        Err(_) => Outcome::Abandoned,
     }
 }
 
@@ -368,7 +486,8 @@ fn challenge_response(
 }
 
 /// Sends the request; a connect failure of a bodyless request is re-sent once
-/// to another server (nothing reached the first one, so this is always safe).
+/// to another server (nothing reached the first one, so this is always safe),
+/// within the pool's retry budget. Every outcome feeds the server's health.
 async fn send_with_failover(
     pool: &Arc<Pool>,
     parts: http::request::Parts,
@@ -386,11 +505,22 @@ async fn send_with_failover(
             parts.headers.clone(),
         )
     });
+    let idempotent = matches!(
+        parts.method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+    );
+    pool.record_request(Instant::now());
     let mut request = Some(Request::from_parts(parts, body));
     let mut failed: Option<ServerGuard> = None;
     loop {
-        let Some(guard) = pool.pick(failed.as_ref().map(|g| &g.server)) else {
-            return Err(ForwardError::NoServer);
+        let guard = match pool.pick(
+            failed.as_ref().map(|g| &g.server),
+            idempotent,
+            Instant::now(),
+        ) {
+            Ok(g) => g,
+            Err(NoServer::AllDead) => return Err(ForwardError::NoHealthyServer),
+            Err(NoServer::Exhausted) => return Err(ForwardError::NoServer),
         };
         let req = match request.take() {
             Some(r) => r,
@@ -417,6 +547,10 @@ async fn send_with_failover(
         let res = forward::send(pool, &guard.server, req, timeout).await;
         in_flight.dec();
         log.upstream_started = Some(sent);
+        if let Some(outcome) = health_outcome(&res, sent.elapsed()) {
+            let others = guard.server.in_flight().saturating_sub(1);
+            pool.observe_request(&guard.server, Instant::now(), outcome, others);
+        }
         match res {
             Ok(resp) => {
                 rt.metrics
@@ -439,11 +573,36 @@ async fn send_with_failover(
                 if !can_retry {
                     return Err(e);
                 }
+                if !pool.try_retry(Instant::now()) {
+                    rt.metrics
+                        .upstream_retries_denied
+                        .get_or_create(&labels)
+                        .inc();
+                    return Err(e);
+                }
                 rt.metrics.upstream_retries.get_or_create(&labels).inc();
                 tracing::debug!(error = %e, "connect failed; trying another server");
                 failed = Some(guard);
             }
         }
+    }
+}
+
+/// What one exchange says about the server's health; `None` when it says
+/// nothing (the client's body was too slow).
+fn health_outcome(
+    res: &Result<Response<Incoming>, ForwardError>,
+    took: Duration,
+) -> Option<crate::upstream::health::RequestOutcome> {
+    use crate::upstream::health::RequestOutcome;
+    match res {
+        Ok(_) => Some(RequestOutcome::Answered { latency: took }),
+        Err(ForwardError::Connect { .. }) => Some(RequestOutcome::Refused),
+        Err(ForwardError::Timeout { .. }) => Some(RequestOutcome::Timeout),
+        Err(e @ ForwardError::Exchange { .. }) if e.kind() == "exchange" => {
+            Some(RequestOutcome::Reset)
+        }
+        Err(_) => None,
     }
 }
 
@@ -507,6 +666,10 @@ pub fn reject(
         RejectReason::BadRequest(why) => (*why).into(),
         RejectReason::Draining => "this server is restarting; please retry".into(),
         RejectReason::Rule(_) => "too many requests; please retry later".into(),
+        RejectReason::Shed { reason, .. } if *reason == "no_healthy_upstream" => {
+            "the application is not answering; please retry".into()
+        }
+        RejectReason::Shed { .. } => "the application is busy; please retry".into(),
     };
     let gw = log.conn.rt.gateway.load_full();
     let mut resp = respond(
@@ -642,6 +805,9 @@ pub struct RequestLog {
     in_flight: Option<InFlightGuard>,
     server: Option<ServerGuard>,
     rule_guards: Vec<crate::limiter::InflightGuard>,
+    /// The admission slot, released (with how the request went) at body end.
+    permit: Option<crate::admission::Permit>,
+    admission_outcome: crate::admission::Outcome,
 }
 
 impl RequestLog {
@@ -688,6 +854,7 @@ impl RequestLog {
                 bytes_out: 0,
                 duration_ms: 0.0,
                 queue_ms: 0.0,
+                lane: None,
                 upstream_ms: None,
                 error: None,
             },
@@ -699,6 +866,8 @@ impl RequestLog {
             in_flight: None,
             server: None,
             rule_guards: Vec::new(),
+            permit: None,
+            admission_outcome: crate::admission::Outcome::Abandoned,
         }
     }
 }
@@ -726,6 +895,9 @@ impl OnComplete for RequestLog {
         }
         self.in_flight.take();
         self.server.take();
+        if let Some(p) = self.permit.take() {
+            p.complete(self.admission_outcome);
+        }
         self.rule_guards.clear();
         self.conn.state.request_finished();
     }

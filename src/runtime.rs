@@ -348,8 +348,12 @@ impl Runtime {
     }
 }
 
-/// A pool's admission pressure: requests waiting and the oldest wait. Without
-/// an admission queue a pool never reports pressure.
-fn pool_pressure(_pool: &crate::upstream::Pool) -> (usize, Duration) {
-    (0, Duration::ZERO)
+/// A pool's admission pressure: requests waiting in its queue (the wait
+/// threshold is not fed yet: depth alone engages). Without an admission
+/// queue a pool never reports pressure.
+fn pool_pressure(pool: &crate::upstream::Pool) -> (usize, Duration) {
+    match &pool.admission {
+        Some(q) => (q.snapshot().queued(), Duration::ZERO),
+        None => (0, Duration::ZERO),
+    }
 }

@@ -1,6 +1,7 @@
 //! Starting and stopping a weir instance: bind listeners (or take over
 //! inherited ones, see `lifecycle`), spawn the accept loops, the connection
-//! sweep, the config watcher and the admin API; drain on request.
+//! sweep, the config watcher, upstream health checks and the admin API;
+//! drain on request.
 //!
 //! Used by `weir run` and, in-process, by tests.
 
@@ -198,6 +199,10 @@ impl Server {
                 stop_rx.clone(),
             )));
         }
+        tasks.push(tokio::spawn(maintain_upstreams(
+            runtime.clone(),
+            stop_rx.clone(),
+        )));
         tasks.push(tokio::spawn(maintain_state(runtime.clone(), stop_rx)));
         // Sockets inherited but no longer configured close here; the
         // previous process still holds its copies until it exits.
@@ -311,6 +316,22 @@ async fn sweep(rt: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
         tokio::select! {
             _ = crate::server::stopped(&mut stop) => break,
             _ = tick.tick() => rt.tracker.sweep(Instant::now()),
+        }
+    }
+}
+
+/// Health checks, silence, slow-start ramps and pool gauges, over the pools
+/// of whichever gateway is current (so a reload needs no restart of this).
+async fn maintain_upstreams(rt: Arc<Runtime>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(crate::upstream::checks::ROUND);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => break,
+            _ = tick.tick() => {
+                let gw = rt.gateway.load_full();
+                crate::upstream::checks::round(&gw.pools, &rt.metrics, Instant::now());
+            }
         }
     }
 }

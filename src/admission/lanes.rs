@@ -36,6 +36,19 @@ impl Lane {
         Lane(i.min(MAX_LANES - 1) as u8)
     }
 
+    /// The lane of one request: verified sessions always use the top lane;
+    /// a pass token lifts a request to at least `pass`; everyone else gets
+    /// the route class's lane. (Indices of [`Lanes::standard`].)
+    pub fn for_request(verified: bool, pass_token: bool, class_lane: Lane) -> Lane {
+        if verified {
+            Lane::VERIFIED
+        } else if pass_token {
+            class_lane.min(Lane::PASS)
+        } else {
+            class_lane
+        }
+    }
+
     /// Whether this lane is served before `other`.
     pub fn outranks(self, other: Lane) -> bool {
         self.0 < other.0
@@ -213,6 +226,26 @@ mod tests {
         assert_eq!(lanes.lowest(), Lane::ANONYMOUS);
         assert!(Lane::VERIFIED.outranks(Lane::PASS));
         assert!(!Lane::ANONYMOUS.outranks(Lane::PASS));
+    }
+
+    #[test]
+    fn lane_of_a_request() {
+        use Lane as L;
+        let cases = [
+            (true, false, L::ANONYMOUS, L::VERIFIED),
+            (true, true, L::PASS, L::VERIFIED),
+            (false, true, L::ANONYMOUS, L::PASS),
+            (false, true, L::VERIFIED, L::VERIFIED),
+            (false, false, L::ANONYMOUS, L::ANONYMOUS),
+            (false, false, L::PASS, L::PASS),
+        ];
+        for (verified, pass, class, want) in cases {
+            assert_eq!(
+                Lane::for_request(verified, pass, class),
+                want,
+                "{verified} {pass} {class:?}"
+            );
+        }
     }
 
     #[test]

@@ -188,6 +188,8 @@ struct State {
     limiter: Limiter,
     /// Exponential average of how long a permit is held, for `Retry-After`.
     hold_secs: Option<f64>,
+    /// What the servers can take right now (slow start), if less than the limit.
+    capacity: Option<usize>,
 }
 
 struct Shared {
@@ -266,6 +268,7 @@ impl AdmissionQueue {
                     lanes,
                     limiter,
                     hold_secs: None,
+                    capacity: None,
                 }),
                 config,
             }),
@@ -375,6 +378,20 @@ impl AdmissionQueue {
         }))
     }
 
+    /// Caps the traffic limit at what the servers can take now (the sum of
+    /// their slow-start caps), or lifts the cap with `None`. Raising it
+    /// grants waiting requests at once.
+    pub fn set_capacity(&self, capacity: Option<usize>) {
+        {
+            let mut st = self.shared.lock();
+            if st.capacity == capacity {
+                return;
+            }
+            st.capacity = capacity;
+        }
+        self.shared.grant_and_release(None, 0);
+    }
+
     /// A slot for a health check, outside the traffic limit; `None` when
     /// the reserve is in use (a check is still running) or is zero.
     pub fn try_acquire_health(&self) -> Option<HealthPermit> {
@@ -386,6 +403,11 @@ impl AdmissionQueue {
         Some(HealthPermit {
             shared: self.shared.clone(),
         })
+    }
+
+    /// Whether two handles are the same queue.
+    pub fn same_queue(&self, other: &AdmissionQueue) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// Counters and gauges for metrics and the admin API.
@@ -421,7 +443,11 @@ impl Shared {
     }
 
     fn limit(&self, st: &State) -> usize {
-        st.limiter.limit().min(self.ceiling).max(1)
+        st.limiter
+            .limit()
+            .min(self.ceiling)
+            .min(st.capacity.unwrap_or(usize::MAX))
+            .max(1)
     }
 
     fn retry_after(&self, st: &State) -> Duration {
@@ -519,9 +545,14 @@ impl Shared {
     }
 
     fn release(self: &Arc<Self>, done: Released) {
+        self.grant_and_release(Some(done), 1);
+    }
+
+    /// Frees `freed` slots, records `done`, and hands free slots to waiters.
+    fn grant_and_release(self: &Arc<Self>, done: Option<Released>, freed: usize) {
         let now = Instant::now();
-        let mut freed = 1usize;
-        let mut sample = Some(done);
+        let mut freed = freed;
+        let mut sample = done;
         loop {
             let grants = {
                 let mut st = self.lock();

@@ -523,6 +523,101 @@ pub struct PoolConfig {
     /// Idle pooled connections kept per server.
     #[serde(default = "default_max_idle_per_server")]
     pub max_idle_per_server: usize,
+    /// Admission control: how many requests the app gets at once, and who
+    /// waits. Absent: requests go straight through, as without weir.
+    #[serde(default)]
+    pub admission: Option<AdmissionSettings>,
+    /// Active health checks. Absent: no checks, and servers are never
+    /// marked slow or dead.
+    #[serde(default)]
+    pub health: Option<HealthCheckSettings>,
+    /// How many failed requests may be re-sent to another server.
+    #[serde(default)]
+    pub retry_budget: RetryBudgetSettings,
+}
+
+/// `[pools.NAME.admission]`: a concurrency limit in front of the app and a
+/// bounded, prioritised, fair queue for what is over it.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionSettings {
+    /// Requests in flight to the whole pool at once (e.g. the app's worker
+    /// count minus one). Absent: learned from latency (Gradient2).
+    #[serde(default)]
+    pub max_in_flight: Option<usize>,
+    /// The app's real worker count (all servers together). One worker beyond
+    /// traffic is kept for health checks; traffic never gets more than
+    /// `workers - 1` whatever the limit says.
+    #[serde(default)]
+    pub workers: Option<usize>,
+    /// Requests waiting in all lanes together; past it, the lowest lane is
+    /// shed first.
+    #[serde(default = "default_max_queued")]
+    pub max_queued: usize,
+    /// Longest wait for a slot before `503` + `Retry-After` (a class may
+    /// set its own).
+    #[serde(default = "default_queue_timeout")]
+    pub queue_timeout: ConfigDuration,
+    /// Ramp a server added by a reload, or back from dead, over at least
+    /// this long, by what it measurably handles. `"0s"` turns it off.
+    #[serde(default = "default_slow_start")]
+    pub slow_start: ConfigDuration,
+}
+
+/// `[pools.NAME.health]`: active checks, which never queue behind traffic.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckSettings {
+    /// Path asked on each server; any answer below 500 passes.
+    #[serde(default = "default_health_path")]
+    pub path: String,
+    /// Time between two checks of a server.
+    #[serde(default = "default_health_interval")]
+    pub interval: ConfigDuration,
+    /// A check without an answer after this long has timed out.
+    #[serde(default = "default_health_timeout")]
+    pub timeout: ConfigDuration,
+    /// A server whose smoothed latency is above this is *slow* (still used,
+    /// with a lower weight).
+    #[serde(default = "default_slow_threshold")]
+    pub slow_threshold: ConfigDuration,
+    /// Consecutive failures before a server is slow (checks failing) or dead
+    /// (connections refused, or timeouts plus `silence`).
+    #[serde(default = "default_health_fall")]
+    pub fall: u32,
+    /// Consecutive answers that bring a dead server back.
+    #[serde(default = "default_health_rise")]
+    pub rise: u32,
+    /// A server that times out is only dead once nothing at all (checks or
+    /// requests) was answered for this long: slow is never dead.
+    #[serde(default = "default_health_silence")]
+    pub silence: ConfigDuration,
+}
+
+/// `[pools.NAME.retry_budget]`: re-sends are at most `ratio` of requests
+/// plus `min_per_second`, over `window`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBudgetSettings {
+    /// Share of requests that may be retried (0.2 = 20%).
+    #[serde(default = "default_retry_ratio")]
+    pub ratio: f64,
+    /// Retries always allowed per second, so a quiet pool can still retry.
+    #[serde(default = "default_retry_min_per_second")]
+    pub min_per_second: u32,
+    /// The sliding window the budget is counted over (1 s to 60 s).
+    #[serde(default = "default_retry_window")]
+    pub window: ConfigDuration,
+}
+
+impl Default for RetryBudgetSettings {
+    fn default() -> Self {
+        RetryBudgetSettings {
+            ratio: default_retry_ratio(),
+            min_per_second: default_retry_min_per_second(),
+            window: default_retry_window(),
+        }
+    }
 }
 
 /// Balancing across a pool's servers.
@@ -552,6 +647,16 @@ pub struct ClassConfig {
     /// (when the pool's admission queue is saturated), `always`.
     #[serde(default)]
     pub challenge: crate::challenge::ChallengeMode,
+    /// Admission lane of anonymous requests of this class, when its pool has
+    /// `[pools.NAME.admission]`: `pass` (default: cheap pages), `anonymous`
+    /// (expensive pages: shed first) or `verified`. Verified sessions always
+    /// use `verified`; pass-token holders at least `pass`.
+    #[serde(default)]
+    pub lane: Option<String>,
+    /// Longest wait in the admission queue for this class (overrides the
+    /// pool's `queue_timeout`).
+    #[serde(default)]
+    pub queue_timeout: Option<ConfigDuration>,
 }
 
 /// A route: conditions (all must hold) leading to a pool and a class.
@@ -721,6 +826,45 @@ fn default_auth_max_entries() -> usize {
 }
 fn default_auth_max_in_flight() -> usize {
     4
+}
+fn default_max_queued() -> usize {
+    2048
+}
+fn default_queue_timeout() -> ConfigDuration {
+    ConfigDuration::secs(10)
+}
+fn default_slow_start() -> ConfigDuration {
+    ConfigDuration::secs(10)
+}
+fn default_health_path() -> String {
+    "/healthz".into()
+}
+fn default_health_interval() -> ConfigDuration {
+    ConfigDuration::secs(5)
+}
+fn default_health_timeout() -> ConfigDuration {
+    ConfigDuration::secs(2)
+}
+fn default_slow_threshold() -> ConfigDuration {
+    ConfigDuration::secs(2)
+}
+fn default_health_fall() -> u32 {
+    3
+}
+fn default_health_rise() -> u32 {
+    2
+}
+fn default_health_silence() -> ConfigDuration {
+    ConfigDuration::secs(30)
+}
+fn default_retry_ratio() -> f64 {
+    0.2
+}
+fn default_retry_min_per_second() -> u32 {
+    1
+}
+fn default_retry_window() -> ConfigDuration {
+    ConfigDuration::secs(10)
 }
 fn default_class() -> String {
     "default".into()

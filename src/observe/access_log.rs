@@ -53,6 +53,9 @@ pub struct AccessRecord {
     pub bytes_out: u64,
     pub duration_ms: f64,
     pub queue_ms: f64,
+    /// The admission lane the request waited in (`verified`, `pass`,
+    /// `anonymous`), when its pool has an admission queue.
+    pub lane: Option<String>,
     pub upstream_ms: Option<f64>,
     /// Set when the response did not complete (client gone, upstream reset).
     pub error: Option<String>,

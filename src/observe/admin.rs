@@ -3,7 +3,12 @@
 //! It listens on loopback by default, apart from client traffic, so health
 //! checks and scrapes never queue behind it. `/livez` says only that weir's
 //! own loop answers (never restart weir because an upstream is slow);
-//! `/readyz` says whether this instance should receive traffic.
+//! `/readyz` says whether this instance should receive traffic (not while
+//! draining) and lists each pool's signal (`ready`, `busy`: saturated or
+//! slow, do not restart; `down`: no server answers). Per pool,
+//! `/livez/pools/NAME` (503 only when down: for autoheal / a liveness probe
+//! of the app) and `/readyz/pools/NAME` (503 when busy or down: for a
+//! readiness probe of the app) answer with the pool's status code.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -50,6 +55,8 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             rt.export_shared_stats();
+            rt.metrics
+                .export_pools(&rt.gateway.load().pools, std::time::Instant::now());
             text(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -58,14 +65,37 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
         }
         (&Method::GET, "/livez") => text(StatusCode::OK, "text/plain", "ok\n".into()),
         (&Method::GET, "/readyz") => {
+            let pools = pool_lines(rt);
             if rt.tracker.is_draining() {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
-                    "draining\n".into(),
+                    format!("draining\n{pools}"),
                 )
             } else {
-                text(StatusCode::OK, "text/plain", "ready\n".into())
+                text(StatusCode::OK, "text/plain", format!("ready\n{pools}"))
+            }
+        }
+        (&Method::GET, path) if pool_probe(path).is_some() => {
+            let Some((live, name)) = pool_probe(path) else {
+                return text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into());
+            };
+            let gw = rt.gateway.load();
+            match gw.pools.iter().find(|p| &*p.name == name) {
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    format!("no pool named `{name}`\n"),
+                ),
+                Some(pool) => {
+                    let signal = pool.signal(std::time::Instant::now());
+                    let status = if live {
+                        signal.livez_status()
+                    } else {
+                        signal.readyz_status()
+                    };
+                    text(status, "text/plain", format!("{}\n", signal.as_str()))
+                }
             }
         }
         (&Method::GET, "/status") => {
@@ -103,6 +133,25 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
     }
 }
 
+/// `/livez/pools/NAME` → (true, NAME); `/readyz/pools/NAME` → (false, NAME).
+fn pool_probe(path: &str) -> Option<(bool, &str)> {
+    if let Some(name) = path.strip_prefix("/livez/pools/") {
+        return Some((true, name));
+    }
+    path.strip_prefix("/readyz/pools/").map(|n| (false, n))
+}
+
+/// One `pool NAME SIGNAL` line per pool, for `/readyz`.
+fn pool_lines(rt: &Runtime) -> String {
+    let now = std::time::Instant::now();
+    rt.gateway
+        .load()
+        .pools
+        .iter()
+        .map(|p| format!("pool {} {}\n", p.name, p.signal(now).as_str()))
+        .collect()
+}
+
 /// The `/status` document.
 pub fn status(rt: &Runtime) -> serde_json::Value {
     let gw = rt.gateway.load();
@@ -110,13 +159,39 @@ pub fn status(rt: &Runtime) -> serde_json::Value {
         .pools
         .iter()
         .map(|p| {
+            let now = std::time::Instant::now();
+            let admission = p.admission.as_ref().map(|q| {
+                let snap = q.snapshot();
+                json!({
+                    "limit": snap.limit,
+                    "in_flight": snap.in_flight,
+                    "health_in_flight": snap.health_in_flight,
+                    "lanes": snap.lanes.iter().map(|l| json!({
+                        "lane": l.name,
+                        "queued": l.queued,
+                        "networks_queued": l.networks_queued,
+                        "admitted_total": l.admitted_total,
+                        "shed_total": l.shed_total.iter().map(|(r, n)| (r.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+                    })).collect::<Vec<_>>(),
+                })
+            });
             json!({
                 "name": &*p.name,
                 "in_flight": p.in_flight(),
-                "servers": p.servers.iter().map(|s| json!({
-                    "address": s.addr.to_string(),
-                    "in_flight": s.in_flight(),
-                })).collect::<Vec<_>>(),
+                "mode": p.mode().as_str(),
+                "signal": p.signal(now).as_str(),
+                "admission": admission,
+                "servers": p.servers.iter().map(|s| {
+                    let v = s.view(now);
+                    json!({
+                        "address": s.addr.to_string(),
+                        "in_flight": s.in_flight(),
+                        "health": v.state.as_str(),
+                        "dead_cause": v.dead_cause.map(|c| format!("{c:?}").to_lowercase()),
+                        "latency_ms": v.latency.map(|l| l.as_secs_f64() * 1e3),
+                        "slow_start_cap": v.slow_start_cap,
+                    })
+                }).collect::<Vec<_>>(),
             })
         })
         .collect();

@@ -71,6 +71,38 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabels {
+    pub pool: Arc<str>,
+    pub lane: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    pub pool: Arc<str>,
+    pub lane: Arc<str>,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolStateLabels {
+    pub pool: Arc<str>,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServerStateLabels {
+    pub pool: Arc<str>,
+    pub server: String,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckLabels {
+    pub pool: Arc<str>,
+    pub result: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -112,6 +144,16 @@ pub struct Metrics {
     pub challenge_events: Family<ChallengeLabels, Counter>,
     pub challenge_solve: Histogram,
     pub challenge_engaged: Family<PoolLabels, Gauge>,
+    pub admission_limit: Family<PoolLabels, Gauge>,
+    pub admission_in_flight: Family<PoolLabels, Gauge>,
+    pub admission_queued: Family<LaneLabels, Gauge>,
+    pub admission_admitted: Family<LaneLabels, Counter>,
+    pub admission_shed: Family<ShedLabels, Counter>,
+    pub admission_queue_wait: HistogramFamily<LaneLabels>,
+    pub pool_state: Family<PoolStateLabels, Gauge>,
+    pub upstream_health: Family<ServerStateLabels, Gauge>,
+    pub health_checks: Family<CheckLabels, Counter>,
+    pub upstream_retries_denied: Family<PoolLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -161,6 +203,16 @@ impl Metrics {
             challenge_events: Family::default(),
             challenge_solve: Histogram::new(exponential_buckets(0.05, 2.0, 10)),
             challenge_engaged: Family::default(),
+            admission_limit: Family::default(),
+            admission_in_flight: Family::default(),
+            admission_queued: Family::default(),
+            admission_admitted: Family::default(),
+            admission_shed: Family::default(),
+            admission_queue_wait: Family::new_with_constructor(latency_histogram),
+            pool_state: Family::default(),
+            upstream_health: Family::default(),
+            health_checks: Family::default(),
+            upstream_retries_denied: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -321,6 +373,57 @@ impl Metrics {
             "1 while a pool is under pressure and under_pressure classes challenge",
             m.challenge_engaged.clone(),
         );
+        registry.register(
+            "admission_limit",
+            "Requests the pool's admission queue lets through at once (fixed, or learned by the adaptive limit)",
+            m.admission_limit.clone(),
+        );
+        registry.register(
+            "admission_in_flight",
+            "Requests holding an admission slot, by pool",
+            m.admission_in_flight.clone(),
+        );
+        registry.register(
+            "admission_queued",
+            "Requests waiting for an admission slot, by pool and lane",
+            m.admission_queued.clone(),
+        );
+        registry.register(
+            "admission_admitted",
+            "Requests given an admission slot, by pool and lane",
+            m.admission_admitted.clone(),
+        );
+        registry.register(
+            "admission_shed",
+            "Requests refused 503 by the admission queue, by pool, lane and reason (queue_full, deadline_exceeded, lower_lane_shed)",
+            m.admission_shed.clone(),
+        );
+        registry.register_with_unit(
+            "admission_queue_wait",
+            "Time admitted requests waited for a slot, by pool and lane",
+            Unit::Seconds,
+            m.admission_queue_wait.clone(),
+        );
+        registry.register(
+            "pool_state",
+            "1 for the pool's current signal (ready, busy, down), 0 for the others: busy means saturated or slow, do not restart",
+            m.pool_state.clone(),
+        );
+        registry.register(
+            "upstream_health",
+            "1 for each server's current health state (healthy, slow, dead), 0 for the others",
+            m.upstream_health.clone(),
+        );
+        registry.register(
+            "health_checks",
+            "Active health checks by pool and result (ok, failed, timeout, refused, skipped)",
+            m.health_checks.clone(),
+        );
+        registry.register(
+            "upstream_retries_denied",
+            "Retries not sent because the pool's retry budget was spent, by pool",
+            m.upstream_retries_denied.clone(),
+        );
         m.process_start_time.set(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -335,6 +438,57 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Refreshes the pools' gauges: admission limit, in-flight and queue
+    /// depth, pool signal and server health.
+    pub fn export_pools(&self, pools: &[Arc<crate::upstream::Pool>], now: std::time::Instant) {
+        use crate::upstream::health::{HealthState, PoolSignal};
+        for pool in pools {
+            let labels = PoolLabels {
+                pool: pool.name.clone(),
+            };
+            if let Some(q) = &pool.admission {
+                let snap = q.snapshot();
+                self.admission_limit
+                    .get_or_create(&labels)
+                    .set(snap.limit as i64);
+                self.admission_in_flight
+                    .get_or_create(&labels)
+                    .set(snap.in_flight as i64);
+                for lane in &snap.lanes {
+                    self.admission_queued
+                        .get_or_create(&LaneLabels {
+                            pool: pool.name.clone(),
+                            lane: Arc::from(lane.name.as_str()),
+                        })
+                        .set(lane.queued as i64);
+                }
+            }
+            let signal = pool.signal(now);
+            for s in [PoolSignal::Ready, PoolSignal::Busy, PoolSignal::Down] {
+                self.pool_state
+                    .get_or_create(&PoolStateLabels {
+                        pool: pool.name.clone(),
+                        state: s.as_str(),
+                    })
+                    .set(i64::from(s == signal));
+            }
+            if pool.checks.is_some() {
+                for server in &pool.servers {
+                    let state = server.health();
+                    for h in [HealthState::Healthy, HealthState::Slow, HealthState::Dead] {
+                        self.upstream_health
+                            .get_or_create(&ServerStateLabels {
+                                pool: pool.name.clone(),
+                                server: server.addr.to_string(),
+                                state: h.as_str(),
+                            })
+                            .set(i64::from(h == state));
+                    }
+                }
+            }
+        }
     }
 
     pub fn refused(&self, reason: &'static str) {

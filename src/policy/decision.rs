@@ -42,6 +42,14 @@ pub enum RejectReason {
     BadRequest(&'static str),
     /// weir is draining and takes no new requests on this connection.
     Draining,
+    /// The upstream pool is full: the admission queue shed the request
+    /// (`admission_queue_full`, `admission_deadline_exceeded`,
+    /// `admission_lower_lane_shed`), or no server is alive for a request
+    /// that is not an idempotent read (`no_healthy_upstream`).
+    Shed {
+        reason: &'static str,
+        retry_after: Duration,
+    },
 }
 
 impl RejectReason {
@@ -52,7 +60,7 @@ impl RejectReason {
             }
             RejectReason::NoRoute => StatusCode::NOT_FOUND,
             RejectReason::BadRequest(_) => StatusCode::BAD_REQUEST,
-            RejectReason::Draining => StatusCode::SERVICE_UNAVAILABLE,
+            RejectReason::Draining | RejectReason::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -62,6 +70,7 @@ impl RejectReason {
                 Some(Duration::from_secs(1))
             }
             RejectReason::Rule(r) => Some(r.retry_after),
+            RejectReason::Shed { retry_after, .. } => Some(*retry_after),
             RejectReason::NoRoute | RejectReason::BadRequest(_) => None,
         }
     }
@@ -74,6 +83,7 @@ impl RejectReason {
             RejectReason::NoRoute => "no_route",
             RejectReason::BadRequest(_) => "bad_request",
             RejectReason::Draining => "draining",
+            RejectReason::Shed { reason, .. } => reason,
         }
     }
 }

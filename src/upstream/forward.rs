@@ -24,6 +24,9 @@ pub enum ForwardError {
     /// The pool has no server to try.
     #[error("no server to send to")]
     NoServer,
+    /// Every server is dead and the request is not an idempotent read.
+    #[error("no healthy server, and the request is not an idempotent read")]
+    NoHealthyServer,
     /// Nothing was sent: the connection could not be made. Safe to retry.
     #[error("connect to {server} failed: {source}")]
     Connect {
@@ -49,6 +52,7 @@ impl ForwardError {
     pub fn status(&self) -> StatusCode {
         match self {
             ForwardError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ForwardError::NoHealthyServer => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
@@ -57,6 +61,7 @@ impl ForwardError {
     pub fn kind(&self) -> &'static str {
         match self {
             ForwardError::NoServer => "no_server",
+            ForwardError::NoHealthyServer => "no_healthy_server",
             ForwardError::Connect { .. } => "connect",
             ForwardError::Timeout { .. } => "timeout",
             ForwardError::Exchange { source, .. } => {

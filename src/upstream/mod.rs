@@ -3,9 +3,12 @@
 //! Owns the connections to upstream servers (keep-alive pooled by hyper-util's
 //! client), choosing a server per request, rewriting headers for the hop, and
 //! classifying failures (connect, timeout, reset) by side and retry safety.
-//! It does not decide whether a request may go upstream; that is policy's and
-//! (later) admission's job.
+//! Per server it keeps health (active checks and passive outcomes), slow
+//! start and, per pool, the retry budget and admission queue. It does not
+//! decide whether a request may go upstream; that is policy's and
+//! admission's job.
 
+pub mod checks;
 pub mod forward;
 pub mod health;
 pub mod pool;
@@ -13,4 +16,4 @@ pub mod retry_budget;
 pub mod slow_start;
 
 pub use forward::{ForwardError, ForwardingHeaders, Hop};
-pub use pool::{Pool, Server, ServerGuard};
+pub use pool::{NoServer, Pool, Server, ServerGuard};

@@ -66,3 +66,7 @@ mod challenge_proxy;
 // In-place upgrades under load (fd hand-off and limiter state), failed
 // upgrades, SIGTERM/SIGQUIT, socket activation, start-up budget.
 mod upgrade;
+// Admission queue (lanes, fair share, shedding with Retry-After), upstream
+// health (slow, dead, panic mode), slow start and the retry budget, against
+// the simulated app.
+mod admission;

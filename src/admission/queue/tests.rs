@@ -386,3 +386,19 @@ fn types_cross_tasks() {
     let fut = q.acquire(Lane::PASS, key(10, 0, 0, 1), Instant::now());
     send(&fut);
 }
+
+#[tokio::test(start_paused = true)]
+async fn capacity_caps_the_limit_and_raising_it_grants_waiters() {
+    let q = queue(4);
+    q.set_capacity(Some(1));
+    assert_eq!(q.limit(), 1);
+    let _p1 = now_acquire(&q, Lane::PASS, key(10, 0, 0, 1)).await.unwrap();
+    let w = wait(&q, Lane::PASS, key(10, 1, 0, 1), secs(10));
+    settle().await;
+    assert_eq!(q.snapshot().queued(), 1, "capacity 1 is in use");
+    q.set_capacity(Some(2));
+    let p2 = w.await.unwrap().unwrap();
+    assert_eq!(p2.lane(), Lane::PASS);
+    q.set_capacity(None);
+    assert_eq!(q.limit(), 4);
+}

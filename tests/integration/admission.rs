@@ -1,0 +1,721 @@
+//! Admission and upstream health end to end, against the simulated app
+//! (`SimApp`: W workers, a bounded backlog, per-path service times) over real
+//! sockets, with clients on distinct 127.x.y.z addresses.
+//!
+//! What each test proves:
+//! - `overload_waits_then_sheds_only_the_lowest_lane`: at several times the
+//!   app's capacity the app never has more than its workers in flight and
+//!   never refuses a connection; only anonymous expensive requests get
+//!   `503` + `Retry-After`; cheap pages all succeed.
+//! - `verified_lane_waits_little_while_anonymous_is_shed`: a signed session
+//!   cookie puts a request in the top lane, whose p99 queue wait stays under
+//!   a second while anonymous expensive requests are shed.
+//! - `one_big_network_gets_one_share`: 1,000 addresses of one /16 get about
+//!   one network's share against 50 small /16s, not the majority their
+//!   numbers would take first come, first served.
+//! - `slow_dead_and_panic`: checks timing out while requests succeed mean
+//!   *slow* (still used); a killed server is *dead* within the configured
+//!   time; when all are dead, GETs are still served and POSTs get `503`.
+//! - `new_server_slow_starts`: a server added by a reload that starts with
+//!   2 workers and grows one per second is never sent more than it can take.
+//! - `retry_budget_caps_retries`: with half the connects refused, retries stay
+//!   within 20% of requests and the rest fail fast.
+//!
+//! Timing is loose on purpose (a shared 2-core machine): every test bounds
+//! its own run time and asserts counts, not latencies, except the verified
+//! lane's p99 wait, which has a wide margin.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use http::{Request, StatusCode};
+use weir::identity::session::{SignedCookie, SigningKeys};
+use weir::lab::app::{AppConfig, ClassRule, ServiceTime, SimApp};
+
+use crate::fixtures::*;
+
+const KEY: &str = "0123456789abcdef0123456789abcdef-admission";
+
+/// 127.a.b.c
+fn ip(a: u8, b: u8, c: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, a, b, c))
+}
+
+fn fixed(ms: f64) -> ServiceTime {
+    ServiceTime::Fixed { ms }
+}
+
+/// An app with `workers` workers, `backlog` backlog, pages taking `page_ms`
+/// and `?search` requests taking `expensive_ms`.
+fn app(workers: usize, backlog: usize, page_ms: f64, expensive_ms: f64) -> SimApp {
+    SimApp::start(
+        AppConfig {
+            workers,
+            backlog,
+            default_service: fixed(page_ms),
+            classes: vec![ClassRule {
+                class: "expensive".into(),
+                path_prefix: None,
+                query_key: Some("search".into()),
+                service: fixed(expensive_ms),
+            }],
+            health_service: fixed(1.0),
+            ..AppConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap()
+}
+
+/// One client's results: (status, retry-after present, x-weir-reason).
+type Answer = (u16, bool, String);
+
+/// Sends GETs of `path` from `source` on one keep-alive connection until
+/// `stop`, with `cookie` if not empty.
+async fn client_loop(
+    source: IpAddr,
+    to: SocketAddr,
+    path: &'static str,
+    cookie: String,
+    stop: Arc<AtomicBool>,
+) -> Vec<Answer> {
+    let mut out = Vec::new();
+    let Ok(mut c) = H1::connect(source, to).await else {
+        return out;
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let mut b = Request::get(path).header("host", "wiki.test");
+        if !cookie.is_empty() {
+            b = b.header("cookie", cookie.as_str());
+        }
+        let Ok((status, h, _)) = c.send(b.body(full("")).unwrap()).await else {
+            break;
+        };
+        out.push((
+            status.as_u16(),
+            h.contains_key("retry-after"),
+            h.get("x-weir-reason")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string(),
+        ));
+    }
+    out
+}
+
+async fn status_doc(weir: &TestWeir) -> serde_json::Value {
+    let (_, _, body) = get(weir.admin, "/status", &[]).await;
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// The health of server `addr` in `/status`.
+async fn health_of(weir: &TestWeir, addr: SocketAddr) -> String {
+    let doc = status_doc(weir).await;
+    doc["pools"][0]["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["address"] == addr.to_string())
+        .map(|s| s["health"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// Polls `cond` every 50 ms until it holds or `within` passes; returns how
+/// long it took.
+async fn until<F, Fut>(within: Duration, mut cond: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if cond().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+fn overload_config(app: SocketAddr, expensive_timeout: &str) -> String {
+    format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+
+[pools.app]
+servers = ["{app}"]
+
+[pools.app.admission]
+max_in_flight = 3
+workers = 4
+queue_timeout = "5s"
+
+[[routes]]
+pool = "app"
+class = "expensive"
+query_keys = ["search"]
+
+[[routes]]
+pool = "app"
+class = "page"
+
+[classes.expensive]
+lane = "anonymous"
+queue_timeout = "{expensive_timeout}"
+
+[sessions.signed_cookie]
+cookie = "weir_session"
+keys = ["{KEY}"]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_waits_then_sheds_only_the_lowest_lane() {
+    // 4 workers, a backlog of 2: more than 6 requests inside the app and it
+    // resets connections, as php-fpm's listen.backlog does.
+    let app = app(4, 2, 20.0, 100.0);
+    let weir = TestWeir::start(&overload_config(app.addr(), "300ms")).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut crawlers = Vec::new();
+    // 12 closed-loop crawlers on 100 ms requests against 3 slots: 4x.
+    for i in 0..12u8 {
+        crawlers.push(tokio::spawn(client_loop(
+            ip(20, i, 1),
+            weir.addr,
+            "/w/index.php?search=x",
+            String::new(),
+            stop.clone(),
+        )));
+    }
+    let mut readers = Vec::new();
+    for i in 0..3u8 {
+        readers.push(tokio::spawn(client_loop(
+            ip(30, i, 1),
+            weir.addr,
+            "/wiki/Page",
+            String::new(),
+            stop.clone(),
+        )));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut crawled = Vec::new();
+    for c in crawlers {
+        crawled.extend(c.await.unwrap());
+    }
+    let mut read = Vec::new();
+    for r in readers {
+        read.extend(r.await.unwrap());
+    }
+
+    let snap = app.snapshot();
+    assert!(
+        snap.max_in_flight <= 4,
+        "app had {} in flight",
+        snap.max_in_flight
+    );
+    assert_eq!(snap.refused, 0, "the app's backlog never overflowed");
+    assert!(
+        !read.is_empty() && read.iter().all(|a| a.0 == 200),
+        "pages: {read:?}"
+    );
+    let shed: Vec<&Answer> = crawled.iter().filter(|a| a.0 == 503).collect();
+    assert!(!shed.is_empty(), "4x overload sheds something");
+    assert!(
+        shed.iter().all(|a| a.1 && a.2.starts_with("admission_")),
+        "503s carry Retry-After and an admission reason: {shed:?}"
+    );
+    assert!(
+        crawled.iter().all(|a| a.0 == 200 || a.0 == 503),
+        "only 200 or 503, never 502: {:?}",
+        crawled
+            .iter()
+            .filter(|a| a.0 != 200 && a.0 != 503)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        crawled.iter().any(|a| a.0 == 200),
+        "crawlers are served too"
+    );
+
+    let log = weir.access_log(read.len() + crawled.len()).await;
+    let shed_lanes: Vec<&str> = log
+        .iter()
+        .filter(|l| l["status"] == 503)
+        .map(|l| l["lane"].as_str().unwrap_or("none"))
+        .collect();
+    assert!(
+        shed_lanes.iter().all(|l| *l == "anonymous"),
+        "{shed_lanes:?}"
+    );
+    assert!(
+        log.iter()
+            .any(|l| l["lane"] == "pass" && l["status"] == 200)
+    );
+    let m = weir.metrics().await;
+    assert!(
+        metric(
+            &m,
+            "weir_admission_shed_total{pool=\"app\",lane=\"anonymous\",reason=\"deadline_exceeded\"}"
+        ) + metric(
+            &m,
+            "weir_admission_shed_total{pool=\"app\",lane=\"anonymous\",reason=\"queue_full\"}"
+        ) >= shed.len() as f64,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "weir_admission_limit{pool=\"app\"}"), 3.0);
+    drop(weir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verified_lane_waits_little_while_anonymous_is_shed() {
+    let app = app(4, 2, 20.0, 100.0);
+    let weir = TestWeir::start(&overload_config(app.addr(), "300ms")).await;
+    let signer = SignedCookie::new("weir_session", SigningKeys::new(&[KEY]).unwrap());
+    let expires = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut crawlers = Vec::new();
+    for i in 0..12u8 {
+        crawlers.push(tokio::spawn(client_loop(
+            ip(21, i, 1),
+            weir.addr,
+            "/w/index.php?search=x",
+            String::new(),
+            stop.clone(),
+        )));
+    }
+    let mut editors = Vec::new();
+    for i in 0..2u8 {
+        let cookie = format!(
+            "weir_session={}",
+            signer.issue(&format!("editor{i}"), expires).unwrap()
+        );
+        // Editors ask for the same expensive pages as the crawlers.
+        editors.push(tokio::spawn(client_loop(
+            ip(31, i, 1),
+            weir.addr,
+            "/w/index.php?search=x",
+            cookie,
+            stop.clone(),
+        )));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut crawled = Vec::new();
+    for c in crawlers {
+        crawled.extend(c.await.unwrap());
+    }
+    let mut edited = Vec::new();
+    for e in editors {
+        edited.extend(e.await.unwrap());
+    }
+    assert!(crawled.iter().any(|a| a.0 == 503), "anonymous is shed");
+    assert!(
+        !edited.is_empty() && edited.iter().all(|a| a.0 == 200),
+        "verified never shed: {edited:?}"
+    );
+    let log = weir.access_log(crawled.len() + edited.len()).await;
+    let mut waits: Vec<f64> = log
+        .iter()
+        .filter(|l| l["lane"] == "verified")
+        .map(|l| l["queue_ms"].as_f64().unwrap())
+        .collect();
+    assert_eq!(waits.len(), edited.len());
+    waits.sort_by(f64::total_cmp);
+    let p99 = waits[(waits.len() * 99 / 100).min(waits.len() - 1)];
+    assert!(p99 < 1000.0, "verified p99 queue wait {p99} ms");
+    assert_eq!(app.snapshot().refused, 0);
+    drop(weir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_big_network_gets_one_share() {
+    // 2 slots of 50 ms: ~40 requests/s for everyone.
+    let app = app(3, 2, 50.0, 50.0);
+    let weir = TestWeir::start(&format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+
+[pools.app]
+servers = ["{}"]
+
+[pools.app.admission]
+max_in_flight = 2
+workers = 3
+queue_timeout = "1s"
+max_queued = 400
+"#,
+        app.addr()
+    ))
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let to = weir.addr;
+    // One /16 (127.200.0.0/16) with 1,000 addresses, each sending rarely:
+    // 150 tasks, each cycling over its own addresses, one request per
+    // connection.
+    let mut big = Vec::new();
+    for t in 0..150u16 {
+        let stop = stop.clone();
+        big.push(tokio::spawn(async move {
+            let (mut ok, mut sent) = (0u32, 0u32);
+            let mut n = t;
+            while !stop.load(Ordering::Relaxed) {
+                let addr = 1000 + (n % 1000);
+                let ip = IpAddr::V4(Ipv4Addr::new(
+                    127,
+                    200,
+                    (addr / 250) as u8,
+                    (addr % 250) as u8 + 1,
+                ));
+                n += 150;
+                let Ok(mut c) = H1::connect(ip, to).await else {
+                    continue;
+                };
+                let req = Request::get("/page")
+                    .header("host", "t")
+                    .body(full(""))
+                    .unwrap();
+                if let Ok((s, _, _)) = c.send(req).await {
+                    sent += 1;
+                    ok += u32::from(s == StatusCode::OK);
+                }
+            }
+            (ok, sent)
+        }));
+    }
+    // 50 /16s (127.1.0.0 .. 127.50.0.0) with 3 addresses each, one client each.
+    let mut small = Vec::new();
+    for net in 1..=50u8 {
+        for host in 1..=3u8 {
+            let stop = stop.clone();
+            small.push(tokio::spawn(async move {
+                let ip = IpAddr::V4(Ipv4Addr::new(127, net, 0, host));
+                let answers = client_loop(ip, to, "/page", String::new(), stop).await;
+                (net, answers.iter().filter(|a| a.0 == 200).count() as u32)
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut big_ok, mut big_sent) = (0, 0);
+    for b in big {
+        let (o, s) = b.await.unwrap();
+        big_ok += o;
+        big_sent += s;
+    }
+    let mut small_ok = 0;
+    for s in small {
+        small_ok += s.await.unwrap().1;
+    }
+    let total = big_ok + small_ok;
+    assert!(total >= 40, "served {total}");
+    assert!(big_sent > 100, "the big network kept asking: {big_sent}");
+    // Fair share is 1/51 (2%); first come, first served would give the
+    // big network about 150/300 of the queue. Allow 4x the fair share.
+    let share = big_ok as f64 / total as f64;
+    assert!(
+        share < 4.0 / 51.0,
+        "big /16 got {big_ok} of {total} ({share:.3}); small networks {small_ok}"
+    );
+    assert_eq!(app.snapshot().refused, 0);
+    drop(weir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_dead_and_panic() {
+    // A's checks take 200 ms and time out at 50 ms; its pages take 5 ms.
+    let a = SimApp::start(
+        AppConfig {
+            workers: 6,
+            backlog: 8,
+            default_service: fixed(5.0),
+            health_service: fixed(200.0),
+            ..AppConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    let b = app(4, 8, 5.0, 5.0);
+    let (a_addr, b_addr) = (a.addr(), b.addr());
+    let weir = TestWeir::start(&format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+
+[pools.app]
+servers = ["{a_addr}", "{b_addr}"]
+
+[pools.app.admission]
+max_in_flight = 8
+workers = 10
+
+[pools.app.health]
+path = "/healthz"
+interval = "100ms"
+timeout = "50ms"
+fall = 2
+rise = 2
+silence = "1s"
+"#
+    ))
+    .await;
+
+    // Traffic while A's checks time out: A is slow, not dead, and still used.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = tokio::spawn(client_loop(
+        ip(40, 0, 1),
+        weir.addr,
+        "/page",
+        String::new(),
+        stop.clone(),
+    ));
+    let slow = until(Duration::from_secs(5), || async {
+        health_of(&weir, a_addr).await == "slow"
+    })
+    .await;
+    assert!(
+        slow.is_some(),
+        "A never became slow: {}",
+        status_doc(&weir).await
+    );
+    assert_eq!(health_of(&weir, b_addr).await, "healthy");
+
+    // B is killed: dead within fall x interval (+ generous slack).
+    b.kill().await;
+    let dead = until(Duration::from_secs(3), || async {
+        health_of(&weir, b_addr).await == "dead"
+    })
+    .await;
+    assert!(dead.is_some(), "B not dead: {}", status_doc(&weir).await);
+
+    // Only A is left, slow: it takes all the traffic and stays slow.
+    let served_when_alone = a.snapshot().class("page");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        a.snapshot().class("page") > served_when_alone,
+        "a slow server keeps traffic"
+    );
+    assert_eq!(
+        health_of(&weir, a_addr).await,
+        "slow",
+        "slow is never dead while answering"
+    );
+    stop.store(true, Ordering::Relaxed);
+    let answers = traffic.await.unwrap();
+    // One client, one request at a time: at most the request in flight on
+    // B when it was killed is cut (it was sent, so it is not retried);
+    // connect failures after that were retried on A.
+    let failed: Vec<&Answer> = answers.iter().filter(|a| a.0 != 200).collect();
+    assert!(failed.len() <= 1, "{failed:?}");
+    assert!(answers.len() > 20, "traffic ran: {}", answers.len());
+
+    // No traffic: A's checks keep timing out and it falls silent: all dead.
+    let panic = until(Duration::from_secs(5), || async {
+        status_doc(&weir).await["pools"][0]["mode"] == "panic"
+    })
+    .await;
+    assert!(panic.is_some(), "{}", status_doc(&weir).await);
+    let (s, _, body) = get(weir.admin, "/readyz/pools/app", &[]).await;
+    assert_eq!(
+        (s, body.as_slice()),
+        (StatusCode::SERVICE_UNAVAILABLE, &b"down\n"[..])
+    );
+    assert_eq!(get(weir.admin, "/livez", &[]).await.0, StatusCode::OK);
+    let (_, _, ready) = get(weir.admin, "/readyz", &[]).await;
+    assert!(String::from_utf8_lossy(&ready).contains("pool app down"));
+
+    // Panic mode: a write gets 503 at once, a read still reaches A.
+    let mut c = H1::connect(ip(40, 0, 2), weir.addr).await.unwrap();
+    let (s, h, _) = c
+        .send(
+            Request::post("/page")
+                .header("host", "t")
+                .body(full("x"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(h["x-weir-reason"], "no_healthy_upstream");
+    assert!(h.contains_key("retry-after"));
+    let (s, _, _) = c
+        .send(
+            Request::get("/page")
+                .header("host", "t")
+                .body(full(""))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "panic mode serves reads");
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(&m, "weir_pool_state{pool=\"app\",state=\"down\"}"),
+        1.0,
+        "{m}"
+    );
+    assert!(
+        metric(
+            &m,
+            "weir_health_checks_total{pool=\"app\",result=\"timeout\"}"
+        ) >= 2.0
+    );
+    drop(weir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_server_slow_starts() {
+    let warm = app(8, 8, 50.0, 50.0);
+    // Incident 2's replacement: 2 workers, +1 per second, here a backlog of
+    // 1, so anything beyond workers + 1 is refused.
+    let fresh = SimApp::start(
+        AppConfig {
+            workers: 8,
+            backlog: 1,
+            start_workers: Some(2),
+            warmup_step_ms: 1000,
+            default_service: fixed(50.0),
+            ..AppConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    let config = |servers: &str| {
+        format!(
+            r#"[[listeners]]
+address = "127.0.0.1:0"
+
+[process]
+watch_config = false
+
+[pools.app]
+servers = [{servers}]
+
+[pools.app.admission]
+max_in_flight = 14
+workers = 16
+queue_timeout = "10s"
+slow_start = "8s"
+"#
+        )
+    };
+    let weir = TestWeir::start(&config(&format!("\"{}\"", warm.addr()))).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for i in 0..30u8 {
+        clients.push(tokio::spawn(client_loop(
+            ip(50, i, 1),
+            weir.addr,
+            "/page",
+            String::new(),
+            stop.clone(),
+        )));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The replacement joins the pool by a reload.
+    std::fs::write(
+        &weir.config_path,
+        config(&format!("\"{}\", \"{}\"", warm.addr(), fresh.addr())),
+    )
+    .unwrap();
+    let mut admin = H1::connect(ip(0, 0, 1), weir.admin).await.unwrap();
+    let (s, _, body) = admin
+        .send(
+            Request::post("/reload")
+                .header("host", "a")
+                .body(full(""))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let doc = status_doc(&weir).await;
+    assert!(
+        doc["pools"][0]["servers"][1]["slow_start_cap"]
+            .as_u64()
+            .is_some(),
+        "{doc}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for c in clients {
+        answers.extend(c.await.unwrap());
+    }
+    let fresh_snap = fresh.snapshot();
+    assert_eq!(fresh_snap.refused, 0, "never sent more than it could take");
+    assert!(
+        fresh_snap.served > 10,
+        "the new server took traffic: {fresh_snap:?}"
+    );
+    assert!(
+        answers.iter().all(|a| a.0 == 200),
+        "{:?}",
+        answers
+            .iter()
+            .filter(|a| a.0 != 200)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(warm.snapshot().refused, 0);
+    drop(weir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_budget_caps_retries() {
+    let good = Upstream::start().await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let weir = TestWeir::start(&format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+
+[pools.app]
+servers = ["{closed}", "{}"]
+balance = "round_robin"
+
+[pools.app.retry_budget]
+ratio = 0.2
+min_per_second = 0
+"#,
+        good.addr
+    ))
+    .await;
+    let mut c = H1::connect(ip(60, 0, 1), weir.addr).await.unwrap();
+    let (mut ok, mut bad) = (0, 0);
+    for _ in 0..40 {
+        let (s, _, _) = c
+            .send(
+                Request::get("/x")
+                    .header("host", "t")
+                    .body(full(""))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        match s {
+            StatusCode::OK => ok += 1,
+            StatusCode::BAD_GATEWAY => bad += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let m = weir.metrics().await;
+    let retries = metric(&m, "weir_upstream_retries_total{pool=\"app\"}");
+    let denied = metric(&m, "weir_upstream_retries_denied_total{pool=\"app\"}");
+    assert!(
+        retries <= 8.0,
+        "at most 20% of 40 requests retried: {retries}"
+    );
+    assert!(denied >= 5.0, "the budget said no: {denied}");
+    assert_eq!(bad as f64, denied, "every denied retry is a fast 502");
+    assert_eq!(ok + bad, 40);
+    drop(weir);
+}
