@@ -339,7 +339,6 @@ async fn weir_fixture_times_out_without_ready_file() {
 /// The real binary against the fixture's contract: bound, proxying, access log
 /// on stdout, clean exit on SIGTERM.
 #[tokio::test]
-#[ignore = "needs `weir run` with --ready-file (lead); remove this line when it lands"]
 async fn weir_binary_runs_proxies_and_drains_on_term() {
     let upstream = HttpUpstream::echo_headers().await.expect("upstream");
     let mut weir = Weir::builder()
