@@ -170,3 +170,128 @@ fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
+    use std::time::Duration;
+    use weir::lab::app::{AppConfig, SimApp};
+    let app = SimApp::start(
+        AppConfig {
+            workers: 2,
+            backlog: 64,
+            time_scale: 0.01,
+            ..Default::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    let cfg = format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{}"]
+[pools.app.admission]
+max_in_flight = 1
+workers = 2
+queue_timeout = "20s"
+[[routes]]
+pool = "app"
+class = "page"
+[classes.page]
+challenge = "under_pressure"
+[challenge]
+keys = ["{KEY}"]
+difficulty = 8
+[challenge.pressure]
+queue_depth = 4
+engage_after = "0s"
+disengage_after = "300ms"
+"#,
+        app.addr()
+    );
+    let weir = TestWeir::start(&cfg).await;
+
+    // Calm: a navigation goes straight through.
+    assert_eq!(
+        get_from(ip("127.101.0.1"), weir.addr, "/wiki/A", &NAV)
+            .await
+            .0,
+        200
+    );
+
+    // Pressure: the app stalls, requests queue in weir's admission.
+    app.stall();
+    let mut waiting = Vec::new();
+    for i in 0..8u8 {
+        let addr = weir.addr;
+        waiting.push(tokio::spawn(async move {
+            get_from(
+                format!("127.101.1.{}", i + 1).parse().unwrap(),
+                addr,
+                "/api/feed.json",
+                &[],
+            )
+            .await
+            .0
+        }));
+    }
+    let weir_ref = &weir;
+    let mut challenged = false;
+    for _ in 0..100 {
+        let (status, h, _) = get_from(ip("127.101.2.1"), weir_ref.addr, "/wiki/B", &NAV).await;
+        if status == 429 && h.contains_key("x-weir-challenge") {
+            challenged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        challenged,
+        "a navigation is challenged while the queue is deep"
+    );
+
+    // An API request during the same pressure is never challenged: it waits
+    // for admission like before (and is answered once the app recovers).
+    let api = {
+        let addr = weir.addr;
+        tokio::spawn(async move {
+            get_from(
+                ip("127.101.3.1"),
+                addr,
+                "/api/x",
+                &[("accept", "application/json")],
+            )
+            .await
+        })
+    };
+
+    // The pressure passes: the app recovers, the queue drains, and after the
+    // calm period navigations are no longer challenged.
+    app.unstall();
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), 200);
+    }
+    let (status, h, _) = api.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(!h.contains_key("x-weir-challenge"));
+    let mut calm = false;
+    for _ in 0..100 {
+        let (status, _, _) = get_from(ip("127.101.4.1"), weir_ref.addr, "/wiki/C", &NAV).await;
+        if status == 200 {
+            calm = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(calm, "challenges stop after the pressure passes");
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(&m, "weir_challenge_engaged{pool=\"app\"}"),
+        0.0,
+        "{m}"
+    );
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}
