@@ -50,6 +50,9 @@ pub struct Runtime {
     shared: std::sync::OnceLock<Arc<SharedLimiter>>,
     /// Shared-limiter counters already exported (deltas go to the metrics).
     shared_exported: Mutex<SharedStats>,
+    /// Set when the expected limiter state was not restored and the
+    /// configuration says not to report ready.
+    pub state_missing: std::sync::atomic::AtomicBool,
     /// Challenge pressure state per pool (hysteresis), kept across reloads.
     pressure: Mutex<HashMap<Arc<str>, crate::challenge::pressure::Pressure>>,
     /// Distinct clients rejected per rule in the current minute.
@@ -110,6 +113,7 @@ impl Runtime {
                 .expect("a constant, non-zero store size is valid"),
             rejected_clients: Mutex::new(HashMap::new()),
             pressure: Mutex::new(HashMap::new()),
+            state_missing: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::OnceLock::new(),
             shared_exported: Mutex::new(SharedStats::default()),
         })

@@ -84,7 +84,28 @@ pub fn restore(rt: &Runtime) -> Restored {
         }
     };
     rt.metrics.state_restored_keys.set(outcome.keys() as i64);
+    expect(rt, &outcome);
     outcome
+}
+
+/// Applies `state.expect_restored` to what the restore found.
+pub fn expect(rt: &Runtime, outcome: &Restored) {
+    use crate::config::ExpectRestored;
+    let mode = rt.gateway.load().loaded.config.state.expect_restored;
+    let missing = matches!(outcome, Restored::Missing(_) | Restored::Unreadable(_));
+    if !missing || mode == ExpectRestored::Off {
+        return;
+    }
+    tracing::error!(
+        ?mode,
+        "expected limiter state from the previous generation and found none: \
+         limits start from zero (check that state.snapshot_file is on a shared volume \
+         and that the old generation was stopped with SIGTERM)"
+    );
+    if mode == ExpectRestored::NotReady {
+        rt.state_missing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Writes the snapshot now; returns the number of keys written.

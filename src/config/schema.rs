@@ -175,6 +175,23 @@ pub struct StateConfig {
     /// Longest wait to (re)connect to Redis.
     #[serde(default = "default_redis_connect_timeout")]
     pub redis_connect_timeout: ConfigDuration,
+    /// What to do when `snapshot_file` is set but no state could be restored
+    /// at start (blue/green hand-over that lost its state, incident 2):
+    /// `warn` (default: log an error, export `weir_state_restored_keys 0`),
+    /// `not_ready` (also answer `/readyz` with 503 so an orchestrator keeps
+    /// the old generation), or `off`.
+    #[serde(default)]
+    pub expect_restored: ExpectRestored,
+}
+
+/// How weir reacts to starting without the state it expected.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpectRestored {
+    Off,
+    #[default]
+    Warn,
+    NotReady,
 }
 
 impl Default for StateConfig {
@@ -186,6 +203,7 @@ impl Default for StateConfig {
             redis_prefix: default_redis_prefix(),
             redis_command_timeout: default_redis_command_timeout(),
             redis_connect_timeout: default_redis_connect_timeout(),
+            expect_restored: ExpectRestored::default(),
         }
     }
 }

@@ -72,6 +72,14 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
                     "text/plain",
                     format!("draining\n{pools}"),
                 )
+            } else if rt.state_missing.load(std::sync::atomic::Ordering::Relaxed) {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!(
+                        "limiter state expected but not restored (state.expect_restored = \"not_ready\")\n{pools}"
+                    ),
+                )
             } else {
                 text(StatusCode::OK, "text/plain", format!("ready\n{pools}"))
             }

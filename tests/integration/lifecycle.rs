@@ -126,3 +126,29 @@ async fn drain_under_load_loses_no_request() {
     // After the drain nothing listens.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_without_the_expected_state_is_not_ready() {
+    let up = Upstream::start().await;
+    let state = tempfile::tempdir().unwrap();
+    let snap = state.path().join("missing.snap");
+    for (mode, want) in [("not_ready", 503), ("warn", 200)] {
+        let weir = TestWeir::start(&config(
+            &[up.addr],
+            &format!(
+                "[state]\nsnapshot_file = \"{}\"\nexpect_restored = \"{mode}\"\n",
+                snap.display()
+            ),
+        ))
+        .await;
+        let (status, _, body) = get(weir.admin, "/readyz", &[]).await;
+        assert_eq!(
+            status.as_u16(),
+            want,
+            "{mode}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        // Traffic is still served either way: readiness is the orchestrator's cue.
+        assert_eq!(get(weir.addr, "/", &[]).await.0, 200);
+    }
+}
