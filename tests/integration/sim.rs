@@ -152,3 +152,31 @@ fn limit_behind_a_load_balancer_needs_trusted_proxies() {
     assert_eq!(rule.by_cohort.get("humans"), None, "{rule:?}");
     assert!(report.passed());
 }
+
+#[test]
+fn crawler_flood_reproduces_under_the_incident_configs_and_weir_holds_it() {
+    let report = run_file("2026-09-23-crawler-flood.toml");
+    for variant in ["original", "emergency", "recommended"] {
+        let results = check_results(&report, variant);
+        assert!(!results.is_empty(), "{variant} has checks");
+        assert!(
+            results.iter().all(|(_, passed)| *passed),
+            "{variant}: {results:?}\n{}",
+            report.to_text()
+        );
+    }
+    assert!(report.passed());
+}
+
+#[test]
+fn container_replacement_warming_pool_is_not_flooded() {
+    let report = run_file("2026-10-04-container-replacement.toml");
+    for variant in ["original", "recommended"] {
+        let results = check_results(&report, variant);
+        assert!(
+            results.iter().all(|(_, passed)| *passed),
+            "{variant}: {results:?}\n{}",
+            report.to_text()
+        );
+    }
+}
