@@ -25,8 +25,6 @@ pub enum Refusal {
     GlobalCap,
     /// This client address already holds `limits.max_connections_per_ip`.
     PerIpCap,
-    /// weir is draining.
-    Draining,
 }
 
 impl Refusal {
@@ -34,7 +32,6 @@ impl Refusal {
         match self {
             Refusal::GlobalCap => "global_cap",
             Refusal::PerIpCap => "per_ip_cap",
-            Refusal::Draining => "draining",
         }
     }
 }
@@ -301,9 +298,6 @@ impl ConnTracker {
     /// a trusted proxy (its clients are counted after PROXY protocol, and by
     /// request-level limits).
     pub fn try_open(self: &Arc<Self>, cap_ip: Option<IpAddr>) -> Result<ConnGuard, Refusal> {
-        if self.draining.load(Ordering::Relaxed) {
-            return Err(Refusal::Draining);
-        }
         let limits = self.limits();
         if self.open.load(Ordering::Relaxed) >= limits.max_connections && self.shed_idle(1) == 0 {
             return Err(Refusal::GlobalCap);
@@ -332,6 +326,12 @@ impl ConnTracker {
         });
         reg.conns.insert(state.id, state.clone());
         drop(reg);
+        // Accepted while a drain began (the accept loop is stopping, or a new
+        // process now accepts on the same socket): serve the request the
+        // client already sent, then close.
+        if self.draining.load(Ordering::Relaxed) {
+            state.give(Command::Graceful, "drain");
+        }
         self.open.fetch_add(1, Ordering::Relaxed);
         self.metrics.connections_open.inc();
         Ok(ConnGuard {
@@ -511,11 +511,14 @@ mod tests {
     }
 
     #[test]
-    fn draining_refuses_and_signals() {
+    fn draining_closes_after_the_request_in_hand() {
         let t = tracker(10, 10);
         let c = t.try_open(ip("127.0.0.2")).unwrap();
         t.drain();
         assert_eq!(c.state.command(), Command::Graceful);
-        assert_eq!(t.try_open(ip("127.0.0.3")).unwrap_err(), Refusal::Draining);
+        // A connection accepted as the drain began is served once, then closed.
+        let late = t.try_open(ip("127.0.0.3")).unwrap();
+        assert_eq!(late.state.command(), Command::Graceful);
+        assert_eq!(late.state.close_reason(), Some("drain"));
     }
 }

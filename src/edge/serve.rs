@@ -67,7 +67,7 @@ macro_rules! drive {
 }
 
 /// How long a connection asked to close may still bring its first request.
-const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Accepts connections on `listener` until `stop` turns true.
 pub async fn accept_loop(
