@@ -243,7 +243,11 @@ def start_weir(workdir, upstream_port, weir_bin, pin):
             s.stop()
             raise RuntimeError(f"no ready file after {START_DEADLINE}s\n{read_logs(s.logs)}")
         time.sleep(0.05)
-    wait_port(s.port, s.proc, START_DEADLINE, s.logs)
+    try:
+        wait_port(s.port, s.proc, START_DEADLINE, s.logs)
+    except Exception:
+        s.stop()
+        raise
     return s
 
 
