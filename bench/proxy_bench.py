@@ -214,7 +214,9 @@ def start_weir(workdir, upstream_port, weir_bin, pin):
         f.write(
             '[[listeners]]\naddress = "127.0.0.1:0"\n\n[admin]\naddress = "127.0.0.1:0"\n\n'
             '[access_log]\ntarget = "/dev/null"\n\n'
-            f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\n\n'
+            f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\n'
+            # Idle upstream connections kept, as nginx's `keepalive 1024`.
+            'max_idle_per_server = 1024\n\n'
             '[[routes]]\npool = "app"\nclass = "page"\n\n'
             # wrk is one address holding up to 1,000 connections: weir's
             # per-address defaults (256 connections, 128 in flight) would
