@@ -167,6 +167,8 @@ pub struct CohortStats {
     lags_us: Mutex<Vec<u32>>,
     /// Requests served after the client solved a challenge.
     challenges_solved: AtomicU64,
+    /// Latency of those requests, challenge and retry included, microseconds.
+    solved_latencies_us: Mutex<Vec<u32>>,
 }
 
 /// A plain copy of a cohort's counters.
@@ -182,6 +184,9 @@ pub struct CohortTotals {
     /// Requests answered after the client solved a challenge (counted in
     /// their final outcome, e.g. `served`).
     pub challenges_solved: u64,
+    /// Latency of served requests that went through a challenge
+    /// (page, proof of work, answer, retry), microseconds, sorted.
+    pub solved_latencies_us: Vec<u32>,
 }
 
 impl CohortTotals {
@@ -205,6 +210,7 @@ impl CohortStats {
             latencies_us: Mutex::new(Vec::new()),
             lags_us: Mutex::new(Vec::new()),
             challenges_solved: AtomicU64::new(0),
+            solved_latencies_us: Mutex::new(Vec::new()),
         }
     }
 
@@ -255,6 +261,15 @@ impl CohortStats {
                 .map(|b| std::array::from_fn(|i| b[i].load(Ordering::Relaxed)))
                 .collect(),
             challenges_solved: self.challenges_solved.load(Ordering::Relaxed),
+            solved_latencies_us: {
+                let mut v = self
+                    .solved_latencies_us
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                v.sort_unstable();
+                v
+            },
         }
     }
 }
@@ -302,6 +317,7 @@ pub async fn run_client(
     let mut jar = CookieJar::default();
     let mut first = true;
     let mut latencies = Vec::new();
+    let mut solved_latencies = Vec::new();
     let mut lags = Vec::new();
     let mut cancel = ctx.cancel.clone();
 
@@ -376,6 +392,9 @@ pub async fn run_client(
         stats.record(bucket, result.outcome, result.reached_app);
         if result.solved_challenge {
             stats.challenges_solved.fetch_add(1, Ordering::Relaxed);
+            if result.outcome == Outcome::Served {
+                solved_latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            }
         }
         if result.outcome == Outcome::Served {
             latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
@@ -400,6 +419,7 @@ pub async fn run_client(
         m.lock().unwrap_or_else(PoisonError::into_inner).extend(v)
     };
     lock(&stats.latencies_us, latencies);
+    lock(&stats.solved_latencies_us, solved_latencies);
     lock(&stats.lags_us, lags);
 }
 

@@ -56,6 +56,10 @@ pub struct CohortReport {
     /// Requests answered after the client solved a challenge (already
     /// counted in their outcome: a solved challenge then served is served).
     pub challenges_solved: u64,
+    /// p50/p95 latency of served requests that solved a challenge first: the
+    /// extra a person pays (compare with `p50_ms`/`p95_ms`).
+    pub challenged_p50_ms: f64,
+    pub challenged_p95_ms: f64,
     /// Latency of served requests.
     pub p50_ms: f64,
     pub p95_ms: f64,
@@ -310,6 +314,18 @@ impl SimReport {
                 "  p50/p95/p99 ms",
                 cell(&|c| format!("{:.0}/{:.0}/{:.0}", c.p50_ms, c.p95_ms, c.p99_ms)),
             );
+            if cohorts.iter().flatten().any(|c| c.challenges_solved > 0) {
+                row(
+                    &mut out,
+                    "  solved challenges, p50/p95 ms",
+                    cell(&|c| {
+                        format!(
+                            "{} {:.0}/{:.0}",
+                            c.challenges_solved, c.challenged_p50_ms, c.challenged_p95_ms
+                        )
+                    }),
+                );
+            }
         }
         let up = |f: &dyn Fn(&UpstreamReport) -> String| {
             self.variants.iter().map(|v| f(&v.upstream)).collect()

@@ -180,3 +180,71 @@ fn container_replacement_warming_pool_is_not_flooded() {
         );
     }
 }
+
+const CHALLENGED: &str = r#"
+[scenario]
+name = "challenge in the lab"
+duration = "3s"
+grace = "3s"
+
+[app]
+workers = 8
+backlog = 64
+default_service = { dist = "fixed", ms = 5 }
+classes = []
+
+[health]
+enabled = false
+
+[weir.always]
+config = """
+[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{{app}}"]
+[classes.default]
+challenge = "always"
+[challenge]
+keys = ["lab-challenge-key-0123456789abcdef0123456789"]
+difficulty = 10
+"""
+
+[[cohorts]]
+kind = "humans"
+count = 5
+rate = 2
+
+[[cohorts]]
+kind = "crawlers"
+addresses = 10
+rate = 2
+headless_share = 0.3
+
+[[expect]]
+check = "humans.served >= 0.99"
+[[expect]]
+check = "humans.challenges_solved_count >= 1"
+# The lab's crawlers send `Accept: */*`: not a browser navigation, so never
+# sent a challenge page (they get the normal admission decision).
+[[expect]]
+check = "crawlers.challenged == 0"
+"#;
+
+#[test]
+fn people_solve_the_challenge_and_non_navigations_never_see_it() {
+    let scenario = load_scenario_str(CHALLENGED, None).unwrap_or_else(|e| panic!("{e}"));
+    let report = {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let results = check_results(&report, "always");
+    assert!(
+        results.iter().all(|(_, p)| *p),
+        "{results:?}\n{}",
+        report.to_text()
+    );
+    let humans = &report.variants[0].cohorts[0];
+    // The report says what the challenge cost people.
+    assert!(humans.challenged_p50_ms > 0.0, "{}", report.to_text());
+    assert!(report.to_text().contains("solved challenges"));
+}
