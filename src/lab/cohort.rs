@@ -563,19 +563,24 @@ async fn exchange(
         .uri(path)
         .header("host", &cohort.host);
     req = req.header("user-agent", &cohort.user_agent);
-    match cohort.kind {
-        CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => {
-            req = req
-                .header(
-                    "accept",
-                    "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
-                )
-                .header("accept-language", "ko-KR,ko;q=0.9,en;q=0.8")
-                .header("sec-fetch-mode", "navigate")
-                .header("sec-fetch-site", "same-origin")
-                .header("sec-fetch-dest", "document");
-        }
-        CohortKind::Crawlers | CohortKind::Flood => req = req.header("accept", "*/*"),
+    // A headless-browser crawler (it solves challenges) sends what a browser sends.
+    let browser = match cohort.kind {
+        CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => true,
+        CohortKind::Crawlers => solves,
+        CohortKind::Flood => false,
+    };
+    if browser {
+        req = req
+            .header(
+                "accept",
+                "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+            )
+            .header("accept-language", "ko-KR,ko;q=0.9,en;q=0.8")
+            .header("sec-fetch-mode", "navigate")
+            .header("sec-fetch-site", "same-origin")
+            .header("sec-fetch-dest", "document");
+    } else {
+        req = req.header("accept", "*/*");
     }
     if let Some(cookies) = jar.header() {
         req = req.header("cookie", cookies);
