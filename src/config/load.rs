@@ -174,7 +174,8 @@ pub fn load_str(
     })
 }
 
-/// FNV-1a: enough to notice that a file changed.
+/// FNV-1a: enough to notice that a file changed, and to key limits by a
+/// header or cookie value (not a defence against chosen collisions).
 pub(crate) fn digest(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {

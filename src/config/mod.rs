@@ -13,5 +13,6 @@ mod load;
 mod schema;
 
 pub use env::{Env, ProcessEnv};
+pub(crate) use load::digest;
 pub use load::{ConfigError, ConfigErrors, KeyPath, LoadedConfig, load_file, load_str};
 pub use schema::*;

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Method};
 
+use crate::config::digest;
 use crate::identity::{ClientId, Level};
 use crate::limiter::redis::RuleCheck;
 use crate::limiter::shared::SharedLimiter;
@@ -129,18 +130,18 @@ impl KeyKind {
             KeyKind::Site => (0x5173_u64, "site".to_string()),
             KeyKind::Header(name) => {
                 let v = facts.headers.get(name)?;
-                let h = fnv(v.as_bytes());
+                let h = digest(v.as_bytes());
                 // Values may be secrets (API keys): log a digest, not the value.
                 (h, format!("header:{name}#{:08x}", h as u32))
             }
             KeyKind::Cookie(name) => {
                 let v = cookie_value(facts.headers, name)?;
-                let h = fnv(v.as_bytes());
+                let h = digest(v.as_bytes());
                 (h, format!("cookie:{name}#{:08x}", h as u32))
             }
             KeyKind::User => {
                 let u = facts.user?;
-                (fnv(u.as_bytes()), format!("user:{u}"))
+                (digest(u.as_bytes()), format!("user:{u}"))
             }
             KeyKind::Token => {
                 let t = facts.pass?;
@@ -149,15 +150,6 @@ impl KeyKind {
         };
         Some((crate::limiter::key(0, self.code(), digest), shown))
     }
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 /// One level of a rate rule.
