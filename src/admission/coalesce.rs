@@ -12,7 +12,9 @@
 //! What is *anonymous* is the caller's decision (no verified session, no
 //! `Authorization`); [`CoalesceKey::for_request`] refuses requests that carry
 //! credentials or are not GET/HEAD as a second line of defence. This module
-//! does not cache: an entry lives only while its leader is in flight.
+//! does not cache: an entry lives only while its leader is in flight. It does
+//! not buffer or forward anything either; `proxy::handle` does, and decides
+//! when a request is eligible.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,9 +24,11 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use tokio::sync::watch;
 
 /// What makes two requests identical: method, authority, path and query, and
-/// the request headers a shared response commonly varies on.
+/// the request headers a shared response commonly varies on; optionally the
+/// pool it goes to (two routes may send one URL to different pools).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CoalesceKey {
+    pool: Option<Arc<str>>,
     method: Method,
     authority: String,
     path_and_query: String,
@@ -34,13 +38,26 @@ pub struct CoalesceKey {
 
 impl CoalesceKey {
     /// The key of a request, or `None` if it must never be coalesced
-    /// (not GET/HEAD, or carrying `Cookie`/`Authorization`, or a `Range`).
+    /// (not GET/HEAD, or carrying `Cookie`/`Authorization`, a `Range`, an
+    /// `Upgrade` or a condition). A conditional request is left out because
+    /// its likely `304` cannot be shared: as a leader it would make every
+    /// follower wait for nothing.
     pub fn for_request(method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<CoalesceKey> {
         if method != Method::GET && method != Method::HEAD {
             return None;
         }
-        let personal = [header::COOKIE, header::AUTHORIZATION, header::RANGE];
-        if personal.iter().any(|h| headers.contains_key(h)) {
+        let refused = [
+            header::COOKIE,
+            header::AUTHORIZATION,
+            header::RANGE,
+            header::UPGRADE,
+            header::IF_NONE_MATCH,
+            header::IF_MODIFIED_SINCE,
+            header::IF_MATCH,
+            header::IF_UNMODIFIED_SINCE,
+            header::IF_RANGE,
+        ];
+        if refused.iter().any(|h| headers.contains_key(h)) {
             return None;
         }
         let authority = uri
@@ -49,6 +66,7 @@ impl CoalesceKey {
             .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()))?
             .to_ascii_lowercase();
         Some(CoalesceKey {
+            pool: None,
             method: method.clone(),
             authority,
             path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
@@ -56,7 +74,22 @@ impl CoalesceKey {
             accept_language: headers.get(header::ACCEPT_LANGUAGE).cloned(),
         })
     }
+
+    /// The same key, for requests going to `pool` only.
+    pub fn in_pool(mut self, pool: &Arc<str>) -> CoalesceKey {
+        self.pool = Some(pool.clone());
+        self
+    }
 }
+
+/// Request headers a shared response may vary on: those in the key, and the
+/// credentials a coalesced request never carries.
+const VARY_WITHIN_KEY: [&str; 4] = [
+    "accept-encoding",
+    "accept-language",
+    "cookie",
+    "authorization",
+];
 
 /// A fully buffered response that followers may copy.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,15 +118,20 @@ pub fn shareable(
         .flat_map(|v| v.split(','))
         .map(|d| d.trim().to_ascii_lowercase())
         .any(|d| d == "private" || d == "no-store" || d.starts_with("private="));
-    let varies_on_everything = headers
-        .get_all(header::VARY)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.split(',').any(|f| f.trim() == "*"));
+    // A response that varies on a header outside the key (or on `*`) may
+    // differ between two requests with the same key: a follower could get
+    // the leader's `User-Agent` or `Accept` variant.
+    let varies_outside_key = headers.get_all(header::VARY).iter().any(|v| {
+        v.to_str().map_or(true, |v| {
+            v.split(',')
+                .map(|f| f.trim().to_ascii_lowercase())
+                .any(|f| !f.is_empty() && !VARY_WITHIN_KEY.contains(&f.as_str()))
+        })
+    });
     cacheable_status
         && !headers.contains_key(header::SET_COOKIE)
         && !cache_control_forbids
-        && !varies_on_everything
+        && !varies_outside_key
         && body_len <= max_bytes
 }
 
@@ -289,12 +327,18 @@ mod tests {
         with_cookie.insert(header::COOKIE, HeaderValue::from_static("s=1"));
         let mut with_auth = HeaderMap::new();
         with_auth.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic x"));
+        let mut conditional = HeaderMap::new();
+        conditional.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"v1\""));
+        let mut with_upgrade = HeaderMap::new();
+        with_upgrade.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         let cases = [
             (Method::GET, HeaderMap::new(), true),
             (Method::HEAD, HeaderMap::new(), true),
             (Method::POST, HeaderMap::new(), false),
             (Method::GET, with_cookie, false),
             (Method::GET, with_auth, false),
+            (Method::GET, with_upgrade, false),
+            (Method::GET, conditional, false),
         ];
         for (method, headers, want) in cases {
             let got = CoalesceKey::for_request(&method, &uri, &headers).is_some();
@@ -306,6 +350,13 @@ mod tests {
             CoalesceKey::for_request(&Method::GET, &uri, &gzip),
             CoalesceKey::for_request(&Method::GET, &uri, &HeaderMap::new()),
             "different encodings are different responses"
+        );
+        let plain = CoalesceKey::for_request(&Method::GET, &uri, &HeaderMap::new()).unwrap();
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        assert_ne!(
+            plain.clone().in_pool(&a),
+            plain.in_pool(&b),
+            "one URL sent to two pools is two requests"
         );
     }
 
@@ -333,6 +384,14 @@ mod tests {
             (200, h(&[(header::CACHE_CONTROL, "no-store")]), 10, false),
             (200, h(&[(header::CACHE_CONTROL, "no-cache")]), 10, true),
             (200, h(&[(header::VARY, "Accept-Encoding, *")]), 10, false),
+            (
+                200,
+                h(&[(header::VARY, "Accept-Encoding, Cookie")]),
+                10,
+                true,
+            ),
+            (200, h(&[(header::VARY, "user-agent")]), 10, false),
+            (200, h(&[(header::VARY, "Accept")]), 10, false),
             (200, h(&[]), 2_000_000, false),
         ];
         for (status, headers, len, want) in cases {
