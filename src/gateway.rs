@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::admission::{Lane, Lanes};
+use crate::admission::{Coalescer, Lane, Lanes};
 use crate::config::{ClientHeader, ConfigError, ConfigErrors, KeyPath, LoadedConfig};
 use crate::edge::ConnLimits;
 use crate::edge::tls;
@@ -89,6 +89,9 @@ pub struct Gateway {
     /// Admission lane and queue deadline per route class (classes not
     /// listed use [`ClassAdmission::default`]).
     pub class_admission: HashMap<String, ClassAdmission>,
+    /// In-flight leaders of each class with `coalesce = true`; carried
+    /// across reloads so a reload does not split a group in flight.
+    pub coalescers: HashMap<String, Coalescer>,
 }
 
 /// How a route class waits in its pool's admission queue.
@@ -98,6 +101,8 @@ pub struct ClassAdmission {
     pub lane: Lane,
     /// Deadline in the queue; `None` uses the pool's `queue_timeout`.
     pub queue_timeout: Option<Duration>,
+    /// Request coalescing: the largest body shared, or `None` (off).
+    pub coalesce_max_body: Option<usize>,
 }
 
 impl Default for ClassAdmission {
@@ -106,6 +111,7 @@ impl Default for ClassAdmission {
         ClassAdmission {
             lane: Lane::PASS,
             queue_timeout: None,
+            coalesce_max_body: None,
         }
     }
 }
@@ -118,6 +124,11 @@ impl std::fmt::Debug for Gateway {
             .finish()
     }
 }
+
+/// Default `coalesce_max_body_bytes`: a rendered article page.
+const COALESCE_MAX_BODY: usize = 1 << 20;
+/// Largest `coalesce_max_body_bytes`: every group in flight holds one copy.
+const COALESCE_MAX_BODY_LIMIT: usize = 64 << 20;
 
 /// Smallest buffer hyper accepts for request heads.
 const MIN_HEADER_BYTES: usize = 8192;
@@ -278,6 +289,7 @@ impl Gateway {
         // Classes and their rules.
         let mut classes = HashMap::new();
         let mut class_admission = HashMap::new();
+        let mut coalescers = HashMap::new();
         let mut rule_defs = Vec::new();
         for (name, c) in &cfg.classes {
             let lane = match c.lane.as_deref() {
@@ -299,11 +311,25 @@ impl Gateway {
                     "must be more than 0s",
                 ));
             }
+            let max_body = c.coalesce_max_body_bytes.unwrap_or(COALESCE_MAX_BODY);
+            if max_body > COALESCE_MAX_BODY_LIMIT {
+                errors.push(loaded.error_at(
+                    &root.key("classes").key(name).key("coalesce_max_body_bytes"),
+                    format!("{max_body} is above the maximum of {COALESCE_MAX_BODY_LIMIT}"),
+                ));
+            }
+            if c.coalesce {
+                let coalescer = previous
+                    .and_then(|p| p.coalescers.get(name).cloned())
+                    .unwrap_or_default();
+                coalescers.insert(name.clone(), coalescer);
+            }
             class_admission.insert(
                 name.clone(),
                 ClassAdmission {
                     lane,
                     queue_timeout: c.queue_timeout.map(|d| d.0),
+                    coalesce_max_body: c.coalesce.then_some(max_body),
                 },
             );
             classes.insert(
@@ -581,6 +607,7 @@ impl Gateway {
             sessions,
             challenger,
             class_admission,
+            coalescers,
             loaded,
         })
     }
@@ -879,5 +906,37 @@ methods = ["GET", "G E T"]
         let second = Gateway::build(loaded, Some(&first), 2).unwrap();
         assert!(Arc::ptr_eq(&first.pools[0], &second.pools[0]));
         assert!(!Arc::ptr_eq(&first.pools[1], &second.pools[1]));
+    }
+
+    #[test]
+    fn coalescing_is_per_class_opt_in_and_survives_reloads() {
+        use crate::admission::{CoalesceKey, Role};
+        let text = "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"127.0.0.1:1\"]\n[classes.page]\ncoalesce = true\n[classes.search]\nlane = \"anonymous\"\n[classes.big]\ncoalesce = true\ncoalesce_max_body_bytes = 10\n";
+        let first = build(text).unwrap();
+        let max = |g: &Gateway, c: &str| g.class_admission[c].coalesce_max_body;
+        assert_eq!(max(&first, "page"), Some(1 << 20));
+        assert_eq!(max(&first, "search"), None);
+        assert_eq!(max(&first, "big"), Some(10));
+        assert!(!first.coalescers.contains_key("search"));
+        // A leader in flight across a reload is still found by the new gateway.
+        let uri: http::Uri = "http://wiki.example/".parse().unwrap();
+        let key = || CoalesceKey::for_request(&http::Method::GET, &uri, &http::HeaderMap::new());
+        let lead = first.coalescers["page"].join(key().unwrap());
+        assert!(matches!(lead, Role::Leader(_)));
+        let loaded = load_str(text, None, &Map::<String, String>::new()).unwrap();
+        let second = Gateway::build(loaded, Some(&first), 2).unwrap();
+        assert!(matches!(
+            second.coalescers["page"].join(key().unwrap()),
+            Role::Follower(_)
+        ));
+        drop(lead);
+
+        let errs = build(&text.replace("= 10\n", "= 1000000000\n")).unwrap_err();
+        assert!(
+            errs.0[0]
+                .to_string()
+                .contains("classes.big.coalesce_max_body_bytes: 1000000000 is above"),
+            "{errs}"
+        );
     }
 }

@@ -23,6 +23,7 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
+use crate::admission::coalesce::{CoalesceKey, Leader, Role, SharedResponse, shareable};
 use crate::body::{OnComplete, RequestBody, ResponseBody};
 use crate::edge::inflight::InFlightGuard;
 use crate::edge::{ConnGuard, ConnState};
@@ -30,7 +31,9 @@ use crate::identity::forwarded;
 use crate::identity::session::SessionState;
 use crate::identity::{ClientId, PeerAddr};
 use crate::observe::access_log::{AccessRecord, timestamp};
-use crate::observe::metrics::{PoolErrorLabels, PoolLabels, RequestLabels, RuleLabels};
+use crate::observe::metrics::{
+    ClassLabels, PoolErrorLabels, PoolLabels, RequestLabels, RuleLabels,
+};
 use crate::policy::route::RequestView;
 use crate::policy::{Decision, RejectReason};
 use crate::runtime::Runtime;
@@ -177,6 +180,33 @@ pub async fn handle(
         .get(route.class.as_str())
         .copied()
         .unwrap_or_default();
+    // Coalescing joins after the policy (rules see and count every request,
+    // followers too) and before admission: a follower waits for its leader
+    // holding no admission slot and no server, so a storm on one page costs
+    // one worker. Anonymous means: no verified session, no pass token, no
+    // request body, and (the key refuses them) no Cookie, Authorization,
+    // Range, Upgrade or condition. A follower whose leader's response cannot be shared
+    // goes upstream itself, through admission like any request.
+    let mut leader = None;
+    if let (Some(max), Some(coalescer)) = (
+        class.coalesce_max_body,
+        gw.coalescers.get(route.class.as_str()),
+    ) && !session.is_verified()
+        && pass.is_none()
+        && http_body::Body::is_end_stream(req.body())
+        && let Some(key) = CoalesceKey::for_request(req.method(), req.uri(), req.headers())
+    {
+        match coalescer.join(key.in_pool(&pool.name)) {
+            Role::Leader(l) => {
+                log.record.coalesced = Some("leader");
+                leader = Some((l, max));
+            }
+            Role::Follower(f) => match f.wait().await {
+                Some(shared) => return Ok(shared_response(&shared, log, req.version())),
+                None => log.record.coalesced = Some("unshared"),
+            },
+        }
+    }
     if let Err(reason) = admit(
         &pool,
         class,
@@ -239,11 +269,21 @@ pub async fn handle(
                 });
             }
             let (mut parts, body) = resp.into_parts();
+            let body = match leader {
+                Some((leader, max)) => match lead(leader, &parts, body, max).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        log.record.error = Some(format!("upstream body: {e}"));
+                        let status = StatusCode::BAD_GATEWAY;
+                        return Ok(failure(status, "upstream_body", log, accept));
+                    }
+                },
+                None => ResponseBody::upstream(body),
+            };
             // The client gets its own protocol version, whatever the upstream spoke.
             parts.version = client_version;
             log.record.status = parts.status.as_u16();
-            let body = ResponseBody::upstream(body).on_complete(Box::new(log));
-            Ok(Response::from_parts(parts, body))
+            Ok(Response::from_parts(parts, body.on_complete(Box::new(log))))
         }
         Err(ForwardError::NoHealthyServer) => {
             let reason = RejectReason::Shed {
@@ -258,6 +298,64 @@ pub async fn handle(
             Ok(failure(status, e.kind(), log, accept))
         }
     }
+}
+
+/// A coalescing leader's response: buffered and published to its followers
+/// when shareable, streamed to this client alone otherwise. Only a body of
+/// known length is buffered: a chunked one could pass the cap halfway, when
+/// this client's copy could no longer be streamed. A body error drops the
+/// leader, which sends the followers upstream.
+async fn lead(
+    leader: Leader,
+    parts: &http::response::Parts,
+    body: Incoming,
+    max: usize,
+) -> Result<ResponseBody, crate::body::BoxError> {
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    let len = body
+        .size_hint()
+        .exact()
+        .and_then(|n| usize::try_from(n).ok());
+    if !len.is_some_and(|n| shareable(parts.status, &parts.headers, n, max)) {
+        leader.finish(None);
+        return Ok(ResponseBody::upstream(body));
+    }
+    let bytes = http_body_util::Limited::new(body, max)
+        .collect()
+        .await?
+        .to_bytes();
+    leader.finish(Some(SharedResponse {
+        status: parts.status,
+        headers: parts.headers.clone(),
+        body: bytes.clone(),
+    }));
+    Ok(ResponseBody::full(bytes))
+}
+
+/// A coalescing follower's answer: a copy of its leader's response.
+fn shared_response(
+    shared: &SharedResponse,
+    mut log: RequestLog,
+    version: Version,
+) -> Response<ResponseBody> {
+    log.record.coalesced = Some("shared");
+    log.record.status = shared.status.as_u16();
+    let labels = ClassLabels {
+        class: log.class.clone(),
+    };
+    log.conn
+        .rt
+        .metrics
+        .coalesced_requests
+        .get_or_create(&labels)
+        .inc();
+    let body = ResponseBody::full(shared.body.clone()).on_complete(Box::new(log));
+    let mut resp = Response::new(body);
+    *resp.status_mut() = shared.status;
+    *resp.version_mut() = version;
+    *resp.headers_mut() = shared.headers.clone();
+    resp
 }
 
 /// The admission stage: whether an admitted request may go to `pool` now,
@@ -856,6 +954,7 @@ impl RequestLog {
                 queue_ms: 0.0,
                 lane: None,
                 upstream_ms: None,
+                coalesced: None,
                 error: None,
             },
             class: Arc::from("unrouted"),

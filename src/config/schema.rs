@@ -675,6 +675,17 @@ pub struct ClassConfig {
     /// pool's `queue_timeout`).
     #[serde(default)]
     pub queue_timeout: Option<ConfigDuration>,
+    /// Request coalescing (off by default): identical anonymous GET/HEAD
+    /// requests in flight at once share one upstream request when its
+    /// response is shareable (cacheable status, no `Set-Cookie`, not
+    /// `private`/`no-store`). Off because sharing is only right for pages
+    /// that are the same for every anonymous visitor.
+    #[serde(default)]
+    pub coalesce: bool,
+    /// Largest response body coalescing shares, in bytes (default 1 MiB:
+    /// a rendered article); larger responses go to each request.
+    #[serde(default)]
+    pub coalesce_max_body_bytes: Option<usize>,
 }
 
 /// A route: conditions (all must hold) leading to a pool and a class.

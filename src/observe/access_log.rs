@@ -57,6 +57,11 @@ pub struct AccessRecord {
     /// `anonymous`), when its pool has an admission queue.
     pub lane: Option<String>,
     pub upstream_ms: Option<f64>,
+    /// Request coalescing (classes with `coalesce = true`): `leader` (went
+    /// upstream for identical requests), `shared` (answered with the
+    /// leader's response, no upstream request), `unshared` (waited for a
+    /// leader whose response could not be shared, then went upstream).
+    pub coalesced: Option<&'static str>,
     /// Set when the response did not complete (client gone, upstream reset).
     pub error: Option<String>,
 }

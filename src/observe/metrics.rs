@@ -22,6 +22,11 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub class: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabels {
     pub rule: Arc<str>,
 }
@@ -154,6 +159,7 @@ pub struct Metrics {
     pub upstream_health: Family<ServerStateLabels, Gauge>,
     pub health_checks: Family<CheckLabels, Counter>,
     pub upstream_retries_denied: Family<PoolLabels, Counter>,
+    pub coalesced_requests: Family<ClassLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -213,6 +219,7 @@ impl Metrics {
             upstream_health: Family::default(),
             health_checks: Family::default(),
             upstream_retries_denied: Family::default(),
+            coalesced_requests: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -397,6 +404,11 @@ impl Metrics {
             "admission_shed",
             "Requests refused 503 by the admission queue, by pool, lane and reason (queue_full, deadline_exceeded, lower_lane_shed)",
             m.admission_shed.clone(),
+        );
+        registry.register(
+            "coalesced_requests",
+            "Requests answered with a copy of an identical request's upstream response (request coalescing), by route class",
+            m.coalesced_requests.clone(),
         );
         registry.register_with_unit(
             "admission_queue_wait",
