@@ -70,3 +70,7 @@ mod upgrade;
 // health (slow, dead, panic mode), slow start and the retry budget, against
 // the simulated app.
 mod admission;
+
+// Request coalescing: identical anonymous GETs share one upstream request;
+// personal requests, unshareable responses and other classes never do.
+mod coalesce;
