@@ -254,7 +254,10 @@ impl Server {
             let phase = runtime
                 .readiness
                 .wait(
-                    |p| p.settled() || (!upgrade && matches!(p, Phase::Waiting { probed: true, .. })),
+                    |p| {
+                        p.settled()
+                            || (!upgrade && matches!(p, Phase::Waiting { probed: true, .. }))
+                    },
                     waited,
                 )
                 .await;

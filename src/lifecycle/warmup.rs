@@ -69,15 +69,23 @@ pub enum Phase {
     /// Everything answered after `took`.
     Ready { took: Duration },
     /// The deadline passed with `missing` still silent: ready anyway.
-    TimedOut { took: Duration, missing: Vec<Awaited> },
+    TimedOut {
+        took: Duration,
+        missing: Vec<Awaited>,
+    },
 }
 
 /// A change of [`Phase`] worth a log line.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     Answered(Awaited),
-    Ready { took: Duration },
-    TimedOut { took: Duration, missing: Vec<Awaited> },
+    Ready {
+        took: Duration,
+    },
+    TimedOut {
+        took: Duration,
+        missing: Vec<Awaited>,
+    },
 }
 
 impl Phase {
@@ -472,14 +480,24 @@ mod tests {
         let s = Duration::from_secs;
         let deadline = t0 + s(30);
         // (answers as (seconds after start, what), tick at, phase label, not-ready reason contains)
-        type Case = (&'static [(u64, &'static str)], u64, &'static str, Option<&'static str>);
+        type Case = (
+            &'static [(u64, &'static str)],
+            u64,
+            &'static str,
+            Option<&'static str>,
+        );
         let cases: [Case; 6] = [
             (&[], 1, "waiting", Some("waiting for pool app, redis")),
             (&[(1, "app")], 2, "waiting", Some("waiting for redis")),
             (&[(1, "app"), (2, "redis")], 3, "ready", None),
             (&[(1, "other"), (1, "app")], 2, "waiting", Some("redis")),
             (&[(1, "app")], 30, "timed_out", None),
-            (&[(1, "app"), (1, "app")], 29, "waiting", Some("at most 1s more")),
+            (
+                &[(1, "app"), (1, "app")],
+                29,
+                "waiting",
+                Some("at most 1s more"),
+            ),
         ];
         for (answers, tick, want, reason) in cases {
             let mut p = Phase::start(t0, deadline, vec![pool("app"), Awaited::Redis]);
@@ -506,7 +524,10 @@ mod tests {
         let t0 = Instant::now();
         let s = Duration::from_secs;
         let mut p = Phase::start(t0, t0 + s(10), vec![pool("a"), pool("b")]);
-        assert_eq!(p.answered(t0 + s(1), &pool("a")), [Event::Answered(pool("a"))]);
+        assert_eq!(
+            p.answered(t0 + s(1), &pool("a")),
+            [Event::Answered(pool("a"))]
+        );
         assert_eq!(p.answered(t0 + s(1), &pool("a")), [], "answered twice");
         assert_eq!(p.tick(t0 + s(9)), None);
         assert!(!p.settled());

@@ -90,7 +90,11 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
                 )
             } else {
                 let note = warm_up.ready_note().map(|n| n + "\n").unwrap_or_default();
-                text(StatusCode::OK, "text/plain", format!("ready\n{note}{pools}"))
+                text(
+                    StatusCode::OK,
+                    "text/plain",
+                    format!("ready\n{note}{pools}"),
+                )
             }
         }
         (&Method::GET, path) if pool_probe(path).is_some() => {
