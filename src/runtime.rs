@@ -46,6 +46,9 @@ pub struct Runtime {
     /// Recent request rate per client address, for the "low-rate before
     /// rejection" collateral signal.
     activity: ShardedStore,
+    /// Start-up readiness: the warm-up gate (`/readyz`) and how limiter
+    /// state came back.
+    pub readiness: crate::lifecycle::warmup::Readiness,
     /// Rate limits shared through Redis, when configured (set once at start).
     shared: std::sync::OnceLock<Arc<SharedLimiter>>,
     /// Shared-limiter counters already exported (deltas go to the metrics).
@@ -115,6 +118,7 @@ impl Runtime {
             pressure: Mutex::new(HashMap::new()),
             state_missing: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::OnceLock::new(),
+            readiness: crate::lifecycle::warmup::Readiness::default(),
             shared_exported: Mutex::new(SharedStats::default()),
         })
     }

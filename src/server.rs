@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use crate::config::{ConfigErrors, Env, LoadedConfig};
 use crate::edge::{listener, serve};
 use crate::gateway::Gateway;
+use crate::lifecycle::warmup::{self, Phase};
 use crate::lifecycle::{Inherited, ListeningSocket, SocketRole, upgrade};
 use crate::observe::access_log::LogTarget;
 use crate::observe::{AccessLog, Metrics, admin};
@@ -105,7 +106,11 @@ impl Server {
                 source,
             }
         })?;
-        let metrics = Arc::new(Metrics::new());
+        let mut metrics = Metrics::new();
+        let warm_up_metrics = warmup::WarmUpMetrics::default();
+        warm_up_metrics.register(&mut metrics.registry);
+        let metrics = Arc::new(metrics);
+        let lifecycle = gateway.loaded.config.lifecycle.clone();
         let specs = gateway.listeners.clone();
         let admin_addr = gateway.admin_address;
         let watch_interval = gateway
@@ -129,7 +134,27 @@ impl Server {
             }
             None => state::restore(&runtime),
         };
+        runtime.readiness.set_restored(restored.label());
         state::connect_redis(&runtime)?;
+        // Close the warm-up gate before the admin API answers `/readyz`. In
+        // an upgrade it must open before the previous process gives up.
+        let ready_by = inherited.ready_by;
+        let warm_up_started = Instant::now();
+        if lifecycle.ready_requires_upstream {
+            let mut deadline = warm_up_started + lifecycle.ready_upstream_timeout.0;
+            if let Some(by) = ready_by.filter(|by| *by < deadline) {
+                tracing::info!(
+                    "warm-up in an upgrade is bounded by three quarters of --upgrade-timeout, \
+                     shorter than lifecycle.ready_upstream_timeout"
+                );
+                deadline = by;
+            }
+            runtime.readiness.begin(warmup::Phase::start(
+                warm_up_started,
+                deadline,
+                warmup::awaited(&runtime),
+            ));
+        }
 
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -203,10 +228,43 @@ impl Server {
             runtime.clone(),
             stop_rx.clone(),
         )));
+        let warm_up = runtime.readiness.phase();
+        if !warm_up.settled() {
+            tasks.push(tokio::spawn(warmup::run(
+                runtime.clone(),
+                warm_up_metrics,
+                stop_rx.clone(),
+            )));
+        }
         tasks.push(tokio::spawn(maintain_state(runtime.clone(), stop_rx)));
         // Sockets inherited but no longer configured close here; the
         // previous process still holds its copies until it exits.
         drop(inherited);
+        if let Phase::Waiting { deadline, .. } = warm_up {
+            // An upgrade: `Ready` (sent once this returns) tells the previous
+            // process to stop, so wait for the gate to open. A fresh start
+            // returns after the first probe round (a deployment whose app is
+            // up is ready at once) and leaves the rest to `/readyz`.
+            let upgrade = ready_by.is_some();
+            let waited = if upgrade {
+                deadline + SETTLE_SLACK
+            } else {
+                deadline.min(warm_up_started + FIRST_ROUND_GRACE)
+            };
+            let phase = runtime
+                .readiness
+                .wait(
+                    |p| {
+                        p.settled()
+                            || (!upgrade && matches!(p, Phase::Waiting { probed: true, .. }))
+                    },
+                    waited,
+                )
+                .await;
+            if let Some(reason) = phase.not_ready_reason(Instant::now()) {
+                tracing::warn!(%reason, "serving before every pool answered");
+            }
+        }
         Ok(Server {
             runtime,
             listeners,
@@ -288,6 +346,13 @@ impl Server {
         self.runtime.tracker.abort_all();
     }
 }
+
+/// How long a fresh start waits for its first warm-up probe round (a loopback
+/// app answers in milliseconds).
+const FIRST_ROUND_GRACE: Duration = Duration::from_secs(1);
+/// How long past the warm-up deadline an upgrade waits for the gate to open
+/// (the probe loop opens it within milliseconds of the deadline).
+const SETTLE_SLACK: Duration = Duration::from_millis(250);
 
 /// Client connections this process can hold. Each needs a descriptor; busy
 /// ones also hold an upstream connection, which draws from the reserve (idle

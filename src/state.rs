@@ -28,6 +28,17 @@ pub enum Restored {
 }
 
 impl Restored {
+    /// What the restore found, for `/status`: `not_configured`, `missing`,
+    /// `loaded` or `unreadable`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Restored::NotConfigured => "not_configured",
+            Restored::Missing(_) => "missing",
+            Restored::Loaded(_) => "loaded",
+            Restored::Unreadable(_) => "unreadable",
+        }
+    }
+
     /// Keys put back into the stores.
     pub fn keys(&self) -> usize {
         match self {

@@ -35,6 +35,9 @@ pub struct Config {
     /// Process-level settings: worker threads, drain, reload.
     #[serde(default)]
     pub process: ProcessConfig,
+    /// When a starting generation reports ready (warm-up).
+    #[serde(default)]
+    pub lifecycle: LifecycleConfig,
     /// Upstream pools by name.
     #[serde(default)]
     pub pools: BTreeMap<String, PoolConfig>,
@@ -516,6 +519,42 @@ impl Default for ProcessConfig {
             watch_interval: default_watch_interval(),
         }
     }
+}
+
+/// When a starting generation calls itself ready: `/readyz`, and in an
+/// in-place upgrade the moment the old process is told to stop.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleConfig {
+    /// Readiness waits until every pool has a server that answers (its
+    /// health check passes; without `health_check`, it accepts a
+    /// connection) and, with `state.redis_url`, until Redis answers: a new
+    /// generation then takes traffic with warm upstreams and the shared
+    /// limits in force. On by default: a hand-over to a generation that
+    /// cannot reach its app is an outage.
+    #[serde(default = "yes")]
+    pub ready_requires_upstream: bool,
+    /// The longest readiness waits for that; then weir reports ready anyway,
+    /// logs an error naming what never answered and counts
+    /// `weir_warmup_timeouts_total` (a dead app must not keep weir unready
+    /// forever, nor an upgrade from finishing).
+    #[serde(default = "default_ready_upstream_timeout")]
+    pub ready_upstream_timeout: ConfigDuration,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig {
+            ready_requires_upstream: true,
+            ready_upstream_timeout: default_ready_upstream_timeout(),
+        }
+    }
+}
+
+/// 30 s: an app container's start-up (php-fpm, a JVM) fits, and an
+/// orchestrator's readiness budget is usually longer.
+fn default_ready_upstream_timeout() -> ConfigDuration {
+    ConfigDuration::secs(30)
 }
 
 /// An upstream pool.

@@ -58,6 +58,10 @@ pub struct Inherited {
     pub snapshot: Option<Snapshot>,
     /// The previous process's generation id, for logs.
     pub from_generation: Option<u64>,
+    /// In an upgrade: when this process must have reported ready, with a
+    /// margin before the previous process gives up on it. The warm-up
+    /// (`warmup`) ends by then at the latest.
+    pub ready_by: Option<std::time::Instant>,
 }
 
 impl Inherited {

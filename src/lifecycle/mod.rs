@@ -10,6 +10,8 @@
 //!   the `weir upgrade` client.
 //! - [`systemd`]: socket activation and `sd_notify`.
 //! - [`signals`]: the signal table.
+//! - [`warmup`]: when a starting generation may call itself ready (its
+//!   pools and Redis answer, bounded by a timeout).
 //!
 //! Operators' view (and the PID 1 story): `docs/operations.md`. Serving and
 //! draining themselves are `server`.
@@ -19,6 +21,7 @@ pub mod inherit;
 pub mod signals;
 pub mod systemd;
 pub mod upgrade;
+pub mod warmup;
 
 pub use inherit::{Inherited, InheritedListener, ListeningSocket, SocketRole};
 pub use upgrade::{Taken, UpgradeError, UpgradeSocket, Upgrader};

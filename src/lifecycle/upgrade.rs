@@ -579,8 +579,12 @@ pub struct Taken {
 
 impl Taken {
     /// Connects to the previous process at `path` and takes its sockets and
-    /// limiter state.
+    /// limiter state. `timeout` is the previous process's `--upgrade-timeout`
+    /// (the child runs with the same arguments): three quarters of it from
+    /// now become [`Inherited::ready_by`], so a warm-up ends while the old
+    /// process still waits for `Ready`.
     pub async fn connect(path: &Path, timeout: Duration) -> Result<Taken, HandoffError> {
+        let ready_by = Instant::now() + timeout * 3 / 4;
         let mut channel = Channel::connect(path).await?;
         channel
             .send(&Message::Take {
@@ -606,6 +610,7 @@ impl Taken {
         }
         let mut inherited = Inherited {
             from_generation: Some(generation),
+            ready_by: Some(ready_by),
             ..Inherited::default()
         };
         let mut upgrade_socket = None;

@@ -4,7 +4,8 @@
 //! checks and scrapes never queue behind it. `/livez` says only that weir's
 //! own loop answers (never restart weir because an upstream is slow);
 //! `/readyz` says whether this instance should receive traffic (not while
-//! draining) and lists each pool's signal (`ready`, `busy`: saturated or
+//! draining, nor while a new generation's warm-up waits for its pools or
+//! Redis to answer: `lifecycle::warmup`) and lists each pool's signal (`ready`, `busy`: saturated or
 //! slow, do not restart; `down`: no server answers). Per pool,
 //! `/livez/pools/NAME` (503 only when down: for autoheal / a liveness probe
 //! of the app) and `/readyz/pools/NAME` (503 when busy or down: for a
@@ -66,6 +67,7 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
         (&Method::GET, "/livez") => text(StatusCode::OK, "text/plain", "ok\n".into()),
         (&Method::GET, "/readyz") => {
             let pools = pool_lines(rt);
+            let warm_up = rt.readiness.phase();
             if rt.tracker.is_draining() {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -80,8 +82,19 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
                         "limiter state expected but not restored (state.expect_restored = \"not_ready\")\n{pools}"
                     ),
                 )
+            } else if let Some(reason) = warm_up.not_ready_reason(std::time::Instant::now()) {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("{reason}\n{pools}"),
+                )
             } else {
-                text(StatusCode::OK, "text/plain", format!("ready\n{pools}"))
+                let note = warm_up.ready_note().map(|n| n + "\n").unwrap_or_default();
+                text(
+                    StatusCode::OK,
+                    "text/plain",
+                    format!("ready\n{note}{pools}"),
+                )
             }
         }
         (&Method::GET, path) if pool_probe(path).is_some() => {
@@ -227,6 +240,31 @@ pub fn status(rt: &Runtime) -> serde_json::Value {
             "max_per_ip": rt.tracker.limits().max_per_ip,
         },
         "pools": pools,
+        "warm_up": rt.readiness.phase().status(),
+        "state": state_status(rt, &gw),
+    })
+}
+
+/// Where this instance's limiter state came from and whether it is shared:
+/// a new generation says here that it enforces the previous one's limits
+/// (restored keys, or Redis in use).
+fn state_status(rt: &Runtime, gw: &crate::gateway::Gateway) -> serde_json::Value {
+    let cfg = &gw.loaded.config.state;
+    let shared = rt.shared_limiter().map(|s| {
+        let stats = s.stats();
+        json!({
+            "backend": "redis",
+            "prefix": s.redis().prefix(),
+            "in_use": !stats.fallback_active,
+            "round_trips_ok": stats.redis_ok,
+            "round_trips_failed": stats.redis_errors,
+        })
+    });
+    json!({
+        "restored": rt.readiness.restored(),
+        "restored_keys": rt.metrics.state_restored_keys.get(),
+        "snapshot_file": cfg.snapshot_file,
+        "shared": shared,
     })
 }
 

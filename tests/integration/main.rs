@@ -66,6 +66,12 @@ mod challenge_proxy;
 // In-place upgrades under load (fd hand-off and limiter state), failed
 // upgrades, SIGTERM/SIGQUIT, socket activation, start-up budget.
 mod upgrade;
+
+// A new generation's readiness: blue/green through a shared Redis (limits
+// hold from the first request), the warm-up gate (`/readyz` waits for the
+// pools, bounded), an upgrade that hands over only once the pools answer.
+mod readiness;
+
 // Admission queue (lanes, fair share, shedding with Retry-After), upstream
 // health (slow, dead, panic mode), slow start and the retry budget, against
 // the simulated app.
