@@ -1,32 +1,29 @@
-//! Log parsing throughput for `weir replay`: lines per second, one core.
+//! Throughput of `weir replay`: log lines per second, one core, per format.
 //!
-//! Generates a combined-format log (default 10 million lines, `WEIR_BENCH_LINES` to change)
-//! in a temporary file, with realistic variety (IPv4 and IPv6 clients, expensive and page
-//! paths, several user agents, half the lines with a trailing cookie field), then measures
-//! in the same run:
+//! Generates logs in a temporary directory: a combined-format log (default 10 million lines,
+//! `WEIR_BENCH_LINES` to change) with realistic variety (IPv4 and IPv6 clients, expensive and
+//! page paths, several user agents, half the lines with a trailing cookie field), and Caddy and
+//! weir JSON logs of `WEIR_BENCH_JSON_LINES` lines each (default a tenth of that: a Caddy line
+//! is three times as long). Rows, each with its own peak RSS:
 //!
 //! - `split`: reading lines and checking UTF-8 only: the floor no parser can beat;
-//! - `parse`: [`LogReader::for_each_record`] (zero-copy records, file order);
-//! - `parse+own`: the same with every record copied to owned strings, what
-//!   [`LogReader::ordered`] costs before ordering;
-//! - `caddy` and `weir` JSON: 1/10 as many lines each, parsed from memory.
+//! - `FORMAT parse`: [`LogReader::for_each_record`] (zero-copy records, file order);
+//! - `combined decide`: parse and decide in file order ([`Replay::decide`] per record);
+//! - `FORMAT replay`: [`replay_files`], exactly what `weir replay` runs: records put in
+//!   log-time order through the reorder window, then decided. This is the number that counts.
 //!
-//! Run: `cargo bench --bench replay`. Numbers depend on the machine; compare rows of one run.
+//! Every decide and replay row runs the routes and four-level rate rule of the MediaWiki
+//! example. `WEIR_BENCH_ROWS=split,parse,decide,replay,caddy,weir` picks rows (default all).
 //!
-//! One run (release, 2-core VM shared with other builds, 10 M lines, 2.4 GB):
-//!
-//! ```text
-//! split      10000000 lines   2422.3 MB  0.865 s  11.56 M lines/s  2800.7 MB/s
-//! parse      10000000 lines   2422.3 MB  5.195 s   1.93 M lines/s   466.3 MB/s
-//! parse+own  10000000 lines   2422.3 MB  4.931 s   2.03 M lines/s   491.3 MB/s  (10% owned)
-//! caddy       1000000 lines    719.2 MB  2.742 s   0.36 M lines/s   262.3 MB/s
-//! weir        1000000 lines    432.2 MB  1.555 s   0.64 M lines/s   277.9 MB/s
-//! ```
+//! Run: `cargo bench --bench replay`. Numbers depend on the machine; compare rows of one run;
+//! bench/README.md ("Replay") has a recorded run.
 
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::Path;
 use std::time::Instant;
 
+use weir::lab::replay::engine::{Replay, replay_files};
 use weir::lab::replay::{LogReader, ReaderOptions, TrailingField};
 
 const AGENTS: [&str; 4] = [
@@ -125,38 +122,33 @@ fn weir_line(i: u64) -> String {
     )
 }
 
-fn report(name: &str, lines: u64, bytes: u64, started: Instant) {
+/// Peak resident memory since the last [`reset_peak`], in MB (Linux; 0 elsewhere).
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Resets the peak-RSS mark to the current RSS (Linux >= 4.0), so each row reports its own peak.
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn report(name: &str, lines: u64, bytes: u64, started: Instant, note: &str) {
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "{name:<10} {lines:>10} lines {:>8.1} MB  {secs:>7.3} s  {:>6.2} M lines/s  {:>7.1} MB/s",
+        "{name:<16} {lines:>9} lines {:>7.1} MB {secs:>7.3} s {:>6.2} M lines/s {:>6.1} MB/s  peak RSS {:>6.1} MB  {note}",
         bytes as f64 / 1e6,
         lines as f64 / secs / 1e6,
         bytes as f64 / secs / 1e6,
+        peak_rss_mb(),
     );
 }
 
-fn memory_run(name: &str, text: &str, lines: u64) {
-    let started = Instant::now();
-    let mut reader = LogReader::new(
-        std::io::Cursor::new(text.as_bytes().to_vec()),
-        ReaderOptions::default(),
-    )
-    .expect("in memory");
-    let mut statuses = 0u64;
-    reader
-        .for_each_record(|r| statuses += u64::from(r.status))
-        .expect("in memory");
-    black_box(statuses);
-    assert_eq!(
-        reader.stats().records,
-        lines,
-        "{name}: {:?}",
-        reader.stats()
-    );
-    report(name, lines, text.len() as u64, started);
-}
-
-/// Routes and rules for the parse-and-decide row (the MediaWiki example's shape).
+/// Routes and rules for the decide and replay rows (the MediaWiki example's shape).
 const DECIDE_CONFIG: &str = r#"
 [[listeners]]
 address = "127.0.0.1:0"
@@ -180,9 +172,86 @@ limits = [
 ]
 "#;
 
-fn report_row(name: &str, lines: u64, bytes: u64, started: Instant, note: &str) {
-    report(name, lines, bytes, started);
-    println!("({name}: {note})");
+fn gateway() -> std::io::Result<weir::gateway::Gateway> {
+    let loaded = weir::config::load_str(
+        DECIDE_CONFIG,
+        None,
+        &std::collections::HashMap::<String, String>::new(),
+    )
+    .map_err(|e| std::io::Error::other(e.to_string()))?;
+    weir::gateway::Gateway::build(loaded, None, 1).map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+fn write_log(
+    path: &Path,
+    lines: u64,
+    mut line: impl FnMut(u64, &mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<u64> {
+    let started = Instant::now();
+    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    for i in 0..lines {
+        line(i, &mut out)?;
+    }
+    out.flush()?;
+    let bytes = std::fs::metadata(path)?.len();
+    println!(
+        "generated {lines} lines ({:.1} MB) in {:.1} s: {}",
+        bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64(),
+        path.display()
+    );
+    Ok(bytes)
+}
+
+fn parse_row(
+    name: &str,
+    path: &Path,
+    options: ReaderOptions,
+    lines: u64,
+    bytes: u64,
+) -> std::io::Result<()> {
+    reset_peak();
+    let started = Instant::now();
+    let mut reader = LogReader::open(path, options)?;
+    let mut sum = 0u64;
+    reader.for_each_record(|r| sum = sum.wrapping_add(r.time.0 as u64 ^ r.bytes))?;
+    black_box(sum);
+    assert_eq!(
+        reader.stats().records,
+        lines,
+        "{name}: {:?}",
+        reader.stats()
+    );
+    report(name, lines, bytes, started, "");
+    Ok(())
+}
+
+fn replay_row(
+    name: &str,
+    path: &Path,
+    options: ReaderOptions,
+    lines: u64,
+    bytes: u64,
+) -> std::io::Result<()> {
+    let gateway = gateway()?;
+    reset_peak();
+    let started = Instant::now();
+    let run = replay_files(gateway, &[path.to_path_buf()], &options, |_, v| {
+        black_box(v);
+    })?;
+    assert_eq!(
+        run.report.records, lines,
+        "{name}: {} malformed",
+        run.malformed
+    );
+    report(
+        name,
+        lines,
+        bytes,
+        started,
+        &format!("{} rejected", run.report.rejected),
+    );
+    Ok(())
 }
 
 fn main() -> std::io::Result<()> {
@@ -190,93 +259,87 @@ fn main() -> std::io::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
+    let json_lines: u64 = std::env::var("WEIR_BENCH_JSON_LINES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or((lines / 10).max(1));
+    let rows = std::env::var("WEIR_BENCH_ROWS")
+        .unwrap_or_else(|_| "split,parse,decide,replay,caddy,weir".into());
+    let row = |name: &str| rows.split(',').any(|r| r.trim() == name);
     let dir = tempfile::tempdir()?;
-    let file = dir.path().join("access.log");
-    let started = Instant::now();
-    {
-        let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(&file)?);
-        for i in 0..lines {
-            combined_line(i, &mut out)?;
-        }
-        out.flush()?;
-    }
-    let bytes = std::fs::metadata(&file)?.len();
-    println!(
-        "generated {lines} combined lines ({:.1} MB) in {:.1} s",
-        bytes as f64 / 1e6,
-        started.elapsed().as_secs_f64()
-    );
-
-    // Baseline: line splitting and UTF-8 validation only.
-    let started = Instant::now();
-    let mut input = BufReader::with_capacity(256 * 1024, std::fs::File::open(&file)?);
-    let mut buf = Vec::with_capacity(4096);
-    let mut n = 0u64;
-    while {
-        buf.clear();
-        input.read_until(b'\n', &mut buf)? > 0
-    } {
-        n += std::str::from_utf8(&buf).map_or(0, |s| s.len() as u64 & 1);
-    }
-    black_box(n);
-    report("split", lines, bytes, started);
-
-    let options = || ReaderOptions {
+    let combined_options = || ReaderOptions {
         trailing: vec![TrailingField::Cookie],
         ..ReaderOptions::default()
     };
-    let started = Instant::now();
-    let mut reader = LogReader::open(&file, options())?;
-    let mut sum = 0u64;
-    reader.for_each_record(|r| sum = sum.wrapping_add(r.time.0 as u64 ^ r.bytes))?;
-    black_box(sum);
-    assert_eq!(reader.stats().records, lines, "{:?}", reader.stats());
-    report("parse", lines, bytes, started);
 
-    // Parse and decide: every record through routes and four rule levels,
-    // the path `weir replay` takes.
-    let loaded = weir::config::load_str(
-        DECIDE_CONFIG,
-        None,
-        &std::collections::HashMap::<String, String>::new(),
-    )
-    .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let gateway = weir::gateway::Gateway::build(loaded, None, 1)
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let mut replay = weir::lab::replay::engine::Replay::new(gateway);
-    let started = Instant::now();
-    let mut reader = LogReader::open(&file, options())?;
-    reader.for_each_record(|r| {
-        black_box(replay.decide(&r));
-    })?;
-    let summary = replay.finish();
-    report_row(
-        "parse+decide",
-        lines,
-        bytes,
-        started,
-        &format!("{} rejected", summary.rejected),
-    );
-
-    let owned_lines = lines / 10;
-    let started = Instant::now();
-    let mut reader = LogReader::open(&file, options())?;
-    let mut kept = 0u64;
-    let mut seen = 0u64;
-    reader.for_each_record(|r| {
-        if seen < owned_lines {
-            kept += black_box(r.into_owned()).bytes & 1;
+    if row("split") || row("parse") || row("decide") || row("replay") {
+        let file = dir.path().join("access.log");
+        let bytes = write_log(&file, lines, combined_line)?;
+        if row("split") {
+            // Baseline: line splitting and UTF-8 validation only.
+            reset_peak();
+            let started = Instant::now();
+            let mut input = BufReader::with_capacity(256 * 1024, std::fs::File::open(&file)?);
+            let mut buf = Vec::with_capacity(4096);
+            let mut n = 0u64;
+            while {
+                buf.clear();
+                input.read_until(b'\n', &mut buf)? > 0
+            } {
+                n += std::str::from_utf8(&buf).map_or(0, |s| s.len() as u64 & 1);
+            }
+            black_box(n);
+            report("split", lines, bytes, started, "");
         }
-        seen += 1;
-    })?;
-    black_box(kept);
-    println!("(parse+own: first {owned_lines} records owned, all parsed)");
-    report("parse+own", lines, bytes, started);
-
-    let json_lines = (lines / 10).max(1);
-    let caddy: String = (0..json_lines).map(|i| caddy_line(i) + "\n").collect();
-    memory_run("caddy", &caddy, json_lines);
-    let weir: String = (0..json_lines).map(|i| weir_line(i) + "\n").collect();
-    memory_run("weir", &weir, json_lines);
+        if row("parse") {
+            parse_row("combined parse", &file, combined_options(), lines, bytes)?;
+        }
+        if row("decide") {
+            // File order, no reordering: the decision cost alone on top of parsing.
+            let mut replay = Replay::new(gateway()?);
+            reset_peak();
+            let started = Instant::now();
+            let mut reader = LogReader::open(&file, combined_options())?;
+            reader.for_each_record(|r| {
+                black_box(replay.decide(&r));
+            })?;
+            let summary = replay.finish();
+            report(
+                "combined decide",
+                lines,
+                bytes,
+                started,
+                &format!("{} rejected", summary.rejected),
+            );
+        }
+        if row("replay") {
+            replay_row("combined replay", &file, combined_options(), lines, bytes)?;
+        }
+        std::fs::remove_file(&file)?;
+    }
+    type LineOf = fn(u64) -> String;
+    let json: [(&str, LineOf); 2] = [("caddy", caddy_line), ("weir", weir_line)];
+    for (name, line) in json {
+        if !row(name) {
+            continue;
+        }
+        let file = dir.path().join(format!("{name}.log"));
+        let bytes = write_log(&file, json_lines, |i, out| writeln!(out, "{}", line(i)))?;
+        parse_row(
+            &format!("{name} parse"),
+            &file,
+            ReaderOptions::default(),
+            json_lines,
+            bytes,
+        )?;
+        replay_row(
+            &format!("{name} replay"),
+            &file,
+            ReaderOptions::default(),
+            json_lines,
+            bytes,
+        )?;
+        std::fs::remove_file(&file)?;
+    }
     Ok(())
 }

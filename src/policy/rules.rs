@@ -111,44 +111,71 @@ impl KeyKind {
     }
 
     /// The key for this request, and how it is named in logs; `None` when
-    /// the request has no value for this level.
-    fn key(&self, facts: &RequestFacts<'_>) -> Option<(u64, String)> {
+    /// the request has no value for this level. The name is formatted only
+    /// when a request is refused (most are not).
+    fn key<'a>(&'a self, facts: &RequestFacts<'a>) -> Option<(u64, KeyName<'a>)> {
         let client = facts.client.client;
         let (digest, shown) = match self {
             KeyKind::Address => {
                 let k = client.key(Level::Address);
-                (k.digest(), client.ip().to_string())
+                (k.digest(), KeyName::Address(client.ip()))
             }
             KeyKind::Subnet => {
                 let k = client.key(Level::Subnet);
-                (k.digest(), k.to_string())
+                (k.digest(), KeyName::Prefix(k))
             }
             KeyKind::Network => {
                 let k = client.key(Level::Network);
-                (k.digest(), k.to_string())
+                (k.digest(), KeyName::Prefix(k))
             }
-            KeyKind::Site => (0x5173_u64, "site".to_string()),
+            KeyKind::Site => (0x5173_u64, KeyName::Site),
             KeyKind::Header(name) => {
                 let v = facts.headers.get(name)?;
                 let h = digest(v.as_bytes());
                 // Values may be secrets (API keys): log a digest, not the value.
-                (h, format!("header:{name}#{:08x}", h as u32))
+                (h, KeyName::Header(name, h as u32))
             }
             KeyKind::Cookie(name) => {
                 let v = cookie_value(facts.headers, name)?;
                 let h = digest(v.as_bytes());
-                (h, format!("cookie:{name}#{:08x}", h as u32))
+                (h, KeyName::Cookie(name, h as u32))
             }
             KeyKind::User => {
                 let u = facts.user?;
-                (digest(u.as_bytes()), format!("user:{u}"))
+                (digest(u.as_bytes()), KeyName::User(u))
             }
             KeyKind::Token => {
                 let t = facts.pass?;
-                (t, format!("token:{:08x}", t as u32))
+                (t, KeyName::Token(t as u32))
             }
         };
         Some((crate::limiter::key(0, self.code(), digest), shown))
+    }
+}
+
+/// How a level's key is named in logs ([`RuleRejection::key`]).
+#[derive(Debug, Clone, Copy)]
+enum KeyName<'a> {
+    Address(std::net::IpAddr),
+    Prefix(crate::identity::PrefixKey),
+    Site,
+    Header(&'a HeaderName, u32),
+    Cookie(&'a str, u32),
+    User(&'a str),
+    Token(u32),
+}
+
+impl std::fmt::Display for KeyName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyName::Address(ip) => write!(f, "{ip}"),
+            KeyName::Prefix(k) => write!(f, "{k}"),
+            KeyName::Site => f.write_str("site"),
+            KeyName::Header(name, h) => write!(f, "header:{name}#{h:08x}"),
+            KeyName::Cookie(name, h) => write!(f, "cookie:{name}#{h:08x}"),
+            KeyName::User(u) => write!(f, "user:{u}"),
+            KeyName::Token(t) => write!(f, "token:{t:08x}"),
+        }
     }
 }
 
@@ -274,7 +301,7 @@ pub async fn evaluate(
                     Err(_) => Err(RuleRejection {
                         rule: rule.name.clone(),
                         level: key.label(),
-                        key: shown,
+                        key: shown.to_string(),
                         retry_after: Duration::from_secs(1),
                         policy: None,
                     }),
@@ -312,7 +339,7 @@ fn check_rate(
     levels: &[RateLevel],
     facts: &RequestFacts<'_>,
 ) -> Result<Option<InflightGuard>, RuleRejection> {
-    let mut keys: [Option<(u64, String)>; MAX_LEVELS] = Default::default();
+    let mut keys: [Option<(u64, KeyName<'_>)>; MAX_LEVELS] = Default::default();
     for (i, level) in levels.iter().enumerate().take(keys.len()) {
         keys[i] = level.key.key(facts);
     }
@@ -321,7 +348,7 @@ fn check_rate(
         let Some((k, shown)) = &keys[i] else { continue };
         let mut tat = level.store.tat(*k).unwrap_or(facts.now);
         if let Outcome::Rejected { retry_after, .. } = level.quota.check(&mut tat, facts.now, 1) {
-            return Err(rejection(rule, level, shown.clone(), retry_after));
+            return Err(rejection(rule, level, shown.to_string(), retry_after));
         }
     }
     // Charge. A concurrent request may have taken the last token between the
@@ -331,7 +358,7 @@ fn check_rate(
         if let Outcome::Rejected { retry_after, .. } =
             level.store.check(*k, &level.quota, facts.now, 1)
         {
-            return Err(rejection(rule, level, shown.clone(), retry_after));
+            return Err(rejection(rule, level, shown.to_string(), retry_after));
         }
     }
     Ok(None)
@@ -363,7 +390,7 @@ async fn check_rate_shared(
     let decided = shared.check_all(&checks).await;
     for ((level, (_, shown)), d) in keyed.iter().zip(&decided) {
         if let Outcome::Rejected { retry_after, .. } = d.outcome {
-            return Err(rejection(rule, level, shown.clone(), retry_after));
+            return Err(rejection(rule, level, shown.to_string(), retry_after));
         }
     }
     Ok(None)
@@ -513,15 +540,17 @@ mod tests {
         let RuleBody::Rate(levels) = &rules[0].body else {
             unreachable!()
         };
-        let k = KeyKind::Address.key(&RequestFacts {
-            client: &client("10.0.0.3"),
-            method: &Method::GET,
-            headers: &HeaderMap::new(),
-            user: None,
-            pass: None,
-            now,
-        });
-        assert!(levels[0].store.tat(k.unwrap().0).is_none());
+        let k = KeyKind::Address
+            .key(&RequestFacts {
+                client: &client("10.0.0.3"),
+                method: &Method::GET,
+                headers: &HeaderMap::new(),
+                user: None,
+                pass: None,
+                now,
+            })
+            .map(|(k, _)| k);
+        assert!(levels[0].store.tat(k.unwrap()).is_none());
     }
 
     #[test]

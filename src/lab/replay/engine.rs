@@ -7,8 +7,15 @@
 //! concurrency rules (a log line has no duration, so nothing is ever in
 //! flight), sessions verified by an auth sub-request (there is no app to
 //! ask; such requests replay as anonymous), and edge limits.
+//!
+//! Speed (bench `replay`): a record costs no allocation on the way to a
+//! verdict beyond the URI and the header values the configuration looks at
+//! (headers no route or rule reads are not rebuilt, and one header map is
+//! reused); log-time minutes are formatted once per minute; per-rule tallies
+//! key on addresses and prefixes, formatted only in [`Replay::finish`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
 use std::net::IpAddr;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -19,10 +26,10 @@ use serde::Serialize;
 use super::{LogRecord, UnixNanos};
 use crate::gateway::Gateway;
 use crate::identity::forwarded::resolve;
-use crate::identity::{AddrSource, ClientAddr, ClientId, Level, PeerAddr};
+use crate::identity::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
 use crate::limiter::{MonoTime, ShardedStore, StoreConfig};
 use crate::policy::route::RequestView;
-use crate::policy::rules::{RequestFacts, RuleRejection, evaluate};
+use crate::policy::rules::{KeyKind, RequestFacts, RuleBody, RuleRejection, evaluate};
 
 /// What the configuration decides for one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,11 +56,86 @@ pub struct RuleReport {
     /// Estimated human collateral, by signal: `low_rate`, `browser`.
     pub collateral: BTreeMap<&'static str, u64>,
     #[serde(skip)]
-    clients: HashSet<IpAddr>,
+    clients: ClientSet,
     #[serde(skip)]
-    subnets: HashMap<String, u64>,
+    subnets: HashMap<PrefixKey, u64, TallyHash>,
     #[serde(skip)]
-    networks: HashSet<String>,
+    networks: HashSet<PrefixKey, TallyHash>,
+}
+
+/// Distinct client addresses; IPv4 kept as `u32` (a quarter of an `IpAddr`'s
+/// table space: these sets reach millions and their inserts miss the cache).
+#[derive(Debug, Clone, Default)]
+struct ClientSet {
+    v4: HashSet<u32, TallyHash>,
+    v6: HashSet<u128, TallyHash>,
+}
+
+impl ClientSet {
+    fn insert(&mut self, ip: IpAddr) {
+        match ip {
+            IpAddr::V4(a) => self.v4.insert(a.to_bits()),
+            IpAddr::V6(a) => self.v6.insert(a.to_bits()),
+        };
+    }
+
+    fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+}
+
+/// A hasher for the per-rule tallies (addresses and prefixes, millions of
+/// inserts per replay): a multiply-rotate mix with a per-process random seed,
+/// a fraction of SipHash's cost. The keys come from the replayed log only.
+#[derive(Debug, Clone, Copy)]
+struct TallyHash(u64);
+
+impl Default for TallyHash {
+    fn default() -> Self {
+        TallyHash(std::collections::hash_map::RandomState::new().hash_one(0u8))
+    }
+}
+
+impl BuildHasher for TallyHash {
+    type Hasher = TallyHasher;
+    fn build_hasher(&self) -> TallyHasher {
+        TallyHasher(self.0)
+    }
+}
+
+struct TallyHasher(u64);
+
+impl Hasher for TallyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7C_C1_B7_27_22_0A_95);
+    }
+    fn write_u8(&mut self, x: u8) {
+        self.write_u64(u64::from(x));
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+    fn write_u128(&mut self, x: u128) {
+        self.write_u64(x as u64);
+        self.write_u64((x >> 64) as u64);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+    fn finish(&self) -> u64 {
+        // splitmix64's finaliser: hashbrown takes its control bits from the top.
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
 }
 
 /// What a replay found.
@@ -73,7 +155,78 @@ pub struct Replay {
     gateway: Gateway,
     activity: ShardedStore,
     start: Option<i64>,
+    /// The log-time minute of the last record and its stamp (`YYYY-MM-DDTHH:MM`).
+    minute: Option<(i64, String)>,
+    /// Which of the headers a record can carry the configuration reads.
+    wanted: HeaderSet,
+    /// Rebuilt per record, reused to keep its allocation.
+    headers: HeaderMap,
     pub report: ReplayReport,
+}
+
+/// The headers a log record can carry, as a bit set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeaderSet(u8);
+
+impl HeaderSet {
+    const USER_AGENT: u8 = 1;
+    const COOKIE: u8 = 2;
+    const ACCEPT: u8 = 4;
+    const HOST: u8 = 8;
+    const SEC_FETCH_MODE: u8 = 16;
+    const FORWARDED_FOR: u8 = 32;
+
+    /// The bit of a header name; 0 for a header no record carries.
+    fn bit(name: &HeaderName) -> u8 {
+        if name == http::header::USER_AGENT {
+            Self::USER_AGENT
+        } else if name == http::header::COOKIE {
+            Self::COOKIE
+        } else if name == http::header::ACCEPT {
+            Self::ACCEPT
+        } else if name == http::header::HOST {
+            Self::HOST
+        } else if name == SEC_FETCH_MODE {
+            Self::SEC_FETCH_MODE
+        } else if name == XFF {
+            Self::FORWARDED_FOR
+        } else {
+            0
+        }
+    }
+
+    /// The headers routes and rules read: route header and cookie
+    /// conditions, header and cookie rule keys. `X-Forwarded-For` always,
+    /// for resolving a chain behind a trusted proxy.
+    fn read_by(gateway: &Gateway) -> HeaderSet {
+        let mut set = Self::FORWARDED_FOR;
+        let mut key = |k: &KeyKind| match k {
+            KeyKind::Header(name) => set |= Self::bit(name),
+            KeyKind::Cookie(_) => set |= Self::COOKIE,
+            _ => {}
+        };
+        for route in &gateway.routes.routes {
+            for rule in route.rules.iter() {
+                match &rule.body {
+                    RuleBody::Rate(levels) => levels.iter().for_each(|l| key(&l.key)),
+                    RuleBody::Concurrency { key: k, .. } => key(k),
+                }
+            }
+        }
+        for route in &gateway.routes.routes {
+            for name in &route.headers {
+                set |= Self::bit(name);
+            }
+            if !route.cookies.is_empty() {
+                set |= Self::COOKIE;
+            }
+        }
+        HeaderSet(set)
+    }
+
+    fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
 }
 
 /// Addresses tracked for the low-rate signal.
@@ -87,10 +240,13 @@ static XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
 impl Replay {
     pub fn new(gateway: Gateway) -> Replay {
         Replay {
+            wanted: HeaderSet::read_by(&gateway),
             gateway,
             activity: ShardedStore::new(StoreConfig::with_max_keys(ACTIVITY_KEYS))
                 .expect("a constant, non-zero store size is valid"),
             start: None,
+            minute: None,
+            headers: HeaderMap::new(),
             report: ReplayReport::default(),
         }
     }
@@ -101,18 +257,24 @@ impl Replay {
         // The limiter clock is the log's clock, from the first record.
         let now = MonoTime::from_nanos(u64::try_from(rec.time.0 - start).unwrap_or(0));
         self.report.records += 1;
-        let stamp = minute(rec.time);
-        if self.report.first.is_none() {
-            self.report.first = Some(stamp.clone());
+        // Formatted once per minute of log time, not per record.
+        let minute_number = rec.time.0.div_euclid(60_000_000_000);
+        if self.minute.as_ref().map(|(m, _)| *m) != Some(minute_number) {
+            let stamp = minute(rec.time);
+            if self.report.first.is_none() {
+                self.report.first = Some(stamp.clone());
+            }
+            self.report.last = Some(stamp.clone());
+            self.minute = Some((minute_number, stamp));
         }
-        self.report.last = Some(stamp.clone());
 
-        let headers = headers_of(rec);
+        fill_headers(&mut self.headers, self.wanted, rec);
+        let headers = &self.headers;
         let gw = &self.gateway;
         let peer = PeerAddr(std::net::SocketAddr::new(rec.peer.unwrap_or(rec.client), 0));
         // A log written behind a trusted proxy may carry the chain.
         let client = if rec.forwarded_for.is_some() && gw.trusted.contains(peer.ip()) {
-            resolve(peer, None, &headers, &gw.trusted, gw.client_header).client
+            resolve(peer, None, headers, &gw.trusted, gw.client_header).client
         } else {
             ClientId {
                 peer,
@@ -130,7 +292,7 @@ impl Replay {
             method: &method,
             uri: &uri,
             host,
-            headers: &headers,
+            headers,
         }) else {
             self.report.no_route += 1;
             return Verdict::NoRoute;
@@ -147,7 +309,7 @@ impl Replay {
         let facts = RequestFacts {
             client: &client,
             method: &method,
-            headers: &headers,
+            headers,
             user: None,
             pass: None,
             now,
@@ -166,11 +328,7 @@ impl Replay {
             None
         };
         for s in &ev.shadow {
-            self.report
-                .rules
-                .entry(s.rule.to_string())
-                .or_default()
-                .shadow_rejections += 1;
+            rule_report(&mut self.report.rules, &s.rule).shadow_rejections += 1;
         }
         match ev.rejection {
             None => {
@@ -179,15 +337,23 @@ impl Replay {
             }
             Some(r) => {
                 self.report.rejected += 1;
-                let rr = self.report.rules.entry(r.rule.to_string()).or_default();
+                let stamp = match &self.minute {
+                    Some((_, s)) => s.as_str(),
+                    None => "",
+                };
+                let rr = rule_report(&mut self.report.rules, &r.rule);
                 rr.rejections += 1;
                 rr.clients.insert(client.client.ip());
                 *rr.subnets
-                    .entry(client.client.key(Level::Subnet).to_string())
+                    .entry(client.client.key(Level::Subnet))
                     .or_insert(0) += 1;
-                rr.networks
-                    .insert(client.client.key(Level::Network).to_string());
-                *rr.per_minute.entry(stamp).or_insert(0) += 1;
+                rr.networks.insert(client.client.key(Level::Network));
+                match rr.per_minute.get_mut(stamp) {
+                    Some(n) => *n += 1,
+                    None => {
+                        rr.per_minute.insert(stamp.to_string(), 1);
+                    }
+                }
                 if let Some(s) = signal {
                     *rr.collateral.entry(s).or_insert(0) += 1;
                 }
@@ -202,32 +368,74 @@ impl Replay {
             rr.distinct_clients = rr.clients.len();
             rr.distinct_subnets = rr.subnets.len();
             rr.distinct_networks = rr.networks.len();
-            let mut top: Vec<(String, u64)> = rr.subnets.drain().collect();
-            top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            top.truncate(TOP);
-            rr.top_subnets = top;
+            rr.top_subnets = top_prefixes(rr.subnets.drain(), TOP);
         }
         self.report
     }
 }
 
-/// The headers rules and routes can look at, rebuilt from the record.
-fn headers_of(rec: &LogRecord<'_>) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    let mut put = |name: HeaderName, v: Option<&str>| {
-        if let Some(v) = v
+/// The `n` busiest prefixes, busiest first, ties by their text. Only the
+/// prefixes that can make the list are formatted (there may be millions).
+fn top_prefixes(counts: impl Iterator<Item = (PrefixKey, u64)>, n: usize) -> Vec<(String, u64)> {
+    let mut all: Vec<(PrefixKey, u64)> = counts.collect();
+    if n == 0 {
+        return Vec::new();
+    }
+    if all.len() > n {
+        // The n-th largest count: everything below it cannot make the list.
+        all.select_nth_unstable_by(n - 1, |a, b| b.1.cmp(&a.1));
+        let floor = all[n - 1].1;
+        all.retain(|(_, c)| *c >= floor);
+    }
+    let mut top: Vec<(String, u64)> = all.into_iter().map(|(k, c)| (k.to_string(), c)).collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    top.truncate(n);
+    top
+}
+
+/// The report of rule `name`, created on its first rejection.
+fn rule_report<'a>(rules: &'a mut BTreeMap<String, RuleReport>, name: &str) -> &'a mut RuleReport {
+    // Looked up by `&str` first: a rule's name is copied once, not per rejection.
+    if !rules.contains_key(name) {
+        rules.insert(name.to_string(), RuleReport::default());
+    }
+    rules.get_mut(name).expect("inserted above")
+}
+
+/// Fills `h` with the headers of `rec` that rules and routes look at
+/// (`wanted`); the others are never read, so not rebuilt.
+fn fill_headers(h: &mut HeaderMap, wanted: HeaderSet, rec: &LogRecord<'_>) {
+    h.clear();
+    let mut put = |bit: u8, name: &HeaderName, v: Option<&str>| {
+        if wanted.has(bit)
+            && let Some(v) = v
             && let Ok(v) = HeaderValue::from_str(v)
         {
-            h.insert(name, v);
+            h.insert(name.clone(), v);
         }
     };
-    put(http::header::USER_AGENT, rec.user_agent.as_deref());
-    put(http::header::COOKIE, rec.cookie.as_deref());
-    put(http::header::ACCEPT, rec.accept.as_deref());
-    put(http::header::HOST, rec.host.as_deref());
-    put(SEC_FETCH_MODE.clone(), rec.sec_fetch_mode.as_deref());
-    put(XFF.clone(), rec.forwarded_for.as_deref());
-    h
+    put(
+        HeaderSet::USER_AGENT,
+        &http::header::USER_AGENT,
+        rec.user_agent.as_deref(),
+    );
+    put(
+        HeaderSet::COOKIE,
+        &http::header::COOKIE,
+        rec.cookie.as_deref(),
+    );
+    put(
+        HeaderSet::ACCEPT,
+        &http::header::ACCEPT,
+        rec.accept.as_deref(),
+    );
+    put(HeaderSet::HOST, &http::header::HOST, rec.host.as_deref());
+    put(
+        HeaderSet::SEC_FETCH_MODE,
+        &SEC_FETCH_MODE,
+        rec.sec_fetch_mode.as_deref(),
+    );
+    put(HeaderSet::FORWARDED_FOR, &XFF, rec.forwarded_for.as_deref());
 }
 
 /// Replay never waits (no shared limiter, no I/O): the future is ready on
@@ -322,11 +530,10 @@ pub fn replay_files(
     }
     let mut merged = super::MergedRecords::new(sources);
     let mut replay = Replay::new(gateway);
-    for item in merged.by_ref() {
-        let (_, rec) = item?;
+    merged.for_each_record(|_, rec| {
         let v = replay.decide(&rec);
         each(&rec, &v);
-    }
+    })?;
     let mut lines = 0;
     let mut malformed = 0;
     let mut malformed_examples = Vec::new();
@@ -343,4 +550,147 @@ pub fn replay_files(
         malformed,
         malformed_examples,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefix(s: &str) -> PrefixKey {
+        let ip: IpAddr = s.parse().expect("test address");
+        ClientAddr::new(ip).key(Level::Subnet)
+    }
+
+    #[test]
+    fn top_prefixes_busiest_first_ties_by_text() {
+        // (counts, n, expected)
+        type Case = (
+            &'static [(&'static str, u64)],
+            usize,
+            &'static [(&'static str, u64)],
+        );
+        let cases: &[Case] = &[
+            (&[], 3, &[]),
+            (&[("10.0.0.1", 5)], 0, &[]),
+            (
+                &[("10.0.0.1", 1), ("10.0.1.1", 3)],
+                3,
+                &[("10.0.1.0/24", 3), ("10.0.0.0/24", 1)],
+            ),
+            (
+                &[
+                    ("10.0.3.1", 2),
+                    ("10.0.1.1", 2),
+                    ("10.0.2.1", 2),
+                    ("10.0.9.1", 7),
+                ],
+                2,
+                &[("10.0.9.0/24", 7), ("10.0.1.0/24", 2)],
+            ),
+            (
+                &[
+                    ("10.0.5.1", 1),
+                    ("10.0.4.1", 9),
+                    ("10.0.3.1", 1),
+                    ("10.0.2.1", 8),
+                ],
+                2,
+                &[("10.0.4.0/24", 9), ("10.0.2.0/24", 8)],
+            ),
+        ];
+        for (i, (counts, n, want)) in cases.iter().enumerate() {
+            let got = top_prefixes(counts.iter().map(|(ip, c)| (prefix(ip), *c)), *n);
+            let want: Vec<(String, u64)> = want.iter().map(|(p, c)| (p.to_string(), *c)).collect();
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    fn replay_of(rules: &str) -> Replay {
+        let text = format!(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"127.0.0.1:9\"]\n\
+             [[routes]]\npool = \"app\"\nclass = \"page\"\n{rules}"
+        );
+        let env = HashMap::<String, String>::new();
+        let loaded = crate::config::load_str(&text, None, &env).expect("test config");
+        Replay::new(Gateway::build(loaded, None, 1).expect("test gateway"))
+    }
+
+    fn record(secs: i64, ip: &str, ua: &str) -> LogRecord<'static> {
+        LogRecord {
+            time: UnixNanos(1_791_608_136_000_000_000 + secs * 1_000_000_000),
+            client: ip.parse().expect("test address"),
+            peer: None,
+            method: "GET".into(),
+            host: None,
+            target: "/x".into(),
+            status: 200,
+            bytes: 1,
+            user_agent: Some(ua.to_string().into()),
+            referer: None,
+            cookie: Some("s=1".into()),
+            accept: None,
+            sec_fetch_mode: None,
+            forwarded_for: None,
+            weir: None,
+        }
+    }
+
+    #[test]
+    fn headers_rules_read_are_rebuilt() {
+        let rule = |per: &str| {
+            format!(
+                "[[classes.page.rules]]\nname = \"r\"\nlimits = [{{ per = \"{per}\", rate = 1, window = \"1m\" }}]\n"
+            )
+        };
+        // (rule key, which headers are rebuilt, verdicts of: a, a again, b from another address)
+        type Case = (&'static str, u8, [bool; 3]);
+        let cases: &[Case] = &[
+            (
+                "header:user-agent",
+                HeaderSet::USER_AGENT | HeaderSet::FORWARDED_FOR,
+                [true, false, true],
+            ),
+            (
+                "cookie:s",
+                HeaderSet::COOKIE | HeaderSet::FORWARDED_FOR,
+                [true, false, false],
+            ),
+            ("ip", HeaderSet::FORWARDED_FOR, [true, false, true]),
+        ];
+        for (per, wanted, admits) in cases {
+            let mut replay = replay_of(&rule(per));
+            assert_eq!(replay.wanted, HeaderSet(*wanted), "{per}");
+            let got: Vec<bool> = [
+                record(0, "10.0.0.1", "a"),
+                record(1, "10.0.0.1", "a"),
+                record(2, "10.0.0.2", "b"),
+            ]
+            .iter()
+            .map(|r| replay.decide(r) == Verdict::Admit)
+            .collect();
+            assert_eq!(got, admits, "{per}");
+            let report = replay.finish();
+            assert_eq!(
+                report.rules["r"].rejections,
+                admits.iter().filter(|a| !**a).count() as u64
+            );
+        }
+    }
+
+    #[test]
+    fn header_set_bits() {
+        let cases: &[(&str, u8)] = &[
+            ("user-agent", HeaderSet::USER_AGENT),
+            ("cookie", HeaderSet::COOKIE),
+            ("accept", HeaderSet::ACCEPT),
+            ("host", HeaderSet::HOST),
+            ("sec-fetch-mode", HeaderSet::SEC_FETCH_MODE),
+            ("x-forwarded-for", HeaderSet::FORWARDED_FOR),
+            ("x-api-key", 0),
+        ];
+        for (name, bit) in cases {
+            let name = HeaderName::from_static(name);
+            assert_eq!(HeaderSet::bit(&name), *bit, "{name}");
+        }
+    }
 }

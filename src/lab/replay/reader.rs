@@ -4,26 +4,33 @@
 //! Three levels, fastest first:
 //! - [`LogReader::next_line`] / [`LogReader::for_each_record`]: file order, records borrow
 //!   the line buffer (no allocation per line);
-//! - [`OrderedRecords`]: owned records in log-time order. Web servers write a line when a
+//! - [`OrderedRecords`]: records in log-time order. Web servers write a line when a
 //!   request *ends* (weir: stamped with its start), so a file is only nearly sorted; records
 //!   are held in a heap until the newest time seen is `reorder_window` past them. A record
 //!   older than one already yielded (beyond the window) is yielded at that earlier record's
 //!   time and counted as `late`, so the output never goes back in time;
 //! - [`MergedRecords`]: several [`OrderedRecords`] merged by time (ties: file order).
 //!
+//! A record waiting in the window keeps a copy of its line, with its fields as spans of it,
+//! in a slot reused once the record is out: waiting costs no allocation per record.
+//! [`MergedRecords::for_each_record`] lends each record from its slot (what `weir replay`
+//! uses); the iterators copy each into an owned record.
+//!
 //! This module does not interpret records.
 
-use std::cmp::{Ordering, Reverse};
+use std::borrow::Cow;
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use flate2::read::MultiGzDecoder;
 
 use super::time::UnixNanos;
-use super::{LogFormat, LogRecord, ParseError, Parsed, TrailingField, parse_line};
+use super::{LogFormat, LogRecord, ParseError, Parsed, TrailingField, WeirFields, parse_line};
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// Longest excerpt of a malformed line kept as an example.
@@ -171,6 +178,12 @@ impl LogReader {
 
     /// The next line; `None` at the end of input. Only I/O errors are errors.
     pub fn next_line(&mut self) -> io::Result<Option<ParsedLine<'_>>> {
+        Ok(self.next_line_and_text()?.map(|(parsed, _)| parsed))
+    }
+
+    /// [`LogReader::next_line`], with the text the record borrows from (empty when the
+    /// line is not UTF-8).
+    fn next_line_and_text(&mut self) -> io::Result<Option<(ParsedLine<'_>, &str)>> {
         self.buf.clear();
         if self.input.read_until(b'\n', &mut self.buf)? == 0 {
             return Ok(None);
@@ -183,7 +196,7 @@ impl LogReader {
             let max = self.options.max_examples;
             self.stats
                 .malformed(number, &lossy, ParseError::NotUtf8, max);
-            return Ok(Some(ParsedLine::Malformed));
+            return Ok(Some((ParsedLine::Malformed, "")));
         };
         let format = match self.format {
             Some(f) => f,
@@ -191,25 +204,26 @@ impl LogReader {
                 Some(f) => *self.format.insert(f),
                 None => {
                     self.stats.skipped += 1;
-                    return Ok(Some(ParsedLine::Skipped));
+                    return Ok(Some((ParsedLine::Skipped, text)));
                 }
             },
         };
-        match parse_line(format, text, &self.options.trailing) {
+        let parsed = match parse_line(format, text, &self.options.trailing) {
             Ok(Parsed::Record(r)) => {
                 self.stats.records += 1;
-                Ok(Some(ParsedLine::Record(r)))
+                ParsedLine::Record(r)
             }
             Ok(Parsed::Skip) => {
                 self.stats.skipped += 1;
-                Ok(Some(ParsedLine::Skipped))
+                ParsedLine::Skipped
             }
             Err(e) => {
                 let max = self.options.max_examples;
                 self.stats.malformed(number, text, e, max);
-                Ok(Some(ParsedLine::Malformed))
+                ParsedLine::Malformed
             }
-        }
+        };
+        Ok(Some((parsed, text)))
     }
 
     /// Calls `f` with every record, in file order; returns at the end of input.
@@ -222,11 +236,13 @@ impl LogReader {
         Ok(())
     }
 
-    /// The records in log-time order, owned.
+    /// The records in log-time order.
     pub fn ordered(self) -> OrderedRecords {
         OrderedRecords {
             window: self.options.reorder_window,
             reader: self,
+            slots: Vec::new(),
+            free: Vec::new(),
             heap: BinaryHeap::new(),
             newest: None,
             last_out: None,
@@ -235,27 +251,140 @@ impl LogReader {
     }
 }
 
-/// A record waiting in the reorder heap; ordered by time, then line.
-struct Pending {
-    time: UnixNanos,
-    line: u64,
-    record: LogRecord<'static>,
+/// A string field of a parked record: a span of its slot's text. A field that does not
+/// borrow from the line (a JSON value whose escapes were decoded) is appended to the text,
+/// so every field is a span. Spans are cut on character boundaries.
+#[derive(Debug, Clone, Copy)]
+struct Field {
+    start: u32,
+    end: u32,
 }
 
-impl PartialEq for Pending {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
+impl Field {
+    /// Lines longer than 4 GB are not access-log lines: their spans saturate (and read
+    /// back empty) rather than wrap.
+    fn span(start: usize, end: usize) -> Field {
+        Field {
+            start: u32::try_from(start).unwrap_or(u32::MAX),
+            end: u32::try_from(end).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// `value`, appended to `text`.
+    fn appended(text: &mut String, value: &str) -> Field {
+        let start = text.len();
+        text.push_str(value);
+        Field::span(start, text.len())
+    }
+
+    fn get(self, text: &str) -> Cow<'_, str> {
+        Cow::Borrowed(
+            text.get(self.start as usize..self.end as usize)
+                .unwrap_or_default(),
+        )
     }
 }
-impl Eq for Pending {}
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
+
+/// A record waiting in the reorder window: a copy of its line and its fields as spans of
+/// it. The slot (and its text's allocation) is reused once the record is out.
+#[derive(Debug)]
+struct Parked {
+    text: String,
+    time: UnixNanos,
+    client: IpAddr,
+    peer: Option<IpAddr>,
+    status: u16,
+    bytes: u64,
+    method: Field,
+    host: Option<Field>,
+    target: Field,
+    user_agent: Option<Field>,
+    referer: Option<Field>,
+    cookie: Option<Field>,
+    accept: Option<Field>,
+    sec_fetch_mode: Option<Field>,
+    forwarded_for: Option<Field>,
+    weir: Option<(Field, Field, Option<Field>)>,
 }
-impl Ord for Pending {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (self.time, self.line).cmp(&(other.time, other.line))
+
+impl Parked {
+    /// Parks `record`, parsed from `line`, reusing `text`'s allocation.
+    fn new(mut text: String, line: &str, record: LogRecord<'_>) -> Parked {
+        text.clear();
+        text.push_str(line);
+        // Borrowed fields point into `line`; find them in the copy by offset.
+        let shift = |v: &str| -> Option<usize> {
+            (v.as_ptr() as usize)
+                .checked_sub(line.as_ptr() as usize)
+                .filter(|o| o + v.len() <= line.len())
+        };
+        let f = |text: &mut String, v: &Cow<'_, str>| -> Field {
+            match (v, shift(v)) {
+                (Cow::Borrowed(_), Some(o)) => Field::span(o, o + v.len()),
+                _ => Field::appended(text, v),
+            }
+        };
+        let method = f(&mut text, &record.method);
+        let host = record.host.as_ref().map(|v| f(&mut text, v));
+        let target = f(&mut text, &record.target);
+        let user_agent = record.user_agent.as_ref().map(|v| f(&mut text, v));
+        let referer = record.referer.as_ref().map(|v| f(&mut text, v));
+        let cookie = record.cookie.as_ref().map(|v| f(&mut text, v));
+        let accept = record.accept.as_ref().map(|v| f(&mut text, v));
+        let sec_fetch_mode = record.sec_fetch_mode.as_ref().map(|v| f(&mut text, v));
+        let forwarded_for = record.forwarded_for.as_ref().map(|v| f(&mut text, v));
+        let weir = record.weir.as_ref().map(|w| {
+            (
+                f(&mut text, &w.class),
+                f(&mut text, &w.decision),
+                w.rule.as_ref().map(|v| f(&mut text, v)),
+            )
+        });
+        Parked {
+            text,
+            time: record.time,
+            client: record.client,
+            peer: record.peer,
+            status: record.status,
+            bytes: record.bytes,
+            method,
+            host,
+            target,
+            user_agent,
+            referer,
+            cookie,
+            accept,
+            sec_fetch_mode,
+            forwarded_for,
+            weir,
+        }
+    }
+
+    /// The record, borrowing from the slot.
+    fn record(&self) -> LogRecord<'_> {
+        let text = self.text.as_str();
+        let o = |f: Option<Field>| f.map(|f| f.get(text));
+        LogRecord {
+            time: self.time,
+            client: self.client,
+            peer: self.peer,
+            method: self.method.get(text),
+            host: o(self.host),
+            target: self.target.get(text),
+            status: self.status,
+            bytes: self.bytes,
+            user_agent: o(self.user_agent),
+            referer: o(self.referer),
+            cookie: o(self.cookie),
+            accept: o(self.accept),
+            sec_fetch_mode: o(self.sec_fetch_mode),
+            forwarded_for: o(self.forwarded_for),
+            weir: self.weir.map(|(class, decision, rule)| WeirFields {
+                class: class.get(text),
+                decision: decision.get(text),
+                rule: o(rule),
+            }),
+        }
     }
 }
 
@@ -263,7 +392,11 @@ impl Ord for Pending {
 pub struct OrderedRecords {
     reader: LogReader,
     window: Duration,
-    heap: BinaryHeap<Reverse<Pending>>,
+    /// Parked records; `free` lists the slots not in use.
+    slots: Vec<Parked>,
+    free: Vec<usize>,
+    /// (time, line number, slot): time order, ties in file order.
+    heap: BinaryHeap<Reverse<(UnixNanos, u64, usize)>>,
     newest: Option<UnixNanos>,
     last_out: Option<UnixNanos>,
     done: bool,
@@ -280,51 +413,56 @@ impl OrderedRecords {
     }
 
     fn ready(&self) -> bool {
-        let Some(Reverse(top)) = self.heap.peek() else {
+        let Some(Reverse((time, _, _))) = self.heap.peek() else {
             return false;
         };
         if self.done {
             return true;
         }
         self.newest
-            .is_some_and(|newest| top.time <= newest.saturating_sub(self.window))
+            .is_some_and(|newest| *time <= newest.saturating_sub(self.window))
     }
 
     fn pull(&mut self) -> io::Result<()> {
-        let Some(line) = self.reader.next_line()? else {
+        let Some((line, text)) = self.reader.next_line_and_text()? else {
             self.done = true;
             return Ok(());
         };
         let ParsedLine::Record(record) = line else {
             return Ok(());
         };
-        let mut record = record.into_owned();
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                let old = std::mem::take(&mut self.slots[slot].text);
+                self.slots[slot] = Parked::new(old, text, record);
+                slot
+            }
+            None => {
+                self.slots.push(Parked::new(String::new(), text, record));
+                self.slots.len() - 1
+            }
+        };
         let line = self.reader.stats.lines;
-        self.newest = Some(self.newest.map_or(record.time, |n| n.max(record.time)));
+        let parked = &mut self.slots[slot];
+        self.newest = Some(self.newest.map_or(parked.time, |n| n.max(parked.time)));
         if let Some(last) = self.last_out
-            && record.time < last
+            && parked.time < last
         {
             self.reader.stats.late += 1;
-            record.time = last;
+            parked.time = last;
         }
-        self.heap.push(Reverse(Pending {
-            time: record.time,
-            line,
-            record,
-        }));
+        self.heap.push(Reverse((parked.time, line, slot)));
         Ok(())
     }
-}
 
-impl Iterator for OrderedRecords {
-    type Item = io::Result<LogRecord<'static>>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+    /// The slot of the next record in time order, out of the heap; the caller reads it
+    /// and then [`OrderedRecords::release`]s it.
+    fn next_slot(&mut self) -> Option<io::Result<usize>> {
         loop {
             if self.ready() {
-                let Reverse(p) = self.heap.pop()?;
-                self.last_out = Some(p.time);
-                return Some(Ok(p.record));
+                let Reverse((time, _, slot)) = self.heap.pop()?;
+                self.last_out = Some(time);
+                return Some(Ok(slot));
             }
             if self.done {
                 return None;
@@ -336,13 +474,32 @@ impl Iterator for OrderedRecords {
             }
         }
     }
+
+    fn release(&mut self, slot: usize) {
+        self.free.push(slot);
+    }
+}
+
+impl Iterator for OrderedRecords {
+    type Item = io::Result<LogRecord<'static>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let slot = match self.next_slot()? {
+            Ok(slot) => slot,
+            Err(e) => return Some(Err(e)),
+        };
+        let record = self.slots[slot].record().into_owned();
+        self.release(slot);
+        Some(Ok(record))
+    }
 }
 
 /// Several logs merged by time; yields `(source index, record)`.
 pub struct MergedRecords {
     sources: Vec<OrderedRecords>,
     heads: BinaryHeap<Reverse<(UnixNanos, usize)>>,
-    pending: Vec<Option<LogRecord<'static>>>,
+    /// Each source's head record: its slot in that source.
+    pending: Vec<Option<usize>>,
     started: bool,
 }
 
@@ -364,10 +521,39 @@ impl MergedRecords {
 
     /// Loads the next record of `i` into its head slot.
     fn refill(&mut self, i: usize) -> io::Result<()> {
-        if let Some(next) = self.sources[i].next() {
-            let record = next?;
-            self.heads.push(Reverse((record.time, i)));
-            self.pending[i] = Some(record);
+        if let Some(next) = self.sources[i].next_slot() {
+            let slot = next?;
+            self.heads
+                .push(Reverse((self.sources[i].slots[slot].time, i)));
+            self.pending[i] = Some(slot);
+        }
+        Ok(())
+    }
+
+    fn start(&mut self) -> io::Result<()> {
+        if !self.started {
+            self.started = true;
+            for i in 0..self.sources.len() {
+                self.refill(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The source and slot of the next record, out of the heads.
+    fn next_head(&mut self) -> Option<(usize, usize)> {
+        let Reverse((_, i)) = self.heads.pop()?;
+        Some((i, self.pending[i].take()?))
+    }
+
+    /// Calls `f` with every record and its source index, in time order, lending each
+    /// record from its slot (no copy); returns at the end of every input.
+    pub fn for_each_record(&mut self, mut f: impl FnMut(usize, LogRecord<'_>)) -> io::Result<()> {
+        self.start()?;
+        while let Some((i, slot)) = self.next_head() {
+            f(i, self.sources[i].slots[slot].record());
+            self.sources[i].release(slot);
+            self.refill(i)?;
         }
         Ok(())
     }
@@ -377,16 +563,12 @@ impl Iterator for MergedRecords {
     type Item = io::Result<(usize, LogRecord<'static>)>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if !self.started {
-            self.started = true;
-            for i in 0..self.sources.len() {
-                if let Err(e) = self.refill(i) {
-                    return Some(Err(e));
-                }
-            }
+        if let Err(e) = self.start() {
+            return Some(Err(e));
         }
-        let Reverse((_, i)) = self.heads.pop()?;
-        let record = self.pending[i].take()?;
+        let (i, slot) = self.next_head()?;
+        let record = self.sources[i].slots[slot].record().into_owned();
+        self.sources[i].release(slot);
         if let Err(e) = self.refill(i) {
             return Some(Err(e));
         }
@@ -546,6 +728,46 @@ mod tests {
         .collect();
         assert_eq!(got, want);
         assert_eq!(ordered.stats().late, 1);
+    }
+
+    #[test]
+    fn parked_records_read_back_as_parsed() {
+        // Escaped JSON values are decoded into owned strings; parking must keep them too.
+        let caddy = |ts: u32, uri: &str, ua: &str| {
+            format!(
+                "{{\"level\":\"info\",\"ts\":{ts}.5,\"logger\":\"http.log.access\",\"msg\":\"handled request\",\"request\":{{\"remote_ip\":\"10.0.0.1\",\"method\":\"GET\",\"host\":\"h\",\"uri\":\"{uri}\",\"headers\":{{\"User-Agent\":[\"{ua}\"],\"Cookie\":[\"s=1\"]}}}},\"status\":200,\"size\":1}}\n"
+            )
+        };
+        let cases: Vec<String> = vec![
+            [
+                combined("10.0.0.1", 5, "/b"),
+                combined("10.0.0.2", 3, "/a?x=1"),
+            ]
+            .concat(),
+            [
+                caddy(1_791_608_136, "/plain", "ua"),
+                caddy(1_791_608_135, "/esc\\u0041\\/x", "say \\\"hi\\\""),
+            ]
+            .concat(),
+        ];
+        for (i, text) in cases.iter().enumerate() {
+            let mut want = Vec::new();
+            reader(text, ReaderOptions::default())
+                .for_each_record(|r| want.push(r.into_owned()))
+                .expect("read");
+            want.sort_by_key(|r| r.time);
+            assert_eq!(want.len(), 2, "case {i}");
+            let iterated: Vec<LogRecord<'static>> = reader(text, ReaderOptions::default())
+                .ordered()
+                .map(|r| r.expect("in memory"))
+                .collect();
+            let mut lent = Vec::new();
+            MergedRecords::new(vec![reader(text, ReaderOptions::default()).ordered()])
+                .for_each_record(|_, r| lent.push(r.into_owned()))
+                .expect("in memory");
+            assert_eq!(iterated, want, "case {i}: iterator");
+            assert_eq!(lent, want, "case {i}: lent");
+        }
     }
 
     #[test]
