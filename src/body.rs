@@ -16,6 +16,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+
+use crate::upstream::connections::UpstreamBody;
 use tokio::time::{Instant, Sleep};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -110,7 +112,7 @@ pub trait OnComplete: Send + Sync + 'static {
 }
 
 enum Inner {
-    Upstream(Incoming),
+    Upstream(UpstreamBody),
     Full(Option<Bytes>),
 }
 
@@ -122,7 +124,7 @@ pub struct ResponseBody {
 }
 
 impl ResponseBody {
-    pub fn upstream(body: Incoming) -> Self {
+    pub fn upstream(body: UpstreamBody) -> Self {
         ResponseBody {
             inner: Inner::Upstream(body),
             bytes_out: 0,

@@ -30,13 +30,14 @@ use crate::edge::{ConnGuard, ConnState};
 use crate::identity::forwarded;
 use crate::identity::session::SessionState;
 use crate::identity::{ClientId, PeerAddr};
-use crate::observe::access_log::{AccessRecord, timestamp};
+use crate::observe::access_log::AccessRecord;
 use crate::observe::metrics::{
     ClassLabels, PoolErrorLabels, PoolLabels, RequestLabels, RuleLabels,
 };
 use crate::policy::route::RequestView;
 use crate::policy::{Decision, RejectReason};
 use crate::runtime::Runtime;
+use crate::upstream::connections::UpstreamBody;
 use crate::upstream::forward::{self, ForwardError, Hop, strip_hop_by_hop};
 use crate::upstream::{NoServer, Pool, ServerGuard};
 
@@ -127,8 +128,7 @@ pub async fn handle(
             if route.challenge.applies(engaged)
                 && ch.eligible(req.method(), req.uri(), req.headers(), &client)
             {
-                log.record.class = route.class.as_str().to_owned();
-                log.class = route.class.shared();
+                log.record.class = route.class.shared();
                 let page = ch.page(req.uri(), &client, req.headers(), difficulty, now);
                 return Ok(challenge_response(page, log, rt));
             }
@@ -137,8 +137,7 @@ pub async fn handle(
     let decision = match route {
         None => Decision::Reject(RejectReason::NoRoute),
         Some(route) => {
-            log.record.class = route.class.as_str().to_owned();
-            log.class = route.class.shared();
+            log.record.class = route.class.shared();
             let max = gw.edge.max_in_flight_per_ip;
             match rt.client_in_flight.acquire(client.client, max) {
                 None => Decision::Reject(RejectReason::ClientInFlight { limit: max }),
@@ -172,7 +171,7 @@ pub async fn handle(
 
     // Upstream: wait for an admission slot, pick a server and forward.
     let pool = gw.pools[route.pool].clone();
-    log.record.pool = Some(pool.name.to_string());
+    log.record.pool = Some(pool.name.clone());
     // A pass token (the challenge stage) lifts a request to the `pass` lane.
     let pass_token = pass.is_some();
     let class = gw
@@ -308,7 +307,7 @@ pub async fn handle(
 async fn lead(
     leader: Leader,
     parts: &http::response::Parts,
-    body: Incoming,
+    body: UpstreamBody,
     max: usize,
 ) -> Result<ResponseBody, crate::body::BoxError> {
     use http_body::Body as _;
@@ -342,7 +341,7 @@ fn shared_response(
     log.record.coalesced = Some("shared");
     log.record.status = shared.status.as_u16();
     let labels = ClassLabels {
-        class: log.class.clone(),
+        class: log.record.class.clone(),
     };
     log.conn
         .rt
@@ -380,7 +379,7 @@ async fn admit(
         .lanes()
         .clamp(Lane::for_request(verified, pass_token, class.lane));
     let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());
-    log.record.lane = Some(lane_name.to_string());
+    log.record.lane = Some(lane_name.clone());
     let now = tokio::time::Instant::now();
     let deadline = match class.queue_timeout {
         Some(t) => now + t,
@@ -435,7 +434,7 @@ async fn admit(
 /// What a forwarded request tells the adaptive limit: an answer and its
 /// latency, or overload (timeout, reset, `503`), or nothing (no server).
 fn admission_outcome(
-    result: &Result<Response<Incoming>, ForwardError>,
+    result: &Result<Response<UpstreamBody>, ForwardError>,
     upstream_ms: Option<f64>,
 ) -> crate::admission::Outcome {
     use crate::admission::Outcome;
@@ -536,8 +535,7 @@ async fn challenge_endpoint(
     tls: bool,
 ) -> Response<ResponseBody> {
     use http_body_util::BodyExt as _;
-    log.record.class = "challenge".into();
-    log.class = Arc::from("challenge");
+    log.record.class = Arc::from("challenge");
     let (parts, body) = req.into_parts();
     let limited = http_body_util::Limited::new(body, crate::challenge::MAX_VERIFY_BODY);
     let bytes = match limited.collect().await {
@@ -593,7 +591,7 @@ async fn send_with_failover(
     timeout: Duration,
     log: &mut RequestLog,
     rt: &Runtime,
-) -> Result<Response<Incoming>, ForwardError> {
+) -> Result<Response<UpstreamBody>, ForwardError> {
     use http_body::Body as _;
     let retry_copy = (body.is_end_stream() && pool.servers.len() > 1).then(|| {
         (
@@ -635,15 +633,17 @@ async fn send_with_failover(
                 r
             }
         };
-        log.record.upstream = Some(guard.server.addr.to_string());
+        log.record.upstream = Some(guard.server.addr);
         let labels = PoolLabels {
             pool: pool.name.clone(),
         };
-        let in_flight = rt.metrics.upstream_in_flight.get_or_create(&labels).clone();
-        in_flight.inc();
+        let handles = pool
+            .metrics
+            .get_or_init(|| rt.metrics.pool_handles(&pool.name));
+        handles.in_flight.inc();
         let sent = Instant::now();
         let res = forward::send(pool, &guard.server, req, timeout).await;
-        in_flight.dec();
+        handles.in_flight.dec();
         log.upstream_started = Some(sent);
         if let Some(outcome) = health_outcome(&res, sent.elapsed()) {
             let others = guard.server.in_flight().saturating_sub(1);
@@ -651,10 +651,7 @@ async fn send_with_failover(
         }
         match res {
             Ok(resp) => {
-                rt.metrics
-                    .upstream_duration
-                    .get_or_create(&labels)
-                    .observe(sent.elapsed().as_secs_f64());
+                handles.duration.observe(sent.elapsed().as_secs_f64());
                 log.record.upstream_ms = Some(ms(sent.elapsed()));
                 log.server = Some(guard);
                 return Ok(resp);
@@ -689,7 +686,7 @@ async fn send_with_failover(
 /// What one exchange says about the server's health; `None` when it says
 /// nothing (the client's body was too slow).
 fn health_outcome(
-    res: &Result<Response<Incoming>, ForwardError>,
+    res: &Result<Response<UpstreamBody>, ForwardError>,
     took: Duration,
 ) -> Option<crate::upstream::health::RequestOutcome> {
     use crate::upstream::health::RequestOutcome;
@@ -895,7 +892,6 @@ fn respond(
 /// its response body ends. Holds the request's slots until then.
 pub struct RequestLog {
     pub record: AccessRecord,
-    class: Arc<str>,
     started: Instant,
     upstream_started: Option<Instant>,
     bytes_in: Arc<AtomicU64>,
@@ -923,11 +919,11 @@ impl RequestLog {
         };
         RequestLog {
             record: AccessRecord {
-                time: timestamp(SystemTime::now()),
+                time: SystemTime::now(),
                 client: client.client.ip(),
                 peer: client.peer.ip(),
                 client_source: client.source.as_str(),
-                method: req.method().as_str().to_owned(),
+                method: req.method().clone(),
                 host: host.unwrap_or("").to_owned(),
                 path: req
                     .uri()
@@ -935,7 +931,7 @@ impl RequestLog {
                     .map_or("/", |p| p.as_str())
                     .to_owned(),
                 proto,
-                class: "unrouted".into(),
+                class: unrouted(),
                 decision: "admit",
                 session: "anonymous",
                 challenge: None,
@@ -957,7 +953,6 @@ impl RequestLog {
                 coalesced: None,
                 error: None,
             },
-            class: Arc::from("unrouted"),
             started,
             upstream_started: None,
             bytes_in: Arc::new(AtomicU64::new(0)),
@@ -984,7 +979,7 @@ impl OnComplete for RequestLog {
         rt.metrics
             .requests
             .get_or_create(&RequestLabels {
-                class: self.class.clone(),
+                class: self.record.class.clone(),
                 status: self.record.status,
                 decision: self.record.decision,
             })
@@ -1000,6 +995,13 @@ impl OnComplete for RequestLog {
         self.rule_guards.clear();
         self.conn.state.request_finished();
     }
+}
+
+/// The class of a request no route took, shared (one per process).
+fn unrouted() -> Arc<str> {
+    static UNROUTED: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from("unrouted"));
+    UNROUTED.clone()
 }
 
 fn ms(d: Duration) -> f64 {

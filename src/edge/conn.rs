@@ -61,6 +61,9 @@ pub struct ConnState {
     /// settings arrive while idle).
     h2: AtomicBool,
     command: AtomicU8,
+    /// The connection is being parked (see `edge::serve`): its hyper
+    /// connection ends without shutting the socket down.
+    parking: AtomicBool,
     close_reason: Mutex<Option<&'static str>>,
     notify: Notify,
     tracker: Arc<TrackerClock>,
@@ -98,6 +101,28 @@ impl ConnState {
 
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// How long the connection has been between requests, if it is (and has
+    /// served at least one).
+    pub fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight() > 0 || self.requests() == 0 {
+            return None;
+        }
+        let since = self.idle_since_ms.load(Ordering::Relaxed);
+        Some(Duration::from_millis(
+            self.tracker.now_ms().saturating_sub(since),
+        ))
+    }
+
+    /// Marks the connection as parking (or not): its I/O then skips the
+    /// shutdown hyper performs when its connection ends.
+    pub fn set_parking(&self, on: bool) {
+        self.parking.store(on, Ordering::Relaxed);
+    }
+
+    pub fn is_parking(&self) -> bool {
+        self.parking.load(Ordering::Relaxed)
     }
 
     /// Requests started on this connection so far.
@@ -320,6 +345,7 @@ impl ConnTracker {
             pending_since_ms: AtomicU64::new(0),
             h2: AtomicBool::new(false),
             command: AtomicU8::new(0),
+            parking: AtomicBool::new(false),
             close_reason: Mutex::new(None),
             notify: Notify::new(),
             tracker: self.clock.clone(),

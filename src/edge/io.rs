@@ -1,12 +1,17 @@
 //! An I/O wrapper that tells the connection tracker when client bytes arrive,
 //! so a request head that trickles in on a kept-alive connection is timed
 //! (hyper times only the first request's head).
+//!
+//! It also carries what parking a connection needs (see `edge::serve`): bytes
+//! an ended hyper connection had read but not parsed are replayed first, and
+//! hyper's shutdown at the end of a parked connection leaves the socket open.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::conn::ConnState;
@@ -15,11 +20,30 @@ use super::conn::ConnState;
 pub struct TrackedIo<S> {
     inner: S,
     state: Arc<ConnState>,
+    /// Read before `inner`: what a previous hyper connection left unparsed.
+    prefix: Bytes,
 }
 
 impl<S> TrackedIo<S> {
     pub fn new(inner: S, state: Arc<ConnState>) -> Self {
-        TrackedIo { inner, state }
+        TrackedIo {
+            inner,
+            state,
+            prefix: Bytes::new(),
+        }
+    }
+
+    /// Like [`TrackedIo::new`], reading `prefix` before the stream.
+    pub fn with_prefix(inner: S, state: Arc<ConnState>, prefix: Bytes) -> Self {
+        TrackedIo {
+            inner,
+            state,
+            prefix,
+        }
+    }
+
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }
 
@@ -29,6 +53,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for TrackedIo<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -64,6 +94,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedIo<S> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.state.is_parking() {
+            // The socket outlives this hyper connection.
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -12,22 +12,23 @@ use std::net::IpAddr;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// Everything the log says about one request.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct AccessRecord {
     /// Wall-clock time the request started (RFC 3339, milliseconds).
-    pub time: String,
+    pub time: SystemTime,
     pub client: IpAddr,
     pub peer: IpAddr,
     /// Where `client` came from: peer, proxy_protocol, x_forwarded_for, forwarded.
     pub client_source: &'static str,
-    pub method: String,
+    pub method: http::Method,
     pub host: String,
     pub path: String,
     pub proto: &'static str,
-    pub class: String,
+    pub class: Arc<str>,
     pub decision: &'static str,
     /// The session: `anonymous`, `verified`, or `unverified` (a session
     /// cookie that failed its check).
@@ -45,8 +46,8 @@ pub struct AccessRecord {
     pub shadow_rules: Option<Vec<String>>,
     /// Why the rejected client may be a person: low_rate, verified, browser.
     pub collateral: Option<&'static str>,
-    pub pool: Option<String>,
-    pub upstream: Option<String>,
+    pub pool: Option<Arc<str>>,
+    pub upstream: Option<SocketAddr>,
     pub status: u16,
     pub upstream_status: Option<u16>,
     pub bytes_in: u64,
@@ -55,7 +56,7 @@ pub struct AccessRecord {
     pub queue_ms: f64,
     /// The admission lane the request waited in (`verified`, `pass`,
     /// `anonymous`), when its pool has an admission queue.
-    pub lane: Option<String>,
+    pub lane: Option<Arc<str>>,
     pub upstream_ms: Option<f64>,
     /// Request coalescing (classes with `coalesce = true`): `leader` (went
     /// upstream for identical requests), `shared` (answered with the
@@ -64,6 +65,196 @@ pub struct AccessRecord {
     pub coalesced: Option<&'static str>,
     /// Set when the response did not complete (client gone, upstream reset).
     pub error: Option<String>,
+}
+
+impl AccessRecord {
+    /// Appends the record as one JSON object (no newline).
+    ///
+    /// Written by hand rather than with serde: this runs for every request,
+    /// and most fields are known-safe tokens, numbers and addresses that need
+    /// no escaping (serde_json was a sixth of weir's own per-request work).
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        let mut w = JsonObject::new(out);
+        w.raw_str("time", &Timestamp(self.time));
+        w.raw_str("client", &self.client);
+        w.raw_str("peer", &self.peer);
+        w.token("client_source", self.client_source);
+        w.string("method", self.method.as_str());
+        w.string("host", &self.host);
+        w.string("path", &self.path);
+        w.token("proto", self.proto);
+        w.string("class", &self.class);
+        w.token("decision", self.decision);
+        w.token("session", self.session);
+        w.opt_token("challenge", self.challenge);
+        w.opt_string("rule", self.rule.as_deref());
+        w.opt_token("rule_level", self.rule_level);
+        w.opt_string("rule_key", self.rule_key.as_deref());
+        match &self.shadow_rules {
+            None => w.null("shadow_rules"),
+            Some(rules) => {
+                w.key("shadow_rules");
+                w.out.push(b'[');
+                for (i, r) in rules.iter().enumerate() {
+                    if i > 0 {
+                        w.out.push(b',');
+                    }
+                    escaped(w.out, r);
+                }
+                w.out.push(b']');
+            }
+        }
+        w.opt_token("collateral", self.collateral);
+        w.opt_string("pool", self.pool.as_deref());
+        match &self.upstream {
+            Some(a) => w.raw_str("upstream", a),
+            None => w.null("upstream"),
+        }
+        w.uint("status", u64::from(self.status));
+        match self.upstream_status {
+            Some(s) => w.uint("upstream_status", u64::from(s)),
+            None => w.null("upstream_status"),
+        }
+        w.uint("bytes_in", self.bytes_in);
+        w.uint("bytes_out", self.bytes_out);
+        w.millis("duration_ms", self.duration_ms);
+        w.millis("queue_ms", self.queue_ms);
+        w.opt_string("lane", self.lane.as_deref());
+        match self.upstream_ms {
+            Some(v) => w.millis("upstream_ms", v),
+            None => w.null("upstream_ms"),
+        }
+        w.opt_token("coalesced", self.coalesced);
+        w.opt_string("error", self.error.as_deref());
+        w.out.push(b'}');
+    }
+}
+
+/// Writes `"key":value` pairs of one JSON object.
+struct JsonObject<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl<'a> JsonObject<'a> {
+    fn new(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'{');
+        JsonObject { out, first: true }
+    }
+
+    fn key(&mut self, key: &str) {
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+    }
+
+    /// A value from weir's own vocabulary: never needs escaping.
+    fn token(&mut self, key: &str, v: &str) {
+        self.key(key);
+        self.out.push(b'"');
+        self.out.extend_from_slice(v.as_bytes());
+        self.out.push(b'"');
+    }
+
+    fn opt_token(&mut self, key: &str, v: Option<&str>) {
+        match v {
+            Some(v) => self.token(key, v),
+            None => self.null(key),
+        }
+    }
+
+    /// A value from the request or the configuration: escaped as needed.
+    fn string(&mut self, key: &str, v: &str) {
+        self.key(key);
+        escaped(self.out, v);
+    }
+
+    fn opt_string(&mut self, key: &str, v: Option<&str>) {
+        match v {
+            Some(v) => self.string(key, v),
+            None => self.null(key),
+        }
+    }
+
+    /// A displayed value that needs no escaping (addresses, times).
+    fn raw_str(&mut self, key: &str, v: &dyn std::fmt::Display) {
+        use std::io::Write as _;
+        self.key(key);
+        self.out.push(b'"');
+        let _ = write!(self.out, "{v}");
+        self.out.push(b'"');
+    }
+
+    fn null(&mut self, key: &str) {
+        self.key(key);
+        self.out.extend_from_slice(b"null");
+    }
+
+    fn uint(&mut self, key: &str, v: u64) {
+        self.key(key);
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+    }
+
+    /// Milliseconds with microsecond precision, as the shortest decimal
+    /// (`1.5`, `0.042`, `3.0`), which is how serde_json printed them.
+    fn millis(&mut self, key: &str, ms: f64) {
+        self.key(key);
+        if !ms.is_finite() || ms < 0.0 {
+            self.out.extend_from_slice(b"0.0");
+            return;
+        }
+        let micros = (ms * 1000.0).round() as u64;
+        let mut int = itoa::Buffer::new();
+        self.out
+            .extend_from_slice(int.format(micros / 1000).as_bytes());
+        self.out.push(b'.');
+        let frac = micros % 1000;
+        if frac == 0 {
+            self.out.push(b'0');
+            return;
+        }
+        let digits = [
+            b'0' + (frac / 100) as u8,
+            b'0' + (frac / 10 % 10) as u8,
+            b'0' + (frac % 10) as u8,
+        ];
+        let len = if frac.is_multiple_of(100) {
+            1
+        } else if frac.is_multiple_of(10) {
+            2
+        } else {
+            3
+        };
+        self.out.extend_from_slice(&digits[..len]);
+    }
+}
+
+/// A JSON string literal; request data seldom needs escaping, so the common
+/// case is one scan and one copy.
+fn escaped(out: &mut Vec<u8>, v: &str) {
+    if v.bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f)
+    {
+        out.push(b'"');
+        out.extend_from_slice(v.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = serde_json::to_writer(&mut *out, v);
+    }
+}
+
+/// RFC 3339 with milliseconds, e.g. `2026-09-23T17:00:00.123Z`.
+struct Timestamp(SystemTime);
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&humantime::format_rfc3339_millis(self.0), f)
+    }
 }
 
 /// Where lines go.
@@ -130,10 +321,8 @@ impl AccessLog {
     /// Queues a record; returns false if it had to be dropped.
     pub fn write(&self, record: &AccessRecord) -> bool {
         let Some(tx) = &self.tx else { return true };
-        let mut line = Vec::with_capacity(384);
-        if serde_json::to_writer(&mut line, record).is_err() {
-            return false;
-        }
+        let mut line = Vec::with_capacity(512);
+        record.write_json(&mut line);
         line.push(b'\n');
         match tx.try_send(line) {
             Ok(()) => true,
@@ -174,5 +363,105 @@ const WRITE_INTERVAL: Duration = Duration::from_millis(20);
 
 /// RFC 3339 time with milliseconds, e.g. `2026-09-23T17:00:00.123Z`.
 pub fn timestamp(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+    Timestamp(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> AccessRecord {
+        AccessRecord {
+            time: SystemTime::UNIX_EPOCH + Duration::from_millis(1_790_000_000_123),
+            client: "198.51.100.7".parse().unwrap(),
+            peer: "2001:db8::1".parse().unwrap(),
+            client_source: "x_forwarded_for",
+            method: http::Method::GET,
+            host: "wiki.example".into(),
+            path: "/w/index.php?title=\"x\"\\y\u{1}".into(),
+            proto: "HTTP/1.1",
+            class: Arc::from("page"),
+            decision: "reject",
+            session: "anonymous",
+            challenge: None,
+            rule: Some("per-ip".into()),
+            rule_level: Some("ip"),
+            rule_key: Some("198.51.100.7".into()),
+            shadow_rules: Some(vec!["site".into(), "q\"uote".into()]),
+            collateral: None,
+            pool: Some(Arc::from("app")),
+            upstream: Some("127.0.0.1:8080".parse().unwrap()),
+            status: 429,
+            upstream_status: None,
+            bytes_in: 0,
+            bytes_out: 1234,
+            duration_ms: 1.5,
+            queue_ms: 0.0,
+            lane: None,
+            upstream_ms: Some(0.042),
+            coalesced: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn line_is_json_with_every_field() {
+        let mut out = Vec::new();
+        record().write_json(&mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
+        let want = serde_json::json!({
+            "time": "2026-09-21T14:13:20.123Z",
+            "client": "198.51.100.7",
+            "peer": "2001:db8::1",
+            "client_source": "x_forwarded_for",
+            "method": "GET",
+            "host": "wiki.example",
+            "path": "/w/index.php?title=\"x\"\\y\u{1}",
+            "proto": "HTTP/1.1",
+            "class": "page",
+            "decision": "reject",
+            "session": "anonymous",
+            "challenge": null,
+            "rule": "per-ip",
+            "rule_level": "ip",
+            "rule_key": "198.51.100.7",
+            "shadow_rules": ["site", "q\"uote"],
+            "collateral": null,
+            "pool": "app",
+            "upstream": "127.0.0.1:8080",
+            "status": 429,
+            "upstream_status": null,
+            "bytes_in": 0,
+            "bytes_out": 1234,
+            "duration_ms": 1.5,
+            "queue_ms": 0.0,
+            "lane": null,
+            "upstream_ms": 0.042,
+            "coalesced": null,
+            "error": null,
+        });
+        assert_eq!(v, want);
+    }
+
+    #[test]
+    fn milliseconds_print_as_shortest_decimals() {
+        let cases = [
+            (0.0, "0.0"),
+            (1.5, "1.5"),
+            (0.042, "0.042"),
+            (12.34, "12.34"),
+            (3.0, "3.0"),
+            (1234.5678, "1234.568"),
+            (-1.0, "0.0"),
+        ];
+        for (ms, want) in cases {
+            let mut out = Vec::new();
+            JsonObject::new(&mut out).millis("m", ms);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                format!("{{\"m\":{want}"),
+                "{ms}"
+            );
+        }
+    }
 }

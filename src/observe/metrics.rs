@@ -60,6 +60,24 @@ pub struct PoolLabels {
     pub pool: Arc<str>,
 }
 
+/// One pool's per-request metrics, looked up once per pool instead of once
+/// per request (a family lookup hashes the labels under a lock).
+#[derive(Debug, Clone)]
+pub struct PoolHandles {
+    pub in_flight: Gauge,
+    pub duration: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Metrics {
+    pub fn pool_handles(&self, pool: &Arc<str>) -> PoolHandles {
+        let labels = PoolLabels { pool: pool.clone() };
+        PoolHandles {
+            in_flight: self.upstream_in_flight.get_or_create(&labels).clone(),
+            duration: self.upstream_duration.get_or_create(&labels).clone(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolErrorLabels {
     pub pool: Arc<str>,
@@ -122,6 +140,7 @@ pub struct Metrics {
     pub rejections: Family<RuleLabels, Counter>,
     pub connections_open: Gauge,
     pub connections_accepted: Counter,
+    pub connections_parked: Counter,
     pub connections_refused: Family<ReasonLabels, Counter>,
     pub connections_closed: Family<ReasonLabels, Counter>,
     pub connection_errors: Family<KindLabels, Counter>,
@@ -182,6 +201,7 @@ impl Metrics {
             rejections: Family::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
+            connections_parked: Counter::default(),
             connections_refused: Family::default(),
             connections_closed: Family::default(),
             connection_errors: Family::default(),
@@ -236,6 +256,11 @@ impl Metrics {
             "connections_open",
             "Client connections currently open",
             m.connections_open.clone(),
+        );
+        registry.register(
+            "connections_parked",
+            "Times an idle HTTP/1 client connection released its buffers until its next request",
+            m.connections_parked.clone(),
         );
         registry.register(
             "connections_accepted",

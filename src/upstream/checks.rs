@@ -78,11 +78,14 @@ fn label(r: &CheckResult) -> &'static str {
     }
 }
 
+/// Largest check answer read to keep its connection.
+const MAX_CHECK_BODY: usize = 64 * 1024;
+
 /// One check: any answer below 500 passes; 5xx is a failing answer (the
 /// server is alive); no connection is `Refused`; no answer in time is
 /// `Timeout`.
 pub async fn check(pool: &Pool, server: &Server, settings: &CheckSettings) -> CheckResult {
-    let uri = format!("http://{}{}", server.authority, settings.path);
+    let uri = settings.path.as_str();
     let mut req = Request::new(RequestBody::empty());
     match uri.parse() {
         Ok(u) => *req.uri_mut() = u,
@@ -97,12 +100,24 @@ pub async fn check(pool: &Pool, server: &Server, settings: &CheckSettings) -> Ch
         header::HeaderValue::from_static("weir-health-check"),
     );
     let started = Instant::now();
-    match tokio::time::timeout(settings.timeout, pool.client.request(req)).await {
+    let exchange = async {
+        let resp = server
+            .connections
+            .send(server.addr, &pool.conn, req)
+            .await?;
+        let latency = started.elapsed();
+        // Read the (small) answer so its connection can be kept; one that
+        // goes on and on is dropped, and the check still counts.
+        let status = resp.status();
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_CHECK_BODY);
+        let _ = http_body_util::BodyExt::collect(body).await;
+        Ok::<_, crate::upstream::connections::SendError>((status, latency))
+    };
+    match tokio::time::timeout(settings.timeout, exchange).await {
         Err(_) => CheckResult::Timeout,
         Ok(Err(_)) => CheckResult::Refused,
-        Ok(Ok(resp)) => {
-            let latency = started.elapsed();
-            if resp.status().as_u16() < 500 {
+        Ok(Ok((status, latency))) => {
+            if status.as_u16() < 500 {
                 CheckResult::Ok { latency }
             } else {
                 CheckResult::Failed { latency }

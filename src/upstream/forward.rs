@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 
+use super::connections::{ConnectError, SendError, UpstreamBody};
 use super::pool::{Pool, Server};
 use crate::body::RequestBody;
 use crate::config::{ForwardingConfig, XffMode};
@@ -31,7 +31,7 @@ pub enum ForwardError {
     #[error("connect to {server} failed: {source}")]
     Connect {
         server: std::net::SocketAddr,
-        source: hyper_util::client::legacy::Error,
+        source: ConnectError,
     },
     /// No response headers within the response timeout.
     #[error("{server} sent no response within {after:?}")]
@@ -43,7 +43,7 @@ pub enum ForwardError {
     #[error("exchange with {server} failed: {source}")]
     Exchange {
         server: std::net::SocketAddr,
-        source: hyper_util::client::legacy::Error,
+        source: hyper::Error,
     },
 }
 
@@ -80,7 +80,7 @@ impl ForwardError {
     }
 }
 
-fn is_body_timeout(e: &hyper_util::client::legacy::Error) -> bool {
+fn is_body_timeout(e: &hyper::Error) -> bool {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(s) = source {
         if s.is::<crate::body::BodyReadTimeout>() {
@@ -97,31 +97,28 @@ pub async fn send(
     server: &Server,
     mut req: Request<RequestBody>,
     timeout: Duration,
-) -> Result<Response<Incoming>, ForwardError> {
-    let pq = req
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(http::uri::Scheme::HTTP);
-    parts.authority = Some(server.authority.clone());
-    parts.path_and_query = Some(pq);
-    // Both parts are set, so this cannot fail.
-    if let Ok(uri) = http::Uri::from_parts(parts) {
-        *req.uri_mut() = uri;
+) -> Result<Response<UpstreamBody>, ForwardError> {
+    // Origin form (`/path?query`): the `Host` header names the site.
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let pq = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        *req.uri_mut() = http::Uri::from(pq);
     }
     *req.version_mut() = Version::HTTP_11;
-    match tokio::time::timeout(timeout, pool.client.request(req)).await {
+    let exchange = server.connections.send(server.addr, &pool.conn, req);
+    match tokio::time::timeout(timeout, exchange).await {
         Err(_) => Err(ForwardError::Timeout {
             server: server.addr,
             after: timeout,
         }),
-        Ok(Err(source)) if source.is_connect() => Err(ForwardError::Connect {
+        Ok(Err(SendError::Connect(source))) => Err(ForwardError::Connect {
             server: server.addr,
             source,
         }),
-        Ok(Err(source)) => Err(ForwardError::Exchange {
+        Ok(Err(SendError::Exchange(source))) => Err(ForwardError::Exchange {
             server: server.addr,
             source,
         }),
@@ -168,7 +165,9 @@ impl ForwardingHeaders {
             XffMode::Off => {
                 headers.remove(&X_FORWARDED_FOR);
             }
-            XffMode::Replace => set(headers, &X_FORWARDED_FOR, &client.to_string()),
+            XffMode::Replace => {
+                headers.insert(X_FORWARDED_FOR.clone(), ip_value(client));
+            }
             XffMode::Append if hop.peer_trusted => {
                 let received: Vec<&str> = headers
                     .get_all(&X_FORWARDED_FOR)
@@ -182,17 +181,25 @@ impl ForwardingHeaders {
                 };
                 set(headers, &X_FORWARDED_FOR, &value);
             }
-            XffMode::Append => set(headers, &X_FORWARDED_FOR, &client.to_string()),
+            XffMode::Append => {
+                headers.insert(X_FORWARDED_FOR.clone(), ip_value(client));
+            }
         }
         if !hop.peer_trusted {
-            headers.remove(&X_REAL_IP);
-            headers.remove(header::FORWARDED);
+            // Both are rare in requests: look before paying for two removals.
+            if headers
+                .keys()
+                .any(|k| *k == X_REAL_IP || *k == header::FORWARDED)
+            {
+                headers.remove(&X_REAL_IP);
+                headers.remove(header::FORWARDED);
+            }
         }
         let proto = if hop.tls { "https" } else { "http" };
         if self.config.x_forwarded_proto {
             // A trusted load balancer that terminated TLS knows the real scheme.
             if !(hop.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-                set(headers, &X_FORWARDED_PROTO, proto);
+                headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
             }
         } else if !hop.peer_trusted {
             headers.remove(&X_FORWARDED_PROTO);
@@ -224,6 +231,18 @@ impl ForwardingHeaders {
     }
 }
 
+/// An address as a header value, formatted straight into the value's
+/// buffer (one allocation, no UTF-8 re-check).
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    use bytes::BufMut as _;
+    use std::io::Write as _;
+    let mut buf = bytes::BytesMut::with_capacity(45).writer();
+    let _ = write!(buf, "{ip}");
+    // Digits, dots, colons and hex letters are all valid header bytes.
+    HeaderValue::from_maybe_shared(buf.into_inner().freeze())
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
 fn forwarded_node(ip: IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => v4.to_string(),
@@ -237,9 +256,27 @@ fn set(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
     }
 }
 
+/// Whether `name` is a hop-by-hop header weir always removes (RFC 9110
+/// §7.6.1, plus the non-standard `Keep-Alive` and `Proxy-Connection`).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    *name == header::CONNECTION
+        || *name == header::TE
+        || *name == header::TRAILER
+        || *name == header::TRANSFER_ENCODING
+        || *name == header::PROXY_AUTHORIZATION
+        || *name == header::UPGRADE
+        || *name == KEEP_ALIVE
+        || *name == PROXY_CONNECTION
+}
+
 /// Removes hop-by-hop headers, including any listed in `Connection`.
 /// With `keep_upgrade`, `Connection: upgrade` and `Upgrade` stay (WebSocket).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Most messages carry none: one pass over the names instead of a hashed
+    // removal per hop-by-hop name.
+    if !keep_upgrade && !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

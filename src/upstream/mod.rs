@@ -1,7 +1,7 @@
 //! Upstream: pools of servers, balancing, and forwarding with proxy semantics.
 //!
-//! Owns the connections to upstream servers (keep-alive pooled by hyper-util's
-//! client), choosing a server per request, rewriting headers for the hop, and
+//! Owns the connections to upstream servers (kept alive per server by
+//! `connections`), choosing a server per request, rewriting headers for the hop, and
 //! classifying failures (connect, timeout, reset) by side and retry safety.
 //! Per server it keeps health (active checks and passive outcomes), slow
 //! start and, per pool, the retry budget and admission queue. It does not
@@ -9,6 +9,7 @@
 //! admission's job.
 
 pub mod checks;
+pub mod connections;
 pub mod forward;
 pub mod health;
 pub mod pool;

@@ -14,10 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use http::uri::Authority;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::connections::{ConnSettings, ServerConnections};
 use super::health::{
     CheckResult, DeadCause, HealthConfig, HealthState, PoolMode, PoolSignal, RequestOutcome,
     ServerHealth, Transition,
@@ -25,7 +23,6 @@ use super::health::{
 use super::retry_budget::{RetryBudget, RetryBudgetConfig};
 use super::slow_start::{Completion, SlowStart, SlowStartConfig};
 use crate::admission::{AdmissionQueue, GradientConfig, LaneSpec, Lanes, LimitConfig, QueueConfig};
-use crate::body::RequestBody;
 use crate::config::{AdmissionSettings, Balance, HealthCheckSettings, PoolConfig};
 
 /// One server of a pool.
@@ -33,6 +30,8 @@ use crate::config::{AdmissionSettings, Balance, HealthCheckSettings, PoolConfig}
 pub struct Server {
     pub addr: SocketAddr,
     pub authority: Authority,
+    /// Idle keep-alive connections, kept across reloads with the server.
+    pub connections: Arc<ServerConnections>,
     in_flight: AtomicU32,
     state: Mutex<ServerState>,
 }
@@ -62,6 +61,7 @@ impl Server {
         Server {
             addr,
             authority,
+            connections: Arc::default(),
             in_flight: AtomicU32::new(0),
             state: Mutex::new(ServerState {
                 health: ServerHealth::new(health, now),
@@ -125,9 +125,6 @@ pub enum NoServer {
     AllDead,
 }
 
-/// The hyper client type weir uses towards upstreams.
-pub type UpstreamClient = Client<HttpConnector, RequestBody>;
-
 /// Active check settings of a pool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckSettings {
@@ -143,7 +140,10 @@ pub struct Pool {
     pub balance: Balance,
     pub connect_timeout: Duration,
     pub response_timeout: Duration,
-    pub client: UpstreamClient,
+    /// How connections to its servers are opened and kept.
+    pub conn: ConnSettings,
+    /// Its per-request metrics, resolved at first use.
+    pub metrics: std::sync::OnceLock<crate::observe::metrics::PoolHandles>,
     /// The definition this pool was built from: a reload that leaves it
     /// unchanged keeps this pool (and its warm connections).
     pub definition: PoolConfig,
@@ -315,25 +315,18 @@ impl Pool {
         if !errors.is_empty() {
             return Err(errors);
         }
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(def.connect_timeout.0));
-        connector.set_nodelay(true);
-        connector.enforce_http(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(def.idle_timeout.0)
-            .pool_max_idle_per_host(def.max_idle_per_server)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            // weir forwards the client's `Host`; it must not be rewritten.
-            .set_host(false)
-            .build(connector);
         Ok(Pool {
             name: Arc::from(name),
             servers,
             balance: def.balance,
             connect_timeout: def.connect_timeout.0,
             response_timeout: def.response_timeout.0,
-            client,
+            conn: ConnSettings {
+                connect_timeout: def.connect_timeout.0,
+                idle_timeout: def.idle_timeout.0,
+                max_idle: def.max_idle_per_server,
+            },
+            metrics: std::sync::OnceLock::new(),
             definition: def.clone(),
             admission,
             checks: def.health.as_ref().map(|h| CheckSettings {

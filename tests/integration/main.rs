@@ -80,3 +80,7 @@ mod admission;
 // Request coalescing: identical anonymous GETs share one upstream request;
 // personal requests, unshareable responses and other classes never do.
 mod coalesce;
+
+// Client connections park between requests without losing bytes; upstream
+// connections are kept alive, reused, and replaced when the upstream closed them.
+mod connections;
