@@ -260,8 +260,18 @@ fn run(opts: &RunOptions) -> anyhow::Result<ExitCode> {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
+    // One worker: tokio's single-threaded scheduler. It runs woken tasks in
+    // order; the multi-threaded one, even with one thread, runs the task
+    // woken last first (its LIFO slot), which under 1,000 busy connections
+    // served some quickly and left others waiting (p99 5x nginx's).
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    let rt = builder
         .enable_all()
         .thread_name("weir-worker")
         .build()
