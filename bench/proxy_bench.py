@@ -205,8 +205,8 @@ def start_haproxy(workdir, upstream_port, pin):
     return s
 
 
-def start_weir(workdir, upstream_port, weir_bin, pin):
-    d = os.path.join(workdir, "weir")
+def start_weir(workdir, upstream_port, weir_bin, pin, admission=False):
+    d = os.path.join(workdir, "weir-admission" if admission else "weir")
     os.makedirs(d, exist_ok=True)
     cfg = os.path.join(d, "weir.toml")
     ready = os.path.join(d, "ready.json")
@@ -217,6 +217,10 @@ def start_weir(workdir, upstream_port, weir_bin, pin):
             f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\n'
             # Idle upstream connections kept, as nginx's `keepalive 1024`.
             'max_idle_per_server = 1024\n\n'
+            # `weir-admission`: the same with an admission queue whose limit
+            # is never reached, so the difference is the queue's own cost.
+            + ('[pools.app.admission]\nmax_in_flight = 5000\nmax_queued = 5000\n\n' if admission else '')
+            +
             '[[routes]]\npool = "app"\nclass = "page"\n\n'
             # wrk is one address holding up to 1,000 connections: weir's
             # per-address defaults (256 connections, 128 in flight) would
@@ -356,13 +360,15 @@ def main():
             "nginx": lambda: start_nginx_proxy(work, upstream.port, pin_proxy),
             "haproxy": lambda: start_haproxy(work, upstream.port, pin_proxy),
             "weir": lambda: start_weir(work, upstream.port, args.weir_bin, pin_proxy),
+            "weir-admission": lambda: start_weir(work, upstream.port, args.weir_bin, pin_proxy,
+                                                 admission=True),
         }
         targets = []
         for t in wanted:
             if t == "direct":
                 targets.append(t)
                 continue
-            if t == "weir" and not os.access(args.weir_bin, os.X_OK):
+            if t.startswith("weir") and not os.access(args.weir_bin, os.X_OK):
                 skipped[t] = f"{args.weir_bin} not found (build failed?)"
             else:
                 try:
@@ -485,6 +491,14 @@ def main():
                   f"{fmt(s['p99_ms'], '.2f'):>8} {fmt(s['vs_direct'], '.2f'):>9} "
                   f"{fmt(s['vs_nginx'], '.2f'):>8} {fmt(s['proxy_cpu_us_per_req'], '.1f'):>10} "
                   f"{s['errors']:>6}")
+        # Admission's own cost: the same weir with a queue that never fills.
+        by = {(s["target"], s["conns"]): s for s in summary}
+        for c in conns_list:
+            a, b = by.get(("weir-admission", c)), by.get(("weir", c))
+            if a and b and b["rps_median"] and b["proxy_cpu_us_per_req"]:
+                print(f"admission overhead at {c} conns: req/s x{a['rps_median'] / b['rps_median']:.2f}, "
+                      f"cpu/req x{a['proxy_cpu_us_per_req'] / b['proxy_cpu_us_per_req']:.2f} "
+                      f"(weir-admission / weir)")
         if idle:
             print()
             print(f"{'idle':<8} {'conns':>6} {'open':>6} {'RSS before':>11} {'RSS held':>10} {'bytes/conn':>10}")

@@ -113,6 +113,9 @@ pub trait OnComplete: Send + Sync + 'static {
 
 enum Inner {
     Upstream(UpstreamBody),
+    /// Frames already read from the upstream body (a coalescing leader that
+    /// gave up buffering), then the rest of it.
+    Resumed(std::collections::VecDeque<Frame<Bytes>>, UpstreamBody),
     Full(Option<Bytes>),
 }
 
@@ -127,6 +130,15 @@ impl ResponseBody {
     pub fn upstream(body: UpstreamBody) -> Self {
         ResponseBody {
             inner: Inner::Upstream(body),
+            bytes_out: 0,
+            on_complete: None,
+        }
+    }
+
+    /// `read` (frames taken from `rest` already), then the rest of `rest`.
+    pub fn resumed(read: std::collections::VecDeque<Frame<Bytes>>, rest: UpstreamBody) -> Self {
+        ResponseBody {
+            inner: Inner::Resumed(read, rest),
             bytes_out: 0,
             on_complete: None,
         }
@@ -173,6 +185,14 @@ impl Body for ResponseBody {
                 Some(Err(e)) => Some(Err(BoxError::from(e))),
                 None => None,
             },
+            Inner::Resumed(read, rest) => match read.pop_front() {
+                Some(f) => Some(Ok(f)),
+                None => match ready!(Pin::new(rest).poll_frame(cx)) {
+                    Some(Ok(f)) => Some(Ok(f)),
+                    Some(Err(e)) => Some(Err(BoxError::from(e))),
+                    None => None,
+                },
+            },
             Inner::Full(b) => b.take().map(|d| Ok(Frame::data(d))),
         };
         match &polled {
@@ -193,6 +213,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Upstream(b) => b.is_end_stream(),
+            Inner::Resumed(read, rest) => read.is_empty() && rest.is_end_stream(),
             Inner::Full(b) => b.is_none(),
         }
     }
@@ -200,6 +221,18 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Upstream(b) => b.size_hint(),
+            Inner::Resumed(read, rest) => {
+                let buffered: u64 = read
+                    .iter()
+                    .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+                    .sum();
+                let mut hint = rest.size_hint();
+                hint.set_lower(hint.lower() + buffered);
+                if let Some(upper) = hint.upper() {
+                    hint.set_upper(upper + buffered);
+                }
+                hint
+            }
             Inner::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
         }
     }

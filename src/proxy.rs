@@ -300,30 +300,47 @@ pub async fn handle(
 }
 
 /// A coalescing leader's response: buffered and published to its followers
-/// when shareable, streamed to this client alone otherwise. Only a body of
-/// known length is buffered: a chunked one could pass the cap halfway, when
-/// this client's copy could no longer be streamed. A body error drops the
-/// leader, which sends the followers upstream.
+/// when shareable, streamed to this client alone otherwise. A body without a
+/// known length (chunked) is read until it ends or passes the cap; past the
+/// cap, this client gets what was read followed by the rest, and the
+/// followers go upstream themselves. A body error drops the leader, which
+/// sends the followers upstream too.
 async fn lead(
     leader: Leader,
     parts: &http::response::Parts,
-    body: UpstreamBody,
+    mut body: UpstreamBody,
     max: usize,
 ) -> Result<ResponseBody, crate::body::BoxError> {
     use http_body::Body as _;
     use http_body_util::BodyExt as _;
-    let len = body
+    let known = body
         .size_hint()
         .exact()
         .and_then(|n| usize::try_from(n).ok());
-    if !len.is_some_and(|n| shareable(parts.status, &parts.headers, n, max)) {
+    let len_fits = known.is_none_or(|n| n <= max);
+    if !len_fits || !shareable(parts.status, &parts.headers, 0, max) {
         leader.finish(None);
         return Ok(ResponseBody::upstream(body));
     }
-    let bytes = http_body_util::Limited::new(body, max)
-        .collect()
-        .await?
-        .to_bytes();
+    let mut read = std::collections::VecDeque::new();
+    let mut bytes = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        match frame.data_ref() {
+            Some(d) if bytes.len() + d.len() <= max => bytes.extend_from_slice(d),
+            // Past the cap, or trailers: not shared; this client still gets
+            // every byte, in order.
+            _ => {
+                leader.finish(None);
+                if !bytes.is_empty() {
+                    read.push_back(http_body::Frame::data(bytes.freeze()));
+                }
+                read.push_back(frame);
+                return Ok(ResponseBody::resumed(read, body));
+            }
+        }
+    }
+    let bytes = bytes.freeze();
     leader.finish(Some(SharedResponse {
         status: parts.status,
         headers: parts.headers.clone(),

@@ -236,6 +236,25 @@ disengage_after = "300ms"
         }));
     }
     let weir_ref = &weir;
+    // Wait until they queue: a navigation sent before the pressure engages
+    // would itself wait in the queue (until the app recovers).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = weir.metrics().await;
+        let queued: f64 = m
+            .lines()
+            .filter(|l| l.starts_with("weir_admission_queued{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum();
+        if queued >= 4.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "requests never queued: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut challenged = false;
     for _ in 0..100 {
         let (status, h, _) = get_from(ip("127.101.2.1"), weir_ref.addr, "/wiki/B", &NAV).await;

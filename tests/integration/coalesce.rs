@@ -8,8 +8,10 @@
 //!   a few times; all 50 get `200` and an upstream's body; the access log
 //!   and `weir_coalesced_requests_total` count the copies.
 //! - `unshareable_responses_are_not_shared`: `Set-Cookie`,
-//!   `Cache-Control: private`, `no-store`, `Vary: User-Agent` and a body of
-//!   unknown length (chunked) reach the upstream once per request.
+//!   `Cache-Control: private`, `no-store`, `Vary: User-Agent` and a chunked
+//!   body larger than the cap reach the upstream once per request (and the
+//!   large one arrives whole).
+//! - `chunked_bodies_within_the_cap_are_shared`.
 //! - `personal_requests_are_never_coalesced`: `Cookie`, `Authorization`,
 //!   POST and conditional GETs always go upstream themselves, and are not
 //!   marked coalesced.
@@ -44,7 +46,8 @@ type Hits = Arc<Mutex<HashMap<String, usize>>>;
 /// it (`/page #2`), so a client's body says which request it copies. Paths:
 /// `/set-cookie`, `/private`, `/no-store`, `/vary-ua` add the header that
 /// makes the response personal; `/chunked` answers without a length;
-/// anything else is a plain shareable page.
+/// `/chunked-big` without a length and past the test's 4 KiB cap, in three
+/// chunks; anything else is a plain shareable page.
 struct SlowUpstream {
     addr: SocketAddr,
     hits: Hits,
@@ -94,9 +97,15 @@ async fn answer(req: Request<Incoming>, hits: Hits) -> Result<Response<BoxBody>,
     tokio::time::sleep(UPSTREAM_DELAY).await;
     let text = format!("{path} #{n}");
     if path == "/chunked" {
-        return Ok(Response::new(BodyExt::boxed(Unsized(Some(Bytes::from(
-            text,
-        ))))));
+        return Ok(Response::new(BodyExt::boxed(Unsized(
+            [Bytes::from(text)].into(),
+        ))));
+    }
+    if path == "/chunked-big" {
+        let pad = Bytes::from(vec![b'.'; 2048]);
+        return Ok(Response::new(BodyExt::boxed(Unsized(
+            [Bytes::from(text), pad.clone(), pad.clone(), pad].into(),
+        ))));
     }
     let mut resp = Response::new(BodyExt::boxed(
         Full::new(Bytes::from(text)).map_err(|never| match never {}),
@@ -113,8 +122,8 @@ async fn answer(req: Request<Incoming>, hits: Hits) -> Result<Response<BoxBody>,
     Ok(resp)
 }
 
-/// A body that does not say its length (sent chunked).
-struct Unsized(Option<Bytes>);
+/// A body that does not say its length (sent chunked), one frame per chunk.
+struct Unsized(std::collections::VecDeque<Bytes>);
 
 impl http_body::Body for Unsized {
     type Data = Bytes;
@@ -124,7 +133,7 @@ impl http_body::Body for Unsized {
         mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        std::task::Poll::Ready(self.0.take().map(|b| Ok(Frame::data(b))))
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
     }
 }
 
@@ -149,6 +158,7 @@ fn weir_config(upstream: SocketAddr) -> String {
         r#"
 [classes.page]
 coalesce = true
+coalesce_max_body_bytes = 4096
 
 [classes.plain]
 
@@ -294,7 +304,7 @@ async fn unshareable_responses_are_not_shared() {
         "/private",
         "/no-store",
         "/vary-ua",
-        "/chunked",
+        "/chunked-big",
     ];
     let results = storms(weir.addr, 8, &paths.map(get)).await;
     for (path, answers) in paths.iter().zip(results) {
@@ -302,6 +312,15 @@ async fn unshareable_responses_are_not_shared() {
             answers.iter().all(|(s, _)| *s == 200),
             "{path}: {answers:?}"
         );
+        if *path == "/chunked-big" {
+            // Past the cap midway: the leader's client still gets it whole.
+            assert!(
+                answers
+                    .iter()
+                    .all(|(_, b)| b.len() > 6144 && b.ends_with("...")),
+                "{path}: {answers:?}"
+            );
+        }
         assert_eq!(
             upstream.hits(path),
             8,
@@ -320,6 +339,30 @@ async fn unshareable_responses_are_not_shared() {
     assert_eq!(
         metric(&metrics, "weir_coalesced_requests_total{class=\"page\"}"),
         0.0
+    );
+}
+
+#[tokio::test]
+async fn chunked_bodies_within_the_cap_are_shared() {
+    let upstream = SlowUpstream::start().await;
+    let weir = TestWeir::start(&weir_config(upstream.addr)).await;
+    let results = storms(weir.addr, 20, &[get("/chunked")]).await;
+    let hits = upstream.hits("/chunked");
+    assert!(
+        (1..=4).contains(&hits),
+        "20 identical GETs reached the upstream {hits} times"
+    );
+    let answers = &results[0];
+    assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+    let produced: HashSet<String> = (1..=hits).map(|n| format!("/chunked #{n}")).collect();
+    assert!(
+        answers.iter().all(|(_, b)| produced.contains(b)),
+        "{answers:?}"
+    );
+    let metrics = weir.metrics().await;
+    assert_eq!(
+        metric(&metrics, "weir_coalesced_requests_total{class=\"page\"}"),
+        (20 - hits) as f64,
     );
 }
 
