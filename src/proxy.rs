@@ -56,6 +56,27 @@ pub struct ConnCtx {
 
 /// Serves one request. Never fails: every outcome is a response.
 pub async fn handle(
+    req: Request<Incoming>,
+    conn: Arc<ConnCtx>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let http1 = req.version() != Version::HTTP_2;
+    let state = conn.state.clone();
+    let mut resp = serve(req, conn).await?;
+    // The connection is to close (a drain, an idle or shedding close): say
+    // so, and hyper closes it after this response instead of the client
+    // sending its next request into a closing socket.
+    if http1
+        && state.command() != crate::edge::conn::Command::None
+        && resp.status() != StatusCode::SWITCHING_PROTOCOLS
+    {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    Ok(resp)
+}
+
+/// The stages, in order.
+async fn serve(
     mut req: Request<Incoming>,
     conn: Arc<ConnCtx>,
 ) -> Result<Response<ResponseBody>, Infallible> {

@@ -32,12 +32,15 @@ macro_rules! drive {
         let park: bool = $park;
         let mut graceful = false;
         let mut parked = false;
-        // A connection told to close before its first request started may
-        // already hold that request unread: closing it now would drop a
-        // request the client sent. Such a close is deferred until the first
-        // request starts (hyper then closes after answering it) or
-        // `FIRST_REQUEST_GRACE` passes.
-        let mut deferred: Option<tokio::time::Instant> = None;
+        // A connection told to close between requests may have the next
+        // one on its way: closing now would drop a request the client sent
+        // (HTTP/1.1 allows it, but wrk and some clients count it failed).
+        // A new connection's close waits for its first request
+        // (`FIRST_REQUEST_GRACE`), an idle kept-alive one's during a drain
+        // for one more (`DRAIN_IDLE_GRACE`): the request is answered with
+        // `Connection: close` (`proxy` adds it while a close is pending),
+        // or the wait runs out.
+        let mut deferred: Option<(tokio::time::Instant, u64)> = None;
         let mut park_check = tokio::time::Instant::now() + PARK_AFTER;
         let res = loop {
             let wanted = if graceful || deferred.is_some() {
@@ -51,15 +54,20 @@ macro_rules! drive {
                     if cmd == Command::Abort {
                         break Ok(());
                     }
-                    if $state.requests() == 0 {
-                        deferred = Some(tokio::time::Instant::now() + FIRST_REQUEST_GRACE);
-                    } else {
-                        graceful = true;
-                        conn.as_mut().graceful_shutdown();
+                    match close_grace($state) {
+                        Some(grace) => {
+                            deferred = Some((tokio::time::Instant::now() + grace, $state.requests()));
+                        }
+                        None => {
+                            graceful = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
                     }
                 }
                 _ = tokio::time::sleep(std::time::Duration::from_millis(10)), if deferred.is_some() => {
-                    if $state.requests() > 0 || deferred.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                    if deferred.is_some_and(|(until, seen)| {
+                        $state.requests() > seen || tokio::time::Instant::now() >= until
+                    }) {
                         deferred = None;
                         graceful = true;
                         conn.as_mut().graceful_shutdown();
@@ -88,6 +96,24 @@ const PARK_AFTER: Duration = Duration::from_millis(500);
 
 /// How long a connection asked to close may still bring its first request.
 const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long an idle kept-alive connection may still bring one more request
+/// once a drain began (an upgrade, SIGTERM): a busy client's next request is
+/// answered, with `Connection: close`, instead of meeting a closed socket.
+const DRAIN_IDLE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a close just commanded waits for the connection's next request;
+/// `None`: close now (a request is in flight, which hyper then finishes, or
+/// the close is to free the slot: idle timeout, shedding).
+fn close_grace(state: &ConnState) -> Option<Duration> {
+    if state.requests() == 0 {
+        Some(FIRST_REQUEST_GRACE)
+    } else if state.in_flight() == 0 && state.close_reason() == Some("drain") {
+        Some(DRAIN_IDLE_GRACE)
+    } else {
+        None
+    }
+}
 
 /// Accepts connections on `listener` until `stop` turns true.
 pub async fn accept_loop(
@@ -347,23 +373,17 @@ async fn serve_plain<S: ConnService>(
 /// Waits for a client's next bytes while holding no buffers. False when the
 /// connection is to close instead (idle timeout, shedding, drain, an error).
 async fn wait_for_bytes(stream: &TcpStream, state: &ConnState) -> bool {
-    if state.requests() == 0 {
-        // A new connection told to close may still bring the request its
-        // client already sent (see `FIRST_REQUEST_GRACE`).
-        return tokio::select! {
-            biased;
-            r = stream.readable() => r.is_ok(),
-            _ = state.wait_for(Command::Abort) => false,
-            _ = async {
-                state.wait_for(Command::Graceful).await;
-                tokio::time::sleep(FIRST_REQUEST_GRACE).await;
-            } => false,
-        };
-    }
+    // A close may wait for one more request (see `close_grace`).
     tokio::select! {
         biased;
-        _ = state.wait_for(Command::Graceful) => false,
         r = stream.readable() => r.is_ok(),
+        _ = state.wait_for(Command::Abort) => false,
+        _ = async {
+            state.wait_for(Command::Graceful).await;
+            if let Some(grace) = close_grace(state) {
+                tokio::time::sleep(grace).await;
+            }
+        } => false,
     }
 }
 
