@@ -129,15 +129,21 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The lab's commands print a report; the weirs they run in-process log
+    // only warnings unless WEIR_LOG asks for more.
+    let default_level = match cli.command {
+        Command::Sim { .. } | Command::Demo { .. } | Command::Replay { .. } => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run {
