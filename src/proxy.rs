@@ -672,9 +672,6 @@ async fn send_with_failover(
             }
         };
         log.record.upstream = Some(guard.server.addr);
-        let labels = PoolLabels {
-            pool: pool.name.clone(),
-        };
         let handles = pool
             .metrics
             .get_or_init(|| rt.metrics.pool_handles(&pool.name));
@@ -706,6 +703,9 @@ async fn send_with_failover(
                 if !can_retry {
                     return Err(e);
                 }
+                let labels = PoolLabels {
+                    pool: pool.name.clone(),
+                };
                 if !pool.try_retry(Instant::now()) {
                     rt.metrics
                         .upstream_retries_denied

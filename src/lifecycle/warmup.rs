@@ -457,7 +457,7 @@ async fn probe_server(pool: &Pool, index: usize) -> bool {
             )
         }
         None => {
-            let within = pool.connect_timeout.min(PROBE_TIMEOUT_CAP);
+            let within = pool.conn.connect_timeout.min(PROBE_TIMEOUT_CAP);
             matches!(
                 tokio::time::timeout(within, tokio::net::TcpStream::connect(server.addr)).await,
                 Ok(Ok(_))

@@ -361,11 +361,6 @@ fn write_lines(rx: Receiver<Vec<u8>>, out: Box<dyn Write + Send>) {
 /// How often queued lines are written.
 const WRITE_INTERVAL: Duration = Duration::from_millis(20);
 
-/// RFC 3339 time with milliseconds, e.g. `2026-09-23T17:00:00.123Z`.
-pub fn timestamp(t: SystemTime) -> String {
-    Timestamp(t).to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,11 +95,6 @@ impl ServerConnections {
         idle.push(Idle { sender, since: now });
     }
 
-    /// Idle connections kept now.
-    pub fn idle(&self) -> usize {
-        self.idle.lock().map_or(0, |i| i.len())
-    }
-
     /// Sends `req` to `addr` on an idle connection, or a new one. A request
     /// that a reused connection could not take (the server had just closed
     /// it) is sent again on a new one: it never left weir.

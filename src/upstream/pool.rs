@@ -138,7 +138,6 @@ pub struct Pool {
     pub name: Arc<str>,
     pub servers: Vec<Arc<Server>>,
     pub balance: Balance,
-    pub connect_timeout: Duration,
     pub response_timeout: Duration,
     /// How connections to its servers are opened and kept.
     pub conn: ConnSettings,
@@ -319,7 +318,6 @@ impl Pool {
             name: Arc::from(name),
             servers,
             balance: def.balance,
-            connect_timeout: def.connect_timeout.0,
             response_timeout: def.response_timeout.0,
             conn: ConnSettings {
                 connect_timeout: def.connect_timeout.0,
