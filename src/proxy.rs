@@ -619,9 +619,10 @@ fn challenge_response(
     resp.map(|b| ResponseBody::full(b).on_complete(Box::new(log)))
 }
 
-/// Sends the request; a connect failure of a bodyless request is re-sent once
-/// to another server (nothing reached the first one, so this is always safe),
-/// within the pool's retry budget. Every outcome feeds the server's health.
+/// Sends the request; a bodyless request is re-sent once to another server,
+/// within the pool's retry budget, when the connect failed (nothing reached
+/// the first one) or, for an idempotent read, when a kept-alive connection
+/// closed before any response. Every outcome feeds the server's health.
 async fn send_with_failover(
     pool: &Arc<Pool>,
     parts: http::request::Parts,
@@ -699,7 +700,7 @@ async fn send_with_failover(
                         kind: e.kind(),
                     })
                     .inc();
-                let can_retry = e.nothing_sent() && failed.is_none() && retry_copy.is_some();
+                let can_retry = e.retryable(idempotent) && failed.is_none() && retry_copy.is_some();
                 if !can_retry {
                     return Err(e);
                 }
@@ -714,7 +715,7 @@ async fn send_with_failover(
                     return Err(e);
                 }
                 rt.metrics.upstream_retries.get_or_create(&labels).inc();
-                tracing::debug!(error = %e, "connect failed; trying another server");
+                tracing::debug!(error = %e, "trying another server");
                 failed = Some(guard);
             }
         }
@@ -735,6 +736,7 @@ fn health_outcome(
         Err(e @ ForwardError::Exchange { .. }) if e.kind() == "exchange" => {
             Some(RequestOutcome::Reset)
         }
+        Err(ForwardError::Closed { .. }) => Some(RequestOutcome::Reset),
         Err(_) => None,
     }
 }

@@ -40,6 +40,49 @@ pub struct ConnSettings {
     pub max_idle: usize,
 }
 
+/// Idle time after which a server's keep-alive timeout may close a
+/// connection just as a request is written to it (node's default is 5 s,
+/// some servers use well under a second).
+const MAY_BE_CLOSED_AFTER: Duration = Duration::from_millis(100);
+
+/// A copy of a bodyless GET/HEAD/OPTIONS request, which may be sent again.
+fn replayable_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
+    use http::Method;
+    if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS)
+        || !req.body().is_end_stream()
+    {
+        return None;
+    }
+    let mut copy = Request::new(RequestBody::empty());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    Some(copy)
+}
+
+/// The server closed (or reset) the connection instead of answering. A
+/// server that closes with the request unread sends a reset, not a FIN.
+fn closed_before_response(e: &hyper::Error) -> bool {
+    use std::error::Error as _;
+    if e.is_incomplete_message() {
+        return true;
+    }
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<io::Error>() {
+            return matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionAborted
+            );
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// Why no connection could be had. Nothing was sent: always safe to retry.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -59,6 +102,12 @@ pub enum SendError {
     /// The request was (at least partly) sent.
     #[error(transparent)]
     Exchange(hyper::Error),
+    /// A kept-alive connection closed after the request was written and
+    /// before any response byte: the server most likely closed it as the
+    /// request arrived (its idle timeout, or it stopped). An idempotent
+    /// request may be sent again (RFC 9112 §9.3.1).
+    #[error("kept-alive connection closed before a response: {0}")]
+    Closed(hyper::Error),
 }
 
 /// The idle connections of one server.
@@ -97,7 +146,9 @@ impl ServerConnections {
 
     /// Sends `req` to `addr` on an idle connection, or a new one. A request
     /// that a reused connection could not take (the server had just closed
-    /// it) is sent again on a new one: it never left weir.
+    /// it) is sent again on a new one: it never left weir. So is a bodyless
+    /// read written to a connection that had been idle long enough for the
+    /// server's keep-alive timeout to close it as the request arrived.
     pub async fn send(
         self: &Arc<Self>,
         addr: SocketAddr,
@@ -105,18 +156,35 @@ impl ServerConnections {
         mut req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, SendError> {
         while let Some(idle) = self.pop() {
-            if idle.sender.is_closed() || idle.since.elapsed() > settings.idle_timeout {
+            let idle_for = idle.since.elapsed();
+            if idle.sender.is_closed() || idle_for > settings.idle_timeout {
                 continue;
             }
             let mut sender = idle.sender;
             if sender.ready().await.is_err() {
                 continue;
             }
+            // Copying the head costs a header-map clone, so only where the
+            // race is possible: under load connections idle for microseconds.
+            let copy = (idle_for >= MAY_BE_CLOSED_AFTER)
+                .then(|| replayable_copy(&req))
+                .flatten();
             match sender.try_send_request(req).await {
                 Ok(resp) => return Ok(self.wrap(resp, sender, settings)),
                 Err(mut e) => match e.take_message() {
                     Some(unsent) => req = unsent,
-                    None => return Err(SendError::Exchange(e.into_error())),
+                    None => {
+                        let e = e.into_error();
+                        match copy {
+                            Some(copy) if closed_before_response(&e) => {
+                                tracing::debug!(%addr, "kept-alive connection closed; resending on a new one");
+                                req = copy;
+                                break;
+                            }
+                            _ if closed_before_response(&e) => return Err(SendError::Closed(e)),
+                            _ => return Err(SendError::Exchange(e)),
+                        }
+                    }
                 },
             }
         }

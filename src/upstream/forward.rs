@@ -45,6 +45,13 @@ pub enum ForwardError {
         server: std::net::SocketAddr,
         source: hyper::Error,
     },
+    /// A kept-alive connection closed with the request sent and no response
+    /// byte received: the server may or may not have seen the request.
+    #[error("{server} closed a kept-alive connection before responding: {source}")]
+    Closed {
+        server: std::net::SocketAddr,
+        source: hyper::Error,
+    },
 }
 
 impl ForwardError {
@@ -63,6 +70,7 @@ impl ForwardError {
             ForwardError::NoServer => "no_server",
             ForwardError::NoHealthyServer => "no_healthy_server",
             ForwardError::Connect { .. } => "connect",
+            ForwardError::Closed { .. } => "closed",
             ForwardError::Timeout { .. } => "timeout",
             ForwardError::Exchange { source, .. } => {
                 if is_body_timeout(source) {
@@ -74,9 +82,16 @@ impl ForwardError {
         }
     }
 
-    /// True when the upstream never saw the request, so another server may.
-    pub fn nothing_sent(&self) -> bool {
-        matches!(self, ForwardError::Connect { .. })
+    /// True when another server may be sent the request: the upstream never
+    /// saw it, or (for an idempotent request, RFC 9110 §9.2.2) the kept-alive
+    /// connection closed before any response, as nginx's `proxy_next_upstream
+    /// error` also assumes.
+    pub fn retryable(&self, idempotent: bool) -> bool {
+        match self {
+            ForwardError::Connect { .. } => true,
+            ForwardError::Closed { .. } => idempotent,
+            _ => false,
+        }
     }
 }
 
@@ -119,6 +134,10 @@ pub async fn send(
             source,
         }),
         Ok(Err(SendError::Exchange(source))) => Err(ForwardError::Exchange {
+            server: server.addr,
+            source,
+        }),
+        Ok(Err(SendError::Closed(source))) => Err(ForwardError::Closed {
             server: server.addr,
             source,
         }),

@@ -8,8 +8,9 @@
 //! Every spend and every refusal is counted for metrics.
 //!
 //! This module decides *how many* retries; whether a given failure is *safe*
-//! to retry (nothing sent, or an idempotent method) is the forwarder's call
-//! ([`crate::upstream::ForwardError::nothing_sent`]), made before asking here.
+//! to retry (nothing sent, or an idempotent read whose kept-alive connection
+//! closed before a response) is the forwarder's call
+//! ([`crate::upstream::ForwardError::retryable`]), made before asking here.
 //! Time is injected; wrap the budget in a `Mutex` to share it (every
 //! operation is O(1)).
 

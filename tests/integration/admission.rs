@@ -508,9 +508,9 @@ silence = "1s"
     );
     stop.store(true, Ordering::Relaxed);
     let answers = traffic.await.unwrap();
-    // One client, one request at a time: at most the request in flight on
-    // B when it was killed is cut (it was sent, so it is not retried);
-    // connect failures after that were retried on A.
+    // One client, one request at a time. A read cut on a kept-alive
+    // connection to B, and connect failures after that, are retried on A;
+    // only a read on a connection opened just before the kill may be cut.
     let failed: Vec<&Answer> = answers.iter().filter(|a| a.0 != 200).collect();
     assert!(failed.len() <= 1, "{failed:?}");
     assert!(answers.len() > 20, "traffic ran: {}", answers.len());

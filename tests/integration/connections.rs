@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use http::{Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -167,6 +168,98 @@ async fn an_upstream_closing_idle_connections_costs_no_request() {
             "weir_upstream_errors_total{pool=\"app\",kind=\"exchange\"}"
         ),
         0.0,
+        "{m}"
+    );
+}
+
+/// An upstream whose connections each answer one request with keep-alive and
+/// then close as the next request arrives: the keep-alive race of a server
+/// whose idle timeout fires just as a proxy reuses the connection.
+async fn one_request_per_connection_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let counted = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                for answer in [true, false] {
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if answer {
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                            .await;
+                    }
+                }
+                // The second request was read whole; close without answering.
+            });
+        }
+    });
+    (addr, conns)
+}
+
+async fn send_on(weir: SocketAddr, method: http::Method) -> StatusCode {
+    let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir)
+        .await
+        .unwrap();
+    let req = Request::builder()
+        .method(method)
+        .uri("/")
+        .header("host", "t")
+        .body(full(""))
+        .unwrap();
+    c.send(req).await.unwrap().0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_on_a_connection_closed_as_it_arrived_is_sent_again() {
+    let (up, conns) = one_request_per_connection_upstream().await;
+    let weir = TestWeir::start(&config(&[up], "")).await;
+    let closed = "weir_upstream_errors_total{pool=\"app\",kind=\"closed\"}";
+
+    // Each read after an idle pause lands on a connection that closes: it is
+    // sent again on a new one, and the client never sees the race.
+    for i in 0..3 {
+        assert_eq!(send_on(weir.addr, http::Method::GET).await, 200, "GET {i}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(conns.load(Ordering::Relaxed) >= 3);
+    assert_eq!(metric(&weir.metrics().await, closed), 0.0);
+
+    // A POST may have been acted on: it is not sent twice, the client gets
+    // 502 and the metric names why.
+    assert_eq!(
+        send_on(weir.addr, http::Method::POST).await,
+        StatusCode::BAD_GATEWAY
+    );
+    assert_eq!(metric(&weir.metrics().await, closed), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_cut_by_a_closing_server_goes_to_another_server() {
+    // Back to back, connections are reused at once (no idle pause): the
+    // closed read is retried on the other server, within the retry budget.
+    let (closing, _) = one_request_per_connection_upstream().await;
+    let steady = Upstream::start().await;
+    let weir = TestWeir::start(&config(&[closing, steady.addr], "")).await;
+    let closed = "weir_upstream_errors_total{pool=\"app\",kind=\"closed\"}";
+    let mut n = 0;
+    while n < 60 && metric(&weir.metrics().await, closed) < 1.0 {
+        assert_eq!(send_on(weir.addr, http::Method::GET).await, 200, "GET {n}");
+        n += 1;
+    }
+    let m = weir.metrics().await;
+    assert!(metric(&m, closed) >= 1.0, "never reused a connection: {m}");
+    assert!(
+        metric(&m, "weir_upstream_retries_total{pool=\"app\"}") >= 1.0,
         "{m}"
     );
 }
