@@ -108,7 +108,8 @@ async fn serve(
     let mut log = RequestLog::new(&req, &client, host.as_deref(), conn.clone(), started);
     let route = gw.routes.find(&RequestView {
         method: req.method(),
-        uri: req.uri(),
+        path: req.uri().path(),
+        query: req.uri().query(),
         host: host.as_deref(),
         headers: req.headers(),
     });

@@ -253,6 +253,11 @@ impl Quota {
         }
     }
 
+    /// How far an allowed request of `cost` moves a TAT forward.
+    pub fn charge_ns(&self, cost: u32) -> u64 {
+        u64::from(cost) * self.emission_ns
+    }
+
     /// How many cost-1 requests a key with TAT `tat` may still send at `now`.
     pub fn remaining(&self, tat: MonoTime, now: MonoTime) -> u32 {
         self.remaining_from(tat.0.max(now.0), now.0)

@@ -180,6 +180,22 @@ impl ShardedStore {
         self.shard(key).check(key, quota, now, cost)
     }
 
+    /// Gives back a charge of `cost` that [`ShardedStore::check`] allowed at
+    /// `now` (another level refused the request). A key left with its TAT
+    /// not after `now` carries no information and is removed, so a refused
+    /// request leaves the store as it found it.
+    pub fn refund(&self, key: u64, quota: &Quota, now: MonoTime, cost: u32) {
+        let mut table = self.shard(key);
+        if let Some(i) = table.find(key) {
+            let tat = table.slots[i].tat.saturating_sub(quota.charge_ns(cost));
+            if tat <= now.as_nanos() {
+                table.remove_at(i);
+            } else {
+                table.slots[i].tat = tat;
+            }
+        }
+    }
+
     /// The TAT held for `key`, if any (it may be in the past until swept).
     pub fn tat(&self, key: u64) -> Option<MonoTime> {
         let table = self.shard(key);
@@ -596,6 +612,62 @@ mod tests {
             }
         }
         assert_eq!(key(7, 2, d), key(7, 2, d));
+    }
+
+    #[test]
+    fn refund_gives_back_exactly_one_charge() {
+        let store = small(1000);
+        let q = Quota::new(2, Duration::from_secs(10), 2).unwrap();
+        let (k, now) = (key(0, 0, 7), at(S));
+        // From idle: charged then refunded, the key is gone, as before.
+        assert!(store.check(k, &q, now, 1).is_allowed());
+        store.refund(k, &q, now, 1);
+        assert_eq!((store.tat(k), store.len()), (None, 0));
+        assert!(store.check(k, &q, now, 1).is_allowed());
+        // From busy: the refund restores the TAT the charge moved.
+        let before = store.tat(k).unwrap();
+        assert!(store.check(k, &q, now, 1).is_allowed());
+        assert!(!store.check(k, &q, now, 1).is_allowed());
+        store.refund(k, &q, now, 1);
+        assert_eq!(store.tat(k), Some(before));
+        assert!(store.check(k, &q, now, 1).is_allowed());
+        // Refunding an absent key does nothing.
+        store.refund(key(0, 0, 9), &q, now, 1);
+        assert_eq!((store.tat(key(0, 0, 9)), store.len()), (None, 1));
+    }
+
+    #[test]
+    fn removal_keeps_every_other_key_reachable() {
+        // Long probe runs that wrap around: 600 keys in one shard's ~750
+        // slots, removed in a scrambled order, each removal checked against
+        // every key still held.
+        let store = ShardedStore::new(StoreConfig {
+            max_keys: 600,
+            shards: 1,
+        })
+        .unwrap();
+        let q = Quota::new(1, Duration::from_secs(60), 1).unwrap();
+        let now = at(S);
+        let keys: Vec<u64> = (0..600u64).map(|i| key(0, 0, i)).collect();
+        for &k in &keys {
+            assert!(store.check(k, &q, now, 1).is_allowed());
+        }
+        let mut held: Vec<u64> = keys.clone();
+        let mut x = 0x9e37_79b9_u64;
+        while !held.is_empty() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let gone = held.swap_remove((x % held.len() as u64) as usize);
+            store.refund(gone, &q, now, 1);
+            assert_eq!(store.tat(gone), None);
+            if held.len().is_multiple_of(50) {
+                for &k in &held {
+                    assert!(store.tat(k).is_some(), "key {k:x} lost");
+                }
+            }
+        }
+        assert_eq!(store.len(), 0);
     }
 
     #[test]

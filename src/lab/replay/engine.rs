@@ -283,14 +283,26 @@ impl Replay {
             }
         };
         let method = Method::from_bytes(rec.method.as_bytes()).unwrap_or(Method::GET);
-        let uri: Uri = rec.target.parse().unwrap_or_else(|_| Uri::from_static("/"));
+        // Origin form (nearly every line) is split in place; anything else
+        // (absolute form, `*`) goes through `Uri` as live requests do.
+        let parsed: Uri;
+        let (path, query) = if rec.target.starts_with('/') {
+            match rec.target.split_once('?') {
+                Some((p, q)) => (p, Some(q)),
+                None => (rec.target.as_ref(), None),
+            }
+        } else {
+            parsed = rec.target.parse().unwrap_or_else(|_| Uri::from_static("/"));
+            (parsed.path(), parsed.query())
+        };
         let host = rec
             .host
             .as_deref()
             .map(|h| h.split(':').next().unwrap_or(h));
         let Some(route) = gw.routes.find(&RequestView {
             method: &method,
-            uri: &uri,
+            path,
+            query,
             host,
             headers,
         }) else {
