@@ -26,6 +26,10 @@ use std::time::Instant;
 use weir::lab::replay::engine::{Replay, replay_files};
 use weir::lab::replay::{LogReader, ReaderOptions, TrailingField};
 
+// The allocator `weir replay` runs with (src/main.rs).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const AGENTS: [&str; 4] = [
     "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/130.0 Safari/537.36",
     "Mozilla/5.0 (compatible; GPTBot/1.2; +https://openai.com/gptbot)",

@@ -510,11 +510,11 @@ async fn apply_rules(
         now,
     };
     let ev = evaluate(rules, &facts, gw.rules_shadow, rt.shared_limiter()).await;
-    for (rule, result) in &ev.results {
+    for &(index, result) in &ev.results {
         rt.metrics
             .rule_decisions
             .get_or_create(&crate::observe::metrics::RuleResultLabels {
-                rule: rule.clone(),
+                rule: rules[index].name.clone(),
                 result: result.as_str(),
             })
             .inc();

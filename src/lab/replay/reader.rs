@@ -6,7 +6,8 @@
 //!   the line buffer (no allocation per line);
 //! - [`OrderedRecords`]: records in log-time order. Web servers write a line when a
 //!   request *ends* (weir: stamped with its start), so a file is only nearly sorted; records
-//!   are held in a heap until the newest time seen is `reorder_window` past them. A record
+//!   wait (in file order, or in a heap for those out of order) until the newest time seen
+//!   is `reorder_window` past them. A record
 //!   older than one already yielded (beyond the window) is yielded at that earlier record's
 //!   time and counted as `late`, so the output never goes back in time;
 //! - [`MergedRecords`]: several [`OrderedRecords`] merged by time (ties: file order).
@@ -20,7 +21,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::net::IpAddr;
@@ -124,7 +125,11 @@ pub struct LogReader {
     input: Box<dyn BufRead + Send>,
     options: ReaderOptions,
     format: Option<LogFormat>,
+    /// A line that crossed the end of the read buffer is assembled here.
     buf: Vec<u8>,
+    /// Bytes of the read buffer lent out as the last line, consumed at the
+    /// next call (records borrow from the buffer until then).
+    lent: usize,
     stats: ParseStats,
 }
 
@@ -158,6 +163,7 @@ impl LogReader {
             format: options.format,
             options,
             buf: Vec::with_capacity(4096),
+            lent: 0,
             stats: ParseStats::default(),
         })
     }
@@ -184,13 +190,29 @@ impl LogReader {
     /// [`LogReader::next_line`], with the text the record borrows from (empty when the
     /// line is not UTF-8).
     fn next_line_and_text(&mut self) -> io::Result<Option<(ParsedLine<'_>, &str)>> {
-        self.buf.clear();
-        if self.input.read_until(b'\n', &mut self.buf)? == 0 {
-            return Ok(None);
-        }
+        self.input.consume(std::mem::take(&mut self.lent));
+        // Most lines lie whole in the read buffer and are parsed there; only
+        // one crossing its end is copied out.
+        let newline = {
+            let available = self.input.fill_buf()?;
+            if available.is_empty() {
+                return Ok(None);
+            }
+            memchr::memchr(b'\n', available)
+        };
+        let bytes: &[u8] = match newline {
+            Some(n) => {
+                self.lent = n + 1;
+                &self.input.fill_buf()?[..n]
+            }
+            None => {
+                self.buf.clear();
+                self.input.read_until(b'\n', &mut self.buf)?;
+                self.buf.strip_suffix(b"\n").unwrap_or(&self.buf)
+            }
+        };
         self.stats.lines += 1;
         let number = self.stats.lines;
-        let bytes = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
         let Ok(text) = std::str::from_utf8(bytes) else {
             let lossy = String::from_utf8_lossy(bytes);
             let max = self.options.max_examples;
@@ -243,7 +265,7 @@ impl LogReader {
             reader: self,
             slots: Vec::new(),
             free: Vec::new(),
-            heap: BinaryHeap::new(),
+            waiting: WaitQueue::default(),
             newest: None,
             last_out: None,
             done: false,
@@ -388,6 +410,52 @@ impl Parked {
     }
 }
 
+/// A parked record's place in line: (time, line number, slot).
+type Waiting = (UnixNanos, u64, usize);
+
+/// Parked records in (time, line) order. Logs are nearly in order, so a
+/// record not before the last one queued joins the back of a FIFO (O(1));
+/// only records that arrive out of order go through a heap.
+#[derive(Debug, Default)]
+struct WaitQueue {
+    in_order: VecDeque<Waiting>,
+    stragglers: BinaryHeap<Reverse<Waiting>>,
+}
+
+impl WaitQueue {
+    fn push(&mut self, w: Waiting) {
+        match self.in_order.back() {
+            Some(last) if w < *last => self.stragglers.push(Reverse(w)),
+            _ => self.in_order.push_back(w),
+        }
+    }
+
+    /// True when the next record comes from the heap.
+    fn straggler_first(&self) -> bool {
+        match (self.in_order.front(), self.stragglers.peek()) {
+            (Some(a), Some(Reverse(b))) => b < a,
+            (None, Some(_)) => true,
+            _ => false,
+        }
+    }
+
+    fn peek(&self) -> Option<Waiting> {
+        if self.straggler_first() {
+            self.stragglers.peek().map(|Reverse(w)| *w)
+        } else {
+            self.in_order.front().copied()
+        }
+    }
+
+    fn pop(&mut self) -> Option<Waiting> {
+        if self.straggler_first() {
+            self.stragglers.pop().map(|Reverse(w)| w)
+        } else {
+            self.in_order.pop_front()
+        }
+    }
+}
+
 /// Records of one log in time order; see the module documentation.
 pub struct OrderedRecords {
     reader: LogReader,
@@ -395,8 +463,8 @@ pub struct OrderedRecords {
     /// Parked records; `free` lists the slots not in use.
     slots: Vec<Parked>,
     free: Vec<usize>,
-    /// (time, line number, slot): time order, ties in file order.
-    heap: BinaryHeap<Reverse<(UnixNanos, u64, usize)>>,
+    /// Parked records by (time, line number): ties in file order.
+    waiting: WaitQueue,
     newest: Option<UnixNanos>,
     last_out: Option<UnixNanos>,
     done: bool,
@@ -413,14 +481,14 @@ impl OrderedRecords {
     }
 
     fn ready(&self) -> bool {
-        let Some(Reverse((time, _, _))) = self.heap.peek() else {
+        let Some((time, _, _)) = self.waiting.peek() else {
             return false;
         };
         if self.done {
             return true;
         }
         self.newest
-            .is_some_and(|newest| *time <= newest.saturating_sub(self.window))
+            .is_some_and(|newest| time <= newest.saturating_sub(self.window))
     }
 
     fn pull(&mut self) -> io::Result<()> {
@@ -451,7 +519,7 @@ impl OrderedRecords {
             self.reader.stats.late += 1;
             parked.time = last;
         }
-        self.heap.push(Reverse((parked.time, line, slot)));
+        self.waiting.push((parked.time, line, slot));
         Ok(())
     }
 
@@ -460,7 +528,7 @@ impl OrderedRecords {
     fn next_slot(&mut self) -> Option<io::Result<usize>> {
         loop {
             if self.ready() {
-                let Reverse((time, _, slot)) = self.heap.pop()?;
+                let (time, _, slot) = self.waiting.pop()?;
                 self.last_out = Some(time);
                 return Some(Ok(slot));
             }
@@ -728,6 +796,47 @@ mod tests {
         .collect();
         assert_eq!(got, want);
         assert_eq!(ordered.stats().late, 1);
+    }
+
+    #[test]
+    fn wait_queue_yields_in_time_then_line_order() {
+        // Nearly sorted times with stragglers and ties, pushed and popped
+        // interleaved as the reader does.
+        let mut x = 0x2545_f491_u64;
+        let mut q = WaitQueue::default();
+        let (mut pushed, mut popped) = (Vec::new(), Vec::new());
+        for line in 0..2000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let jitter = if x.is_multiple_of(5) { x % 7 } else { 0 };
+            let w = (UnixNanos((line / 3 - jitter.min(line / 3)) as i64), line, 0);
+            q.push(w);
+            pushed.push(w);
+            if x.is_multiple_of(3) {
+                popped.extend(q.pop());
+            }
+        }
+        while let Some(w) = q.pop() {
+            popped.push(w);
+        }
+        // The model: one heap given the same pushes and pops.
+        let mut model = BinaryHeap::new();
+        let mut want = Vec::new();
+        let mut x = 0x2545_f491_u64;
+        for w in &pushed {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            model.push(Reverse(*w));
+            if x.is_multiple_of(3) {
+                want.extend(model.pop().map(|Reverse(w)| w));
+            }
+        }
+        while let Some(Reverse(w)) = model.pop() {
+            want.push(w);
+        }
+        assert_eq!(popped, want);
     }
 
     #[test]
