@@ -32,6 +32,10 @@ use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use weir::identity::{ClientAddr, Level};
 use weir::limiter::{Clock, MonoTime, MonotonicClock, Quota, ShardedStore, StoreConfig, key};
 
+// The allocator weir runs with (src/main.rs), for every contender.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const ADDRESSES: u32 = 1 << 20;
 const ORDER_LEN: usize = 1 << 16;
 
