@@ -633,20 +633,16 @@ async fn send_with_failover(
     rt: &Runtime,
 ) -> Result<Response<UpstreamBody>, ForwardError> {
     use http_body::Body as _;
-    let retry_copy = (body.is_end_stream() && pool.servers.len() > 1).then(|| {
-        (
-            parts.method.clone(),
-            parts.uri.clone(),
-            parts.version,
-            parts.headers.clone(),
-        )
-    });
     let idempotent = matches!(
         parts.method,
         http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
     );
+    let request = Request::from_parts(parts, body);
+    // At most one retry: the copy it will send, made while the request is whole.
+    let mut retry_copy = (request.body().is_end_stream() && pool.servers.len() > 1)
+        .then(|| crate::body::copy_bodyless(&request));
     pool.record_request(Instant::now());
-    let mut request = Some(Request::from_parts(parts, body));
+    let mut request = Some(request);
     let mut failed: Option<ServerGuard> = None;
     loop {
         let guard = match pool.pick(
@@ -658,20 +654,9 @@ async fn send_with_failover(
             Err(NoServer::AllDead) => return Err(ForwardError::NoHealthyServer),
             Err(NoServer::Exhausted) => return Err(ForwardError::NoServer),
         };
-        let req = match request.take() {
-            Some(r) => r,
-            None => {
-                // Only reached on a retry, which requires `retry_copy`.
-                let Some((method, uri, version, headers)) = retry_copy.clone() else {
-                    return Err(ForwardError::NoServer);
-                };
-                let mut r = Request::new(RequestBody::empty());
-                *r.method_mut() = method;
-                *r.uri_mut() = uri;
-                *r.version_mut() = version;
-                *r.headers_mut() = headers;
-                r
-            }
+        // The copy is only taken on a retry, which requires it.
+        let Some(req) = request.take().or_else(|| retry_copy.take()) else {
+            return Err(ForwardError::NoServer);
         };
         log.record.upstream = Some(guard.server.addr);
         let handles = pool

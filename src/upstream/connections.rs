@@ -28,7 +28,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::body::RequestBody;
+use crate::body::{RequestBody, copy_bodyless};
 
 /// How a pool's connections are opened and kept.
 #[derive(Debug, Clone, Copy)]
@@ -53,12 +53,7 @@ fn replayable_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
     {
         return None;
     }
-    let mut copy = Request::new(RequestBody::empty());
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    Some(copy)
+    Some(copy_bodyless(req))
 }
 
 /// The server closed (or reset) the connection instead of answering. A
@@ -175,15 +170,15 @@ impl ServerConnections {
                     Some(unsent) => req = unsent,
                     None => {
                         let e = e.into_error();
-                        match copy {
-                            Some(copy) if closed_before_response(&e) => {
-                                tracing::debug!(%addr, "kept-alive connection closed; resending on a new one");
-                                req = copy;
-                                break;
-                            }
-                            _ if closed_before_response(&e) => return Err(SendError::Closed(e)),
-                            _ => return Err(SendError::Exchange(e)),
+                        if !closed_before_response(&e) {
+                            return Err(SendError::Exchange(e));
                         }
+                        let Some(copy) = copy else {
+                            return Err(SendError::Closed(e));
+                        };
+                        tracing::debug!(%addr, "kept-alive connection closed; resending on a new one");
+                        req = copy;
+                        break;
                     }
                 },
             }

@@ -118,9 +118,19 @@ async fn parked_connections_serve_their_next_requests_whole() {
     }
 }
 
-/// An upstream that, like nginx with a short `keepalive_timeout`, answers
-/// with keep-alive and then closes the idle connection without a word.
-async fn closing_upstream(linger: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
+/// When a raw test upstream closes a connection that answered one request.
+#[derive(Clone, Copy)]
+enum CloseAfterAnswer {
+    /// Idle this long (like nginx with a short `keepalive_timeout`).
+    Idle(Duration),
+    /// As the next request arrives, unanswered: the keep-alive race of a
+    /// server whose idle timeout fires just as a proxy reuses the connection.
+    NextRequest,
+}
+
+/// An upstream that answers one request per connection with keep-alive, then
+/// closes it without a word as `close` says; counts connections.
+async fn one_answer_upstream(close: CloseAfterAnswer) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let conns = Arc::new(AtomicUsize::new(0));
@@ -129,27 +139,40 @@ async fn closing_upstream(linger: Duration) -> (SocketAddr, Arc<AtomicUsize>) {
         while let Ok((mut s, _)) = listener.accept().await {
             counted.fetch_add(1, Ordering::Relaxed);
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut got = Vec::new();
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
+                if !read_head(&mut s).await {
+                    return;
                 }
                 let _ = s
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                     .await;
-                tokio::time::sleep(linger).await;
+                match close {
+                    CloseAfterAnswer::Idle(linger) => tokio::time::sleep(linger).await,
+                    CloseAfterAnswer::NextRequest => {
+                        read_head(&mut s).await;
+                    }
+                }
             });
         }
     });
     (addr, conns)
 }
 
+/// Reads up to the end of a request head; false if the connection ended first.
+async fn read_head(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    true
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_closing_idle_connections_costs_no_request() {
-    let (up, conns) = closing_upstream(Duration::from_millis(50)).await;
+    let (up, conns) = one_answer_upstream(CloseAfterAnswer::Idle(Duration::from_millis(50))).await;
     let weir = TestWeir::start(&config(&[up], "")).await;
     for i in 0..5 {
         let (status, _, body) = get(weir.addr, "/", &[]).await;
@@ -172,40 +195,6 @@ async fn an_upstream_closing_idle_connections_costs_no_request() {
     );
 }
 
-/// An upstream whose connections each answer one request with keep-alive and
-/// then close as the next request arrives: the keep-alive race of a server
-/// whose idle timeout fires just as a proxy reuses the connection.
-async fn one_request_per_connection_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let conns = Arc::new(AtomicUsize::new(0));
-    let counted = conns.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                for answer in [true, false] {
-                    let mut got = Vec::new();
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    if answer {
-                        let _ = s
-                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                            .await;
-                    }
-                }
-                // The second request was read whole; close without answering.
-            });
-        }
-    });
-    (addr, conns)
-}
-
 async fn send_on(weir: SocketAddr, method: http::Method) -> StatusCode {
     let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir)
         .await
@@ -221,7 +210,7 @@ async fn send_on(weir: SocketAddr, method: http::Method) -> StatusCode {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_on_a_connection_closed_as_it_arrived_is_sent_again() {
-    let (up, conns) = one_request_per_connection_upstream().await;
+    let (up, conns) = one_answer_upstream(CloseAfterAnswer::NextRequest).await;
     let weir = TestWeir::start(&config(&[up], "")).await;
     let closed = "weir_upstream_errors_total{pool=\"app\",kind=\"closed\"}";
 
@@ -247,7 +236,7 @@ async fn a_read_on_a_connection_closed_as_it_arrived_is_sent_again() {
 async fn a_read_cut_by_a_closing_server_goes_to_another_server() {
     // Back to back, connections are reused at once (no idle pause): the
     // closed read is retried on the other server, within the retry budget.
-    let (closing, _) = one_request_per_connection_upstream().await;
+    let (closing, _) = one_answer_upstream(CloseAfterAnswer::NextRequest).await;
     let steady = Upstream::start().await;
     let weir = TestWeir::start(&config(&[closing, steady.addr], "")).await;
     let closed = "weir_upstream_errors_total{pool=\"app\",kind=\"closed\"}";

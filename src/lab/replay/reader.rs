@@ -203,6 +203,7 @@ impl LogReader {
         let bytes: &[u8] = match newline {
             Some(n) => {
                 self.lent = n + 1;
+                // The buffer is not empty: this returns it again, no read.
                 &self.input.fill_buf()?[..n]
             }
             None => {
