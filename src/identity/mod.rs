@@ -30,7 +30,9 @@ pub mod forwarded;
 pub mod session;
 pub mod trusted;
 
-pub use addr::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
+pub use addr::{
+    AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey, write_ip, write_socket_addr,
+};
 pub use dominance::{DominantPeer, DominantPeerDetector};
 pub use forwarded::{ForwardedHeader, ForwardingWarning, Resolved, resolve};
 pub use trusted::{TrustedProxies, TrustedProxyError};

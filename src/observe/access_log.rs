@@ -7,13 +7,14 @@
 //! Field names match metric labels (`class`, `rule`, `pool`).
 
 use std::fs::OpenOptions;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::net::IpAddr;
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::time::{Duration, SystemTime};
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use crate::identity::{write_ip, write_socket_addr};
 
 /// Everything the log says about one request.
 #[derive(Debug, Clone)]
@@ -75,9 +76,12 @@ impl AccessRecord {
     /// no escaping (serde_json was a sixth of weir's own per-request work).
     pub fn write_json(&self, out: &mut Vec<u8>) {
         let mut w = JsonObject::new(out);
-        w.raw_str("time", &Timestamp(self.time));
-        w.raw_str("client", &self.client);
-        w.raw_str("peer", &self.peer);
+        w.key("time");
+        w.quoted(|out| write_timestamp(out, self.time));
+        w.key("client");
+        w.quoted(|out| write_ip(out, self.client));
+        w.key("peer");
+        w.quoted(|out| write_ip(out, self.peer));
         w.token("client_source", self.client_source);
         w.string("method", self.method.as_str());
         w.string("host", &self.host);
@@ -107,7 +111,10 @@ impl AccessRecord {
         w.opt_token("collateral", self.collateral);
         w.opt_string("pool", self.pool.as_deref());
         match &self.upstream {
-            Some(a) => w.raw_str("upstream", a),
+            Some(a) => {
+                w.key("upstream");
+                w.quoted(|out| write_socket_addr(out, *a));
+            }
             None => w.null("upstream"),
         }
         w.uint("status", u64::from(self.status));
@@ -180,12 +187,11 @@ impl<'a> JsonObject<'a> {
         }
     }
 
-    /// A displayed value that needs no escaping (addresses, times).
-    fn raw_str(&mut self, key: &str, v: &dyn std::fmt::Display) {
-        use std::io::Write as _;
-        self.key(key);
+    /// A value that needs no escaping (addresses, times), written by `f`
+    /// between quotes.
+    fn quoted(&mut self, f: impl FnOnce(&mut Vec<u8>)) {
         self.out.push(b'"');
-        let _ = write!(self.out, "{v}");
+        f(self.out);
         self.out.push(b'"');
     }
 
@@ -248,13 +254,50 @@ fn escaped(out: &mut Vec<u8>, v: &str) {
     }
 }
 
-/// RFC 3339 with milliseconds, e.g. `2026-09-23T17:00:00.123Z`.
-struct Timestamp(SystemTime);
-
-impl std::fmt::Display for Timestamp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&humantime::format_rfc3339_millis(self.0), f)
+/// Appends `t` as RFC 3339 UTC with milliseconds, e.g.
+/// `2026-09-23T17:00:00.123Z` (what `humantime::format_rfc3339_millis`
+/// prints, without its formatter machinery: this runs for every request).
+fn write_timestamp(out: &mut Vec<u8>, t: SystemTime) {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
+    let of_day = secs % 86_400;
+    // Years past 9999 do not occur in access logs; clamp rather than widen.
+    let year = year.clamp(0, 9999) as u64;
+    for div in [1000, 100, 10, 1] {
+        out.push(b'0' + (year / div % 10) as u8);
     }
+    out.push(b'-');
+    let mut two = |n: u64, sep: u8| {
+        out.push(b'0' + (n / 10) as u8);
+        out.push(b'0' + (n % 10) as u8);
+        out.push(sep);
+    };
+    two(u64::from(month), b'-');
+    two(u64::from(day), b'T');
+    two(of_day / 3600, b':');
+    two(of_day / 60 % 60, b':');
+    two(of_day % 60, b'.');
+    let ms = since.subsec_millis();
+    out.push(b'0' + (ms / 100) as u8);
+    out.push(b'0' + (ms / 10 % 10) as u8);
+    out.push(b'0' + (ms % 10) as u8);
+    out.push(b'Z');
+}
+
+/// (year, month, day) of a count of days since 1970-01-01, in the proleptic
+/// Gregorian calendar (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// Where lines go.
@@ -278,24 +321,31 @@ impl LogTarget {
 /// A handle to the access log writer; cheap to clone.
 #[derive(Clone)]
 pub struct AccessLog {
-    tx: Option<SyncSender<Vec<u8>>>,
+    pending: Option<Arc<Mutex<Vec<u8>>>>,
 }
 
 impl std::fmt::Debug for AccessLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AccessLog")
-            .field("on", &self.tx.is_some())
+            .field("on", &self.pending.is_some())
             .finish()
     }
 }
 
-/// Lines buffered between request tasks and the writer.
-const CHANNEL_LINES: usize = 65_536;
+/// Bytes of lines waiting for the writer (some 50,000 lines); past this,
+/// lines are dropped and counted.
+const PENDING_CAP: usize = 32 << 20;
+
+thread_local! {
+    /// Where a line is formatted before it is appended to the shared
+    /// buffer, so the lock is held only for a copy.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
+}
 
 impl AccessLog {
     /// A log that writes nothing.
     pub fn off() -> AccessLog {
-        AccessLog { tx: None }
+        AccessLog { pending: None }
     }
 
     /// Starts the writer thread for `target`.
@@ -307,52 +357,67 @@ impl AccessLog {
                 Box::new(OpenOptions::new().create(true).append(true).open(path)?)
             }
         };
-        let (tx, rx) = sync_channel(CHANNEL_LINES);
+        let pending = Arc::new(Mutex::new(Vec::with_capacity(64 * 1024)));
+        let shared = pending.clone();
         std::thread::Builder::new()
             .name("weir-access-log".into())
-            .spawn(move || write_lines(rx, out))?;
-        Ok(AccessLog { tx: Some(tx) })
+            .spawn(move || write_lines(shared, out))?;
+        Ok(AccessLog {
+            pending: Some(pending),
+        })
     }
 
     pub fn is_on(&self) -> bool {
-        self.tx.is_some()
+        self.pending.is_some()
     }
 
     /// Queues a record; returns false if it had to be dropped.
+    ///
+    /// Lines are appended to one shared buffer rather than sent one `Vec`
+    /// each through a channel: a line allocated on a request thread and
+    /// freed on the writer thread kept the allocator moving memory between
+    /// its per-thread caches on every request.
     pub fn write(&self, record: &AccessRecord) -> bool {
-        let Some(tx) = &self.tx else { return true };
-        let mut line = Vec::with_capacity(512);
-        record.write_json(&mut line);
-        line.push(b'\n');
-        match tx.try_send(line) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => false,
-        }
+        let Some(pending) = &self.pending else {
+            return true;
+        };
+        SCRATCH.with_borrow_mut(|line| {
+            line.clear();
+            record.write_json(line);
+            line.push(b'\n');
+            let mut buf = pending.lock().unwrap_or_else(|e| e.into_inner());
+            if buf.len() + line.len() > PENDING_CAP {
+                return false;
+            }
+            buf.extend_from_slice(line);
+            true
+        })
     }
 }
 
-fn write_lines(rx: Receiver<Vec<u8>>, out: Box<dyn Write + Send>) {
-    let mut out = BufWriter::with_capacity(256 * 1024, out);
-    // The writer polls instead of blocking in `recv`: a sender then never has
-    // to wake it (a futex call per request), and each pass writes everything
-    // queued with one write(2). Lines reach the file within one interval.
+fn write_lines(pending: Arc<Mutex<Vec<u8>>>, mut out: Box<dyn Write + Send>) {
+    // The writer polls instead of being woken: a request then never pays
+    // for a wake-up (a futex call), and each pass writes everything queued
+    // with one write(2). Lines reach the file within one interval.
+    let mut batch = Vec::with_capacity(64 * 1024);
     loop {
-        let mut wrote = false;
-        loop {
-            match rx.try_recv() {
-                Ok(line) => {
-                    let _ = out.write_all(&line);
-                    wrote = true;
-                }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
-                    let _ = out.flush();
-                    return;
-                }
-            }
-        }
-        if wrote {
+        // The last handle gone (the server stopped): write what is left.
+        let last = Arc::strong_count(&pending) == 1;
+        std::mem::swap(
+            &mut batch,
+            &mut *pending.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        if !batch.is_empty() {
+            let _ = out.write_all(&batch);
             let _ = out.flush();
+            batch.clear();
+        }
+        // A burst may have grown the buffer far past a normal pass.
+        if batch.capacity() > 4 << 20 {
+            batch = Vec::with_capacity(64 * 1024);
+        }
+        if last {
+            return;
         }
         std::thread::sleep(WRITE_INTERVAL);
     }
@@ -364,6 +429,31 @@ const WRITE_INTERVAL: Duration = Duration::from_millis(20);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_match_humantime() {
+        // Epoch, leap days, century rules (2000 is leap, 2100 is not), the
+        // end of a year, and a spread of ordinary instants.
+        let mut secs: Vec<u64> = vec![
+            0,
+            951_782_400,     // 2000-02-29
+            951_868_799,     // 2000-02-29T23:59:59
+            1_709_164_800,   // 2024-02-29
+            1_735_689_599,   // 2024-12-31T23:59:59
+            4_107_542_400,   // 2100-03-01
+            253_402_300_799, // 9999-12-31T23:59:59
+        ];
+        secs.extend((0..2000u64).map(|i| i * 7_919_993 + i % 1000));
+        for s in secs {
+            for ms in [0, 7, 42, 999] {
+                let t = SystemTime::UNIX_EPOCH + Duration::from_millis(s * 1000 + ms);
+                let mut out = Vec::new();
+                write_timestamp(&mut out, t);
+                let want = humantime::format_rfc3339_millis(t).to_string();
+                assert_eq!(String::from_utf8(out).unwrap(), want, "{s}.{ms}");
+            }
+        }
+    }
 
     fn record() -> AccessRecord {
         AccessRecord {
@@ -458,5 +548,47 @@ mod tests {
                 "{ms}"
             );
         }
+    }
+
+    #[test]
+    fn writer_keeps_every_line_whole_and_drains_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let log = AccessLog::start(&LogTarget::File(path.display().to_string())).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    for i in 0..500u64 {
+                        let mut r = record();
+                        r.bytes_in = t * 1000 + i;
+                        assert!(log.write(&r));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(log);
+        // The writer notices the last handle is gone within one interval.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut seen = std::collections::BTreeSet::new();
+        while std::time::Instant::now() < deadline {
+            let text = std::fs::read_to_string(&path).unwrap();
+            seen.clear();
+            for line in text.lines() {
+                let v: serde_json::Value = serde_json::from_str(line).expect("whole JSON line");
+                seen.insert(v["bytes_in"].as_u64().unwrap());
+            }
+            if seen.len() == 2000 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let want: std::collections::BTreeSet<u64> = (0..4)
+            .flat_map(|t| (0..500).map(move |i| t * 1000 + i))
+            .collect();
+        assert_eq!(seen, want);
     }
 }

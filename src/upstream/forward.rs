@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
+use smallvec::SmallVec;
 
 use super::connections::{ConnectError, SendError, UpstreamBody};
 use super::pool::{Pool, Server};
@@ -250,15 +251,13 @@ impl ForwardingHeaders {
     }
 }
 
-/// An address as a header value, formatted straight into the value's
-/// buffer (one allocation, no UTF-8 re-check).
+/// An address as a header value, written straight into the value's buffer
+/// (one allocation, no UTF-8 re-check).
 fn ip_value(ip: IpAddr) -> HeaderValue {
-    use bytes::BufMut as _;
-    use std::io::Write as _;
-    let mut buf = bytes::BytesMut::with_capacity(45).writer();
-    let _ = write!(buf, "{ip}");
+    let mut buf = Vec::with_capacity(45);
+    crate::identity::write_ip(&mut buf, ip);
     // Digits, dots, colons and hex letters are all valid header bytes.
-    HeaderValue::from_maybe_shared(buf.into_inner().freeze())
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(buf))
         .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
@@ -291,35 +290,42 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// Removes hop-by-hop headers, including any listed in `Connection`.
 /// With `keep_upgrade`, `Connection: upgrade` and `Upgrade` stay (WebSocket).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Most messages carry none: one pass over the names instead of a hashed
-    // removal per hop-by-hop name.
-    if !keep_upgrade && !headers.keys().any(is_hop_by_hop) {
+    // One pass over the names finds what is present; only those are removed
+    // (a hashed removal per hop-by-hop name cost more than the rest of the
+    // rewrite, and most responses carry just `Connection: keep-alive`).
+    let mut remove: SmallVec<[HeaderName; 4]> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n))
+        .cloned()
+        .collect();
+    if remove.is_empty() && !keep_upgrade {
         return;
     }
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in listed {
-        if keep_upgrade && name == header::UPGRADE {
+    for value in headers.get_all(header::CONNECTION) {
+        let Ok(value) = value.to_str() else { continue };
+        for token in value.split(',').map(str::trim) {
+            // `close` names no header; `keep-alive` is removed anyway.
+            if token.is_empty()
+                || token.eq_ignore_ascii_case("close")
+                || token.eq_ignore_ascii_case("keep-alive")
+            {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes())
+                && !remove.contains(&name)
+            {
+                remove.push(name);
+            }
+        }
+    }
+    for name in &remove {
+        if keep_upgrade && *name == header::UPGRADE {
             continue;
         }
-        headers.remove(&name);
+        headers.remove(name);
     }
-    headers.remove(header::CONNECTION);
-    headers.remove(&KEEP_ALIVE);
-    headers.remove(&PROXY_CONNECTION);
-    headers.remove(header::TE);
-    headers.remove(header::TRAILER);
-    headers.remove(header::TRANSFER_ENCODING);
-    headers.remove(header::PROXY_AUTHORIZATION);
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        headers.remove(header::UPGRADE);
     }
 }
 
@@ -465,10 +471,20 @@ mod tests {
         assert_eq!(get(&h, "x-forwarded-proto"), Some("https"));
     }
 
+    fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
     #[test]
     fn hop_by_hop_removed() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
+        let mut h = header_map(&[
             ("connection", "keep-alive, x-secret"),
             ("x-secret", "1"),
             ("keep-alive", "timeout=5"),
@@ -476,12 +492,7 @@ mod tests {
             ("transfer-encoding", "chunked"),
             ("upgrade", "websocket"),
             ("host", "a"),
-        ] {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
+        ]);
         let mut plain = h.clone();
         strip_hop_by_hop(&mut plain, false);
         let names: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
@@ -490,5 +501,17 @@ mod tests {
         assert_eq!(get(&h, "upgrade"), Some("websocket"));
         assert_eq!(get(&h, "connection"), Some("upgrade"));
         assert_eq!(get(&h, "x-secret"), None);
+
+        // Several `Connection` lines, a name listed twice, odd spacing.
+        let mut h = header_map(&[
+            ("connection", "close"),
+            ("connection", " x-a ,x-b, x-a,,"),
+            ("x-a", "1"),
+            ("x-b", "2"),
+            ("x-c", "3"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["x-c"]);
     }
 }
