@@ -20,6 +20,7 @@
 
 pub mod admission;
 pub mod body;
+pub mod cache;
 pub mod challenge;
 pub mod config;
 pub mod edge;

@@ -41,6 +41,7 @@
 //! This module does not decide which keys a request has or which rules apply
 //! (policy does), and does not persist anything (see [`super::snapshot`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::gcra::{MonoTime, Outcome, Quota};
@@ -60,6 +61,11 @@ pub struct RuleFingerprint(pub u64);
 pub fn key(rule_id: u32, level: u8, digest: u64) -> u64 {
     let tag = ((u64::from(rule_id) << 8) | u64::from(level)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     splitmix64(digest ^ tag)
+}
+
+/// The slot a key starts probing at, in a table of `len` slots.
+fn home_index(key: u64, len: usize) -> usize {
+    ((u128::from(key) * len as u128) >> 64) as usize
 }
 
 fn splitmix64(x: u64) -> u64 {
@@ -143,7 +149,33 @@ pub struct ShardedStore {
 /// Aligned to a cache line so that two shards' locks never share one.
 #[derive(Debug)]
 #[repr(align(64))]
-struct Shard(Mutex<Table>);
+struct Shard {
+    table: Mutex<Table>,
+    /// Where the table's slots are and how many, for [`ShardedStore::prefetch`],
+    /// which must not take the lock (it would cost more than the miss it
+    /// hides). Updated after checks; a stale pair only makes a prefetch miss.
+    slots_at: AtomicUsize,
+    slots_len: AtomicUsize,
+}
+
+impl Shard {
+    fn new(table: Table) -> Shard {
+        // Moving the table moves its `Vec` header, not the slots.
+        Shard {
+            slots_at: AtomicUsize::new(table.slots.as_ptr() as usize),
+            slots_len: AtomicUsize::new(table.slots.len()),
+            table: Mutex::new(table),
+        }
+    }
+
+    fn publish(&self, table: &Table) {
+        let at = table.slots.as_ptr() as usize;
+        if self.slots_at.load(Ordering::Relaxed) != at {
+            self.slots_at.store(at, Ordering::Relaxed);
+        }
+        self.slots_len.store(table.slots.len(), Ordering::Relaxed);
+    }
+}
 
 impl ShardedStore {
     pub fn new(config: StoreConfig) -> Result<ShardedStore, StoreError> {
@@ -158,7 +190,7 @@ impl ShardedStore {
         let base = max_keys / shards;
         let extra = max_keys % shards;
         let shards: Box<[Shard]> = (0..shards)
-            .map(|i| Shard(Mutex::new(Table::new(base + usize::from(i < extra)))))
+            .map(|i| Shard::new(Table::new(base + usize::from(i < extra))))
             .collect();
         Ok(ShardedStore {
             shard_mask: (shards.len() - 1) as u64,
@@ -172,12 +204,38 @@ impl ShardedStore {
         let shard = &self.shards[(key & self.shard_mask) as usize];
         // A panic while holding a shard cannot leave a half-moved slot behind
         // (no code between reads and writes panics), so poison is ignored.
-        shard.0.lock().unwrap_or_else(PoisonError::into_inner)
+        shard.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Decides a request of `cost` for `key` under `quota`, updating its TAT.
     pub fn check(&self, key: u64, quota: &Quota, now: MonoTime, cost: u32) -> Outcome {
-        self.shard(key).check(key, quota, now, cost)
+        let shard = &self.shards[(key & self.shard_mask) as usize];
+        let mut table = shard.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let outcome = table.check(key, quota, now, cost);
+        shard.publish(&table);
+        outcome
+    }
+
+    /// Starts loading `key`'s slot into the cache, for a check that comes
+    /// soon. A caller that knows its next keys ahead (`weir replay` reads
+    /// the next record before deciding this one) overlaps the memory
+    /// latency of a store far larger than the cache with useful work.
+    pub fn prefetch(&self, key: u64) {
+        if let Some(at) = self.slot_hint(key) {
+            crate::cache::prefetch_addr(at);
+        }
+    }
+
+    /// The address of `key`'s home slot as last published (arithmetic only:
+    /// it is never dereferenced, and may be stale while a table grows).
+    fn slot_hint(&self, key: u64) -> Option<usize> {
+        let shard = &self.shards[(key & self.shard_mask) as usize];
+        let len = shard.slots_len.load(Ordering::Relaxed);
+        if len == 0 {
+            return None;
+        }
+        let at = shard.slots_at.load(Ordering::Relaxed);
+        Some(at.wrapping_add(home_index(key, len) * size_of::<Slot>()))
     }
 
     /// Gives back a charge of `cost` that [`ShardedStore::check`] allowed at
@@ -228,7 +286,8 @@ impl ShardedStore {
         self.shards
             .iter()
             .map(|s| {
-                s.0.lock()
+                s.table
+                    .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .sweep(now.as_nanos())
             })
@@ -239,7 +298,7 @@ impl ShardedStore {
     /// (each shard is locked only while it is walked).
     pub fn for_each_live(&self, now: MonoTime, mut f: impl FnMut(u64, MonoTime)) {
         for shard in self.shards.iter() {
-            let table = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let table = shard.table.lock().unwrap_or_else(PoisonError::into_inner);
             for slot in table.slots.iter().filter(|s| s.tat > now.as_nanos()) {
                 f(slot.key, MonoTime::from_nanos(slot.tat));
             }
@@ -250,7 +309,7 @@ impl ShardedStore {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.0.lock().unwrap_or_else(PoisonError::into_inner).len)
+            .map(|s| s.table.lock().unwrap_or_else(PoisonError::into_inner).len)
             .sum()
     }
 
@@ -267,7 +326,8 @@ impl ShardedStore {
         self.shards
             .iter()
             .map(|s| {
-                s.0.lock()
+                s.table
+                    .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .slots
                     .len()
@@ -282,7 +342,13 @@ impl ShardedStore {
     pub fn max_table_bytes(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.0.lock().unwrap_or_else(PoisonError::into_inner).max_slots * SLOT_BYTES)
+            .map(|s| {
+                s.table
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .max_slots
+                    * SLOT_BYTES
+            })
             .sum::<usize>()
             + self.shards.len() * std::mem::size_of::<Shard>()
     }
@@ -290,7 +356,7 @@ impl ShardedStore {
     pub fn stats(&self) -> StoreStats {
         let mut stats = StoreStats::default();
         for shard in self.shards.iter() {
-            let table = shard.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let table = shard.table.lock().unwrap_or_else(PoisonError::into_inner);
             stats.len += table.len;
             stats.expired_removed += table.expired_removed;
             stats.evicted_live += table.evicted_live;
@@ -393,7 +459,7 @@ impl Table {
     }
 
     fn home(&self, key: u64) -> usize {
-        ((u128::from(key) * self.slots.len() as u128) >> 64) as usize
+        home_index(key, self.slots.len())
     }
 
     fn next(&self, i: usize) -> usize {
@@ -668,6 +734,36 @@ mod tests {
             }
         }
         assert_eq!(store.len(), 0);
+    }
+
+    #[test]
+    fn prefetch_hint_follows_the_table_as_it_grows() {
+        let store = ShardedStore::new(StoreConfig {
+            max_keys: 100_000,
+            shards: 4,
+        })
+        .unwrap();
+        let q = Quota::new(1, Duration::from_secs(60), 1).unwrap();
+        let probe = key(9, 9, 9);
+        let actual = |store: &ShardedStore| {
+            let shard = &store.shards[(probe & store.shard_mask) as usize];
+            let table = shard.table.lock().unwrap();
+            std::ptr::from_ref(&table.slots[table.home(probe)]) as usize
+        };
+        // Tables start empty; the first check allocates.
+        assert_eq!(store.slot_hint(probe), None);
+        for i in 0..4u64 {
+            assert!(store.check(key(0, 0, i), &q, at(S), 1).is_allowed());
+        }
+        assert_eq!(store.slot_hint(probe), Some(actual(&store)));
+        let before = actual(&store);
+        for i in 4..50_000u64 {
+            assert!(store.check(key(0, 0, i), &q, at(S), 1).is_allowed());
+        }
+        assert_ne!(actual(&store), before, "the tables grew");
+        assert_eq!(store.slot_hint(probe), Some(actual(&store)));
+        store.prefetch(probe);
+        assert_eq!(store.tat(probe), None, "a prefetch changes nothing");
     }
 
     #[test]

@@ -161,7 +161,43 @@ pub struct Replay {
     wanted: HeaderSet,
     /// Rebuilt per record, reused to keep its allocation.
     headers: HeaderMap,
+    /// The rate-rule stores keyed by the client's address or prefix, for
+    /// [`Replay::prefetch`].
+    address_stores: Vec<(std::sync::Arc<ShardedStore>, Level)>,
     pub report: ReplayReport,
+}
+
+/// The distinct stores of rate levels keyed by the client's address or
+/// prefix, in any route's rules; a few at most are worth warming.
+fn address_stores(gateway: &Gateway) -> Vec<(std::sync::Arc<ShardedStore>, Level)> {
+    const MAX: usize = 8;
+    let mut out: Vec<(std::sync::Arc<ShardedStore>, Level)> = Vec::new();
+    let levels = gateway
+        .routes
+        .routes
+        .iter()
+        .flat_map(|r| r.rules.iter())
+        .filter_map(|rule| match &rule.body {
+            RuleBody::Rate(levels) => Some(levels),
+            RuleBody::Concurrency { .. } => None,
+        })
+        .flatten();
+    for level in levels {
+        let by = match level.key {
+            KeyKind::Address => Level::Address,
+            KeyKind::Subnet => Level::Subnet,
+            KeyKind::Network => Level::Network,
+            _ => continue,
+        };
+        if out.len() < MAX
+            && !out
+                .iter()
+                .any(|(s, _)| std::sync::Arc::ptr_eq(s, &level.store))
+        {
+            out.push((level.store.clone(), by));
+        }
+    }
+    out
 }
 
 /// The headers a log record can carry, as a bit set.
@@ -241,6 +277,7 @@ impl Replay {
     pub fn new(gateway: Gateway) -> Replay {
         Replay {
             wanted: HeaderSet::read_by(&gateway),
+            address_stores: address_stores(&gateway),
             gateway,
             activity: ShardedStore::new(StoreConfig::with_max_keys(ACTIVITY_KEYS))
                 .expect("a constant, non-zero store size is valid"),
@@ -248,6 +285,20 @@ impl Replay {
             minute: None,
             headers: HeaderMap::new(),
             report: ReplayReport::default(),
+        }
+    }
+
+    /// Starts loading the limiter slots that deciding a record from
+    /// `client` will look up: its activity and every address-keyed level of
+    /// every rate rule. With millions of distinct addresses each lookup
+    /// misses the cache; called with the next record's client before the
+    /// current record is decided, the loads overlap that work.
+    pub fn prefetch(&self, client: IpAddr) {
+        let client = ClientAddr::new(client);
+        let address = client.key(Level::Address).digest();
+        self.activity.prefetch(crate::limiter::key(0, 0, address));
+        for (store, level) in &self.address_stores {
+            store.prefetch(client.key(*level).digest());
         }
     }
 
@@ -542,7 +593,10 @@ pub fn replay_files(
     }
     let mut merged = super::MergedRecords::new(sources);
     let mut replay = Replay::new(gateway);
-    merged.for_each_record(|_, rec| {
+    merged.for_each_record(|_, rec, next| {
+        if let Some(next) = next {
+            replay.prefetch(next);
+        }
         let v = replay.decide(&rec);
         each(&rec, &v);
     })?;

@@ -616,13 +616,27 @@ impl MergedRecords {
     }
 
     /// Calls `f` with every record and its source index, in time order, lending each
-    /// record from its slot (no copy); returns at the end of every input.
-    pub fn for_each_record(&mut self, mut f: impl FnMut(usize, LogRecord<'_>)) -> io::Result<()> {
+    /// record from its slot (no copy); returns at the end of every input. `f` also
+    /// gets the client of the record that comes next, already parked, so it can warm
+    /// what that record will look up while it works on this one.
+    pub fn for_each_record(
+        &mut self,
+        mut f: impl FnMut(usize, LogRecord<'_>, Option<IpAddr>),
+    ) -> io::Result<()> {
         self.start()?;
         while let Some((i, slot)) = self.next_head() {
-            f(i, self.sources[i].slots[slot].record());
+            // The next record of this source is parked first (this one's slot stays
+            // taken until it is released), so the one after this is known.
+            let refilled = self.refill(i);
+            let next = self.heads.peek().and_then(|Reverse((_, j))| {
+                let parked = &self.sources[*j].slots[self.pending[*j]?];
+                // Parked a reorder window ago: its line has left the cache.
+                crate::cache::prefetch(parked.text.as_str(), parked.text.len());
+                Some(parked.client)
+            });
+            f(i, self.sources[i].slots[slot].record(), next);
             self.sources[i].release(slot);
-            self.refill(i)?;
+            refilled?;
         }
         Ok(())
     }
@@ -873,7 +887,7 @@ mod tests {
                 .collect();
             let mut lent = Vec::new();
             MergedRecords::new(vec![reader(text, ReaderOptions::default()).ordered()])
-                .for_each_record(|_, r| lent.push(r.into_owned()))
+                .for_each_record(|_, r, _| lent.push(r.into_owned()))
                 .expect("in memory");
             assert_eq!(iterated, want, "case {i}: iterator");
             assert_eq!(lent, want, "case {i}: lent");
