@@ -333,6 +333,7 @@ impl Server {
             // Errors are logged and counted by `write`.
             let _ = tokio::task::spawn_blocking(move || state::write(&rt, &path)).await;
         }
+        self.runtime.access_log.flush();
         DrainReport {
             forced,
             took: started.elapsed(),

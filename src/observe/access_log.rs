@@ -321,13 +321,37 @@ impl LogTarget {
 /// A handle to the access log writer; cheap to clone.
 #[derive(Clone)]
 pub struct AccessLog {
-    pending: Option<Arc<Mutex<Vec<u8>>>>,
+    sink: Option<Arc<Sink>>,
+}
+
+/// Lines waiting to be written, and where they go.
+struct Sink {
+    pending: Mutex<Vec<u8>>,
+    /// Held while a batch is written, so two writers (the thread and a
+    /// final [`AccessLog::flush`]) keep lines in order.
+    out: Mutex<Box<dyn Write + Send>>,
+}
+
+impl Sink {
+    /// Writes what is pending; `batch` is the buffer swapped in (and kept).
+    fn write_pending(&self, batch: &mut Vec<u8>) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::swap(
+            batch,
+            &mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        if !batch.is_empty() {
+            let _ = out.write_all(batch);
+            let _ = out.flush();
+            batch.clear();
+        }
+    }
 }
 
 impl std::fmt::Debug for AccessLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AccessLog")
-            .field("on", &self.pending.is_some())
+            .field("on", &self.sink.is_some())
             .finish()
     }
 }
@@ -345,7 +369,7 @@ thread_local! {
 impl AccessLog {
     /// A log that writes nothing.
     pub fn off() -> AccessLog {
-        AccessLog { pending: None }
+        AccessLog { sink: None }
     }
 
     /// Starts the writer thread for `target`.
@@ -357,18 +381,19 @@ impl AccessLog {
                 Box::new(OpenOptions::new().create(true).append(true).open(path)?)
             }
         };
-        let pending = Arc::new(Mutex::new(Vec::with_capacity(64 * 1024)));
-        let shared = pending.clone();
+        let sink = Arc::new(Sink {
+            pending: Mutex::new(Vec::with_capacity(64 * 1024)),
+            out: Mutex::new(out),
+        });
+        let shared = sink.clone();
         std::thread::Builder::new()
             .name("weir-access-log".into())
-            .spawn(move || write_lines(shared, out))?;
-        Ok(AccessLog {
-            pending: Some(pending),
-        })
+            .spawn(move || write_lines(shared))?;
+        Ok(AccessLog { sink: Some(sink) })
     }
 
     pub fn is_on(&self) -> bool {
-        self.pending.is_some()
+        self.sink.is_some()
     }
 
     /// Queues a record; returns false if it had to be dropped.
@@ -378,14 +403,14 @@ impl AccessLog {
     /// freed on the writer thread kept the allocator moving memory between
     /// its per-thread caches on every request.
     pub fn write(&self, record: &AccessRecord) -> bool {
-        let Some(pending) = &self.pending else {
+        let Some(sink) = &self.sink else {
             return true;
         };
         SCRATCH.with_borrow_mut(|line| {
             line.clear();
             record.write_json(line);
             line.push(b'\n');
-            let mut buf = pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut buf = sink.pending.lock().unwrap_or_else(|e| e.into_inner());
             if buf.len() + line.len() > PENDING_CAP {
                 return false;
             }
@@ -393,25 +418,26 @@ impl AccessLog {
             true
         })
     }
+
+    /// Writes every queued line now, on the caller's thread: the end of a
+    /// drain, so the last requests' lines are not left for a writer pass
+    /// the process exits before.
+    pub fn flush(&self) {
+        if let Some(sink) = &self.sink {
+            sink.write_pending(&mut Vec::new());
+        }
+    }
 }
 
-fn write_lines(pending: Arc<Mutex<Vec<u8>>>, mut out: Box<dyn Write + Send>) {
+fn write_lines(sink: Arc<Sink>) {
     // The writer polls instead of being woken: a request then never pays
     // for a wake-up (a futex call), and each pass writes everything queued
     // with one write(2). Lines reach the file within one interval.
     let mut batch = Vec::with_capacity(64 * 1024);
     loop {
         // The last handle gone (the server stopped): write what is left.
-        let last = Arc::strong_count(&pending) == 1;
-        std::mem::swap(
-            &mut batch,
-            &mut *pending.lock().unwrap_or_else(|e| e.into_inner()),
-        );
-        if !batch.is_empty() {
-            let _ = out.write_all(&batch);
-            let _ = out.flush();
-            batch.clear();
-        }
+        let last = Arc::strong_count(&sink) == 1;
+        sink.write_pending(&mut batch);
         // A burst may have grown the buffer far past a normal pass.
         if batch.capacity() > 4 << 20 {
             batch = Vec::with_capacity(64 * 1024);
@@ -590,5 +616,18 @@ mod tests {
             .flat_map(|t| (0..500).map(move |i| t * 1000 + i))
             .collect();
         assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn flush_writes_queued_lines_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("access.log");
+        let log = AccessLog::start(&LogTarget::File(path.display().to_string())).unwrap();
+        for _ in 0..10 {
+            assert!(log.write(&record()));
+        }
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 10);
     }
 }
