@@ -168,12 +168,18 @@ impl Shard {
         }
     }
 
+    /// Records where `table`'s slots are now. Called after every check;
+    /// they move only when the table grows or is rebuilt, so this is
+    /// normally two loads and no store.
     fn publish(&self, table: &Table) {
         let at = table.slots.as_ptr() as usize;
         if self.slots_at.load(Ordering::Relaxed) != at {
             self.slots_at.store(at, Ordering::Relaxed);
         }
-        self.slots_len.store(table.slots.len(), Ordering::Relaxed);
+        let len = table.slots.len();
+        if self.slots_len.load(Ordering::Relaxed) != len {
+            self.slots_len.store(len, Ordering::Relaxed);
+        }
     }
 }
 
