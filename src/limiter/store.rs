@@ -636,11 +636,16 @@ mod tests {
     }
 
     fn small(max_keys: usize) -> ShardedStore {
-        ShardedStore::new(StoreConfig {
-            max_keys,
-            shards: 4,
-        })
-        .unwrap()
+        sharded(max_keys, 4)
+    }
+
+    fn sharded(max_keys: usize, shards: usize) -> ShardedStore {
+        ShardedStore::new(StoreConfig { max_keys, shards }).unwrap()
+    }
+
+    /// One request a minute: every check of a new key is allowed.
+    fn per_minute() -> Quota {
+        Quota::new(1, Duration::from_secs(60), 1).unwrap()
     }
 
     #[test]
@@ -713,12 +718,8 @@ mod tests {
         // Long probe runs that wrap around: 600 keys in one shard's ~750
         // slots, removed in a scrambled order, each removal checked against
         // every key still held.
-        let store = ShardedStore::new(StoreConfig {
-            max_keys: 600,
-            shards: 1,
-        })
-        .unwrap();
-        let q = Quota::new(1, Duration::from_secs(60), 1).unwrap();
+        let store = sharded(600, 1);
+        let q = per_minute();
         let now = at(S);
         let keys: Vec<u64> = (0..600u64).map(|i| key(0, 0, i)).collect();
         for &k in &keys {
@@ -744,12 +745,8 @@ mod tests {
 
     #[test]
     fn prefetch_hint_follows_the_table_as_it_grows() {
-        let store = ShardedStore::new(StoreConfig {
-            max_keys: 100_000,
-            shards: 4,
-        })
-        .unwrap();
-        let q = Quota::new(1, Duration::from_secs(60), 1).unwrap();
+        let store = small(100_000);
+        let q = per_minute();
         let probe = key(9, 9, 9);
         let actual = |store: &ShardedStore| {
             let shard = &store.shards[(probe & store.shard_mask) as usize];
