@@ -21,6 +21,7 @@
 pub mod admission;
 pub mod body;
 pub mod cache;
+pub mod calendar;
 pub mod challenge;
 pub mod config;
 pub mod edge;

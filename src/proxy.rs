@@ -633,10 +633,7 @@ async fn send_with_failover(
     rt: &Runtime,
 ) -> Result<Response<UpstreamBody>, ForwardError> {
     use http_body::Body as _;
-    let idempotent = matches!(
-        parts.method,
-        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
-    );
+    let idempotent = crate::upstream::connections::is_idempotent_read(&parts.method);
     let request = Request::from_parts(parts, body);
     // At most one retry: the copy it will send, made while the request is whole.
     let mut retry_copy = (request.body().is_end_stream() && pool.servers.len() > 1)

@@ -21,7 +21,7 @@ use crate::identity::dominance::DominantPeer;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
-use crate::identity::{ClientAddr, Level};
+use crate::identity::ClientAddr;
 use crate::limiter::shared::{SharedLimiter, SharedStats};
 use crate::limiter::{MonoTime, ShardedStore, StoreConfig};
 use crate::observe::metrics::{CollateralLabels, ResultLabels, RuleLabels};
@@ -297,7 +297,7 @@ impl Runtime {
     /// Counts a request of `client` for the low-rate signal; true when the
     /// client is still under `rules.low_rate_per_minute`.
     pub fn record_activity(&self, client: ClientAddr, gw: &Gateway, now: MonoTime) -> bool {
-        let key = crate::limiter::key(0, 0, client.key(Level::Address).digest());
+        let key = crate::policy::rules::activity_key(client);
         self.activity.check(key, &gw.low_rate, now, 1).is_allowed()
     }
 

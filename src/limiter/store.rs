@@ -168,9 +168,20 @@ impl Shard {
         }
     }
 
-    /// Records where `table`'s slots are now. Called after every check;
-    /// they move only when the table grows or is rebuilt, so this is
-    /// normally two loads and no store.
+    /// The table, locked. Releasing it publishes where its slots are, so
+    /// every path that grows or rebuilds the table keeps the hint true.
+    fn lock(&self) -> ShardGuard<'_> {
+        ShardGuard {
+            shard: self,
+            // A panic while holding a shard cannot leave a half-moved slot
+            // behind (no code between reads and writes panics), so poison
+            // is ignored.
+            table: self.table.lock().unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// Records where `table`'s slots are now. They move only when the table
+    /// grows or is rebuilt, so this is normally two loads and no store.
     fn publish(&self, table: &Table) {
         let at = table.slots.as_ptr() as usize;
         if self.slots_at.load(Ordering::Relaxed) != at {
@@ -180,6 +191,31 @@ impl Shard {
         if self.slots_len.load(Ordering::Relaxed) != len {
             self.slots_len.store(len, Ordering::Relaxed);
         }
+    }
+}
+
+/// A locked shard's table; see [`Shard::lock`].
+struct ShardGuard<'a> {
+    shard: &'a Shard,
+    table: MutexGuard<'a, Table>,
+}
+
+impl std::ops::Deref for ShardGuard<'_> {
+    type Target = Table;
+    fn deref(&self) -> &Table {
+        &self.table
+    }
+}
+
+impl std::ops::DerefMut for ShardGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Table {
+        &mut self.table
+    }
+}
+
+impl Drop for ShardGuard<'_> {
+    fn drop(&mut self) {
+        self.shard.publish(&self.table);
     }
 }
 
@@ -205,21 +241,18 @@ impl ShardedStore {
         })
     }
 
-    fn shard(&self, key: u64) -> MutexGuard<'_, Table> {
+    fn shard_of(&self, key: u64) -> &Shard {
         // The table's slot index uses the key's high bits; shards use the low.
-        let shard = &self.shards[(key & self.shard_mask) as usize];
-        // A panic while holding a shard cannot leave a half-moved slot behind
-        // (no code between reads and writes panics), so poison is ignored.
-        shard.table.lock().unwrap_or_else(PoisonError::into_inner)
+        &self.shards[(key & self.shard_mask) as usize]
+    }
+
+    fn shard(&self, key: u64) -> ShardGuard<'_> {
+        self.shard_of(key).lock()
     }
 
     /// Decides a request of `cost` for `key` under `quota`, updating its TAT.
     pub fn check(&self, key: u64, quota: &Quota, now: MonoTime, cost: u32) -> Outcome {
-        let shard = &self.shards[(key & self.shard_mask) as usize];
-        let mut table = shard.table.lock().unwrap_or_else(PoisonError::into_inner);
-        let outcome = table.check(key, quota, now, cost);
-        shard.publish(&table);
-        outcome
+        self.shard(key).check(key, quota, now, cost)
     }
 
     /// Starts loading `key`'s slot into the cache, for a check that comes
@@ -235,7 +268,7 @@ impl ShardedStore {
     /// The address of `key`'s home slot as last published (arithmetic only:
     /// it is never dereferenced, and may be stale while a table grows).
     fn slot_hint(&self, key: u64) -> Option<usize> {
-        let shard = &self.shards[(key & self.shard_mask) as usize];
+        let shard = self.shard_of(key);
         let len = shard.slots_len.load(Ordering::Relaxed);
         if len == 0 {
             return None;
@@ -291,12 +324,7 @@ impl ShardedStore {
     pub fn sweep(&self, now: MonoTime) -> usize {
         self.shards
             .iter()
-            .map(|s| {
-                s.table
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .sweep(now.as_nanos())
-            })
+            .map(|s| s.lock().sweep(now.as_nanos()))
             .sum()
     }
 
@@ -304,7 +332,7 @@ impl ShardedStore {
     /// (each shard is locked only while it is walked).
     pub fn for_each_live(&self, now: MonoTime, mut f: impl FnMut(u64, MonoTime)) {
         for shard in self.shards.iter() {
-            let table = shard.table.lock().unwrap_or_else(PoisonError::into_inner);
+            let table = shard.lock();
             for slot in table.slots.iter().filter(|s| s.tat > now.as_nanos()) {
                 f(slot.key, MonoTime::from_nanos(slot.tat));
             }
@@ -313,10 +341,7 @@ impl ShardedStore {
 
     /// Keys held, live or expired-but-not-swept. Never above `max_keys`.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.table.lock().unwrap_or_else(PoisonError::into_inner).len)
-            .sum()
+        self.shards.iter().map(|s| s.lock().len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -331,14 +356,7 @@ impl ShardedStore {
     pub fn table_bytes(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| {
-                s.table
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .slots
-                    .len()
-                    * SLOT_BYTES
-            })
+            .map(|s| s.lock().slots.len() * SLOT_BYTES)
             .sum()
     }
 
@@ -348,13 +366,7 @@ impl ShardedStore {
     pub fn max_table_bytes(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| {
-                s.table
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .max_slots
-                    * SLOT_BYTES
-            })
+            .map(|s| s.lock().max_slots * SLOT_BYTES)
             .sum::<usize>()
             + self.shards.len() * std::mem::size_of::<Shard>()
     }
@@ -362,7 +374,7 @@ impl ShardedStore {
     pub fn stats(&self) -> StoreStats {
         let mut stats = StoreStats::default();
         for shard in self.shards.iter() {
-            let table = shard.table.lock().unwrap_or_else(PoisonError::into_inner);
+            let table = shard.lock();
             stats.len += table.len;
             stats.expired_removed += table.expired_removed;
             stats.evicted_live += table.evicted_live;

@@ -260,7 +260,7 @@ fn escaped(out: &mut Vec<u8>, v: &str) {
 fn write_timestamp(out: &mut Vec<u8>, t: SystemTime) {
     let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
-    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
+    let (year, month, day) = crate::calendar::civil_from_days((secs / 86_400) as i64);
     let of_day = secs % 86_400;
     // Years past 9999 do not occur in access logs; clamp rather than widen.
     let year = year.clamp(0, 9999) as u64;
@@ -283,21 +283,6 @@ fn write_timestamp(out: &mut Vec<u8>, t: SystemTime) {
     out.push(b'0' + (ms / 10 % 10) as u8);
     out.push(b'0' + (ms % 10) as u8);
     out.push(b'Z');
-}
-
-/// (year, month, day) of a count of days since 1970-01-01, in the proleptic
-/// Gregorian calendar (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// Where lines go.

@@ -22,7 +22,7 @@ use http::{HeaderMap, HeaderName, Method};
 use smallvec::SmallVec;
 
 use crate::config::digest;
-use crate::identity::{ClientId, Level};
+use crate::identity::{ClientAddr, ClientId, Level};
 use crate::limiter::redis::RuleCheck;
 use crate::limiter::shared::SharedLimiter;
 use crate::limiter::{
@@ -108,6 +108,17 @@ impl KeyKind {
             KeyKind::Cookie(_) => 6,
             KeyKind::User => 7,
             KeyKind::Token => 8,
+        }
+    }
+
+    /// The address level this kind keys on (`Address`, `Subnet`,
+    /// `Network`); `None` for keys that are not the client's address.
+    pub fn address_level(&self) -> Option<Level> {
+        match self {
+            KeyKind::Address => Some(Level::Address),
+            KeyKind::Subnet => Some(Level::Subnet),
+            KeyKind::Network => Some(Level::Network),
+            _ => None,
         }
     }
 
@@ -268,6 +279,12 @@ pub struct Evaluation {
     /// (index of the rule in the evaluated slice, result) for metrics. Most
     /// routes have a few rules: no allocation, no name copied per request.
     pub results: SmallVec<[(usize, RuleResult); 4]>,
+}
+
+/// A client's key in the activity store behind the low-rate collateral
+/// signal (live traffic and `weir replay` alike).
+pub fn activity_key(client: ClientAddr) -> u64 {
+    crate::limiter::key(0, 0, client.key(Level::Address).digest())
 }
 
 /// Evaluates `rules` in order. `global_shadow` puts every rule in shadow mode.

@@ -45,12 +45,17 @@ pub struct ConnSettings {
 /// some servers use well under a second).
 const MAY_BE_CLOSED_AFTER: Duration = Duration::from_millis(100);
 
-/// A copy of a bodyless GET/HEAD/OPTIONS request, which may be sent again.
-fn replayable_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
+/// A read that may be sent again when a connection closed before any
+/// response (RFC 9110 §9.2.2, as nginx's `proxy_next_upstream error` and
+/// browsers assume): GET, HEAD, OPTIONS.
+pub fn is_idempotent_read(method: &http::Method) -> bool {
     use http::Method;
-    if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS)
-        || !req.body().is_end_stream()
-    {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// A copy of a bodyless idempotent read, which may be sent again.
+fn replayable_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
+    if !is_idempotent_read(req.method()) || !req.body().is_end_stream() {
         return None;
     }
     Some(copy_bodyless(req))

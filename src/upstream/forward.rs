@@ -349,13 +349,7 @@ mod tests {
         peer: &str,
         client: &str,
     ) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in incoming {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
+        let mut h = header_map(incoming);
         let cid = id(peer, client);
         let fh = ForwardingHeaders::new(ForwardingConfig {
             x_forwarded_for: mode,

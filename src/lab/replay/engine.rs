@@ -29,7 +29,9 @@ use crate::identity::forwarded::resolve;
 use crate::identity::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
 use crate::limiter::{MonoTime, ShardedStore, StoreConfig};
 use crate::policy::route::RequestView;
-use crate::policy::rules::{KeyKind, RequestFacts, RuleBody, RuleRejection, evaluate};
+use crate::policy::rules::{
+    KeyKind, RequestFacts, RuleBody, RuleRejection, activity_key, evaluate,
+};
 
 /// What the configuration decides for one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,11 +185,8 @@ fn address_stores(gateway: &Gateway) -> Vec<(std::sync::Arc<ShardedStore>, Level
         })
         .flatten();
     for level in levels {
-        let by = match level.key {
-            KeyKind::Address => Level::Address,
-            KeyKind::Subnet => Level::Subnet,
-            KeyKind::Network => Level::Network,
-            _ => continue,
+        let Some(by) = level.key.address_level() else {
+            continue;
         };
         if out.len() < MAX
             && !out
@@ -295,8 +294,7 @@ impl Replay {
     /// current record is decided, the loads overlap that work.
     pub fn prefetch(&self, client: IpAddr) {
         let client = ClientAddr::new(client);
-        let address = client.key(Level::Address).digest();
-        self.activity.prefetch(crate::limiter::key(0, 0, address));
+        self.activity.prefetch(activity_key(client));
         for (store, level) in &self.address_stores {
             store.prefetch(client.key(*level).digest());
         }
@@ -364,10 +362,9 @@ impl Replay {
             self.report.admitted += 1;
             return Verdict::Admit;
         }
-        let activity_key = crate::limiter::key(0, 0, client.client.key(Level::Address).digest());
         let low_rate = self
             .activity
-            .check(activity_key, &gw.low_rate, now, 1)
+            .check(activity_key(client.client), &gw.low_rate, now, 1)
             .is_allowed();
         let facts = RequestFacts {
             client: &client,

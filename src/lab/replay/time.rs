@@ -34,17 +34,6 @@ impl UnixNanos {
     }
 }
 
-/// Days from 1970-01-01 to a proleptic Gregorian date (H. Hinnant's `days_from_civil`).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = month as i64;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 fn days_in_month(year: i64, month: u32) -> u32 {
     match month {
         4 | 6 | 9 | 11 => 30,
@@ -108,7 +97,7 @@ fn assemble(
     if !valid {
         return None;
     }
-    let secs = days_from_civil(year, month, day) * 86_400
+    let secs = crate::calendar::days_from_civil(year, month, day) * 86_400
         + i64::from(hour) * 3600
         + i64::from(minute) * 60
         + i64::from(second)
