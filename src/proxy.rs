@@ -275,16 +275,19 @@ async fn serve(
             log.record.upstream_status = Some(resp.status().as_u16());
             let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
             strip_hop_by_hop(resp.headers_mut(), is_101 && upgrade);
-            if is_101 && let Some(client_upgrade) = client_upgrade {
-                let upstream_upgrade = hyper::upgrade::on(&mut resp);
+            if is_101
+                && let Some(client_upgrade) = client_upgrade
+                && let Some((mut upstream, early)) = resp.body_mut().take_tunnel()
+            {
                 let tunnel_guard = conn.guard.clone();
                 tokio::spawn(async move {
-                    if let (Ok(a), Ok(b)) = tokio::join!(client_upgrade, upstream_upgrade) {
-                        let _ = tokio::io::copy_bidirectional(
-                            &mut TokioIo::new(a),
-                            &mut TokioIo::new(b),
-                        )
-                        .await;
+                    use tokio::io::AsyncWriteExt as _;
+                    if let Ok(client) = client_upgrade.await {
+                        let mut client = TokioIo::new(client);
+                        // What the server sent right after its 101 goes first.
+                        if early.is_empty() || client.write_all(&early).await.is_ok() {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                        }
                     }
                     drop(tunnel_guard);
                 });

@@ -17,18 +17,16 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::body::{RequestBody, copy_bodyless};
+use super::http1::{ExchangeError, Failure, Framing, ResponseHead, UpstreamConnection};
+use crate::body::RequestBody;
 
 /// How a pool's connections are opened and kept.
 #[derive(Debug, Clone, Copy)]
@@ -42,45 +40,16 @@ pub struct ConnSettings {
 
 /// Idle time after which a server's keep-alive timeout may close a
 /// connection just as a request is written to it (node's default is 5 s,
-/// some servers use well under a second).
+/// some servers use well under a second). A connection reused sooner that
+/// closes unanswered says more about the server (stopping, crashing) than
+/// about the race: the request goes to another server instead.
 const MAY_BE_CLOSED_AFTER: Duration = Duration::from_millis(100);
 
 /// A read that may be sent again when a connection closed before any
 /// response (RFC 9110 §9.2.2, as nginx's `proxy_next_upstream error` and
 /// browsers assume): GET, HEAD, OPTIONS.
 pub fn is_idempotent_read(method: &http::Method) -> bool {
-    use http::Method;
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
-}
-
-/// A copy of a bodyless idempotent read, which may be sent again.
-fn replayable_copy(req: &Request<RequestBody>) -> Option<Request<RequestBody>> {
-    if !is_idempotent_read(req.method()) || !req.body().is_end_stream() {
-        return None;
-    }
-    Some(copy_bodyless(req))
-}
-
-/// The server closed (or reset) the connection instead of answering. A
-/// server that closes with the request unread sends a reset, not a FIN.
-fn closed_before_response(e: &hyper::Error) -> bool {
-    use std::error::Error as _;
-    if e.is_incomplete_message() {
-        return true;
-    }
-    let mut source = e.source();
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<io::Error>() {
-            return matches!(
-                io.kind(),
-                io::ErrorKind::ConnectionReset
-                    | io::ErrorKind::BrokenPipe
-                    | io::ErrorKind::ConnectionAborted
-            );
-        }
-        source = s.source();
-    }
-    false
 }
 
 /// Why no connection could be had. Nothing was sent: always safe to retry.
@@ -90,8 +59,6 @@ pub enum ConnectError {
     Io(#[from] io::Error),
     #[error("connect timed out after {0:?}")]
     Timeout(Duration),
-    #[error("HTTP/1.1 handshake failed: {0}")]
-    Handshake(#[source] hyper::Error),
 }
 
 /// Why an exchange failed.
@@ -101,13 +68,13 @@ pub enum SendError {
     Connect(#[from] ConnectError),
     /// The request was (at least partly) sent.
     #[error(transparent)]
-    Exchange(hyper::Error),
+    Exchange(ExchangeError),
     /// A kept-alive connection closed after the request was written and
     /// before any response byte: the server most likely closed it as the
     /// request arrived (its idle timeout, or it stopped). An idempotent
     /// request may be sent again (RFC 9112 §9.3.1).
     #[error("kept-alive connection closed before a response: {0}")]
-    Closed(hyper::Error),
+    Closed(ExchangeError),
 }
 
 /// The idle connections of one server.
@@ -118,7 +85,7 @@ pub struct ServerConnections {
 
 #[derive(Debug)]
 struct Idle {
-    sender: SendRequest<RequestBody>,
+    conn: UpstreamConnection,
     since: Instant,
 }
 
@@ -127,7 +94,8 @@ impl ServerConnections {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
     }
 
-    fn push(&self, sender: SendRequest<RequestBody>, settings: &ConnSettings) {
+    fn push(&self, mut conn: UpstreamConnection, settings: &ConnSettings) {
+        conn.park();
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() >= settings.max_idle {
             return;
@@ -141,7 +109,7 @@ impl ServerConnections {
         if expired > 0 {
             idle.drain(..expired);
         }
-        idle.push(Idle { sender, since: now });
+        idle.push(Idle { conn, since: now });
     }
 
     /// Sends `req` to `addr` on an idle connection, or a new one. A request
@@ -155,146 +123,150 @@ impl ServerConnections {
         settings: &ConnSettings,
         mut req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, SendError> {
-        while let Some(idle) = self.pop() {
-            let idle_for = idle.since.elapsed();
-            if idle.sender.is_closed() || idle_for > settings.idle_timeout {
+        let resendable = is_idempotent_read(req.method()) && req.body().is_end_stream();
+        while let Some(Idle { mut conn, since }) = self.pop() {
+            let idle_for = since.elapsed();
+            if idle_for > settings.idle_timeout || !conn.is_reusable() {
                 continue;
             }
-            let mut sender = idle.sender;
-            if sender.ready().await.is_err() {
-                continue;
-            }
-            // Copying the head costs a header-map clone, so only where the
-            // race is possible: under load connections idle for microseconds.
-            let copy = (idle_for >= MAY_BE_CLOSED_AFTER)
-                .then(|| replayable_copy(&req))
-                .flatten();
-            match sender.try_send_request(req).await {
-                Ok(resp) => return Ok(self.wrap(resp, sender, settings)),
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) => req = unsent,
-                    None => {
-                        let e = e.into_error();
-                        if !closed_before_response(&e) {
-                            return Err(SendError::Exchange(e));
-                        }
-                        let Some(copy) = copy else {
-                            return Err(SendError::Closed(e));
-                        };
-                        tracing::debug!(%addr, "kept-alive connection closed; resending on a new one");
-                        req = copy;
-                        break;
+            match conn.exchange(&mut req).await {
+                Ok(head) => return Ok(self.wrap(head, conn, settings)),
+                Err(Failure::Unsent(_)) => continue,
+                Err(Failure::Sent(e @ ExchangeError::NoResponse(_))) => {
+                    if !(resendable && idle_for >= MAY_BE_CLOSED_AFTER) {
+                        return Err(SendError::Closed(e));
                     }
-                },
+                    tracing::debug!(%addr, "kept-alive connection closed; resending on a new one");
+                    break;
+                }
+                Err(Failure::Sent(e)) => return Err(SendError::Exchange(e)),
             }
         }
-        let mut sender = connect(addr, settings.connect_timeout).await?;
-        match sender.send_request(req).await {
-            Ok(resp) => Ok(self.wrap(resp, sender, settings)),
-            Err(e) => Err(SendError::Exchange(e)),
+        let mut conn = connect(addr, settings.connect_timeout).await?;
+        match conn.exchange(&mut req).await {
+            Ok(head) => Ok(self.wrap(head, conn, settings)),
+            Err(Failure::Unsent(e) | Failure::Sent(e)) => Err(SendError::Exchange(e)),
         }
     }
 
     fn wrap(
         self: &Arc<Self>,
-        resp: Response<Incoming>,
-        sender: SendRequest<RequestBody>,
+        head: ResponseHead,
+        conn: UpstreamConnection,
         settings: &ConnSettings,
     ) -> Response<UpstreamBody> {
-        // A switched protocol owns the connection now; `Connection: close`
-        // means the server will not take another request on it.
-        let reusable = resp.status() != StatusCode::SWITCHING_PROTOCOLS
-            && !resp
-                .headers()
-                .get(http::header::CONNECTION)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));
-        let back = reusable.then(|| Return {
-            home: self.clone(),
-            sender,
-            settings: *settings,
-        });
-        resp.map(|inner| UpstreamBody { inner, back })
+        let mut body = UpstreamBody {
+            conn: Some(conn),
+            framing: head.framing,
+            back: head.keep_alive.then(|| Return {
+                home: self.clone(),
+                settings: *settings,
+            }),
+            tunnel: head.status == StatusCode::SWITCHING_PROTOCOLS,
+        };
+        if let Some(conn) = body.conn.as_mut() {
+            conn.settle(&mut body.framing);
+        }
+        if body.is_end_stream() && !body.tunnel {
+            body.release();
+        }
+        head.into_response(body)
     }
 }
 
-/// Opens a connection and starts its driving task.
-async fn connect(
-    addr: SocketAddr,
-    timeout: Duration,
-) -> Result<SendRequest<RequestBody>, ConnectError> {
+/// Opens a connection.
+async fn connect(addr: SocketAddr, timeout: Duration) -> Result<UpstreamConnection, ConnectError> {
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Err(_) => return Err(ConnectError::Timeout(timeout)),
         Ok(r) => r?,
     };
     stream.set_nodelay(true)?;
-    let (sender, conn) = http1::Builder::new()
-        .handshake(TokioIo::new(stream))
-        .await
-        .map_err(ConnectError::Handshake)?;
-    tokio::spawn(async move {
-        // Errors surface on the request that was using the connection.
-        let _ = conn.with_upgrades().await;
-    });
-    Ok(sender)
+    Ok(UpstreamConnection::new(stream))
 }
 
 /// Where a connection goes when its response body ends.
 struct Return {
     home: Arc<ServerConnections>,
-    sender: SendRequest<RequestBody>,
     settings: ConnSettings,
 }
 
-/// A response body from an upstream server. When it ends cleanly its
-/// connection goes back to the server's idle stack; dropped early, the
-/// connection is closed (hyper cannot reuse a half-read one).
+/// A response body from an upstream server, read from its connection by
+/// whoever polls it. When it ends cleanly the connection goes back to the
+/// server's idle stack; dropped early, the connection is closed (the rest of
+/// the body would have to be read first).
 pub struct UpstreamBody {
-    inner: Incoming,
+    conn: Option<UpstreamConnection>,
+    framing: Framing,
+    /// `None`: the connection is not to be reused.
     back: Option<Return>,
+    /// A `101 Switching Protocols`: the connection becomes a tunnel.
+    tunnel: bool,
 }
 
 impl UpstreamBody {
     fn release(&mut self) {
-        if let Some(r) = self.back.take() {
-            r.home.push(r.sender, &r.settings);
+        let conn = self.conn.take();
+        if let (Some(conn), Some(r)) = (conn, self.back.take())
+            && !conn.has_leftover()
+        {
+            r.home.push(conn, &r.settings);
         }
     }
-}
 
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
-        // An empty body (204, 304, HEAD, `Content-Length: 0`) may never be
-        // polled: it is complete as it stands.
-        if self.inner.is_end_stream() {
-            self.release();
+    /// After `101 Switching Protocols`: the upstream connection for the
+    /// tunnel, and the bytes the server sent past its head.
+    pub fn take_tunnel(&mut self) -> Option<(TcpStream, Bytes)> {
+        if !self.tunnel {
+            return None;
         }
+        self.conn.take().map(UpstreamConnection::into_tunnel)
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = ExchangeError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        match &polled {
-            None => self.release(),
-            Some(Ok(_)) if self.inner.is_end_stream() => self.release(),
-            Some(Err(_)) => self.back = None,
-            Some(Ok(_)) => {}
+    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+        let this = &mut *self;
+        let Some(conn) = this.conn.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if this.tunnel {
+            return Poll::Ready(None);
         }
-        Poll::Ready(polled)
+        let polled = std::task::ready!(conn.poll_body(&mut this.framing, cx));
+        match &polled {
+            Some(Ok(_)) => {
+                conn.settle(&mut this.framing);
+                if this.is_end_stream() {
+                    this.release();
+                }
+            }
+            None => this.release(),
+            Some(Err(_)) => {
+                this.back = None;
+                this.conn = None;
+            }
+        }
+        Poll::Ready(polled.map(|r| r.map(Frame::data)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        matches!(
+            self.framing,
+            Framing::Empty | Framing::Length(0) | Framing::Chunked(super::http1::Chunk::Done)
+        )
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.framing {
+            Framing::Empty => SizeHint::with_exact(0),
+            Framing::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
     }
 }

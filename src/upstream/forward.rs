@@ -14,6 +14,7 @@ use http::{Request, Response, StatusCode, Version};
 use smallvec::SmallVec;
 
 use super::connections::{ConnectError, SendError, UpstreamBody};
+use super::http1::ExchangeError;
 use super::pool::{Pool, Server};
 use crate::body::RequestBody;
 use crate::config::{ForwardingConfig, XffMode};
@@ -44,14 +45,14 @@ pub enum ForwardError {
     #[error("exchange with {server} failed: {source}")]
     Exchange {
         server: std::net::SocketAddr,
-        source: hyper::Error,
+        source: ExchangeError,
     },
     /// A kept-alive connection closed with the request sent and no response
     /// byte received: the server may or may not have seen the request.
     #[error("{server} closed a kept-alive connection before responding: {source}")]
     Closed {
         server: std::net::SocketAddr,
-        source: hyper::Error,
+        source: ExchangeError,
     },
 }
 
@@ -96,15 +97,8 @@ impl ForwardError {
     }
 }
 
-fn is_body_timeout(e: &hyper::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.is::<crate::body::BodyReadTimeout>() {
-            return true;
-        }
-        source = s.source();
-    }
-    false
+fn is_body_timeout(e: &ExchangeError) -> bool {
+    matches!(e, ExchangeError::RequestBody(b) if b.is::<crate::body::BodyReadTimeout>())
 }
 
 /// Sends `req` to `server` and waits up to `timeout` for response headers.

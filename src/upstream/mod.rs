@@ -12,6 +12,7 @@ pub mod checks;
 pub mod connections;
 pub mod forward;
 pub mod health;
+pub mod http1;
 pub mod pool;
 pub mod retry_budget;
 pub mod slow_start;

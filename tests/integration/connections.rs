@@ -131,6 +131,15 @@ enum CloseAfterAnswer {
 /// An upstream that answers one request per connection with keep-alive, then
 /// closes it without a word as `close` says; counts connections.
 async fn one_answer_upstream(close: CloseAfterAnswer) -> (SocketAddr, Arc<AtomicUsize>) {
+    answering_upstream(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", close).await
+}
+
+/// An upstream that writes `answer` as soon as a request head is in (whether
+/// or not a body follows), once per connection; counts connections.
+async fn answering_upstream(
+    answer: &'static [u8],
+    close: CloseAfterAnswer,
+) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let conns = Arc::new(AtomicUsize::new(0));
@@ -142,9 +151,7 @@ async fn one_answer_upstream(close: CloseAfterAnswer) -> (SocketAddr, Arc<Atomic
                 if !read_head(&mut s).await {
                     return;
                 }
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                    .await;
+                let _ = s.write_all(answer).await;
                 match close {
                     CloseAfterAnswer::Idle(linger) => tokio::time::sleep(linger).await,
                     CloseAfterAnswer::NextRequest => {
@@ -251,4 +258,51 @@ async fn a_read_cut_by_a_closing_server_goes_to_another_server() {
         metric(&m, "weir_upstream_retries_total{pool=\"app\"}") >= 1.0,
         "{m}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_the_upload_ends_reaches_the_client_and_the_connection_is_not_reused() {
+    // The app refuses an upload from its head alone and never reads the body
+    // (as php-fpm does past `post_max_size`); it keeps the connection open.
+    let (up, conns) = answering_upstream(
+        b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 4\r\n\r\nbig!",
+        CloseAfterAnswer::Idle(Duration::from_secs(30)),
+    )
+    .await;
+    let weir = TestWeir::start(&config(&[up], "")).await;
+    let opened = conns.load(Ordering::Relaxed);
+
+    // 64 MiB announced: far more than the socket buffers between the three.
+    let mut client = RawConn::connect(weir.addr).await;
+    client
+        .write(b"PUT /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 67108864\r\n\r\n")
+        .await;
+    let (mut reader, mut writer) = client.s.into_split();
+    tokio::spawn(async move {
+        let chunk = vec![b'u'; 64 * 1024];
+        for _ in 0..1024 {
+            if writer.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"big!") {
+        let n = tokio::time::timeout(Duration::from_secs(20), reader.read(&mut buf))
+            .await
+            .expect("the answer arrives while the upload is still going")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+
+    // The upstream connection carried half a request: the next request
+    // gets a new one.
+    let (status, _, body) = get(weir.addr, "/", &[]).await;
+    assert_eq!(status, 413);
+    assert_eq!(body, b"big!");
+    assert!(conns.load(Ordering::Relaxed) >= opened + 2);
 }

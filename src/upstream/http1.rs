@@ -1,0 +1,657 @@
+//! HTTP/1.1 towards an upstream server on one connection: the request head
+//! and body out, the response head in, and the response body's framing
+//! (RFC 9112 §6-7) decoded as the client reads it.
+//!
+//! hyper's client (`hyper::client::conn::http1`) is not used: it drives each
+//! connection from a task of its own, so every request crossed to that task
+//! through a channel, its response came back through a oneshot, and every
+//! body chunk through a third hand-off, with both tasks woken for each. That
+//! was a third of a proxied request's instructions, and at 1,000
+//! connections the hand-offs missed the cache (bench/README.md, "Upstream
+//! HTTP/1"). Here the task that serves the client does the upstream I/O
+//! itself, as nginx does in its one event loop. Parsing is httparse's, the
+//! parser hyper uses; this module owns framing and connection reuse only.
+
+use std::future::poll_fn;
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use http_body_util::BodyExt as _;
+use smallvec::SmallVec;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::body::{BoxError, RequestBody};
+
+/// Largest response head read (hyper's client allows ~400 KiB; an app that
+/// sends more than 64 KiB of headers is broken, not busy).
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most header fields in a response head (as hyper's default).
+pub const MAX_HEADERS: usize = 100;
+/// Longest chunk-size line (with extensions) or trailer field.
+const MAX_CHUNK_LINE: usize = 4096;
+/// Free space a read needs before the buffer grows: heads and small bodies
+/// fit in one read; a large body streams in reads of up to `BODY_READ`.
+const HEAD_READ: usize = 8 * 1024;
+const BODY_READ: usize = 32 * 1024;
+/// An idle connection keeps a read buffer up to this size; a larger one
+/// (after a big body) is let go.
+const KEEP_BUFFER: usize = 64 * 1024;
+
+/// Why an exchange with an upstream server failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The connection ended (or was reset) before any byte of a response.
+    #[error("connection closed before any response byte{}", .0.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NoResponse(Option<io::Error>),
+    /// The connection ended in the middle of a response head or body.
+    #[error("connection closed in the middle of a response")]
+    Incomplete,
+    #[error("upstream I/O: {0}")]
+    Io(#[from] io::Error),
+    #[error("malformed response head: {0}")]
+    Malformed(#[from] httparse::Error),
+    #[error("bad response framing: {0}")]
+    Framing(&'static str),
+    #[error("response head larger than {MAX_HEAD} bytes")]
+    HeadTooLarge,
+    /// The client's request body failed (it stalled past its class's body
+    /// timeout, or the client went away).
+    #[error("request body: {0}")]
+    RequestBody(#[source] BoxError),
+}
+
+/// How far a failed exchange got, which decides whether it may be tried
+/// again.
+#[derive(Debug)]
+pub enum Failure {
+    /// The request head could not be written: the server saw no request.
+    Unsent(ExchangeError),
+    /// The request was (at least partly) sent.
+    Sent(ExchangeError),
+}
+
+/// How a response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body: `HEAD`, 1xx, 204, 304 (or a body already read whole).
+    Empty,
+    /// `Content-Length`: this many bytes are still to come.
+    Length(u64),
+    Chunked(Chunk),
+    /// No length: the body ends when the server closes the connection.
+    UntilClose,
+}
+
+/// Where a chunked body's decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk {
+    /// At a chunk-size line.
+    Size,
+    /// Inside a chunk's data, with this many bytes to go.
+    Data(u64),
+    /// After a chunk's data, at its CRLF.
+    DataEnd,
+    /// After the last chunk, at the trailer section (discarded).
+    Trailers,
+    Done,
+}
+
+/// A parsed response head and what follows it.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub status: StatusCode,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+    /// The connection may take another request once the body is read.
+    pub keep_alive: bool,
+}
+
+impl ResponseHead {
+    pub fn into_response<B>(self, body: B) -> Response<B> {
+        let mut resp = Response::new(body);
+        *resp.status_mut() = self.status;
+        *resp.version_mut() = self.version;
+        *resp.headers_mut() = self.headers;
+        resp
+    }
+}
+
+/// How the request body is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestFraming {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// One HTTP/1.1 connection to an upstream server.
+#[derive(Debug)]
+pub struct UpstreamConnection {
+    io: TcpStream,
+    /// Bytes read and not yet consumed (a head, body bytes).
+    read_buf: BytesMut,
+    /// The request head being written (kept: its capacity is reused).
+    write_buf: Vec<u8>,
+}
+
+impl UpstreamConnection {
+    pub fn new(io: TcpStream) -> Self {
+        UpstreamConnection {
+            io,
+            read_buf: BytesMut::new(),
+            write_buf: Vec::new(),
+        }
+    }
+
+    /// Whether an idle connection can take a request: the server has not
+    /// closed it and sent nothing unasked. Costs no system call unless the
+    /// socket was reported readable since it was last read dry.
+    pub fn is_reusable(&mut self) -> bool {
+        if !self.read_buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            // Readiness may be left over from the last response; a read
+            // that would block settles it.
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Makes the connection idle: a large read buffer is let go.
+    pub fn park(&mut self) {
+        if self.read_buf.capacity() > KEEP_BUFFER {
+            self.read_buf = BytesMut::new();
+        }
+    }
+
+    /// Sends `req` (head and body) and reads the response head. `req`'s
+    /// head is only borrowed, so a request that failed unsent (or a bodyless
+    /// one) can be sent again; its body is consumed.
+    pub async fn exchange(
+        &mut self,
+        req: &mut Request<RequestBody>,
+    ) -> Result<ResponseHead, Failure> {
+        let framing = request_framing(req);
+        encode_head(&mut self.write_buf, req, framing);
+        if let Err(e) = self.io.write_all(&self.write_buf).await {
+            return Err(Failure::Unsent(e.into()));
+        }
+        let head_request = req.method() == Method::HEAD;
+        let early = match framing {
+            RequestFraming::None => Ok(None),
+            RequestFraming::Length(_) => self.send_body(req.body_mut(), false, head_request).await,
+            RequestFraming::Chunked => self.send_body(req.body_mut(), true, head_request).await,
+        }
+        .map_err(Failure::Sent)?;
+        match early {
+            Some(head) => Ok(head),
+            None => read_head(&mut self.io, &mut self.read_buf, head_request)
+                .await
+                .map_err(Failure::Sent),
+        }
+    }
+
+    /// Streams the request body, watching for a response that comes before
+    /// it ends (a 413 or a redirect for an upload the app will not read):
+    /// then the rest of the body is not sent, and the connection is not
+    /// reused, its request being incomplete.
+    async fn send_body(
+        &mut self,
+        body: &mut RequestBody,
+        chunked: bool,
+        head_request: bool,
+    ) -> Result<Option<ResponseHead>, ExchangeError> {
+        let UpstreamConnection {
+            io,
+            read_buf,
+            write_buf,
+        } = self;
+        let (mut rd, mut wr) = io.split();
+        let upload = write_body(&mut wr, body, chunked, write_buf);
+        let early = read_head(&mut rd, read_buf, head_request);
+        tokio::pin!(upload, early);
+        tokio::select! {
+            biased;
+            sent = &mut upload => sent.map(|()| None),
+            head = &mut early => head.map(|mut h| {
+                h.keep_alive = false;
+                Some(h)
+            }),
+        }
+    }
+
+    /// Polls the next piece of a response body framed as `framing`.
+    /// `Ready(None)` at its end.
+    pub fn poll_body(
+        &mut self,
+        framing: &mut Framing,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, ExchangeError>>> {
+        loop {
+            match framing {
+                Framing::Empty | Framing::Length(0) => return Poll::Ready(None),
+                Framing::Length(left) => {
+                    if !self.read_buf.is_empty() {
+                        let take = self
+                            .read_buf
+                            .len()
+                            .min(usize::try_from(*left).unwrap_or(usize::MAX));
+                        *left -= take as u64;
+                        return Poll::Ready(Some(Ok(self.read_buf.split_to(take).freeze())));
+                    }
+                }
+                Framing::Chunked(chunk) => match decode_chunk(chunk, &mut self.read_buf) {
+                    Ok(Some(data)) => return Poll::Ready(Some(Ok(data))),
+                    Ok(None) if *chunk == Chunk::Done => return Poll::Ready(None),
+                    Ok(None) => {}
+                    Err(e) => return Poll::Ready(Some(Err(e))),
+                },
+                Framing::UntilClose => {
+                    if !self.read_buf.is_empty() {
+                        return Poll::Ready(Some(Ok(self.read_buf.split().freeze())));
+                    }
+                }
+            }
+            let n =
+                match std::task::ready!(poll_fill(&mut self.io, &mut self.read_buf, BODY_READ, cx))
+                {
+                    Ok(n) => n,
+                    Err(e) => return Poll::Ready(Some(Err(e.into()))),
+                };
+            if n == 0 {
+                if *framing == Framing::UntilClose {
+                    *framing = Framing::Empty;
+                    return Poll::Ready(None);
+                }
+                return Poll::Ready(Some(Err(ExchangeError::Incomplete)));
+            }
+        }
+    }
+
+    /// Advances a chunked body past what needs no more input (the CRLF after
+    /// data, the last chunk, the trailers), so that its end is seen with its
+    /// last data rather than on one more poll.
+    pub fn settle(&mut self, framing: &mut Framing) {
+        if let Framing::Chunked(chunk) = framing
+            && *chunk != Chunk::Done
+            && !matches!(chunk, Chunk::Data(_))
+        {
+            // Data stops the decoder: it is only taken when polled.
+            let _ = decode_chunk_until_data(chunk, &mut self.read_buf);
+        }
+    }
+
+    /// The connection for a tunnel after `101 Switching Protocols`, with any
+    /// bytes the server sent after its head.
+    pub fn into_tunnel(self) -> (TcpStream, Bytes) {
+        (self.io, self.read_buf.freeze())
+    }
+
+    /// True when bytes past the response are buffered (the server sent more
+    /// than it framed): the connection cannot be trusted with another
+    /// request.
+    pub fn has_leftover(&self) -> bool {
+        !self.read_buf.is_empty()
+    }
+}
+
+/// Reads into `buf`, first making room for at least `want` more bytes when
+/// little is free.
+fn poll_fill<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    want: usize,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < want / 4 {
+        buf.reserve(want);
+    }
+    tokio_util::io::poll_read_buf(Pin::new(io), cx, buf)
+}
+
+/// Reads until a final response head is whole and parses it.
+async fn read_head<R: AsyncRead + Unpin>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<ResponseHead, ExchangeError> {
+    loop {
+        if let Some(head) = parse_head(buf, head_request)? {
+            return Ok(head);
+        }
+        match poll_fn(|cx| poll_fill(io, buf, HEAD_READ, cx)).await {
+            Ok(0) if buf.is_empty() => return Err(ExchangeError::NoResponse(None)),
+            Ok(0) => return Err(ExchangeError::Incomplete),
+            Ok(_) => {}
+            Err(e) if buf.is_empty() && is_reset(&e) => {
+                return Err(ExchangeError::NoResponse(Some(e)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A server that closes with a request unread sends a reset, not a FIN.
+fn is_reset(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+    )
+}
+
+/// Parses the final response head at the start of `buf` and removes it
+/// (with any interim 1xx responses before it); `None` if more bytes are
+/// needed.
+pub fn parse_head(
+    buf: &mut BytesMut,
+    head_request: bool,
+) -> Result<Option<ResponseHead>, ExchangeError> {
+    loop {
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut parsed,
+            buf,
+            &mut slots,
+        ) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                return Err(ExchangeError::HeadTooLarge);
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let code = parsed.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code)
+            .map_err(|_| ExchangeError::Framing("invalid status code"))?;
+        if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+            // 100 Continue, 103 Early Hints: interim, not forwarded.
+            buf.advance(len);
+            continue;
+        }
+        let version = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        // Names are taken now; values are cut from the head's bytes once it
+        // is frozen, without a copy.
+        let base = buf.as_ptr() as usize;
+        let mut fields: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
+        for h in parsed.headers.iter() {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| ExchangeError::Framing("invalid header name"))?;
+            let start = h.value.as_ptr() as usize - base;
+            fields.push((name, start, start + h.value.len()));
+        }
+        let head_bytes = buf.split_to(len).freeze();
+        let mut headers = HeaderMap::with_capacity(fields.len());
+        let mut content_length: Option<u64> = None;
+        let mut transfer_encoding: Option<bool> = None; // Some(chunked last)
+        let mut close = false;
+        let mut keep_alive_token = false;
+        for (name, start, end) in fields {
+            let value = HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
+                .map_err(|_| ExchangeError::Framing("invalid header value"))?;
+            if name == header::CONTENT_LENGTH {
+                let n = parse_content_length(value.as_bytes())?;
+                if content_length.is_some_and(|m| m != n) {
+                    return Err(ExchangeError::Framing("conflicting Content-Length values"));
+                }
+                content_length = Some(n);
+            } else if name == header::TRANSFER_ENCODING {
+                let last = value
+                    .as_bytes()
+                    .rsplit(|b| *b == b',')
+                    .next()
+                    .unwrap_or(b"");
+                transfer_encoding = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            } else if name == header::CONNECTION {
+                for token in value.as_bytes().split(|b| *b == b',') {
+                    let token = token.trim_ascii();
+                    close |= token.eq_ignore_ascii_case(b"close");
+                    keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            headers.append(name, value);
+        }
+        let mut keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
+        let framing = if head_request
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+            || status == StatusCode::SWITCHING_PROTOCOLS
+        {
+            Framing::Empty
+        } else if let Some(chunked) = transfer_encoding {
+            // Both lengths present is how requests get smuggled: the
+            // encoding wins (RFC 9112 §6.3) and the connection is not reused.
+            if content_length.is_some() || !chunked {
+                keep_alive = false;
+            }
+            if chunked {
+                Framing::Chunked(Chunk::Size)
+            } else {
+                Framing::UntilClose
+            }
+        } else if let Some(n) = content_length {
+            Framing::Length(n)
+        } else {
+            keep_alive = false;
+            Framing::UntilClose
+        };
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            keep_alive = false;
+        }
+        return Ok(Some(ResponseHead {
+            status,
+            version,
+            headers,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// `Content-Length`: digits, or a list of one value repeated (RFC 9110
+/// §8.6 lets a recipient accept `42, 42`).
+fn parse_content_length(v: &[u8]) -> Result<u64, ExchangeError> {
+    let bad = ExchangeError::Framing("invalid Content-Length");
+    let mut value: Option<u64> = None;
+    for part in v.split(|b| *b == b',') {
+        let part = part.trim_ascii();
+        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+            return Err(bad);
+        }
+        let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        if value.is_some_and(|m| m != n) {
+            return Err(bad);
+        }
+        value = Some(n);
+    }
+    value.ok_or(bad)
+}
+
+/// Decodes from `buf` until a piece of chunk data is ready (`Some`), the
+/// body ends (`None`, `chunk` is `Done`), or more input is needed (`None`).
+fn decode_chunk(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Option<Bytes>, ExchangeError> {
+    decode_chunk_until_data(chunk, buf)?;
+    if let Chunk::Data(left) = chunk
+        && !buf.is_empty()
+    {
+        let take = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+        *left -= take as u64;
+        if *left == 0 {
+            *chunk = Chunk::DataEnd;
+        }
+        return Ok(Some(buf.split_to(take).freeze()));
+    }
+    Ok(None)
+}
+
+/// Moves the decoder over everything but data, as far as `buf` allows.
+fn decode_chunk_until_data(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<(), ExchangeError> {
+    loop {
+        match *chunk {
+            Chunk::Data(_) | Chunk::Done => return Ok(()),
+            Chunk::DataEnd => {
+                if buf.len() < 2 {
+                    return Ok(());
+                }
+                if &buf[..2] != b"\r\n" {
+                    return Err(ExchangeError::Framing("chunk data not followed by CRLF"));
+                }
+                buf.advance(2);
+                *chunk = Chunk::Size;
+            }
+            Chunk::Size => match httparse::parse_chunk_size(buf) {
+                Ok(httparse::Status::Complete((line, size))) => {
+                    buf.advance(line);
+                    *chunk = if size == 0 {
+                        Chunk::Trailers
+                    } else {
+                        Chunk::Data(size)
+                    };
+                }
+                Ok(httparse::Status::Partial) if buf.len() > MAX_CHUNK_LINE => {
+                    return Err(ExchangeError::Framing("chunk-size line too long"));
+                }
+                Ok(httparse::Status::Partial) => return Ok(()),
+                Err(_) => return Err(ExchangeError::Framing("invalid chunk size")),
+            },
+            Chunk::Trailers => {
+                let Some(line) = take_line(buf)? else {
+                    return Ok(());
+                };
+                // Trailer fields are dropped: few clients ask for them and
+                // the response head has already gone.
+                if line.is_empty() {
+                    *chunk = Chunk::Done;
+                }
+            }
+        }
+    }
+}
+
+/// Takes one CRLF-ended line (a trailer field) from `buf`, without its CRLF.
+fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, ExchangeError> {
+    let Some(lf) = memchr::memchr(b'\n', buf) else {
+        if buf.len() > MAX_CHUNK_LINE {
+            return Err(ExchangeError::Framing("trailer field too long"));
+        }
+        return Ok(None);
+    };
+    if lf == 0 || buf[lf - 1] != b'\r' {
+        return Err(ExchangeError::Framing("trailer field not ended by CRLF"));
+    }
+    let mut line = buf.split_to(lf + 1);
+    line.truncate(lf - 1);
+    Ok(Some(line))
+}
+
+/// How the request's body will be framed, from what the body itself says
+/// (not from a `Content-Length` header a client may have got wrong).
+fn request_framing(req: &Request<RequestBody>) -> RequestFraming {
+    let body = req.body();
+    if body.is_end_stream() {
+        return RequestFraming::None;
+    }
+    match body.size_hint().exact() {
+        Some(n) => RequestFraming::Length(n),
+        None => RequestFraming::Chunked,
+    }
+}
+
+/// Writes the request head into `out`: origin-form target, HTTP/1.1, every
+/// header but the framing ones, then the framing of `framing`.
+fn encode_head(out: &mut Vec<u8>, req: &Request<RequestBody>, framing: RequestFraming) {
+    out.clear();
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    out.extend_from_slice(if target.is_empty() {
+        b"/"
+    } else {
+        target.as_bytes()
+    });
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        if *name == header::CONTENT_LENGTH || *name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        RequestFraming::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        // A method that defines a body says it is empty.
+        RequestFraming::None
+            if matches!(*req.method(), Method::POST | Method::PUT | Method::PATCH) =>
+        {
+            out.extend_from_slice(b"content-length: 0\r\n");
+        }
+        RequestFraming::None => {}
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Streams `body` to `io`, chunk-encoded when `chunked`.
+async fn write_body<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    body: &mut RequestBody,
+    chunked: bool,
+    scratch: &mut Vec<u8>,
+) -> Result<(), ExchangeError> {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(ExchangeError::RequestBody)?;
+        // Request trailers are dropped, as for responses.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        if chunked {
+            scratch.clear();
+            scratch.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            io.write_all(scratch).await?;
+            io.write_all(&data).await?;
+            io.write_all(b"\r\n").await?;
+        } else {
+            io.write_all(&data).await?;
+        }
+    }
+    if chunked {
+        io.write_all(b"0\r\n\r\n").await?;
+    }
+    io.flush().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
