@@ -709,7 +709,7 @@ async fn send_with_failover(
 }
 
 /// What one exchange says about the server's health; `None` when it says
-/// nothing (the client's body was too slow).
+/// nothing (the client's upload stalled or stopped).
 fn health_outcome(
     res: &Result<Response<UpstreamBody>, ForwardError>,
     took: Duration,

@@ -74,13 +74,19 @@ impl ForwardError {
             ForwardError::Connect { .. } => "connect",
             ForwardError::Closed { .. } => "closed",
             ForwardError::Timeout { .. } => "timeout",
-            ForwardError::Exchange { source, .. } => {
-                if is_body_timeout(source) {
+            // The client's side of an upload failing says nothing about the
+            // server (and does not count against its health).
+            ForwardError::Exchange {
+                source: ExchangeError::RequestBody(e),
+                ..
+            } => {
+                if e.is::<crate::body::BodyReadTimeout>() {
                     "client_body_timeout"
                 } else {
-                    "exchange"
+                    "client_body"
                 }
             }
+            ForwardError::Exchange { .. } => "exchange",
         }
     }
 
@@ -95,10 +101,6 @@ impl ForwardError {
             _ => false,
         }
     }
-}
-
-fn is_body_timeout(e: &ExchangeError) -> bool {
-    matches!(e, ExchangeError::RequestBody(b) if b.is::<crate::body::BodyReadTimeout>())
 }
 
 /// Sends `req` to `server` and waits up to `timeout` for response headers.
@@ -326,6 +328,21 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_uploads_are_labelled_by_whose_side_failed() {
+        let server: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let exchange = |source| ForwardError::Exchange { server, source };
+        let stalled = exchange(ExchangeError::RequestBody(Box::new(
+            crate::body::BodyReadTimeout(Duration::from_secs(1)),
+        )));
+        assert_eq!(stalled.kind(), "client_body_timeout");
+        let gone = exchange(ExchangeError::RequestBody("client went away".into()));
+        assert_eq!(gone.kind(), "client_body");
+        assert_eq!(exchange(ExchangeError::Incomplete).kind(), "exchange");
+        assert_eq!(gone.status(), StatusCode::BAD_GATEWAY);
+        assert!(!gone.retryable(true));
+    }
     use crate::identity::{AddrSource, ClientAddr, PeerAddr};
 
     fn id(peer: &str, client: &str) -> ClientId {
