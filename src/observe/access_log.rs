@@ -16,6 +16,14 @@ use std::sync::{Arc, Mutex};
 
 use crate::identity::{write_ip, write_socket_addr};
 
+/// A key as written after another pair: `,"name":`. Composed at compile
+/// time so that writing a key is one copy (a line has 30 of them).
+macro_rules! key {
+    ($name:literal) => {
+        concat!(",\"", $name, "\":")
+    };
+}
+
 /// Everything the log says about one request.
 #[derive(Debug, Clone)]
 pub struct AccessRecord {
@@ -76,28 +84,28 @@ impl AccessRecord {
     /// no escaping (serde_json was a sixth of weir's own per-request work).
     pub fn write_json(&self, out: &mut Vec<u8>) {
         let mut w = JsonObject::new(out);
-        w.key("time");
+        w.key(key!("time"));
         w.quoted(|out| write_timestamp(out, self.time));
-        w.key("client");
+        w.key(key!("client"));
         w.quoted(|out| write_ip(out, self.client));
-        w.key("peer");
+        w.key(key!("peer"));
         w.quoted(|out| write_ip(out, self.peer));
-        w.token("client_source", self.client_source);
-        w.string("method", self.method.as_str());
-        w.string("host", &self.host);
-        w.string("path", &self.path);
-        w.token("proto", self.proto);
-        w.string("class", &self.class);
-        w.token("decision", self.decision);
-        w.token("session", self.session);
-        w.opt_token("challenge", self.challenge);
-        w.opt_string("rule", self.rule.as_deref());
-        w.opt_token("rule_level", self.rule_level);
-        w.opt_string("rule_key", self.rule_key.as_deref());
+        w.token(key!("client_source"), self.client_source);
+        w.string(key!("method"), self.method.as_str());
+        w.string(key!("host"), &self.host);
+        w.string(key!("path"), &self.path);
+        w.token(key!("proto"), self.proto);
+        w.string(key!("class"), &self.class);
+        w.token(key!("decision"), self.decision);
+        w.token(key!("session"), self.session);
+        w.opt_token(key!("challenge"), self.challenge);
+        w.opt_string(key!("rule"), self.rule.as_deref());
+        w.opt_token(key!("rule_level"), self.rule_level);
+        w.opt_string(key!("rule_key"), self.rule_key.as_deref());
         match &self.shadow_rules {
-            None => w.null("shadow_rules"),
+            None => w.null(key!("shadow_rules")),
             Some(rules) => {
-                w.key("shadow_rules");
+                w.key(key!("shadow_rules"));
                 w.out.push(b'[');
                 for (i, r) in rules.iter().enumerate() {
                     if i > 0 {
@@ -108,36 +116,36 @@ impl AccessRecord {
                 w.out.push(b']');
             }
         }
-        w.opt_token("collateral", self.collateral);
-        w.opt_string("pool", self.pool.as_deref());
+        w.opt_token(key!("collateral"), self.collateral);
+        w.opt_string(key!("pool"), self.pool.as_deref());
         match &self.upstream {
             Some(a) => {
-                w.key("upstream");
+                w.key(key!("upstream"));
                 w.quoted(|out| write_socket_addr(out, *a));
             }
-            None => w.null("upstream"),
+            None => w.null(key!("upstream")),
         }
-        w.uint("status", u64::from(self.status));
+        w.uint(key!("status"), u64::from(self.status));
         match self.upstream_status {
-            Some(s) => w.uint("upstream_status", u64::from(s)),
-            None => w.null("upstream_status"),
+            Some(s) => w.uint(key!("upstream_status"), u64::from(s)),
+            None => w.null(key!("upstream_status")),
         }
-        w.uint("bytes_in", self.bytes_in);
-        w.uint("bytes_out", self.bytes_out);
-        w.millis("duration_ms", self.duration_ms);
-        w.millis("queue_ms", self.queue_ms);
-        w.opt_string("lane", self.lane.as_deref());
+        w.uint(key!("bytes_in"), self.bytes_in);
+        w.uint(key!("bytes_out"), self.bytes_out);
+        w.millis(key!("duration_ms"), self.duration_ms);
+        w.millis(key!("queue_ms"), self.queue_ms);
+        w.opt_string(key!("lane"), self.lane.as_deref());
         match self.upstream_ms {
-            Some(v) => w.millis("upstream_ms", v),
-            None => w.null("upstream_ms"),
+            Some(v) => w.millis(key!("upstream_ms"), v),
+            None => w.null(key!("upstream_ms")),
         }
-        w.opt_token("coalesced", self.coalesced);
-        w.opt_string("error", self.error.as_deref());
+        w.opt_token(key!("coalesced"), self.coalesced);
+        w.opt_string(key!("error"), self.error.as_deref());
         w.out.push(b'}');
     }
 }
 
-/// Writes `"key":value` pairs of one JSON object.
+/// Writes `"key":value` pairs of one JSON object; keys come from `key!`.
 struct JsonObject<'a> {
     out: &'a mut Vec<u8>,
     first: bool,
@@ -149,25 +157,26 @@ impl<'a> JsonObject<'a> {
         JsonObject { out, first: true }
     }
 
-    fn key(&mut self, key: &str) {
-        if !self.first {
-            self.out.push(b',');
-        }
-        self.first = false;
-        self.out.push(b'"');
+    /// `key` is `key!("name")`: its comma is dropped for the first pair.
+    fn key(&mut self, key: &'static str) {
+        let key = if self.first {
+            self.first = false;
+            &key[1..]
+        } else {
+            key
+        };
         self.out.extend_from_slice(key.as_bytes());
-        self.out.extend_from_slice(b"\":");
     }
 
     /// A value from weir's own vocabulary: never needs escaping.
-    fn token(&mut self, key: &str, v: &str) {
+    fn token(&mut self, key: &'static str, v: &str) {
         self.key(key);
         self.out.push(b'"');
         self.out.extend_from_slice(v.as_bytes());
         self.out.push(b'"');
     }
 
-    fn opt_token(&mut self, key: &str, v: Option<&str>) {
+    fn opt_token(&mut self, key: &'static str, v: Option<&str>) {
         match v {
             Some(v) => self.token(key, v),
             None => self.null(key),
@@ -175,12 +184,12 @@ impl<'a> JsonObject<'a> {
     }
 
     /// A value from the request or the configuration: escaped as needed.
-    fn string(&mut self, key: &str, v: &str) {
+    fn string(&mut self, key: &'static str, v: &str) {
         self.key(key);
         escaped(self.out, v);
     }
 
-    fn opt_string(&mut self, key: &str, v: Option<&str>) {
+    fn opt_string(&mut self, key: &'static str, v: Option<&str>) {
         match v {
             Some(v) => self.string(key, v),
             None => self.null(key),
@@ -195,12 +204,12 @@ impl<'a> JsonObject<'a> {
         self.out.push(b'"');
     }
 
-    fn null(&mut self, key: &str) {
+    fn null(&mut self, key: &'static str) {
         self.key(key);
         self.out.extend_from_slice(b"null");
     }
 
-    fn uint(&mut self, key: &str, v: u64) {
+    fn uint(&mut self, key: &'static str, v: u64) {
         self.key(key);
         self.out
             .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
@@ -208,7 +217,7 @@ impl<'a> JsonObject<'a> {
 
     /// Milliseconds with microsecond precision, as the shortest decimal
     /// (`1.5`, `0.042`, `3.0`), which is how serde_json printed them.
-    fn millis(&mut self, key: &str, ms: f64) {
+    fn millis(&mut self, key: &'static str, ms: f64) {
         self.key(key);
         if !ms.is_finite() || ms < 0.0 {
             self.out.extend_from_slice(b"0.0");
@@ -552,7 +561,7 @@ mod tests {
         ];
         for (ms, want) in cases {
             let mut out = Vec::new();
-            JsonObject::new(&mut out).millis("m", ms);
+            JsonObject::new(&mut out).millis(key!("m"), ms);
             assert_eq!(
                 String::from_utf8(out).unwrap(),
                 format!("{{\"m\":{want}"),
