@@ -306,3 +306,40 @@ async fn an_answer_before_the_upload_ends_reaches_the_client_and_the_connection_
     assert_eq!(body, b"big!");
     assert!(conns.load(Ordering::Relaxed) >= opened + 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_upstream_answer_is_a_502_and_a_bad_body_is_cut_short() {
+    let exchange = "weir_upstream_errors_total{pool=\"app\",kind=\"exchange\"}";
+    let bad_heads: [&'static [u8]; 2] = [
+        b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+    ];
+    for (i, answer) in bad_heads.into_iter().enumerate() {
+        let (up, _) =
+            answering_upstream(answer, CloseAfterAnswer::Idle(Duration::from_secs(5))).await;
+        let weir = TestWeir::start(&config(&[up], "")).await;
+        let (status, _, _) = get(weir.addr, "/", &[]).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "answer {i}");
+        assert_eq!(metric(&weir.metrics().await, exchange), 1.0, "answer {i}");
+    }
+
+    // A bad chunk after a good head: the head has gone to the client, so
+    // the client sees the response end early, never a whole one.
+    let (up, _) = answering_upstream(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\nzz\r\n",
+        CloseAfterAnswer::Idle(Duration::from_secs(5)),
+    )
+    .await;
+    let weir = TestWeir::start(&config(&[up], "")).await;
+    let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.addr)
+        .await
+        .unwrap();
+    let req = Request::get("/")
+        .header("host", "t")
+        .body(full(""))
+        .unwrap();
+    assert!(
+        c.send(req).await.is_err(),
+        "a cut-short body must not look whole"
+    );
+}
