@@ -166,6 +166,8 @@ pub struct Replay {
     /// The rate-rule stores keyed by the client's address or prefix, for
     /// [`Replay::prefetch`].
     address_stores: Vec<(std::sync::Arc<ShardedStore>, Level)>,
+    /// Log time (limiter clock) of the next sweep of expired keys.
+    next_sweep: MonoTime,
     pub report: ReplayReport,
 }
 
@@ -266,6 +268,14 @@ impl HeaderSet {
 
 /// Addresses tracked for the low-rate signal.
 const ACTIVITY_KEYS: usize = 1 << 20;
+/// How often, in log time, the limiter stores drop keys that expired (as
+/// the live proxy sweeps its stores every snapshot interval). Without it
+/// a store keeps every key it ever held until it reaches its cap: tens of
+/// megabytes of mostly expired slots at a million addresses, and a cache
+/// miss on nearly every lookup. Keys are dropped only once expired for this
+/// long too, so a record up to this much older than the newest one decided
+/// (a log read in file order) still finds every key it could.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// Prefixes listed per rule.
 const TOP: usize = 10;
 
@@ -283,6 +293,7 @@ impl Replay {
             start: None,
             minute: None,
             headers: HeaderMap::new(),
+            next_sweep: MonoTime::ZERO + SWEEP_EVERY,
             report: ReplayReport::default(),
         }
     }
@@ -300,12 +311,29 @@ impl Replay {
         }
     }
 
+    /// Drops the keys that expired over [`SWEEP_EVERY`] before `now` from
+    /// every store. Expiry is exact (an expired key decides as an absent one
+    /// would), so this changes no verdict; it keeps the stores as small as
+    /// the keys still live.
+    fn sweep(&mut self, now: MonoTime) {
+        let cutoff =
+            MonoTime::from_nanos(now.as_nanos().saturating_sub(SWEEP_EVERY.as_nanos() as u64));
+        for partition in self.gateway.rule_stores.partitions() {
+            partition.store.sweep(cutoff);
+        }
+        self.activity.sweep(cutoff);
+        self.next_sweep = now + SWEEP_EVERY;
+    }
+
     /// Decides one record (records must come in log-time order).
     pub fn decide(&mut self, rec: &LogRecord<'_>) -> Verdict {
         let start = *self.start.get_or_insert(rec.time.0);
         // The limiter clock is the log's clock, from the first record.
         let now = MonoTime::from_nanos(u64::try_from(rec.time.0 - start).unwrap_or(0));
         self.report.records += 1;
+        if now >= self.next_sweep {
+            self.sweep(now);
+        }
         // Formatted once per minute of log time, not per record.
         let minute_number = rec.time.0.div_euclid(60_000_000_000);
         if self.minute.as_ref().map(|(m, _)| *m) != Some(minute_number) {
@@ -738,6 +766,37 @@ mod tests {
                 admits.iter().filter(|a| !**a).count() as u64
             );
         }
+    }
+
+    #[test]
+    fn stores_drop_expired_keys_without_changing_verdicts() {
+        let mut replay = replay_of(
+            "[[classes.page.rules]]\nname = \"r\"\nlimits = [{ per = \"ip\", rate = 1, window = \"1m\" }]\n",
+        );
+        let filler = |t: i64| record(t, &format!("10.0.{}.{}", t / 256, t % 256), "ua");
+        // (record, admitted?)
+        let mut cases = vec![(record(0, "192.0.2.1", "ua"), true)];
+        cases.extend((1..=65).map(|t| (filler(t), true)));
+        // 7 s out of order, after sweeps at 10 s steps up to 60 s: the key of
+        // 192.0.2.1 (free again at 60 s) must still be there.
+        cases.push((record(58, "192.0.2.1", "ua"), false));
+        cases.extend((66..=200).map(|t| (filler(t), true)));
+        cases.push((record(200, "192.0.2.1", "ua"), true));
+        for (i, (rec, admit)) in cases.iter().enumerate() {
+            assert_eq!(replay.decide(rec) == Verdict::Admit, *admit, "case {i}");
+        }
+        // Swept at 200 s: keys free again before 190 s (requests before
+        // 130 s) are gone; about 70 of the 202 remain.
+        let held: usize = replay
+            .gateway
+            .rule_stores
+            .partitions()
+            .iter()
+            .map(|p| p.store.len())
+            .sum();
+        assert!((60..=80).contains(&held), "{held} keys held");
+        assert!(replay.activity.len() < 20, "{}", replay.activity.len());
+        assert_eq!(replay.finish().rules["r"].rejections, 1);
     }
 
     #[test]
