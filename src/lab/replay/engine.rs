@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -60,9 +60,13 @@ pub struct RuleReport {
     #[serde(skip)]
     clients: ClientSet,
     #[serde(skip)]
-    subnets: HashMap<PrefixKey, u64, TallyHash>,
+    subnets: SubnetCounts,
     #[serde(skip)]
-    networks: HashSet<PrefixKey, TallyHash>,
+    networks: NetworkSet,
+    /// Rejections per minute of log time, by minute number: compared as
+    /// integers per rejection, formatted into `per_minute` by `finish`.
+    #[serde(skip)]
+    minutes: BTreeMap<i64, u64>,
 }
 
 /// Distinct client addresses; IPv4 kept as `u32` (a quarter of an `IpAddr`'s
@@ -83,6 +87,76 @@ impl ClientSet {
 
     fn len(&self) -> usize {
         self.v4.len() + self.v6.len()
+    }
+}
+
+/// Rejections per /24 (IPv6: /64), keyed by the prefix's bits alone (IPv4
+/// `u32`, IPv6 the upper 64 bits): a 16-byte entry where a [`PrefixKey`] and
+/// its count take 48, for tables that reach millions of entries and miss
+/// the cache on most inserts.
+#[derive(Debug, Clone, Default)]
+struct SubnetCounts {
+    v4: HashMap<u32, u64, TallyHash>,
+    v6: HashMap<u64, u64, TallyHash>,
+}
+
+impl SubnetCounts {
+    fn add(&mut self, client: ClientAddr) {
+        match client.ip() {
+            IpAddr::V4(a) => *self.v4.entry(a.to_bits() >> 8).or_insert(0) += 1,
+            IpAddr::V6(a) => *self.v6.entry((a.to_bits() >> 64) as u64).or_insert(0) += 1,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    /// Every prefix with its count, as the keys `ClientAddr::key(Level::Subnet)` gives.
+    fn drain(&mut self) -> impl Iterator<Item = (PrefixKey, u64)> + '_ {
+        let v4 = self.v4.drain().map(|(bits, n)| {
+            let ip = IpAddr::V4(Ipv4Addr::from_bits(bits << 8));
+            (PrefixKey::of(ip, Level::Subnet), n)
+        });
+        let v6 = self.v6.drain().map(|(bits, n)| {
+            let ip = IpAddr::V6(Ipv6Addr::from_bits(u128::from(bits) << 64));
+            (PrefixKey::of(ip, Level::Subnet), n)
+        });
+        v4.chain(v6)
+    }
+}
+
+/// Distinct /16s (IPv6: /48s). IPv4 has only 65,536 of them: a bit each
+/// (8 KiB, allocated on the first one), which never leaves the cache.
+#[derive(Debug, Clone, Default)]
+struct NetworkSet {
+    v4: Vec<u64>,
+    v4_len: usize,
+    v6: HashSet<u64, TallyHash>,
+}
+
+impl NetworkSet {
+    fn insert(&mut self, client: ClientAddr) {
+        match client.ip() {
+            IpAddr::V4(a) => {
+                if self.v4.is_empty() {
+                    self.v4 = vec![0; (1 << 16) / 64];
+                }
+                let network = (a.to_bits() >> 16) as usize;
+                let (word, bit) = (network / 64, 1u64 << (network % 64));
+                if self.v4[word] & bit == 0 {
+                    self.v4[word] |= bit;
+                    self.v4_len += 1;
+                }
+            }
+            IpAddr::V6(a) => {
+                self.v6.insert((a.to_bits() >> 80) as u64);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.v4_len + self.v6.len()
     }
 }
 
@@ -276,6 +350,7 @@ const ACTIVITY_KEYS: usize = 1 << 20;
 /// long too, so a record up to this much older than the newest one decided
 /// (a log read in file order) still finds every key it could.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
+const NANOS_PER_MINUTE: i64 = 60_000_000_000;
 /// Prefixes listed per rule.
 const TOP: usize = 10;
 
@@ -335,7 +410,7 @@ impl Replay {
             self.sweep(now);
         }
         // Formatted once per minute of log time, not per record.
-        let minute_number = rec.time.0.div_euclid(60_000_000_000);
+        let minute_number = rec.time.0.div_euclid(NANOS_PER_MINUTE);
         if self.minute.as_ref().map(|(m, _)| *m) != Some(minute_number) {
             let stamp = minute(rec.time);
             if self.report.first.is_none() {
@@ -425,23 +500,12 @@ impl Replay {
             }
             Some(r) => {
                 self.report.rejected += 1;
-                let stamp = match &self.minute {
-                    Some((_, s)) => s.as_str(),
-                    None => "",
-                };
                 let rr = rule_report(&mut self.report.rules, &r.rule);
                 rr.rejections += 1;
                 rr.clients.insert(client.client.ip());
-                *rr.subnets
-                    .entry(client.client.key(Level::Subnet))
-                    .or_insert(0) += 1;
-                rr.networks.insert(client.client.key(Level::Network));
-                match rr.per_minute.get_mut(stamp) {
-                    Some(n) => *n += 1,
-                    None => {
-                        rr.per_minute.insert(stamp.to_string(), 1);
-                    }
-                }
+                rr.subnets.add(client.client);
+                rr.networks.insert(client.client);
+                *rr.minutes.entry(minute_number).or_insert(0) += 1;
                 if let Some(s) = signal {
                     *rr.collateral.entry(s).or_insert(0) += 1;
                 }
@@ -457,6 +521,10 @@ impl Replay {
             rr.distinct_subnets = rr.subnets.len();
             rr.distinct_networks = rr.networks.len();
             rr.top_subnets = top_prefixes(rr.subnets.drain(), TOP);
+            rr.per_minute = std::mem::take(&mut rr.minutes)
+                .into_iter()
+                .map(|(m, n)| (minute(UnixNanos(m * NANOS_PER_MINUTE)), n))
+                .collect();
         }
         self.report
     }
@@ -696,6 +764,43 @@ mod tests {
         }
     }
 
+    #[test]
+    fn compact_tallies_count_as_prefix_keys_do() {
+        let addrs = [
+            "10.0.0.1",
+            "10.0.0.2",
+            "10.0.1.1",
+            "10.1.0.1",
+            "255.255.255.255",
+            "0.0.0.0",
+            "::ffff:10.0.0.3",
+            "2001:db8::1",
+            "2001:db8::2",
+            "2001:db8:0:1::1",
+            "2001:db8:1::1",
+            "::",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        ];
+        let mut subnets = SubnetCounts::default();
+        let mut networks = NetworkSet::default();
+        let mut want_subnets: HashMap<PrefixKey, u64> = HashMap::new();
+        let mut want_networks: HashSet<PrefixKey> = HashSet::new();
+        for (i, a) in addrs.iter().enumerate() {
+            let client = ClientAddr::new(a.parse().expect("test address"));
+            // Some addresses twice, to count.
+            for _ in 0..=(i % 2) {
+                subnets.add(client);
+                networks.insert(client);
+                *want_subnets.entry(client.key(Level::Subnet)).or_insert(0) += 1;
+                want_networks.insert(client.key(Level::Network));
+            }
+        }
+        assert_eq!(subnets.len(), want_subnets.len());
+        assert_eq!(networks.len(), want_networks.len());
+        let got: HashMap<PrefixKey, u64> = subnets.drain().collect();
+        assert_eq!(got, want_subnets);
+    }
+
     fn replay_of(rules: &str) -> Replay {
         let text = format!(
             "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"127.0.0.1:9\"]\n\
@@ -797,6 +902,28 @@ mod tests {
         assert!((60..=80).contains(&held), "{held} keys held");
         assert!(replay.activity.len() < 20, "{}", replay.activity.len());
         assert_eq!(replay.finish().rules["r"].rejections, 1);
+    }
+
+    #[test]
+    fn rejections_per_minute_of_log_time() {
+        let mut replay = replay_of(
+            "[[classes.page.rules]]\nname = \"r\"\nlimits = [{ per = \"site\", rate = 1, window = \"1h\" }]\n",
+        );
+        // The first and the last record are admitted, the others refused.
+        // Record time 0 is 36 s into its minute.
+        let secs = [0, 1, 20, 24, 25, 90, 3600 * 30];
+        for s in secs {
+            replay.decide(&record(s, "10.0.0.1", "ua"));
+        }
+        let stamp = |s: i64| minute(record(s, "10.0.0.1", "ua").time);
+        let want: BTreeMap<String, u64> = [(stamp(1), 2), (stamp(24), 2), (stamp(90), 1)]
+            .into_iter()
+            .collect();
+        assert_eq!(want.len(), 3, "{want:?}");
+        let report = replay.finish();
+        assert_eq!(report.rules["r"].per_minute, want);
+        assert_eq!(report.first.as_deref(), Some(stamp(0).as_str()));
+        assert_eq!(report.last.as_deref(), Some(stamp(3600 * 30).as_str()));
     }
 
     #[test]
