@@ -439,8 +439,9 @@ impl Replay {
         // (absolute form, `*`) goes through `Uri` as live requests do.
         let parsed: Uri;
         let (path, query) = if rec.target.starts_with('/') {
-            match rec.target.split_once('?') {
-                Some((p, q)) => (p, Some(q)),
+            // `memchr`: `split_once('?')`'s pattern searcher costs several times more.
+            match memchr::memchr(b'?', rec.target.as_bytes()) {
+                Some(q) => (&rec.target[..q], Some(&rec.target[q + 1..])),
                 None => (rec.target.as_ref(), None),
             }
         } else {
@@ -561,37 +562,35 @@ fn rule_report<'a>(rules: &'a mut BTreeMap<String, RuleReport>, name: &str) -> &
 /// Fills `h` with the headers of `rec` that rules and routes look at
 /// (`wanted`); the others are never read, so not rebuilt.
 fn fill_headers(h: &mut HeaderMap, wanted: HeaderSet, rec: &LogRecord<'_>) {
-    h.clear();
-    let mut put = |bit: u8, name: &HeaderName, v: Option<&str>| {
+    if !h.is_empty() {
+        h.clear();
+    }
+    let fields = [
+        (
+            HeaderSet::USER_AGENT,
+            &http::header::USER_AGENT,
+            &rec.user_agent,
+        ),
+        (HeaderSet::COOKIE, &http::header::COOKIE, &rec.cookie),
+        (HeaderSet::ACCEPT, &http::header::ACCEPT, &rec.accept),
+        (HeaderSet::HOST, &http::header::HOST, &rec.host),
+        (
+            HeaderSet::SEC_FETCH_MODE,
+            &SEC_FETCH_MODE,
+            &rec.sec_fetch_mode,
+        ),
+        (HeaderSet::FORWARDED_FOR, &XFF, &rec.forwarded_for),
+    ];
+    // Checked here, not in a helper per header: most records carry none of
+    // the headers the configuration reads.
+    for (bit, name, value) in fields {
         if wanted.has(bit)
-            && let Some(v) = v
-            && let Ok(v) = HeaderValue::from_str(v)
+            && let Some(value) = value
+            && let Ok(value) = HeaderValue::from_str(value)
         {
-            h.insert(name.clone(), v);
+            h.insert(name.clone(), value);
         }
-    };
-    put(
-        HeaderSet::USER_AGENT,
-        &http::header::USER_AGENT,
-        rec.user_agent.as_deref(),
-    );
-    put(
-        HeaderSet::COOKIE,
-        &http::header::COOKIE,
-        rec.cookie.as_deref(),
-    );
-    put(
-        HeaderSet::ACCEPT,
-        &http::header::ACCEPT,
-        rec.accept.as_deref(),
-    );
-    put(HeaderSet::HOST, &http::header::HOST, rec.host.as_deref());
-    put(
-        HeaderSet::SEC_FETCH_MODE,
-        &SEC_FETCH_MODE,
-        rec.sec_fetch_mode.as_deref(),
-    );
-    put(HeaderSet::FORWARDED_FOR, &XFF, rec.forwarded_for.as_deref());
+    }
 }
 
 /// Replay never waits (no shared limiter, no I/O): the future is ready on
