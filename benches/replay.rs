@@ -305,7 +305,7 @@ fn main() -> std::io::Result<()> {
             let started = Instant::now();
             let mut reader = LogReader::open(&file, combined_options())?;
             reader.for_each_record(|r| {
-                black_box(replay.decide(&r));
+                black_box(replay.decide(r));
             })?;
             let summary = replay.finish();
             report(

@@ -689,8 +689,8 @@ pub fn replay_files(
         if let Some(next) = next {
             replay.prefetch(next);
         }
-        let v = replay.decide(&rec);
-        each(&rec, &v);
+        let v = replay.decide(rec);
+        each(rec, &v);
     })?;
     let mut lines = 0;
     let mut malformed = 0;

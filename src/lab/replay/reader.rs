@@ -31,7 +31,7 @@ use std::time::Duration;
 use flate2::read::MultiGzDecoder;
 
 use super::time::UnixNanos;
-use super::{LogFormat, LogRecord, ParseError, Parsed, TrailingField, WeirFields, parse_line};
+use super::{LogFormat, LogRecord, ParseError, Parsed, TrailingField, WeirFields, combined, json};
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// Longest excerpt of a malformed line kept as an example.
@@ -120,6 +120,40 @@ pub enum ParsedLine<'a> {
     Skipped,
 }
 
+/// One line as [`LogReader::with_next_line`] lends it: the record by reference, where it
+/// was parsed. A record is a few hundred bytes; handed up through the layers by value it
+/// cost several copies a line.
+enum Lent<'r, 'a> {
+    Record(&'r LogRecord<'a>),
+    Malformed,
+    Skipped,
+}
+
+/// Counts a parsed line and lends it to `f`.
+fn lend<'s, R>(
+    stats: &mut ParseStats,
+    max_examples: usize,
+    number: u64,
+    text: &'s str,
+    parsed: Result<Option<&LogRecord<'s>>, ParseError>,
+    f: impl FnOnce(Lent<'_, 's>, &'s str) -> R,
+) -> R {
+    match parsed {
+        Ok(Some(r)) => {
+            stats.records += 1;
+            f(Lent::Record(r), text)
+        }
+        Ok(None) => {
+            stats.skipped += 1;
+            f(Lent::Skipped, text)
+        }
+        Err(e) => {
+            stats.malformed(number, text, e, max_examples);
+            f(Lent::Malformed, text)
+        }
+    }
+}
+
 /// A streaming reader of one log; see the module documentation.
 pub struct LogReader {
     input: Box<dyn BufRead + Send>,
@@ -184,12 +218,19 @@ impl LogReader {
 
     /// The next line; `None` at the end of input. Only I/O errors are errors.
     pub fn next_line(&mut self) -> io::Result<Option<ParsedLine<'_>>> {
-        Ok(self.next_line_and_text()?.map(|(parsed, _)| parsed))
+        self.with_next_line(|line, _| match line {
+            Lent::Record(r) => ParsedLine::Record(r.clone()),
+            Lent::Malformed => ParsedLine::Malformed,
+            Lent::Skipped => ParsedLine::Skipped,
+        })
     }
 
-    /// [`LogReader::next_line`], with the text the record borrows from (empty when the
-    /// line is not UTF-8).
-    fn next_line_and_text(&mut self) -> io::Result<Option<(ParsedLine<'_>, &str)>> {
+    /// Reads the next line and lends it to `f` with the text the record borrows from
+    /// (empty when the line is not UTF-8); `None` at the end of input.
+    fn with_next_line<'s, R>(
+        &'s mut self,
+        f: impl FnOnce(Lent<'_, 's>, &'s str) -> R,
+    ) -> io::Result<Option<R>> {
         self.input.consume(std::mem::take(&mut self.lent));
         // Most lines lie whole in the read buffer and are parsed there; only
         // one crossing its end is copied out.
@@ -214,12 +255,12 @@ impl LogReader {
         };
         self.stats.lines += 1;
         let number = self.stats.lines;
+        let max = self.options.max_examples;
         let Ok(text) = std::str::from_utf8(bytes) else {
             let lossy = String::from_utf8_lossy(bytes);
-            let max = self.options.max_examples;
             self.stats
                 .malformed(number, &lossy, ParseError::NotUtf8, max);
-            return Ok(Some((ParsedLine::Malformed, "")));
+            return Ok(Some(f(Lent::Malformed, "")));
         };
         let format = match self.format {
             Some(f) => f,
@@ -227,35 +268,56 @@ impl LogReader {
                 Some(f) => *self.format.insert(f),
                 None => {
                     self.stats.skipped += 1;
-                    return Ok(Some((ParsedLine::Skipped, text)));
+                    return Ok(Some(f(Lent::Skipped, text)));
                 }
             },
         };
-        let parsed = match parse_line(format, text, &self.options.trailing) {
-            Ok(Parsed::Record(r)) => {
-                self.stats.records += 1;
-                ParsedLine::Record(r)
+        let stats = &mut self.stats;
+        // As `parse_line`, each parser's result matched in place (no copy of the record).
+        if text.trim().is_empty() {
+            return Ok(Some(lend(stats, max, number, text, Ok(None), f)));
+        }
+        let lent = match format {
+            LogFormat::Combined => {
+                let parsed = combined::parse(text, &self.options.trailing);
+                let parsed = match parsed {
+                    Ok(ref r) => Ok(Some(r)),
+                    Err(e) => Err(e),
+                };
+                lend(stats, max, number, text, parsed, f)
             }
-            Ok(Parsed::Skip) => {
-                self.stats.skipped += 1;
-                ParsedLine::Skipped
+            LogFormat::Caddy => {
+                let parsed = json::parse_caddy(text);
+                let parsed = match parsed {
+                    Ok(Parsed::Record(ref r)) => Ok(Some(r)),
+                    Ok(Parsed::Skip) => Ok(None),
+                    Err(e) => Err(e),
+                };
+                lend(stats, max, number, text, parsed, f)
             }
-            Err(e) => {
-                let max = self.options.max_examples;
-                self.stats.malformed(number, text, e, max);
-                ParsedLine::Malformed
+            LogFormat::Weir => {
+                let parsed = json::parse_weir(text);
+                let parsed = match parsed {
+                    Ok(ref r) => Ok(Some(r)),
+                    Err(e) => Err(e),
+                };
+                lend(stats, max, number, text, parsed, f)
             }
         };
-        Ok(Some((parsed, text)))
+        Ok(Some(lent))
     }
 
-    /// Calls `f` with every record, in file order; returns at the end of input.
-    pub fn for_each_record(&mut self, mut f: impl FnMut(LogRecord<'_>)) -> io::Result<()> {
-        while let Some(line) = self.next_line()? {
-            if let ParsedLine::Record(r) = line {
-                f(r);
-            }
-        }
+    /// Calls `f` with every record, in file order, lent from the read buffer; returns at
+    /// the end of input.
+    pub fn for_each_record(&mut self, mut f: impl FnMut(&LogRecord<'_>)) -> io::Result<()> {
+        while self
+            .with_next_line(|line, _| {
+                if let Lent::Record(r) = line {
+                    f(r);
+                }
+            })?
+            .is_some()
+        {}
         Ok(())
     }
 
@@ -331,8 +393,35 @@ struct Parked {
 }
 
 impl Parked {
-    /// Parks `record`, parsed from `line`, reusing `text`'s allocation.
-    fn new(mut text: String, line: &str, record: LogRecord<'_>) -> Parked {
+    /// A slot holding `record`, parsed from `line`.
+    fn new(line: &str, record: &LogRecord<'_>) -> Parked {
+        let empty = Field::span(0, 0);
+        let mut parked = Parked {
+            text: String::new(),
+            time: record.time,
+            client: record.client,
+            peer: None,
+            status: 0,
+            bytes: 0,
+            method: empty,
+            host: None,
+            target: empty,
+            user_agent: None,
+            referer: None,
+            cookie: None,
+            accept: None,
+            sec_fetch_mode: None,
+            forwarded_for: None,
+            weir: None,
+        };
+        parked.fill(line, record);
+        parked
+    }
+
+    /// Parks `record`, parsed from `line`, in place of what the slot held (its text's
+    /// allocation is reused).
+    fn fill(&mut self, line: &str, record: &LogRecord<'_>) {
+        let text = &mut self.text;
         text.clear();
         text.push_str(line);
         // Borrowed fields point into `line`; find them in the copy by offset.
@@ -347,40 +436,27 @@ impl Parked {
                 _ => Field::appended(text, v),
             }
         };
-        let method = f(&mut text, &record.method);
-        let host = record.host.as_ref().map(|v| f(&mut text, v));
-        let target = f(&mut text, &record.target);
-        let user_agent = record.user_agent.as_ref().map(|v| f(&mut text, v));
-        let referer = record.referer.as_ref().map(|v| f(&mut text, v));
-        let cookie = record.cookie.as_ref().map(|v| f(&mut text, v));
-        let accept = record.accept.as_ref().map(|v| f(&mut text, v));
-        let sec_fetch_mode = record.sec_fetch_mode.as_ref().map(|v| f(&mut text, v));
-        let forwarded_for = record.forwarded_for.as_ref().map(|v| f(&mut text, v));
-        let weir = record.weir.as_ref().map(|w| {
+        self.method = f(text, &record.method);
+        self.host = record.host.as_ref().map(|v| f(text, v));
+        self.target = f(text, &record.target);
+        self.user_agent = record.user_agent.as_ref().map(|v| f(text, v));
+        self.referer = record.referer.as_ref().map(|v| f(text, v));
+        self.cookie = record.cookie.as_ref().map(|v| f(text, v));
+        self.accept = record.accept.as_ref().map(|v| f(text, v));
+        self.sec_fetch_mode = record.sec_fetch_mode.as_ref().map(|v| f(text, v));
+        self.forwarded_for = record.forwarded_for.as_ref().map(|v| f(text, v));
+        self.weir = record.weir.as_ref().map(|w| {
             (
-                f(&mut text, &w.class),
-                f(&mut text, &w.decision),
-                w.rule.as_ref().map(|v| f(&mut text, v)),
+                f(text, &w.class),
+                f(text, &w.decision),
+                w.rule.as_ref().map(|v| f(text, v)),
             )
         });
-        Parked {
-            text,
-            time: record.time,
-            client: record.client,
-            peer: record.peer,
-            status: record.status,
-            bytes: record.bytes,
-            method,
-            host,
-            target,
-            user_agent,
-            referer,
-            cookie,
-            accept,
-            sec_fetch_mode,
-            forwarded_for,
-            weir,
-        }
+        self.time = record.time;
+        self.client = record.client;
+        self.peer = record.peer;
+        self.status = record.status;
+        self.bytes = record.bytes;
     }
 
     /// The record, borrowing from the slot.
@@ -493,23 +569,28 @@ impl OrderedRecords {
     }
 
     fn pull(&mut self) -> io::Result<()> {
-        let Some((line, text)) = self.reader.next_line_and_text()? else {
+        let (slots, free) = (&mut self.slots, &mut self.free);
+        let parked = self.reader.with_next_line(|line, text| {
+            let Lent::Record(record) = line else {
+                return None;
+            };
+            Some(match free.pop() {
+                Some(slot) => {
+                    slots[slot].fill(text, record);
+                    slot
+                }
+                None => {
+                    slots.push(Parked::new(text, record));
+                    slots.len() - 1
+                }
+            })
+        })?;
+        let Some(parked) = parked else {
             self.done = true;
             return Ok(());
         };
-        let ParsedLine::Record(record) = line else {
+        let Some(slot) = parked else {
             return Ok(());
-        };
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                let old = std::mem::take(&mut self.slots[slot].text);
-                self.slots[slot] = Parked::new(old, text, record);
-                slot
-            }
-            None => {
-                self.slots.push(Parked::new(String::new(), text, record));
-                self.slots.len() - 1
-            }
         };
         let line = self.reader.stats.lines;
         let parked = &mut self.slots[slot];
@@ -621,7 +702,7 @@ impl MergedRecords {
     /// what that record will look up while it works on this one.
     pub fn for_each_record(
         &mut self,
-        mut f: impl FnMut(usize, LogRecord<'_>, Option<IpAddr>),
+        mut f: impl FnMut(usize, &LogRecord<'_>, Option<IpAddr>),
     ) -> io::Result<()> {
         self.start()?;
         while let Some((i, slot)) = self.next_head() {
@@ -634,7 +715,7 @@ impl MergedRecords {
                 crate::cache::prefetch(parked.text.as_str(), parked.text.len());
                 Some(parked.client)
             });
-            f(i, self.sources[i].slots[slot].record(), next);
+            f(i, &self.sources[i].slots[slot].record(), next);
             self.sources[i].release(slot);
             refilled?;
         }
@@ -694,7 +775,7 @@ mod tests {
             },
         );
         let mut targets = Vec::new();
-        r.for_each_record(|rec| targets.push(rec.target.into_owned()))
+        r.for_each_record(|rec| targets.push(rec.target.to_string()))
             .expect("read");
         assert_eq!(targets, ["/a", "/b", "/c"]);
         let s = r.stats();
@@ -770,7 +851,7 @@ mod tests {
         std::fs::write(&path, &compressed).expect("write");
         let read = |r: &mut LogReader| {
             let mut v = Vec::new();
-            r.for_each_record(|rec| v.push(rec.into_owned()))
+            r.for_each_record(|rec| v.push(rec.clone().into_owned()))
                 .expect("read");
             v
         };
@@ -877,7 +958,7 @@ mod tests {
         for (i, text) in cases.iter().enumerate() {
             let mut want = Vec::new();
             reader(text, ReaderOptions::default())
-                .for_each_record(|r| want.push(r.into_owned()))
+                .for_each_record(|r| want.push(r.clone().into_owned()))
                 .expect("read");
             want.sort_by_key(|r| r.time);
             assert_eq!(want.len(), 2, "case {i}");
@@ -887,7 +968,7 @@ mod tests {
                 .collect();
             let mut lent = Vec::new();
             MergedRecords::new(vec![reader(text, ReaderOptions::default()).ordered()])
-                .for_each_record(|_, r, _| lent.push(r.into_owned()))
+                .for_each_record(|_, r, _| lent.push(r.clone().into_owned()))
                 .expect("in memory");
             assert_eq!(iterated, want, "case {i}: iterator");
             assert_eq!(lent, want, "case {i}: lent");
