@@ -242,6 +242,9 @@ pub struct Replay {
     address_stores: Vec<(std::sync::Arc<ShardedStore>, Level)>,
     /// Log time (limiter clock) of the next sweep of expired keys.
     next_sweep: MonoTime,
+    /// Whether [`Replay::prefetch`] is worth its cost: set at each sweep,
+    /// when the stores it warms outgrow [`PREFETCH_ABOVE`].
+    prefetch_stores: bool,
     pub report: ReplayReport,
 }
 
@@ -350,6 +353,10 @@ const ACTIVITY_KEYS: usize = 1 << 20;
 /// long too, so a record up to this much older than the newest one decided
 /// (a log read in file order) still finds every key it could.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// Table bytes of the stores [`Replay::prefetch`] warms above which it
+/// pays: below, swept tables stay in the cache and computing each level's
+/// key for the prefetch cost ~300 instructions a record for nothing.
+const PREFETCH_ABOVE: usize = 1 << 20;
 const NANOS_PER_MINUTE: i64 = 60_000_000_000;
 /// Prefixes listed per rule.
 const TOP: usize = 10;
@@ -369,6 +376,7 @@ impl Replay {
             minute: None,
             headers: HeaderMap::new(),
             next_sweep: MonoTime::ZERO + SWEEP_EVERY,
+            prefetch_stores: false,
             report: ReplayReport::default(),
         }
     }
@@ -377,8 +385,12 @@ impl Replay {
     /// `client` will look up: its activity and every address-keyed level of
     /// every rate rule. With millions of distinct addresses each lookup
     /// misses the cache; called with the next record's client before the
-    /// current record is decided, the loads overlap that work.
+    /// current record is decided, the loads overlap that work. Does
+    /// nothing while those stores are small enough to stay in the cache.
     pub fn prefetch(&self, client: IpAddr) {
+        if !self.prefetch_stores {
+            return;
+        }
         let client = ClientAddr::new(client);
         self.activity.prefetch(activity_key(client));
         for (store, level) in &self.address_stores {
@@ -398,6 +410,13 @@ impl Replay {
         }
         self.activity.sweep(cutoff);
         self.next_sweep = now + SWEEP_EVERY;
+        let warmed = self.activity.table_bytes()
+            + self
+                .address_stores
+                .iter()
+                .map(|(store, _)| store.table_bytes())
+                .sum::<usize>();
+        self.prefetch_stores = warmed > PREFETCH_ABOVE;
     }
 
     /// Decides one record (records must come in log-time order).
@@ -923,6 +942,36 @@ mod tests {
         assert_eq!(report.rules["r"].per_minute, want);
         assert_eq!(report.first.as_deref(), Some(stamp(0).as_str()));
         assert_eq!(report.last.as_deref(), Some(stamp(3600 * 30).as_str()));
+    }
+
+    #[test]
+    fn prefetch_only_while_stores_outgrow_the_cache() {
+        let mut replay = replay_of(
+            "[[classes.page.rules]]\nname = \"r\"\nlimits = [{ per = \"ip\", rate = 1, window = \"1h\" }]\n",
+        );
+        let at = |t: i64, i: u32| {
+            record(
+                t,
+                &std::net::Ipv4Addr::from_bits(0x0a00_0000 + i).to_string(),
+                "ua",
+            )
+        };
+        // 100,000 addresses in the first 10 s (their keys live an hour),
+        // then the sweep at 10 s measures the tables.
+        let n = 100_000;
+        for i in 0..n {
+            replay.decide(&at(i64::from(i) / 10_000, i));
+        }
+        assert!(!replay.prefetch_stores, "no sweep yet");
+        replay.decide(&at(10, n));
+        assert!(
+            replay.prefetch_stores,
+            "{} bytes",
+            replay.activity.table_bytes()
+        );
+        // Two hours on, the sweep leaves a few keys: no more prefetching.
+        replay.decide(&at(7200, n + 1));
+        assert!(!replay.prefetch_stores);
     }
 
     #[test]
