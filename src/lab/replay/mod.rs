@@ -40,6 +40,7 @@ mod combined;
 pub mod engine;
 mod json;
 mod reader;
+mod tally;
 pub mod time;
 
 use std::borrow::Cow;
