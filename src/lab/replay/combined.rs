@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use super::time::parse_time_local;
+use super::time::TimeLocalMemo;
 use super::{LogRecord, ParseError, parse_ip, parse_status};
 
 /// What one extra field after the user agent holds.
@@ -146,9 +146,12 @@ fn present(s: &str) -> Option<Cow<'_, str>> {
     (!s.is_empty() && s != "-").then_some(Cow::Borrowed(s))
 }
 
+/// Parses one line; `times` remembers the last timestamp (a reader keeps
+/// one across lines).
 pub(super) fn parse<'a>(
     line: &'a str,
     trailing: &[TrailingField],
+    times: &mut TimeLocalMemo,
 ) -> Result<LogRecord<'a>, ParseError> {
     let line = line.strip_suffix('\r').unwrap_or(line);
     let mut c = Cursor { line, pos: 0 };
@@ -156,7 +159,9 @@ pub(super) fn parse<'a>(
     c.token("ident")?;
     c.token("remote_user")?;
     let time_text = c.bracketed("time_local")?;
-    let time = parse_time_local(time_text).ok_or_else(|| ParseError::BadTime(time_text.into()))?;
+    let time = times
+        .parse(time_text)
+        .ok_or_else(|| ParseError::BadTime(time_text.into()))?;
     let request = c.quoted("request")?;
     let (method, target) = request_line(request)?;
     let status = parse_status(c.token("status")?)?;
@@ -361,7 +366,8 @@ mod tests {
         for (i, (text, trailing, method, target, status, bytes, ua, referer, cookie, xff, host)) in
             cases.iter().enumerate()
         {
-            let r = parse(text, trailing).unwrap_or_else(|e| panic!("case {i}: {e}: {text}"));
+            let r = parse(text, trailing, &mut TimeLocalMemo::default())
+                .unwrap_or_else(|e| panic!("case {i}: {e}: {text}"));
             assert_eq!(r.time.as_secs(), SECS, "case {i}");
             assert_eq!(r.client.to_string(), "203.0.113.9", "case {i}");
             assert_eq!(
@@ -379,7 +385,7 @@ mod tests {
         let v6 =
             "2001:db8::1 - alice [10/Oct/2026:13:55:36 +0900] \"GET / HTTP/2.0\" 200 1 \"-\" \"-\"";
         assert_eq!(
-            parse(v6, &[]).map(|r| r.client.to_string()),
+            parse(v6, &[], &mut TimeLocalMemo::default()).map(|r| r.client.to_string()),
             Ok("2001:db8::1".into())
         );
     }
@@ -425,7 +431,7 @@ mod tests {
     #[test]
     fn escaped_quotes_stay_inside_their_field() {
         let text = line(r#""GET /a HTTP/1.1" 200 5 "say \"hi\"" "a \\" "b\\\"c""#);
-        let r = parse(&text, &[]).unwrap();
+        let r = parse(&text, &[], &mut TimeLocalMemo::default()).unwrap();
         assert_eq!(r.referer.as_deref(), Some(r#"say \"hi\""#));
         assert_eq!(r.user_agent.as_deref(), Some(r#"a \\"#));
         assert_eq!(&*r.target, "/a");
@@ -469,7 +475,9 @@ mod tests {
             (line(r#""GET / HTTP/1.1" 200"#), "missing_field"),
         ];
         for (text, kind) in cases {
-            let got = parse(text, &[]).map(|_| ()).map_err(|e| e.kind());
+            let got = parse(text, &[], &mut TimeLocalMemo::default())
+                .map(|_| ())
+                .map_err(|e| e.kind());
             assert_eq!(got, Err(*kind), "{text}");
         }
     }

@@ -233,7 +233,9 @@ pub fn parse_line<'a>(
         return Ok(Parsed::Skip);
     }
     match format {
-        LogFormat::Combined => combined::parse(line, trailing).map(Parsed::Record),
+        LogFormat::Combined => {
+            combined::parse(line, trailing, &mut time::TimeLocalMemo::default()).map(Parsed::Record)
+        }
         LogFormat::Caddy => json::parse_caddy(line),
         LogFormat::Weir => json::parse_weir(line).map(Parsed::Record),
     }

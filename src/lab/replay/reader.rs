@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use flate2::read::MultiGzDecoder;
 
-use super::time::UnixNanos;
+use super::time::{TimeLocalMemo, UnixNanos};
 use super::{LogFormat, LogRecord, ParseError, Parsed, TrailingField, WeirFields, combined, json};
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
@@ -165,6 +165,8 @@ pub struct LogReader {
     /// next call (records borrow from the buffer until then).
     lent: usize,
     stats: ParseStats,
+    /// The combined parser's last timestamp.
+    times: TimeLocalMemo,
 }
 
 impl std::fmt::Debug for LogReader {
@@ -199,6 +201,7 @@ impl LogReader {
             buf: Vec::with_capacity(4096),
             lent: 0,
             stats: ParseStats::default(),
+            times: TimeLocalMemo::default(),
         })
     }
 
@@ -279,7 +282,7 @@ impl LogReader {
         }
         let lent = match format {
             LogFormat::Combined => {
-                let parsed = combined::parse(text, &self.options.trailing);
+                let parsed = combined::parse(text, &self.options.trailing, &mut self.times);
                 let parsed = match parsed {
                     Ok(ref r) => Ok(Some(r)),
                     Err(e) => Err(e),
