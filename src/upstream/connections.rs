@@ -256,10 +256,7 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(
-            self.framing,
-            Framing::Empty | Framing::Length(0) | Framing::Chunked(super::http1::Chunk::Done)
-        )
+        self.framing.is_end()
     }
 
     fn size_hint(&self) -> SizeHint {

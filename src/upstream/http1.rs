@@ -89,6 +89,16 @@ pub enum Framing {
     UntilClose,
 }
 
+impl Framing {
+    /// The whole body has been taken.
+    pub fn is_end(&self) -> bool {
+        matches!(
+            self,
+            Framing::Empty | Framing::Length(0) | Framing::Chunked(Chunk::Done)
+        )
+    }
+}
+
 /// Where a chunked body's decoder is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Chunk {
@@ -246,12 +256,7 @@ impl UpstreamConnection {
                 Framing::Empty | Framing::Length(0) => return Poll::Ready(None),
                 Framing::Length(left) => {
                     if !self.read_buf.is_empty() {
-                        let take = self
-                            .read_buf
-                            .len()
-                            .min(usize::try_from(*left).unwrap_or(usize::MAX));
-                        *left -= take as u64;
-                        return Poll::Ready(Some(Ok(self.read_buf.split_to(take).freeze())));
+                        return Poll::Ready(Some(Ok(take_up_to(&mut self.read_buf, left))));
                     }
                 }
                 Framing::Chunked(chunk) => match decode_chunk(chunk, &mut self.read_buf) {
@@ -286,11 +291,9 @@ impl UpstreamConnection {
     /// data, the last chunk, the trailers), so that its end is seen with its
     /// last data rather than on one more poll.
     pub fn settle(&mut self, framing: &mut Framing) {
-        if let Framing::Chunked(chunk) = framing
-            && *chunk != Chunk::Done
-            && !matches!(chunk, Chunk::Data(_))
-        {
-            // Data stops the decoder: it is only taken when polled.
+        // The decoder stops at data (taken only when polled); an error
+        // surfaces on the next poll.
+        if let Framing::Chunked(chunk) = framing {
             let _ = decode_chunk_until_data(chunk, &mut self.read_buf);
         }
     }
@@ -497,14 +500,20 @@ fn decode_chunk(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Option<Bytes>, 
     if let Chunk::Data(left) = chunk
         && !buf.is_empty()
     {
-        let take = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
-        *left -= take as u64;
+        let data = take_up_to(buf, left);
         if *left == 0 {
             *chunk = Chunk::DataEnd;
         }
-        return Ok(Some(buf.split_to(take).freeze()));
+        return Ok(Some(data));
     }
     Ok(None)
+}
+
+/// Takes what `buf` holds of the `left` bytes still to come, counting them off.
+fn take_up_to(buf: &mut BytesMut, left: &mut u64) -> Bytes {
+    let take = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+    *left -= take as u64;
+    buf.split_to(take).freeze()
 }
 
 /// Moves the decoder over everything but data, as far as `buf` allows.
