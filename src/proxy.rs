@@ -55,271 +55,326 @@ pub struct ConnCtx {
 }
 
 /// Serves one request. Never fails: every outcome is a response.
-pub async fn handle(
+///
+/// The future is moved whole into hyper's per-connection slot for every
+/// request, so its size is a cost paid per request (in cache misses, with
+/// a thousand connections busy): rare branches keep their state boxed, and
+/// no stage keeps a second copy of the request.
+pub fn handle(
     req: Request<Incoming>,
     conn: Arc<ConnCtx>,
-) -> Result<Response<ResponseBody>, Infallible> {
-    let http1 = req.version() != Version::HTTP_2;
-    let state = conn.state.clone();
-    let mut resp = serve(req, conn).await?;
-    // The connection is to close (a drain, an idle or shedding close): say
-    // so, and hyper closes it after this response instead of the client
-    // sending its next request into a closing socket.
-    if http1
-        && state.command() != crate::edge::conn::Command::None
-        && resp.status() != StatusCode::SWITCHING_PROTOCOLS
-    {
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send {
+    CloseWhenAsked {
+        http1: req.version() != Version::HTTP_2,
+        state: conn.state.clone(),
+        serving: serve(req, conn),
     }
-    Ok(resp)
 }
 
-/// The stages, in order.
-async fn serve(
+pin_project_lite::pin_project! {
+    /// The request's answer, marked `Connection: close` when the connection
+    /// is to close (a drain, an idle or shedding close): hyper then closes
+    /// it after this response instead of the client sending its next
+    /// request into a closing socket. (A struct, not an `async fn`, which
+    /// would keep a copy of the request beside `serve`'s.)
+    struct CloseWhenAsked<F> {
+        #[pin]
+        serving: F,
+        http1: bool,
+        state: Arc<ConnState>,
+    }
+}
+
+impl<F> Future for CloseWhenAsked<F>
+where
+    F: Future<Output = Response<ResponseBody>>,
+{
+    type Output = Result<Response<ResponseBody>, Infallible>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let mut resp = std::task::ready!(this.serving.poll(cx));
+        if *this.http1
+            && this.state.command() != crate::edge::conn::Command::None
+            && resp.status() != StatusCode::SWITCHING_PROTOCOLS
+        {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        std::task::Poll::Ready(Ok(resp))
+    }
+}
+
+/// The stages, in order. (An `async` block rather than an `async fn`: the
+/// block uses the request where it was captured, the function would copy it
+/// into a second place in its future.)
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps a second copy of `req`"
+)]
+fn serve(
     mut req: Request<Incoming>,
     conn: Arc<ConnCtx>,
-) -> Result<Response<ResponseBody>, Infallible> {
-    let started = Instant::now();
-    conn.state.request_started(req.version() == Version::HTTP_2);
-    let rt = &conn.rt;
-    let gw = rt.gateway.load_full();
+) -> impl Future<Output = Response<ResponseBody>> + Send {
+    async move {
+        let started = Instant::now();
+        conn.state.request_started(req.version() == Version::HTTP_2);
+        let rt = &conn.rt;
+        let gw = rt.gateway.load_full();
 
-    // Identity: who is the client.
-    let resolved = forwarded::resolve(
-        conn.peer,
-        conn.proxy_source,
-        req.headers(),
-        &gw.trusted,
-        gw.client_header,
-    );
-    if let Some(w) = resolved.warning {
-        rt.forwarding_warning(w.as_str(), conn.peer);
-    }
-    if gw.trusted.is_empty()
-        && let Some(d) = gw.dominance.observe(conn.peer.ip(), started)
-    {
-        rt.dominant_peer(d);
-    }
-    let client = resolved.client;
+        // Identity: who is the client.
+        let resolved = forwarded::resolve(
+            conn.peer,
+            conn.proxy_source,
+            req.headers(),
+            &gw.trusted,
+            gw.client_header,
+        );
+        if let Some(w) = resolved.warning {
+            rt.forwarding_warning(w.as_str(), conn.peer);
+        }
+        if gw.trusted.is_empty()
+            && let Some(d) = gw.dominance.observe(conn.peer.ip(), started)
+        {
+            rt.dominant_peer(d);
+        }
+        let client = resolved.client;
 
-    // Policy: which route, and may it go upstream.
-    let host = request_host(&req).map(str::to_owned);
-    let mut log = RequestLog::new(&req, &client, host.as_deref(), conn.clone(), started);
-    let route = gw.routes.find(&RequestView {
-        method: req.method(),
-        path: req.uri().path(),
-        query: req.uri().query(),
-        host: host.as_deref(),
-        headers: req.headers(),
-    });
-    // Challenge endpoints (the page's script, the answer) are weir's own.
-    if let Some(ch) = gw.challenger.clone()
-        && ch.is_challenge_path(req.uri())
-    {
-        return Ok(challenge_endpoint(&ch, req, &client, log, conn.tls).await);
-    }
-    // Session: verified only by a signed cookie or the app's own answer,
-    // and only looked up when a rule or an admission lane could use it.
-    let session = match (&gw.sessions, route) {
-        (Some(v), Some(r)) if !r.rules.is_empty() || gw.pools[r.pool].admission.is_some() => {
-            v.check(req.headers()).await
+        // Policy: which route, and may it go upstream.
+        let host = request_host(&req).map(str::to_owned);
+        // Boxed: it goes to the response body's completion hook in the end, and
+        // meanwhile the request's future (moved whole into hyper's slot) is
+        // smaller by its size.
+        let mut log = Box::new(RequestLog::new(
+            &req,
+            &client,
+            host.as_deref(),
+            conn.clone(),
+            started,
+        ));
+        let route = gw.routes.find(&RequestView {
+            method: req.method(),
+            path: req.uri().path(),
+            query: req.uri().query(),
+            host: host.as_deref(),
+            headers: req.headers(),
+        });
+        // Challenge endpoints (the page's script, the answer) are weir's own.
+        if let Some(ch) = gw.challenger.clone()
+            && ch.is_challenge_path(req.uri())
+        {
+            // Boxed: rare, and its state would enlarge every request's future.
+            return Box::pin(challenge_endpoint(&ch, req, &client, log, conn.tls)).await;
         }
-        _ => SessionState::Anonymous,
-    };
-    log.record.session = session.as_str();
-    // Challenge: browser navigations without a valid pass, when the class
-    // challenges (always, or while its pool is under pressure).
-    let mut pass = None;
-    if let (Some(ch), Some(route)) = (&gw.challenger, route)
-        && route.challenge != crate::challenge::ChallengeMode::Off
-        && !session.is_verified()
-    {
-        let now = SystemTime::now();
-        let check = ch.pass(req.headers(), &client, now);
-        if let Some(e) = check.event() {
-            rt.challenge_event(&e);
-        }
-        if let crate::challenge::PassCheck::Valid(t) = check {
-            pass = Some(t.id);
-            log.record.challenge = Some("pass");
-        } else {
-            let pool = &gw.pools[route.pool];
-            let (engaged, difficulty) =
-                rt.challenge_pressure(pool, ch.base_difficulty(), &ch.pressure());
-            if route.challenge.applies(engaged)
-                && ch.eligible(req.method(), req.uri(), req.headers(), &client)
-            {
-                log.record.class = route.class.shared();
-                let page = ch.page(req.uri(), &client, req.headers(), difficulty, now);
-                return Ok(challenge_response(page, log, rt));
+        // Session: verified only by a signed cookie or the app's own answer,
+        // and only looked up when a rule or an admission lane could use it.
+        let session = match (&gw.sessions, route) {
+            (Some(v), Some(r)) if !r.rules.is_empty() || gw.pools[r.pool].admission.is_some() => {
+                v.check(req.headers()).await
             }
-        }
-    }
-    let decision = match route {
-        None => Decision::Reject(RejectReason::NoRoute),
-        Some(route) => {
-            log.record.class = route.class.shared();
-            let max = gw.edge.max_in_flight_per_ip;
-            match rt.client_in_flight.acquire(client.client, max) {
-                None => Decision::Reject(RejectReason::ClientInFlight { limit: max }),
-                Some(g) => {
-                    log.in_flight = Some(g);
-                    if route.rules.is_empty() {
-                        Decision::Admit
-                    } else {
-                        apply_rules(
-                            &route.rules,
-                            &req,
-                            &client,
-                            session.user(),
-                            pass,
-                            &gw,
-                            &mut log,
-                        )
-                        .await
-                    }
+            _ => SessionState::Anonymous,
+        };
+        log.record.session = session.as_str();
+        // Challenge: browser navigations without a valid pass, when the class
+        // challenges (always, or while its pool is under pressure).
+        let mut pass = None;
+        if let (Some(ch), Some(route)) = (&gw.challenger, route)
+            && route.challenge != crate::challenge::ChallengeMode::Off
+            && !session.is_verified()
+        {
+            let now = SystemTime::now();
+            let check = ch.pass(req.headers(), &client, now);
+            if let Some(e) = check.event() {
+                rt.challenge_event(&e);
+            }
+            if let crate::challenge::PassCheck::Valid(t) = check {
+                pass = Some(t.id);
+                log.record.challenge = Some("pass");
+            } else {
+                let pool = &gw.pools[route.pool];
+                let (engaged, difficulty) =
+                    rt.challenge_pressure(pool, ch.base_difficulty(), &ch.pressure());
+                if route.challenge.applies(engaged)
+                    && ch.eligible(req.method(), req.uri(), req.headers(), &client)
+                {
+                    log.record.class = route.class.shared();
+                    let page = ch.page(req.uri(), &client, req.headers(), difficulty, now);
+                    return challenge_response(page, log, rt);
                 }
             }
         }
-    };
-    log.record.decision = decision.as_str();
-    let accept = Accepts::of(req.headers());
-    let route = match (decision, route) {
-        (Decision::Admit, Some(route)) => route,
-        (Decision::Reject(reason), _) => return Ok(reject(&reason, log, accept)),
-        (Decision::Admit, None) => return Ok(reject(&RejectReason::NoRoute, log, accept)),
-    };
-
-    // Upstream: wait for an admission slot, pick a server and forward.
-    let pool = gw.pools[route.pool].clone();
-    log.record.pool = Some(pool.name.clone());
-    // A pass token (the challenge stage) lifts a request to the `pass` lane.
-    let pass_token = pass.is_some();
-    let class = gw
-        .class_admission
-        .get(route.class.as_str())
-        .copied()
-        .unwrap_or_default();
-    // Coalescing joins after the policy (rules see and count every request,
-    // followers too) and before admission: a follower waits for its leader
-    // holding no admission slot and no server, so a storm on one page costs
-    // one worker. Anonymous means: no verified session, no pass token, no
-    // request body, and (the key refuses them) no Cookie, Authorization,
-    // Range, Upgrade or condition. A follower whose leader's response cannot be shared
-    // goes upstream itself, through admission like any request.
-    let mut leader = None;
-    if let (Some(max), Some(coalescer)) = (
-        class.coalesce_max_body,
-        gw.coalescers.get(route.class.as_str()),
-    ) && !session.is_verified()
-        && pass.is_none()
-        && http_body::Body::is_end_stream(req.body())
-        && let Some(key) = CoalesceKey::for_request(req.method(), req.uri(), req.headers())
-    {
-        match coalescer.join(key.in_pool(&pool.name)) {
-            Role::Leader(l) => {
-                log.record.coalesced = Some("leader");
-                leader = Some((l, max));
-            }
-            Role::Follower(f) => match f.wait().await {
-                Some(shared) => return Ok(shared_response(&shared, log, req.version())),
-                None => log.record.coalesced = Some("unshared"),
-            },
-        }
-    }
-    if let Err(reason) = admit(
-        &pool,
-        class,
-        session.is_verified(),
-        pass_token,
-        &client,
-        &mut log,
-    )
-    .await
-    {
-        return Ok(reject(&reason, log, accept));
-    }
-    let hop = Hop {
-        client: &client,
-        peer_trusted: conn.peer_trusted,
-        proxy_source: conn.proxy_source,
-        tls: conn.tls,
-        host: host.as_deref(),
-    };
-    let client_version = req.version();
-    let upgrade = is_upgrade(&req);
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let (mut parts, body) = req.into_parts();
-    strip_hop_by_hop(&mut parts.headers, upgrade);
-    parts.headers.remove(header::EXPECT);
-    if parts.version == Version::HTTP_2
-        && !parts.headers.contains_key(header::HOST)
-        && let Some(h) = parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-    {
-        parts.headers.insert(header::HOST, h);
-    }
-    gw.forwarding.apply(&mut parts.headers, &hop, parts.version);
-    let body = RequestBody::new(body, route.settings.body_read_timeout, log.bytes_in.clone());
-    let timeout = route
-        .settings
-        .response_timeout
-        .unwrap_or(pool.response_timeout);
-    let result = send_with_failover(&pool, parts, body, timeout, &mut log, rt).await;
-    log.admission_outcome = admission_outcome(&result, log.record.upstream_ms);
-    match result {
-        Ok(mut resp) => {
-            log.record.upstream_status = Some(resp.status().as_u16());
-            let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-            strip_hop_by_hop(resp.headers_mut(), is_101 && upgrade);
-            if is_101
-                && let Some(client_upgrade) = client_upgrade
-                && let Some((mut upstream, early)) = resp.body_mut().take_tunnel()
-            {
-                let tunnel_guard = conn.guard.clone();
-                tokio::spawn(async move {
-                    use tokio::io::AsyncWriteExt as _;
-                    if let Ok(client) = client_upgrade.await {
-                        let mut client = TokioIo::new(client);
-                        // What the server sent right after its 101 goes first.
-                        if early.is_empty() || client.write_all(&early).await.is_ok() {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        let decision = match route {
+            None => Decision::Reject(RejectReason::NoRoute),
+            Some(route) => {
+                log.record.class = route.class.shared();
+                let max = gw.edge.max_in_flight_per_ip;
+                match rt.client_in_flight.acquire(client.client, max) {
+                    None => Decision::Reject(RejectReason::ClientInFlight { limit: max }),
+                    Some(g) => {
+                        log.in_flight = Some(g);
+                        if route.rules.is_empty() {
+                            Decision::Admit
+                        } else {
+                            apply_rules(
+                                &route.rules,
+                                &req,
+                                &client,
+                                session.user(),
+                                pass,
+                                &gw,
+                                &mut log,
+                            )
+                            .await
                         }
                     }
-                    drop(tunnel_guard);
-                });
+                }
             }
-            let (mut parts, body) = resp.into_parts();
-            let body = match leader {
-                Some((leader, max)) => match lead(leader, &parts, body, max).await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        log.record.error = Some(format!("upstream body: {e}"));
-                        let status = StatusCode::BAD_GATEWAY;
-                        return Ok(failure(status, "upstream_body", log, accept));
-                    }
+        };
+        log.record.decision = decision.as_str();
+        let accept = Accepts::of(req.headers());
+        let route = match (decision, route) {
+            (Decision::Admit, Some(route)) => route,
+            (Decision::Reject(reason), _) => return reject(&reason, log, accept),
+            (Decision::Admit, None) => return reject(&RejectReason::NoRoute, log, accept),
+        };
+
+        // Upstream: wait for an admission slot, pick a server and forward.
+        let pool = gw.pools[route.pool].clone();
+        log.record.pool = Some(pool.name.clone());
+        // A pass token (the challenge stage) lifts a request to the `pass` lane.
+        let pass_token = pass.is_some();
+        let class = gw
+            .class_admission
+            .get(route.class.as_str())
+            .copied()
+            .unwrap_or_default();
+        // Coalescing joins after the policy (rules see and count every request,
+        // followers too) and before admission: a follower waits for its leader
+        // holding no admission slot and no server, so a storm on one page costs
+        // one worker. Anonymous means: no verified session, no pass token, no
+        // request body, and (the key refuses them) no Cookie, Authorization,
+        // Range, Upgrade or condition. A follower whose leader's response cannot be shared
+        // goes upstream itself, through admission like any request.
+        let mut leader = None;
+        if let (Some(max), Some(coalescer)) = (
+            class.coalesce_max_body,
+            gw.coalescers.get(route.class.as_str()),
+        ) && !session.is_verified()
+            && pass.is_none()
+            && http_body::Body::is_end_stream(req.body())
+            && let Some(key) = CoalesceKey::for_request(req.method(), req.uri(), req.headers())
+        {
+            match coalescer.join(key.in_pool(&pool.name)) {
+                Role::Leader(l) => {
+                    log.record.coalesced = Some("leader");
+                    // Boxed, as the log: rare, and large for the future to carry.
+                    leader = Some((Box::new(l), max));
+                }
+                Role::Follower(f) => match f.wait().await {
+                    Some(shared) => return shared_response(&shared, log, req.version()),
+                    None => log.record.coalesced = Some("unshared"),
                 },
-                None => ResponseBody::upstream(body),
-            };
-            // The client gets its own protocol version, whatever the upstream spoke.
-            parts.version = client_version;
-            log.record.status = parts.status.as_u16();
-            Ok(Response::from_parts(parts, body.on_complete(Box::new(log))))
+            }
         }
-        Err(ForwardError::NoHealthyServer) => {
-            let reason = RejectReason::Shed {
-                reason: "no_healthy_upstream",
-                retry_after: Duration::from_secs(1),
-            };
-            Ok(reject(&reason, log, accept))
+        if let Err(reason) = admit(
+            &pool,
+            class,
+            session.is_verified(),
+            pass_token,
+            &client,
+            &mut log,
+        )
+        .await
+        {
+            return reject(&reason, log, accept);
         }
-        Err(e) => {
-            log.record.error = Some(e.to_string());
-            let status = e.status();
-            Ok(failure(status, e.kind(), log, accept))
+        let hop = Hop {
+            client: &client,
+            peer_trusted: conn.peer_trusted,
+            proxy_source: conn.proxy_source,
+            tls: conn.tls,
+            host: host.as_deref(),
+        };
+        let client_version = req.version();
+        let upgrade = is_upgrade(&req);
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        strip_hop_by_hop(req.headers_mut(), upgrade);
+        req.headers_mut().remove(header::EXPECT);
+        if req.version() == Version::HTTP_2
+            && !req.headers().contains_key(header::HOST)
+            && let Some(h) = req
+                .uri()
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            req.headers_mut().insert(header::HOST, h);
+        }
+        let version = req.version();
+        gw.forwarding.apply(req.headers_mut(), &hop, version);
+        let (read_timeout, bytes_in) = (route.settings.body_read_timeout, log.bytes_in.clone());
+        let mut upstream_req = req.map(|body| RequestBody::new(body, read_timeout, bytes_in));
+        let timeout = route
+            .settings
+            .response_timeout
+            .unwrap_or(pool.response_timeout);
+        let result = send_with_failover(&pool, &mut upstream_req, timeout, &mut log, rt).await;
+        log.admission_outcome = admission_outcome(&result, log.record.upstream_ms);
+        match result {
+            Ok(mut resp) => {
+                log.record.upstream_status = Some(resp.status().as_u16());
+                let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+                strip_hop_by_hop(resp.headers_mut(), is_101 && upgrade);
+                if is_101
+                    && let Some(client_upgrade) = client_upgrade
+                    && let Some((mut upstream, early)) = resp.body_mut().take_tunnel()
+                {
+                    let tunnel_guard = conn.guard.clone();
+                    tokio::spawn(async move {
+                        use tokio::io::AsyncWriteExt as _;
+                        if let Ok(client) = client_upgrade.await {
+                            let mut client = TokioIo::new(client);
+                            // What the server sent right after its 101 goes first.
+                            if early.is_empty() || client.write_all(&early).await.is_ok() {
+                                let _ =
+                                    tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                            }
+                        }
+                        drop(tunnel_guard);
+                    });
+                }
+                let (mut parts, body) = resp.into_parts();
+                let body = match leader {
+                    // Boxed: rare, and large for every request's future to carry.
+                    Some((leader, max)) => match Box::pin(lead(*leader, &parts, body, max)).await {
+                        Ok(b) => b,
+                        Err(e) => {
+                            log.record.error = Some(format!("upstream body: {e}"));
+                            let status = StatusCode::BAD_GATEWAY;
+                            return failure(status, "upstream_body", log, accept);
+                        }
+                    },
+                    None => ResponseBody::upstream(body),
+                };
+                // The client gets its own protocol version, whatever the upstream spoke.
+                parts.version = client_version;
+                log.record.status = parts.status.as_u16();
+                Response::from_parts(parts, body.on_complete(log))
+            }
+            Err(ForwardError::NoHealthyServer) => {
+                let reason = RejectReason::Shed {
+                    reason: "no_healthy_upstream",
+                    retry_after: Duration::from_secs(1),
+                };
+                reject(&reason, log, accept)
+            }
+            Err(e) => {
+                log.record.error = Some(e.to_string());
+                let status = e.status();
+                failure(status, e.kind(), log, accept)
+            }
         }
     }
 }
@@ -377,7 +432,7 @@ async fn lead(
 /// A coalescing follower's answer: a copy of its leader's response.
 fn shared_response(
     shared: &SharedResponse,
-    mut log: RequestLog,
+    mut log: Box<RequestLog>,
     version: Version,
 ) -> Response<ResponseBody> {
     log.record.coalesced = Some("shared");
@@ -391,7 +446,7 @@ fn shared_response(
         .coalesced_requests
         .get_or_create(&labels)
         .inc();
-    let body = ResponseBody::full(shared.body.clone()).on_complete(Box::new(log));
+    let body = ResponseBody::full(shared.body.clone()).on_complete(log);
     let mut resp = Response::new(body);
     *resp.status_mut() = shared.status;
     *resp.version_mut() = version;
@@ -573,7 +628,7 @@ async fn challenge_endpoint(
     ch: &crate::challenge::Challenger,
     req: Request<Incoming>,
     client: &ClientId,
-    mut log: RequestLog,
+    mut log: Box<RequestLog>,
     tls: bool,
 ) -> Response<ResponseBody> {
     use http_body_util::BodyExt as _;
@@ -609,7 +664,7 @@ async fn challenge_endpoint(
 /// Turns a challenger's response into weir's, recording its events.
 fn challenge_response(
     resp: Response<bytes::Bytes>,
-    mut log: RequestLog,
+    mut log: Box<RequestLog>,
     rt: &Runtime,
 ) -> Response<ResponseBody> {
     for e in crate::challenge::events(&resp) {
@@ -620,7 +675,7 @@ fn challenge_response(
     log.record.challenge = crate::challenge::events(&resp)
         .first()
         .map(|e| e.labels().0);
-    resp.map(|b| ResponseBody::full(b).on_complete(Box::new(log)))
+    resp.map(|b| ResponseBody::full(b).on_complete(log))
 }
 
 /// Sends the request; a bodyless request is re-sent once to another server,
@@ -629,20 +684,18 @@ fn challenge_response(
 /// closed before any response. Every outcome feeds the server's health.
 async fn send_with_failover(
     pool: &Arc<Pool>,
-    parts: http::request::Parts,
-    body: RequestBody,
+    request: &mut Request<RequestBody>,
     timeout: Duration,
     log: &mut RequestLog,
     rt: &Runtime,
 ) -> Result<Response<UpstreamBody>, ForwardError> {
     use http_body::Body as _;
-    let idempotent = crate::upstream::connections::is_idempotent_read(&parts.method);
-    let request = Request::from_parts(parts, body);
-    // At most one retry: the copy it will send, made while the request is whole.
+    let idempotent = crate::upstream::connections::is_idempotent_read(request.method());
+    // At most one retry: the copy it will send, made while the request is
+    // whole. Boxed: the request's future stays small for the common case.
     let mut retry_copy = (request.body().is_end_stream() && pool.servers.len() > 1)
-        .then(|| crate::body::copy_bodyless(&request));
+        .then(|| Box::new(crate::body::copy_bodyless(request)));
     pool.record_request(Instant::now());
-    let mut request = Some(request);
     let mut failed: Option<ServerGuard> = None;
     loop {
         let guard = match pool.pick(
@@ -655,8 +708,10 @@ async fn send_with_failover(
             Err(NoServer::Exhausted) => return Err(ForwardError::NoServer),
         };
         // The copy is only taken on a retry, which requires it.
-        let Some(req) = request.take().or_else(|| retry_copy.take()) else {
-            return Err(ForwardError::NoServer);
+        let req = match (&failed, retry_copy.as_deref_mut()) {
+            (None, _) => &mut *request,
+            (Some(_), Some(copy)) => copy,
+            (Some(_), None) => return Err(ForwardError::NoServer),
         };
         log.record.upstream = Some(guard.server.addr);
         let handles = pool
@@ -765,7 +820,7 @@ fn strip_port(host: &str) -> &str {
 /// The one place a rejection becomes a response.
 pub fn reject(
     reason: &RejectReason,
-    mut log: RequestLog,
+    mut log: Box<RequestLog>,
     accept: Accepts,
 ) -> Response<ResponseBody> {
     log.record.rule = Some(reason.rule().to_string());
@@ -848,7 +903,7 @@ impl Accepts {
 fn failure(
     status: StatusCode,
     kind: &'static str,
-    log: RequestLog,
+    log: Box<RequestLog>,
     accept: Accepts,
 ) -> Response<ResponseBody> {
     let message = match status {
@@ -864,7 +919,7 @@ fn respond(
     retry_after: Option<Duration>,
     reason: &str,
     message: &str,
-    mut log: RequestLog,
+    mut log: Box<RequestLog>,
     accept: Accepts,
     templates: &crate::config::RejectionConfig,
 ) -> Response<ResponseBody> {
@@ -900,7 +955,7 @@ fn respond(
             }),
         ),
     };
-    let mut resp = Response::new(ResponseBody::full(body).on_complete(Box::new(log)));
+    let mut resp = Response::new(ResponseBody::full(body).on_complete(log));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -1037,6 +1092,24 @@ fn ms(d: Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The size of what `f` returns, without calling it.
+    fn returned_size<F, A, B, R>(_: F) -> usize
+    where
+        F: FnOnce(A, B) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// hyper moves the request's future whole into its connection slot for
+    /// every request: at 6.5 KB, that copy was a quarter of the cache misses
+    /// with a thousand connections busy. Rare branches box their state to
+    /// keep it near 2.4 KB (bench/README.md, "Session 6").
+    #[test]
+    fn the_request_future_stays_small() {
+        let size = returned_size(handle);
+        assert!(size <= 3 * 1024, "handle's future is {size} bytes");
+    }
 
     #[test]
     fn host_without_port() {

@@ -296,7 +296,9 @@ impl SessionVerifier {
             }
         }
         if let Some(sub) = &self.subrequest {
-            let reason = match sub.check(headers).await {
+            // Boxed: a network call, rare per request, whose state would
+            // otherwise enlarge every request's future.
+            let reason = match Box::pin(sub.check(headers)).await {
                 None => None,
                 Some(AuthOutcome::Verified(user)) => {
                     return SessionState::Verified {

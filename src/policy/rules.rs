@@ -308,7 +308,9 @@ pub async fn evaluate(
         let shadow = rule.shadow || global_shadow;
         let verdict = match &rule.body {
             RuleBody::Rate(levels) => match shared {
-                Some(shared) => check_rate_shared(rule, levels, facts, shared).await,
+                // Boxed: a Redis round trip anyway, and its state would
+                // otherwise enlarge every request's future.
+                Some(shared) => Box::pin(check_rate_shared(rule, levels, facts, shared)).await,
                 None => check_rate(rule, levels, facts),
             },
             RuleBody::Concurrency {

@@ -103,7 +103,7 @@ pub async fn check(pool: &Pool, server: &Server, settings: &CheckSettings) -> Ch
     let exchange = async {
         let resp = server
             .connections
-            .send(server.addr, &pool.conn, req)
+            .send(server.addr, &pool.conn, &mut req)
             .await?;
         let latency = started.elapsed();
         // Read the (small) answer so its connection can be kept; one that

@@ -121,7 +121,7 @@ impl ServerConnections {
         self: &Arc<Self>,
         addr: SocketAddr,
         settings: &ConnSettings,
-        mut req: Request<RequestBody>,
+        req: &mut Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, SendError> {
         let resendable = is_idempotent_read(req.method()) && req.body().is_end_stream();
         while let Some(Idle { mut conn, since }) = self.pop() {
@@ -129,7 +129,7 @@ impl ServerConnections {
             if idle_for > settings.idle_timeout || !conn.is_reusable() {
                 continue;
             }
-            match conn.exchange(&mut req).await {
+            match conn.exchange(req).await {
                 Ok(head) => return Ok(self.wrap(head, conn, settings)),
                 Err(Failure::Unsent(_)) => continue,
                 Err(Failure::Sent(e @ ExchangeError::NoResponse(_))) => {
@@ -143,7 +143,7 @@ impl ServerConnections {
             }
         }
         let mut conn = connect(addr, settings.connect_timeout).await?;
-        match conn.exchange(&mut req).await {
+        match conn.exchange(req).await {
             Ok(head) => Ok(self.wrap(head, conn, settings)),
             Err(Failure::Unsent(e) | Failure::Sent(e)) => Err(SendError::Exchange(e)),
         }

@@ -107,7 +107,7 @@ impl ForwardError {
 pub async fn send(
     pool: &Pool,
     server: &Server,
-    mut req: Request<RequestBody>,
+    req: &mut Request<RequestBody>,
     timeout: Duration,
 ) -> Result<Response<UpstreamBody>, ForwardError> {
     // Origin form (`/path?query`): the `Host` header names the site.
