@@ -31,9 +31,7 @@ use crate::identity::forwarded;
 use crate::identity::session::SessionState;
 use crate::identity::{ClientId, PeerAddr};
 use crate::observe::access_log::AccessRecord;
-use crate::observe::metrics::{
-    ClassLabels, PoolErrorLabels, PoolLabels, RequestLabels, RuleLabels,
-};
+use crate::observe::metrics::{ClassLabels, PoolErrorLabels, PoolLabels, RuleLabels};
 use crate::policy::route::RequestView;
 use crate::policy::{Decision, RejectReason};
 use crate::runtime::Runtime;
@@ -695,14 +693,13 @@ async fn send_with_failover(
     // whole. Boxed: the request's future stays small for the common case.
     let mut retry_copy = (request.body().is_end_stream() && pool.servers.len() > 1)
         .then(|| Box::new(crate::body::copy_bodyless(request)));
-    pool.record_request(Instant::now());
+    // One clock read before and one after each attempt serve every
+    // timestamp and duration below (they are per request, and add up).
+    let mut sent = Instant::now();
+    pool.record_request(sent);
     let mut failed: Option<ServerGuard> = None;
     loop {
-        let guard = match pool.pick(
-            failed.as_ref().map(|g| &g.server),
-            idempotent,
-            Instant::now(),
-        ) {
+        let guard = match pool.pick(failed.as_ref().map(|g| &g.server), idempotent, sent) {
             Ok(g) => g,
             Err(NoServer::AllDead) => return Err(ForwardError::NoHealthyServer),
             Err(NoServer::Exhausted) => return Err(ForwardError::NoServer),
@@ -718,18 +715,19 @@ async fn send_with_failover(
             .metrics
             .get_or_init(|| rt.metrics.pool_handles(&pool.name));
         handles.in_flight.inc();
-        let sent = Instant::now();
         let res = forward::send(pool, &guard.server, req, timeout).await;
         handles.in_flight.dec();
         log.upstream_started = Some(sent);
-        if let Some(outcome) = health_outcome(&res, sent.elapsed()) {
+        let answered = Instant::now();
+        let took = answered.saturating_duration_since(sent);
+        if let Some(outcome) = health_outcome(&res, took) {
             let others = guard.server.in_flight().saturating_sub(1);
-            pool.observe_request(&guard.server, Instant::now(), outcome, others);
+            pool.observe_request(&guard.server, answered, outcome, others);
         }
         match res {
             Ok(resp) => {
-                handles.duration.observe(sent.elapsed().as_secs_f64());
-                log.record.upstream_ms = Some(ms(sent.elapsed()));
+                handles.duration.observe(took.as_secs_f64());
+                log.record.upstream_ms = Some(ms(took));
                 log.server = Some(guard);
                 return Ok(resp);
             }
@@ -758,6 +756,7 @@ async fn send_with_failover(
                 rt.metrics.upstream_retries.get_or_create(&labels).inc();
                 tracing::debug!(error = %e, "trying another server");
                 failed = Some(guard);
+                sent = Instant::now();
             }
         }
     }
@@ -1058,13 +1057,7 @@ impl OnComplete for RequestLog {
         }
         let _ = self.upstream_started;
         rt.metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                class: self.record.class.clone(),
-                status: self.record.status,
-                decision: self.record.decision,
-            })
-            .inc();
+            .count_request(&self.record.class, self.record.status, self.record.decision);
         if !rt.access_log.write(&self.record) {
             rt.metrics.access_log_dropped.inc();
         }

@@ -68,7 +68,60 @@ pub struct PoolHandles {
     pub duration: prometheus_client::metrics::histogram::Histogram,
 }
 
+/// The request counter's recently used children, found by comparing
+/// pointers instead of hashing the labels (which the family does, with
+/// SipHash under a lock, once per request). A handful of label sets covers
+/// nearly all requests: a few classes, statuses and decisions.
+#[derive(Debug, Default)]
+struct RecentRequestCounters {
+    entries: std::sync::Mutex<Vec<(RequestLabels, Counter)>>,
+}
+
+/// How many label sets [`RecentRequestCounters`] keeps.
+const RECENT_REQUEST_COUNTERS: usize = 16;
+
+impl RecentRequestCounters {
+    /// The cached child for these labels. The class's `Arc` is kept in the
+    /// entry, so a pointer match can never be a different (freed and
+    /// reallocated) class.
+    fn get(&self, class: &Arc<str>, status: u16, decision: &'static str) -> Option<Counter> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .iter()
+            .find(|(l, _)| {
+                Arc::ptr_eq(&l.class, class)
+                    && l.status == status
+                    && std::ptr::eq(l.decision, decision)
+            })
+            .map(|(_, c)| c.clone())
+    }
+
+    fn insert(&self, labels: RequestLabels, counter: Counter) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= RECENT_REQUEST_COUNTERS {
+            entries.remove(0);
+        }
+        entries.push((labels, counter));
+    }
+}
+
 impl Metrics {
+    /// Counts one finished request in `requests`.
+    pub fn count_request(&self, class: &Arc<str>, status: u16, decision: &'static str) {
+        if let Some(counter) = self.recent_requests.get(class, status, decision) {
+            counter.inc();
+            return;
+        }
+        let labels = RequestLabels {
+            class: class.clone(),
+            status,
+            decision,
+        };
+        let counter = self.requests.get_or_create(&labels).clone();
+        counter.inc();
+        self.recent_requests.insert(labels, counter);
+    }
+
     pub fn pool_handles(&self, pool: &Arc<str>) -> PoolHandles {
         let labels = PoolLabels { pool: pool.clone() };
         PoolHandles {
@@ -137,6 +190,7 @@ fn latency_histogram() -> Histogram {
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
+    recent_requests: RecentRequestCounters,
     pub rejections: Family<RuleLabels, Counter>,
     pub connections_open: Gauge,
     pub connections_accepted: Counter,
@@ -198,6 +252,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("weir");
         let m = Metrics {
             requests: Family::default(),
+            recent_requests: RecentRequestCounters::default(),
             rejections: Family::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
@@ -556,6 +611,36 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_counts_through_the_recent_cache_match_the_family() {
+        let m = Metrics::new();
+        let page: Arc<str> = Arc::from("page");
+        let api: Arc<str> = Arc::from("api");
+        // More label sets than the cache keeps, each seen several times.
+        for round in 0..3 {
+            for status in 200..220u16 {
+                m.count_request(&page, status, "admit");
+            }
+            m.count_request(&api, 429, "reject");
+            // An equal class in a different allocation counts the same.
+            m.count_request(&Arc::from("page"), 200, "admit");
+            let count = |class: &str, status, decision| {
+                m.requests
+                    .get_or_create(&RequestLabels {
+                        class: Arc::from(class),
+                        status,
+                        decision,
+                    })
+                    .get()
+            };
+            let n = round + 1;
+            assert_eq!(count("page", 200, "admit"), 2 * n);
+            assert_eq!(count("page", 219, "admit"), n);
+            assert_eq!(count("api", 429, "reject"), n);
+            assert_eq!(count("api", 429, "admit"), 0);
+        }
+    }
 
     #[test]
     fn exposition_names_and_labels() {

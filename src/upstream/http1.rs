@@ -429,11 +429,22 @@ pub fn parse_head(
                     .unwrap_or(b"");
                 transfer_encoding = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             } else if name == header::CONNECTION {
+                let mut names_fields = false;
                 for token in value.as_bytes().split(|b| *b == b',') {
                     let token = token.trim_ascii();
-                    close |= token.eq_ignore_ascii_case(b"close");
-                    keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
+                    let is_close = token.eq_ignore_ascii_case(b"close");
+                    let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
+                    close |= is_close;
+                    keep_alive_token |= is_keep_alive;
+                    names_fields |= !(is_close || is_keep_alive || token.is_empty());
                 }
+                // Spent here: it only framed this hop (the usual
+                // `Connection: keep-alive`), and the proxy would remove it.
+                if !names_fields {
+                    continue;
+                }
+            } else if name.as_str() == "keep-alive" {
+                continue;
             }
             headers.append(name, value);
         }

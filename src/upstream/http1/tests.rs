@@ -85,6 +85,25 @@ fn headers_are_kept_in_order_with_repeats() {
 }
 
 #[test]
+fn fields_that_only_frame_this_hop_are_spent_in_the_parser() {
+    let h = parsed(
+        b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nX-App: v\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert!(h.keep_alive);
+    assert!(!h.headers.contains_key("connection"));
+    assert!(!h.headers.contains_key("keep-alive"));
+    assert_eq!(h.headers.len(), 2);
+    // A Connection header that names other fields stays, for the proxy to
+    // remove those fields too.
+    let h = parsed(
+        b"HTTP/1.1 200 OK\r\nConnection: close, X-Hop\r\nX-Hop: 1\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert!(!h.keep_alive);
+    assert_eq!(h.headers["connection"], "close, X-Hop");
+    assert_eq!(h.headers["x-hop"], "1");
+}
+
+#[test]
 fn interim_responses_are_skipped_and_partial_heads_wait() {
     let mut buf = BytesMut::from(
         &b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"[..],
