@@ -72,16 +72,18 @@ def children(pid):
 
 
 def cpu_ticks(pids):
-    total = 0
+    """(user, system) clock ticks of the processes, summed."""
+    user = system = 0
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             # after the comm field: state is [0], utime [11], stime [12]
-            total += int(fields[11]) + int(fields[12])
+            user += int(fields[11])
+            system += int(fields[12])
         except (OSError, IndexError, ValueError):
             pass
-    return total
+    return user, system
 
 
 def rss_kib(pids):
@@ -325,6 +327,17 @@ def idle_memory(target, server, n, here):
             "bytes_per_conn": round(per_conn)}
 
 
+def paired_ratio(rows, target, conns, key):
+    """Median over rounds of target's `key` divided by nginx's in that round."""
+    ratios = []
+    for r in {x["round"] for x in rows}:
+        a = [x[key] for x in rows if (x["round"], x["target"], x["conns"]) == (r, target, conns)]
+        b = [x[key] for x in rows if (x["round"], x["target"], x["conns"]) == (r, "nginx", conns)]
+        if a and b and isinstance(a[0], (int, float)) and isinstance(b[0], (int, float)) and b[0]:
+            ratios.append(a[0] / b[0])
+    return round(statistics.median(ratios), 3) if ratios else float("nan")
+
+
 def fmt(v, spec):
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
 
@@ -393,9 +406,10 @@ def main():
                 for t in order:
                     proxy_pids = servers[t].pids() if t in servers else []
                     up_pids = upstream.pids()
-                    p0, u0 = cpu_ticks(proxy_pids), cpu_ticks(up_pids)
+                    (pu0, ps0), u0 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
                     text = run_wrk(port_of[t], c, args.duration, pin_other)
-                    p1, u1 = cpu_ticks(proxy_pids), cpu_ticks(up_pids)
+                    (pu1, ps1), u1 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
+                    p0, p1 = pu0 + ps0, pu1 + ps1
                     with open(os.path.join(out, "wrk", f"r{r + 1}-{t}-c{c}.txt"), "w") as f:
                         f.write(text)
                     w = parse_wrk(text)
@@ -403,6 +417,8 @@ def main():
                     row = {"round": r + 1, "target": t, "conns": c, **w,
                            "proxy_cpu_s": (p1 - p0) / CLK_TCK if proxy_pids else "",
                            "proxy_cpu_us_per_req": round((p1 - p0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
+                           "proxy_user_us_per_req": round((pu1 - pu0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
+                           "proxy_sys_us_per_req": round((ps1 - ps0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
                            "upstream_cpu_us_per_req": round((u1 - u0) / CLK_TCK * 1e6 / req, 2)}
                     rows.append(row)
                     print(f"  round {r + 1} c={c:<5} {t:<8} {w['rps']:>10.0f} req/s  "
@@ -429,6 +445,10 @@ def main():
                     "p99_ms": round(med([x["p99_ms"] for x in rs]), 3),
                     "proxy_cpu_us_per_req": round(med([x["proxy_cpu_us_per_req"] for x in rs]), 2)
                     if t in servers else float("nan"),
+                    "proxy_user_us_per_req": round(med([x["proxy_user_us_per_req"] for x in rs]), 2)
+                    if t in servers else float("nan"),
+                    "proxy_sys_us_per_req": round(med([x["proxy_sys_us_per_req"] for x in rs]), 2)
+                    if t in servers else float("nan"),
                     "upstream_cpu_us_per_req": round(med([x["upstream_cpu_us_per_req"] for x in rs]), 2),
                     "errors": sum(x["socket_errors"] + x["non_2xx"] for x in rs),
                 }
@@ -438,6 +458,11 @@ def main():
                     if "direct" in base and base["direct"]["rps_median"] else float("nan")
                 s["vs_nginx"] = round(s["rps_median"] / base["nginx"]["rps_median"], 3) \
                     if "nginx" in base and base["nginx"]["rps_median"] else float("nan")
+                # Paired: the median of each round's ratio to nginx in the same
+                # round. Neighbouring runs share the machine's state, so this
+                # moves less with the machine than a ratio of medians does.
+                s["cpu_vs_nginx_paired"] = paired_ratio(rows, t, c, "proxy_cpu_us_per_req")
+                s["p99_vs_nginx_paired"] = paired_ratio(rows, t, c, "p99_ms")
                 summary.append(s)
 
         with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
@@ -491,6 +516,18 @@ def main():
                   f"{fmt(s['p99_ms'], '.2f'):>8} {fmt(s['vs_direct'], '.2f'):>9} "
                   f"{fmt(s['vs_nginx'], '.2f'):>8} {fmt(s['proxy_cpu_us_per_req'], '.1f'):>10} "
                   f"{s['errors']:>6}")
+        print()
+        print("proxy CPU split (medians, us/req) and paired ratios to nginx "
+              "(median of each round's ratio)")
+        hdr = f"{'target':<8} {'conns':>5} {'user':>6} {'sys':>6} {'cpu x nginx':>11} {'p99 x nginx':>11}"
+        print(hdr)
+        print("-" * len(hdr))
+        for s in summary:
+            if s["target"] not in servers:
+                continue
+            print(f"{s['target']:<8} {s['conns']:>5} {fmt(s['proxy_user_us_per_req'], '.1f'):>6} "
+                  f"{fmt(s['proxy_sys_us_per_req'], '.1f'):>6} "
+                  f"{fmt(s['cpu_vs_nginx_paired'], '.2f'):>11} {fmt(s['p99_vs_nginx_paired'], '.2f'):>11}")
         # Admission's own cost: the same weir with a queue that never fills.
         by = {(s["target"], s["conns"]): s for s in summary}
         for c in conns_list:
