@@ -717,7 +717,6 @@ async fn send_with_failover(
         handles.in_flight.inc();
         let res = forward::send(pool, &guard.server, req, timeout).await;
         handles.in_flight.dec();
-        log.upstream_started = Some(sent);
         let answered = Instant::now();
         let took = answered.saturating_duration_since(sent);
         if let Some(outcome) = health_outcome(&res, took) {
@@ -973,7 +972,6 @@ fn respond(
 pub struct RequestLog {
     pub record: AccessRecord,
     started: Instant,
-    upstream_started: Option<Instant>,
     bytes_in: Arc<AtomicU64>,
     conn: Arc<ConnCtx>,
     in_flight: Option<InFlightGuard>,
@@ -1034,7 +1032,6 @@ impl RequestLog {
                 error: None,
             },
             started,
-            upstream_started: None,
             bytes_in: Arc::new(AtomicU64::new(0)),
             conn,
             in_flight: None,
@@ -1055,7 +1052,6 @@ impl OnComplete for RequestLog {
         if error.is_some() && self.record.error.is_none() {
             self.record.error = error;
         }
-        let _ = self.upstream_started;
         rt.metrics
             .count_request(&self.record.class, self.record.status, self.record.decision);
         if !rt.access_log.write(&self.record) {
