@@ -56,6 +56,8 @@ pub struct Server {
     /// The same sockets as `listeners` and `admin`, kept to hand on.
     sockets: Vec<ListeningSocket>,
     stop: watch::Sender<bool>,
+    /// The client accept loops, joined when a drain begins.
+    accepting: Vec<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -158,6 +160,7 @@ impl Server {
 
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
+        let mut accepting = Vec::new();
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
         let mut sockets = Vec::new();
@@ -208,7 +211,7 @@ impl Server {
             }
         };
         for (index, (l, spec)) in bound.into_iter().zip(specs).enumerate() {
-            tasks.push(tokio::spawn(serve::accept_loop(
+            accepting.push(tokio::spawn(serve::accept_loop(
                 l,
                 index,
                 spec,
@@ -270,6 +273,7 @@ impl Server {
             listeners,
             admin,
             stop,
+            accepting,
             tasks,
             restored,
             inherited_listeners,
@@ -299,6 +303,13 @@ impl Server {
     ) -> DrainReport {
         let started = Instant::now();
         let _ = self.stop.send(true);
+        // An accept loop may be between `accept` and counting the connection
+        // when `stop` is sent: until it has exited, `open() == 0` could end
+        // the drain at once and close a connection holding an unread
+        // request. They exit at their next poll.
+        for task in self.accepting {
+            let _ = tokio::time::timeout(ACCEPT_LOOP_EXIT, task).await;
+        }
         tokio::pin!(stop_now);
         let mut cut_short = false;
         if deadline > FIRST_REQUEST_GRACE && self.runtime.tracker.open() > 0 {
@@ -347,6 +358,9 @@ impl Server {
         self.runtime.tracker.abort_all();
     }
 }
+
+/// How long a drain waits for the accept loops to see `stop`.
+const ACCEPT_LOOP_EXIT: Duration = Duration::from_secs(1);
 
 /// How long a fresh start waits for its first warm-up probe round (a loopback
 /// app answers in milliseconds).
