@@ -28,14 +28,16 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::body::{BoxError, RequestBody};
+pub use crate::framing::{Chunk, Framing};
+use crate::framing::{
+    FramingError, decode_chunk, decode_chunk_until_data, parse_content_length, take_up_to,
+};
 
 /// Largest response head read (hyper's client allows ~400 KiB; an app that
 /// sends more than 64 KiB of headers is broken, not busy).
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most header fields in a response head (as hyper's default).
 pub const MAX_HEADERS: usize = 100;
-/// Longest chunk-size line (with extensions) or trailer field.
-const MAX_CHUNK_LINE: usize = 4096;
 /// Free space a read needs before the buffer grows: heads and small bodies
 /// fit in one read; a large body streams in reads of up to `BODY_READ`.
 const HEAD_READ: usize = 8 * 1024;
@@ -67,6 +69,12 @@ pub enum ExchangeError {
     RequestBody(#[source] BoxError),
 }
 
+impl From<FramingError> for ExchangeError {
+    fn from(e: FramingError) -> Self {
+        ExchangeError::Framing(e.0)
+    }
+}
+
 /// How far a failed exchange got, which decides whether it may be tried
 /// again.
 #[derive(Debug)]
@@ -75,42 +83,6 @@ pub enum Failure {
     Unsent(ExchangeError),
     /// The request was (at least partly) sent.
     Sent(ExchangeError),
-}
-
-/// How a response body is delimited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// No body: `HEAD`, 1xx, 204, 304 (or a body already read whole).
-    Empty,
-    /// `Content-Length`: this many bytes are still to come.
-    Length(u64),
-    Chunked(Chunk),
-    /// No length: the body ends when the server closes the connection.
-    UntilClose,
-}
-
-impl Framing {
-    /// The whole body has been taken.
-    pub fn is_end(&self) -> bool {
-        matches!(
-            self,
-            Framing::Empty | Framing::Length(0) | Framing::Chunked(Chunk::Done)
-        )
-    }
-}
-
-/// Where a chunked body's decoder is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Chunk {
-    /// At a chunk-size line.
-    Size,
-    /// Inside a chunk's data, with this many bytes to go.
-    Data(u64),
-    /// After a chunk's data, at its CRLF.
-    DataEnd,
-    /// After the last chunk, at the trailer section (discarded).
-    Trailers,
-    Done,
 }
 
 /// A parsed response head and what follows it.
@@ -263,7 +235,7 @@ impl UpstreamConnection {
                     Ok(Some(data)) => return Poll::Ready(Some(Ok(data))),
                     Ok(None) if *chunk == Chunk::Done => return Poll::Ready(None),
                     Ok(None) => {}
-                    Err(e) => return Poll::Ready(Some(Err(e))),
+                    Err(e) => return Poll::Ready(Some(Err(e.into()))),
                 },
                 Framing::UntilClose => {
                     if !self.read_buf.is_empty() {
@@ -483,108 +455,6 @@ pub fn parse_head(
             keep_alive,
         }));
     }
-}
-
-/// `Content-Length`: digits, or a list of one value repeated (RFC 9110
-/// §8.6 lets a recipient accept `42, 42`).
-fn parse_content_length(v: &[u8]) -> Result<u64, ExchangeError> {
-    let bad = ExchangeError::Framing("invalid Content-Length");
-    let mut value: Option<u64> = None;
-    for part in v.split(|b| *b == b',') {
-        let part = part.trim_ascii();
-        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
-            return Err(bad);
-        }
-        let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-        if value.is_some_and(|m| m != n) {
-            return Err(bad);
-        }
-        value = Some(n);
-    }
-    value.ok_or(bad)
-}
-
-/// Decodes from `buf` until a piece of chunk data is ready (`Some`), the
-/// body ends (`None`, `chunk` is `Done`), or more input is needed (`None`).
-fn decode_chunk(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Option<Bytes>, ExchangeError> {
-    decode_chunk_until_data(chunk, buf)?;
-    if let Chunk::Data(left) = chunk
-        && !buf.is_empty()
-    {
-        let data = take_up_to(buf, left);
-        if *left == 0 {
-            *chunk = Chunk::DataEnd;
-        }
-        return Ok(Some(data));
-    }
-    Ok(None)
-}
-
-/// Takes what `buf` holds of the `left` bytes still to come, counting them off.
-fn take_up_to(buf: &mut BytesMut, left: &mut u64) -> Bytes {
-    let take = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
-    *left -= take as u64;
-    buf.split_to(take).freeze()
-}
-
-/// Moves the decoder over everything but data, as far as `buf` allows.
-fn decode_chunk_until_data(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<(), ExchangeError> {
-    loop {
-        match *chunk {
-            Chunk::Data(_) | Chunk::Done => return Ok(()),
-            Chunk::DataEnd => {
-                if buf.len() < 2 {
-                    return Ok(());
-                }
-                if &buf[..2] != b"\r\n" {
-                    return Err(ExchangeError::Framing("chunk data not followed by CRLF"));
-                }
-                buf.advance(2);
-                *chunk = Chunk::Size;
-            }
-            Chunk::Size => match httparse::parse_chunk_size(buf) {
-                Ok(httparse::Status::Complete((line, size))) => {
-                    buf.advance(line);
-                    *chunk = if size == 0 {
-                        Chunk::Trailers
-                    } else {
-                        Chunk::Data(size)
-                    };
-                }
-                Ok(httparse::Status::Partial) if buf.len() > MAX_CHUNK_LINE => {
-                    return Err(ExchangeError::Framing("chunk-size line too long"));
-                }
-                Ok(httparse::Status::Partial) => return Ok(()),
-                Err(_) => return Err(ExchangeError::Framing("invalid chunk size")),
-            },
-            Chunk::Trailers => {
-                let Some(line) = take_line(buf)? else {
-                    return Ok(());
-                };
-                // Trailer fields are dropped: few clients ask for them and
-                // the response head has already gone.
-                if line.is_empty() {
-                    *chunk = Chunk::Done;
-                }
-            }
-        }
-    }
-}
-
-/// Takes one CRLF-ended line (a trailer field) from `buf`, without its CRLF.
-fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, ExchangeError> {
-    let Some(lf) = memchr::memchr(b'\n', buf) else {
-        if buf.len() > MAX_CHUNK_LINE {
-            return Err(ExchangeError::Framing("trailer field too long"));
-        }
-        return Ok(None);
-    };
-    if lf == 0 || buf[lf - 1] != b'\r' {
-        return Err(ExchangeError::Framing("trailer field not ended by CRLF"));
-    }
-    let mut line = buf.split_to(lf + 1);
-    line.truncate(lf - 1);
-    Ok(Some(line))
 }
 
 /// How the request's body will be framed, from what the body itself says

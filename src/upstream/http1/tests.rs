@@ -4,6 +4,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
+use crate::framing::MAX_CHUNK_LINE;
 
 fn head(bytes: &[u8], head_request: bool) -> Result<Option<ResponseHead>, ExchangeError> {
     let mut buf = BytesMut::from(bytes);

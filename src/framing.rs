@@ -1,0 +1,152 @@
+//! HTTP/1 message framing shared by both sides of the proxy (RFC 9112
+//! §6-7): how a body is delimited, `Content-Length` values, and the
+//! chunked decoder. The client side (`edge::http1`) decodes request bodies
+//! with it, the upstream side (`upstream::http1`) response bodies.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Longest chunk-size line (with extensions) or trailer field.
+pub const MAX_CHUNK_LINE: usize = 4096;
+
+/// A body's framing is broken; the message cannot be read further.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct FramingError(pub &'static str);
+
+/// How a response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body: `HEAD`, 1xx, 204, 304 (or a body already read whole).
+    Empty,
+    /// `Content-Length`: this many bytes are still to come.
+    Length(u64),
+    Chunked(Chunk),
+    /// No length: the body ends when the server closes the connection.
+    UntilClose,
+}
+
+impl Framing {
+    /// The whole body has been taken.
+    pub fn is_end(&self) -> bool {
+        matches!(
+            self,
+            Framing::Empty | Framing::Length(0) | Framing::Chunked(Chunk::Done)
+        )
+    }
+}
+
+/// Where a chunked body's decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk {
+    /// At a chunk-size line.
+    Size,
+    /// Inside a chunk's data, with this many bytes to go.
+    Data(u64),
+    /// After a chunk's data, at its CRLF.
+    DataEnd,
+    /// After the last chunk, at the trailer section (discarded).
+    Trailers,
+    Done,
+}
+
+/// `Content-Length`: digits, or a list of one value repeated (RFC 9110
+/// §8.6 lets a recipient accept `42, 42`).
+pub fn parse_content_length(v: &[u8]) -> Result<u64, FramingError> {
+    let bad = FramingError("invalid Content-Length");
+    let mut value: Option<u64> = None;
+    for part in v.split(|b| *b == b',') {
+        let part = part.trim_ascii();
+        if part.is_empty() || part.len() > 19 || !part.iter().all(u8::is_ascii_digit) {
+            return Err(bad);
+        }
+        let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        if value.is_some_and(|m| m != n) {
+            return Err(bad);
+        }
+        value = Some(n);
+    }
+    value.ok_or(bad)
+}
+
+/// Decodes from `buf` until a piece of chunk data is ready (`Some`), the
+/// body ends (`None`, `chunk` is `Done`), or more input is needed (`None`).
+pub fn decode_chunk(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<Option<Bytes>, FramingError> {
+    decode_chunk_until_data(chunk, buf)?;
+    if let Chunk::Data(left) = chunk
+        && !buf.is_empty()
+    {
+        let data = take_up_to(buf, left);
+        if *left == 0 {
+            *chunk = Chunk::DataEnd;
+        }
+        return Ok(Some(data));
+    }
+    Ok(None)
+}
+
+/// Takes what `buf` holds of the `left` bytes still to come, counting them off.
+pub fn take_up_to(buf: &mut BytesMut, left: &mut u64) -> Bytes {
+    let take = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+    *left -= take as u64;
+    buf.split_to(take).freeze()
+}
+
+/// Moves the decoder over everything but data, as far as `buf` allows.
+pub fn decode_chunk_until_data(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<(), FramingError> {
+    loop {
+        match *chunk {
+            Chunk::Data(_) | Chunk::Done => return Ok(()),
+            Chunk::DataEnd => {
+                if buf.len() < 2 {
+                    return Ok(());
+                }
+                if &buf[..2] != b"\r\n" {
+                    return Err(FramingError("chunk data not followed by CRLF"));
+                }
+                buf.advance(2);
+                *chunk = Chunk::Size;
+            }
+            Chunk::Size => match httparse::parse_chunk_size(buf) {
+                Ok(httparse::Status::Complete((line, size))) => {
+                    buf.advance(line);
+                    *chunk = if size == 0 {
+                        Chunk::Trailers
+                    } else {
+                        Chunk::Data(size)
+                    };
+                }
+                Ok(httparse::Status::Partial) if buf.len() > MAX_CHUNK_LINE => {
+                    return Err(FramingError("chunk-size line too long"));
+                }
+                Ok(httparse::Status::Partial) => return Ok(()),
+                Err(_) => return Err(FramingError("invalid chunk size")),
+            },
+            Chunk::Trailers => {
+                let Some(line) = take_line(buf)? else {
+                    return Ok(());
+                };
+                // Trailer fields are dropped: few clients ask for them and
+                // the response head has already gone.
+                if line.is_empty() {
+                    *chunk = Chunk::Done;
+                }
+            }
+        }
+    }
+}
+
+/// Takes one CRLF-ended line (a trailer field) from `buf`, without its CRLF.
+fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, FramingError> {
+    let Some(lf) = memchr::memchr(b'\n', buf) else {
+        if buf.len() > MAX_CHUNK_LINE {
+            return Err(FramingError("trailer field too long"));
+        }
+        return Ok(None);
+    };
+    if lf == 0 || buf[lf - 1] != b'\r' {
+        return Err(FramingError("trailer field not ended by CRLF"));
+    }
+    let mut line = buf.split_to(lf + 1);
+    line.truncate(lf - 1);
+    Ok(Some(line))
+}
