@@ -27,16 +27,52 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[error("request body read timed out after {0:?} without data")]
 pub struct BodyReadTimeout(pub Duration);
 
+/// A request body as the client sends it: decoded by weir's own HTTP/1
+/// codec (plain connections), or by hyper (TLS, HTTP/2).
+pub enum ClientBody {
+    Edge(crate::edge::http1::EdgeBody),
+    Hyper(Incoming),
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ClientBody::Edge(b) => Pin::new(b).poll_frame(cx),
+            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Edge(b) => b.is_end_stream(),
+            ClientBody::Hyper(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Edge(b) => b.size_hint(),
+            ClientBody::Hyper(b) => b.size_hint(),
+        }
+    }
+}
+
 /// The client's request body, on its way upstream.
 pub struct RequestBody {
-    inner: Option<Incoming>,
+    inner: Option<ClientBody>,
     read_timeout: Duration,
     timer: Option<Pin<Box<Sleep>>>,
     bytes: Arc<AtomicU64>,
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, read_timeout: Duration, bytes: Arc<AtomicU64>) -> Self {
+    pub fn new(inner: ClientBody, read_timeout: Duration, bytes: Arc<AtomicU64>) -> Self {
         RequestBody {
             inner: Some(inner),
             read_timeout,
@@ -90,7 +126,7 @@ impl Body for RequestBody {
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 if this.read_timeout == Duration::MAX {

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::body::ClientBody;
+use crate::edge::http1::ClientUpgrade;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
 use crate::admission::coalesce::{CoalesceKey, Leader, Role, SharedResponse, shareable};
 use crate::body::{OnComplete, RequestBody, ResponseBody};
@@ -59,7 +59,7 @@ pub struct ConnCtx {
 /// rare branches keep their state boxed, and no stage keeps a second copy
 /// of the request.
 pub fn handle(
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     conn: Arc<ConnCtx>,
 ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send {
     CloseWhenAsked {
@@ -114,7 +114,7 @@ where
     reason = "an async fn keeps a second copy of `req`"
 )]
 fn serve(
-    mut req: Request<Incoming>,
+    mut req: Request<ClientBody>,
     conn: Arc<ConnCtx>,
 ) -> impl Future<Output = Response<ResponseBody>> + Send {
     async move {
@@ -298,7 +298,7 @@ fn serve(
         };
         let client_version = req.version();
         let upgrade = is_upgrade(&req);
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let client_upgrade = upgrade.then(|| ClientUpgrade::on(&mut req));
         strip_hop_by_hop(req.headers_mut(), upgrade);
         req.headers_mut().remove(header::EXPECT);
         if req.version() == Version::HTTP_2
@@ -327,19 +327,11 @@ fn serve(
                 strip_hop_by_hop(resp.headers_mut(), is_101 && upgrade);
                 if is_101
                     && let Some(client_upgrade) = client_upgrade
-                    && let Some((mut upstream, early)) = resp.body_mut().take_tunnel()
+                    && let Some((upstream, early)) = resp.body_mut().take_tunnel()
                 {
                     let tunnel_guard = conn.guard.clone();
                     tokio::spawn(async move {
-                        use tokio::io::AsyncWriteExt as _;
-                        if let Ok(client) = client_upgrade.await {
-                            let mut client = TokioIo::new(client);
-                            // What the server sent right after its 101 goes first.
-                            if early.is_empty() || client.write_all(&early).await.is_ok() {
-                                let _ =
-                                    tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-                            }
-                        }
+                        client_upgrade.tunnel(upstream, early).await;
                         drop(tunnel_guard);
                     });
                 }
@@ -545,7 +537,7 @@ fn admission_outcome(
 /// decided (metrics, shadow rejections, human-collateral signals).
 async fn apply_rules(
     rules: &[crate::policy::rules::Rule],
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     client: &ClientId,
     user: Option<&str>,
     pass: Option<u64>,
@@ -624,7 +616,7 @@ fn collateral_signal(
 /// Serves `/.weir/challenge.js` and `/.weir/challenge/verify`.
 async fn challenge_endpoint(
     ch: &crate::challenge::Challenger,
-    req: Request<Incoming>,
+    req: Request<ClientBody>,
     client: &ClientId,
     mut log: Box<RequestLog>,
     tls: bool,
@@ -780,7 +772,7 @@ fn health_outcome(
     }
 }
 
-fn is_upgrade(req: &Request<Incoming>) -> bool {
+fn is_upgrade(req: &Request<ClientBody>) -> bool {
     req.version() == Version::HTTP_11
         && req.headers().contains_key(header::UPGRADE)
         && req

@@ -1,17 +1,13 @@
 //! An I/O wrapper that tells the connection tracker when client bytes arrive,
 //! so a request head that trickles in on a kept-alive connection is timed
-//! (hyper times only the first request's head).
-//!
-//! It also carries what parking a connection needs (see `edge::serve`): bytes
-//! an ended hyper connection had read but not parsed are replayed first, and
-//! hyper's shutdown at the end of a parked connection leaves the socket open.
+//! (hyper times only the first request's head). Used for the connections
+//! hyper serves (TLS, HTTP/2); `edge::http1` reports its reads itself.
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::conn::ConnState;
@@ -20,30 +16,11 @@ use super::conn::ConnState;
 pub struct TrackedIo<S> {
     inner: S,
     state: Arc<ConnState>,
-    /// Read before `inner`: what a previous hyper connection left unparsed.
-    prefix: Bytes,
 }
 
 impl<S> TrackedIo<S> {
     pub fn new(inner: S, state: Arc<ConnState>) -> Self {
-        TrackedIo {
-            inner,
-            state,
-            prefix: Bytes::new(),
-        }
-    }
-
-    /// Like [`TrackedIo::new`], reading `prefix` before the stream.
-    pub fn with_prefix(inner: S, state: Arc<ConnState>, prefix: Bytes) -> Self {
-        TrackedIo {
-            inner,
-            state,
-            prefix,
-        }
-    }
-
-    pub fn into_inner(self) -> S {
-        self.inner
+        TrackedIo { inner, state }
     }
 }
 
@@ -53,12 +30,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for TrackedIo<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
-        }
         let before = buf.filled().len();
         let res = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -94,10 +65,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedIo<S> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.state.is_parking() {
-            // The socket outlives this hyper connection.
-            return Poll::Ready(Ok(()));
-        }
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

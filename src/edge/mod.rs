@@ -8,6 +8,7 @@
 //! sweep. Draining stops accepting and lets in-flight requests finish.
 
 pub mod conn;
+pub mod http1;
 pub mod inflight;
 pub mod io;
 pub mod listener;

@@ -24,14 +24,10 @@ use crate::runtime::Runtime;
 
 /// Polls a pinned hyper connection until it ends, obeying tracker commands:
 /// `Graceful` lets the request in flight finish, `Abort` drops the connection.
-/// With `park`, a connection idle for [`PARK_AFTER`] is ended gracefully
-/// with the socket kept open. Evaluates to `(result, parked)`.
 macro_rules! drive {
-    ($conn:expr, $state:expr, $park:expr) => {{
+    ($conn:expr, $state:expr) => {{
         let mut conn = $conn;
-        let park: bool = $park;
         let mut graceful = false;
-        let mut parked = false;
         // A connection told to close between requests may have the next
         // one on its way: closing now would drop a request the client sent
         // (HTTP/1.1 allows it, but wrk and some clients count it failed).
@@ -41,8 +37,7 @@ macro_rules! drive {
         // `Connection: close` (`proxy` adds it while a close is pending),
         // or the wait runs out.
         let mut deferred: Option<(tokio::time::Instant, u64)> = None;
-        let mut park_check = tokio::time::Instant::now() + PARK_AFTER;
-        let res = loop {
+        loop {
             let wanted = if graceful || deferred.is_some() {
                 Command::Abort
             } else {
@@ -73,26 +68,10 @@ macro_rules! drive {
                         conn.as_mut().graceful_shutdown();
                     }
                 }
-                _ = tokio::time::sleep_until(park_check), if park && !graceful && !parked && deferred.is_none() => {
-                    let now = tokio::time::Instant::now();
-                    match $state.idle_for() {
-                        Some(idle) if idle >= PARK_AFTER => {
-                            $state.set_parking(true);
-                            parked = true;
-                            conn.as_mut().graceful_shutdown();
-                        }
-                        Some(idle) => park_check = now + (PARK_AFTER - idle),
-                        None => park_check = now + PARK_AFTER,
-                    }
-                }
             }
-        };
-        (res, parked)
+        }
     }};
 }
-
-/// How long a plain HTTP/1 connection is idle before it is parked.
-const PARK_AFTER: Duration = Duration::from_millis(500);
 
 /// How long a connection asked to close may still bring its first request.
 const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -105,7 +84,7 @@ const DRAIN_IDLE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long a close just commanded waits for the connection's next request;
 /// `None`: close now (a request is in flight, which hyper then finishes, or
 /// the close is to free the slot: idle timeout, shedding).
-fn close_grace(state: &ConnState) -> Option<Duration> {
+pub(super) fn close_grace(state: &ConnState) -> Option<Duration> {
     if state.requests() == 0 {
         Some(FIRST_REQUEST_GRACE)
     } else if state.in_flight() == 0 && state.close_reason() == Some("drain") {
@@ -227,13 +206,19 @@ async fn serve_connection(
         guard: guard.clone(),
         rt: rt.clone(),
     });
-    let service = service_fn(move |req| proxy::handle(req, ctx.clone()));
-
     let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match &spec.tls {
         // Boxed: a task is as large as its largest state, and most
         // connections are plain.
         Some(acceptor) => {
-            match Box::pin(serve_tls(stream, acceptor, &edge, service, &state)).await {
+            match Box::pin(serve_tls(
+                stream,
+                acceptor,
+                &edge,
+                hyper_service(ctx),
+                &state,
+            ))
+            .await
+            {
                 Some(result) => result,
                 None => {
                     rt.metrics.connection_error("tls_handshake");
@@ -243,7 +228,7 @@ async fn serve_connection(
         }
         None => {
             stream.set_nodelay(true).ok();
-            serve_plain(stream, spec.http2, &edge, service, &state, &rt).await
+            serve_plain(stream, spec.http2, &edge, ctx, &state).await
         }
     };
     if let Some(reason) = state.close_reason() {
@@ -258,6 +243,13 @@ async fn serve_connection(
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `proxy::handle` as a hyper service (TLS and HTTP/2 connections).
+fn hyper_service(ctx: Arc<ConnCtx>) -> impl ConnService {
+    service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        proxy::handle(req.map(crate::body::ClientBody::Hyper), ctx.clone())
+    })
+}
 
 /// What hyper needs of the service a connection runs (`proxy::handle`).
 trait ConnService:
@@ -306,85 +298,35 @@ async fn serve_tls<S: ConnService>(
     let io = TokioIo::new(TrackedIo::new(tls, state.clone()));
     Some(if h2 {
         let conn = http2_builder(edge).serve_connection(io, service);
-        drive!(std::pin::pin!(conn), state, false).0
+        drive!(std::pin::pin!(conn), state)
     } else {
         let conn = http1_builder(edge)
             .serve_connection(io, service)
             .with_upgrades();
-        drive!(std::pin::pin!(conn), state, false).0
+        drive!(std::pin::pin!(conn), state)
     })
 }
 
 /// Serves a plain-TCP connection: HTTP/2 with prior knowledge when the
-/// listener allows it and the client opens with the preface, else HTTP/1.
-///
-/// HTTP/1 connections *park* between requests: after [`PARK_AFTER`] without
-/// a request, the hyper connection is ended gracefully (freeing its read and
-/// write buffers and state, some 25 KB) while the socket stays open; the
-/// client's next bytes start a new one, fed first with anything the old one
-/// had read but not parsed. An idle keep-alive connection then costs a socket
-/// and a few hundred bytes, as in nginx, which frees its buffers the same
-/// way. Parking never races a request: hyper ends only between requests, and
-/// what it had buffered is handed back.
-async fn serve_plain<S: ConnService>(
-    mut stream: TcpStream,
+/// listener allows it and the client opens with the preface, else HTTP/1
+/// (weir's own codec, `edge::http1`).
+async fn serve_plain(
+    stream: TcpStream,
     h2c: bool,
     edge: &EdgeSettings,
-    service: S,
+    ctx: Arc<ConnCtx>,
     state: &Arc<ConnState>,
-    rt: &Runtime,
 ) -> Result<(), BoxError> {
     if h2c && starts_with_h2_preface(&stream, state).await {
         let io = TokioIo::new(TrackedIo::new(stream, state.clone()));
-        let mut conn = Box::pin(http2_builder(edge).serve_connection(io, service));
-        return drive!(conn.as_mut(), state, false).0;
+        let mut conn = Box::pin(http2_builder(edge).serve_connection(io, hyper_service(ctx)));
+        return drive!(conn.as_mut(), state);
     }
-    let mut leftover = bytes::Bytes::new();
-    loop {
-        if leftover.is_empty() && !wait_for_bytes(&stream, state).await {
-            return Ok(());
-        }
-        state.set_parking(false);
-        tracing::trace!(conn = state.id, leftover = leftover.len(), "serving HTTP/1");
-        let io = TokioIo::new(TrackedIo::with_prefix(stream, state.clone(), leftover));
-        // Boxed: the parked task then holds a pointer, not hyper's state.
-        let mut conn = Box::new(
-            http1_builder(edge)
-                .serve_connection(io, service.clone())
-                .with_upgrades(),
-        );
-        let (res, parked): (Result<(), BoxError>, bool) =
-            drive!(std::pin::Pin::new(&mut *conn), state, true);
-        res?;
-        if !parked {
-            return Ok(());
-        }
-        // `None`: the connection was upgraded (a tunnel owns the socket now).
-        let Some(parts) = conn.into_parts() else {
-            return Ok(());
-        };
-        rt.metrics.connections_parked.inc();
-        stream = parts.io.into_inner().into_inner();
-        leftover = parts.read_buf;
-        tracing::trace!(conn = state.id, leftover = leftover.len(), "parked");
-    }
-}
-
-/// Waits for a client's next bytes while holding no buffers. False when the
-/// connection is to close instead (idle timeout, shedding, drain, an error).
-async fn wait_for_bytes(stream: &TcpStream, state: &ConnState) -> bool {
-    // A close may wait for one more request (see `close_grace`).
-    tokio::select! {
-        biased;
-        r = stream.readable() => r.is_ok(),
-        _ = state.wait_for(Command::Abort) => false,
-        _ = async {
-            state.wait_for(Command::Graceful).await;
-            if let Some(grace) = close_grace(state) {
-                tokio::time::sleep(grace).await;
-            }
-        } => false,
-    }
+    let limits = super::http1::HeadLimits {
+        max_bytes: edge.max_header_bytes,
+        max_headers: edge.max_headers,
+    };
+    Ok(super::http1::serve(stream, state, ctx, limits).await?)
 }
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
@@ -448,6 +390,9 @@ fn http2_builder(edge: &EdgeSettings) -> hyper::server::conn::http2::Builder<Tok
 fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
+        if let Some(c) = err.downcast_ref::<super::http1::ClientError>() {
+            return c.label();
+        }
         if let Some(h) = err.downcast_ref::<hyper::Error>() {
             return if h.is_parse_too_large() {
                 "header_too_large"

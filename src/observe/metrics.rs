@@ -194,7 +194,6 @@ pub struct Metrics {
     pub rejections: Family<RuleLabels, Counter>,
     pub connections_open: Gauge,
     pub connections_accepted: Counter,
-    pub connections_parked: Counter,
     pub connections_refused: Family<ReasonLabels, Counter>,
     pub connections_closed: Family<ReasonLabels, Counter>,
     pub connection_errors: Family<KindLabels, Counter>,
@@ -256,7 +255,6 @@ impl Metrics {
             rejections: Family::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
-            connections_parked: Counter::default(),
             connections_refused: Family::default(),
             connections_closed: Family::default(),
             connection_errors: Family::default(),
@@ -311,11 +309,6 @@ impl Metrics {
             "connections_open",
             "Client connections currently open",
             m.connections_open.clone(),
-        );
-        registry.register(
-            "connections_parked",
-            "Times an idle HTTP/1 client connection released its buffers until its next request",
-            m.connections_parked.clone(),
         );
         registry.register(
             "connections_accepted",
