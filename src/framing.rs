@@ -8,6 +8,52 @@ use bytes::{Buf, Bytes, BytesMut};
 /// Longest chunk-size line (with extensions) or trailer field.
 pub const MAX_CHUNK_LINE: usize = 4096;
 
+/// What a message head's fields say about its body's framing and its
+/// connection, read field by field by either side's parser.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HopFields {
+    pub content_length: Option<u64>,
+    /// `Transfer-Encoding` present: whether its last coding is `chunked`.
+    pub chunked: Option<bool>,
+    /// `Connection: close`.
+    pub close: bool,
+    /// `Connection: keep-alive`.
+    pub keep_alive: bool,
+}
+
+impl HopFields {
+    /// Notes one field. `Ok(true)`: the field only framed this hop (a
+    /// `Connection` naming only close or keep-alive, `Keep-Alive`) and is
+    /// spent here rather than stored, hashed, and removed again by the
+    /// hop-by-hop pass.
+    pub fn note(&mut self, name: &http::HeaderName, value: &[u8]) -> Result<bool, FramingError> {
+        if *name == http::header::CONTENT_LENGTH {
+            let n = parse_content_length(value)?;
+            if self.content_length.is_some_and(|m| m != n) {
+                return Err(FramingError("conflicting Content-Length values"));
+            }
+            self.content_length = Some(n);
+        } else if *name == http::header::TRANSFER_ENCODING {
+            let last = value.rsplit(|b| *b == b',').next().unwrap_or(b"");
+            self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if *name == http::header::CONNECTION {
+            let mut names_fields = false;
+            for token in value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                let is_close = token.eq_ignore_ascii_case(b"close");
+                let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
+                self.close |= is_close;
+                self.keep_alive |= is_keep_alive;
+                names_fields |= !(is_close || is_keep_alive || token.is_empty());
+            }
+            return Ok(!names_fields);
+        } else if name.as_str() == "keep-alive" {
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
 /// A body's framing is broken; the message cannot be read further.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

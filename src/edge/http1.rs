@@ -37,8 +37,7 @@ use tokio::sync::oneshot;
 use super::conn::{Command, ConnState};
 use crate::body::{BoxError, ClientBody, ResponseBody};
 use crate::framing::{
-    Chunk, Framing, FramingError, decode_chunk, decode_chunk_until_data, parse_content_length,
-    take_up_to,
+    Chunk, Framing, FramingError, HopFields, decode_chunk, decode_chunk_until_data, take_up_to,
 };
 use crate::proxy::{self, ConnCtx};
 
@@ -535,41 +534,28 @@ fn parse_head(
     // Room for the forwarding fields the proxy adds: growing the map
     // rehashes it.
     let mut headers = HeaderMap::with_capacity(fields.len() + FORWARDING_ROOM);
-    let mut content_length: Option<u64> = None;
-    let mut chunked: Option<bool> = None;
-    let mut close = false;
-    let mut keep_alive_token = false;
+    let mut hop = HopFields::default();
     let mut expect_continue = false;
     let mut upgrade = false;
     for (name, start, end) in fields {
         let value = HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
             .map_err(|_| ClientError::Malformed("invalid header value"))?;
-        if name == header::CONTENT_LENGTH {
-            let n = parse_content_length(value.as_bytes())?;
-            if content_length.is_some_and(|m| m != n) {
-                return Err(ClientError::Malformed("conflicting Content-Length values"));
-            }
-            content_length = Some(n);
-        } else if name == header::TRANSFER_ENCODING {
-            let last = value
-                .as_bytes()
-                .rsplit(|b| *b == b',')
-                .next()
-                .unwrap_or(b"");
-            chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name == header::CONNECTION {
-            for token in value.as_bytes().split(|b| *b == b',') {
-                let token = token.trim_ascii();
-                close |= token.eq_ignore_ascii_case(b"close");
-                keep_alive_token |= token.eq_ignore_ascii_case(b"keep-alive");
-            }
-        } else if name == header::EXPECT {
+        if hop.note(&name, value.as_bytes())? {
+            continue;
+        }
+        if name == header::EXPECT {
             expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
         } else if name == header::UPGRADE {
             upgrade = true;
         }
         headers.append(name, value);
     }
+    let HopFields {
+        content_length,
+        chunked,
+        close,
+        keep_alive: keep_alive_token,
+    } = hop;
     // RFC 9112 §6.3: both lengths, or a coding other than chunked last, is
     // how requests get smuggled past a proxy; refused, as nginx does.
     let body = match (chunked, content_length) {

@@ -29,9 +29,7 @@ use tokio::net::TcpStream;
 
 use crate::body::{BoxError, RequestBody};
 pub use crate::framing::{Chunk, Framing};
-use crate::framing::{
-    FramingError, decode_chunk, decode_chunk_until_data, parse_content_length, take_up_to,
-};
+use crate::framing::{FramingError, HopFields, decode_chunk, decode_chunk_until_data, take_up_to};
 
 /// Largest response head read (hyper's client allows ~400 KiB; an app that
 /// sends more than 64 KiB of headers is broken, not busy).
@@ -380,46 +378,20 @@ pub fn parse_head(
         }
         let head_bytes = buf.split_to(len).freeze();
         let mut headers = HeaderMap::with_capacity(fields.len());
-        let mut content_length: Option<u64> = None;
-        let mut transfer_encoding: Option<bool> = None; // Some(chunked last)
-        let mut close = false;
-        let mut keep_alive_token = false;
+        let mut hop = HopFields::default();
         for (name, start, end) in fields {
             let value = HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
                 .map_err(|_| ExchangeError::Framing("invalid header value"))?;
-            if name == header::CONTENT_LENGTH {
-                let n = parse_content_length(value.as_bytes())?;
-                if content_length.is_some_and(|m| m != n) {
-                    return Err(ExchangeError::Framing("conflicting Content-Length values"));
-                }
-                content_length = Some(n);
-            } else if name == header::TRANSFER_ENCODING {
-                let last = value
-                    .as_bytes()
-                    .rsplit(|b| *b == b',')
-                    .next()
-                    .unwrap_or(b"");
-                transfer_encoding = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-            } else if name == header::CONNECTION {
-                let mut names_fields = false;
-                for token in value.as_bytes().split(|b| *b == b',') {
-                    let token = token.trim_ascii();
-                    let is_close = token.eq_ignore_ascii_case(b"close");
-                    let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
-                    close |= is_close;
-                    keep_alive_token |= is_keep_alive;
-                    names_fields |= !(is_close || is_keep_alive || token.is_empty());
-                }
-                // Spent here: it only framed this hop (the usual
-                // `Connection: keep-alive`), and the proxy would remove it.
-                if !names_fields {
-                    continue;
-                }
-            } else if name.as_str() == "keep-alive" {
-                continue;
+            if !hop.note(&name, value.as_bytes())? {
+                headers.append(name, value);
             }
-            headers.append(name, value);
         }
+        let HopFields {
+            content_length,
+            chunked: transfer_encoding,
+            close,
+            keep_alive: keep_alive_token,
+        } = hop;
         let mut keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
         let framing = if head_request
             || status == StatusCode::NO_CONTENT
