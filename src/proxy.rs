@@ -54,7 +54,7 @@ pub struct ConnCtx {
 
 /// Serves one request. Never fails: every outcome is a response.
 ///
-/// The future lives in hyper's per-connection slot, and its size is memory
+/// The future lives in a box the connection holds, and its size is memory
 /// touched per request (cache misses, with a thousand connections busy):
 /// rare branches keep their state boxed, and no stage keeps a second copy
 /// of the request.
@@ -1082,8 +1082,9 @@ mod tests {
         std::mem::size_of::<R>()
     }
 
-    /// The request's future lives in hyper's per-connection slot, and each
-    /// stage's future is moved into its parent's. At 6.5 KB (three copies of
+    /// The request's future lives in a box its connection holds (hyper's
+    /// slot for TLS and HTTP/2), and each stage's future is moved into its
+    /// parent's. At 6.5 KB (three copies of
     /// the request, rare branches inline) a cache simulation counted 272
     /// last-level misses per request with 1,000 connections busy; at 2.4 KB,
     /// 208 (bench/README.md, "Request path, session 6").

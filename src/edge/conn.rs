@@ -61,6 +61,10 @@ pub struct ConnState {
     /// settings arrive while idle).
     h2: AtomicBool,
     command: AtomicU8,
+    /// Whether the connection's buffers are to go back to the allocator
+    /// (`edge::http1`): 0 held, 1 asked by the sweep (idle for
+    /// [`RELEASE_AFTER`]), 2 given back. Asked once per idle spell.
+    release: AtomicU8,
     close_reason: Mutex<Option<&'static str>>,
     notify: Notify,
     /// The task of a connection served by `edge::http1`, woken by a command
@@ -78,6 +82,7 @@ impl ConnState {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.pending_since_ms.store(0, Ordering::Relaxed);
+        self.release.store(0, Ordering::Relaxed);
     }
 
     /// A request's response ended (body complete or abandoned).
@@ -158,6 +163,21 @@ impl ConnState {
         }
     }
 
+    /// Polls for the sweep's word that the connection has been idle long
+    /// enough to give its buffers back; clears it.
+    pub fn poll_release(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.waker.register(cx.waker());
+        if self
+            .release
+            .compare_exchange(1, 2, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+
     /// Gives a command; a stronger one replaces a weaker one. Returns whether
     /// it changed anything.
     pub fn give(&self, cmd: Command, reason: &'static str) -> bool {
@@ -178,6 +198,13 @@ impl ConnState {
         self.close_reason.lock().ok().and_then(|r| *r)
     }
 }
+
+/// How long a connection is idle before the sweep asks it to give its
+/// buffers back. Kept until then, a busy connection reuses its buffer in
+/// place; allocated per request, buffers of a thousand busy connections
+/// overflow the allocator's thread cache, and each one costs a trip to its
+/// arena (bench/README.md, "Client HTTP/1").
+pub const RELEASE_AFTER: Duration = Duration::from_secs(1);
 
 /// A monotonic millisecond clock shared by the tracker and its connections.
 #[derive(Debug)]
@@ -351,6 +378,7 @@ impl ConnTracker {
             pending_since_ms: AtomicU64::new(0),
             h2: AtomicBool::new(false),
             command: AtomicU8::new(0),
+            release: AtomicU8::new(0),
             close_reason: Mutex::new(None),
             notify: Notify::new(),
             waker: atomic_waker::AtomicWaker::new(),
@@ -420,12 +448,18 @@ impl ConnTracker {
             } else {
                 pending != 0 && now.saturating_sub(pending) > header_ms
             };
+            let idle = now.saturating_sub(c.idle_since_ms.load(Ordering::Relaxed));
             if head_stalled {
                 c.give(Command::Abort, "header_timeout");
-            } else if !never_requested
-                && now.saturating_sub(c.idle_since_ms.load(Ordering::Relaxed)) > idle_ms
-            {
+            } else if !never_requested && idle > idle_ms {
                 c.give(Command::Graceful, "idle_timeout");
+            } else if !never_requested
+                && idle >= RELEASE_AFTER.as_millis() as u64
+                && c.release
+                    .compare_exchange(0, 1, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                c.waker.wake();
             }
         }
     }
@@ -552,5 +586,32 @@ mod tests {
         let late = t.try_open(ip("127.0.0.3")).unwrap();
         assert_eq!(late.state.command(), Command::Graceful);
         assert_eq!(late.state.close_reason(), Some("drain"));
+    }
+
+    #[test]
+    fn the_sweep_asks_an_idle_connection_once_to_give_its_buffers_back() {
+        use std::task::{Context, Poll, Waker};
+        let mut cx = Context::from_waker(Waker::noop());
+        let t = tracker(10, 10);
+        let start = Instant::now();
+        let c = t.try_open(ip("127.0.0.2")).unwrap();
+        let never = t.try_open(ip("127.0.0.3")).unwrap();
+        c.state.request_started(false);
+        c.state.request_finished();
+        t.sweep(start + RELEASE_AFTER / 2);
+        assert_eq!(c.state.poll_release(&mut cx), Poll::Pending, "too early");
+        t.sweep(start + RELEASE_AFTER + Duration::from_millis(10));
+        assert_eq!(c.state.poll_release(&mut cx), Poll::Ready(()));
+        assert_eq!(c.state.poll_release(&mut cx), Poll::Pending, "taken once");
+        // Still idle: not asked again (each sweep would wake every idle task).
+        t.sweep(start + RELEASE_AFTER * 3);
+        assert_eq!(c.state.poll_release(&mut cx), Poll::Pending);
+        // The next request holds buffers again; its idle spell asks anew.
+        c.state.request_started(false);
+        c.state.request_finished();
+        t.sweep(start + RELEASE_AFTER * 5);
+        assert_eq!(c.state.poll_release(&mut cx), Poll::Ready(()));
+        // A connection that never brought a request is left to the header timeout.
+        assert_eq!(never.state.poll_release(&mut cx), Poll::Pending);
     }
 }

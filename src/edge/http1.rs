@@ -9,8 +9,8 @@
 //! state (buffers, dispatcher, a task-sized future) was memory touched per
 //! request, which at 1,000 busy connections missed the cache
 //! (bench/README.md, "Client HTTP/1"). Here, as in nginx:
-//! - an idle connection holds no buffer: it is allocated when bytes arrive
-//!   and let go when the connection goes idle again;
+//! - a connection idle for a second holds no buffer: the tracker's sweep
+//!   tells it to let go, and its client's next bytes allocate a new one;
 //! - the response head and its first body bytes leave in one write;
 //! - the request's header values are slices of the bytes read, not copies.
 //!
@@ -296,7 +296,8 @@ pub async fn serve(
         continue_owed: None,
     }));
     loop {
-        let head = match next_head(&wire, state, limits).await {
+        let released = &ctx.rt.metrics.connection_buffers_released;
+        let head = match next_head(&wire, state, limits, released).await {
             Ok(Some(head)) => head,
             Ok(None) => break,
             Err(e) => {
@@ -416,6 +417,7 @@ async fn next_head(
     wire: &SharedWire,
     state: &ConnState,
     limits: HeadLimits,
+    released: &prometheus_client::metrics::counter::Counter,
 ) -> Result<Option<Head>, ClientError> {
     let mut deferred: Option<tokio::time::Instant> = None;
     loop {
@@ -425,11 +427,6 @@ async fn next_head(
                 && let Some(head) = parse_head(wire, &mut w, limits)?
             {
                 return Ok(Some(head));
-            }
-            if w.buf.is_empty() && w.buf.capacity() > 0 {
-                // Idle: the buffer goes back to the allocator, warm for
-                // whichever connection reads next.
-                w.buf = BytesMut::new();
             }
             w.buf.is_empty()
         };
@@ -471,6 +468,16 @@ async fn next_head(
             }
             _ = tokio::time::sleep_until(deferred.unwrap_or_else(tokio::time::Instant::now)), if idle && deferred.is_some() => {
                 return Ok(None);
+            }
+            // Idle for a while (the sweep says): the buffer goes back to the
+            // allocator, and the connection costs its socket and a few
+            // hundred bytes until its client's next bytes.
+            () = poll_fn(|cx| state.poll_release(cx)), if idle => {
+                let mut w = lock(wire);
+                if w.buf.is_empty() && w.buf.capacity() > 0 {
+                    w.buf = BytesMut::new();
+                    released.inc();
+                }
             }
         }
     }

@@ -194,6 +194,7 @@ pub struct Metrics {
     pub rejections: Family<RuleLabels, Counter>,
     pub connections_open: Gauge,
     pub connections_accepted: Counter,
+    pub connection_buffers_released: Counter,
     pub connections_refused: Family<ReasonLabels, Counter>,
     pub connections_closed: Family<ReasonLabels, Counter>,
     pub connection_errors: Family<KindLabels, Counter>,
@@ -255,6 +256,7 @@ impl Metrics {
             rejections: Family::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),
+            connection_buffers_released: Counter::default(),
             connections_refused: Family::default(),
             connections_closed: Family::default(),
             connection_errors: Family::default(),
@@ -314,6 +316,11 @@ impl Metrics {
             "connections_accepted",
             "Client connections accepted",
             m.connections_accepted.clone(),
+        );
+        registry.register(
+            "connection_buffers_released",
+            "Times an idle HTTP/1 client connection gave its read buffer back",
+            m.connection_buffers_released.clone(),
         );
         registry.register(
             "connections_refused",

@@ -1,5 +1,5 @@
-//! Connections on both sides: idle client connections (holding no buffers
-//! between requests) serve what comes next without losing a byte, and upstream connections
+//! Connections on both sides: idle client connections give their buffers
+//! back and serve what comes next without losing a byte, and upstream connections
 //! are kept alive and reused, with a connection the upstream closed while
 //! idle replaced instead of failing the request.
 
@@ -12,6 +12,7 @@ use http::{Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::edge::assert_eventually;
 use crate::fixtures::*;
 
 /// A raw HTTP/1.1 client connection that reads responses one at a time,
@@ -85,8 +86,16 @@ async fn idle_connections_serve_their_next_requests_whole() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let first_peer = echo(&body)["peer"].clone();
 
-    // Idle a while, then the next request arrives in pieces.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Idle past a second: the connection gives its buffer back.
+    assert_eventually(Duration::from_secs(10), || async {
+        metric(
+            &weir.metrics().await,
+            "weir_connection_buffers_released_total",
+        ) >= 1.0
+    })
+    .await;
+
+    // The next request arrives in pieces.
     c.write(b"GET /two HTTP/1.1\r\nHo").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     c.write(b"st: t\r\n\r\n").await;
@@ -97,8 +106,18 @@ async fn idle_connections_serve_their_next_requests_whole() {
     // The upstream connection was kept and reused.
     assert_eq!(doc["peer"], first_peer);
 
-    // Idle again, then two pipelined requests in one write.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Released again, then two pipelined requests in one write.
+    let released = metric(
+        &weir.metrics().await,
+        "weir_connection_buffers_released_total",
+    );
+    assert_eventually(Duration::from_secs(10), || async {
+        metric(
+            &weir.metrics().await,
+            "weir_connection_buffers_released_total",
+        ) > released
+    })
+    .await;
     c.write(b"GET /three HTTP/1.1\r\nHost: t\r\n\r\nGET /four HTTP/1.1\r\nHost: t\r\n\r\n")
         .await;
     for want in ["/three", "/four"] {
