@@ -850,7 +850,9 @@ async fn close(wire: &SharedWire, unread: bool) {
         return;
     }
     let drained = async {
-        let mut scratch = [0u8; 4096];
+        // On the heap: a task is as large as its largest state, and every
+        // connection's task would carry it.
+        let mut scratch = vec![0u8; 4096];
         loop {
             let ready = poll_fn(|cx| lock(wire).stream.poll_read_ready(cx)).await;
             if ready.is_err() {
