@@ -308,7 +308,11 @@ def idle_memory(target, server, n, here):
     try:
         line = client.stdout.readline().split()
         opened, failed = (int(line[1]), int(line[2])) if len(line) == 3 else (0, n)
-        time.sleep(1.0)
+        # Held idle for 3 s: weir gives an idle connection's read buffer back
+        # after 1 s (its sweep runs every 0.5 s) and jemalloc returns freed
+        # pages within 1 s; nginx frees its buffers at once. Both are
+        # measured in their steady idle state.
+        time.sleep(3.0)
         during = rss_kib(server.pids())
         client.stdin.write("count\n")
         client.stdin.flush()
