@@ -211,6 +211,12 @@ impl ResponseBody {
         self
     }
 
+    /// Ends a body the response does not carry (an answer to `HEAD`, a
+    /// 204 or 304): complete, not abandoned by the client.
+    pub fn not_sent(mut self) {
+        self.finish(None);
+    }
+
     fn finish(&mut self, error: Option<String>) {
         if let Some(hook) = self.on_complete.take() {
             hook.complete(self.bytes_out, error);

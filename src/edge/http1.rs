@@ -658,6 +658,7 @@ async fn write_response(
     encode_head(&mut head, &parts, version, framing, close);
     if bodyless {
         write_all(wire, &mut [IoSlice::new(&head)]).await?;
+        body.not_sent();
         return Ok(Written { close });
     }
     let mut head = Some(head);

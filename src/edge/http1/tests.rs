@@ -396,6 +396,18 @@ fn chunk_size_lines_are_lowercase_hex() {
     assert_eq!(chunk_size_line(&mut buf, usize::MAX).len(), 18);
 }
 
+/// How a response body ended: bytes sent, and the error if any.
+type Ending = Option<(u64, Option<String>)>;
+
+/// Records how a response body ended.
+struct Ended(Arc<Mutex<Ending>>);
+
+impl crate::body::OnComplete for Ended {
+    fn complete(self: Box<Self>, bytes_out: u64, error: Option<String>) {
+        *self.0.lock().unwrap() = Some((bytes_out, error));
+    }
+}
+
 #[tokio::test]
 async fn a_full_response_leaves_in_one_write_with_its_length() {
     let (wire, mut client) = pair().await;
@@ -410,13 +422,18 @@ async fn a_full_response_leaves_in_one_write_with_its_length() {
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
     assert!(text.contains("content-length: 5\r\n"), "{text}");
     assert!(text.ends_with("\r\n\r\nhello"), "{text}");
-    // A HEAD request gets the head alone.
-    let resp = http::Response::new(ResponseBody::full("hello"));
+    // A HEAD request gets the head alone, and its log line no error (the
+    // body was not sent, not abandoned).
+    let ended = Arc::new(Mutex::new(None));
+    let resp = http::Response::new(
+        ResponseBody::full("hello").on_complete(Box::new(Ended(ended.clone()))),
+    );
     write_response(&wire, resp, Version::HTTP_11, true, true)
         .await
         .unwrap();
     let n = client.read(&mut got).await.unwrap();
     assert!(String::from_utf8_lossy(&got[..n]).ends_with("\r\n\r\n"));
+    assert_eq!(*ended.lock().unwrap(), Some((0, None)));
 }
 
 #[tokio::test]
