@@ -2,8 +2,9 @@
 //!
 //! Listeners accept connections, the [`conn::ConnTracker`] admits or refuses
 //! them (global cap with idle-first shedding, per-address cap), the PROXY
-//! protocol header and TLS handshake are read under a deadline, and hyper
-//! serves HTTP/1.1 and HTTP/2 with header size and count limits. Timeouts for
+//! protocol header and TLS handshake are read under a deadline, and HTTP is
+//! served with header size and count limits: plain HTTP/1.1 by weir's own
+//! codec ([`http1`]), TLS and HTTP/2 by hyper. Timeouts for
 //! slow headers and idle keep-alive connections are enforced by the tracker's
 //! sweep. Draining stops accepting and lets in-flight requests finish.
 

@@ -1,9 +1,10 @@
 //! Accept loops and the life of one client connection.
 //!
 //! For each accepted socket: admit it (caps), read a PROXY header if the
-//! listener expects one, complete the TLS handshake, then let hyper serve
-//! HTTP/1.1 or HTTP/2 until the client leaves or the tracker commands the
-//! connection to close (idle, slow headers, shedding, drain).
+//! listener expects one, complete the TLS handshake, then serve HTTP until
+//! the client leaves or the tracker commands the connection to close (idle,
+//! slow headers, shedding, drain): weir's own codec (`edge::http1`) for
+//! plain HTTP/1.1, hyper for TLS and HTTP/2.
 
 use std::net::IpAddr;
 use std::sync::Arc;
