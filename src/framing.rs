@@ -54,6 +54,34 @@ impl HopFields {
     }
 }
 
+/// Appends one `name: value` field line to a head being written.
+pub fn write_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the `Content-Length: n` field line.
+pub fn write_content_length(out: &mut Vec<u8>, n: u64) {
+    write_field(
+        out,
+        b"content-length",
+        itoa::Buffer::new().format(n).as_bytes(),
+    );
+}
+
+/// `{len:x}\r\n`, a chunk's size line, in `buf`.
+pub fn chunk_size_line(buf: &mut [u8; 18], len: usize) -> &[u8] {
+    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
+    for (i, digit) in buf.iter_mut().take(digits).enumerate() {
+        *digit = b"0123456789abcdef"[(len >> (4 * (digits - 1 - i))) & 0xf];
+    }
+    buf[digits] = b'\r';
+    buf[digits + 1] = b'\n';
+    &buf[..digits + 2]
+}
+
 /// A body's framing is broken; the message cannot be read further.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

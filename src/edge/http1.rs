@@ -37,7 +37,8 @@ use tokio::sync::oneshot;
 use super::conn::{Command, ConnState};
 use crate::body::{BoxError, ClientBody, ResponseBody};
 use crate::framing::{
-    Chunk, Framing, FramingError, HopFields, decode_chunk, decode_chunk_until_data, take_up_to,
+    Chunk, Framing, FramingError, HopFields, chunk_size_line, decode_chunk,
+    decode_chunk_until_data, take_up_to, write_content_length, write_field,
 };
 use crate::proxy::{self, ConnCtx};
 
@@ -255,20 +256,26 @@ impl ClientUpgrade {
                 if !pending.is_empty() && upstream.write_all(&pending).await.is_err() {
                     return;
                 }
-                if early.is_empty() || client.write_all(&early).await.is_ok() {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-                }
+                relay(&mut client, &mut upstream, &early).await;
             }
             ClientUpgrade::Hyper(on) => {
-                let Ok(client) = on.await else {
-                    return;
-                };
-                let mut client = hyper_util::rt::TokioIo::new(client);
-                if early.is_empty() || client.write_all(&early).await.is_ok() {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                if let Ok(client) = on.await {
+                    let mut client = hyper_util::rt::TokioIo::new(client);
+                    relay(&mut client, &mut upstream, &early).await;
                 }
             }
         }
+    }
+}
+
+/// Writes `early` to the client, then copies both ways until either side
+/// closes.
+async fn relay<C>(client: &mut C, upstream: &mut TcpStream, early: &[u8])
+where
+    C: tokio::io::AsyncRead + AsyncWrite + Unpin,
+{
+    if early.is_empty() || client.write_all(early).await.is_ok() {
+        let _ = tokio::io::copy_bidirectional(client, upstream).await;
     }
 }
 
@@ -295,8 +302,8 @@ pub async fn serve(
         body: Framing::Empty,
         continue_owed: None,
     }));
+    let released = &ctx.rt.metrics.connection_buffers_released;
     loop {
-        let released = &ctx.rt.metrics.connection_buffers_released;
         let head = match next_head(&wire, state, limits, released).await {
             Ok(Some(head)) => head,
             Ok(None) => break,
@@ -730,17 +737,6 @@ async fn write_response(
     Ok(Written { close })
 }
 
-/// `{len:x}\r\n` in `buf`.
-fn chunk_size_line(buf: &mut [u8; 18], len: usize) -> &[u8] {
-    let digits = (usize::BITS - len.leading_zeros()).div_ceil(4).max(1) as usize;
-    for (i, digit) in buf.iter_mut().take(digits).enumerate() {
-        *digit = b"0123456789abcdef"[(len >> (4 * (digits - 1 - i))) & 0xf];
-    }
-    buf[digits] = b'\r';
-    buf[digits + 1] = b'\n';
-    &buf[..digits + 2]
-}
-
 /// Whether a comma-separated header value holds `token` (any case).
 fn has_token(value: &[u8], token: &[u8]) -> bool {
     value
@@ -782,10 +778,7 @@ fn encode_head(
         if skip {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        write_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     if !parts.headers.contains_key(header::DATE) {
         out.extend_from_slice(b"date: ");
@@ -793,11 +786,7 @@ fn encode_head(
         out.extend_from_slice(b"\r\n");
     }
     match framing {
-        OutFraming::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
+        OutFraming::Length(n) => write_content_length(out, n),
         OutFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         OutFraming::None | OutFraming::UntilClose => {}
     }

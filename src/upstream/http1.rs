@@ -29,7 +29,10 @@ use tokio::net::TcpStream;
 
 use crate::body::{BoxError, RequestBody};
 pub use crate::framing::{Chunk, Framing};
-use crate::framing::{FramingError, HopFields, decode_chunk, decode_chunk_until_data, take_up_to};
+use crate::framing::{
+    FramingError, HopFields, chunk_size_line, decode_chunk, decode_chunk_until_data, take_up_to,
+    write_content_length, write_field,
+};
 
 /// Largest response head read (hyper's client allows ~400 KiB; an app that
 /// sends more than 64 KiB of headers is broken, not busy).
@@ -195,13 +198,9 @@ impl UpstreamConnection {
         chunked: bool,
         head_request: bool,
     ) -> Result<Option<ResponseHead>, ExchangeError> {
-        let UpstreamConnection {
-            io,
-            read_buf,
-            write_buf,
-        } = self;
+        let UpstreamConnection { io, read_buf, .. } = self;
         let (mut rd, mut wr) = io.split();
-        let upload = write_body(&mut wr, body, chunked, write_buf);
+        let upload = write_body(&mut wr, body, chunked);
         let early = read_head(&mut rd, read_buf, head_request);
         tokio::pin!(upload, early);
         tokio::select! {
@@ -459,17 +458,10 @@ fn encode_head(out: &mut Vec<u8>, req: &Request<RequestBody>, framing: RequestFr
         if *name == header::CONTENT_LENGTH || *name == header::TRANSFER_ENCODING {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        write_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     match framing {
-        RequestFraming::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
+        RequestFraming::Length(n) => write_content_length(out, n),
         RequestFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         // A method that defines a body says it is empty.
         RequestFraming::None
@@ -487,7 +479,6 @@ async fn write_body<W: AsyncWrite + Unpin>(
     io: &mut W,
     body: &mut RequestBody,
     chunked: bool,
-    scratch: &mut Vec<u8>,
 ) -> Result<(), ExchangeError> {
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(ExchangeError::RequestBody)?;
@@ -499,9 +490,8 @@ async fn write_body<W: AsyncWrite + Unpin>(
             continue;
         }
         if chunked {
-            scratch.clear();
-            scratch.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-            io.write_all(scratch).await?;
+            let mut line = [0u8; 18];
+            io.write_all(chunk_size_line(&mut line, data.len())).await?;
             io.write_all(&data).await?;
             io.write_all(b"\r\n").await?;
         } else {
