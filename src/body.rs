@@ -18,6 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use crate::upstream::connections::UpstreamBody;
+use crate::upstream::fields::ReceivedFields;
 use tokio::time::{Instant, Sleep};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -203,6 +204,25 @@ impl ResponseBody {
 
     pub fn empty() -> Self {
         Self::full(Bytes::new())
+    }
+
+    /// An upstream response's fields forwarded as received
+    /// (`upstream::fields`): a client codec writes them after the map's.
+    pub fn received_fields(&self) -> Option<&ReceivedFields> {
+        match &self.inner {
+            Inner::Upstream(b) | Inner::Resumed(_, b) => b.received_fields(),
+            Inner::Full(_) => None,
+        }
+    }
+
+    /// Moves those fields into `headers`, for a codec that writes only a
+    /// map (hyper's).
+    pub fn fields_into(&mut self, headers: &mut http::HeaderMap) {
+        if let Inner::Upstream(b) | Inner::Resumed(_, b) = &mut self.inner
+            && let Some(fields) = b.take_received_fields()
+        {
+            fields.append_to(headers);
+        }
     }
 
     /// Attaches the completion hook.

@@ -21,22 +21,43 @@ pub struct HopFields {
     pub keep_alive: bool,
 }
 
+/// What one field of a head is to the hop that carried it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldRole {
+    /// An end-to-end field.
+    EndToEnd,
+    /// `Content-Length` or `Transfer-Encoding`: framed this hop's body;
+    /// the next hop gets its own framing.
+    Framing,
+    /// Only framed this hop's connection (a `Connection` naming only close
+    /// or keep-alive, `Keep-Alive`): spent here rather than stored, hashed
+    /// and removed again by the hop-by-hop pass.
+    Spent,
+    /// A `Connection` field naming other fields, which are then hop-by-hop
+    /// too.
+    ConnectionOptions,
+}
+
 impl HopFields {
-    /// Notes one field. `Ok(true)`: the field only framed this hop (a
-    /// `Connection` naming only close or keep-alive, `Keep-Alive`) and is
-    /// spent here rather than stored, hashed, and removed again by the
-    /// hop-by-hop pass.
-    pub fn note(&mut self, name: &http::HeaderName, value: &[u8]) -> Result<bool, FramingError> {
-        if *name == http::header::CONTENT_LENGTH {
+    /// Notes one field; `name` in any case.
+    pub fn note(&mut self, name: &[u8], value: &[u8]) -> Result<FieldRole, FramingError> {
+        // Most fields are none of these: their length says so without a
+        // look at their bytes.
+        if !matches!(name.len(), 10 | 14 | 17) {
+            return Ok(FieldRole::EndToEnd);
+        }
+        if name.eq_ignore_ascii_case(b"content-length") {
             let n = parse_content_length(value)?;
             if self.content_length.is_some_and(|m| m != n) {
                 return Err(FramingError("conflicting Content-Length values"));
             }
             self.content_length = Some(n);
-        } else if *name == http::header::TRANSFER_ENCODING {
+            Ok(FieldRole::Framing)
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             let last = value.rsplit(|b| *b == b',').next().unwrap_or(b"");
             self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if *name == http::header::CONNECTION {
+            Ok(FieldRole::Framing)
+        } else if name.eq_ignore_ascii_case(b"connection") {
             let mut names_fields = false;
             for token in value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
@@ -46,11 +67,16 @@ impl HopFields {
                 self.keep_alive |= is_keep_alive;
                 names_fields |= !(is_close || is_keep_alive || token.is_empty());
             }
-            return Ok(!names_fields);
-        } else if name.as_str() == "keep-alive" {
-            return Ok(true);
+            Ok(if names_fields {
+                FieldRole::ConnectionOptions
+            } else {
+                FieldRole::Spent
+            })
+        } else if name.eq_ignore_ascii_case(b"keep-alive") {
+            Ok(FieldRole::Spent)
+        } else {
+            Ok(FieldRole::EndToEnd)
         }
-        Ok(false)
     }
 }
 

@@ -338,14 +338,16 @@ fn serve(
                 let (mut parts, body) = resp.into_parts();
                 let body = match leader {
                     // Boxed: rare, and large for every request's future to carry.
-                    Some((leader, max)) => match Box::pin(lead(*leader, &parts, body, max)).await {
-                        Ok(b) => b,
-                        Err(e) => {
-                            log.record.error = Some(format!("upstream body: {e}"));
-                            let status = StatusCode::BAD_GATEWAY;
-                            return failure(status, "upstream_body", log, accept);
+                    Some((leader, max)) => {
+                        match Box::pin(lead(*leader, &mut parts, body, max)).await {
+                            Ok(b) => b,
+                            Err(e) => {
+                                log.record.error = Some(format!("upstream body: {e}"));
+                                let status = StatusCode::BAD_GATEWAY;
+                                return failure(status, "upstream_body", log, accept);
+                            }
                         }
-                    },
+                    }
                     None => ResponseBody::upstream(body),
                 };
                 // The client gets its own protocol version, whatever the upstream spoke.
@@ -377,12 +379,16 @@ fn serve(
 /// sends the followers upstream too.
 async fn lead(
     leader: Leader,
-    parts: &http::response::Parts,
+    parts: &mut http::response::Parts,
     mut body: UpstreamBody,
     max: usize,
 ) -> Result<ResponseBody, crate::body::BoxError> {
     use http_body::Body as _;
     use http_body_util::BodyExt as _;
+    // Shareable or not is read from the fields, and followers get a copy.
+    if let Some(fields) = body.take_received_fields() {
+        fields.append_to(&mut parts.headers);
+    }
     let known = body
         .size_hint()
         .exact()

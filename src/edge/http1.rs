@@ -37,10 +37,11 @@ use tokio::sync::oneshot;
 use super::conn::{Command, ConnState};
 use crate::body::{BoxError, ClientBody, ResponseBody};
 use crate::framing::{
-    Chunk, Framing, FramingError, HopFields, chunk_size_line, decode_chunk,
+    Chunk, FieldRole, Framing, FramingError, HopFields, chunk_size_line, decode_chunk,
     decode_chunk_until_data, take_up_to, write_content_length, write_field,
 };
 use crate::proxy::{self, ConnCtx};
+use crate::upstream::fields::ReceivedFields;
 
 /// Free space a read needs before the buffer grows: a head fits in one
 /// read; a large upload streams in reads of up to `BODY_READ`.
@@ -551,10 +552,11 @@ fn parse_head(
     let mut hop = HopFields::default();
     let mut expect_continue = false;
     let mut upgrade = false;
-    for (name, start, end) in fields {
+    // Drained, not moved into an iterator: that would copy all 16 slots.
+    for (name, start, end) in fields.drain(..) {
         let value = HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
             .map_err(|_| ClientError::Malformed("invalid header value"))?;
-        if hop.note(&name, value.as_bytes())? {
+        if hop.note(name.as_str().as_bytes(), value.as_bytes())? == FieldRole::Spent {
             continue;
         }
         if name == header::EXPECT {
@@ -662,7 +664,14 @@ async fn write_response(
         .any(|v| has_token(v.as_bytes(), b"close"));
     let mut close = !keep_alive || asked_close || framing == OutFraming::UntilClose;
     let mut head = Vec::with_capacity(256 + parts.headers.len() * 48);
-    encode_head(&mut head, &parts, version, framing, close);
+    encode_head(
+        &mut head,
+        &parts,
+        body.received_fields(),
+        version,
+        framing,
+        close,
+    );
     if bodyless {
         write_all(wire, &mut [IoSlice::new(&head)]).await?;
         body.not_sent();
@@ -745,10 +754,12 @@ fn has_token(value: &[u8], token: &[u8]) -> bool {
 }
 
 /// The response head: status line, the response's fields but those that
-/// frame this hop, then this hop's framing.
+/// frame this hop (those in its map, then those `received` from the
+/// upstream as they came), then this hop's framing.
 fn encode_head(
     out: &mut Vec<u8>,
     parts: &http::response::Parts,
+    received: Option<&ReceivedFields>,
     version: Version,
     framing: OutFraming,
     close: bool,
@@ -780,7 +791,15 @@ fn encode_head(
         }
         write_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
-    if !parts.headers.contains_key(header::DATE) {
+    let mut has_date = false;
+    if let Some(fields) = received {
+        fields.write_to(out);
+        has_date = fields.has_date();
+        if keep_length && let Some(n) = fields.declared_length() {
+            write_content_length(out, n);
+        }
+    }
+    if !has_date && !parts.headers.contains_key(header::DATE) {
         out.extend_from_slice(b"date: ");
         http_date(out);
         out.extend_from_slice(b"\r\n");

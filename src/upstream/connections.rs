@@ -25,6 +25,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::net::TcpStream;
 
+use super::fields::ReceivedFields;
 use super::http1::{ExchangeError, Failure, Framing, ResponseHead, UpstreamConnection};
 use crate::body::RequestBody;
 
@@ -163,6 +164,7 @@ impl ServerConnections {
                 settings: *settings,
             }),
             tunnel: head.status == StatusCode::SWITCHING_PROTOCOLS,
+            received: head.received,
         };
         if let Some(conn) = body.conn.as_mut() {
             conn.settle(&mut body.framing);
@@ -170,7 +172,11 @@ impl ServerConnections {
         if body.is_end_stream() && !body.tunnel {
             body.release();
         }
-        head.into_response(body)
+        let mut resp = Response::new(body);
+        *resp.status_mut() = head.status;
+        *resp.version_mut() = head.version;
+        *resp.headers_mut() = head.headers;
+        resp
     }
 }
 
@@ -201,6 +207,9 @@ pub struct UpstreamBody {
     back: Option<Return>,
     /// A `101 Switching Protocols`: the connection becomes a tunnel.
     tunnel: bool,
+    /// The response's fields, when they are forwarded as received rather
+    /// than in its map (`upstream::fields`).
+    received: Option<ReceivedFields>,
 }
 
 impl UpstreamBody {
@@ -211,6 +220,17 @@ impl UpstreamBody {
         {
             r.home.push(conn, &r.settings);
         }
+    }
+
+    /// The response's fields forwarded as received, if they were not put in
+    /// its map.
+    pub fn received_fields(&self) -> Option<&ReceivedFields> {
+        self.received.as_ref()
+    }
+
+    /// Takes those fields, to move them into the response's map.
+    pub fn take_received_fields(&mut self) -> Option<ReceivedFields> {
+        self.received.take()
     }
 
     /// After `101 Switching Protocols`: the upstream connection for the

@@ -20,18 +20,19 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Version};
+use http::{Method, Request, StatusCode, Version};
 use http_body::Body;
 use http_body_util::BodyExt as _;
 use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::fields::ReceivedFields;
 use crate::body::{BoxError, RequestBody};
 pub use crate::framing::{Chunk, Framing};
 use crate::framing::{
-    FramingError, HopFields, chunk_size_line, decode_chunk, decode_chunk_until_data, take_up_to,
-    write_content_length, write_field,
+    FieldRole, FramingError, HopFields, chunk_size_line, decode_chunk, decode_chunk_until_data,
+    take_up_to, write_content_length, write_field,
 };
 
 /// Largest response head read (hyper's client allows ~400 KiB; an app that
@@ -91,20 +92,13 @@ pub enum Failure {
 pub struct ResponseHead {
     pub status: StatusCode,
     pub version: Version,
+    /// Fields to read, or (with `received`) only those weir adds.
     pub headers: HeaderMap,
+    /// A plain response's fields, forwarded as received (`upstream::fields`).
+    pub received: Option<ReceivedFields>,
     pub framing: Framing,
     /// The connection may take another request once the body is read.
     pub keep_alive: bool,
-}
-
-impl ResponseHead {
-    pub fn into_response<B>(self, body: B) -> Response<B> {
-        let mut resp = Response::new(body);
-        *resp.status_mut() = self.status;
-        *resp.version_mut() = self.version;
-        *resp.headers_mut() = self.headers;
-        resp
-    }
 }
 
 /// How the request body is sent.
@@ -365,26 +359,24 @@ pub fn parse_head(
         } else {
             Version::HTTP_11
         };
-        // Names are taken now; values are cut from the head's bytes once it
-        // is frozen, without a copy.
-        let base = buf.as_ptr() as usize;
-        let mut fields: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
-        for h in parsed.headers.iter() {
-            let name = HeaderName::from_bytes(h.name.as_bytes())
-                .map_err(|_| ExchangeError::Framing("invalid header name"))?;
-            let start = h.value.as_ptr() as usize - base;
-            fields.push((name, start, start + h.value.len()));
-        }
-        let head_bytes = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(fields.len());
         let mut hop = HopFields::default();
-        for (name, start, end) in fields {
-            let value = HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
-                .map_err(|_| ExchangeError::Framing("invalid header value"))?;
-            if !hop.note(&name, value.as_bytes())? {
-                headers.append(name, value);
+        let plain = if status == StatusCode::SWITCHING_PROTOCOLS {
+            None
+        } else {
+            ReceivedFields::read(buf, parsed.headers, &mut hop)?
+        };
+        let (headers, received) = match plain {
+            Some(fields) => (
+                HeaderMap::new(),
+                Some(fields.with_head(buf.split_to(len).freeze())),
+            ),
+            None => {
+                hop = HopFields::default();
+                let named = names(buf, parsed.headers)?;
+                let head = buf.split_to(len).freeze();
+                (into_map(&head, named, &mut hop)?, None)
             }
-        }
+        };
         let HopFields {
             content_length,
             chunked: transfer_encoding,
@@ -422,10 +414,44 @@ pub fn parse_head(
             status,
             version,
             headers,
+            received,
             framing,
             keep_alive,
         }));
     }
+}
+
+/// Each field's name, and where its value lies in `head`: names are taken
+/// before the head is frozen, values cut from it after, without a copy.
+fn names(head: &[u8], fields: &[httparse::Header<'_>]) -> Result<NamedFields, ExchangeError> {
+    let base = head.as_ptr() as usize;
+    let mut named = NamedFields::new();
+    for h in fields {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| ExchangeError::Framing("invalid header name"))?;
+        let start = h.value.as_ptr() as usize - base;
+        named.push((name, start, start + h.value.len()));
+    }
+    Ok(named)
+}
+
+type NamedFields = SmallVec<[(HeaderName, usize, usize); 16]>;
+
+/// The fields of a frozen `head` in a map, framing noted in `hop`.
+fn into_map(
+    head: &Bytes,
+    named: NamedFields,
+    hop: &mut HopFields,
+) -> Result<HeaderMap, ExchangeError> {
+    let mut headers = HeaderMap::with_capacity(named.len());
+    for (name, start, end) in named {
+        let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+            .map_err(|_| ExchangeError::Framing("invalid header value"))?;
+        if hop.note(name.as_str().as_bytes(), value.as_bytes())? != FieldRole::Spent {
+            headers.append(name, value);
+        }
+    }
+    Ok(headers)
 }
 
 /// How the request's body will be framed, from what the body itself says

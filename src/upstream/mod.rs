@@ -10,6 +10,7 @@
 
 pub mod checks;
 pub mod connections;
+pub mod fields;
 pub mod forward;
 pub mod health;
 pub mod http1;

@@ -228,10 +228,15 @@ async fn upstream_handle(
     let mut resp = Response::new(full(&doc.to_string()));
     resp.headers_mut()
         .insert("content-type", "application/json".parse().unwrap());
-    resp.headers_mut()
-        .insert("connection", "keep-alive, x-upstream-hop".parse().unwrap());
-    resp.headers_mut()
-        .insert("x-upstream-hop", "secret".parse().unwrap());
+    resp.headers_mut().insert("x-app", "echo".parse().unwrap());
+    // A plain response's fields pass through weir as received; one with a
+    // field its Connection names is parsed into a map. Both get tested.
+    if !uri.contains("/plain/") {
+        resp.headers_mut()
+            .insert("connection", "keep-alive, x-upstream-hop".parse().unwrap());
+        resp.headers_mut()
+            .insert("x-upstream-hop", "secret".parse().unwrap());
+    }
     Ok(resp)
 }
 

@@ -35,12 +35,21 @@ async fn get_keeps_host_sets_forwarding_headers_and_strips_hop_by_hop() {
     assert!(e["headers"].get("te").is_none(), "{e}");
     // The upstream's hop-by-hop header (named in its Connection) is removed.
     assert!(headers.get("x-upstream-hop").is_none(), "{headers:?}");
+    assert_eq!(headers["x-app"], "echo");
+    assert_eq!(headers["content-type"], "application/json");
     let log = weir.access_log(1).await;
     assert_eq!(log[0]["status"], 200);
     assert_eq!(log[0]["upstream_status"], 200);
     assert_eq!(log[0]["client"], "127.0.0.1");
     assert_eq!(log[0]["class"], "default");
     assert_eq!(log[0]["path"], "/wiki/Main_Page?x=1");
+
+    // A plain response: its fields forwarded as received.
+    let (status, headers, _) = get(weir.addr, "/plain/wiki", &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-app"], "echo");
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(headers.get_all("date").iter().count(), 1, "{headers:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,7 +207,9 @@ async fn http2_prior_knowledge() {
     tokio::spawn(conn);
     let mut handles = Vec::new();
     for i in 0..10 {
-        let req = Request::get(format!("http://wiki.example/page/{i}"))
+        // Odd pages come back as plain responses, forwarded as received.
+        let page = if i % 2 == 1 { "plain/page" } else { "page" };
+        let req = Request::get(format!("http://wiki.example/{page}/{i}"))
             .body(full(""))
             .unwrap();
         handles.push(send.send_request(req));
@@ -207,9 +218,13 @@ async fn http2_prior_knowledge() {
         let resp = h.await.unwrap();
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.version(), http::Version::HTTP_2);
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        assert_eq!(resp.headers()["x-app"], "echo");
+        assert!(!resp.headers().contains_key("x-upstream-hop"));
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         let e = echo(&body);
-        assert_eq!(e["uri"], format!("/page/{i}"));
+        let page = if i % 2 == 1 { "plain/page" } else { "page" };
+        assert_eq!(e["uri"], format!("/{page}/{i}"));
         assert_eq!(e["headers"]["host"], "wiki.example");
     }
     let log = weir.access_log(10).await;
@@ -328,7 +343,7 @@ async fn tls_with_alpn_h2_and_http11() {
     tokio::spawn(conn);
     let resp = send
         .send_request(
-            Request::get("/secure")
+            Request::get("/plain/secure")
                 .header("host", "weir.test")
                 .body(full(""))
                 .unwrap(),
@@ -337,6 +352,7 @@ async fn tls_with_alpn_h2_and_http11() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), http::Version::HTTP_11);
+    assert_eq!(resp.headers()["x-app"], "echo");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

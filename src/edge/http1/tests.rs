@@ -283,6 +283,14 @@ fn head_text(
     framing: OutFraming,
     close: bool,
 ) -> String {
+    let parts = response_parts(status, headers);
+    let mut out = Vec::new();
+    encode_head(&mut out, &parts, None, version, framing, close);
+    String::from_utf8(out).unwrap()
+}
+
+/// A response's parts with `status` and `headers` in its map.
+fn response_parts(status: StatusCode, headers: &[(&str, &str)]) -> http::response::Parts {
     let mut resp = http::Response::new(());
     *resp.status_mut() = status;
     for (k, v) in headers {
@@ -291,10 +299,7 @@ fn head_text(
             HeaderValue::from_str(v).unwrap(),
         );
     }
-    let (parts, ()) = resp.into_parts();
-    let mut out = Vec::new();
-    encode_head(&mut out, &parts, version, framing, close);
-    String::from_utf8(out).unwrap()
+    resp.into_parts().0
 }
 
 #[test]
@@ -379,6 +384,49 @@ fn response_heads_carry_this_hop_s_framing_only() {
         false,
     );
     assert!(h.starts_with("HTTP/1.1 599 \r\ndate: x\r\n"), "{h}");
+}
+
+/// The head weir writes for an upstream head forwarded as received, with
+/// `added` in the response's map and `framing` towards the client.
+fn forwarded_head_text(upstream: &[u8], added: &[(&str, &str)], framing: OutFraming) -> String {
+    let mut buf = bytes::BytesMut::from(upstream);
+    let head_request = framing == OutFraming::None;
+    let head = crate::upstream::http1::parse_head(&mut buf, head_request)
+        .unwrap()
+        .unwrap();
+    let received = head.received.expect("a plain response");
+    let parts = response_parts(head.status, added);
+    let mut out = Vec::new();
+    encode_head(
+        &mut out,
+        &parts,
+        Some(&received),
+        Version::HTTP_11,
+        framing,
+        false,
+    );
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn upstream_fields_received_pass_through_verbatim() {
+    let upstream = b"HTTP/1.1 200 OK\r\nServer: app\r\nContent-Length: 5\r\n\
+        Connection: keep-alive\r\nSet-Cookie: a=1\r\nDate: Mon, 30 Nov 2026 18:00:00 GMT\r\n\r\n";
+    let h = forwarded_head_text(upstream, &[("x-weir", "1")], OutFraming::Length(5));
+    assert_eq!(
+        h,
+        "HTTP/1.1 200 OK\r\nx-weir: 1\r\nServer: app\r\nSet-Cookie: a=1\r\n\
+         Date: Mon, 30 Nov 2026 18:00:00 GMT\r\ncontent-length: 5\r\n\r\n"
+    );
+    // No Date from the upstream: weir's own; a HEAD answer keeps the
+    // declared length.
+    let upstream = b"HTTP/1.1 200 OK\r\nContent-Length: 42\r\nX-App: v\r\n\r\n";
+    let h = forwarded_head_text(upstream, &[], OutFraming::None);
+    assert!(
+        h.contains("X-App: v\r\ncontent-length: 42\r\ndate: "),
+        "{h}"
+    );
+    assert_eq!(h.matches("date: ").count(), 1, "{h}");
 }
 
 #[test]
