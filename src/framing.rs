@@ -46,23 +46,23 @@ impl HopFields {
         if !matches!(name.len(), 10 | 14 | 17) {
             return Ok(FieldRole::EndToEnd);
         }
-        if name.eq_ignore_ascii_case(b"content-length") {
+        if is_name(name, b"content-length") {
             let n = parse_content_length(value)?;
             if self.content_length.is_some_and(|m| m != n) {
                 return Err(FramingError("conflicting Content-Length values"));
             }
             self.content_length = Some(n);
             Ok(FieldRole::Framing)
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+        } else if is_name(name, b"transfer-encoding") {
             let last = value.rsplit(|b| *b == b',').next().unwrap_or(b"");
             self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             Ok(FieldRole::Framing)
-        } else if name.eq_ignore_ascii_case(b"connection") {
+        } else if is_name(name, b"connection") {
             let mut names_fields = false;
             for token in value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
-                let is_close = token.eq_ignore_ascii_case(b"close");
-                let is_keep_alive = token.eq_ignore_ascii_case(b"keep-alive");
+                let is_close = is_name(token, b"close");
+                let is_keep_alive = is_name(token, b"keep-alive");
                 self.close |= is_close;
                 self.keep_alive |= is_keep_alive;
                 names_fields |= !(is_close || is_keep_alive || token.is_empty());
@@ -72,12 +72,32 @@ impl HopFields {
             } else {
                 FieldRole::Spent
             })
-        } else if name.eq_ignore_ascii_case(b"keep-alive") {
+        } else if is_name(name, b"keep-alive") {
             Ok(FieldRole::Spent)
         } else {
             Ok(FieldRole::EndToEnd)
         }
     }
+}
+
+/// Whether `name` is the field name `lower` (lowercase letters and
+/// hyphens) in any case.
+///
+/// Names reaching here were parsed as tokens, and among token bytes setting
+/// bit 5 maps only a letter's two cases onto a lowercase letter and only a
+/// hyphen onto a hyphen: so one OR per byte, with none of
+/// `eq_ignore_ascii_case`'s per-byte branches, which the compiler then does
+/// a word at a time. (Also exact for the words of a `Connection` value,
+/// which holds no CR, the one other byte that maps onto a hyphen.)
+#[inline]
+pub fn is_name(name: &[u8], lower: &[u8]) -> bool {
+    debug_assert!(lower.iter().all(|b| b.is_ascii_lowercase() || *b == b'-'));
+    name.len() == lower.len()
+        && name
+            .iter()
+            .zip(lower)
+            .fold(0u8, |diff, (a, b)| diff | ((a | 0x20) ^ b))
+            == 0
 }
 
 /// Appends one `name: value` field line to a head being written.
@@ -249,4 +269,35 @@ fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, FramingError> {
     let mut line = buf.split_to(lf + 1);
     line.truncate(lf - 1);
     Ok(Some(line))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `is_name` agrees with `eq_ignore_ascii_case` for every name that
+    /// differs from a field name in one byte, over every byte a parsed
+    /// name or `Connection` value can hold (visible ASCII, space, tab,
+    /// obs-text).
+    #[test]
+    fn names_compare_like_eq_ignore_ascii_case() {
+        let bytes = (0x20..=0x7eu8).chain([b'\t']).chain(0x80..=0xff);
+        let bytes: Vec<u8> = bytes.collect();
+        for lower in [&b"content-length"[..], b"connection", b"close", b"te"] {
+            assert!(is_name(&lower.to_ascii_uppercase(), lower));
+            for at in 0..lower.len() {
+                for &b in &bytes {
+                    let mut name = lower.to_vec();
+                    name[at] = b;
+                    assert_eq!(
+                        is_name(&name, lower),
+                        name.eq_ignore_ascii_case(lower),
+                        "{:?}",
+                        String::from_utf8_lossy(&name)
+                    );
+                }
+            }
+            assert!(!is_name(&lower[1..], lower));
+        }
+    }
 }

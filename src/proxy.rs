@@ -319,7 +319,7 @@ fn serve(
             .response_timeout
             .unwrap_or(pool.response_timeout);
         let result = send_with_failover(&pool, &mut upstream_req, timeout, &mut log, rt).await;
-        log.admission_outcome = admission_outcome(&result, log.record.upstream_ms);
+        log.admission_outcome = admission_outcome(&result, log.record.upstream_time);
         match result {
             Ok(mut resp) => {
                 log.record.upstream_status = Some(resp.status().as_u16());
@@ -493,7 +493,7 @@ async fn admit(
                 .admission_queue_wait
                 .get_or_create(&labels)
                 .observe(permit.waited().as_secs_f64());
-            log.record.queue_ms = ms(permit.waited());
+            log.record.queue_time = permit.waited();
             log.permit = Some(permit);
             Ok(())
         }
@@ -510,7 +510,7 @@ async fn admit(
                     reason: shed.reason.as_str(),
                 })
                 .inc();
-            log.record.queue_ms = ms(shed.waited);
+            log.record.queue_time = shed.waited;
             let reason = match shed.reason {
                 ShedReason::QueueFull => "admission_queue_full",
                 ShedReason::DeadlineExceeded => "admission_deadline_exceeded",
@@ -528,12 +528,12 @@ async fn admit(
 /// latency, or overload (timeout, reset, `503`), or nothing (no server).
 fn admission_outcome(
     result: &Result<Response<UpstreamBody>, ForwardError>,
-    upstream_ms: Option<f64>,
+    upstream_time: Option<Duration>,
 ) -> crate::admission::Outcome {
     use crate::admission::Outcome;
     match result {
         Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => Outcome::Overloaded,
-        Ok(_) => Outcome::Answered(Duration::from_secs_f64(upstream_ms.unwrap_or(0.0) / 1e3)),
+        Ok(_) => Outcome::Answered(upstream_time.unwrap_or_default()),
         Err(ForwardError::Timeout { .. } | ForwardError::Exchange { .. }) => Outcome::Overloaded,
         Err(_) => Outcome::Abandoned,
     }
@@ -724,7 +724,7 @@ async fn send_with_failover(
         match res {
             Ok(resp) => {
                 handles.duration.observe(took.as_secs_f64());
-                log.record.upstream_ms = Some(ms(took));
+                log.record.upstream_time = Some(took);
                 log.server = Some(guard);
                 return Ok(resp);
             }
@@ -1022,10 +1022,10 @@ impl RequestLog {
                 upstream_status: None,
                 bytes_in: 0,
                 bytes_out: 0,
-                duration_ms: 0.0,
-                queue_ms: 0.0,
+                duration: Duration::ZERO,
+                queue_time: Duration::ZERO,
                 lane: None,
-                upstream_ms: None,
+                upstream_time: None,
                 coalesced: None,
                 error: None,
             },
@@ -1046,7 +1046,7 @@ impl OnComplete for RequestLog {
         let rt = &self.conn.rt;
         self.record.bytes_out = bytes_out;
         self.record.bytes_in = self.bytes_in.load(Ordering::Relaxed);
-        self.record.duration_ms = ms(self.started.elapsed());
+        self.record.duration = self.started.elapsed();
         if error.is_some() && self.record.error.is_none() {
             self.record.error = error;
         }
@@ -1070,10 +1070,6 @@ fn unrouted() -> Arc<str> {
     static UNROUTED: std::sync::LazyLock<Arc<str>> =
         std::sync::LazyLock::new(|| Arc::from("unrouted"));
     UNROUTED.clone()
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 #[cfg(test)]

@@ -188,12 +188,8 @@ pub fn normalize(ip: IpAddr) -> IpAddr {
 pub fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b'.');
-                }
-                push_u8(out, octet);
-            }
+            let (text, len) = v4_text(v4);
+            out.extend_from_slice(&text[..len]);
         }
         IpAddr::V6(v6) => {
             use std::io::Write as _;
@@ -216,14 +212,36 @@ pub fn write_socket_addr(out: &mut Vec<u8>, addr: SocketAddr) {
     out.extend_from_slice(itoa::Buffer::new().format(addr.port()).as_bytes());
 }
 
-fn push_u8(out: &mut Vec<u8>, n: u8) {
+/// An IPv4 address in dotted decimal, composed on the stack (a push per
+/// digit into a vector checked its capacity fifteen times): the text and
+/// its length.
+pub fn v4_text(v4: std::net::Ipv4Addr) -> ([u8; 15], usize) {
+    let mut text = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[len] = b'.';
+            len += 1;
+        }
+        len += write_u8(&mut text[len..], octet);
+    }
+    (text, len)
+}
+
+/// Writes `n` in decimal at the start of `to` (room for three digits);
+/// returns the digits written.
+fn write_u8(to: &mut [u8], n: u8) -> usize {
+    let mut len = 0;
     if n >= 100 {
-        out.push(b'0' + n / 100);
+        to[len] = b'0' + n / 100;
+        len += 1;
     }
     if n >= 10 {
-        out.push(b'0' + n / 10 % 10);
+        to[len] = b'0' + n / 10 % 10;
+        len += 1;
     }
-    out.push(b'0' + n % 10);
+    to[len] = b'0' + n % 10;
+    len + 1
 }
 
 #[cfg(test)]

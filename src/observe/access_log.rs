@@ -61,12 +61,15 @@ pub struct AccessRecord {
     pub upstream_status: Option<u16>,
     pub bytes_in: u64,
     pub bytes_out: u64,
-    pub duration_ms: f64,
-    pub queue_ms: f64,
+    /// From the request's head to the end of its response (`duration_ms`).
+    pub duration: Duration,
+    /// Time waiting in an admission queue (`queue_ms`).
+    pub queue_time: Duration,
     /// The admission lane the request waited in (`verified`, `pass`,
     /// `anonymous`), when its pool has an admission queue.
     pub lane: Option<Arc<str>>,
-    pub upstream_ms: Option<f64>,
+    /// From sending the request upstream to its response head (`upstream_ms`).
+    pub upstream_time: Option<Duration>,
     /// Request coalescing (classes with `coalesce = true`): `leader` (went
     /// upstream for identical requests), `shared` (answered with the
     /// leader's response, no upstream request), `unshared` (waited for a
@@ -83,8 +86,9 @@ impl AccessRecord {
     /// and most fields are known-safe tokens, numbers and addresses that need
     /// no escaping (serde_json was a sixth of weir's own per-request work).
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        let mut w = JsonObject::new(out);
-        w.key(key!("time"));
+        // `time` first, so that every other key starts with its comma.
+        out.extend_from_slice(b"{\"time\":");
+        let mut w = JsonObject { out };
         w.quoted(|out| write_timestamp(out, self.time));
         w.key(key!("client"));
         w.quoted(|out| write_ip(out, self.client));
@@ -132,10 +136,10 @@ impl AccessRecord {
         }
         w.uint(key!("bytes_in"), self.bytes_in);
         w.uint(key!("bytes_out"), self.bytes_out);
-        w.millis(key!("duration_ms"), self.duration_ms);
-        w.millis(key!("queue_ms"), self.queue_ms);
+        w.millis(key!("duration_ms"), self.duration);
+        w.millis(key!("queue_ms"), self.queue_time);
         w.opt_string(key!("lane"), self.lane.as_deref());
-        match self.upstream_ms {
+        match self.upstream_time {
             Some(v) => w.millis(key!("upstream_ms"), v),
             None => w.null(key!("upstream_ms")),
         }
@@ -145,26 +149,20 @@ impl AccessRecord {
     }
 }
 
-/// Writes `"key":value` pairs of one JSON object; keys come from `key!`.
+/// Writes `,"key":value` pairs of one JSON object after its first; keys
+/// come from `key!`.
 struct JsonObject<'a> {
     out: &'a mut Vec<u8>,
-    first: bool,
 }
 
 impl<'a> JsonObject<'a> {
+    #[cfg(test)]
     fn new(out: &'a mut Vec<u8>) -> Self {
         out.push(b'{');
-        JsonObject { out, first: true }
+        JsonObject { out }
     }
 
-    /// `key` is `key!("name")`: its comma is dropped for the first pair.
     fn key(&mut self, key: &'static str) {
-        let key = if self.first {
-            self.first = false;
-            &key[1..]
-        } else {
-            key
-        };
         self.out.extend_from_slice(key.as_bytes());
     }
 
@@ -217,33 +215,27 @@ impl<'a> JsonObject<'a> {
 
     /// Milliseconds with microsecond precision, as the shortest decimal
     /// (`1.5`, `0.042`, `3.0`), which is how serde_json printed them.
-    fn millis(&mut self, key: &'static str, ms: f64) {
+    /// Integer arithmetic only: rounding a float here was a tenth of the
+    /// line's cost.
+    fn millis(&mut self, key: &'static str, d: Duration) {
         self.key(key);
-        if !ms.is_finite() || ms < 0.0 {
-            self.out.extend_from_slice(b"0.0");
-            return;
-        }
-        let micros = (ms * 1000.0).round() as u64;
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let mut int = itoa::Buffer::new();
         self.out
             .extend_from_slice(int.format(micros / 1000).as_bytes());
-        self.out.push(b'.');
         let frac = micros % 1000;
-        if frac == 0 {
-            self.out.push(b'0');
-            return;
-        }
         let digits = [
+            b'.',
             b'0' + (frac / 100) as u8,
             b'0' + (frac / 10 % 10) as u8,
             b'0' + (frac % 10) as u8,
         ];
-        let len = if frac.is_multiple_of(100) {
-            1
-        } else if frac.is_multiple_of(10) {
+        let len = if frac == 0 || frac.is_multiple_of(100) {
             2
-        } else {
+        } else if frac.is_multiple_of(10) {
             3
+        } else {
+            4
         };
         self.out.extend_from_slice(&digits[..len]);
     }
@@ -266,32 +258,56 @@ fn escaped(out: &mut Vec<u8>, v: &str) {
 /// Appends `t` as RFC 3339 UTC with milliseconds, e.g.
 /// `2026-09-23T17:00:00.123Z` (what `humantime::format_rfc3339_millis`
 /// prints, without its formatter machinery: this runs for every request).
+/// The part up to the second is composed once a second per thread.
 fn write_timestamp(out: &mut Vec<u8>, t: SystemTime) {
+    use std::cell::Cell;
+    thread_local! {
+        /// A second since the epoch and its text, `2026-09-23T17:00:00.`.
+        static SECOND: Cell<(u64, [u8; 20])> = const { Cell::new((u64::MAX, [0; 20])) };
+    }
     let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
+    let (cached, mut text) = SECOND.get();
+    if cached != secs {
+        text = second_text(secs);
+        SECOND.set((secs, text));
+    }
+    let ms = since.subsec_millis();
+    let rest = [
+        b'0' + (ms / 100) as u8,
+        b'0' + (ms / 10 % 10) as u8,
+        b'0' + (ms % 10) as u8,
+        b'Z',
+    ];
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&rest);
+}
+
+/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SS.`.
+fn second_text(secs: u64) -> [u8; 20] {
     let (year, month, day) = crate::calendar::civil_from_days((secs / 86_400) as i64);
     let of_day = secs % 86_400;
     // Years past 9999 do not occur in access logs; clamp rather than widen.
     let year = year.clamp(0, 9999) as u64;
-    for div in [1000, 100, 10, 1] {
-        out.push(b'0' + (year / div % 10) as u8);
+    let mut text = [0u8; 20];
+    for (i, div) in [1000, 100, 10, 1].into_iter().enumerate() {
+        text[i] = b'0' + (year / div % 10) as u8;
     }
-    out.push(b'-');
-    let mut two = |n: u64, sep: u8| {
-        out.push(b'0' + (n / 10) as u8);
-        out.push(b'0' + (n % 10) as u8);
-        out.push(sep);
-    };
-    two(u64::from(month), b'-');
-    two(u64::from(day), b'T');
-    two(of_day / 3600, b':');
-    two(of_day / 60 % 60, b':');
-    two(of_day % 60, b'.');
-    let ms = since.subsec_millis();
-    out.push(b'0' + (ms / 100) as u8);
-    out.push(b'0' + (ms / 10 % 10) as u8);
-    out.push(b'0' + (ms % 10) as u8);
-    out.push(b'Z');
+    let fields = [
+        (u64::from(month), b'-'),
+        (u64::from(day), b'T'),
+        (of_day / 3600, b':'),
+        (of_day / 60 % 60, b':'),
+        (of_day % 60, b'.'),
+    ];
+    text[4] = b'-';
+    for (i, (n, sep)) in fields.into_iter().enumerate() {
+        let at = 5 + 3 * i;
+        text[at] = b'0' + (n / 10) as u8;
+        text[at + 1] = b'0' + (n % 10) as u8;
+        text[at + 2] = sep;
+    }
+    text
 }
 
 /// Where lines go.
@@ -500,10 +516,10 @@ mod tests {
             upstream_status: None,
             bytes_in: 0,
             bytes_out: 1234,
-            duration_ms: 1.5,
-            queue_ms: 0.0,
+            duration: Duration::from_micros(1500),
+            queue_time: Duration::ZERO,
             lane: None,
-            upstream_ms: Some(0.042),
+            upstream_time: Some(Duration::from_micros(42)),
             coalesced: None,
             error: None,
         }
@@ -551,23 +567,26 @@ mod tests {
     #[test]
     fn milliseconds_print_as_shortest_decimals() {
         let cases = [
-            (0.0, "0.0"),
-            (1.5, "1.5"),
-            (0.042, "0.042"),
-            (12.34, "12.34"),
-            (3.0, "3.0"),
-            (1234.5678, "1234.568"),
-            (-1.0, "0.0"),
+            (0, "0.0"),
+            (1_500, "1.5"),
+            (42, "0.042"),
+            (12_340, "12.34"),
+            (3_000, "3.0"),
+            (1_234_567, "1234.567"),
         ];
-        for (ms, want) in cases {
+        for (micros, want) in cases {
             let mut out = Vec::new();
-            JsonObject::new(&mut out).millis(key!("m"), ms);
+            JsonObject::new(&mut out).millis(key!("m"), Duration::from_micros(micros));
             assert_eq!(
                 String::from_utf8(out).unwrap(),
-                format!("{{\"m\":{want}"),
-                "{ms}"
+                format!("{{,\"m\":{want}"),
+                "{micros}"
             );
         }
+        // Nanoseconds are cut, not rounded.
+        let mut out = Vec::new();
+        JsonObject::new(&mut out).millis(key!("m"), Duration::from_nanos(1_999));
+        assert_eq!(String::from_utf8(out).unwrap(), "{,\"m\":0.001");
     }
 
     #[test]

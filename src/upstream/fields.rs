@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
-use crate::framing::{FieldRole, FramingError, HopFields};
+use crate::framing::{FieldRole, FramingError, HopFields, is_name};
 
 /// A plain response's end-to-end field lines, as received.
 #[derive(Debug, Clone)]
@@ -38,9 +38,9 @@ pub struct ReceivedFields {
 /// framing fields [`HopFields`] reads.
 fn other_hop_by_hop(name: &[u8]) -> bool {
     match name.len() {
-        2 => name.eq_ignore_ascii_case(b"te"),
-        7 => name.eq_ignore_ascii_case(b"trailer") || name.eq_ignore_ascii_case(b"upgrade"),
-        16 => name.eq_ignore_ascii_case(b"proxy-connection"),
+        2 => is_name(name, b"te"),
+        7 => is_name(name, b"trailer") || is_name(name, b"upgrade"),
+        16 => is_name(name, b"proxy-connection"),
         _ => false,
     }
 }
@@ -80,7 +80,7 @@ impl ReceivedFields {
                 FieldRole::ConnectionOptions => return Ok(None),
                 _ => continue,
             }
-            has_date |= name.eq_ignore_ascii_case(b"date");
+            has_date |= is_name(name, b"date");
             let (start, end) = (start as u32, end as u32);
             match runs.last_mut() {
                 Some(run) if run.1 == start => run.1 = end,
