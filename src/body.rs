@@ -69,11 +69,12 @@ pub struct RequestBody {
     inner: Option<ClientBody>,
     read_timeout: Duration,
     timer: Option<Pin<Box<Sleep>>>,
-    bytes: Arc<AtomicU64>,
+    /// Where the bytes read are counted; `None` for a body that is empty.
+    bytes: Option<Arc<AtomicU64>>,
 }
 
 impl RequestBody {
-    pub fn new(inner: ClientBody, read_timeout: Duration, bytes: Arc<AtomicU64>) -> Self {
+    pub fn new(inner: ClientBody, read_timeout: Duration, bytes: Option<Arc<AtomicU64>>) -> Self {
         RequestBody {
             inner: Some(inner),
             read_timeout,
@@ -88,7 +89,7 @@ impl RequestBody {
             inner: None,
             read_timeout: Duration::MAX,
             timer: None,
-            bytes: Arc::new(AtomicU64::new(0)),
+            bytes: None,
         }
     }
 }
@@ -119,8 +120,8 @@ impl Body for RequestBody {
         };
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                if let (Some(data), Some(bytes)) = (frame.data_ref(), &this.bytes) {
+                    bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
                 }
                 if let Some(t) = this.timer.as_mut() {
                     t.as_mut().reset(Instant::now() + this.read_timeout);

@@ -312,7 +312,10 @@ fn serve(
         }
         let version = req.version();
         gw.forwarding.apply(req.headers_mut(), &hop, version);
-        let (read_timeout, bytes_in) = (route.settings.body_read_timeout, log.bytes_in.clone());
+        let read_timeout = route.settings.body_read_timeout;
+        // Counted only for a body there is: most requests have none.
+        let bytes_in = (!http_body::Body::is_end_stream(req.body()))
+            .then(|| log.bytes_in.insert(Arc::default()).clone());
         let mut upstream_req = req.map(|body| RequestBody::new(body, read_timeout, bytes_in));
         let timeout = route
             .settings
@@ -970,7 +973,8 @@ fn respond(
 pub struct RequestLog {
     pub record: AccessRecord,
     started: Instant,
-    bytes_in: Arc<AtomicU64>,
+    /// The request body's bytes, counted as it is read (if it has one).
+    bytes_in: Option<Arc<AtomicU64>>,
     conn: Arc<ConnCtx>,
     in_flight: Option<InFlightGuard>,
     server: Option<ServerGuard>,
@@ -1030,7 +1034,7 @@ impl RequestLog {
                 error: None,
             },
             started,
-            bytes_in: Arc::new(AtomicU64::new(0)),
+            bytes_in: None,
             conn,
             in_flight: None,
             server: None,
@@ -1045,7 +1049,10 @@ impl OnComplete for RequestLog {
     fn complete(mut self: Box<Self>, bytes_out: u64, error: Option<String>) {
         let rt = &self.conn.rt;
         self.record.bytes_out = bytes_out;
-        self.record.bytes_in = self.bytes_in.load(Ordering::Relaxed);
+        self.record.bytes_in = self
+            .bytes_in
+            .as_ref()
+            .map_or(0, |b| b.load(Ordering::Relaxed));
         self.record.duration = self.started.elapsed();
         if error.is_some() && self.record.error.is_none() {
             self.record.error = error;
