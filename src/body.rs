@@ -74,13 +74,24 @@ pub struct RequestBody {
 }
 
 impl RequestBody {
-    pub fn new(inner: ClientBody, read_timeout: Duration, bytes: Option<Arc<AtomicU64>>) -> Self {
+    /// The client's body as the edge hands it over: no read timeout and
+    /// not counted until the proxy says ([`RequestBody::watch`]).
+    pub fn new(inner: ClientBody) -> Self {
         RequestBody {
             inner: Some(inner),
-            read_timeout,
+            read_timeout: Duration::MAX,
             timer: None,
-            bytes,
+            bytes: None,
         }
+    }
+
+    /// Sets the wait allowed between pieces of the body, and where its
+    /// bytes are counted. (Set on the request in place: wrapping the body
+    /// once its route is known made a second copy of the request in every
+    /// request's future.)
+    pub fn watch(&mut self, read_timeout: Duration, bytes: Option<Arc<AtomicU64>>) {
+        self.read_timeout = read_timeout;
+        self.bytes = bytes;
     }
 
     /// An empty body (for a request re-sent after a connect failure).

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::body::ClientBody;
 use crate::edge::http1::ClientUpgrade;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
@@ -59,7 +58,7 @@ pub struct ConnCtx {
 /// rare branches keep their state boxed, and no stage keeps a second copy
 /// of the request.
 pub fn handle(
-    req: Request<ClientBody>,
+    req: Request<RequestBody>,
     conn: Arc<ConnCtx>,
 ) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send {
     CloseWhenAsked {
@@ -114,7 +113,7 @@ where
     reason = "an async fn keeps a second copy of `req`"
 )]
 fn serve(
-    mut req: Request<ClientBody>,
+    mut req: Request<RequestBody>,
     conn: Arc<ConnCtx>,
 ) -> impl Future<Output = Response<ResponseBody>> + Send {
     async move {
@@ -312,16 +311,16 @@ fn serve(
         }
         let version = req.version();
         gw.forwarding.apply(req.headers_mut(), &hop, version);
-        let read_timeout = route.settings.body_read_timeout;
         // Counted only for a body there is: most requests have none.
         let bytes_in = (!http_body::Body::is_end_stream(req.body()))
             .then(|| log.bytes_in.insert(Arc::default()).clone());
-        let mut upstream_req = req.map(|body| RequestBody::new(body, read_timeout, bytes_in));
+        req.body_mut()
+            .watch(route.settings.body_read_timeout, bytes_in);
         let timeout = route
             .settings
             .response_timeout
             .unwrap_or(pool.response_timeout);
-        let result = send_with_failover(&pool, &mut upstream_req, timeout, &mut log, rt).await;
+        let result = send_with_failover(&pool, &mut req, timeout, &mut log, rt).await;
         log.admission_outcome = admission_outcome(&result, log.record.upstream_time);
         match result {
             Ok(mut resp) => {
@@ -546,7 +545,7 @@ fn admission_outcome(
 /// decided (metrics, shadow rejections, human-collateral signals).
 async fn apply_rules(
     rules: &[crate::policy::rules::Rule],
-    req: &Request<ClientBody>,
+    req: &Request<RequestBody>,
     client: &ClientId,
     user: Option<&str>,
     pass: Option<u64>,
@@ -625,7 +624,7 @@ fn collateral_signal(
 /// Serves `/.weir/challenge.js` and `/.weir/challenge/verify`.
 async fn challenge_endpoint(
     ch: &crate::challenge::Challenger,
-    req: Request<ClientBody>,
+    req: Request<RequestBody>,
     client: &ClientId,
     mut log: Box<RequestLog>,
     tls: bool,
@@ -781,7 +780,7 @@ fn health_outcome(
     }
 }
 
-fn is_upgrade(req: &Request<ClientBody>) -> bool {
+fn is_upgrade(req: &Request<RequestBody>) -> bool {
     req.version() == Version::HTTP_11
         && req.headers().contains_key(header::UPGRADE)
         && req

@@ -35,7 +35,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use super::conn::{Command, ConnState};
-use crate::body::{BoxError, ClientBody, ResponseBody};
+use crate::body::{BoxError, ClientBody, RequestBody, ResponseBody};
 use crate::framing::{
     Chunk, FieldRole, Framing, FramingError, HopFields, chunk_size_line, decode_chunk,
     decode_chunk_until_data, take_up_to, write_content_length, write_field,
@@ -282,7 +282,7 @@ where
 
 /// A parsed request head, ready for the proxy.
 struct Head {
-    request: Request<ClientBody>,
+    request: Request<RequestBody>,
     /// The client allows another request on the connection after this one.
     keep_alive: bool,
     head_request: bool,
@@ -603,7 +603,9 @@ fn parse_head(
     w.continue_owed =
         (expect_continue && version == Version::HTTP_11 && !body.is_end()).then_some(0);
     w.body = body;
-    let mut request = Request::new(ClientBody::Edge(EdgeBody { wire: wire.clone() }));
+    let mut request = Request::new(RequestBody::new(ClientBody::Edge(EdgeBody {
+        wire: wire.clone(),
+    })));
     let head_request = method == Method::HEAD;
     *request.method_mut() = method;
     *request.uri_mut() = uri;

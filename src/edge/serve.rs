@@ -248,7 +248,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// `proxy::handle` as a hyper service (TLS and HTTP/2 connections).
 fn hyper_service(ctx: Arc<ConnCtx>) -> impl ConnService {
     service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-        let answer = proxy::handle(req.map(crate::body::ClientBody::Hyper), ctx.clone());
+        let req = req.map(|b| crate::body::RequestBody::new(crate::body::ClientBody::Hyper(b)));
+        let answer = proxy::handle(req, ctx.clone());
         async move {
             // hyper writes only the response's map.
             let (mut parts, mut body) = answer.await?.into_parts();
