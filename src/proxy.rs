@@ -809,8 +809,9 @@ fn strip_port(host: &str) -> &str {
             .next()
             .map_or(host, |h| &host[..h.len() + 1]);
     }
-    match host.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+    // A byte search: `rsplit_once(':')` went through the char searcher.
+    match host.bytes().rposition(|b| b == b':') {
+        Some(at) if host.as_bytes()[at + 1..].iter().all(u8::is_ascii_digit) => &host[..at],
         _ => host,
     }
 }
