@@ -230,10 +230,8 @@ impl ResponseBody {
     /// Moves those fields into `headers`, for a codec that writes only a
     /// map (hyper's).
     pub fn fields_into(&mut self, headers: &mut http::HeaderMap) {
-        if let Inner::Upstream(b) | Inner::Resumed(_, b) = &mut self.inner
-            && let Some(fields) = b.take_received_fields()
-        {
-            fields.append_to(headers);
+        if let Inner::Upstream(b) | Inner::Resumed(_, b) = &mut self.inner {
+            b.fields_into(headers);
         }
     }
 

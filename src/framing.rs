@@ -100,6 +100,21 @@ pub fn is_name(name: &[u8], lower: &[u8]) -> bool {
             == 0
 }
 
+/// Whether a field name (any case) is hop-by-hop, always removed by a
+/// proxy (RFC 9110 §7.6.1, plus the non-standard `Keep-Alive` and
+/// `Proxy-Connection`). Fields a `Connection` names are hop-by-hop too.
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
+    match name.len() {
+        2 => is_name(name, b"te"),
+        7 => is_name(name, b"trailer") || is_name(name, b"upgrade"),
+        10 => is_name(name, b"connection") || is_name(name, b"keep-alive"),
+        16 => is_name(name, b"proxy-connection"),
+        17 => is_name(name, b"transfer-encoding"),
+        19 => is_name(name, b"proxy-authorization"),
+        _ => false,
+    }
+}
+
 /// Appends one `name: value` field line to a head being written.
 pub fn write_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);

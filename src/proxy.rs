@@ -388,9 +388,7 @@ async fn lead(
     use http_body::Body as _;
     use http_body_util::BodyExt as _;
     // Shareable or not is read from the fields, and followers get a copy.
-    if let Some(fields) = body.take_received_fields() {
-        fields.append_to(&mut parts.headers);
-    }
+    body.fields_into(&mut parts.headers);
     let known = body
         .size_hint()
         .exact()

@@ -228,9 +228,12 @@ impl UpstreamBody {
         self.received.as_ref()
     }
 
-    /// Takes those fields, to move them into the response's map.
-    pub fn take_received_fields(&mut self) -> Option<ReceivedFields> {
-        self.received.take()
+    /// Moves those fields into `headers` (the response's map), for a stage
+    /// or codec that reads only the map.
+    pub fn fields_into(&mut self, headers: &mut http::HeaderMap) {
+        if let Some(fields) = self.received.take() {
+            fields.append_to(headers);
+        }
     }
 
     /// After `101 Switching Protocols`: the upstream connection for the

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 
-use crate::framing::{FieldRole, FramingError, HopFields, is_name};
+use crate::framing::{FieldRole, FramingError, HopFields, is_hop_by_hop, is_name};
 
 /// A plain response's end-to-end field lines, as received.
 #[derive(Debug, Clone)]
@@ -32,17 +32,6 @@ pub struct ReceivedFields {
     /// body (to `HEAD`, a `304`) keeps it: there it describes the resource.
     declared_length: Option<u64>,
     has_date: bool,
-}
-
-/// Whether a field name (any case) is hop-by-hop without being one of the
-/// framing fields [`HopFields`] reads.
-fn other_hop_by_hop(name: &[u8]) -> bool {
-    match name.len() {
-        2 => is_name(name, b"te"),
-        7 => is_name(name, b"trailer") || is_name(name, b"upgrade"),
-        16 => is_name(name, b"proxy-connection"),
-        _ => false,
-    }
 }
 
 impl ReceivedFields {
@@ -76,7 +65,7 @@ impl ReceivedFields {
                 }
             };
             match hop.note(name, field.value)? {
-                FieldRole::EndToEnd if !other_hop_by_hop(name) => {}
+                FieldRole::EndToEnd if !is_hop_by_hop(name) => {}
                 FieldRole::ConnectionOptions => return Ok(None),
                 _ => continue,
             }
@@ -191,7 +180,8 @@ mod tests {
     fn hop_by_hop_fields_are_left_out() {
         let (f, hop) = read(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTE: trailers\r\nTrailer: x\r\n\
-              Proxy-Connection: close\r\nUpgrade: h2c\r\nConnection: close\r\nA: 1\r\n\r\n",
+              Proxy-Connection: close\r\nUpgrade: h2c\r\nConnection: close\r\n\
+              Proxy-Authorization: x\r\nA: 1\r\n\r\n",
         );
         let f = f.expect("plain response");
         assert_eq!(written(&f), "A: 1\r\n");

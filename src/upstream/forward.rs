@@ -18,6 +18,7 @@ use super::http1::ExchangeError;
 use super::pool::{Pool, Server};
 use crate::body::RequestBody;
 use crate::config::{ForwardingConfig, XffMode};
+use crate::framing::is_hop_by_hop;
 use crate::identity::ClientId;
 
 /// A failed exchange with an upstream server.
@@ -165,8 +166,6 @@ pub struct ForwardingHeaders {
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 impl ForwardingHeaders {
     pub fn new(config: ForwardingConfig) -> Self {
@@ -279,19 +278,6 @@ fn set(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
     }
 }
 
-/// Whether `name` is a hop-by-hop header weir always removes (RFC 9110
-/// §7.6.1, plus the non-standard `Keep-Alive` and `Proxy-Connection`).
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    *name == header::CONNECTION
-        || *name == header::TE
-        || *name == header::TRAILER
-        || *name == header::TRANSFER_ENCODING
-        || *name == header::PROXY_AUTHORIZATION
-        || *name == header::UPGRADE
-        || *name == KEEP_ALIVE
-        || *name == PROXY_CONNECTION
-}
-
 /// Removes hop-by-hop headers, including any listed in `Connection`.
 /// With `keep_upgrade`, `Connection: upgrade` and `Upgrade` stay (WebSocket).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
@@ -300,7 +286,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // rewrite, and most responses carry just `Connection: keep-alive`).
     let mut remove: SmallVec<[HeaderName; 4]> = headers
         .keys()
-        .filter(|n| is_hop_by_hop(n))
+        .filter(|n| is_hop_by_hop(n.as_str().as_bytes()))
         .cloned()
         .collect();
     if remove.is_empty() && !keep_upgrade {
