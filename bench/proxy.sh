@@ -6,8 +6,9 @@
 #   e.g. bench/proxy.sh --rounds 3 --duration 5 --targets direct,nginx
 #
 # Installs nginx, haproxy and wrk when missing, builds target/release/weir
-# (a failed build skips the weir target instead of stopping the run), then
-# runs bench/proxy_bench.py. Results: bench/runs/<date>-<host>/.
+# and the profile-guided target/pgo/weir (bench/pgo.sh; a failed build skips
+# its target instead of stopping the run), then runs bench/proxy_bench.py.
+# Results: bench/runs/<date>-<host>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,9 @@ if [[ "${WEIR_BENCH_SKIP_BUILD:-0}" != 1 ]]; then
     if ! cargo build --release --bin weir --quiet; then
         echo "bench: weir release build failed; the weir target will be skipped" >&2
         weir_bin=/nonexistent/weir
+    fi
+    if ! bench/pgo.sh; then
+        echo "bench: profile-guided build failed; the weir-pgo target will be skipped" >&2
     fi
 fi
 

@@ -2,7 +2,8 @@
 """Reverse-proxy benchmark: direct vs nginx vs HAProxy vs weir, in one run.
 
 Owns: starting a fast upstream (nginx, `return 200`, ~100-byte body) and each
-proxy in front of it on loopback, running wrk (-t1) in interleaved rounds
+proxy in front of it (weir twice: `cargo build --release` and the
+profile-guided build of bench/pgo.sh) on loopback, running wrk (-t1) in interleaved rounds
 (every round visits every target, order rotated) so drift on a shared 2-core
 machine hits all targets alike, CPU microseconds per request of each proxy's
 processes from /proc/PID/stat, idle keep-alive memory with a separate client
@@ -207,34 +208,41 @@ def start_haproxy(workdir, upstream_port, pin):
     return s
 
 
-def start_weir(workdir, upstream_port, weir_bin, pin, admission=False):
-    d = os.path.join(workdir, "weir-admission" if admission else "weir")
+def weir_config(upstream_port, admission=False):
+    """The benchmark's weir config: proxying only, logging and metrics on."""
+    return (
+        '[[listeners]]\naddress = "127.0.0.1:0"\n\n[admin]\naddress = "127.0.0.1:0"\n\n'
+        '[access_log]\ntarget = "/dev/null"\n\n'
+        f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\n'
+        # Idle upstream connections kept, as nginx's `keepalive 1024`.
+        'max_idle_per_server = 1024\n\n'
+        # `weir-admission`: the same with an admission queue whose limit
+        # is never reached, so the difference is the queue's own cost.
+        + ('[pools.app.admission]\nmax_in_flight = 5000\nmax_queued = 5000\n\n' if admission else '')
+        +
+        '[[routes]]\npool = "app"\nclass = "page"\n\n'
+        # wrk is one address holding up to 1,000 connections: weir's
+        # per-address defaults (256 connections, 128 in flight) would
+        # rightly treat it as a flood. The bench measures proxying.
+        '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n\n'
+        # One worker thread, as nginx (1 worker) and HAProxy (1 thread).
+        '[process]\nworkers = 1\n'
+    )
+
+
+def start_weir(workdir, name, config, weir_bin, pin):
+    """Starts `weir run` with `config` (TOML text); its `port` is the first
+    listener's, `ports` all of them (from the ready file)."""
+    d = os.path.join(workdir, name)
     os.makedirs(d, exist_ok=True)
     cfg = os.path.join(d, "weir.toml")
     ready = os.path.join(d, "ready.json")
     with open(cfg, "w") as f:
-        f.write(
-            '[[listeners]]\naddress = "127.0.0.1:0"\n\n[admin]\naddress = "127.0.0.1:0"\n\n'
-            '[access_log]\ntarget = "/dev/null"\n\n'
-            f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\n'
-            # Idle upstream connections kept, as nginx's `keepalive 1024`.
-            'max_idle_per_server = 1024\n\n'
-            # `weir-admission`: the same with an admission queue whose limit
-            # is never reached, so the difference is the queue's own cost.
-            + ('[pools.app.admission]\nmax_in_flight = 5000\nmax_queued = 5000\n\n' if admission else '')
-            +
-            '[[routes]]\npool = "app"\nclass = "page"\n\n'
-            # wrk is one address holding up to 1,000 connections: weir's
-            # per-address defaults (256 connections, 128 in flight) would
-            # rightly treat it as a flood. The bench measures proxying.
-            '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n\n'
-            # One worker thread, as nginx (1 worker) and HAProxy (1 thread).
-            '[process]\nworkers = 1\n'
-        )
+        f.write(config)
     # A ready file left by an earlier instance in this directory would name its port.
     if os.path.exists(ready):
         os.remove(ready)
-    s = Server("weir", [weir_bin, "run", "-c", cfg, "--ready-file", ready], d, None, [], pin)
+    s = Server(name, [weir_bin, "run", "-c", cfg, "--ready-file", ready], d, None, [], pin)
     end = time.time() + START_DEADLINE
     while True:
         if s.proc.poll() is not None:
@@ -243,7 +251,8 @@ def start_weir(workdir, upstream_port, weir_bin, pin, admission=False):
         try:
             with open(ready) as f:
                 info = json.load(f)
-            s.port = int(info["listeners"][0].rsplit(":", 1)[1])
+            s.ports = [int(a.rsplit(":", 1)[1]) for a in info["listeners"]]
+            s.port = s.ports[0]
             break
         except (OSError, ValueError, KeyError, IndexError):
             pass
@@ -351,10 +360,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--conns", default="50,1000")
-    ap.add_argument("--targets", default="direct,nginx,haproxy,weir")
+    ap.add_argument("--targets", default="direct,nginx,haproxy,weir,weir-pgo")
     ap.add_argument("--idle-conns", type=int, default=10000)
     ap.add_argument("--idle-targets", default="nginx,weir")
     ap.add_argument("--weir-bin", default="target/release/weir")
+    ap.add_argument("--weir-pgo-bin", default="target/pgo/weir",
+                    help="weir built profile-guided (bench/pgo.sh)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--pin", action="store_true",
                     help="pin upstream+wrk to CPU 1 and the proxy to CPU 0")
@@ -376,17 +387,22 @@ def main():
         starters = {
             "nginx": lambda: start_nginx_proxy(work, upstream.port, pin_proxy),
             "haproxy": lambda: start_haproxy(work, upstream.port, pin_proxy),
-            "weir": lambda: start_weir(work, upstream.port, args.weir_bin, pin_proxy),
-            "weir-admission": lambda: start_weir(work, upstream.port, args.weir_bin, pin_proxy,
-                                                 admission=True),
+            "weir": lambda: start_weir(work, "weir", weir_config(upstream.port),
+                                       args.weir_bin, pin_proxy),
+            "weir-pgo": lambda: start_weir(work, "weir-pgo", weir_config(upstream.port),
+                                           args.weir_pgo_bin, pin_proxy),
+            "weir-admission": lambda: start_weir(work, "weir-admission",
+                                                 weir_config(upstream.port, admission=True),
+                                                 args.weir_bin, pin_proxy),
         }
         targets = []
         for t in wanted:
             if t == "direct":
                 targets.append(t)
                 continue
-            if t.startswith("weir") and not os.access(args.weir_bin, os.X_OK):
-                skipped[t] = f"{args.weir_bin} not found (build failed?)"
+            binary = args.weir_pgo_bin if t == "weir-pgo" else args.weir_bin
+            if t.startswith("weir") and not os.access(binary, os.X_OK):
+                skipped[t] = f"{binary} not found (build failed?)"
             else:
                 try:
                     servers[t] = starters[t]()

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Drives an instrumented weir with a mix of traffic, so that the profile it
+writes on exit can guide the optimised build (bench/pgo.sh).
+
+Owns: the upstream for the mix (nginx: a small answer and a 64 KiB file), a
+weir config like an operator's (a rate-limited class, a TLS listener,
+forwarding fields from an untrusted client), and the wrk runs of the mix.
+
+The mix is not the benchmark's request: it also holds bodies both ways, TLS,
+refusals (429) and larger answers, so that no path is laid out as cold only
+because the benchmark does not visit it. The plain GET still carries most of
+the weight, as it does in front of a real site.
+
+Does not: build anything, measure anything, or merge the profile.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from proxy_bench import (  # noqa: E402
+    BODY, nginx_http_common, nginx_main, free_port, start_nginx, start_weir,
+)
+
+# (what, connections, seconds, wrk arguments after the URL's scheme and host)
+MIX = [
+    ("GET small", 50, 6, ["/"]),
+    ("GET small, 1,000 connections", 1000, 6, ["/"]),
+    ("GET 64 KiB", 50, 3, ["/static/big"]),
+    ("POST 4 KiB body", 50, 3, ["/api/items", "-s", "{post}"]),
+    ("GET refused by a rate rule", 50, 3, ["/search?q=weir"]),
+    ("GET with X-Forwarded-For from an untrusted client", 50, 2,
+     ["/", "-H", "X-Forwarded-For: 192.0.2.1"]),
+]
+TLS_MIX = [("GET small over TLS", 50, 3, ["/"])]
+
+
+def start_upstream(workdir):
+    port = free_port()
+    static = os.path.join(workdir, "static")
+    os.makedirs(static, exist_ok=True)
+    with open(os.path.join(static, "big"), "wb") as f:
+        f.write(b"w" * 65536)
+
+    def conf(d):
+        return nginx_main(d, 1, 4096) + (
+            "http {\n" + nginx_http_common(d) + "access_log off;\n"
+            f"server {{ listen 127.0.0.1:{port} backlog=4096; default_type text/plain;\n"
+            f"  location /static/ {{ root {workdir}; }}\n"
+            f"  location / {{ return 200 \"{BODY.strip()}\\n\"; }} }}\n}}\n"
+        )
+    return start_nginx("upstream", conf, workdir, port, None)
+
+
+def weir_config(upstream_port, tls):
+    listeners = '[[listeners]]\naddress = "127.0.0.1:0"\n\n'
+    if tls:
+        listeners += ('[[listeners]]\naddress = "127.0.0.1:0"\n'
+                      f'tls = {{ cert = "{tls[0]}", key = "{tls[1]}" }}\n\n')
+    return (
+        listeners
+        + '[admin]\naddress = "127.0.0.1:0"\n\n'
+        '[access_log]\ntarget = "/dev/null"\n\n'
+        f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\nmax_idle_per_server = 1024\n\n'
+        '[[routes]]\npool = "app"\nclass = "search"\npath_prefix = "/search"\n\n'
+        '[[routes]]\npool = "app"\nclass = "page"\n\n'
+        # Generous for pages (never reached here), tight for search: the mix
+        # sees both a rule that passes and one that refuses.
+        '[[classes.page.rules]]\nname = "page-rate"\nlimits = [\n'
+        '  { per = "ip", rate = 100000000, window = "1m" },\n'
+        '  { per = "subnet", rate = 100000000, window = "1m" },\n]\n\n'
+        '[[classes.search.rules]]\nname = "search-rate"\nlimits = [\n'
+        '  { per = "ip", rate = 10, window = "1m" },\n]\n\n'
+        '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n\n'
+        '[process]\nworkers = 1\n'
+    )
+
+
+def self_signed(workdir):
+    """A certificate and key for the TLS listener, or None without openssl."""
+    cert, key = os.path.join(workdir, "cert.pem"), os.path.join(workdir, "key.pem")
+    try:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
+            check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"pgo_train: no TLS in the mix ({e})", flush=True)
+        return None
+    return cert, key
+
+
+def wrk(scheme, port, what, conns, seconds, argv, post):
+    path, extra = argv[0], [a.replace("{post}", post) for a in argv[1:]]
+    cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--timeout", "5s", *extra,
+           f"{scheme}://127.0.0.1:{port}{path}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    line = next((x.strip() for x in out.stdout.splitlines() if "requests in" in x), "no requests")
+    print(f"pgo_train: {what}: {line}", flush=True)
+    if out.returncode != 0 or "requests in" not in out.stdout:
+        raise RuntimeError(f"wrk failed for {what}:\n{out.stdout}\n{out.stderr}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weir-bin", required=True, help="weir built with -Cprofile-generate")
+    args = ap.parse_args()
+
+    work = tempfile.mkdtemp(prefix="weir-pgo-")
+    post = os.path.join(work, "post.lua")
+    with open(post, "w") as f:
+        f.write('wrk.method = "POST"\nwrk.body = string.rep("p", 4096)\n'
+                'wrk.headers["Content-Type"] = "application/octet-stream"\n')
+    tls = self_signed(work)
+    upstream = start_upstream(work)
+    try:
+        weir = start_weir(work, "weir", weir_config(upstream.port, tls), args.weir_bin, None)
+        try:
+            for what, conns, seconds, argv in MIX:
+                wrk("http", weir.ports[0], what, conns, seconds, argv, post)
+            if tls:
+                for what, conns, seconds, argv in TLS_MIX:
+                    wrk("https", weir.ports[1], what, conns, seconds, argv, post)
+        finally:
+            # SIGTERM: weir drains and exits 0, which writes the profile.
+            weir.stop()
+        if weir.proc.returncode != 0:
+            raise RuntimeError(f"weir exited with {weir.proc.returncode}")
+    finally:
+        upstream.stop()
+
+
+if __name__ == "__main__":
+    main()
