@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Drives an instrumented weir with a mix of traffic, so that the profile it
-writes on exit can guide the optimised build (bench/pgo.sh).
+writes on exit can guide the optimised build (scripts/build-pgo.sh).
 
 Owns: the upstream for the mix (nginx: a small answer and a 64 KiB file), a
 weir config like an operator's (a rate-limited class, a TLS listener,

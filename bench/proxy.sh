@@ -5,9 +5,10 @@
 # Usage: bench/proxy.sh [proxy_bench.py options]
 #   e.g. bench/proxy.sh --rounds 3 --duration 5 --targets direct,nginx
 #
-# Installs nginx, haproxy and wrk when missing, builds target/release/weir
-# and the profile-guided target/pgo/weir (bench/pgo.sh; a failed build skips
-# its target instead of stopping the run), then runs bench/proxy_bench.py.
+# Installs nginx, haproxy and wrk when missing, builds target/release/weir and
+# the profile-guided target/pgo/weir (scripts/build-pgo.sh; a failed build
+# skips its target instead of stopping the run), then runs
+# bench/proxy_bench.py.
 # Results: bench/runs/<date>-<host>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ if [[ "${WEIR_BENCH_SKIP_BUILD:-0}" != 1 ]]; then
         echo "bench: weir release build failed; the weir target will be skipped" >&2
         weir_bin=/nonexistent/weir
     fi
-    if ! bench/pgo.sh; then
+    if ! scripts/build-pgo.sh; then
         echo "bench: profile-guided build failed; the weir-pgo target will be skipped" >&2
     fi
 fi

@@ -3,8 +3,9 @@
 
 Owns: starting a fast upstream (nginx, `return 200`, ~100-byte body) and each
 proxy in front of it (weir twice: `cargo build --release` and the
-profile-guided build of bench/pgo.sh) on loopback, running wrk (-t1) in interleaved rounds
-(every round visits every target, order rotated) so drift on a shared 2-core
+profile-guided build of scripts/build-pgo.sh) on loopback, running wrk (-t1)
+in interleaved rounds (every round visits every target, order rotated) so
+drift on a shared 2-core
 machine hits all targets alike, CPU microseconds per request of each proxy's
 processes from /proc/PID/stat, idle keep-alive memory with a separate client
 process, raw CSV + configs + wrk output under bench/runs/<date>-<host>/, and
@@ -365,7 +366,7 @@ def main():
     ap.add_argument("--idle-targets", default="nginx,weir")
     ap.add_argument("--weir-bin", default="target/release/weir")
     ap.add_argument("--weir-pgo-bin", default="target/pgo/weir",
-                    help="weir built profile-guided (bench/pgo.sh)")
+                    help="weir built profile-guided (scripts/build-pgo.sh)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--pin", action="store_true",
                     help="pin upstream+wrk to CPU 1 and the proxy to CPU 0")

@@ -2,7 +2,7 @@
 # Builds weir profile-guided (PGO) into target/pgo/weir: the way to build the
 # binary you deploy. See bench/README.md ("Profile-guided build").
 #
-# Usage: bench/pgo.sh
+# Usage: scripts/build-pgo.sh
 #
 # 1. builds weir instrumented (-Cprofile-generate) into target/pgo/train;
 # 2. bench/pgo_train.py drives it with a mix of traffic on loopback (nginx as
@@ -13,8 +13,8 @@
 # Why: with a thousand busy connections weir's request path no longer fits
 # the 32 KiB instruction cache, and every request fetches most of its code
 # again. The profile lets LLVM put the code requests run next to each other
-# and the code they skip out of the way: 18% fewer instructions and 60% fewer
-# instruction-cache misses per request, measured in bench/README.md.
+# and the code they skip out of the way: a fifth fewer instructions and half
+# the instruction-cache misses per request (bench/README.md).
 #
 # Installs nginx, wrk and, when no llvm-profdata of rustc's LLVM version is at
 # hand, Debian's llvm-N package for it. (cargo-pgo does these steps too, but
