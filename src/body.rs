@@ -243,7 +243,7 @@ impl ResponseBody {
 
     /// Ends a body the response does not carry (an answer to `HEAD`, a
     /// 204 or 304): complete, not abandoned by the client.
-    pub fn not_sent(mut self) {
+    pub fn not_sent(&mut self) {
         self.finish(None);
     }
 

@@ -60,7 +60,7 @@ pub struct ConnCtx {
 pub fn handle(
     req: Request<RequestBody>,
     conn: Arc<ConnCtx>,
-) -> impl Future<Output = Result<Response<ResponseBody>, Infallible>> + Send {
+) -> impl Future<Output = Result<Box<Response<ResponseBody>>, Infallible>> + Send {
     CloseWhenAsked {
         http1: req.version() != Version::HTTP_2,
         state: conn.state.clone(),
@@ -86,7 +86,9 @@ impl<F> Future for CloseWhenAsked<F>
 where
     F: Future<Output = Response<ResponseBody>>,
 {
-    type Output = Result<Response<ResponseBody>, Infallible>;
+    /// Boxed: the connection moves the answer from here to its writing,
+    /// and a pointer costs one move less per step than 416 bytes.
+    type Output = Result<Box<Response<ResponseBody>>, Infallible>;
 
     fn poll(
         self: std::pin::Pin<&mut Self>,
@@ -101,7 +103,7 @@ where
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        std::task::Poll::Ready(Ok(resp))
+        std::task::Poll::Ready(Ok(Box::new(resp)))
     }
 }
 

@@ -645,41 +645,42 @@ enum OutFraming {
 /// Writes the response head and streams its body.
 async fn write_response(
     wire: &SharedWire,
-    response: http::Response<ResponseBody>,
+    mut response: Box<http::Response<ResponseBody>>,
     version: Version,
     head_request: bool,
     keep_alive: bool,
 ) -> Result<Written, ClientError> {
-    let (parts, mut body) = response.into_parts();
-    let status = parts.status;
+    let status = response.status();
     let bodyless = head_request
         || status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED;
     let framing = if bodyless {
         OutFraming::None
-    } else if let Some(n) = body.size_hint().exact() {
+    } else if let Some(n) = response.body().size_hint().exact() {
         OutFraming::Length(n)
     } else if version == Version::HTTP_11 {
         OutFraming::Chunked
     } else {
         OutFraming::UntilClose
     };
-    let asked_close = parts
-        .headers
+    let asked_close = response
+        .headers()
         .get_all(header::CONNECTION)
         .iter()
         .any(|v| has_token(v.as_bytes(), b"close"));
     let mut close = !keep_alive || asked_close || framing == OutFraming::UntilClose;
-    let mut head = Vec::with_capacity(256 + parts.headers.len() * 48);
+    let mut head = Vec::with_capacity(256 + response.headers().len() * 48);
     encode_head(
         &mut head,
-        &parts,
-        body.received_fields(),
+        status,
+        response.headers(),
+        response.body().received_fields(),
         version,
         framing,
         close,
     );
+    let body = response.body_mut();
     if bodyless {
         write_all(wire, &mut [IoSlice::new(&head)]).await?;
         body.not_sent();
@@ -689,14 +690,14 @@ async fn write_response(
     let mut sent: u64 = 0;
     let mut size_line = [0u8; 18];
     loop {
-        let next = match poll_fn(|cx| Poll::Ready(Pin::new(&mut body).poll_frame(cx))).await {
+        let next = match poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await {
             Poll::Ready(next) => next,
             Poll::Pending => {
                 // The body is not ready: the head goes first, alone.
                 if let Some(h) = head.take() {
                     write_all(wire, &mut [IoSlice::new(&h)]).await?;
                 }
-                poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+                poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
             }
         };
         let data = match next {
@@ -766,13 +767,13 @@ fn has_token(value: &[u8], token: &[u8]) -> bool {
 /// upstream as they came), then this hop's framing.
 fn encode_head(
     out: &mut Vec<u8>,
-    parts: &http::response::Parts,
+    status: StatusCode,
+    map: &HeaderMap,
     received: Option<&ReceivedFields>,
     version: Version,
     framing: OutFraming,
     close: bool,
 ) {
-    let status = parts.status;
     out.extend_from_slice(if version == Version::HTTP_10 {
         b"HTTP/1.0 "
     } else {
@@ -788,7 +789,7 @@ fn encode_head(
     let keep_length = framing == OutFraming::None
         && status != StatusCode::NO_CONTENT
         && !status.is_informational();
-    for (name, value) in &parts.headers {
+    for (name, value) in map {
         let skip = if *name == header::CONTENT_LENGTH {
             !keep_length
         } else {
@@ -807,7 +808,7 @@ fn encode_head(
             write_content_length(out, n);
         }
     }
-    if !has_date && !parts.headers.contains_key(header::DATE) {
+    if !has_date && !map.contains_key(header::DATE) {
         out.extend_from_slice(b"date: ");
         http_date(out);
         out.extend_from_slice(b"\r\n");

@@ -252,7 +252,7 @@ fn hyper_service(ctx: Arc<ConnCtx>) -> impl ConnService {
         let answer = proxy::handle(req, ctx.clone());
         async move {
             // hyper writes only the response's map.
-            let (mut parts, mut body) = answer.await?.into_parts();
+            let (mut parts, mut body) = (*answer.await?).into_parts();
             body.fields_into(&mut parts.headers);
             Ok(hyper::Response::from_parts(parts, body))
         }

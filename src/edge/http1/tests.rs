@@ -285,7 +285,15 @@ fn head_text(
 ) -> String {
     let parts = response_parts(status, headers);
     let mut out = Vec::new();
-    encode_head(&mut out, &parts, None, version, framing, close);
+    encode_head(
+        &mut out,
+        parts.status,
+        &parts.headers,
+        None,
+        version,
+        framing,
+        close,
+    );
     String::from_utf8(out).unwrap()
 }
 
@@ -399,7 +407,8 @@ fn forwarded_head_text(upstream: &[u8], added: &[(&str, &str)], framing: OutFram
     let mut out = Vec::new();
     encode_head(
         &mut out,
-        &parts,
+        parts.status,
+        &parts.headers,
         Some(&received),
         Version::HTTP_11,
         framing,
@@ -459,7 +468,7 @@ impl crate::body::OnComplete for Ended {
 #[tokio::test]
 async fn a_full_response_leaves_in_one_write_with_its_length() {
     let (wire, mut client) = pair().await;
-    let resp = http::Response::new(ResponseBody::full("hello"));
+    let resp = Box::new(http::Response::new(ResponseBody::full("hello")));
     let written = write_response(&wire, resp, Version::HTTP_11, false, true)
         .await
         .unwrap();
@@ -473,9 +482,9 @@ async fn a_full_response_leaves_in_one_write_with_its_length() {
     // A HEAD request gets the head alone, and its log line no error (the
     // body was not sent, not abandoned).
     let ended = Arc::new(Mutex::new(None));
-    let resp = http::Response::new(
+    let resp = Box::new(http::Response::new(
         ResponseBody::full("hello").on_complete(Box::new(Ended(ended.clone()))),
-    );
+    ));
     write_response(&wire, resp, Version::HTTP_11, true, true)
         .await
         .unwrap();
