@@ -45,9 +45,10 @@ if [[ -z "$profdata" ]]; then
 fi
 
 target="${CARGO_TARGET_DIR:-target}/pgo"
-profiles="$(pwd)/$target/profiles"
-rm -rf "$profiles"
-mkdir -p "$profiles"
+rm -rf "$target/profiles"
+mkdir -p "$target/profiles"
+# Absolute: rustc writes and reads it from the crates' own directories.
+profiles=$(cd "$target/profiles" && pwd)
 
 echo "pgo: building instrumented weir (target/pgo/train)"
 RUSTFLAGS="-Cprofile-generate=$profiles" \
