@@ -8,8 +8,7 @@
 # Installs nginx, haproxy and wrk when missing, builds target/release/weir and
 # the profile-guided target/pgo/weir (scripts/build-pgo.sh; a failed build
 # skips its target instead of stopping the run), then runs
-# bench/proxy_bench.py.
-# Results: bench/runs/<date>-<host>/.
+# bench/proxy_bench.py. Results: bench/runs/<date>-<host>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -5,11 +5,10 @@ Owns: starting a fast upstream (nginx, `return 200`, ~100-byte body) and each
 proxy in front of it (weir twice: `cargo build --release` and the
 profile-guided build of scripts/build-pgo.sh) on loopback, running wrk (-t1)
 in interleaved rounds (every round visits every target, order rotated) so
-drift on a shared 2-core
-machine hits all targets alike, CPU microseconds per request of each proxy's
-processes from /proc/PID/stat, idle keep-alive memory with a separate client
-process, raw CSV + configs + wrk output under bench/runs/<date>-<host>/, and
-the summary table.
+drift on a shared 2-core machine hits all targets alike, CPU microseconds per
+request of each proxy's processes from /proc/PID/stat, idle keep-alive memory
+with a separate client process, raw CSV + configs + wrk output under
+bench/runs/<date>-<host>/, and the summary table.
 
 Does not: install or build anything (bench/proxy.sh does), pin CPUs unless
 --pin is given, or judge results. Unfair-comparison notes are in README.md.

@@ -86,8 +86,9 @@ impl<F> Future for CloseWhenAsked<F>
 where
     F: Future<Output = Response<ResponseBody>>,
 {
-    /// Boxed: the connection moves the answer from here to its writing,
-    /// and a pointer costs one move less per step than 416 bytes.
+    /// Boxed: the HTTP/1 connection passes the answer on through its own
+    /// future, whose memory is cold when many connections are busy; a
+    /// pointer moves there instead of 416 bytes, several times a request.
     type Output = Result<Box<Response<ResponseBody>>, Infallible>;
 
     fn poll(
