@@ -21,7 +21,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from proxy_bench import (  # noqa: E402
-    BODY, nginx_http_common, nginx_main, free_port, start_nginx, start_weir,
+    BODY, PAGE_ROUTE, nginx_http_common, nginx_main, free_port, start_nginx, start_weir,
+    weir_config,
 )
 
 # (what, connections, seconds, wrk arguments after the URL's scheme and host)
@@ -54,28 +55,17 @@ def start_upstream(workdir):
     return start_nginx("upstream", conf, workdir, port, None)
 
 
-def weir_config(upstream_port, tls):
-    listeners = '[[listeners]]\naddress = "127.0.0.1:0"\n\n'
-    if tls:
-        listeners += ('[[listeners]]\naddress = "127.0.0.1:0"\n'
-                      f'tls = {{ cert = "{tls[0]}", key = "{tls[1]}" }}\n\n')
-    return (
-        listeners
-        + '[admin]\naddress = "127.0.0.1:0"\n\n'
-        '[access_log]\ntarget = "/dev/null"\n\n'
-        f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\nmax_idle_per_server = 1024\n\n'
-        '[[routes]]\npool = "app"\nclass = "search"\npath_prefix = "/search"\n\n'
-        '[[routes]]\npool = "app"\nclass = "page"\n\n'
-        # Generous for pages (never reached here), tight for search: the mix
-        # sees both a rule that passes and one that refuses.
-        '[[classes.page.rules]]\nname = "page-rate"\nlimits = [\n'
-        '  { per = "ip", rate = 100000000, window = "1m" },\n'
-        '  { per = "subnet", rate = 100000000, window = "1m" },\n]\n\n'
-        '[[classes.search.rules]]\nname = "search-rate"\nlimits = [\n'
-        '  { per = "ip", rate = 10, window = "1m" },\n]\n\n'
-        '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n\n'
-        '[process]\nworkers = 1\n'
-    )
+# Generous for pages (never reached here), tight for search: the mix sees
+# both a rule that passes and one that refuses.
+ROUTES = (
+    '[[routes]]\npool = "app"\nclass = "search"\npath_prefix = "/search"\n\n'
+    + PAGE_ROUTE
+    + '[[classes.page.rules]]\nname = "page-rate"\nlimits = [\n'
+    '  { per = "ip", rate = 100000000, window = "1m" },\n'
+    '  { per = "subnet", rate = 100000000, window = "1m" },\n]\n\n'
+    '[[classes.search.rules]]\nname = "search-rate"\nlimits = [\n'
+    '  { per = "ip", rate = 10, window = "1m" },\n]\n\n'
+)
 
 
 def self_signed(workdir):
@@ -116,7 +106,8 @@ def main():
     tls = self_signed(work)
     upstream = start_upstream(work)
     try:
-        weir = start_weir(work, "weir", weir_config(upstream.port, tls), args.weir_bin, None)
+        config = weir_config(upstream.port, tls=tls, routes=ROUTES)
+        weir = start_weir(work, "weir", config, args.weir_bin, None)
         try:
             for what, conns, seconds, argv in MIX:
                 wrk("http", weir.ports[0], what, conns, seconds, argv, post)

@@ -21,6 +21,7 @@ if ! command -v taskset >/dev/null 2>&1; then
 fi
 
 weir_bin="${CARGO_TARGET_DIR:-target}/release/weir"
+pgo_bin="${CARGO_TARGET_DIR:-target}/pgo/weir"
 if [[ "${WEIR_BENCH_SKIP_BUILD:-0}" != 1 ]]; then
     echo "bench: cargo build --release --bin weir"
     if ! cargo build --release --bin weir --quiet; then
@@ -29,7 +30,8 @@ if [[ "${WEIR_BENCH_SKIP_BUILD:-0}" != 1 ]]; then
     fi
     if ! scripts/build-pgo.sh; then
         echo "bench: profile-guided build failed; the weir-pgo target will be skipped" >&2
+        pgo_bin=/nonexistent/weir
     fi
 fi
 
-exec python3 bench/proxy_bench.py --weir-bin "$weir_bin" "$@"
+exec python3 bench/proxy_bench.py --weir-bin "$weir_bin" --weir-pgo-bin "$pgo_bin" "$@"

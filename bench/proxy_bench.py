@@ -208,10 +208,20 @@ def start_haproxy(workdir, upstream_port, pin):
     return s
 
 
-def weir_config(upstream_port, admission=False):
-    """The benchmark's weir config: proxying only, logging and metrics on."""
+PAGE_ROUTE = '[[routes]]\npool = "app"\nclass = "page"\n\n'
+
+
+def weir_config(upstream_port, admission=False, tls=None, routes=PAGE_ROUTE):
+    """The benchmark's weir config: proxying only, logging and metrics on.
+    (bench/pgo_train.py adds a TLS listener, `tls` = (cert, key), and its
+    own `routes` and classes.)"""
+    listeners = '[[listeners]]\naddress = "127.0.0.1:0"\n\n'
+    if tls:
+        listeners += ('[[listeners]]\naddress = "127.0.0.1:0"\n'
+                      f'tls = {{ cert = "{tls[0]}", key = "{tls[1]}" }}\n\n')
     return (
-        '[[listeners]]\naddress = "127.0.0.1:0"\n\n[admin]\naddress = "127.0.0.1:0"\n\n'
+        listeners
+        + '[admin]\naddress = "127.0.0.1:0"\n\n'
         '[access_log]\ntarget = "/dev/null"\n\n'
         f'[pools.app]\nservers = ["127.0.0.1:{upstream_port}"]\n'
         # Idle upstream connections kept, as nginx's `keepalive 1024`.
@@ -219,12 +229,11 @@ def weir_config(upstream_port, admission=False):
         # `weir-admission`: the same with an admission queue whose limit
         # is never reached, so the difference is the queue's own cost.
         + ('[pools.app.admission]\nmax_in_flight = 5000\nmax_queued = 5000\n\n' if admission else '')
-        +
-        '[[routes]]\npool = "app"\nclass = "page"\n\n'
+        + routes
         # wrk is one address holding up to 1,000 connections: weir's
         # per-address defaults (256 connections, 128 in flight) would
         # rightly treat it as a flood. The bench measures proxying.
-        '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n\n'
+        + '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n\n'
         # One worker thread, as nginx (1 worker) and HAProxy (1 thread).
         '[process]\nworkers = 1\n'
     )

@@ -45,6 +45,8 @@ if [[ -z "$profdata" ]]; then
 fi
 
 target="${CARGO_TARGET_DIR:-target}/pgo"
+# No binary of an earlier build is left to be taken for this one's.
+rm -f "$target/weir"
 rm -rf "$target/profiles"
 mkdir -p "$target/profiles"
 # Absolute: rustc writes and reads it from the crates' own directories.
