@@ -32,7 +32,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::{Request, StatusCode};
 use weir::identity::session::{SignedCookie, SigningKeys};
-use weir::lab::app::{AppConfig, ClassRule, ServiceTime, SimApp};
+use weir_lab::app::{AppConfig, ClassRule, ServiceTime, SimApp};
 
 use crate::fixtures::*;
 

@@ -177,7 +177,8 @@ impl Chromium {
 }
 
 fn artifacts_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
+    let dir =
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("target/test-artifacts");
     std::fs::create_dir_all(&dir).expect("create target/test-artifacts");
     dir
 }

@@ -174,7 +174,7 @@ fn urlencode(s: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
     use std::time::Duration;
-    use weir::lab::app::{AppConfig, SimApp};
+    use weir_lab::app::{AppConfig, SimApp};
     let app = SimApp::start(
         AppConfig {
             workers: 2,

@@ -5,12 +5,13 @@
 use std::path::Path;
 
 fn read(p: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(p)).unwrap()
+    std::fs::read_to_string(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(p))
+        .unwrap()
 }
 
 /// `pub name:` fields of the serde structs in the schema.
 fn schema_keys() -> Vec<String> {
-    read("src/config/schema.rs")
+    read("crates/weir/src/config/schema.rs")
         .lines()
         .filter_map(|l| {
             let l = l.trim();
@@ -49,7 +50,7 @@ fn every_config_key_is_documented() {
 
 #[test]
 fn every_metric_is_documented() {
-    let src = read("src/observe/metrics.rs");
+    let src = read("crates/weir/src/observe/metrics.rs");
     let doc = read("docs/metrics.md");
     let mut names = Vec::new();
     let mut rest = src.as_str();
@@ -94,7 +95,7 @@ fn every_alert_has_a_runbook_section() {
 
 #[test]
 fn examples_are_valid_configurations() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("examples");
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();

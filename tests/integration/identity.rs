@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weir::edge::proxy_protocol::{encode_v1, encode_v2};
+use weir_http::proxy_protocol::{encode_v1, encode_v2};
 
 use crate::fixtures::*;
 

@@ -49,6 +49,10 @@ mod sim;
 // Exemption only for verified sessions (signed cookie, auth sub-request).
 mod sessions;
 
+// The session verifier alone against the simulated app: login-page cookies
+// stay anonymous, answers cached and coalesced, a stalled app is unknown.
+mod session_verifier;
+
 // Three weir processes sharing limits through a real Redis; Redis loss and
 // recovery.
 mod shared_limits;

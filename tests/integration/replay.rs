@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use weir::lab::replay::engine::{Verdict, replay_files};
-use weir::lab::replay::{ReaderOptions, TrailingField};
+use weir_replay::engine::{Verdict, replay_files};
+use weir_replay::{ReaderOptions, TrailingField};
 
 use crate::fixtures::*;
 

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use weir::identity::session::{SignedCookie, SigningKeys};
-use weir::lab::app::{AppConfig, SimApp};
+use weir_lab::app::{AppConfig, SimApp};
 
 use crate::fixtures::*;
 

@@ -9,15 +9,15 @@
 use std::path::Path;
 use std::sync::Mutex;
 
-use weir::lab::cli::{SimOptions, run_scenario};
-use weir::lab::cohort::Outcome;
-use weir::lab::report::SimReport;
-use weir::lab::scenario::{load_scenario_file, load_scenario_str};
+use weir_lab::cli::{SimOptions, run_scenario};
+use weir_lab::cohort::Outcome;
+use weir_lab::report::SimReport;
+use weir_lab::scenario::{load_scenario_file, load_scenario_str};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn run_file(name: &str) -> SimReport {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .join("scenarios")
         .join(name);
     let scenario = load_scenario_file(&path).unwrap_or_else(|e| panic!("{e}"));

@@ -1,0 +1,481 @@
+//! The `weir` command line: `run`, `upgrade`, `check`, `sim`, `demo` (and, as
+//! the lab lands, `replay`). Errors are printed once, with their chain, here and only
+//! here; exit status 2 for unusable input, 1 for failures.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use weir::config::{ProcessEnv, load_file};
+use weir::gateway::Gateway;
+use weir::lifecycle::signals::{Request, Signals};
+use weir::lifecycle::upgrade::{self, Taken, UpgradeSocket, Upgrader};
+use weir::lifecycle::{Inherited, systemd};
+use weir::server::Server;
+
+// jemalloc over glibc malloc: it keeps short-lived buffers (a request's, a
+// busy connection's) in other pages than long-lived small objects (an idle
+// connection's task), so memory freed when connections go idle (they park,
+// see `edge::serve`) goes back to the system. Measured in bench/README.md:
+// 10,000 idle keep-alive connections take about a quarter of glibc's RSS.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings: a background thread returns freed pages after a
+/// second (the default waits for further allocations, up to 10 s).
+/// jemalloc reads this as its `const char *malloc_conf` (a nullable thin
+/// pointer to a NUL-terminated string, which `Option<&u8>` is).
+// The project's one unsafe item: the symbol name is how jemalloc finds it.
+#[allow(non_upper_case_globals, unsafe_code)]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static malloc_conf: Option<&u8> =
+    Some(&b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0]);
+
+#[derive(Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "An edge gateway that keeps a web app up under crawler floods without shutting people out"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Run {
+        /// Configuration file.
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+        /// Write bound addresses as JSON to this file once serving
+        /// (`{"listeners":[...],"admin":"...","pid":N}`).
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+        /// Unix socket for in-place upgrades (`weir upgrade`, SIGUSR2).
+        /// Default: `$RUNTIME_DIRECTORY`, `$XDG_RUNTIME_DIR` or the temp dir,
+        /// named after the config file's path.
+        #[arg(long)]
+        upgrade_socket: Option<PathBuf>,
+        /// How long a new process gets to report ready in an upgrade.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        upgrade_timeout: Duration,
+        /// Internal: take listeners and limiter state over from the process
+        /// listening on this upgrade socket (set by the old process).
+        #[arg(long, hide = true)]
+        inherit: Option<PathBuf>,
+    },
+    /// Replace the running `weir run` for this config with the executable now
+    /// on disk, without refusing a connection; exits 0 once the new process
+    /// serves, 1 if the upgrade failed (the old process then serves on).
+    Upgrade {
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+        /// The running process's upgrade socket (default as for `run`).
+        #[arg(long)]
+        upgrade_socket: Option<PathBuf>,
+        /// How long to wait for the outcome.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+    },
+    /// Validate a configuration file and report every problem with its line.
+    Check {
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+    },
+    /// Run a lab scenario against each weir variant it defines; exit 1 if a check fails.
+    Sim {
+        /// Scenario file (see docs/lab.md).
+        scenario: PathBuf,
+        /// Run only this variant (repeatable; default: all).
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+        /// Write the full report as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write a self-contained HTML report.
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
+    /// Replay access logs through a configuration, offline: who would it have
+    /// rejected? (nginx/Apache combined, Caddy JSON, weir JSON; gzip too.)
+    Replay {
+        #[arg(short, long, default_value = "weir.toml")]
+        config: PathBuf,
+        /// Log files, merged in time order.
+        #[arg(required = true)]
+        logs: Vec<PathBuf>,
+        /// Force the format: combined, caddy or weir (default: detect).
+        #[arg(long)]
+        format: Option<String>,
+        /// Extra quoted fields after the user agent in combined logs, in order,
+        /// e.g. `$http_cookie,$http_x_forwarded_for`.
+        #[arg(long, value_delimiter = ',')]
+        trailing: Vec<String>,
+        /// Write the report as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Replay incident 1 (crawler flood) with and without weir's recommended config.
+    Demo {
+        /// Where to write the HTML report.
+        #[arg(long, default_value = weir_lab::cli::DEMO_HTML)]
+        html: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The lab's commands print a report; the weirs they run in-process log
+    // only warnings unless WEIR_LOG asks for more.
+    let default_level = match cli.command {
+        Command::Sim { .. } | Command::Demo { .. } | Command::Replay { .. } => "warn",
+        _ => "info",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let result = match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run {
+            config,
+            ready_file,
+            upgrade_socket,
+            upgrade_timeout,
+            inherit,
+        } => {
+            let socket = upgrade_socket.unwrap_or_else(|| upgrade::default_socket_path(&config));
+            run(&RunOptions {
+                config,
+                ready_file,
+                upgrade_socket: socket,
+                upgrade_timeout,
+                inherit,
+            })
+        }
+        Command::Upgrade {
+            config,
+            upgrade_socket,
+            timeout,
+        } => {
+            let socket = upgrade_socket.unwrap_or_else(|| upgrade::default_socket_path(&config));
+            request_upgrade(&socket, timeout)
+        }
+        Command::Sim {
+            scenario,
+            variants,
+            json,
+            html,
+        } => {
+            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let options = weir_lab::cli::SimOptions {
+                variants,
+                json,
+                html,
+                progress,
+            };
+            weir_lab::cli::sim(&scenario, &options)
+                .map(|r| {
+                    if r.passed() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    }
+                })
+                .map_err(anyhow::Error::from)
+        }
+        Command::Replay {
+            config,
+            logs,
+            format,
+            trailing,
+            json,
+        } => replay(
+            &config,
+            &logs,
+            format.as_deref(),
+            &trailing,
+            json.as_deref(),
+        ),
+        Command::Demo { html } => {
+            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            weir_lab::cli::demo(Some(html), progress)
+                .map(|_| ExitCode::SUCCESS)
+                .map_err(anyhow::Error::from)
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("weir: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn check(path: &Path) -> anyhow::Result<ExitCode> {
+    let outcome = load_file(path, &ProcessEnv).and_then(|l| Gateway::build(l, None, 1));
+    match outcome {
+        Ok(g) => {
+            println!(
+                "{}: ok ({} listeners, {} pools, {} routes)",
+                path.display(),
+                g.listeners.len(),
+                g.pools.len(),
+                g.routes.routes.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{e}");
+            }
+            eprintln!("{}: {} problem(s)", path.display(), errors.0.len());
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+struct RunOptions {
+    config: PathBuf,
+    ready_file: Option<PathBuf>,
+    upgrade_socket: PathBuf,
+    upgrade_timeout: Duration,
+    inherit: Option<PathBuf>,
+}
+
+fn run(opts: &RunOptions) -> anyhow::Result<ExitCode> {
+    let path = opts.config.as_path();
+    // Before any thread starts: it clears LISTEN_* from the environment.
+    let activated = if opts.inherit.is_none() {
+        systemd::activated_listeners()
+    } else {
+        Vec::new()
+    };
+    let loaded = load_file(path, &ProcessEnv).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let workers = match loaded.config.process.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    // One worker: tokio's single-threaded scheduler. It runs woken tasks in
+    // order; the multi-threaded one, even with one thread, runs the task
+    // woken last first (its LIFO slot), which under 1,000 busy connections
+    // served some quickly and left others waiting (p99 5x nginx's).
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    let rt = builder
+        .enable_all()
+        .thread_name("weir-worker")
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        // First, so a signal right after readiness is never fatal.
+        let mut signals = Signals::install().context("installing signal handlers")?;
+        let (inherited, taken_over, upgrade_socket) = match &opts.inherit {
+            Some(from) => {
+                let mut taken = Taken::connect(from, opts.upgrade_timeout)
+                    .await
+                    .with_context(|| format!("taking over from {}", from.display()))?;
+                let inherited = std::mem::take(&mut taken.inherited);
+                let socket = taken.upgrade_socket.take();
+                (inherited, Some(taken), socket)
+            }
+            None => {
+                let socket = match UpgradeSocket::bind(&opts.upgrade_socket) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::error!(error = %e, "in-place upgrades are disabled");
+                        None
+                    }
+                };
+                let inherited = Inherited {
+                    listeners: activated,
+                    ..Inherited::default()
+                };
+                (inherited, None, socket)
+            }
+        };
+        let from_generation = inherited.from_generation;
+        let server = Server::start_with(
+            loaded,
+            Some(path.to_path_buf()),
+            Box::new(ProcessEnv),
+            inherited,
+        )
+        .await?;
+        let drain_timeout = server.runtime.gateway.load().drain_timeout;
+        if let Some(generation) = from_generation {
+            tracing::info!(
+                "inherited {} listeners and {} limiter keys from generation {generation}",
+                server.inherited_listeners,
+                server.restored.keys()
+            );
+        }
+        if let Some(taken) = taken_over {
+            // Ready only once the old process has stopped accepting: then a
+            // next upgrade can never reach it instead of us.
+            let last = taken
+                .report_ready(
+                    server.listeners.len() + usize::from(server.admin.is_some()),
+                    server.restored.keys(),
+                    opts.upgrade_timeout,
+                )
+                .await
+                .context("reporting ready to the previous process")?;
+            let runtime = server.runtime.clone();
+            let wait = drain_timeout + Duration::from_secs(10);
+            tokio::spawn(async move {
+                match last.merge_into(&runtime, wait).await {
+                    Ok(Some(report)) => tracing::info!(
+                        keys = report.restored(),
+                        "merged the previous process's final limiter state"
+                    ),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "no final limiter state from the previous process"),
+                }
+            });
+        }
+        tracing::info!(listeners = ?server.listeners, admin = ?server.admin, "weir is serving");
+        if let Some(file) = &opts.ready_file {
+            write_ready_file(file, &server).context("writing the ready file")?;
+        }
+        systemd::notify_ready();
+        let mut upgrader = Upgrader::start(upgrade_socket, opts.upgrade_timeout);
+
+        // Serve until told to stop or an upgrade hands over.
+        let handover = loop {
+            let (request, operator) = tokio::select! {
+                r = signals.next() => (r, None),
+                op = upgrader.requested() => (Request::Upgrade, Some(op)),
+            };
+            match request {
+                Request::Drain => break None,
+                Request::StopNow => {
+                    tracing::warn!("SIGQUIT: stopping now");
+                    let report = server.drain_unless(Duration::ZERO, async {}).await;
+                    if let Some(s) = upgrader.socket() {
+                        s.remove();
+                    }
+                    tracing::info!(forced = report.forced, "stopped");
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Request::Reload => {
+                    let rt = server.runtime.clone();
+                    let _ = tokio::task::spawn_blocking(move || rt.reload(true)).await;
+                }
+                Request::Upgrade => {
+                    let outcome = upgrader.upgrade(&server.runtime, server.sockets()).await;
+                    let reply = outcome.as_ref().map(|h| h.pid).map_err(|e| e.to_string());
+                    if let Some(op) = operator {
+                        op.reply(reply).await;
+                    }
+                    if let Ok(handover) = outcome {
+                        break Some(handover);
+                    }
+                }
+            }
+        };
+        let runtime = server.runtime.clone();
+        if handover.is_none() {
+            systemd::notify_stopping();
+            if let Some(s) = upgrader.socket() {
+                s.remove();
+            }
+        }
+        tracing::info!(?drain_timeout, "draining: finishing in-flight requests");
+        let report = server
+            .drain_unless(drain_timeout, async {
+                signals.stop_now().await;
+                tracing::warn!("second signal: stopping now");
+            })
+            .await;
+        tracing::info!(forced = report.forced, took = ?report.took, "drained; exiting");
+        if let Some(handover) = handover {
+            handover.finish(&runtime).await;
+        }
+        Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
+    })
+}
+
+fn request_upgrade(socket: &Path, timeout: Duration) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match rt.block_on(upgrade::request(socket, timeout)) {
+        Ok(pid) => {
+            println!("upgraded: pid {pid} is serving");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(why) => {
+            eprintln!("weir: upgrade failed (the running process serves on): {why}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn write_ready_file(path: &Path, server: &Server) -> std::io::Result<()> {
+    let doc = serde_json::json!({
+        "listeners": server.listeners.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "admin": server.admin.map(|a| a.to_string()),
+        "pid": std::process::id(),
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, doc.to_string())?;
+    std::fs::rename(tmp, path)
+}
+
+fn replay(
+    config: &Path,
+    logs: &[PathBuf],
+    format: Option<&str>,
+    trailing: &[String],
+    json: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    use weir_replay::{ReaderOptions, engine};
+    let loaded = load_file(config, &ProcessEnv).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let gateway = Gateway::build(loaded, None, 1).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut options = ReaderOptions::default();
+    if let Some(f) = format {
+        options.format = Some(f.parse().map_err(|e| anyhow::anyhow!("--format: {e}"))?);
+    }
+    for t in trailing {
+        options.trailing.push(
+            t.parse()
+                .map_err(|e| anyhow::anyhow!("--trailing {t}: {e}"))?,
+        );
+    }
+    let started = std::time::Instant::now();
+    let run = engine::replay_files(gateway, logs, &options, |_, _| {})?;
+    let took = started.elapsed();
+    print!("{}", run.report);
+    println!(
+        "\n{} lines read in {:.2} s ({:.0} lines/s); {} malformed",
+        run.lines,
+        took.as_secs_f64(),
+        run.lines as f64 / took.as_secs_f64().max(1e-9),
+        run.malformed
+    );
+    for (file, line, error) in &run.malformed_examples {
+        println!("  {}:{line}: {error}", logs[*file].display());
+    }
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&run)?)
+            .context("writing the JSON report")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

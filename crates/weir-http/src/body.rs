@@ -1,0 +1,351 @@
+//! Body wrappers for the two directions of a proxied exchange.
+//!
+//! [`RequestBody`] streams the client's body upstream, counting bytes and
+//! enforcing the class's body read timeout (the longest wait between two
+//! chunks). [`ResponseBody`] streams the response to the client and runs a
+//! completion hook exactly once, when the body ends or is dropped, so the
+//! access log and in-flight counters see the true end of every request.
+//! Neither buffers: memory stays flat for a 1 GiB upload.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::connections::UpstreamBody;
+use crate::fields::ReceivedFields;
+use crate::server::{EdgeBody, Outgoing};
+use tokio::time::{Instant, Sleep};
+
+pub use crate::BoxError;
+
+/// The request body has stalled longer than the class allows.
+#[derive(Debug, thiserror::Error)]
+#[error("request body read timed out after {0:?} without data")]
+pub struct BodyReadTimeout(pub Duration);
+
+/// A request body as the client sends it: decoded by weir's own HTTP/1
+/// codec (plain connections), or by hyper (TLS, HTTP/2).
+pub enum ClientBody {
+    Edge(EdgeBody),
+    Hyper(Incoming),
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ClientBody::Edge(b) => Pin::new(b).poll_frame(cx),
+            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Edge(b) => b.is_end_stream(),
+            ClientBody::Hyper(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Edge(b) => b.size_hint(),
+            ClientBody::Hyper(b) => b.size_hint(),
+        }
+    }
+}
+
+/// The client's request body, on its way upstream.
+pub struct RequestBody {
+    inner: Option<ClientBody>,
+    read_timeout: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// Where the bytes read are counted; `None` for a body that is empty.
+    bytes: Option<Arc<AtomicU64>>,
+}
+
+impl RequestBody {
+    /// The client's body as the edge hands it over: no read timeout and
+    /// not counted until the proxy says ([`RequestBody::watch`]).
+    pub fn new(inner: ClientBody) -> Self {
+        RequestBody {
+            inner: Some(inner),
+            read_timeout: Duration::MAX,
+            timer: None,
+            bytes: None,
+        }
+    }
+
+    /// Sets the wait allowed between pieces of the body, and where its
+    /// bytes are counted. (Set on the request in place: wrapping the body
+    /// once its route is known made a second copy of the request in every
+    /// request's future.)
+    pub fn watch(&mut self, read_timeout: Duration, bytes: Option<Arc<AtomicU64>>) {
+        self.read_timeout = read_timeout;
+        self.bytes = bytes;
+    }
+
+    /// An empty body (for a request re-sent after a connect failure).
+    pub fn empty() -> Self {
+        RequestBody {
+            inner: None,
+            read_timeout: Duration::MAX,
+            timer: None,
+            bytes: None,
+        }
+    }
+}
+
+/// weir's own codec's body, as it hands it to the handler.
+impl From<EdgeBody> for RequestBody {
+    fn from(body: EdgeBody) -> Self {
+        RequestBody::new(ClientBody::Edge(body))
+    }
+}
+
+/// hyper's body (TLS, HTTP/2), as it hands it to the service.
+impl From<Incoming> for RequestBody {
+    fn from(body: Incoming) -> Self {
+        RequestBody::new(ClientBody::Hyper(body))
+    }
+}
+
+/// A copy of a request whose body is empty, to send it again: its head, and
+/// an empty body of its own.
+pub fn copy_bodyless(req: &http::Request<RequestBody>) -> http::Request<RequestBody> {
+    debug_assert!(req.body().is_end_stream());
+    let mut copy = http::Request::new(RequestBody::empty());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(bytes)) = (frame.data_ref(), &this.bytes) {
+                    bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+                if let Some(t) = this.timer.as_mut() {
+                    t.as_mut().reset(Instant::now() + this.read_timeout);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                if this.read_timeout == Duration::MAX {
+                    return Poll::Pending;
+                }
+                let timeout = this.read_timeout;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                ready!(timer.as_mut().poll(cx));
+                Poll::Ready(Some(Err(Box::new(BodyReadTimeout(timeout)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+/// Runs once when a response body ends (or is abandoned).
+pub trait OnComplete: Send + Sync + 'static {
+    /// `bytes_out`: body bytes sent; `error`: why it did not end cleanly.
+    fn complete(self: Box<Self>, bytes_out: u64, error: Option<String>);
+}
+
+enum Inner {
+    Upstream(UpstreamBody),
+    /// Frames already read from the upstream body (a coalescing leader that
+    /// gave up buffering), then the rest of it.
+    Resumed(std::collections::VecDeque<Frame<Bytes>>, UpstreamBody),
+    Full(Option<Bytes>),
+}
+
+/// A response body towards the client.
+pub struct ResponseBody {
+    inner: Inner,
+    bytes_out: u64,
+    on_complete: Option<Box<dyn OnComplete>>,
+}
+
+impl ResponseBody {
+    pub fn upstream(body: UpstreamBody) -> Self {
+        ResponseBody {
+            inner: Inner::Upstream(body),
+            bytes_out: 0,
+            on_complete: None,
+        }
+    }
+
+    /// `read` (frames taken from `rest` already), then the rest of `rest`.
+    pub fn resumed(read: std::collections::VecDeque<Frame<Bytes>>, rest: UpstreamBody) -> Self {
+        ResponseBody {
+            inner: Inner::Resumed(read, rest),
+            bytes_out: 0,
+            on_complete: None,
+        }
+    }
+
+    pub fn full(bytes: impl Into<Bytes>) -> Self {
+        let b: Bytes = bytes.into();
+        ResponseBody {
+            inner: Inner::Full((!b.is_empty()).then_some(b)),
+            bytes_out: 0,
+            on_complete: None,
+        }
+    }
+
+    pub fn empty() -> Self {
+        Self::full(Bytes::new())
+    }
+
+    /// Moves those fields into `headers`, for a codec that writes only a
+    /// map (hyper's).
+    pub fn fields_into(&mut self, headers: &mut http::HeaderMap) {
+        if let Inner::Upstream(b) | Inner::Resumed(_, b) = &mut self.inner {
+            b.fields_into(headers);
+        }
+    }
+
+    /// Attaches the completion hook.
+    pub fn on_complete(mut self, hook: Box<dyn OnComplete>) -> Self {
+        self.on_complete = Some(hook);
+        self
+    }
+
+    fn finish(&mut self, error: Option<String>) {
+        if let Some(hook) = self.on_complete.take() {
+            hook.complete(self.bytes_out, error);
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = match &mut this.inner {
+            Inner::Upstream(b) => match ready!(Pin::new(b).poll_frame(cx)) {
+                Some(Ok(f)) => Some(Ok(f)),
+                Some(Err(e)) => Some(Err(BoxError::from(e))),
+                None => None,
+            },
+            Inner::Resumed(read, rest) => match read.pop_front() {
+                Some(f) => Some(Ok(f)),
+                None => match ready!(Pin::new(rest).poll_frame(cx)) {
+                    Some(Ok(f)) => Some(Ok(f)),
+                    Some(Err(e)) => Some(Err(BoxError::from(e))),
+                    None => None,
+                },
+            },
+            Inner::Full(b) => b.take().map(|d| Ok(Frame::data(d))),
+        };
+        match &polled {
+            Some(Ok(frame)) => {
+                if let Some(d) = frame.data_ref() {
+                    this.bytes_out += d.len() as u64;
+                }
+                if this.is_end_stream() {
+                    this.finish(None);
+                }
+            }
+            Some(Err(e)) => this.finish(Some(format!("upstream body: {e}"))),
+            None => this.finish(None),
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Upstream(b) => b.is_end_stream(),
+            Inner::Resumed(read, rest) => read.is_empty() && rest.is_end_stream(),
+            Inner::Full(b) => b.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Upstream(b) => b.size_hint(),
+            Inner::Resumed(read, rest) => {
+                let buffered: u64 = read
+                    .iter()
+                    .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+                    .sum();
+                let mut hint = rest.size_hint();
+                hint.set_lower(hint.lower() + buffered);
+                if let Some(upper) = hint.upper() {
+                    hint.set_upper(upper + buffered);
+                }
+                hint
+            }
+            Inner::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+        }
+    }
+}
+
+impl Outgoing for ResponseBody {
+    /// An upstream response's fields forwarded as received
+    /// ([`crate::fields`]): a client codec writes them after the map's.
+    fn received_fields(&self) -> Option<&ReceivedFields> {
+        match &self.inner {
+            Inner::Upstream(b) | Inner::Resumed(_, b) => b.received_fields(),
+            Inner::Full(_) => None,
+        }
+    }
+
+    fn not_sent(&mut self) {
+        self.finish(None);
+    }
+}
+
+impl Drop for ResponseBody {
+    fn drop(&mut self) {
+        if self.on_complete.is_some() {
+            let error = if self.is_end_stream() {
+                None
+            } else {
+                Some("client closed before the response ended".to_string())
+            };
+            self.finish(error);
+        }
+    }
+}

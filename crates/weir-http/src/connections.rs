@@ -1,0 +1,291 @@
+//! Keep-alive connections to one upstream server: a stack of idle HTTP/1.1
+//! connections, opened on demand and handed back when a response body ends.
+//!
+//! hyper-util's legacy `Client` is not used: it finds a connection through a
+//! map keyed by URI authority behind one lock, and hands a connection back by
+//! spawning a task per request that waits for it to become ready again. weir
+//! already knows which server it picked and when the response body ended,
+//! so a stack per server and a hand-back at body end do the same job without
+//! either (bench/README.md, "Upstream connections").
+//!
+//! The stack is last-in first-out: the connection used most recently is the
+//! warmest and the least likely to have been closed by the server's own idle
+//! timeout. This module does not choose servers (`pool`) or rewrite requests
+//! (`forward`).
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use tokio::net::TcpStream;
+
+use crate::client::{ExchangeError, Failure, Framing, ResponseHead, SendBody, UpstreamConnection};
+use crate::fields::ReceivedFields;
+
+/// How a pool's connections are opened and kept.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnSettings {
+    pub connect_timeout: Duration,
+    /// Idle connections older than this are closed instead of reused.
+    pub idle_timeout: Duration,
+    /// Idle connections kept per server; more are closed.
+    pub max_idle: usize,
+}
+
+/// Idle time after which a server's keep-alive timeout may close a
+/// connection just as a request is written to it (node's default is 5 s,
+/// some servers use well under a second). A connection reused sooner that
+/// closes unanswered says more about the server (stopping, crashing) than
+/// about the race: the request goes to another server instead.
+const MAY_BE_CLOSED_AFTER: Duration = Duration::from_millis(100);
+
+/// A read that may be sent again when a connection closed before any
+/// response (RFC 9110 §9.2.2, as nginx's `proxy_next_upstream error` and
+/// browsers assume): GET, HEAD, OPTIONS.
+pub fn is_idempotent_read(method: &http::Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// Why no connection could be had. Nothing was sent: always safe to retry.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connect failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("connect timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The request was (at least partly) sent.
+    #[error(transparent)]
+    Exchange(ExchangeError),
+    /// A kept-alive connection closed after the request was written and
+    /// before any response byte: the server most likely closed it as the
+    /// request arrived (its idle timeout, or it stopped). An idempotent
+    /// request may be sent again (RFC 9112 §9.3.1).
+    #[error("kept-alive connection closed before a response: {0}")]
+    Closed(ExchangeError),
+}
+
+/// The idle connections of one server.
+#[derive(Debug, Default)]
+pub struct ServerConnections {
+    idle: Mutex<Vec<Idle>>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    conn: UpstreamConnection,
+    since: Instant,
+}
+
+impl ServerConnections {
+    fn pop(&self) -> Option<Idle> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    fn push(&self, mut conn: UpstreamConnection, settings: &ConnSettings) {
+        conn.park();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() >= settings.max_idle {
+            return;
+        }
+        let now = Instant::now();
+        // The oldest are at the bottom; drop those past the idle timeout.
+        let expired = idle
+            .iter()
+            .take_while(|i| now.duration_since(i.since) > settings.idle_timeout)
+            .count();
+        if expired > 0 {
+            idle.drain(..expired);
+        }
+        idle.push(Idle { conn, since: now });
+    }
+
+    /// Sends `req` to `addr` on an idle connection, or a new one. A request
+    /// that a reused connection could not take (the server had just closed
+    /// it) is sent again on a new one: it never left weir. So is a bodyless
+    /// read written to a connection that had been idle long enough for the
+    /// server's keep-alive timeout to close it as the request arrived.
+    pub async fn send<B: SendBody>(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        settings: &ConnSettings,
+        req: &mut Request<B>,
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let resendable = is_idempotent_read(req.method()) && req.body().is_end_stream();
+        while let Some(Idle { mut conn, since }) = self.pop() {
+            let idle_for = since.elapsed();
+            if idle_for > settings.idle_timeout || !conn.is_reusable() {
+                continue;
+            }
+            match conn.exchange(req).await {
+                Ok(head) => return Ok(self.wrap(head, conn, settings)),
+                Err(Failure::Unsent(_)) => continue,
+                Err(Failure::Sent(e @ ExchangeError::NoResponse(_))) => {
+                    if !(resendable && idle_for >= MAY_BE_CLOSED_AFTER) {
+                        return Err(SendError::Closed(e));
+                    }
+                    tracing::debug!(%addr, "kept-alive connection closed; resending on a new one");
+                    break;
+                }
+                Err(Failure::Sent(e)) => return Err(SendError::Exchange(e)),
+            }
+        }
+        let mut conn = connect(addr, settings.connect_timeout).await?;
+        match conn.exchange(req).await {
+            Ok(head) => Ok(self.wrap(head, conn, settings)),
+            Err(Failure::Unsent(e) | Failure::Sent(e)) => Err(SendError::Exchange(e)),
+        }
+    }
+
+    fn wrap(
+        self: &Arc<Self>,
+        head: ResponseHead,
+        conn: UpstreamConnection,
+        settings: &ConnSettings,
+    ) -> Response<UpstreamBody> {
+        let mut body = UpstreamBody {
+            conn: Some(conn),
+            framing: head.framing,
+            back: head.keep_alive.then(|| Return {
+                home: self.clone(),
+                settings: *settings,
+            }),
+            tunnel: head.status == StatusCode::SWITCHING_PROTOCOLS,
+            received: head.received,
+        };
+        if let Some(conn) = body.conn.as_mut() {
+            conn.settle(&mut body.framing);
+        }
+        if body.is_end_stream() && !body.tunnel {
+            body.release();
+        }
+        let mut resp = Response::new(body);
+        *resp.status_mut() = head.status;
+        *resp.version_mut() = head.version;
+        *resp.headers_mut() = head.headers;
+        resp
+    }
+}
+
+/// Opens a connection.
+async fn connect(addr: SocketAddr, timeout: Duration) -> Result<UpstreamConnection, ConnectError> {
+    let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Err(_) => return Err(ConnectError::Timeout(timeout)),
+        Ok(r) => r?,
+    };
+    stream.set_nodelay(true)?;
+    Ok(UpstreamConnection::new(stream))
+}
+
+/// Where a connection goes when its response body ends.
+struct Return {
+    home: Arc<ServerConnections>,
+    settings: ConnSettings,
+}
+
+/// A response body from an upstream server, read from its connection by
+/// whoever polls it. When it ends cleanly the connection goes back to the
+/// server's idle stack; dropped early, the connection is closed (the rest of
+/// the body would have to be read first).
+pub struct UpstreamBody {
+    conn: Option<UpstreamConnection>,
+    framing: Framing,
+    /// `None`: the connection is not to be reused.
+    back: Option<Return>,
+    /// A `101 Switching Protocols`: the connection becomes a tunnel.
+    tunnel: bool,
+    /// The response's fields, when they are forwarded as received rather
+    /// than in its map ([`crate::fields`]).
+    received: Option<ReceivedFields>,
+}
+
+impl UpstreamBody {
+    fn release(&mut self) {
+        let conn = self.conn.take();
+        if let (Some(conn), Some(r)) = (conn, self.back.take())
+            && !conn.has_leftover()
+        {
+            r.home.push(conn, &r.settings);
+        }
+    }
+
+    /// The response's fields forwarded as received, if they were not put in
+    /// its map.
+    pub fn received_fields(&self) -> Option<&ReceivedFields> {
+        self.received.as_ref()
+    }
+
+    /// Moves those fields into `headers` (the response's map), for a stage
+    /// or codec that reads only the map.
+    pub fn fields_into(&mut self, headers: &mut http::HeaderMap) {
+        if let Some(fields) = self.received.take() {
+            fields.append_to(headers);
+        }
+    }
+
+    /// After `101 Switching Protocols`: the upstream connection for the
+    /// tunnel, and the bytes the server sent past its head.
+    pub fn take_tunnel(&mut self) -> Option<(TcpStream, Bytes)> {
+        if !self.tunnel {
+            return None;
+        }
+        self.conn.take().map(UpstreamConnection::into_tunnel)
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = ExchangeError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+        let this = &mut *self;
+        let Some(conn) = this.conn.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if this.tunnel {
+            return Poll::Ready(None);
+        }
+        let polled = std::task::ready!(conn.poll_body(&mut this.framing, cx));
+        match &polled {
+            Some(Ok(_)) => {
+                conn.settle(&mut this.framing);
+                if this.is_end_stream() {
+                    this.release();
+                }
+            }
+            None => this.release(),
+            Some(Err(_)) => {
+                this.back = None;
+                this.conn = None;
+            }
+        }
+        Poll::Ready(polled.map(|r| r.map(Frame::data)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.framing.is_end()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Empty => SizeHint::with_exact(0),
+            Framing::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}

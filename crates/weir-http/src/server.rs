@@ -1,0 +1,913 @@
+//! HTTP/1.1 towards clients on plain TCP: request heads in, request bodies
+//! decoded as the proxy reads them, responses out, and the connection's life
+//! between requests (keep-alive, pipelining, `Expect: 100-continue`,
+//! upgrades, closing when the tracker asks).
+//!
+//! hyper's server still serves TLS and HTTP/2 connections. For plain
+//! HTTP/1 (the traffic behind a load balancer, and most of any flood) it
+//! was the largest cost left in a proxied request, and its per-connection
+//! state (buffers, dispatcher, a task-sized future) was memory touched per
+//! request, which at 1,000 busy connections missed the cache
+//! (bench/README.md, "Client HTTP/1"). Here, as in nginx:
+//! - a connection idle for a second holds no buffer: the tracker's sweep
+//!   tells it to let go, and its client's next bytes allocate a new one;
+//! - the response head and its first body bytes leave in one write;
+//! - the request's header values are slices of the bytes read, not copies.
+//!
+//! Parsing is httparse's, the parser hyper uses; body framing is shared
+//! with the upstream side ([`crate::framing`]).
+
+use std::future::poll_fn;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::{Body, Frame, SizeHint};
+use smallvec::SmallVec;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+use crate::BoxError;
+use crate::conn::{Command, ConnState, close_grace};
+use crate::fields::ReceivedFields;
+use crate::framing::{
+    Chunk, FieldRole, Framing, FramingError, HopFields, chunk_size_line, decode_chunk,
+    decode_chunk_until_data, take_up_to, write_content_length, write_field,
+};
+
+/// Free space a read needs before the buffer grows: a head fits in one
+/// read; a large upload streams in reads of up to `BODY_READ`.
+const HEAD_READ: usize = 4 * 1024;
+const BODY_READ: usize = 32 * 1024;
+/// Header slots on the stack; a configured `max_headers` above this parses
+/// into a heap table.
+const STACK_HEADERS: usize = 100;
+/// How long a closing connection with unread input keeps reading (and
+/// discarding) it, so that its close is a FIN after the response rather
+/// than a reset that can destroy the response in the client's buffer.
+const LINGER: Duration = Duration::from_secs(1);
+/// Fields `upstream::forward` may add to a request (X-Forwarded-*,
+/// X-Real-IP, Via, Forwarded).
+const FORWARDING_ROOM: usize = 6;
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Why a client connection ended in error.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("request head larger than the limit, or too many fields")]
+    HeadTooLarge,
+    #[error("malformed request: {0}")]
+    Malformed(&'static str),
+    #[error("connection closed in the middle of a request head")]
+    HeadCut,
+    #[error("connection closed in the middle of a request body")]
+    BodyCut,
+    #[error("client I/O: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl ClientError {
+    /// The `kind` label of `weir_connection_errors_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ClientError::HeadTooLarge => "header_too_large",
+            ClientError::Malformed(_) => "bad_request",
+            ClientError::HeadCut | ClientError::BodyCut => "client_closed",
+            ClientError::Io(_) => "io",
+        }
+    }
+
+    /// The answer a client gets before the close, if any.
+    fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::HeadTooLarge => Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
+            ClientError::Malformed(_) => Some(StatusCode::BAD_REQUEST),
+            _ => None,
+        }
+    }
+}
+
+impl From<FramingError> for ClientError {
+    fn from(e: FramingError) -> Self {
+        ClientError::Malformed(e.0)
+    }
+}
+
+/// Request-head limits, from the `[limits]` section.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadLimits {
+    pub max_bytes: usize,
+    pub max_headers: usize,
+}
+
+/// What serves the requests of one connection: weir's proxy. The codec
+/// hands it each request as its head is parsed and writes the answer; it
+/// knows nothing of what happens in between.
+pub trait Handler {
+    /// The request body the handler reads, made from the codec's own.
+    type RequestBody: From<EdgeBody>;
+    /// The response body the codec writes.
+    type ResponseBody: Outgoing;
+
+    /// Serves one request. Never fails: every outcome is a response.
+    /// (Boxed: the answer passes through the connection's future, whose
+    /// memory is cold when many connections are busy; a pointer moves
+    /// there instead of the response.) The future does not borrow the
+    /// handler: hyper's connections need it to stand alone.
+    fn handle(
+        &self,
+        req: Request<Self::RequestBody>,
+    ) -> impl Future<Output = Box<Response<Self::ResponseBody>>> + Send + use<Self>;
+
+    /// The connection gave its buffers back after being idle a while.
+    fn buffers_released(&self) {}
+}
+
+/// What the codec needs of a response body besides its frames.
+pub trait Outgoing: Body<Data = Bytes> + Unpin {
+    /// Upstream fields forwarded as received, written after the map's.
+    fn received_fields(&self) -> Option<&ReceivedFields>;
+    /// Ends a body the response does not carry (an answer to `HEAD`, a
+    /// 204 or 304): complete, not abandoned by the client.
+    fn not_sent(&mut self);
+}
+
+/// The socket and its read side. Shared by the connection's loop and the
+/// request body the proxy is reading; both run on the connection's task, so
+/// the lock is never contended.
+struct Wire {
+    stream: TcpStream,
+    /// Bytes read and not yet consumed; unallocated while idle.
+    buf: BytesMut,
+    /// What is still to come of the current request's body.
+    body: Framing,
+    /// `100 Continue` owed before the body is first read: bytes sent so far.
+    continue_owed: Option<usize>,
+}
+
+type SharedWire = Arc<Mutex<Wire>>;
+
+fn lock(wire: &SharedWire) -> MutexGuard<'_, Wire> {
+    wire.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Wire {
+    /// Reads into `buf`, first making room for `want` more bytes when little
+    /// is free. (tokio's `poll_read` clears the socket's readiness after a
+    /// short read, so an idle wait costs no extra system call.)
+    fn poll_fill(&mut self, want: usize, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < want / 4 {
+            self.buf.reserve(want);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf)
+    }
+
+    /// Decodes what the buffer holds of the body: a piece of data, or
+    /// `None` when more input is needed or the body has ended.
+    fn decode_body(&mut self) -> Result<Option<Bytes>, FramingError> {
+        match &mut self.body {
+            Framing::Length(left) if *left > 0 && !self.buf.is_empty() => {
+                Ok(Some(take_up_to(&mut self.buf, left)))
+            }
+            Framing::Chunked(chunk) => {
+                let data = decode_chunk(chunk, &mut self.buf)?;
+                // The end is seen with the last data, not on one more poll.
+                decode_chunk_until_data(chunk, &mut self.buf)?;
+                Ok(data)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Discards what the buffer holds of the body; true once it has ended.
+    fn skip_body(&mut self) -> bool {
+        while let Ok(Some(_)) = self.decode_body() {}
+        self.body.is_end()
+    }
+}
+
+/// A request body, read from the client connection as the proxy polls it.
+pub struct EdgeBody {
+    wire: SharedWire,
+}
+
+impl Body for EdgeBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut guard = lock(&self.wire);
+        let w = &mut *guard;
+        while let Some(sent) = w.continue_owed {
+            match ready!(Pin::new(&mut w.stream).poll_write(cx, &CONTINUE[sent..])) {
+                Ok(0) => {
+                    return Poll::Ready(Some(
+                        Err(io::Error::from(io::ErrorKind::WriteZero).into()),
+                    ));
+                }
+                Ok(n) if sent + n == CONTINUE.len() => w.continue_owed = None,
+                Ok(n) => w.continue_owed = Some(sent + n),
+                Err(e) => return Poll::Ready(Some(Err(e.into()))),
+            }
+        }
+        loop {
+            match w.decode_body() {
+                Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(None) if w.body.is_end() => return Poll::Ready(None),
+                Ok(None) => {}
+                Err(e) => return Poll::Ready(Some(Err(ClientError::from(e).into()))),
+            }
+            match ready!(w.poll_fill(BODY_READ, cx)) {
+                Ok(0) => return Poll::Ready(Some(Err(ClientError::BodyCut.into()))),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(e.into()))),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        lock(&self.wire).body.is_end()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match lock(&self.wire).body {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            Framing::Empty | Framing::Chunked(Chunk::Done) => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// An upgraded client connection: the socket, and the bytes read past the
+/// request's head.
+type Handoff = (TcpStream, Bytes);
+
+/// The client's side of an upgrade (a WebSocket), for the proxy to tunnel
+/// once the upstream has agreed.
+pub enum ClientUpgrade {
+    Edge(oneshot::Receiver<Handoff>),
+    Hyper(hyper::upgrade::OnUpgrade),
+}
+
+/// Carries the receiving end of an upgrade in a request's extensions
+/// (which must be `Clone`).
+#[derive(Clone)]
+struct UpgradeSlot(Arc<Mutex<Option<oneshot::Receiver<Handoff>>>>);
+
+impl ClientUpgrade {
+    /// Takes the request's upgrade, whichever server read it.
+    pub fn on<B>(req: &mut Request<B>) -> ClientUpgrade {
+        if let Some(slot) = req.extensions_mut().remove::<UpgradeSlot>()
+            && let Some(rx) = slot.0.lock().ok().and_then(|mut r| r.take())
+        {
+            return ClientUpgrade::Edge(rx);
+        }
+        ClientUpgrade::Hyper(hyper::upgrade::on(req))
+    }
+
+    /// Copies both ways between the client and `upstream` until either side
+    /// closes; `early` (what the server sent after its `101`) goes first.
+    pub async fn tunnel(self, mut upstream: TcpStream, early: Bytes) {
+        match self {
+            ClientUpgrade::Edge(rx) => {
+                let Ok((mut client, pending)) = rx.await else {
+                    return;
+                };
+                // Bytes the client sent after its request head were read
+                // with it; they are the tunnel's first.
+                if !pending.is_empty() && upstream.write_all(&pending).await.is_err() {
+                    return;
+                }
+                relay(&mut client, &mut upstream, &early).await;
+            }
+            ClientUpgrade::Hyper(on) => {
+                if let Ok(client) = on.await {
+                    let mut client = hyper_util::rt::TokioIo::new(client);
+                    relay(&mut client, &mut upstream, &early).await;
+                }
+            }
+        }
+    }
+}
+
+/// Writes `early` to the client, then copies both ways until either side
+/// closes.
+async fn relay<C>(client: &mut C, upstream: &mut TcpStream, early: &[u8])
+where
+    C: tokio::io::AsyncRead + AsyncWrite + Unpin,
+{
+    if early.is_empty() || client.write_all(early).await.is_ok() {
+        let _ = tokio::io::copy_bidirectional(client, upstream).await;
+    }
+}
+
+/// A parsed request head, ready for the handler.
+struct Head<B> {
+    request: Request<B>,
+    /// The client allows another request on the connection after this one.
+    keep_alive: bool,
+    head_request: bool,
+    upgrade: Option<oneshot::Sender<Handoff>>,
+}
+
+/// Serves HTTP/1 on `stream` until the client leaves, an error, or the
+/// tracker's command (`state`) closes it.
+pub async fn serve<H: Handler>(
+    stream: TcpStream,
+    state: &Arc<ConnState>,
+    handler: H,
+    limits: HeadLimits,
+) -> Result<(), ClientError> {
+    let wire: SharedWire = Arc::new(Mutex::new(Wire {
+        stream,
+        buf: BytesMut::new(),
+        body: Framing::Empty,
+        continue_owed: None,
+    }));
+    loop {
+        let head = match next_head(&wire, state, limits, &handler).await {
+            Ok(Some(head)) => head,
+            Ok(None) => break,
+            Err(e) => {
+                if let Some(status) = e.status() {
+                    let answer = format!(
+                        "HTTP/1.1 {} {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        status.as_str(),
+                        status.canonical_reason().unwrap_or("")
+                    );
+                    let _ = write_all(&wire, &mut [IoSlice::new(answer.as_bytes())]).await;
+                    close(&wire, true).await;
+                }
+                return Err(e);
+            }
+        };
+        let Head {
+            request,
+            keep_alive,
+            head_request,
+            upgrade,
+        } = head;
+        let version = request.version();
+        // A client that closes while its request is handled (its body read
+        // whole) has gone: the request is dropped, as hyper does, freeing its
+        // queue slot or upstream connection.
+        let watch_close = lock(&wire).body.is_end();
+        // Boxed: an idle connection's task then holds a pointer, not the
+        // request's state. The box is allocated before the future is made,
+        // so that it is made in place: `Box::pin(future)` copied all of its
+        // 2.4 KB, most of it not yet used, into memory that is cold with
+        // many connections busy (a third of weir's cache misses).
+        let mut handling = Box::into_pin(Box::write(Box::new_uninit(), handler.handle(request)));
+        let response = tokio::select! {
+            biased;
+            r = &mut handling => r,
+            _ = commanded(state, Command::Abort) => return Ok(()),
+            () = client_gone(&wire), if watch_close => return Ok(()),
+        };
+        drop(handling);
+        let is_101 = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        let written = tokio::select! {
+            biased;
+            w = write_response(&wire, response, version, head_request, keep_alive) => w?,
+            _ = commanded(state, Command::Abort) => return Ok(()),
+        };
+        if is_101 {
+            if let Some(tx) = upgrade {
+                hand_over(wire, tx);
+                return Ok(());
+            }
+            break;
+        }
+        if written.close {
+            break;
+        }
+        // A request body the proxy did not read (a rejection, an early
+        // answer) is skipped if it is already here; else the connection
+        // closes.
+        if !lock(&wire).skip_body() {
+            close(&wire, true).await;
+            return Ok(());
+        }
+        if state.command() != Command::None {
+            break;
+        }
+    }
+    let unread = !lock(&wire).buf.is_empty();
+    close(&wire, unread).await;
+    Ok(())
+}
+
+/// Gives the socket to the tunnel waiting for it (`ClientUpgrade::Edge`).
+fn hand_over(wire: SharedWire, tx: oneshot::Sender<Handoff>) {
+    // The request (and its body) is gone, so the loop holds the only
+    // reference; if not, the upgrade fails and the connection closes.
+    if let Ok(m) = Arc::try_unwrap(wire) {
+        let w = m.into_inner().unwrap_or_else(|p| p.into_inner());
+        let _ = tx.send((w.stream, w.buf.freeze()));
+    }
+}
+
+/// Resolves when the tracker gives a command at least as strong as `min`.
+async fn commanded(state: &ConnState, min: Command) -> Command {
+    poll_fn(|cx| state.poll_command(min, cx)).await
+}
+
+/// Resolves if the client closes (or resets) the connection. Bytes it sends
+/// meanwhile (a pipelined request) are kept for later, and the watch stops.
+async fn client_gone(wire: &SharedWire) {
+    let mut watching = true;
+    poll_fn(|cx| {
+        if !watching {
+            return Poll::Pending;
+        }
+        let mut w = lock(wire);
+        if !w.buf.is_empty() {
+            watching = false;
+            return Poll::Pending;
+        }
+        if ready!(w.stream.poll_read_ready(cx)).is_err() {
+            return Poll::Ready(());
+        }
+        match ready!(w.poll_fill(HEAD_READ, cx)) {
+            Ok(0) | Err(_) => Poll::Ready(()),
+            Ok(_) => {
+                watching = false;
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
+/// Reads the next request head. `None`: the client closed between
+/// requests, or the connection is to close (see [`close_grace`]).
+async fn next_head<H: Handler>(
+    wire: &SharedWire,
+    state: &ConnState,
+    limits: HeadLimits,
+    handler: &H,
+) -> Result<Option<Head<H::RequestBody>>, ClientError> {
+    let mut deferred: Option<tokio::time::Instant> = None;
+    loop {
+        let idle = {
+            let mut w = lock(wire);
+            if !w.buf.is_empty()
+                && let Some(head) = parse_head(wire, &mut w, limits)?
+            {
+                return Ok(Some(head));
+            }
+            w.buf.is_empty()
+        };
+        // Told to close: a head on its way is finished; an idle connection
+        // may wait for one more request (`close_grace`), else closes now.
+        let min = if idle && deferred.is_none() {
+            Command::Graceful
+        } else {
+            Command::Abort
+        };
+        tokio::select! {
+            biased;
+            ready = poll_fn(|cx| lock(wire).stream.poll_read_ready(cx)) => {
+                ready?;
+                let read = poll_fn(|cx| match lock(wire).poll_fill(HEAD_READ, cx) {
+                    // Readiness was stale: wait again.
+                    Poll::Pending => Poll::Ready(None),
+                    Poll::Ready(r) => Poll::Ready(Some(r)),
+                })
+                .await;
+                match read {
+                    None => {}
+                    Some(Ok(0)) if idle => return Ok(None),
+                    Some(Ok(0)) => return Err(ClientError::HeadCut),
+                    Some(Ok(_)) => state.bytes_read(),
+                    // A reset between requests is a client leaving.
+                    Some(Err(_)) if idle => return Ok(None),
+                    Some(Err(e)) => return Err(e.into()),
+                }
+            }
+            cmd = commanded(state, min) => {
+                if cmd == Command::Abort {
+                    return Ok(None);
+                }
+                match close_grace(state) {
+                    Some(grace) => deferred = Some(tokio::time::Instant::now() + grace),
+                    None => return Ok(None),
+                }
+            }
+            _ = tokio::time::sleep_until(deferred.unwrap_or_else(tokio::time::Instant::now)), if idle && deferred.is_some() => {
+                return Ok(None);
+            }
+            // Idle for a while (the sweep says): the buffer goes back to the
+            // allocator, and the connection costs its socket and a few
+            // hundred bytes until its client's next bytes.
+            () = poll_fn(|cx| state.poll_release(cx)), if idle => {
+                let mut w = lock(wire);
+                if w.buf.is_empty() && w.buf.capacity() > 0 {
+                    w.buf = BytesMut::new();
+                    handler.buffers_released();
+                }
+            }
+        }
+    }
+}
+
+/// Parses the request head at the start of `w.buf` and removes it; `None`
+/// if more bytes are needed.
+fn parse_head<B: From<EdgeBody>>(
+    wire: &SharedWire,
+    w: &mut Wire,
+    limits: HeadLimits,
+) -> Result<Option<Head<B>>, ClientError> {
+    let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_HEADERS];
+    let mut heap = Vec::new();
+    let slots = if limits.max_headers <= STACK_HEADERS {
+        &mut stack[..limits.max_headers]
+    } else {
+        heap.resize_with(limits.max_headers, MaybeUninit::uninit);
+        &mut heap[..]
+    };
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        &w.buf,
+        slots,
+    ) {
+        Ok(httparse::Status::Complete(len)) if len > limits.max_bytes => {
+            return Err(ClientError::HeadTooLarge);
+        }
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if w.buf.len() >= limits.max_bytes => {
+            return Err(ClientError::HeadTooLarge);
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(ClientError::HeadTooLarge),
+        Err(_) => return Err(ClientError::Malformed("unparsable request head")),
+    };
+    let method = Method::from_bytes(parsed.method.unwrap_or("").as_bytes())
+        .map_err(|_| ClientError::Malformed("invalid method"))?;
+    let version = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    // Names are taken now; the target and values are cut from the head's
+    // bytes once it is frozen, without a copy.
+    let base = w.buf.as_ptr() as usize;
+    let path = parsed.path.unwrap_or("");
+    let path_at = path.as_ptr() as usize - base;
+    let path_range = path_at..path_at + path.len();
+    let mut fields: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
+    for h in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| ClientError::Malformed("invalid header name"))?;
+        let start = h.value.as_ptr() as usize - base;
+        fields.push((name, start, start + h.value.len()));
+    }
+    let head_bytes = w.buf.split_to(len).freeze();
+    let uri = Uri::from_maybe_shared(head_bytes.slice(path_range))
+        .map_err(|_| ClientError::Malformed("invalid request target"))?;
+    // Room for the forwarding fields the proxy adds: growing the map
+    // rehashes it.
+    let mut headers = HeaderMap::with_capacity(fields.len() + FORWARDING_ROOM);
+    let mut hop = HopFields::default();
+    let mut expect_continue = false;
+    let mut upgrade = false;
+    // Drained, not moved into an iterator: that would copy all 16 slots.
+    for (name, start, end) in fields.drain(..) {
+        let value = HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
+            .map_err(|_| ClientError::Malformed("invalid header value"))?;
+        if hop.note(name.as_str().as_bytes(), value.as_bytes())? == FieldRole::Spent {
+            continue;
+        }
+        if name == header::EXPECT {
+            expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+        } else if name == header::UPGRADE {
+            upgrade = true;
+        }
+        headers.append(name, value);
+    }
+    let HopFields {
+        content_length,
+        chunked,
+        close,
+        keep_alive: keep_alive_token,
+    } = hop;
+    // RFC 9112 §6.3: both lengths, or a coding other than chunked last, is
+    // how requests get smuggled past a proxy; refused, as nginx does.
+    let body = match (chunked, content_length) {
+        (Some(_), _) if version == Version::HTTP_10 => {
+            return Err(ClientError::Malformed(
+                "Transfer-Encoding in an HTTP/1.0 request",
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(ClientError::Malformed(
+                "both Transfer-Encoding and Content-Length",
+            ));
+        }
+        (Some(false), None) => {
+            return Err(ClientError::Malformed(
+                "Transfer-Encoding not ending in chunked",
+            ));
+        }
+        (Some(true), None) => Framing::Chunked(Chunk::Size),
+        (None, Some(n)) => Framing::Length(n),
+        (None, None) => Framing::Empty,
+    };
+    w.continue_owed =
+        (expect_continue && version == Version::HTTP_11 && !body.is_end()).then_some(0);
+    w.body = body;
+    let mut request = Request::new(B::from(EdgeBody { wire: wire.clone() }));
+    let head_request = method == Method::HEAD;
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = version;
+    *request.headers_mut() = headers;
+    let upgrade = upgrade.then(|| {
+        let (tx, rx) = oneshot::channel();
+        request
+            .extensions_mut()
+            .insert(UpgradeSlot(Arc::new(Mutex::new(Some(rx)))));
+        tx
+    });
+    let keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
+    Ok(Some(Head {
+        request,
+        keep_alive,
+        head_request,
+        upgrade,
+    }))
+}
+
+/// How a response is written.
+struct Written {
+    /// The connection cannot take another request.
+    close: bool,
+}
+
+/// How a response body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutFraming {
+    None,
+    Length(u64),
+    Chunked,
+    UntilClose,
+}
+
+/// Writes the response head and streams its body.
+async fn write_response(
+    wire: &SharedWire,
+    mut response: Box<http::Response<impl Outgoing>>,
+    version: Version,
+    head_request: bool,
+    keep_alive: bool,
+) -> Result<Written, ClientError> {
+    let status = response.status();
+    let bodyless = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    let framing = if bodyless {
+        OutFraming::None
+    } else if let Some(n) = response.body().size_hint().exact() {
+        OutFraming::Length(n)
+    } else if version == Version::HTTP_11 {
+        OutFraming::Chunked
+    } else {
+        OutFraming::UntilClose
+    };
+    let asked_close = response
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| has_token(v.as_bytes(), b"close"));
+    let mut close = !keep_alive || asked_close || framing == OutFraming::UntilClose;
+    let mut head = Vec::with_capacity(256 + response.headers().len() * 48);
+    encode_head(
+        &mut head,
+        status,
+        response.headers(),
+        response.body().received_fields(),
+        version,
+        framing,
+        close,
+    );
+    let body = response.body_mut();
+    if bodyless {
+        write_all(wire, &mut [IoSlice::new(&head)]).await?;
+        body.not_sent();
+        return Ok(Written { close });
+    }
+    let mut head = Some(head);
+    let mut sent: u64 = 0;
+    let mut size_line = [0u8; 18];
+    loop {
+        let next = match poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await {
+            Poll::Ready(next) => next,
+            Poll::Pending => {
+                // The body is not ready: the head goes first, alone.
+                if let Some(h) = head.take() {
+                    write_all(wire, &mut [IoSlice::new(&h)]).await?;
+                }
+                poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+            }
+        };
+        let data = match next {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                // Trailers are dropped (few clients ask for them).
+                Err(_) => continue,
+            },
+            None => Bytes::new(),
+            Some(Err(_)) => {
+                // The client sees the response cut short.
+                if let Some(h) = head.take() {
+                    write_all(wire, &mut [IoSlice::new(&h)]).await?;
+                }
+                return Ok(Written { close: true });
+            }
+        };
+        let ended = body.is_end_stream();
+        let data = match framing {
+            OutFraming::Length(n) if sent + data.len() as u64 > n => {
+                close = true;
+                data.slice(..(n - sent) as usize)
+            }
+            _ => data,
+        };
+        sent += data.len() as u64;
+        {
+            let mut parts: SmallVec<[IoSlice<'_>; 5]> = SmallVec::new();
+            if let Some(h) = &head {
+                parts.push(IoSlice::new(h));
+            }
+            let chunked = framing == OutFraming::Chunked;
+            if chunked && !data.is_empty() {
+                parts.push(IoSlice::new(chunk_size_line(&mut size_line, data.len())));
+            }
+            parts.push(IoSlice::new(&data));
+            if chunked && !data.is_empty() {
+                parts.push(IoSlice::new(b"\r\n"));
+            }
+            if chunked && ended {
+                parts.push(IoSlice::new(b"0\r\n\r\n"));
+            }
+            write_all(wire, &mut parts).await?;
+        }
+        head = None;
+        if ended {
+            break;
+        }
+    }
+    if let OutFraming::Length(n) = framing
+        && sent != n
+    {
+        close = true;
+    }
+    Ok(Written { close })
+}
+
+/// Whether a comma-separated header value holds `token` (any case).
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// The response head: status line, the response's fields but those that
+/// frame this hop (those in its map, then those `received` from the
+/// upstream as they came), then this hop's framing.
+fn encode_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    map: &HeaderMap,
+    received: Option<&ReceivedFields>,
+    version: Version,
+    framing: OutFraming,
+    close: bool,
+) {
+    out.extend_from_slice(if version == Version::HTTP_10 {
+        b"HTTP/1.0 "
+    } else {
+        b"HTTP/1.1 "
+    });
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let upgrade = status == StatusCode::SWITCHING_PROTOCOLS;
+    // A length the response declares is kept where no body is sent (HEAD,
+    // 304): it describes the resource.
+    let keep_length = framing == OutFraming::None
+        && status != StatusCode::NO_CONTENT
+        && !status.is_informational();
+    for (name, value) in map {
+        let skip = if *name == header::CONTENT_LENGTH {
+            !keep_length
+        } else {
+            *name == header::TRANSFER_ENCODING || (*name == header::CONNECTION && !upgrade)
+        };
+        if skip {
+            continue;
+        }
+        write_field(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    let mut has_date = false;
+    if let Some(fields) = received {
+        fields.write_to(out);
+        has_date = fields.has_date();
+        if keep_length && let Some(n) = fields.declared_length() {
+            write_content_length(out, n);
+        }
+    }
+    if !has_date && !map.contains_key(header::DATE) {
+        out.extend_from_slice(b"date: ");
+        http_date(out);
+        out.extend_from_slice(b"\r\n");
+    }
+    match framing {
+        OutFraming::Length(n) => write_content_length(out, n),
+        OutFraming::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        OutFraming::None | OutFraming::UntilClose => {}
+    }
+    if !upgrade && close {
+        out.extend_from_slice(b"connection: close\r\n");
+    } else if !upgrade && version == Version::HTTP_10 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the current time as an HTTP date, formatted once a second per
+/// thread (as hyper does).
+fn http_date(out: &mut Vec<u8>) {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static CACHED: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs || c.1.is_empty() {
+            *c = (secs, httpdate::fmt_http_date(now));
+        }
+        out.extend_from_slice(c.1.as_bytes());
+    });
+}
+
+/// Writes every byte of `bufs`.
+async fn write_all(wire: &SharedWire, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n =
+            poll_fn(|cx| Pin::new(&mut lock(wire).stream).poll_write_vectored(cx, bufs)).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
+}
+
+/// Ends the connection with a FIN. With `unread` input, the input is read
+/// and dropped for a moment first, so the close does not turn into a reset
+/// that could destroy the response before the client reads it.
+async fn close(wire: &SharedWire, unread: bool) {
+    let _ = socket2::SockRef::from(&lock(wire).stream).shutdown(std::net::Shutdown::Write);
+    if !unread {
+        return;
+    }
+    let drained = async {
+        // On the heap: a task is as large as its largest state, and every
+        // connection's task would carry it.
+        let mut scratch = vec![0u8; 4096];
+        loop {
+            let ready = poll_fn(|cx| lock(wire).stream.poll_read_ready(cx)).await;
+            if ready.is_err() {
+                return;
+            }
+            match lock(wire).stream.try_read(&mut scratch) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drained).await;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,916 @@
+//! The load generator: one task per client connection, each bound to its own source
+//! address in 127.0.0.0/8, speaking HTTP/1.1 over keep-alive connections, and counting
+//! what came back.
+//!
+//! A client sends at Poisson arrival times (`rate`, times the current phase's factor) but
+//! waits for its previous answer first, as a person or a crawler with a concurrency limit
+//! does; when answers are slow it falls behind instead of bursting to catch up. The time
+//! between an intended send and the actual one, when the client was idle and only waiting
+//! for its timer, is the generator's own *scheduling lag*: if it grows, the machine (not
+//! weir) was the bottleneck, and the report says so.
+//!
+//! Outcomes are classified from what the client saw: a response (by status, or by the
+//! `x-weir-challenge` header for challenges), a connection refused or reset before any
+//! response, or no answer within the cohort's timeout. Whether a response came from the
+//! app is read from the app's `x-app-class` header.
+//!
+//! This module does not parse HTML, run JavaScript, follow redirects or retry: each request
+//! is counted once, as sent.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, SET_COOKIE};
+use http::{Method, Request};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use tokio::net::TcpSocket;
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+
+use super::app::SESSION_COOKIE;
+use super::scenario::{Cohort, CohortKind};
+
+/// What became of one request, as its client saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// 2xx or 3xx.
+    Served,
+    /// 429.
+    Rejected429,
+    /// 503.
+    Unavailable503,
+    /// Any other 5xx (502 when the app reset the connection, 504).
+    Error5xx,
+    /// Connection refused, reset or closed before a response.
+    ConnError,
+    /// No complete answer within the cohort's timeout.
+    Timeout,
+    /// A response carrying `x-weir-challenge`.
+    Challenged,
+    /// Any other status (401, 403, 404, ...).
+    Other,
+    /// Still waiting when the run ended (after its grace period).
+    Unfinished,
+}
+
+/// Every outcome, in report order; `Outcome as usize` indexes it.
+pub const OUTCOMES: [Outcome; 9] = [
+    Outcome::Served,
+    Outcome::Rejected429,
+    Outcome::Unavailable503,
+    Outcome::Error5xx,
+    Outcome::ConnError,
+    Outcome::Timeout,
+    Outcome::Challenged,
+    Outcome::Other,
+    Outcome::Unfinished,
+];
+
+impl Outcome {
+    /// The name used in reports and checks.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Served => "served",
+            Outcome::Rejected429 => "rejected_429",
+            Outcome::Unavailable503 => "unavailable_503",
+            Outcome::Error5xx => "error_5xx",
+            Outcome::ConnError => "conn_error",
+            Outcome::Timeout => "timeout",
+            Outcome::Challenged => "challenged",
+            Outcome::Other => "other",
+            Outcome::Unfinished => "unfinished",
+        }
+    }
+
+    /// Classifies a response.
+    pub fn of_response(status: u16, challenged: bool) -> Outcome {
+        match status {
+            _ if challenged => Outcome::Challenged,
+            200..=399 => Outcome::Served,
+            429 => Outcome::Rejected429,
+            503 => Outcome::Unavailable503,
+            500..=599 => Outcome::Error5xx,
+            _ => Outcome::Other,
+        }
+    }
+
+    /// Whether the request failed for its sender (not a deliberate 429 or challenge).
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            Outcome::Unavailable503 | Outcome::Error5xx | Outcome::ConnError | Outcome::Timeout
+        )
+    }
+}
+
+/// Sends later than this after their intended time count as late.
+pub const LATE: Duration = Duration::from_millis(10);
+
+/// The run's clock: where the run starts, how long it lasts, and its 1 s buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct RunClock {
+    pub start: Instant,
+    pub duration: Duration,
+    pub buckets: usize,
+}
+
+impl RunClock {
+    /// A clock starting at `start`; buckets cover the run plus `grace`.
+    pub fn new(start: Instant, duration: Duration, grace: Duration) -> RunClock {
+        let buckets = (duration + grace).as_secs() as usize + 2;
+        RunClock {
+            start,
+            duration,
+            buckets,
+        }
+    }
+
+    /// The instant at fraction `f` of the run.
+    pub fn at(&self, f: f64) -> Instant {
+        self.start + self.duration.mul_f64(f.clamp(0.0, 1.0))
+    }
+
+    /// Fraction of the run at `t`.
+    pub fn fraction(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.start).as_secs_f64()
+            / self.duration.as_secs_f64().max(1e-9)
+    }
+
+    /// The 1 s bucket of `t`, clamped to the last one.
+    pub fn bucket(&self, t: Instant) -> usize {
+        (t.saturating_duration_since(self.start).as_secs() as usize).min(self.buckets - 1)
+    }
+}
+
+/// Live counters of one cohort, shared by its clients.
+#[derive(Debug)]
+pub struct CohortStats {
+    pub name: String,
+    pub kind: CohortKind,
+    counts: [AtomicU64; OUTCOMES.len()],
+    reached_app: AtomicU64,
+    in_flight: AtomicU64,
+    /// Per 1 s bucket (by send time), per outcome.
+    timeline: Vec<[AtomicU32; OUTCOMES.len()]>,
+    latencies_us: Mutex<Vec<u32>>,
+    lags_us: Mutex<Vec<u32>>,
+    /// Requests served after the client solved a challenge.
+    challenges_solved: AtomicU64,
+    /// Latency of those requests, challenge and retry included, microseconds.
+    solved_latencies_us: Mutex<Vec<u32>>,
+}
+
+/// A plain copy of a cohort's counters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CohortTotals {
+    pub counts: [u64; OUTCOMES.len()],
+    pub reached_app: u64,
+    /// Latency of served requests, microseconds, sorted.
+    pub latencies_us: Vec<u32>,
+    /// Scheduling lag of sends, microseconds, sorted.
+    pub lags_us: Vec<u32>,
+    pub timeline: Vec<[u32; OUTCOMES.len()]>,
+    /// Requests answered after the client solved a challenge (counted in
+    /// their final outcome, e.g. `served`).
+    pub challenges_solved: u64,
+    /// Latency of served requests that went through a challenge
+    /// (page, proof of work, answer, retry), microseconds, sorted.
+    pub solved_latencies_us: Vec<u32>,
+}
+
+impl CohortTotals {
+    pub fn sent(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+    pub fn count(&self, o: Outcome) -> u64 {
+        self.counts[o as usize]
+    }
+}
+
+impl CohortStats {
+    pub fn new(name: &str, kind: CohortKind, buckets: usize) -> CohortStats {
+        CohortStats {
+            name: name.to_string(),
+            kind,
+            counts: Default::default(),
+            reached_app: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            timeline: (0..buckets).map(|_| Default::default()).collect(),
+            latencies_us: Mutex::new(Vec::new()),
+            lags_us: Mutex::new(Vec::new()),
+            challenges_solved: AtomicU64::new(0),
+            solved_latencies_us: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn record(&self, bucket: usize, outcome: Outcome, reached_app: bool) {
+        self.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        if reached_app {
+            self.reached_app.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(b) = self.timeline.get(bucket) {
+            b[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Requests counted so far, and how many of them were served.
+    pub fn progress(&self) -> (u64, u64) {
+        let sent = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        (
+            sent,
+            self.counts[Outcome::Served as usize].load(Ordering::Relaxed),
+        )
+    }
+
+    /// Requests sent and not yet answered.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Copies everything; call after every client has finished.
+    pub fn totals(&self) -> CohortTotals {
+        let mut latencies_us = self
+            .latencies_us
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        latencies_us.sort_unstable();
+        let mut lags_us = self
+            .lags_us
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        lags_us.sort_unstable();
+        CohortTotals {
+            counts: std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed)),
+            reached_app: self.reached_app.load(Ordering::Relaxed),
+            latencies_us,
+            lags_us,
+            timeline: (self.timeline.iter())
+                .map(|b| std::array::from_fn(|i| b[i].load(Ordering::Relaxed)))
+                .collect(),
+            challenges_solved: self.challenges_solved.load(Ordering::Relaxed),
+            solved_latencies_us: {
+                let mut v = self
+                    .solved_latencies_us
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                v.sort_unstable();
+                v
+            },
+        }
+    }
+}
+
+/// What every client of a run shares.
+#[derive(Debug)]
+pub struct RunContext {
+    /// Where clients connect: weir, or the load balancer in front of it.
+    pub target: SocketAddr,
+    pub clock: RunClock,
+    /// The app's login path (`GET` gives a session cookie, `POST` logs in).
+    pub login_path: String,
+    /// Turns true when requests still waiting must give up (end of grace).
+    pub cancel: watch::Receiver<bool>,
+}
+
+/// One client: a source address and a connection slot.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientPlan {
+    pub src: Ipv4Addr,
+    /// Fetches the login page first and sends its session cookie (crawlers).
+    pub session_cookie: bool,
+    pub seed: u64,
+    /// Delay of this client's start after the cohort's (ramp-up).
+    pub offset: Duration,
+    /// A crawler that runs a real (headless) browser and so solves challenges.
+    pub headless: bool,
+}
+
+type ClientBody = http_body_util::Either<http_body_util::Full<Bytes>, TrickleBody>;
+
+/// Runs one client until its cohort stops (or the run is cancelled).
+pub async fn run_client(
+    ctx: Arc<RunContext>,
+    cohort: Arc<Cohort>,
+    stats: Arc<CohortStats>,
+    plan: ClientPlan,
+) {
+    let mut rng = SmallRng::seed_from_u64(plan.seed);
+    let clock = ctx.clock;
+    let stop_at = clock.at(cohort.stop);
+    let weights: Vec<f64> = cohort.requests.iter().map(|r| r.weight).collect();
+    let total_weight: f64 = weights.iter().sum();
+    let mut conn: Option<SendRequest<ClientBody>> = None;
+    let mut jar = CookieJar::default();
+    let mut first = true;
+    let mut latencies = Vec::new();
+    let mut solved_latencies = Vec::new();
+    let mut lags = Vec::new();
+    let mut cancel = ctx.cancel.clone();
+
+    let mut next = clock.at(cohort.start) + plan.offset;
+    let mut on_connection = 0u32;
+    match next_send(&cohort, &clock, next, &mut rng) {
+        Some(t) => next = t,
+        None => return,
+    }
+    loop {
+        if next >= stop_at || *cancel.borrow() {
+            break;
+        }
+        let now = Instant::now();
+        if next > now {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => {}
+                _ = cancel.changed() => break,
+            }
+            let lag = Instant::now().saturating_duration_since(next);
+            lags.push(lag.as_micros().min(u32::MAX as u128) as u32);
+        }
+        let sent_at = Instant::now();
+        let bucket = clock.bucket(sent_at);
+
+        // What to send: kind-specific first steps, then the weighted mix.
+        let (method, path) = if first && cohort.kind == CohortKind::Editors {
+            (Method::POST, ctx.login_path.clone())
+        } else if (first && plan.session_cookie)
+            || (cohort.kind == CohortKind::Humans && rng.random_bool(cohort.login_share))
+        {
+            // The login page: it hands out the session cookie the jar then keeps.
+            (Method::GET, ctx.login_path.clone())
+        } else {
+            let mix = &cohort.requests[pick(&weights, total_weight, &mut rng)];
+            let method = Method::from_bytes(mix.method.as_bytes()).unwrap_or(Method::GET);
+            (method, fill_numbers(&mix.path, &mut rng))
+        };
+        first = false;
+
+        stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let solves = match cohort.kind {
+            CohortKind::Humans | CohortKind::Editors => true,
+            CohortKind::Crawlers => plan.headless,
+            _ => false,
+        };
+        let exchange = exchange(
+            &ctx, &cohort, plan.src, &mut conn, &mut jar, method, &path, solves,
+        );
+        let result = tokio::select! {
+            r = tokio::time::timeout(cohort.timeout, exchange) => match r {
+                Ok(r) => r,
+                Err(_) => {
+                    conn = None;
+                    Answer::failed(Outcome::Timeout)
+                }
+            },
+            _ = wait_true(&mut cancel) => {
+                conn = None;
+                Answer::failed(Outcome::Unfinished)
+            }
+        };
+        stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        on_connection += 1;
+        if conn.is_none()
+            || (cohort.requests_per_connection > 0
+                && on_connection >= cohort.requests_per_connection)
+        {
+            conn = None;
+            on_connection = 0;
+        }
+        stats.record(bucket, result.outcome, result.reached_app);
+        if result.solved_challenge {
+            stats.challenges_solved.fetch_add(1, Ordering::Relaxed);
+            if result.outcome == Outcome::Served {
+                solved_latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            }
+        }
+        if result.outcome == Outcome::Served {
+            latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        }
+        if result.outcome == Outcome::Unfinished {
+            break;
+        }
+        if result.outcome.is_failure() && cohort.kind == CohortKind::Flood {
+            // A load tool retrying a refused connect at once would only measure itself.
+            tokio::select! {
+                _ = tokio::time::sleep(cohort.reconnect_delay) => {}
+                _ = cancel.changed() => break,
+            }
+        }
+        match next_send(&cohort, &clock, next, &mut rng) {
+            // Behind schedule (slow answers): send now rather than burst to catch up.
+            Some(t) => next = t.max(Instant::now()),
+            None => break,
+        }
+    }
+    let lock = |m: &Mutex<Vec<u32>>, v: Vec<u32>| {
+        m.lock().unwrap_or_else(PoisonError::into_inner).extend(v)
+    };
+    lock(&stats.latencies_us, latencies);
+    lock(&stats.solved_latencies_us, solved_latencies);
+    lock(&stats.lags_us, lags);
+}
+
+async fn wait_true(rx: &mut watch::Receiver<bool>) {
+    // An error means the sender is gone: the run is over, treat as cancelled.
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// The next intended send after `prev`: a Poisson gap at the rate of the current phase.
+/// A gap that crosses a phase boundary is redrawn from the boundary at the new rate
+/// (exact for Poisson arrivals: they have no memory). A phase with factor 0 pauses until
+/// the next phase; `None` when nothing follows.
+fn next_send(
+    cohort: &Cohort,
+    clock: &RunClock,
+    prev: Instant,
+    rng: &mut SmallRng,
+) -> Option<Instant> {
+    let mut from = prev;
+    loop {
+        let f = clock.fraction(from);
+        let rate = cohort.rate * cohort.factor_at(f);
+        let boundary = cohort
+            .phases
+            .iter()
+            .find(|p| p.at > f)
+            .map(|p| clock.at(p.at));
+        if rate > 0.0 {
+            let u: f64 = rng.random();
+            let gap = -(1.0 - u).ln() / rate;
+            let t = from + Duration::from_secs_f64(gap.min(86_400.0));
+            match boundary {
+                Some(b) if t > b => from = b,
+                _ => return Some(t),
+            }
+        } else {
+            from = boundary?;
+        }
+    }
+}
+
+fn pick(weights: &[f64], total: f64, rng: &mut SmallRng) -> usize {
+    let mut x = rng.random::<f64>() * total;
+    for (i, w) in weights.iter().enumerate() {
+        if x < *w {
+            return i;
+        }
+        x -= w;
+    }
+    weights.len().saturating_sub(1)
+}
+
+/// Replaces each `{n}` with a random number, so requests spread over many pages.
+fn fill_numbers(path: &str, rng: &mut SmallRng) -> String {
+    if !path.contains("{n}") {
+        return path.to_string();
+    }
+    let mut out = String::with_capacity(path.len() + 16);
+    let mut parts = path.split("{n}");
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    for part in parts {
+        out.push_str(&rng.random_range(1..1_000_000u32).to_string());
+        out.push_str(part);
+    }
+    out
+}
+
+struct Answer {
+    outcome: Outcome,
+    reached_app: bool,
+    /// The client met a challenge, solved it and then got this outcome.
+    solved_challenge: bool,
+}
+
+impl Answer {
+    fn failed(outcome: Outcome) -> Answer {
+        Answer {
+            outcome,
+            reached_app: false,
+            solved_challenge: false,
+        }
+    }
+}
+
+/// The challenge in a page: its nonce and difficulty (`data-bits`).
+fn challenge_of(html: &[u8]) -> Option<(String, u8)> {
+    let nonce = weir::challenge::page_nonce(html)?;
+    let text = std::str::from_utf8(html).ok()?;
+    let marker = "data-bits=\"";
+    let start = text.find(marker)? + marker.len();
+    let len = text[start..].find('"')?;
+    Some((nonce, text[start..start + len].parse().ok()?))
+}
+
+async fn connect(src: Ipv4Addr, target: SocketAddr) -> std::io::Result<SendRequest<ClientBody>> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(IpAddr::V4(src), 0))?;
+    let stream = socket.connect(target).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        // Errors surface on the sender as a failed request; nothing to do here.
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn exchange(
+    ctx: &RunContext,
+    cohort: &Cohort,
+    src: Ipv4Addr,
+    conn: &mut Option<SendRequest<ClientBody>>,
+    jar: &mut CookieJar,
+    method: Method,
+    path: &str,
+    solves: bool,
+) -> Answer {
+    let method_again = method.clone();
+    if conn.as_ref().is_some_and(|c| c.is_closed()) {
+        *conn = None;
+    }
+    let sender = match conn {
+        Some(s) => s,
+        None => match connect(src, ctx.target).await {
+            Ok(s) => conn.insert(s),
+            Err(_) => return Answer::failed(Outcome::ConnError),
+        },
+    };
+    if sender.ready().await.is_err() {
+        *conn = None;
+        return Answer::failed(Outcome::ConnError);
+    }
+    let upload = cohort.kind == CohortKind::Uploads && method == Method::POST;
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", &cohort.host);
+    req = req.header("user-agent", &cohort.user_agent);
+    // A headless-browser crawler (it solves challenges) sends what a browser sends.
+    let browser = match cohort.kind {
+        CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => true,
+        CohortKind::Crawlers => solves,
+        CohortKind::Flood => false,
+    };
+    if browser {
+        req = req
+            .header(
+                "accept",
+                "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+            )
+            .header("accept-language", "ko-KR,ko;q=0.9,en;q=0.8")
+            .header("sec-fetch-mode", "navigate")
+            .header("sec-fetch-site", "same-origin")
+            .header("sec-fetch-dest", "document");
+    } else {
+        req = req.header("accept", "*/*");
+    }
+    if let Some(cookies) = jar.header() {
+        req = req.header("cookie", cookies);
+    }
+    let body = if upload {
+        req = req.header("content-length", cohort.upload_bytes);
+        ClientBody::Right(TrickleBody::new(cohort.upload_bytes, cohort.upload_rate))
+    } else {
+        ClientBody::Left(http_body_util::Full::new(Bytes::new()))
+    };
+    let Ok(request) = req.body(body) else {
+        return Answer::failed(Outcome::Other);
+    };
+    let response = match sender.send_request(request).await {
+        Ok(r) => r,
+        Err(_) => {
+            *conn = None;
+            return Answer::failed(Outcome::ConnError);
+        }
+    };
+    let status = response.status().as_u16();
+    let headers = response.headers();
+    let challenged = headers.contains_key("x-weir-challenge");
+    let reached_app = headers.contains_key("x-app-class");
+    let keep = !headers
+        .get("connection")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+    for v in headers.get_all(SET_COOKIE) {
+        jar.set(v);
+    }
+    let body = match response.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            *conn = None;
+            return Answer::failed(Outcome::ConnError);
+        }
+    };
+    if !keep {
+        *conn = None;
+    }
+    // A browser (people, and the share of crawlers that run one) solves the
+    // challenge the way the page's script does, then asks again.
+    if challenged
+        && solves
+        && let Some((nonce, bits)) = challenge_of(&body)
+    {
+        let counter = tokio::task::spawn_blocking(move || {
+            weir::challenge::pow::solve(&nonce, bits).to_string()
+        })
+        .await
+        .unwrap_or_default();
+        let nonce = weir::challenge::page_nonce(&body).unwrap_or_default();
+        let form = format!("nonce={}&counter={counter}", form_encode(&nonce));
+        if submit_answer(ctx, cohort, src, jar, form).await == Some(true) {
+            let retry = Box::pin(exchange(
+                ctx,
+                cohort,
+                src,
+                conn,
+                jar,
+                method_again,
+                path,
+                false,
+            ))
+            .await;
+            return Answer {
+                solved_challenge: true,
+                ..retry
+            };
+        }
+    }
+    Answer {
+        outcome: Outcome::of_response(status, challenged),
+        reached_app,
+        solved_challenge: false,
+    }
+}
+
+/// Posts a challenge answer on a fresh connection, keeping the pass cookie;
+/// `Some(true)` when it was accepted (303).
+async fn submit_answer(
+    ctx: &RunContext,
+    cohort: &Cohort,
+    src: Ipv4Addr,
+    jar: &mut CookieJar,
+    form: String,
+) -> Option<bool> {
+    let mut sender = connect(src, ctx.target).await.ok()?;
+    sender.ready().await.ok()?;
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri("/.weir/challenge/verify")
+        .header("host", &cohort.host)
+        .header("user-agent", &cohort.user_agent)
+        .header("content-type", "application/x-www-form-urlencoded");
+    if let Some(cookies) = jar.header() {
+        req = req.header("cookie", cookies);
+    }
+    let body = ClientBody::Left(http_body_util::Full::new(Bytes::from(form)));
+    let resp = sender.send_request(req.body(body).ok()?).await.ok()?;
+    for v in resp.headers().get_all(SET_COOKIE) {
+        jar.set(v);
+    }
+    let ok = resp.status().as_u16() == 303;
+    let _ = resp.into_body().collect().await;
+    Some(ok)
+}
+
+fn form_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The cookies a browser would keep for one site: name=value pairs, latest wins.
+#[derive(Debug, Default, Clone)]
+pub struct CookieJar {
+    pairs: Vec<(String, String)>,
+}
+
+impl CookieJar {
+    /// Stores the cookie of one `Set-Cookie` header (attributes ignored).
+    pub fn set(&mut self, header: &HeaderValue) {
+        let Ok(text) = header.to_str() else { return };
+        let pair = text.split(';').next().unwrap_or("");
+        let Some((name, value)) = pair.split_once('=') else {
+            return;
+        };
+        let (name, value) = (name.trim(), value.trim());
+        if name.is_empty() {
+            return;
+        }
+        match self.pairs.iter_mut().find(|(n, _)| n == name) {
+            Some(p) => p.1 = value.to_string(),
+            None => self.pairs.push((name.to_string(), value.to_string())),
+        }
+    }
+
+    /// The `Cookie` header to send, if any cookie is kept.
+    pub fn header(&self) -> Option<String> {
+        (!self.pairs.is_empty()).then(|| {
+            let parts: Vec<String> = self.pairs.iter().map(|(n, v)| format!("{n}={v}")).collect();
+            parts.join("; ")
+        })
+    }
+
+    /// Whether the jar holds the login page's session cookie.
+    pub fn has_session(&self) -> bool {
+        self.pairs.iter().any(|(n, _)| n == SESSION_COOKIE)
+    }
+}
+
+/// A request body sent at `rate` bytes per second in 100 ms chunks: a phone uploading a
+/// photo over a slow uplink.
+pub struct TrickleBody {
+    left: u64,
+    chunk: u64,
+    tick: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl TrickleBody {
+    pub fn new(bytes: u64, rate: u64) -> TrickleBody {
+        let tick = Duration::from_millis(100);
+        TrickleBody {
+            left: bytes,
+            chunk: (rate / 10).max(1),
+            tick,
+            sleep: None,
+        }
+    }
+}
+
+impl Body for TrickleBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        if let Some(sleep) = self.sleep.as_mut()
+            && sleep.as_mut().poll(cx).is_pending()
+        {
+            return Poll::Pending;
+        }
+        let tick = self.tick;
+        self.sleep = Some(Box::pin(tokio::time::sleep(tick)));
+        let n = self.chunk.min(self.left);
+        self.left -= n;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; n as usize])))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
+
+use std::future::Future as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::Phase;
+
+    #[test]
+    fn outcomes_from_statuses() {
+        #[rustfmt::skip]
+        let cases = [
+            (200, false, Outcome::Served), (302, false, Outcome::Served),
+            (429, false, Outcome::Rejected429), (503, false, Outcome::Unavailable503),
+            (502, false, Outcome::Error5xx), (504, false, Outcome::Error5xx),
+            (401, false, Outcome::Other), (404, false, Outcome::Other),
+            (403, true, Outcome::Challenged), (200, true, Outcome::Challenged),
+        ];
+        for (status, challenged, want) in cases {
+            assert_eq!(
+                Outcome::of_response(status, challenged),
+                want,
+                "{status} {challenged}"
+            );
+        }
+        for (i, o) in OUTCOMES.iter().enumerate() {
+            assert_eq!(*o as usize, i, "OUTCOMES is indexed by discriminant");
+        }
+    }
+
+    #[test]
+    fn cookie_jar_keeps_latest_values() {
+        let mut jar = CookieJar::default();
+        assert_eq!(jar.header(), None);
+        jar.set(&HeaderValue::from_static(
+            "wikisession=abc; Path=/; HttpOnly",
+        ));
+        jar.set(&HeaderValue::from_static("wikiUserID=1; Path=/"));
+        jar.set(&HeaderValue::from_static("wikisession=def"));
+        jar.set(&HeaderValue::from_static("=novalue"));
+        assert_eq!(
+            jar.header().as_deref(),
+            Some("wikisession=def; wikiUserID=1")
+        );
+        assert!(jar.has_session());
+    }
+
+    #[test]
+    fn poisson_arrivals_follow_phases() {
+        let start = Instant::now();
+        let clock = RunClock::new(start, Duration::from_secs(100), Duration::ZERO);
+        let cohort = Cohort {
+            phases: vec![
+                Phase {
+                    at: 0.5,
+                    factor: 0.0,
+                },
+                Phase {
+                    at: 0.8,
+                    factor: 4.0,
+                },
+            ],
+            ..test_cohort(10.0)
+        };
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut t = start;
+        let mut per_phase = [0u32; 3];
+        while let Some(next) = next_send(&cohort, &clock, t, &mut rng) {
+            if next >= clock.at(1.0) {
+                break;
+            }
+            let f = clock.fraction(next);
+            per_phase[if f < 0.5 {
+                0
+            } else if f < 0.8 {
+                1
+            } else {
+                2
+            }] += 1;
+            t = next;
+        }
+        // 50 s at 10/s, a pause, 20 s at 40/s: within 10% (seeded, so exact per run).
+        assert!((450..=550).contains(&per_phase[0]), "{per_phase:?}");
+        assert_eq!(per_phase[1], 0, "paused");
+        assert!((720..=880).contains(&per_phase[2]), "{per_phase:?}");
+    }
+
+    #[test]
+    fn numbers_are_filled_in() {
+        let mut rng = SmallRng::seed_from_u64(2);
+        let p = fill_numbers("/w/index.php?title=P{n}&diff={n}", &mut rng);
+        assert!(
+            !p.contains("{n}") && p.starts_with("/w/index.php?title=P"),
+            "{p}"
+        );
+        assert_eq!(fill_numbers("/plain", &mut rng), "/plain");
+    }
+
+    pub(crate) fn test_cohort(rate: f64) -> Cohort {
+        Cohort {
+            name: "humans".into(),
+            kind: CohortKind::Humans,
+            clients: 1,
+            addresses: 1,
+            networks: Vec::new(),
+            rate,
+            requests: Vec::new(),
+            login_share: 0.0,
+            session_cookie_share: 0.0,
+            headless_share: 0.0,
+            user_agent: "test".into(),
+            host: "wiki.example.org".into(),
+            timeout: Duration::from_secs(1),
+            start: 0.0,
+            stop: 1.0,
+            phases: Vec::new(),
+            reconnect_delay: Duration::from_millis(500),
+            upload_bytes: 0,
+            upload_rate: 1,
+            requests_per_connection: 0,
+            ramp: Duration::ZERO,
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! The lab: stand-ins for the world around weir, for tests and for `weir sim`.
+//!
+//! - [`app`]: a simulated app server (MediaWiki + php-fpm in miniature): a real HTTP/1.1
+//!   server whose only scarce resource is `W` workers and a bounded backlog, with a health
+//!   check that needs a worker, a login that any crawler can reach and a logged-in cookie
+//!   that only a real login yields.
+//! - [`scenario`]: scenario files (`weir sim SCENARIO.toml`): app, weir variants, cohorts,
+//!   checks; [`expect`]: the check grammar; [`addresses`]: client networks in 127/8.
+//! - [`cohort`]: the load generator; [`nginx`]: a real nginx in front, for incident 4;
+//!   [`runner`]: one variant's run; [`report`]: tables, JSON and HTML; [`cli`]: `weir sim`
+//!   and `weir demo`.
+//!
+//! The lab deliberately contains no part of weir's request path: nothing here decides
+//! anything about a request weir serves.
+//!
+//! ```
+//! use weir_lab::app::{AppConfig, SimApp};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! // Incident 1's upstream: 10 workers, 64 waiting, everything else refused.
+//! let cfg = AppConfig { workers: 10, backlog: 64, ..AppConfig::default() };
+//! let app = SimApp::start(cfg, "127.0.0.1:0".parse().expect("literal address"))?;
+//! assert_eq!(app.snapshot().workers, 10);
+//! app.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod addresses;
+pub mod app;
+pub mod cli;
+pub mod cohort;
+pub mod expect;
+pub mod nginx;
+pub mod report;
+pub mod runner;
+pub mod scenario;

@@ -1,0 +1,779 @@
+//! One variant's run: start the app, weir (and nginx), the health check and the cohorts,
+//! each in its own tokio runtime so the generator's lag measures the generator; then
+//! collect what every side counted into a [`VariantReport`].
+//!
+//! Threads: the app (and its health checker, autoheal and sampler) on one runtime, weir
+//! on another with two workers, the load generator on a third. On a 2-core machine they
+//! still share cores, which is why the generator reports its own scheduling lag.
+//!
+//! It does not judge results (checks are evaluated in [`crate::cli`]) and does not
+//! print anything except the optional progress line on stderr.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, Write as _};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::addresses::{AddressError, AddressSpace};
+use super::app::{AppConfig, AppSnapshot, AppStats, SimApp};
+use super::cohort::{ClientPlan, CohortStats, OUTCOMES, RunClock, RunContext, run_client};
+use super::nginx::{NginxError, NginxProxy};
+use super::report::{
+    CohortReport, GeneratorReport, RuleReport, Timeline, UpstreamReport, VariantReport, quantile_ms,
+};
+use super::scenario::{CohortKind, HealthConfig, LoadBalancer, Scenario, Variant};
+use weir::config::{ConfigErrors, ProcessEnv, load_str};
+use weir::server::{Server, StartError};
+
+/// Why a variant could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot start a runtime or temp dir: {0}")]
+    Setup(std::io::Error),
+    #[error("the app did not start: {0}")]
+    App(std::io::Error),
+    #[error("variant {variant:?}: weir's config is invalid:\n{errors}")]
+    WeirConfig {
+        variant: String,
+        errors: ConfigErrors,
+    },
+    #[error("variant {variant:?}: weir did not start: {source}")]
+    WeirStart { variant: String, source: StartError },
+    #[error("variant {0:?}: weir's config has no listener")]
+    NoListener(String),
+    #[error(transparent)]
+    Nginx(#[from] NginxError),
+    #[error("cohort {cohort:?}: {source}")]
+    Addresses {
+        cohort: String,
+        source: AddressError,
+    },
+}
+
+/// Lead time between starting the clients and the run's time zero.
+const LEAD: Duration = Duration::from_millis(300);
+/// How often the app's counters are sampled for the timeline.
+const SAMPLE_EVERY: Duration = Duration::from_millis(50);
+
+/// Runs one variant of `scenario`. `progress` prints a status line on stderr each second.
+pub fn run_variant(
+    scenario: &Scenario,
+    variant: &Variant,
+    progress: bool,
+) -> Result<VariantReport, RunError> {
+    let meta = &scenario.file.scenario;
+    let dir = tempfile::tempdir().map_err(RunError::Setup)?;
+    let app_rt = runtime("weir-lab-app", 1)?;
+    let weir_rt = runtime("weir-lab-weir", 2)?;
+    let load_rt = runtime("weir-lab-load", 1)?;
+
+    // The app, and the supervisor that restarts it like autoheal did.
+    let supervisor = {
+        let _entered = app_rt.enter();
+        let bind: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let app = SimApp::start(scenario.file.app.clone(), bind).map_err(RunError::App)?;
+        Arc::new(AppSupervisor::new(scenario.file.app.clone(), app))
+    };
+
+    // weir.
+    let access_log = dir.path().join("access.log");
+    let text = weir_config_text(
+        variant,
+        supervisor.addr,
+        dir.path(),
+        &access_log,
+        meta.access_log,
+    );
+    let loaded =
+        load_str(&text, variant.config_path.as_deref(), &ProcessEnv).map_err(|errors| {
+            RunError::WeirConfig {
+                variant: variant.name.clone(),
+                errors,
+            }
+        })?;
+    let server = weir_rt
+        .block_on(Server::start(loaded, None, Box::new(ProcessEnv)))
+        .map_err(|source| RunError::WeirStart {
+            variant: variant.name.clone(),
+            source,
+        })?;
+    let weir_addr = *server
+        .listeners
+        .first()
+        .ok_or_else(|| RunError::NoListener(variant.name.clone()))?;
+    let admin = server.admin;
+
+    let lb = match scenario.file.topology.load_balancer {
+        Some(LoadBalancer::Nginx) => Some(NginxProxy::start(weir_addr)?),
+        None => None,
+    };
+    let target = lb.as_ref().map_or(weir_addr, |n| n.addr);
+
+    // Clients and their addresses.
+    let mut space = AddressSpace::new(meta.seed);
+    let mut owners: HashMap<IpAddr, String> = HashMap::new();
+    let mut plans = Vec::new();
+    for (ci, cohort) in scenario.cohorts.iter().enumerate() {
+        let addrs = space
+            .allocate(&cohort.networks, cohort.addresses)
+            .map_err(|source| RunError::Addresses {
+                cohort: cohort.name.clone(),
+                source,
+            })?;
+        for a in &addrs {
+            owners.insert(IpAddr::V4(*a), cohort.name.clone());
+        }
+        let per = cohort.clients.div_ceil(cohort.addresses.max(1)).max(1);
+        let mut clients = Vec::with_capacity(cohort.clients);
+        for i in 0..cohort.clients {
+            let a = match cohort.kind {
+                CohortKind::Crawlers => i / per,
+                _ => i % addrs.len(),
+            };
+            // Exactly round(share x addresses) addresses carry the session cookie, spread evenly.
+            let share = cohort.session_cookie_share;
+            let session_cookie = ((a + 1) as f64 * share).floor() > (a as f64 * share).floor();
+            // The same even spread, offset so it does not coincide with the cookie one.
+            let hs = cohort.headless_share;
+            let headless = ((a + 2) as f64 * hs).floor() > ((a + 1) as f64 * hs).floor();
+            let seed =
+                meta.seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let offset = cohort.ramp.mul_f64(i as f64 / cohort.clients.max(1) as f64);
+            clients.push(ClientPlan {
+                src: addrs[a.min(addrs.len() - 1)],
+                session_cookie,
+                seed,
+                offset,
+                headless,
+            });
+        }
+        plans.push(clients);
+    }
+
+    let duration = meta.duration.0;
+    let grace = meta.grace.0;
+    let clock = RunClock::new(Instant::now() + LEAD, duration, grace);
+    let buckets = Arc::new(Mutex::new(vec![UpstreamBucket::default(); clock.buckets]));
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    // Health checks, autoheal and sampling run beside the app.
+    let health_task = scenario.file.health.enabled.then(|| {
+        app_rt.spawn(health_checks(
+            supervisor.clone(),
+            scenario.file.health.clone(),
+            clock,
+            buckets.clone(),
+            stop_rx.clone(),
+        ))
+    });
+    let sampler = app_rt.spawn(sample(
+        supervisor.clone(),
+        clock,
+        buckets.clone(),
+        stop_rx.clone(),
+    ));
+
+    // The load.
+    let stats: Vec<Arc<CohortStats>> = (scenario.cohorts.iter())
+        .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
+        .collect();
+    let (cancel_tx, cancel_rx) = watch::channel(false);
+    let ctx = Arc::new(RunContext {
+        target,
+        clock,
+        login_path: scenario.file.app.login_path.clone(),
+        cancel: cancel_rx,
+    });
+    let label = variant.name.clone();
+    let workers = scenario.file.app.workers;
+    load_rt.block_on(async {
+        let mut clients = tokio::task::JoinSet::new();
+        for ((cohort, plans), stats) in scenario.cohorts.iter().zip(plans).zip(&stats) {
+            let cohort = Arc::new(cohort.clone());
+            for plan in plans {
+                clients.spawn(run_client(ctx.clone(), cohort.clone(), stats.clone(), plan));
+            }
+        }
+        let end = clock.start + duration;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut cancelled = false;
+        loop {
+            tokio::select! {
+                joined = clients.join_next() => if joined.is_none() { break },
+                _ = tick.tick() => {
+                    if progress {
+                        print_progress(&label, &clock, &stats, &supervisor, workers);
+                    }
+                    if !cancelled && Instant::now() >= end + grace {
+                        cancelled = true;
+                        let _ = cancel_tx.send(true);
+                    }
+                }
+            }
+        }
+        if progress {
+            eprintln!();
+        }
+    });
+    let _ = stop_tx.send(true);
+    if let Some(t) = health_task {
+        let _ = app_rt.block_on(t);
+    }
+    let _ = app_rt.block_on(sampler);
+
+    // What weir counted, then stop everything.
+    let metrics = admin
+        .map(|a| weir_rt.block_on(scrape(a)))
+        .unwrap_or_default();
+    drop(lb);
+    server.abort();
+    drop(server);
+    weir_rt.shutdown_timeout(Duration::from_secs(1));
+    let upstream = supervisor.totals();
+    let restarts = supervisor.restarts.load(Ordering::Relaxed);
+    let health = (
+        supervisor.health_checks.load(Ordering::Relaxed),
+        supervisor.health_failures.load(Ordering::Relaxed),
+    );
+    drop(supervisor);
+    load_rt.shutdown_timeout(Duration::from_secs(1));
+    app_rt.shutdown_timeout(Duration::from_secs(1));
+
+    let mut rules = rules_from_metrics(&metrics);
+    if meta.access_log {
+        count_log_rejections(&access_log, &owners, &mut rules);
+    }
+    let buckets = std::mem::take(&mut *buckets.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok(build_report(
+        scenario,
+        variant,
+        lb_name(scenario),
+        &stats,
+        upstream,
+        restarts,
+        health,
+        rules,
+        buckets,
+        clock,
+    ))
+}
+
+fn lb_name(scenario: &Scenario) -> Option<String> {
+    scenario
+        .file
+        .topology
+        .load_balancer
+        .map(|LoadBalancer::Nginx| "nginx".to_string())
+}
+
+fn runtime(name: &str, threads: usize) -> Result<tokio::runtime::Runtime, RunError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(RunError::Setup)
+}
+
+/// The variant's text with `{{app}}` and `{{dir}}` filled in, an admin API on a free
+/// port and the access log in the run's dir unless the text sets them.
+pub fn weir_config_text(
+    variant: &Variant,
+    app: SocketAddr,
+    dir: &Path,
+    access_log: &Path,
+    log_on: bool,
+) -> String {
+    let mut text = variant
+        .config_text
+        .replace("{{app}}", &app.to_string())
+        .replace("{{dir}}", &dir.display().to_string());
+    if !text.contains("[admin]") {
+        text.push_str("\n[admin]\naddress = \"127.0.0.1:0\"\n");
+    }
+    if !text.contains("[access_log]") {
+        let target = if log_on {
+            access_log.display().to_string()
+        } else {
+            "off".into()
+        };
+        text.push_str(&format!("\n[access_log]\ntarget = {target:?}\n"));
+    }
+    text
+}
+
+/// The app and its replacements after autoheal restarts, with counters summed over all.
+struct AppSupervisor {
+    cfg: AppConfig,
+    addr: SocketAddr,
+    current: tokio::sync::Mutex<Option<SimApp>>,
+    stats: ArcSwap<AppStats>,
+    /// Counters of instances already killed.
+    past: Mutex<AppSnapshot>,
+    restarts: AtomicU64,
+    health_checks: AtomicU64,
+    health_failures: AtomicU64,
+}
+
+impl AppSupervisor {
+    fn new(cfg: AppConfig, app: SimApp) -> AppSupervisor {
+        let stats = app.stats();
+        let mut past = app.snapshot();
+        zero(&mut past);
+        AppSupervisor {
+            cfg,
+            addr: app.addr(),
+            current: tokio::sync::Mutex::new(Some(app)),
+            stats: ArcSwap::new(stats),
+            past: Mutex::new(past),
+            restarts: AtomicU64::new(0),
+            health_checks: AtomicU64::new(0),
+            health_failures: AtomicU64::new(0),
+        }
+    }
+
+    fn snapshot(&self) -> AppSnapshot {
+        self.stats.load().snapshot()
+    }
+
+    fn totals(&self) -> UpstreamReport {
+        let now = self.snapshot();
+        let past = self
+            .past
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        UpstreamReport {
+            workers: self.cfg.workers,
+            max_in_flight: now.max_in_flight.max(past.max_in_flight),
+            max_queued: now.max_queued.max(past.max_queued),
+            served: now.served + past.served,
+            refused: now.refused + past.refused,
+            abandoned: now.abandoned + past.abandoned,
+            health_checks: self.health_checks.load(Ordering::Relaxed),
+            health_failures: self.health_failures.load(Ordering::Relaxed),
+            restarts: self.restarts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Kills the app (cutting every request in it), leaves nothing listening for `down`,
+    /// then starts a fresh one on the same address.
+    async fn restart(&self, down: Duration) {
+        let mut current = self.current.lock().await;
+        if let Some(app) = current.take() {
+            let stats = app.stats();
+            app.kill().await;
+            let s = stats.snapshot();
+            let mut past = self.past.lock().unwrap_or_else(PoisonError::into_inner);
+            past.served += s.served;
+            past.refused += s.refused;
+            past.abandoned += s.abandoned;
+            past.max_in_flight = past.max_in_flight.max(s.max_in_flight);
+            past.max_queued = past.max_queued.max(s.max_queued);
+        }
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(down).await;
+        match SimApp::start(self.cfg.clone(), self.addr) {
+            Ok(app) => {
+                self.stats.store(app.stats());
+                *current = Some(app);
+            }
+            Err(e) => tracing::warn!(error = %e, "lab app did not restart"),
+        }
+    }
+}
+
+fn zero(s: &mut AppSnapshot) {
+    s.received = 0;
+    s.served = 0;
+    s.refused = 0;
+    s.abandoned = 0;
+    s.max_in_flight = 0;
+    s.max_queued = 0;
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct UpstreamBucket {
+    in_flight: u32,
+    queued: u32,
+    workers: u32,
+    /// Refused so far (all instances), at the last sample in this second.
+    refused_total: u64,
+    health_failures: u32,
+    restart: bool,
+}
+
+async fn sample(
+    sup: Arc<AppSupervisor>,
+    clock: RunClock,
+    buckets: Arc<Mutex<Vec<UpstreamBucket>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let now = Instant::now();
+        if now < clock.start {
+            continue;
+        }
+        let s = sup.snapshot();
+        let refused_total = s.refused
+            + sup
+                .past
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .refused;
+        let mut b = buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(b) = b.get_mut(clock.bucket(now)) {
+            b.in_flight = b.in_flight.max(s.in_flight as u32);
+            b.queued = b.queued.max(s.queued as u32);
+            b.workers = b.workers.max(s.workers as u32);
+            b.refused_total = refused_total;
+        }
+    }
+}
+
+/// A container health check: `GET health_path` on the app itself every `interval`, like
+/// Docker's; after `failures` in a row, autoheal restarts the app.
+async fn health_checks(
+    sup: Arc<AppSupervisor>,
+    cfg: HealthConfig,
+    clock: RunClock,
+    buckets: Arc<Mutex<Vec<UpstreamBucket>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let path = sup.cfg.health_path.clone();
+    let mut tick = tokio::time::interval_at(clock.start + cfg.interval.0, cfg.interval.0);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut in_a_row = 0;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let ok = matches!(
+            tokio::time::timeout(cfg.timeout.0, http_get(sup.addr, &path)).await,
+            Ok(Ok((200, _)))
+        );
+        sup.health_checks.fetch_add(1, Ordering::Relaxed);
+        if ok {
+            in_a_row = 0;
+            continue;
+        }
+        sup.health_failures.fetch_add(1, Ordering::Relaxed);
+        in_a_row += 1;
+        let bucket = clock.bucket(Instant::now());
+        if let Some(b) = buckets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(bucket)
+        {
+            b.health_failures += 1;
+        }
+        if cfg.autoheal && in_a_row >= cfg.failures {
+            in_a_row = 0;
+            if let Some(b) = buckets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_mut(bucket)
+            {
+                b.restart = true;
+            }
+            tokio::select! {
+                _ = sup.restart(cfg.restart_time.0) => {}
+                _ = stop.changed() => return,
+            }
+            tick.reset();
+        }
+    }
+}
+
+/// One `GET` on a fresh connection: status and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, Bytes)> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = http::Request::get(path)
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())
+        .map_err(std::io::Error::other)?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(std::io::Error::other)?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
+    Ok((status, body))
+}
+
+async fn scrape(admin: SocketAddr) -> String {
+    match tokio::time::timeout(Duration::from_secs(5), http_get(admin, "/metrics")).await {
+        Ok(Ok((200, body))) => String::from_utf8_lossy(&body).into_owned(),
+        _ => String::new(),
+    }
+}
+
+/// `weir_rejections_total{rule=..}` and `weir_connections_refused_total{reason=..}`.
+pub fn rules_from_metrics(text: &str) -> BTreeMap<String, RuleReport> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        for (family, label) in [
+            ("weir_rejections_total{", "rule=\""),
+            ("weir_connections_refused_total{", "reason=\""),
+        ] {
+            let Some(rest) = line.strip_prefix(family) else {
+                continue;
+            };
+            let Some(after) = rest.split_once(label).map(|(_, a)| a) else {
+                continue;
+            };
+            let Some((name, _)) = after.split_once('"') else {
+                continue;
+            };
+            let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+                continue;
+            };
+            if value > 0.0 {
+                let r: &mut RuleReport = out.entry(name.to_string()).or_default();
+                r.count += value as u64;
+            }
+        }
+    }
+    out
+}
+
+/// Per-rule, per-cohort rejections from weir's access log.
+fn count_log_rejections(
+    path: &Path,
+    owners: &HashMap<IpAddr, String>,
+    rules: &mut BTreeMap<String, RuleReport>,
+) {
+    let Ok(file) = std::fs::File::open(path) else {
+        return;
+    };
+    for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let Some(rule) = v.get("rule").and_then(|r| r.as_str()) else {
+            continue;
+        };
+        let client = v
+            .get("client")
+            .and_then(|c| c.as_str())
+            .and_then(|c| c.parse::<IpAddr>().ok());
+        let cohort = client
+            .and_then(|c| owners.get(&c))
+            .map_or(super::expect::UNKNOWN_CLIENT, String::as_str);
+        let r = rules.entry(rule.to_string()).or_default();
+        *r.by_cohort.entry(cohort.to_string()).or_default() += 1;
+    }
+}
+
+fn print_progress(
+    label: &str,
+    clock: &RunClock,
+    stats: &[Arc<CohortStats>],
+    sup: &AppSupervisor,
+    workers: usize,
+) {
+    let t = Instant::now()
+        .saturating_duration_since(clock.start)
+        .as_secs();
+    let mut line = format!("\r{label}: {t:>3}/{}s", clock.duration.as_secs());
+    for s in stats {
+        let (sent, served) = s.progress();
+        let pct = if sent == 0 {
+            100.0
+        } else {
+            served as f64 * 100.0 / sent as f64
+        };
+        line.push_str(&format!("  {} {sent} ({pct:.0}% served)", s.name));
+    }
+    let snap = sup.snapshot();
+    line.push_str(&format!(
+        "  app {}/{workers} busy, {} queued   ",
+        snap.in_flight, snap.queued
+    ));
+    let mut err = std::io::stderr();
+    let _ = err.write_all(line.as_bytes());
+    let _ = err.flush();
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_report(
+    scenario: &Scenario,
+    variant: &Variant,
+    load_balancer: Option<String>,
+    stats: &[Arc<CohortStats>],
+    upstream: UpstreamReport,
+    restarts: u64,
+    (health_checks, health_failures): (u64, u64),
+    rules: BTreeMap<String, RuleReport>,
+    buckets: Vec<UpstreamBucket>,
+    clock: RunClock,
+) -> VariantReport {
+    let mut all_lags: Vec<u32> = Vec::new();
+    let mut timeline = Timeline {
+        seconds: clock.buckets,
+        ..Timeline::default()
+    };
+    let cohorts = (scenario.cohorts.iter().zip(stats))
+        .map(|(c, s)| {
+            let t = s.totals();
+            all_lags.extend_from_slice(&t.lags_us);
+            let mut series = BTreeMap::new();
+            for o in OUTCOMES {
+                let v: Vec<u32> = t.timeline.iter().map(|b| b[o as usize]).collect();
+                if v.iter().any(|n| *n > 0) {
+                    series.insert(o.as_str().to_string(), v);
+                }
+            }
+            timeline.cohorts.insert(c.name.clone(), series);
+            CohortReport {
+                name: c.name.clone(),
+                kind: c.kind,
+                clients: c.clients,
+                addresses: c.addresses,
+                sent: t.sent(),
+                outcomes: OUTCOMES
+                    .iter()
+                    .map(|o| (o.as_str().to_string(), t.count(*o)))
+                    .collect(),
+                reached_app: t.reached_app,
+                challenges_solved: t.challenges_solved,
+                challenged_p50_ms: quantile_ms(&t.solved_latencies_us, 0.50),
+                challenged_p95_ms: quantile_ms(&t.solved_latencies_us, 0.95),
+                p50_ms: quantile_ms(&t.latencies_us, 0.50),
+                p95_ms: quantile_ms(&t.latencies_us, 0.95),
+                p99_ms: quantile_ms(&t.latencies_us, 0.99),
+            }
+        })
+        .collect();
+    all_lags.sort_unstable();
+    let late = all_lags
+        .iter()
+        .filter(|l| **l as u128 > super::cohort::LATE.as_micros())
+        .count();
+    let late_share = if all_lags.is_empty() {
+        0.0
+    } else {
+        late as f64 / all_lags.len() as f64
+    };
+    let lag_p99_ms = quantile_ms(&all_lags, 0.99);
+    let generator = GeneratorReport {
+        timed_sends: all_lags.len() as u64,
+        lag_p50_ms: quantile_ms(&all_lags, 0.5),
+        lag_p99_ms,
+        lag_max_ms: all_lags.last().map_or(0.0, |l| *l as f64 / 1000.0),
+        late_share,
+        bottleneck: lag_p99_ms > 50.0 || late_share > 0.05,
+    };
+    let mut prev_refused = 0;
+    let mut last_workers = 0;
+    for (s, b) in buckets.iter().enumerate() {
+        timeline.upstream_in_flight.push(b.in_flight);
+        timeline.upstream_queued.push(b.queued);
+        // A second with no sample keeps the previous second's pool size.
+        last_workers = if b.workers > 0 {
+            b.workers
+        } else {
+            last_workers
+        };
+        timeline.upstream_workers.push(last_workers);
+        let total = b.refused_total.max(prev_refused);
+        timeline
+            .upstream_refused
+            .push((total - prev_refused) as u32);
+        prev_refused = total;
+        timeline.health_failures.push(b.health_failures);
+        if b.restart {
+            timeline.restarts.push(s);
+        }
+    }
+    VariantReport {
+        name: variant.name.clone(),
+        description: variant.description.clone(),
+        load_balancer,
+        cohorts,
+        upstream: UpstreamReport {
+            restarts,
+            health_checks,
+            health_failures,
+            ..upstream
+        },
+        rules,
+        generator,
+        timeline,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_come_from_both_metric_families() {
+        let text = "# HELP x\nweir_rejections_total{rule=\"client_in_flight\"} 12\n\
+                    weir_rejections_total{rule=\"no_route\"} 0\n\
+                    weir_connections_refused_total{reason=\"per_ip_cap\"} 3\n\
+                    weir_requests_total{class=\"x\",status=\"200\",decision=\"admit\"} 99\n";
+        let rules = rules_from_metrics(text);
+        let counts: Vec<(&str, u64)> = rules.iter().map(|(k, v)| (k.as_str(), v.count)).collect();
+        assert_eq!(counts, vec![("client_in_flight", 12), ("per_ip_cap", 3)]);
+    }
+
+    #[test]
+    fn weir_config_gets_app_admin_and_log() {
+        let v = Variant {
+            name: "x".into(),
+            description: String::new(),
+            config_text: "[pools.app]\nservers = [\"{{app}}\"]\n".into(),
+            config_path: None,
+        };
+        let app: SocketAddr = "127.0.0.1:8080".parse().expect("literal");
+        let text = weir_config_text(
+            &v,
+            app,
+            Path::new("/tmp/d"),
+            Path::new("/tmp/d/a.log"),
+            true,
+        );
+        assert!(text.contains("servers = [\"127.0.0.1:8080\"]"), "{text}");
+        assert!(
+            text.contains("[admin]\naddress = \"127.0.0.1:0\""),
+            "{text}"
+        );
+        assert!(text.contains("target = \"/tmp/d/a.log\""), "{text}");
+        let off = weir_config_text(
+            &v,
+            app,
+            Path::new("/tmp/d"),
+            Path::new("/tmp/d/a.log"),
+            false,
+        );
+        assert!(off.contains("target = \"off\""), "{off}");
+    }
+}

@@ -1,0 +1,1118 @@
+//! Scenario files for `weir sim`: the schema, loading with errors that name the line and
+//! key (the same [`ConfigError`] weir's own config uses), and validation.
+//!
+//! A scenario is one incident in miniature: an app ([`AppConfig`]), one or more weir
+//! configurations to compare (`[weir.<variant>]`), traffic cohorts (`[[cohorts]]`) and the
+//! checks each variant must pass (`[[expect]]`). See `docs/lab.md` for the format.
+//!
+//! This module only reads and checks files. It does not start anything (see
+//! [`crate::runner`]), and it does not check the embedded weir configs beyond their
+//! presence: weir's own loader does that when a variant runs, so its errors stay its own.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use super::addresses::NetworkGroup;
+use super::app::AppConfig;
+use super::expect::Check;
+use weir::config::{ConfigDuration, ConfigError, ConfigErrors, KeyPath};
+
+/// Longest scenario the lab runs: CI runs every scenario, and a laptop demo must stay short.
+pub const MAX_DURATION: Duration = Duration::from_secs(600);
+/// Most clients of all cohorts together: each is a socket (or several) in this process.
+pub const MAX_CLIENT_CONNECTIONS: usize = 6000;
+
+/// The whole scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    pub scenario: ScenarioMeta,
+    #[serde(default)]
+    pub app: AppConfig,
+    #[serde(default)]
+    pub health: HealthConfig,
+    #[serde(default)]
+    pub topology: TopologyConfig,
+    /// weir configurations to compare, by variant name.
+    #[serde(default)]
+    pub weir: std::collections::BTreeMap<String, WeirVariantConfig>,
+    #[serde(default)]
+    pub cohorts: Vec<CohortConfig>,
+    #[serde(default)]
+    pub expect: Vec<ExpectConfig>,
+}
+
+/// `[scenario]`: name and timing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioMeta {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Wall-clock length of one variant's run (load is generated this long).
+    pub duration: ConfigDuration,
+    /// How many seconds of the incident one second of the run stands for (e.g. 720: the
+    /// run's 40 s tell a 8-hour day). Only labels the timeline: rates, service times and
+    /// timeouts in the file are already in run time.
+    #[serde(default = "one")]
+    pub compression: f64,
+    /// Story-time label of the run's start, e.g. `"09:00"`; shown on the timeline.
+    #[serde(default)]
+    pub story_start: Option<String>,
+    /// Seed of every random choice (addresses, arrivals, paths): runs are comparable.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// After `duration`, how long requests already sent may take to finish before they
+    /// are counted `unfinished`.
+    #[serde(default = "default_grace")]
+    pub grace: ConfigDuration,
+    /// Write weir's access log to a temp file and count rejections per rule and cohort.
+    #[serde(default = "yes")]
+    pub access_log: bool,
+}
+
+/// `[health]`: a container health check that hits the app directly, like Docker.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Time between two checks (incident 1: 30 s; compress it like the rest).
+    #[serde(default = "default_health_interval")]
+    pub interval: ConfigDuration,
+    /// A check not answered `200` within this counts as failed.
+    #[serde(default = "default_health_timeout")]
+    pub timeout: ConfigDuration,
+    /// Consecutive failures that make the container unhealthy (incident 1: 3).
+    #[serde(default = "default_health_failures")]
+    pub failures: u32,
+    /// Restart the app when unhealthy, cutting every request in it (incident 1's autoheal).
+    #[serde(default)]
+    pub autoheal: bool,
+    /// How long a restart leaves nothing listening.
+    #[serde(default = "default_restart_time")]
+    pub restart_time: ConfigDuration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            enabled: true,
+            interval: default_health_interval(),
+            timeout: default_health_timeout(),
+            failures: default_health_failures(),
+            autoheal: false,
+            restart_time: default_restart_time(),
+        }
+    }
+}
+
+/// `[topology]`: what stands between clients and weir.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyConfig {
+    /// `"nginx"`: a real nginx in front of weir adding `X-Forwarded-For` (incident 4).
+    #[serde(default)]
+    pub load_balancer: Option<LoadBalancer>,
+}
+
+/// A load balancer the lab can start.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadBalancer {
+    Nginx,
+}
+
+/// `[weir.<variant>]`: one weir configuration, inline or from a file.
+///
+/// In the text, `{{app}}` is replaced by the app's address and `{{dir}}` by the run's
+/// temp dir. Listeners should use port 0. Without `[admin]` the admin API binds
+/// `127.0.0.1:0`; without `[access_log]` the log goes to a temp file the lab reads.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WeirVariantConfig {
+    #[serde(default)]
+    pub description: String,
+    /// The weir config as TOML text.
+    #[serde(default)]
+    pub config: Option<String>,
+    /// A weir config file, relative to the scenario file.
+    #[serde(default)]
+    pub file: Option<String>,
+}
+
+/// What a cohort is.
+#[derive(
+    Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CohortKind {
+    /// Anonymous people with browsers: think time, a cookie jar, sometimes the login page.
+    Humans,
+    /// Logged-in users: `POST /login` once, then every request carries the login cookies.
+    Editors,
+    /// Many addresses over chosen networks, no JavaScript, a fake or tool user agent.
+    Crawlers,
+    /// A load test: many connections from a few addresses, as fast as allowed.
+    Flood,
+    /// Slow uploads: request bodies trickled at a set byte rate.
+    Uploads,
+}
+
+impl CohortKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CohortKind::Humans => "humans",
+            CohortKind::Editors => "editors",
+            CohortKind::Crawlers => "crawlers",
+            CohortKind::Flood => "flood",
+            CohortKind::Uploads => "uploads",
+        }
+    }
+
+    /// Keys only a cohort of this kind may have, beyond [`COMMON_COHORT_KEYS`].
+    fn own_keys(self) -> &'static [&'static str] {
+        const HUMANS: &[&str] = &["count", "login_share"];
+        const EDITORS: &[&str] = &["count"];
+        const CRAWLERS: &[&str] = &["concurrency", "session_cookie_share", "headless_share"];
+        const FLOOD: &[&str] = &["connections", "reconnect_delay"];
+        const UPLOADS: &[&str] = &["count", "upload_bytes", "upload_rate"];
+        match self {
+            CohortKind::Humans => HUMANS,
+            CohortKind::Editors => EDITORS,
+            CohortKind::Crawlers => CRAWLERS,
+            CohortKind::Flood => FLOOD,
+            CohortKind::Uploads => UPLOADS,
+        }
+    }
+
+    /// Whether a cohort of this kind may have `key`; any other is an error naming its line.
+    fn is_allowed(self, key: &str) -> bool {
+        COMMON_COHORT_KEYS.contains(&key) || self.own_keys().contains(&key)
+    }
+}
+
+/// Keys every cohort kind may have.
+const COMMON_COHORT_KEYS: &[&str] = &[
+    "kind",
+    "name",
+    "addresses",
+    "networks",
+    "rate",
+    "requests",
+    "user_agent",
+    "timeout",
+    "start",
+    "stop",
+    "phases",
+    "host",
+    "requests_per_connection",
+    "ramp",
+];
+
+/// `[[cohorts]]`: one population of clients. Which keys apply depends on `kind`
+/// (see `docs/lab.md`); a key that does not apply is an error, not silently ignored.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CohortConfig {
+    pub kind: CohortKind,
+    /// Name used in reports and checks. Default: the kind (`humans`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// humans, editors, uploads: number of clients (one connection each).
+    #[serde(default)]
+    pub count: Option<usize>,
+    /// Source addresses. humans/editors/uploads: default `count` (one each; fewer means
+    /// carrier NAT). crawlers: one client per address. flood: connections share them.
+    #[serde(default)]
+    pub addresses: Option<usize>,
+    /// How addresses spread over networks. Default: each address in its own /24.
+    #[serde(default)]
+    pub networks: Vec<NetworkGroup>,
+    /// Requests per second per client (per connection for `flood`), Poisson arrivals;
+    /// a client waits for its previous answer first, like a person or a polite crawler.
+    pub rate: f64,
+    /// crawlers: connections per address (default 1).
+    #[serde(default)]
+    pub concurrency: Option<usize>,
+    /// flood: connections in all.
+    #[serde(default)]
+    pub connections: Option<usize>,
+    /// flood: pause after a failed connect before trying again (default 500ms).
+    #[serde(default)]
+    pub reconnect_delay: Option<ConfigDuration>,
+    /// Weighted request mix. Default per kind (see `docs/lab.md`).
+    #[serde(default)]
+    pub requests: Vec<RequestMix>,
+    /// A client closes its connection after this many requests and opens a new one for
+    /// the next (a new visit, a new tab). Default: humans and editors 5, others never.
+    #[serde(default)]
+    pub requests_per_connection: Option<u32>,
+    /// Clients start evenly over this long from `start` instead of all at once, as a
+    /// load-test tool ramps up. Default 1s for flood, 0 for others.
+    #[serde(default)]
+    pub ramp: Option<ConfigDuration>,
+    /// humans: share of requests that are visits to the login page (the session cookie
+    /// it sets is then kept and sent, as a browser does).
+    #[serde(default)]
+    pub login_share: Option<f64>,
+    /// crawlers: share of addresses that fetch the login page first and then send its
+    /// session cookie with every request (incident 1: ~1/5).
+    #[serde(default)]
+    pub session_cookie_share: Option<f64>,
+    /// crawlers: share of addresses that run a headless browser and so solve the
+    /// challenge (people always do). Default 0.
+    #[serde(default)]
+    pub headless_share: Option<f64>,
+    /// `User-Agent` sent. Default per kind: a mobile browser for people, a tool for others.
+    #[serde(default)]
+    pub user_agent: Option<String>,
+    /// `Host` sent. Default `wiki.example.org`.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// A request without a complete answer after this counts as `timeout`. Default 10s.
+    #[serde(default)]
+    pub timeout: Option<ConfigDuration>,
+    /// Fraction of the run at which the cohort starts (default 0).
+    #[serde(default)]
+    pub start: Option<f64>,
+    /// Fraction of the run at which it stops sending (default 1).
+    #[serde(default)]
+    pub stop: Option<f64>,
+    /// Rate changes over the run: from `at` (fraction of the run) the rate is
+    /// `factor` times `rate`.
+    #[serde(default)]
+    pub phases: Vec<Phase>,
+    /// uploads: body size in bytes (default 1 MiB).
+    #[serde(default)]
+    pub upload_bytes: Option<u64>,
+    /// uploads: bytes per second the body is sent at (default 64 KiB/s).
+    #[serde(default)]
+    pub upload_rate: Option<u64>,
+}
+
+/// One entry of a weighted request mix. `{n}` in `path` becomes a random number.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RequestMix {
+    pub path: String,
+    #[serde(default = "one")]
+    pub weight: f64,
+    #[serde(default = "default_method")]
+    pub method: String,
+}
+
+/// From `at` (fraction of the run) on, the cohort's rate is `factor` x `rate`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Phase {
+    pub at: f64,
+    pub factor: f64,
+}
+
+/// `[[expect]]`: a check one variant (or every variant) must pass.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectConfig {
+    /// The variant checked; absent means every variant.
+    #[serde(default)]
+    pub variant: Option<String>,
+    /// `<cohort|upstream|generator|rules.NAME>.<metric> <op> <number>`.
+    pub check: String,
+    /// Why this check cannot pass yet (e.g. `"issue 3"`): it is reported, never fails
+    /// the run.
+    #[serde(default)]
+    pub pending: Option<String>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+fn default_seed() -> u64 {
+    2026
+}
+fn default_grace() -> ConfigDuration {
+    ConfigDuration::secs(2)
+}
+fn default_health_interval() -> ConfigDuration {
+    ConfigDuration::secs(1)
+}
+fn default_health_timeout() -> ConfigDuration {
+    ConfigDuration::secs(1)
+}
+fn default_health_failures() -> u32 {
+    3
+}
+fn default_restart_time() -> ConfigDuration {
+    ConfigDuration::secs(2)
+}
+fn default_method() -> String {
+    "GET".into()
+}
+
+/// A loaded, checked scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub file: ScenarioFile,
+    /// Variant names in file order.
+    pub variants: Vec<Variant>,
+    /// Cohorts with names and defaults resolved.
+    pub cohorts: Vec<Cohort>,
+    /// Parsed checks, in file order.
+    pub checks: Vec<Expectation>,
+    /// The file, when loaded from one.
+    pub path: Option<PathBuf>,
+}
+
+/// One weir variant, its config text read.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    pub name: String,
+    pub description: String,
+    pub config_text: String,
+    /// Where the text came from (for weir's error messages).
+    pub config_path: Option<PathBuf>,
+}
+
+/// One cohort with every default applied.
+#[derive(Debug, Clone)]
+pub struct Cohort {
+    pub name: String,
+    pub kind: CohortKind,
+    /// Clients (connections for flood; addresses x concurrency for crawlers).
+    pub clients: usize,
+    pub addresses: usize,
+    pub networks: Vec<NetworkGroup>,
+    pub rate: f64,
+    pub requests: Vec<RequestMix>,
+    pub login_share: f64,
+    pub session_cookie_share: f64,
+    pub headless_share: f64,
+    pub user_agent: String,
+    pub host: String,
+    pub timeout: Duration,
+    pub start: f64,
+    pub stop: f64,
+    pub phases: Vec<Phase>,
+    pub reconnect_delay: Duration,
+    pub upload_bytes: u64,
+    pub upload_rate: u64,
+    /// 0: keep the connection as long as it lasts.
+    pub requests_per_connection: u32,
+    pub ramp: Duration,
+}
+
+impl Cohort {
+    /// Rate multiplier at fraction `f` of the run: the last phase at or before `f`.
+    pub fn factor_at(&self, f: f64) -> f64 {
+        (self.phases.iter())
+            .rfind(|p| p.at <= f)
+            .map_or(1.0, |p| p.factor)
+    }
+}
+
+/// One `[[expect]]`, parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expectation {
+    pub variant: Option<String>,
+    pub check: Check,
+    pub pending: Option<String>,
+    /// 1-based line of the check in the scenario file.
+    pub line: Option<usize>,
+}
+
+/// Reads and checks a scenario file. Weir configs given by `file` are read relative to it.
+pub fn load_scenario_file(path: &Path) -> Result<Scenario, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: Some(path.to_path_buf()),
+            line: None,
+            key: None,
+            message: format!("cannot read the file: {e}"),
+        }])
+    })?;
+    load_scenario_str(&text, Some(path))
+}
+
+/// Parses and checks scenario text; `path` names it in errors and anchors relative files.
+pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, ConfigErrors> {
+    let at = Locator {
+        file: path.map(Path::to_path_buf),
+        doc: toml_edit::Document::parse(text.to_string()).ok(),
+        text,
+    };
+    let file: ScenarioFile = toml::from_str(text).map_err(|e| {
+        let line = e.span().map(|s| line_of(text, s.start));
+        let message = e
+            .message()
+            .lines()
+            .next()
+            .unwrap_or("invalid TOML")
+            .to_string();
+        ConfigErrors(vec![ConfigError {
+            file: at.file.clone(),
+            line,
+            key: None,
+            message,
+        }])
+    })?;
+    let mut errors = Vec::new();
+    let root = KeyPath::root();
+
+    let meta = &file.scenario;
+    if meta.duration.0.is_zero() || meta.duration.0 > MAX_DURATION {
+        errors.push(at.error(
+            &root.key("scenario").key("duration"),
+            format!(
+                "must be more than 0 and at most {}s",
+                MAX_DURATION.as_secs()
+            ),
+        ));
+    }
+    if !(meta.compression.is_finite() && meta.compression > 0.0) {
+        errors.push(at.error(
+            &root.key("scenario").key("compression"),
+            "must be a number > 0",
+        ));
+    }
+    if let Err(e) = file.app.validate() {
+        errors.push(at.error(&root.key("app"), e.to_string()));
+    }
+    let health = &file.health;
+    if health.enabled && (health.interval.0.is_zero() || health.timeout.0.is_zero()) {
+        errors.push(at.error(
+            &root.key("health"),
+            "interval and timeout must be more than 0",
+        ));
+    }
+    if health.enabled && health.failures == 0 {
+        errors.push(at.error(&root.key("health").key("failures"), "must be at least 1"));
+    }
+
+    let variants = variants(&file, &at, path, &mut errors);
+    let cohorts = cohorts(&file, &at, &mut errors);
+    let names: BTreeSet<&str> = cohorts.iter().map(|c| c.name.as_str()).collect();
+
+    let mut checks = Vec::new();
+    for (i, e) in file.expect.iter().enumerate() {
+        let key = root.key("expect").index(i);
+        if let Some(v) = &e.variant
+            && !variants.iter().any(|x| &x.name == v)
+        {
+            errors.push(at.error(
+                &key.key("variant"),
+                format!(
+                    "no variant {v:?}; the scenario has {}",
+                    variant_list(&variants)
+                ),
+            ));
+        }
+        let line = at.line(&key.key("check"));
+        match Check::parse(&e.check) {
+            Ok(check) => {
+                if let Some(cohort) = check.cohort_name()
+                    && !names.contains(cohort)
+                {
+                    errors.push(at.error(
+                        &key.key("check"),
+                        format!(
+                            "{:?}: no cohort named {cohort:?} (cohorts: {})",
+                            e.check,
+                            names.iter().copied().collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                }
+                checks.push(Expectation {
+                    variant: e.variant.clone(),
+                    check,
+                    pending: e.pending.clone(),
+                    line,
+                });
+            }
+            Err(err) => errors.push(at.error(&key.key("check"), format!("{:?}: {err}", e.check))),
+        }
+    }
+    if errors.is_empty() {
+        Ok(Scenario {
+            file,
+            variants,
+            cohorts,
+            checks,
+            path: path.map(Path::to_path_buf),
+        })
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+fn variant_list(variants: &[Variant]) -> String {
+    let names: Vec<&str> = variants.iter().map(|v| v.name.as_str()).collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+fn variants(
+    file: &ScenarioFile,
+    at: &Locator<'_>,
+    path: Option<&Path>,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<Variant> {
+    let root = KeyPath::root();
+    if file.weir.is_empty() {
+        errors.push(at.error(&root, "no [weir.<variant>] table: nothing to run"));
+    }
+    // File order, not alphabetical: the first variant is usually the incident's own.
+    let mut order: Vec<&String> = file.weir.keys().collect();
+    if let Some(table) = at
+        .doc
+        .as_ref()
+        .and_then(|d| d.get("weir"))
+        .and_then(|i| i.as_table_like())
+    {
+        let in_file: Vec<&str> = table.iter().map(|(k, _)| k).collect();
+        order.sort_by_key(|k| in_file.iter().position(|f| f == k).unwrap_or(usize::MAX));
+    }
+    let mut out = Vec::new();
+    for name in order {
+        let v = &file.weir[name];
+        let key = root.key("weir").key(name);
+        let text = match (&v.config, &v.file) {
+            (Some(text), None) => Some((text.clone(), None)),
+            (None, Some(rel)) => {
+                let full = path
+                    .and_then(Path::parent)
+                    .map_or_else(|| PathBuf::from(rel), |dir| dir.join(rel));
+                match std::fs::read_to_string(&full) {
+                    Ok(text) => Some((text, Some(full))),
+                    Err(e) => {
+                        errors.push(at.error(
+                            &key.key("file"),
+                            format!("cannot read {}: {e}", full.display()),
+                        ));
+                        None
+                    }
+                }
+            }
+            _ => {
+                errors.push(at.error(
+                    &key,
+                    "needs exactly one of `config` (inline TOML) or `file`",
+                ));
+                None
+            }
+        };
+        if let Some((config_text, config_path)) = text {
+            out.push(Variant {
+                name: name.clone(),
+                description: v.description.clone(),
+                config_text,
+                config_path,
+            });
+        }
+    }
+    out
+}
+
+fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>) -> Vec<Cohort> {
+    let root = KeyPath::root();
+    let mut out: Vec<Cohort> = Vec::new();
+    let mut connections = 0usize;
+    for (i, c) in file.cohorts.iter().enumerate() {
+        let key = root.key("cohorts").index(i);
+        let before = errors.len();
+        for k in at.keys_of(&key) {
+            if !c.kind.is_allowed(&k) {
+                errors.push(at.error(
+                    &key.key(&k),
+                    format!("not a key of a `{}` cohort", c.kind.as_str()),
+                ));
+            }
+        }
+        let name = c
+            .name
+            .clone()
+            .unwrap_or_else(|| c.kind.as_str().to_string());
+        if !valid_name(&name) {
+            errors.push(at.error(
+                &key.key("name"),
+                format!("{name:?}: use letters, digits, `_` or `-`"),
+            ));
+        } else if ["upstream", "rules", "generator"].contains(&name.as_str()) {
+            errors.push(at.error(&key.key("name"), format!("{name:?} is reserved in checks")));
+        } else if out.iter().any(|o| o.name == name) {
+            errors.push(at.error(
+                &key.key("name"),
+                format!("{name:?} names two cohorts; set `name`"),
+            ));
+        }
+        let fraction =
+            |v: Option<f64>, default: f64, field: &str, errors: &mut Vec<ConfigError>| {
+                let v = v.unwrap_or(default);
+                if !(0.0..=1.0).contains(&v) {
+                    errors.push(at.error(&key.key(field), format!("{v} must be between 0 and 1")));
+                }
+                v
+            };
+        if !(c.rate.is_finite() && c.rate > 0.0) {
+            errors.push(at.error(&key.key("rate"), format!("{} must be a number > 0", c.rate)));
+        }
+        let start = fraction(c.start, 0.0, "start", errors);
+        let stop = fraction(c.stop, 1.0, "stop", errors);
+        if start >= stop {
+            errors.push(at.error(
+                &key.key("stop"),
+                format!("stop = {stop} is not after start = {start}"),
+            ));
+        }
+        let login_share = fraction(c.login_share, 0.0, "login_share", errors);
+        let session_cookie_share =
+            fraction(c.session_cookie_share, 0.0, "session_cookie_share", errors);
+        let headless_share = fraction(c.headless_share, 0.0, "headless_share", errors);
+        for (j, p) in c.phases.iter().enumerate() {
+            if !((0.0..=1.0).contains(&p.at) && p.factor.is_finite() && p.factor >= 0.0) {
+                errors.push(at.error(
+                    &key.key("phases").index(j),
+                    "`at` must be between 0 and 1 and `factor` a number >= 0",
+                ));
+            }
+        }
+        if c.phases.windows(2).any(|w| w[0].at > w[1].at) {
+            errors.push(at.error(&key.key("phases"), "phases must be in order of `at`"));
+        }
+        let required = |v: Option<usize>, field: &str, errors: &mut Vec<ConfigError>| match v {
+            Some(n) if n > 0 => n,
+            Some(_) => {
+                errors.push(at.error(&key.key(field), "must be at least 1"));
+                0
+            }
+            None => {
+                errors.push(at.error(
+                    &key,
+                    format!("a `{}` cohort needs `{field}`", c.kind.as_str()),
+                ));
+                0
+            }
+        };
+        let (clients, addresses) = match c.kind {
+            CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => {
+                let count = required(c.count, "count", errors);
+                let addresses = c.addresses.unwrap_or(count);
+                if addresses == 0 || addresses > count {
+                    errors.push(at.error(
+                        &key.key("addresses"),
+                        format!("{addresses} must be between 1 and count = {count}"),
+                    ));
+                }
+                (count, addresses)
+            }
+            CohortKind::Crawlers => {
+                let addresses = required(c.addresses, "addresses", errors);
+                let per = c.concurrency.unwrap_or(1);
+                if per == 0 {
+                    errors.push(at.error(&key.key("concurrency"), "must be at least 1"));
+                }
+                (addresses.saturating_mul(per), addresses)
+            }
+            CohortKind::Flood => {
+                let conns = required(c.connections, "connections", errors);
+                let addresses = required(c.addresses, "addresses", errors);
+                (conns, addresses)
+            }
+        };
+        connections = connections.saturating_add(clients);
+        let networks = if c.networks.is_empty() {
+            vec![NetworkGroup {
+                share: 1.0,
+                prefixes: addresses.max(1),
+                len: 24,
+            }]
+        } else {
+            c.networks.clone()
+        };
+        if let Err(e) = super::addresses::check_groups(&networks, addresses) {
+            errors.push(at.error(&key.key("networks"), e.to_string()));
+        }
+        let requests = if c.requests.is_empty() {
+            default_requests(c.kind)
+        } else {
+            c.requests.clone()
+        };
+        for (j, r) in requests.iter().enumerate() {
+            if !r.path.starts_with('/') {
+                errors.push(at.error(
+                    &key.key("requests").index(j).key("path"),
+                    format!("{:?} must start with '/'", r.path),
+                ));
+            }
+            if !(r.weight.is_finite() && r.weight >= 0.0) {
+                errors.push(at.error(
+                    &key.key("requests").index(j).key("weight"),
+                    "must be a number >= 0",
+                ));
+            }
+            if http::Method::from_bytes(r.method.as_bytes()).is_err() {
+                errors.push(at.error(
+                    &key.key("requests").index(j).key("method"),
+                    format!("{:?} is not an HTTP method", r.method),
+                ));
+            }
+        }
+        if requests.iter().map(|r| r.weight).sum::<f64>() <= 0.0 {
+            errors.push(at.error(&key.key("requests"), "weights sum to 0"));
+        }
+        let timeout = c.timeout.map_or(Duration::from_secs(10), |d| d.0);
+        if timeout.is_zero() {
+            errors.push(at.error(&key.key("timeout"), "must be more than 0"));
+        }
+        let upload_rate = c.upload_rate.unwrap_or(64 * 1024);
+        if upload_rate == 0 {
+            errors.push(at.error(&key.key("upload_rate"), "must be more than 0"));
+        }
+        if errors.len() > before {
+            continue;
+        }
+        out.push(Cohort {
+            name,
+            kind: c.kind,
+            clients,
+            addresses,
+            networks,
+            rate: c.rate,
+            requests,
+            login_share,
+            session_cookie_share,
+            headless_share,
+            user_agent: c
+                .user_agent
+                .clone()
+                .unwrap_or_else(|| default_user_agent(c.kind).into()),
+            host: c.host.clone().unwrap_or_else(|| "wiki.example.org".into()),
+            timeout,
+            start,
+            stop,
+            phases: c.phases.clone(),
+            reconnect_delay: c
+                .reconnect_delay
+                .map_or(Duration::from_millis(500), |d| d.0),
+            upload_bytes: c.upload_bytes.unwrap_or(1 << 20),
+            upload_rate,
+            requests_per_connection: c.requests_per_connection.unwrap_or(match c.kind {
+                CohortKind::Humans | CohortKind::Editors => 5,
+                _ => 0,
+            }),
+            ramp: c.ramp.map_or(
+                if c.kind == CohortKind::Flood {
+                    Duration::from_secs(1)
+                } else {
+                    Duration::ZERO
+                },
+                |d| d.0,
+            ),
+        });
+    }
+    if connections > MAX_CLIENT_CONNECTIONS {
+        errors.push(at.error(
+            &root.key("cohorts"),
+            format!(
+                "{connections} client connections in all; the lab holds at most \
+                 {MAX_CLIENT_CONNECTIONS} (each also costs weir a descriptor)"
+            ),
+        ));
+    }
+    let used = super::addresses::slash16_needed(out.iter().flat_map(|c| c.networks.iter()));
+    if used > super::addresses::SLASH16_AVAILABLE {
+        errors.push(at.error(
+            &root.key("cohorts"),
+            format!(
+                "the networks need {used} /16s; 127.0.0.0/8 has {} for clients",
+                super::addresses::SLASH16_AVAILABLE
+            ),
+        ));
+    }
+    out
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Default request mix per kind: what incident 1's traffic looked like.
+fn default_requests(kind: CohortKind) -> Vec<RequestMix> {
+    let mix = |path: &str, weight: f64, method: &str| RequestMix {
+        path: path.into(),
+        weight,
+        method: method.into(),
+    };
+    match kind {
+        CohortKind::Humans | CohortKind::Editors => vec![
+            mix("/wiki/Page_{n}", 85.0, "GET"),
+            mix("/w/index.php?search=term{n}", 5.0, "GET"),
+            mix("/w/index.php?title=Page_{n}&diff={n}", 4.0, "GET"),
+            mix("/w/index.php?title=Page_{n}&oldid={n}", 3.0, "GET"),
+            mix("/w/index.php?title=Page_{n}&action=history", 3.0, "GET"),
+        ],
+        CohortKind::Crawlers => vec![
+            mix("/w/index.php?title=Page_{n}&diff={n}", 40.0, "GET"),
+            mix("/w/index.php?title=Page_{n}&oldid={n}", 30.0, "GET"),
+            mix("/w/index.php?title=Page_{n}&action=history", 10.0, "GET"),
+            mix("/wiki/Page_{n}", 20.0, "GET"),
+        ],
+        CohortKind::Flood => vec![mix("/api/map?tile={n}", 1.0, "GET")],
+        CohortKind::Uploads => vec![mix("/upload", 1.0, "POST")],
+    }
+}
+
+fn default_user_agent(kind: CohortKind) -> &'static str {
+    match kind {
+        CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => {
+            "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) \
+             Chrome/126.0 Mobile Safari/537.36"
+        }
+        CohortKind::Crawlers => "Mozilla/5.0 (compatible; ExampleBot/2.1)",
+        CohortKind::Flood => "k6/0.49.0 (https://k6.io/)",
+    }
+}
+
+/// Finds lines of keys in the scenario text, as weir's config loader does.
+struct Locator<'a> {
+    file: Option<PathBuf>,
+    doc: Option<toml_edit::Document<String>>,
+    text: &'a str,
+}
+
+impl Locator<'_> {
+    fn error(&self, key: &KeyPath, message: impl Into<String>) -> ConfigError {
+        let key_text = key.to_string();
+        ConfigError {
+            file: self.file.clone(),
+            line: self.line(key),
+            key: (!key_text.is_empty()).then_some(key_text),
+            message: message.into(),
+        }
+    }
+
+    /// The line of `key`, or of its deepest parent present in the text.
+    fn line(&self, key: &KeyPath) -> Option<usize> {
+        enum Node<'a> {
+            Item(&'a toml_edit::Item),
+            Table(&'a toml_edit::Table),
+        }
+        let mut node = Node::Table(self.doc.as_ref()?.as_table());
+        let mut best = None;
+        for seg in key_segments(key) {
+            let next = match (&node, &seg) {
+                (Node::Table(t), Seg::Key(k)) => t.get(k).map(Node::Item),
+                (Node::Item(i), Seg::Key(k)) => i.get(k.as_str()).map(Node::Item),
+                (Node::Item(toml_edit::Item::ArrayOfTables(a)), Seg::Index(n)) => {
+                    a.get(*n).map(Node::Table)
+                }
+                (Node::Item(i), Seg::Index(n)) => i.get(*n).map(Node::Item),
+                (Node::Table(_), Seg::Index(_)) => None,
+            };
+            let Some(next) = next else { break };
+            let span = match &next {
+                Node::Item(i) => i.span(),
+                Node::Table(t) => t.span(),
+            };
+            if let Some(s) = span {
+                best = Some(s.start);
+            }
+            node = next;
+        }
+        best.map(|s| line_of(self.text, s))
+    }
+
+    /// The keys present in the table at `key` (an element of an array of tables).
+    fn keys_of(&self, key: &KeyPath) -> Vec<String> {
+        let Some(doc) = self.doc.as_ref() else {
+            return Vec::new();
+        };
+        let segs = key_segments(key);
+        let (Some(Seg::Key(name)), Some(Seg::Index(n))) = (segs.first(), segs.get(1)) else {
+            return Vec::new();
+        };
+        match doc.get(name) {
+            Some(toml_edit::Item::ArrayOfTables(a)) => a
+                .get(*n)
+                .map(|t| t.iter().map(|(k, _)| k.to_string()).collect())
+                .unwrap_or_default(),
+            Some(item) => item
+                .get(*n)
+                .and_then(|i| i.as_table_like())
+                .map(|t| t.iter().map(|(k, _)| k.to_string()).collect())
+                .unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+}
+
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// `KeyPath` keeps its segments private; its text form is unambiguous for lab keys
+/// (names are `[A-Za-z0-9_-]`), so split that.
+fn key_segments(key: &KeyPath) -> Vec<Seg> {
+    let text = key.to_string();
+    let mut out = Vec::new();
+    for part in text.split('.') {
+        let (name, rest) = part.split_once('[').map_or((part, ""), |(a, b)| (a, b));
+        if !name.is_empty() {
+            out.push(Seg::Key(name.to_string()));
+        }
+        for idx in rest.split('[') {
+            if let Some(n) = idx
+                .trim_end_matches(']')
+                .parse()
+                .ok()
+                .filter(|_| !idx.is_empty())
+            {
+                out.push(Seg::Index(n));
+            }
+        }
+    }
+    out
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"[scenario]
+name = "t"
+duration = "3s"
+
+[weir.only]
+config = "[[listeners]]\naddress = \"127.0.0.1:0\"\n"
+
+[[cohorts]]
+kind = "humans"
+count = 2
+rate = 1.0
+"#;
+
+    fn errors(text: &str) -> Vec<(Option<usize>, String)> {
+        match load_scenario_str(text, Some(Path::new("s.toml"))) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.into_iter().map(|e| (e.line, e.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn base_scenario_loads_with_defaults() {
+        let s = load_scenario_str(BASE, None).expect("valid");
+        assert_eq!(s.variants.len(), 1);
+        let c = &s.cohorts[0];
+        assert_eq!((c.name.as_str(), c.clients, c.addresses), ("humans", 2, 2));
+        assert_eq!(c.requests_per_connection, 5);
+        assert_eq!(s.file.app.workers, 10);
+        assert!(s.file.health.enabled);
+    }
+
+    #[test]
+    fn bad_inputs_name_line_and_key() {
+        // (text appended to BASE, expected line, text the message contains)
+        #[rustfmt::skip]
+        let cases: &[(&str, usize, &str)] = &[
+            ("[[cohorts]]\nkind = \"robots\"\nrate = 1\n", 13, "robots"),
+            ("[[cohorts]]\nkind = \"humans\"\ncount = 1\nrate = 0\n", 15, "cohorts[1].rate"),
+            ("[[cohorts]]\nkind = \"humans\"\ncount = 1\nrate = 1\nconnections = 5\n", 16, "not a key of a `humans` cohort"),
+            ("[[cohorts]]\nkind = \"crawlers\"\nrate = 1\n", 12, "needs `addresses`"),
+            ("[[cohorts]]\nkind = \"flood\"\naddresses = 2\nrate = 1\nconnections = 0\n", 16, "connections: must be at least 1"),
+            ("[[cohorts]]\nkind = \"crawlers\"\naddresses = 9\nrate = 1\nnetworks = [{ share = 0.5, prefixes = 1, len = 24 }]\n", 16, "shares sum"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"humans\"\ncount = 1\nrate = 1\n", 14, "names two cohorts"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"upstream\"\ncount = 1\nrate = 1\n", 14, "reserved"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"late\"\ncount = 1\nrate = 1\nstart = 0.5\nstop = 0.4\n", 18, "not after start"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"p\"\ncount = 1\nrate = 1\nphases = [{ at = 2, factor = 1 }]\n", 17, "cohorts[1].phases[0]"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"r\"\ncount = 1\nrate = 1\nrequests = [{ path = \"nope\" }]\n", 17, "must start with '/'"),
+            ("[[expect]]\ncheck = \"humans.served >=\"\n", 13, "is not a number"),
+            ("[[expect]]\ncheck = \"crawlers.served >= 1\"\n", 13, "no cohort named \"crawlers\""),
+            ("[[expect]]\nvariant = \"other\"\ncheck = \"humans.served >= 1\"\n", 13, "no variant \"other\""),
+            ("[[expect]]\ncheck = \"upstream.nope == 0\"\n", 13, "has no metric"),
+            ("[health]\nfailures = 0\n", 13, "health.failures"),
+            ("[app]\nworkers = 0\n", 12, "app: invalid app config"),
+            ("[topology]\nload_balancer = \"haproxy\"\n", 13, "haproxy"),
+            ("[weir.two]\n", 12, "needs exactly one of `config`"),
+            ("[weir.three]\nfile = \"does-not-exist.toml\"\n", 13, "cannot read"),
+            ("unknown = 1\n", 12, "unknown field"),
+        ];
+        for (extra, line, needle) in cases {
+            let text = format!("{BASE}{extra}");
+            let errs = errors(&text);
+            assert!(
+                errs.iter()
+                    .any(|(l, m)| *l == Some(*line) && m.contains(needle)),
+                "{extra:?}: want line {line} with {needle:?}, got {errs:#?}"
+            );
+            assert!(
+                errs.iter().all(|(_, m)| m.starts_with("s.toml:")),
+                "{errs:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn scenario_keys_are_checked() {
+        let errs = errors("[scenario]\nname = \"t\"\nduration = \"0s\"\n");
+        assert!(
+            errs.iter()
+                .any(|(l, m)| *l == Some(3) && m.contains("scenario.duration")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter().any(|(_, m)| m.contains("no [weir.<variant>]")),
+            "{errs:?}"
+        );
+        let errs = errors("[scenario]\nname = \"t\"\nduration = \"soon\"\n");
+        assert!(
+            errs.iter()
+                .any(|(l, m)| *l == Some(3) && m.contains("soon")),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn variants_keep_file_order_and_checks_parse() {
+        let text = BASE.replace(
+            "[weir.only]",
+            "[weir.zeta]\nconfig = \"x\"\n[weir.alpha]\nconfig = \"y\"\n[weir.only]",
+        ) + "[[expect]]\nvariant = \"alpha\"\ncheck = \"humans.served >= 99%\"\npending = \"issue 3\"\n";
+        let s = load_scenario_str(&text, None).expect("valid");
+        let names: Vec<&str> = s.variants.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["zeta", "alpha", "only"]);
+        assert_eq!(s.checks[0].check.bound, 0.99);
+        assert_eq!(s.checks[0].pending.as_deref(), Some("issue 3"));
+        assert_eq!(s.checks[0].line, Some(18));
+    }
+
+    #[test]
+    fn shipped_scenarios_load() {
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("scenarios");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).expect("scenarios/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                load_scenario_file(&path).unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+        }
+        assert_eq!(n, 4);
+    }
+}

@@ -1,0 +1,809 @@
+//! The policy run of `weir replay`: each log record through the same route
+//! table and rules as live traffic, in log-time order, on log time.
+//!
+//! What replays exactly: routing, rate rules at every level (the limiter
+//! clock is the log's clock), shadow mode, the human-collateral signals that
+//! a log can carry (browser navigation headers, low rate before). What cannot:
+//! concurrency rules (a log line has no duration, so nothing is ever in
+//! flight), sessions verified by an auth sub-request (there is no app to
+//! ask; such requests replay as anonymous), and edge limits.
+//!
+//! Speed (bench `replay`): a record costs no allocation on the way to a
+//! verdict beyond the URI and the header values the configuration looks at
+//! (headers no route or rule reads are not rebuilt, and one header map is
+//! reused); log-time minutes are formatted once per minute; per-rule tallies
+//! key on addresses and prefixes, formatted only in [`Replay::finish`].
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use serde::Serialize;
+
+use super::tally::{ClientSet, NetworkSet, SubnetCounts};
+use super::{LogRecord, UnixNanos};
+use weir::gateway::Gateway;
+use weir::identity::forwarded::resolve;
+use weir::identity::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
+use weir::policy::route::RequestView;
+use weir::policy::rules::{KeyKind, RequestFacts, RuleBody, RuleRejection, activity_key, evaluate};
+use weir_limiter::{MonoTime, ShardedStore, StoreConfig};
+
+/// What the configuration decides for one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No route matched: live traffic would get 404.
+    NoRoute,
+    Admit,
+    Reject(RuleRejection),
+}
+
+/// Rejections of one rule.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RuleReport {
+    pub rejections: u64,
+    /// Rejections in shadow mode (would have been refused).
+    pub shadow_rejections: u64,
+    pub distinct_clients: usize,
+    pub distinct_subnets: usize,
+    pub distinct_networks: usize,
+    /// The busiest rejected /24s (or /64s): prefix, rejections.
+    pub top_subnets: Vec<(String, u64)>,
+    /// Rejections per minute of log time (`YYYY-MM-DDTHH:MM`).
+    pub per_minute: BTreeMap<String, u64>,
+    /// Estimated human collateral, by signal: `low_rate`, `browser`.
+    pub collateral: BTreeMap<&'static str, u64>,
+    #[serde(skip)]
+    clients: ClientSet,
+    #[serde(skip)]
+    subnets: SubnetCounts,
+    #[serde(skip)]
+    networks: NetworkSet,
+    /// Rejections per minute of log time, by minute number: compared as
+    /// integers per rejection, formatted into `per_minute` by `finish`.
+    #[serde(skip)]
+    minutes: BTreeMap<i64, u64>,
+}
+
+/// What a replay found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayReport {
+    pub records: u64,
+    pub admitted: u64,
+    pub rejected: u64,
+    pub no_route: u64,
+    pub first: Option<String>,
+    pub last: Option<String>,
+    pub rules: BTreeMap<String, RuleReport>,
+}
+
+/// Replays records through a gateway's routes and rules.
+pub struct Replay {
+    gateway: Gateway,
+    activity: ShardedStore,
+    start: Option<i64>,
+    /// The log-time minute of the last record and its stamp (`YYYY-MM-DDTHH:MM`).
+    minute: Option<(i64, String)>,
+    /// Which of the headers a record can carry the configuration reads.
+    wanted: HeaderSet,
+    /// Rebuilt per record, reused to keep its allocation.
+    headers: HeaderMap,
+    /// The rate-rule stores keyed by the client's address or prefix, for
+    /// [`Replay::prefetch`].
+    address_stores: Vec<(std::sync::Arc<ShardedStore>, Level)>,
+    /// Log time (limiter clock) of the next sweep of expired keys.
+    next_sweep: MonoTime,
+    /// Whether [`Replay::prefetch`] is worth its cost: set at each sweep,
+    /// when the stores it warms outgrow [`PREFETCH_ABOVE`].
+    prefetch_stores: bool,
+    pub report: ReplayReport,
+}
+
+/// The distinct stores of rate levels keyed by the client's address or
+/// prefix, in any route's rules; a few at most are worth warming.
+fn address_stores(gateway: &Gateway) -> Vec<(std::sync::Arc<ShardedStore>, Level)> {
+    const MAX: usize = 8;
+    let mut out: Vec<(std::sync::Arc<ShardedStore>, Level)> = Vec::new();
+    let levels = gateway
+        .routes
+        .routes
+        .iter()
+        .flat_map(|r| r.rules.iter())
+        .filter_map(|rule| match &rule.body {
+            RuleBody::Rate(levels) => Some(levels),
+            RuleBody::Concurrency { .. } => None,
+        })
+        .flatten();
+    for level in levels {
+        let Some(by) = level.key.address_level() else {
+            continue;
+        };
+        if out.len() < MAX
+            && !out
+                .iter()
+                .any(|(s, _)| std::sync::Arc::ptr_eq(s, &level.store))
+        {
+            out.push((level.store.clone(), by));
+        }
+    }
+    out
+}
+
+/// The headers a log record can carry, as a bit set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeaderSet(u8);
+
+impl HeaderSet {
+    const USER_AGENT: u8 = 1;
+    const COOKIE: u8 = 2;
+    const ACCEPT: u8 = 4;
+    const HOST: u8 = 8;
+    const SEC_FETCH_MODE: u8 = 16;
+    const FORWARDED_FOR: u8 = 32;
+
+    /// The bit of a header name; 0 for a header no record carries.
+    fn bit(name: &HeaderName) -> u8 {
+        if name == http::header::USER_AGENT {
+            Self::USER_AGENT
+        } else if name == http::header::COOKIE {
+            Self::COOKIE
+        } else if name == http::header::ACCEPT {
+            Self::ACCEPT
+        } else if name == http::header::HOST {
+            Self::HOST
+        } else if name == SEC_FETCH_MODE {
+            Self::SEC_FETCH_MODE
+        } else if name == XFF {
+            Self::FORWARDED_FOR
+        } else {
+            0
+        }
+    }
+
+    /// The headers routes and rules read: route header and cookie
+    /// conditions, header and cookie rule keys. `X-Forwarded-For` always,
+    /// for resolving a chain behind a trusted proxy.
+    fn read_by(gateway: &Gateway) -> HeaderSet {
+        let mut set = Self::FORWARDED_FOR;
+        let mut key = |k: &KeyKind| match k {
+            KeyKind::Header(name) => set |= Self::bit(name),
+            KeyKind::Cookie(_) => set |= Self::COOKIE,
+            _ => {}
+        };
+        for route in &gateway.routes.routes {
+            for rule in route.rules.iter() {
+                match &rule.body {
+                    RuleBody::Rate(levels) => levels.iter().for_each(|l| key(&l.key)),
+                    RuleBody::Concurrency { key: k, .. } => key(k),
+                }
+            }
+        }
+        for route in &gateway.routes.routes {
+            for name in &route.headers {
+                set |= Self::bit(name);
+            }
+            if !route.cookies.is_empty() {
+                set |= Self::COOKIE;
+            }
+        }
+        HeaderSet(set)
+    }
+
+    fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
+}
+
+/// Addresses tracked for the low-rate signal.
+const ACTIVITY_KEYS: usize = 1 << 20;
+/// How often, in log time, the limiter stores drop keys that expired (as
+/// the live proxy sweeps its stores every snapshot interval). Without it
+/// a store keeps every key it ever held until it reaches its cap: tens of
+/// megabytes of mostly expired slots at a million addresses, and a cache
+/// miss on nearly every lookup. Keys are dropped only once expired for this
+/// long too, so a record up to this much older than the newest one decided
+/// (a log read in file order) still finds every key it could.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// Table bytes of the stores [`Replay::prefetch`] warms above which it
+/// pays: below, swept tables stay in the cache and computing each level's
+/// key for the prefetch cost ~300 instructions a record for nothing.
+const PREFETCH_ABOVE: usize = 1 << 20;
+const NANOS_PER_MINUTE: i64 = 60_000_000_000;
+/// Prefixes listed per rule.
+const TOP: usize = 10;
+
+static SEC_FETCH_MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+static XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+impl Replay {
+    pub fn new(gateway: Gateway) -> Replay {
+        Replay {
+            wanted: HeaderSet::read_by(&gateway),
+            address_stores: address_stores(&gateway),
+            gateway,
+            activity: ShardedStore::new(StoreConfig::with_max_keys(ACTIVITY_KEYS))
+                .expect("a constant, non-zero store size is valid"),
+            start: None,
+            minute: None,
+            headers: HeaderMap::new(),
+            next_sweep: MonoTime::ZERO + SWEEP_EVERY,
+            prefetch_stores: false,
+            report: ReplayReport::default(),
+        }
+    }
+
+    /// Starts loading the limiter slots that deciding a record from
+    /// `client` will look up: its activity and every address-keyed level of
+    /// every rate rule. With millions of distinct addresses each lookup
+    /// misses the cache; called with the next record's client before the
+    /// current record is decided, the loads overlap that work. Does
+    /// nothing while those stores are small enough to stay in the cache.
+    pub fn prefetch(&self, client: IpAddr) {
+        if !self.prefetch_stores {
+            return;
+        }
+        let client = ClientAddr::new(client);
+        self.activity.prefetch(activity_key(client));
+        for (store, level) in &self.address_stores {
+            store.prefetch(client.key(*level).digest());
+        }
+    }
+
+    /// Drops the keys that expired over [`SWEEP_EVERY`] before `now` from
+    /// every store. Expiry is exact (an expired key decides as an absent one
+    /// would), so this changes no verdict; it keeps the stores as small as
+    /// the keys still live.
+    fn sweep(&mut self, now: MonoTime) {
+        let cutoff =
+            MonoTime::from_nanos(now.as_nanos().saturating_sub(SWEEP_EVERY.as_nanos() as u64));
+        for partition in self.gateway.rule_stores.partitions() {
+            partition.store.sweep(cutoff);
+        }
+        self.activity.sweep(cutoff);
+        self.next_sweep = now + SWEEP_EVERY;
+        let warmed = self.activity.table_bytes()
+            + self
+                .address_stores
+                .iter()
+                .map(|(store, _)| store.table_bytes())
+                .sum::<usize>();
+        self.prefetch_stores = warmed > PREFETCH_ABOVE;
+    }
+
+    /// Decides one record (records must come in log-time order).
+    pub fn decide(&mut self, rec: &LogRecord<'_>) -> Verdict {
+        let start = *self.start.get_or_insert(rec.time.0);
+        // The limiter clock is the log's clock, from the first record.
+        let now = MonoTime::from_nanos(u64::try_from(rec.time.0 - start).unwrap_or(0));
+        self.report.records += 1;
+        if now >= self.next_sweep {
+            self.sweep(now);
+        }
+        // Formatted once per minute of log time, not per record.
+        let minute_number = rec.time.0.div_euclid(NANOS_PER_MINUTE);
+        if self.minute.as_ref().map(|(m, _)| *m) != Some(minute_number) {
+            let stamp = minute(rec.time);
+            if self.report.first.is_none() {
+                self.report.first = Some(stamp.clone());
+            }
+            self.report.last = Some(stamp.clone());
+            self.minute = Some((minute_number, stamp));
+        }
+
+        fill_headers(&mut self.headers, self.wanted, rec);
+        let headers = &self.headers;
+        let gw = &self.gateway;
+        let peer = PeerAddr(std::net::SocketAddr::new(rec.peer.unwrap_or(rec.client), 0));
+        // A log written behind a trusted proxy may carry the chain.
+        let client = if rec.forwarded_for.is_some() && gw.trusted.contains(peer.ip()) {
+            resolve(peer, None, headers, &gw.trusted, gw.client_header).client
+        } else {
+            ClientId {
+                peer,
+                client: ClientAddr::new(rec.client),
+                source: AddrSource::Peer,
+            }
+        };
+        let method = Method::from_bytes(rec.method.as_bytes()).unwrap_or(Method::GET);
+        // Origin form (nearly every line) is split in place; anything else
+        // (absolute form, `*`) goes through `Uri` as live requests do.
+        let parsed: Uri;
+        let (path, query) = if rec.target.starts_with('/') {
+            // `memchr`: `split_once('?')`'s pattern searcher costs several times more.
+            match memchr::memchr(b'?', rec.target.as_bytes()) {
+                Some(q) => (&rec.target[..q], Some(&rec.target[q + 1..])),
+                None => (rec.target.as_ref(), None),
+            }
+        } else {
+            parsed = rec.target.parse().unwrap_or_else(|_| Uri::from_static("/"));
+            (parsed.path(), parsed.query())
+        };
+        let host = rec
+            .host
+            .as_deref()
+            .map(|h| h.split(':').next().unwrap_or(h));
+        let Some(route) = gw.routes.find(&RequestView {
+            method: &method,
+            path,
+            query,
+            host,
+            headers,
+        }) else {
+            self.report.no_route += 1;
+            return Verdict::NoRoute;
+        };
+        if route.rules.is_empty() {
+            self.report.admitted += 1;
+            return Verdict::Admit;
+        }
+        let low_rate = self
+            .activity
+            .check(activity_key(client.client), &gw.low_rate, now, 1)
+            .is_allowed();
+        let facts = RequestFacts {
+            client: &client,
+            method: &method,
+            headers,
+            user: None,
+            pass: None,
+            now,
+        };
+        let ev = poll_now(evaluate(&route.rules, &facts, gw.rules_shadow, None));
+        let browser = rec.sec_fetch_mode.as_deref() == Some("navigate")
+            || rec
+                .accept
+                .as_deref()
+                .is_some_and(|a| a.contains("text/html"));
+        let signal = if low_rate {
+            Some("low_rate")
+        } else if browser {
+            Some("browser")
+        } else {
+            None
+        };
+        for s in &ev.shadow {
+            rule_report(&mut self.report.rules, &s.rule).shadow_rejections += 1;
+        }
+        match ev.rejection {
+            None => {
+                self.report.admitted += 1;
+                Verdict::Admit
+            }
+            Some(r) => {
+                self.report.rejected += 1;
+                let rr = rule_report(&mut self.report.rules, &r.rule);
+                rr.rejections += 1;
+                rr.clients.insert(client.client.ip());
+                rr.subnets.add(client.client);
+                rr.networks.insert(client.client);
+                *rr.minutes.entry(minute_number).or_insert(0) += 1;
+                if let Some(s) = signal {
+                    *rr.collateral.entry(s).or_insert(0) += 1;
+                }
+                Verdict::Reject(r)
+            }
+        }
+    }
+
+    /// Finishes the per-rule summaries.
+    pub fn finish(mut self) -> ReplayReport {
+        for rr in self.report.rules.values_mut() {
+            rr.distinct_clients = rr.clients.len();
+            rr.distinct_subnets = rr.subnets.len();
+            rr.distinct_networks = rr.networks.len();
+            rr.top_subnets = top_prefixes(rr.subnets.drain(), TOP);
+            rr.per_minute = std::mem::take(&mut rr.minutes)
+                .into_iter()
+                .map(|(m, n)| (minute(UnixNanos(m * NANOS_PER_MINUTE)), n))
+                .collect();
+        }
+        self.report
+    }
+}
+
+/// The `n` busiest prefixes, busiest first, ties by their text. Only the
+/// prefixes that can make the list are formatted (there may be millions).
+fn top_prefixes(counts: impl Iterator<Item = (PrefixKey, u64)>, n: usize) -> Vec<(String, u64)> {
+    let mut all: Vec<(PrefixKey, u64)> = counts.collect();
+    if n == 0 {
+        return Vec::new();
+    }
+    if all.len() > n {
+        // The n-th largest count: everything below it cannot make the list.
+        all.select_nth_unstable_by(n - 1, |a, b| b.1.cmp(&a.1));
+        let floor = all[n - 1].1;
+        all.retain(|(_, c)| *c >= floor);
+    }
+    let mut top: Vec<(String, u64)> = all.into_iter().map(|(k, c)| (k.to_string(), c)).collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    top.truncate(n);
+    top
+}
+
+/// The report of rule `name`, created on its first rejection.
+fn rule_report<'a>(rules: &'a mut BTreeMap<String, RuleReport>, name: &str) -> &'a mut RuleReport {
+    // Looked up by `&str` first: a rule's name is copied once, not per rejection.
+    if !rules.contains_key(name) {
+        rules.insert(name.to_string(), RuleReport::default());
+    }
+    rules.get_mut(name).expect("inserted above")
+}
+
+/// Fills `h` with the headers of `rec` that rules and routes look at
+/// (`wanted`); the others are never read, so not rebuilt.
+fn fill_headers(h: &mut HeaderMap, wanted: HeaderSet, rec: &LogRecord<'_>) {
+    if !h.is_empty() {
+        h.clear();
+    }
+    let fields = [
+        (
+            HeaderSet::USER_AGENT,
+            &http::header::USER_AGENT,
+            &rec.user_agent,
+        ),
+        (HeaderSet::COOKIE, &http::header::COOKIE, &rec.cookie),
+        (HeaderSet::ACCEPT, &http::header::ACCEPT, &rec.accept),
+        (HeaderSet::HOST, &http::header::HOST, &rec.host),
+        (
+            HeaderSet::SEC_FETCH_MODE,
+            &SEC_FETCH_MODE,
+            &rec.sec_fetch_mode,
+        ),
+        (HeaderSet::FORWARDED_FOR, &XFF, &rec.forwarded_for),
+    ];
+    // Checked here, not in a helper per header: most records carry none of
+    // the headers the configuration reads.
+    for (bit, name, value) in fields {
+        if wanted.has(bit)
+            && let Some(value) = value
+            && let Ok(value) = HeaderValue::from_str(value)
+        {
+            h.insert(name.clone(), value);
+        }
+    }
+}
+
+/// Replay never waits (no shared limiter, no I/O): the future is ready on
+/// its first poll.
+fn poll_now<F: std::future::Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        // Without a shared limiter nothing awaits; if that ever changes, wait
+        // politely instead of failing the replay.
+        Poll::Pending => loop {
+            std::thread::sleep(Duration::from_millis(1));
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                break v;
+            }
+        },
+    }
+}
+
+fn minute(t: UnixNanos) -> String {
+    let s = humantime::format_rfc3339_seconds(t.to_system_time()).to_string();
+    s[..16.min(s.len())].to_string()
+}
+
+impl std::fmt::Display for ReplayReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{} requests from {} to {}: {} admitted, {} rejected, {} unrouted",
+            self.records,
+            self.first.as_deref().unwrap_or("-"),
+            self.last.as_deref().unwrap_or("-"),
+            self.admitted,
+            self.rejected,
+            self.no_route
+        )?;
+        for (name, r) in &self.rules {
+            writeln!(
+                f,
+                "\nrule {name}: {} rejected ({} shadow) from {} clients in {} /24s and {} /16s",
+                r.rejections,
+                r.shadow_rejections,
+                r.distinct_clients,
+                r.distinct_subnets,
+                r.distinct_networks
+            )?;
+            if !r.collateral.is_empty() {
+                let parts: Vec<String> = r
+                    .collateral
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                writeln!(f, "  possible human collateral: {}", parts.join(", "))?;
+            }
+            for (prefix, n) in &r.top_subnets {
+                writeln!(f, "  {n:>8}  {prefix}")?;
+            }
+            if !r.per_minute.is_empty() {
+                let peak = r.per_minute.iter().max_by_key(|(_, n)| **n);
+                if let Some((m, n)) = peak {
+                    writeln!(f, "  busiest minute: {m} with {n} rejections")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The replay of one run: report plus parse statistics.
+#[derive(Debug, Serialize)]
+pub struct ReplayRun {
+    pub report: ReplayReport,
+    pub lines: u64,
+    pub malformed: u64,
+    /// The first malformed lines: (file index, line number, error).
+    pub malformed_examples: Vec<(usize, u64, String)>,
+}
+
+/// Reads `logs` (merged by time) and replays them through `gateway`.
+/// `each` sees every record's verdict (for tests and per-line output).
+pub fn replay_files(
+    gateway: Gateway,
+    logs: &[std::path::PathBuf],
+    options: &super::ReaderOptions,
+    mut each: impl FnMut(&LogRecord<'_>, &Verdict),
+) -> std::io::Result<ReplayRun> {
+    let mut sources = Vec::new();
+    for path in logs {
+        let reader = super::LogReader::open(path, options.clone())
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        sources.push(reader.ordered());
+    }
+    let mut merged = super::MergedRecords::new(sources);
+    let mut replay = Replay::new(gateway);
+    merged.for_each_record(|_, rec, next| {
+        if let Some(next) = next {
+            replay.prefetch(next);
+        }
+        let v = replay.decide(rec);
+        each(rec, &v);
+    })?;
+    let mut lines = 0;
+    let mut malformed = 0;
+    let mut malformed_examples = Vec::new();
+    for (i, s) in merged.stats().into_iter().enumerate() {
+        lines += s.lines;
+        malformed += s.malformed;
+        for e in &s.examples {
+            malformed_examples.push((i, e.line, e.error.to_string()));
+        }
+    }
+    Ok(ReplayRun {
+        report: replay.finish(),
+        lines,
+        malformed,
+        malformed_examples,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefix(s: &str) -> PrefixKey {
+        let ip: IpAddr = s.parse().expect("test address");
+        ClientAddr::new(ip).key(Level::Subnet)
+    }
+
+    #[test]
+    fn top_prefixes_busiest_first_ties_by_text() {
+        // (counts, n, expected)
+        type Case = (
+            &'static [(&'static str, u64)],
+            usize,
+            &'static [(&'static str, u64)],
+        );
+        let cases: &[Case] = &[
+            (&[], 3, &[]),
+            (&[("10.0.0.1", 5)], 0, &[]),
+            (
+                &[("10.0.0.1", 1), ("10.0.1.1", 3)],
+                3,
+                &[("10.0.1.0/24", 3), ("10.0.0.0/24", 1)],
+            ),
+            (
+                &[
+                    ("10.0.3.1", 2),
+                    ("10.0.1.1", 2),
+                    ("10.0.2.1", 2),
+                    ("10.0.9.1", 7),
+                ],
+                2,
+                &[("10.0.9.0/24", 7), ("10.0.1.0/24", 2)],
+            ),
+            (
+                &[
+                    ("10.0.5.1", 1),
+                    ("10.0.4.1", 9),
+                    ("10.0.3.1", 1),
+                    ("10.0.2.1", 8),
+                ],
+                2,
+                &[("10.0.4.0/24", 9), ("10.0.2.0/24", 8)],
+            ),
+        ];
+        for (i, (counts, n, want)) in cases.iter().enumerate() {
+            let got = top_prefixes(counts.iter().map(|(ip, c)| (prefix(ip), *c)), *n);
+            let want: Vec<(String, u64)> = want.iter().map(|(p, c)| (p.to_string(), *c)).collect();
+            assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    fn replay_of(rules: &str) -> Replay {
+        let text = format!(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"127.0.0.1:9\"]\n\
+             [[routes]]\npool = \"app\"\nclass = \"page\"\n{rules}"
+        );
+        let env = std::collections::HashMap::<String, String>::new();
+        let loaded = weir::config::load_str(&text, None, &env).expect("test config");
+        Replay::new(Gateway::build(loaded, None, 1).expect("test gateway"))
+    }
+
+    fn record(secs: i64, ip: &str, ua: &str) -> LogRecord<'static> {
+        LogRecord {
+            time: UnixNanos(1_791_608_136_000_000_000 + secs * 1_000_000_000),
+            client: ip.parse().expect("test address"),
+            peer: None,
+            method: "GET".into(),
+            host: None,
+            target: "/x".into(),
+            status: 200,
+            bytes: 1,
+            user_agent: Some(ua.to_string().into()),
+            referer: None,
+            cookie: Some("s=1".into()),
+            accept: None,
+            sec_fetch_mode: None,
+            forwarded_for: None,
+            weir: None,
+        }
+    }
+
+    #[test]
+    fn headers_rules_read_are_rebuilt() {
+        let rule = |per: &str| {
+            format!(
+                "[[classes.page.rules]]\nname = \"r\"\nlimits = [{{ per = \"{per}\", rate = 1, window = \"1m\" }}]\n"
+            )
+        };
+        // (rule key, which headers are rebuilt, verdicts of: a, a again, b from another address)
+        type Case = (&'static str, u8, [bool; 3]);
+        let cases: &[Case] = &[
+            (
+                "header:user-agent",
+                HeaderSet::USER_AGENT | HeaderSet::FORWARDED_FOR,
+                [true, false, true],
+            ),
+            (
+                "cookie:s",
+                HeaderSet::COOKIE | HeaderSet::FORWARDED_FOR,
+                [true, false, false],
+            ),
+            ("ip", HeaderSet::FORWARDED_FOR, [true, false, true]),
+        ];
+        for (per, wanted, admits) in cases {
+            let mut replay = replay_of(&rule(per));
+            assert_eq!(replay.wanted, HeaderSet(*wanted), "{per}");
+            let got: Vec<bool> = [
+                record(0, "10.0.0.1", "a"),
+                record(1, "10.0.0.1", "a"),
+                record(2, "10.0.0.2", "b"),
+            ]
+            .iter()
+            .map(|r| replay.decide(r) == Verdict::Admit)
+            .collect();
+            assert_eq!(got, admits, "{per}");
+            let report = replay.finish();
+            assert_eq!(
+                report.rules["r"].rejections,
+                admits.iter().filter(|a| !**a).count() as u64
+            );
+        }
+    }
+
+    #[test]
+    fn stores_drop_expired_keys_without_changing_verdicts() {
+        let mut replay = replay_of(
+            "[[classes.page.rules]]\nname = \"r\"\nlimits = [{ per = \"ip\", rate = 1, window = \"1m\" }]\n",
+        );
+        let filler = |t: i64| record(t, &format!("10.0.{}.{}", t / 256, t % 256), "ua");
+        // (record, admitted?)
+        let mut cases = vec![(record(0, "192.0.2.1", "ua"), true)];
+        cases.extend((1..=65).map(|t| (filler(t), true)));
+        // 7 s out of order, after sweeps at 10 s steps up to 60 s: the key of
+        // 192.0.2.1 (free again at 60 s) must still be there.
+        cases.push((record(58, "192.0.2.1", "ua"), false));
+        cases.extend((66..=200).map(|t| (filler(t), true)));
+        cases.push((record(200, "192.0.2.1", "ua"), true));
+        for (i, (rec, admit)) in cases.iter().enumerate() {
+            assert_eq!(replay.decide(rec) == Verdict::Admit, *admit, "case {i}");
+        }
+        // Swept at 200 s: keys free again before 190 s (requests before
+        // 130 s) are gone; about 70 of the 202 remain.
+        let held: usize = replay
+            .gateway
+            .rule_stores
+            .partitions()
+            .iter()
+            .map(|p| p.store.len())
+            .sum();
+        assert!((60..=80).contains(&held), "{held} keys held");
+        assert!(replay.activity.len() < 20, "{}", replay.activity.len());
+        assert_eq!(replay.finish().rules["r"].rejections, 1);
+    }
+
+    #[test]
+    fn rejections_per_minute_of_log_time() {
+        let mut replay = replay_of(
+            "[[classes.page.rules]]\nname = \"r\"\nlimits = [{ per = \"site\", rate = 1, window = \"1h\" }]\n",
+        );
+        // The first and the last record are admitted, the others refused.
+        // Record time 0 is 36 s into its minute.
+        let secs = [0, 1, 20, 24, 25, 90, 3600 * 30];
+        for s in secs {
+            replay.decide(&record(s, "10.0.0.1", "ua"));
+        }
+        let stamp = |s: i64| minute(record(s, "10.0.0.1", "ua").time);
+        let want: BTreeMap<String, u64> = [(stamp(1), 2), (stamp(24), 2), (stamp(90), 1)]
+            .into_iter()
+            .collect();
+        assert_eq!(want.len(), 3, "{want:?}");
+        let report = replay.finish();
+        assert_eq!(report.rules["r"].per_minute, want);
+        assert_eq!(report.first.as_deref(), Some(stamp(0).as_str()));
+        assert_eq!(report.last.as_deref(), Some(stamp(3600 * 30).as_str()));
+    }
+
+    #[test]
+    fn prefetch_only_while_stores_outgrow_the_cache() {
+        let mut replay = replay_of(
+            "[[classes.page.rules]]\nname = \"r\"\nlimits = [{ per = \"ip\", rate = 1, window = \"1h\" }]\n",
+        );
+        let at = |t: i64, i: u32| {
+            record(
+                t,
+                &std::net::Ipv4Addr::from_bits(0x0a00_0000 + i).to_string(),
+                "ua",
+            )
+        };
+        // 100,000 addresses in the first 10 s (their keys live an hour),
+        // then the sweep at 10 s measures the tables.
+        let n = 100_000;
+        for i in 0..n {
+            replay.decide(&at(i64::from(i) / 10_000, i));
+        }
+        assert!(!replay.prefetch_stores, "no sweep yet");
+        replay.decide(&at(10, n));
+        assert!(
+            replay.prefetch_stores,
+            "{} bytes",
+            replay.activity.table_bytes()
+        );
+        // Two hours on, the sweep leaves a few keys: no more prefetching.
+        replay.decide(&at(7200, n + 1));
+        assert!(!replay.prefetch_stores);
+    }
+
+    #[test]
+    fn header_set_bits() {
+        let cases: &[(&str, u8)] = &[
+            ("user-agent", HeaderSet::USER_AGENT),
+            ("cookie", HeaderSet::COOKIE),
+            ("accept", HeaderSet::ACCEPT),
+            ("host", HeaderSet::HOST),
+            ("sec-fetch-mode", HeaderSet::SEC_FETCH_MODE),
+            ("x-forwarded-for", HeaderSet::FORWARDED_FOR),
+            ("x-api-key", 0),
+        ];
+        for (name, bit) in cases {
+            let name = HeaderName::from_static(name);
+            assert_eq!(HeaderSet::bit(&name), *bit, "{name}");
+        }
+    }
+}

@@ -1,0 +1,697 @@
+//! The adaptive browser challenge: a browser navigation without a valid pass
+//! gets a page whose script spends about a second of CPU (proof of work) and
+//! earns a signed, network- and browser-bound `weir_pass` cookie.
+//!
+//! ```text
+//! GET /wiki/Page ─► eligible? ─► pass()? ─Valid──► (rate-limit by pass id) ─► upstream
+//!                      │no          │Missing/Invalid
+//!                      ▼            ▼
+//!                  upstream     page(): 429 + x-weir-challenge: 1
+//!                                   │ script: SHA-256(nonce:counter) < 2^(256-bits)
+//!                                   ▼
+//!               POST /.weir/challenge/verify (handle()) ─► 303 to the page + Set-Cookie
+//! ```
+//!
+//! ```
+//! use std::time::SystemTime;
+//! use weir::challenge::{ChallengeConfig, Challenger, PassCheck, pow};
+//! use weir::identity::{AddrSource, ClientAddr, ClientId, PeerAddr};
+//!
+//! let config = ChallengeConfig {
+//!     keys: vec!["0123456789abcdef0123456789abcdef".into()],
+//!     difficulty: 8,
+//!     ..ChallengeConfig::default()
+//! };
+//! let challenger = Challenger::new(&config).unwrap();
+//! let peer: std::net::SocketAddr = "203.0.113.7:50000".parse().unwrap();
+//! let client = ClientId { peer: PeerAddr(peer), client: ClientAddr::new(peer.ip()), source: AddrSource::Peer };
+//! let now = SystemTime::now();
+//! let mut headers = http::HeaderMap::new();
+//! headers.insert("accept", "text/html".parse().unwrap());
+//! headers.insert("user-agent", "Mozilla/5.0".parse().unwrap());
+//! let uri: http::Uri = "/wiki/Page".parse().unwrap();
+//!
+//! assert!(challenger.eligible(&http::Method::GET, &uri, &headers, &client));
+//! assert_eq!(challenger.pass(&headers, &client, now), PassCheck::Missing);
+//! let page = challenger.page(&uri, &client, &headers, challenger.base_difficulty(), now);
+//! assert_eq!(page.headers()["x-weir-challenge"], "1");
+//!
+//! // What the page's script does:
+//! let nonce = weir::challenge::page_nonce(page.body()).unwrap();
+//! let counter = pow::solve(&nonce, 8);
+//! let form = format!("nonce={nonce}&counter={counter}");
+//! let verify: http::Uri = "/.weir/challenge/verify".parse().unwrap();
+//! let answer = challenger
+//!     .handle(&http::Method::POST, &verify, &headers, form.as_bytes(), &client, true, now)
+//!     .unwrap();
+//! assert_eq!(answer.status(), 303);
+//! assert_eq!(answer.headers()["location"], "/wiki/Page");
+//! let cookie = answer.headers()["set-cookie"].to_str().unwrap();
+//! assert!(cookie.starts_with("weir_pass=") && cookie.contains("; Secure"));
+//!
+//! headers.insert("cookie", cookie.split(';').next().unwrap().parse().unwrap());
+//! assert!(matches!(challenger.pass(&headers, &client, now), PassCheck::Valid(_)));
+//! ```
+//!
+//! Owns: [`Challenger`] (eligibility, pass check, page, the `/.weir/` paths),
+//! [`token`] (the cookie), [`pow`] (the work), [`page`] (HTML, script, CSP),
+//! [`pressure`] (when `under_pressure` engages) and the `[challenge]` config
+//! ([`ChallengeConfig`], [`ChallengeMode`]). Does not: read request bodies
+//! (the caller hands [`Challenger::handle`] at most [`MAX_VERIFY_BODY`]
+//! bytes), keep any per-client state, rate-limit pass holders (the rules do,
+//! keyed by [`PassToken::id`]) or record metrics (it returns
+//! [`ChallengeEvent`]s). See `docs/challenge.md`.
+
+pub mod config;
+pub mod keyring;
+pub mod page;
+pub mod pow;
+pub mod pressure;
+pub mod token;
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Response, StatusCode, Uri};
+
+pub use config::{
+    ChallengeConfig, ChallengeConfigError, ChallengeMode, ChallengeText, GoodBotConfig,
+    PressureConfig,
+};
+pub use page::{CHALLENGE_HEADER, SCRIPT_PATH, VERIFY_PATH};
+pub use pow::PowRejection;
+pub use pressure::{Pressure, PressureChange, PressureSettings};
+pub use token::{PassToken, TokenRejection};
+
+use crate::identity::{ClientId, TrustedProxies};
+use keyring::{Binding, Keyring, Purpose};
+use page::PageTemplate;
+
+/// The largest verify body weir needs to read: a nonce (under 3 KiB with the
+/// longest return path) and a counter. Read no more than this.
+pub const MAX_VERIFY_BODY: usize = 4096;
+
+/// Every weir-served path lives under this prefix; never challenged, never
+/// forwarded when the challenge is on.
+pub const WEIR_PREFIX: &str = "/.weir/";
+
+/// Whether a request carries a valid pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassCheck {
+    Valid(PassToken),
+    Missing,
+    Invalid(TokenRejection),
+}
+
+impl PassCheck {
+    /// The event to record: a pass admitted or refused (none when absent).
+    pub fn event(&self) -> Option<ChallengeEvent> {
+        match self {
+            PassCheck::Valid(t) => Some(ChallengeEvent::PassAdmitted { id: t.id }),
+            PassCheck::Invalid(r) => Some(ChallengeEvent::PassRejected(*r)),
+            PassCheck::Missing => None,
+        }
+    }
+}
+
+/// Something for metrics and logs. Responses from [`Challenger::page`] and
+/// [`Challenger::handle`] carry theirs in their extensions (see [`events`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChallengeEvent {
+    /// A challenge page was served.
+    Issued { difficulty: u8 },
+    /// A correct answer earned a pass. `time_to_solve` runs from the page
+    /// being issued to the answer arriving (includes page load and network).
+    Solved {
+        difficulty: u8,
+        time_to_solve: Duration,
+        pass_id: u64,
+    },
+    /// A wrong, expired, foreign or forged answer.
+    Failed(PowRejection),
+    /// A request carried a valid pass.
+    PassAdmitted { id: u64 },
+    /// A request carried a pass cookie that is not valid.
+    PassRejected(TokenRejection),
+}
+
+impl ChallengeEvent {
+    /// Bounded metric labels: `(event, reason)`.
+    pub fn labels(&self) -> (&'static str, &'static str) {
+        match self {
+            ChallengeEvent::Issued { .. } => ("issued", ""),
+            ChallengeEvent::Solved { .. } => ("solved", ""),
+            ChallengeEvent::Failed(r) => ("failed", r.as_str()),
+            ChallengeEvent::PassAdmitted { .. } => ("pass_admitted", ""),
+            ChallengeEvent::PassRejected(r) => ("pass_rejected", r.as_str()),
+        }
+    }
+}
+
+/// The events a response from [`Challenger`] carries (stored in its
+/// extensions so `page` and `handle` keep plain response signatures).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChallengeEvents(pub Vec<ChallengeEvent>);
+
+/// The events recorded on a response from [`Challenger::page`] or
+/// [`Challenger::handle`]; empty for any other response.
+pub fn events<B>(resp: &Response<B>) -> &[ChallengeEvent] {
+    resp.extensions()
+        .get::<ChallengeEvents>()
+        .map_or(&[], |e| e.0.as_slice())
+}
+
+/// Why a request is never challenged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exemption {
+    /// Not GET or HEAD (forms, APIs: a challenge would lose the body).
+    Method,
+    /// Not a browser navigation (`Sec-Fetch-Mode` other than `navigate`, or
+    /// no HTML in `Accept`): scripts, images, APIs, feeds readers.
+    NotNavigation,
+    /// weir's own `/.weir/` paths.
+    WeirPath,
+    /// `exempt_paths`, `exempt_prefixes` or `exempt_suffixes`.
+    Path,
+    /// A key in `exempt_query_keys`.
+    Query,
+    /// The client is in `allow_cidrs`.
+    AllowedNetwork,
+    /// A `good_bots` entry matched (its name).
+    GoodBot(String),
+}
+
+#[derive(Debug)]
+struct GoodBot {
+    name: String,
+    user_agent: String,
+    /// `None`: the User-Agent alone is believed.
+    networks: Option<TrustedProxies>,
+}
+
+/// The challenge, built from a validated [`ChallengeConfig`].
+#[derive(Debug)]
+pub struct Challenger {
+    token_keys: Keyring,
+    pow_keys: Keyring,
+    pass_ttl: Duration,
+    solve_ttl: Duration,
+    cookie_name: String,
+    base_difficulty: u8,
+    pressure: PressureSettings,
+    exempt_paths: Vec<String>,
+    exempt_prefixes: Vec<String>,
+    exempt_suffixes: Vec<String>,
+    exempt_query_keys: Vec<String>,
+    allow: TrustedProxies,
+    good_bots: Vec<GoodBot>,
+    template: PageTemplate,
+}
+
+impl Challenger {
+    pub fn new(c: &ChallengeConfig) -> Result<Challenger, ChallengeConfigError> {
+        let range = |key, ok: bool, value: String, range| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ChallengeConfigError::OutOfRange { key, value, range })
+            }
+        };
+        let secs = |d: &crate::config::ConfigDuration| format!("{d:?}");
+        range(
+            "pass_ttl",
+            (60..=7 * 86400).contains(&c.pass_ttl.0.as_secs()),
+            secs(&c.pass_ttl),
+            "1m ..= 7days",
+        )?;
+        range(
+            "solve_ttl",
+            (10..=3600).contains(&c.solve_ttl.0.as_secs()),
+            secs(&c.solve_ttl),
+            "10s ..= 1h",
+        )?;
+        range(
+            "difficulty",
+            (8..=pow::MAX_BITS).contains(&c.difficulty),
+            c.difficulty.to_string(),
+            "8 ..= 28",
+        )?;
+        range(
+            "max_difficulty",
+            (c.difficulty..=pow::MAX_BITS).contains(&c.max_difficulty),
+            c.max_difficulty.to_string(),
+            "difficulty ..= 28",
+        )?;
+        let p = &c.pressure;
+        range(
+            "pressure.queue_depth",
+            p.queue_depth >= 4,
+            p.queue_depth.to_string(),
+            ">= 4 (disengage is below a quarter of it)",
+        )?;
+        range("pressure.wait", !p.wait.0.is_zero(), secs(&p.wait), "> 0")?;
+        range(
+            "pressure.step_after",
+            !p.step_after.0.is_zero(),
+            secs(&p.step_after),
+            "> 0",
+        )?;
+        let name_ok = !c.cookie_name.is_empty()
+            && c.cookie_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(ChallengeConfigError::CookieName(c.cookie_name.clone()));
+        }
+        check_paths("exempt_paths", &c.exempt_paths, true)?;
+        check_paths("exempt_prefixes", &c.exempt_prefixes, true)?;
+        check_paths("exempt_suffixes", &c.exempt_suffixes, false)?;
+        check_paths("exempt_query_keys", &c.exempt_query_keys, false)?;
+        let allow =
+            TrustedProxies::parse(&c.allow_cidrs).map_err(|source| ChallengeConfigError::Cidr {
+                key: "allow_cidrs".into(),
+                source,
+            })?;
+        let mut good_bots = Vec::with_capacity(c.good_bots.len());
+        for (i, bot) in c.good_bots.iter().enumerate() {
+            if bot.user_agent.trim().len() < 3 {
+                return Err(ChallengeConfigError::BotUserAgent {
+                    index: i,
+                    value: bot.user_agent.clone(),
+                });
+            }
+            let networks = if bot.cidrs.is_empty() {
+                None
+            } else {
+                Some(TrustedProxies::parse(&bot.cidrs).map_err(|source| {
+                    ChallengeConfigError::Cidr {
+                        key: format!("good_bots[{i}].cidrs"),
+                        source,
+                    }
+                })?)
+            };
+            good_bots.push(GoodBot {
+                name: bot.name.clone(),
+                user_agent: bot.user_agent.clone(),
+                networks,
+            });
+        }
+        Ok(Challenger {
+            token_keys: Keyring::new(&c.keys, Purpose::PassToken)?,
+            pow_keys: Keyring::new(&c.keys, Purpose::PowChallenge)?,
+            pass_ttl: c.pass_ttl.0,
+            solve_ttl: c.solve_ttl.0,
+            cookie_name: c.cookie_name.clone(),
+            base_difficulty: c.difficulty,
+            pressure: PressureSettings::from_config(c),
+            exempt_paths: c.exempt_paths.clone(),
+            exempt_prefixes: c.exempt_prefixes.clone(),
+            exempt_suffixes: c
+                .exempt_suffixes
+                .iter()
+                .map(|s| s.to_ascii_lowercase())
+                .collect(),
+            exempt_query_keys: c.exempt_query_keys.clone(),
+            allow,
+            good_bots,
+            template: PageTemplate::new(&c.text),
+        })
+    }
+
+    /// `difficulty` from the config: the bits served when not under pressure.
+    pub fn base_difficulty(&self) -> u8 {
+        self.base_difficulty
+    }
+
+    /// A fresh pressure state machine with this config's thresholds. Serve
+    /// `pressure.difficulty(challenger.base_difficulty())` while engaged.
+    pub fn pressure(&self) -> Pressure {
+        Pressure::new(self.pressure.clone())
+    }
+
+    /// The pass on this request, checked with no store. Any one valid
+    /// `weir_pass` cookie among several is enough.
+    pub fn pass(&self, headers: &HeaderMap, client: &ClientId, now: SystemTime) -> PassCheck {
+        let binding = Binding::of(client.client, user_agent(headers));
+        let mut first_rejection = None;
+        for value in weir_http::cookie::values(headers, &self.cookie_name) {
+            match token::verify(&self.token_keys, value, binding, now) {
+                Ok(pass) => return PassCheck::Valid(pass),
+                Err(r) => {
+                    first_rejection.get_or_insert(r);
+                }
+            }
+        }
+        first_rejection.map_or(PassCheck::Missing, PassCheck::Invalid)
+    }
+
+    /// Whether this request may be challenged: a browser navigation to a
+    /// page that is not exempt, from a client that is not allow-listed.
+    pub fn eligible(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        client: &ClientId,
+    ) -> bool {
+        self.exemption(method, uri, headers, client).is_none()
+    }
+
+    /// Why this request is never challenged, if it is not eligible.
+    pub fn exemption(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        client: &ClientId,
+    ) -> Option<Exemption> {
+        if method != Method::GET && method != Method::HEAD {
+            return Some(Exemption::Method);
+        }
+        let path = uri.path();
+        if path.starts_with(WEIR_PREFIX) {
+            return Some(Exemption::WeirPath);
+        }
+        if !is_navigation(headers) {
+            return Some(Exemption::NotNavigation);
+        }
+        let lower = path.to_ascii_lowercase();
+        if self.exempt_paths.iter().any(|p| p == path)
+            || self.exempt_prefixes.iter().any(|p| path.starts_with(p))
+            || self.exempt_suffixes.iter().any(|s| lower.ends_with(s))
+        {
+            return Some(Exemption::Path);
+        }
+        if let Some(query) = uri.query() {
+            let has_key = query.split('&').any(|pair| {
+                let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+                self.exempt_query_keys.iter().any(|k| k == key)
+            });
+            if has_key {
+                return Some(Exemption::Query);
+            }
+        }
+        let ip = client.client.ip();
+        if self.allow.contains(ip) {
+            return Some(Exemption::AllowedNetwork);
+        }
+        let ua = user_agent(headers);
+        self.good_bots
+            .iter()
+            .find(|bot| {
+                contains(ua, bot.user_agent.as_bytes())
+                    && bot.networks.as_ref().is_none_or(|n| n.contains(ip))
+            })
+            .map(|bot| Exemption::GoodBot(bot.name.clone()))
+    }
+
+    /// The challenge response for this request (status 429; see `page.rs`).
+    /// Carries [`ChallengeEvent::Issued`].
+    pub fn page(
+        &self,
+        uri: &Uri,
+        client: &ClientId,
+        headers: &HeaderMap,
+        difficulty: u8,
+        now: SystemTime,
+    ) -> Response<Bytes> {
+        let return_path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let binding = Binding::of(client.client, user_agent(headers));
+        self.challenge(
+            binding,
+            difficulty,
+            return_path,
+            StatusCode::TOO_MANY_REQUESTS,
+            now,
+            Vec::new(),
+        )
+    }
+
+    fn challenge(
+        &self,
+        binding: Binding,
+        difficulty: u8,
+        return_path: &str,
+        status: StatusCode,
+        now: SystemTime,
+        mut events: Vec<ChallengeEvent>,
+    ) -> Response<Bytes> {
+        let challenge = pow::issue(
+            &self.pow_keys,
+            binding,
+            difficulty,
+            rand::random::<u64>(),
+            return_path,
+            now,
+        );
+        let mut resp = self
+            .template
+            .render(&challenge.nonce, challenge.difficulty, status);
+        events.push(ChallengeEvent::Issued {
+            difficulty: challenge.difficulty,
+        });
+        resp.extensions_mut().insert(ChallengeEvents(events));
+        resp
+    }
+
+    /// Whether `uri` is one of the paths [`Challenger::handle`] serves (so
+    /// the caller knows to read up to [`MAX_VERIFY_BODY`] bytes of body).
+    pub fn is_challenge_path(&self, uri: &Uri) -> bool {
+        matches!(uri.path(), SCRIPT_PATH | VERIFY_PATH)
+    }
+
+    /// Serves `/.weir/challenge.js` and `/.weir/challenge/verify`; `None`
+    /// for every other path. A correct answer gets `303` to where the visitor
+    /// was going with the pass cookie (`Secure` when `tls`); a wrong or
+    /// expired one a fresh challenge (429), a forged or malformed one a fresh
+    /// challenge with 403. Events are in the response's extensions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle(
+        &self,
+        method: &Method,
+        uri: &Uri,
+        headers: &HeaderMap,
+        body: &[u8],
+        client: &ClientId,
+        tls: bool,
+        now: SystemTime,
+    ) -> Option<Response<Bytes>> {
+        match uri.path() {
+            SCRIPT_PATH => Some(if method == Method::GET || method == Method::HEAD {
+                self.template.script()
+            } else {
+                method_not_allowed("GET, HEAD")
+            }),
+            VERIFY_PATH if method == Method::POST => {
+                Some(self.verify(headers, body, client, tls, now))
+            }
+            VERIFY_PATH => Some(method_not_allowed("POST")),
+            _ => None,
+        }
+    }
+
+    fn verify(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        client: &ClientId,
+        tls: bool,
+        now: SystemTime,
+    ) -> Response<Bytes> {
+        let binding = Binding::of(client.client, user_agent(headers));
+        let answer = (body.len() <= MAX_VERIFY_BODY)
+            .then(|| parse_answer(body))
+            .flatten();
+        let result = match &answer {
+            Some((nonce, counter)) => pow::verify(
+                &self.pow_keys,
+                nonce,
+                *counter,
+                binding,
+                self.solve_ttl,
+                now,
+            ),
+            None => Err(PowRejection::Malformed),
+        };
+        match result {
+            Ok(solved) => {
+                let cookie =
+                    token::issue(&self.token_keys, solved.seed, binding, now, self.pass_ttl);
+                let mut set_cookie = format!(
+                    "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
+                    self.cookie_name,
+                    self.pass_ttl.as_secs()
+                );
+                if tls {
+                    set_cookie.push_str("; Secure");
+                }
+                let mut resp = Response::new(Bytes::new());
+                *resp.status_mut() = StatusCode::SEE_OTHER;
+                let h = resp.headers_mut();
+                // Both values are ASCII built here: a checked local path and
+                // base64; fall back to `/` rather than fail.
+                h.insert(
+                    header::LOCATION,
+                    HeaderValue::from_str(&solved.return_path)
+                        .unwrap_or(HeaderValue::from_static("/")),
+                );
+                if let Ok(v) = HeaderValue::from_str(&set_cookie) {
+                    h.insert(header::SET_COOKIE, v);
+                }
+                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                resp.extensions_mut()
+                    .insert(ChallengeEvents(vec![ChallengeEvent::Solved {
+                        difficulty: solved.difficulty,
+                        time_to_solve: now.duration_since(solved.issued).unwrap_or_default(),
+                        pass_id: solved.seed,
+                    }]));
+                resp
+            }
+            Err(reason) => {
+                // Keep the destination and difficulty only from a nonce we
+                // signed; anything else starts over at `/`.
+                let opened = answer
+                    .as_ref()
+                    .and_then(|(nonce, _)| pow::open(&self.pow_keys, nonce).ok());
+                let (path, bits) = opened.as_ref().map_or(("/", self.base_difficulty), |o| {
+                    (
+                        o.return_path.as_str(),
+                        o.difficulty.max(self.base_difficulty),
+                    )
+                });
+                let status = match reason {
+                    PowRejection::Malformed | PowRejection::BadSignature => StatusCode::FORBIDDEN,
+                    _ => StatusCode::TOO_MANY_REQUESTS,
+                };
+                self.challenge(
+                    binding,
+                    bits,
+                    path,
+                    status,
+                    now,
+                    vec![ChallengeEvent::Failed(reason)],
+                )
+            }
+        }
+    }
+}
+
+/// The nonce embedded in a challenge page's HTML (for tests and the lab's
+/// simulated browsers, which answer with [`pow::solve`]).
+pub fn page_nonce(html: &[u8]) -> Option<String> {
+    let html = std::str::from_utf8(html).ok()?;
+    let marker = "name=\"nonce\" value=\"";
+    let start = html.find(marker)? + marker.len();
+    let len = html[start..].find('"')?;
+    Some(html[start..start + len].to_string())
+}
+
+/// The User-Agent's raw bytes (empty when absent): what tokens are bound to.
+pub fn user_agent(headers: &HeaderMap) -> &[u8] {
+    headers
+        .get(header::USER_AGENT)
+        .map_or(&[], |v| v.as_bytes())
+}
+
+/// A browser navigation: `Sec-Fetch-Mode: navigate` when the browser sends
+/// fetch metadata (it then decides; a `fetch()` asking for HTML is not a
+/// navigation), else an `Accept` that lists HTML with a non-zero q.
+fn is_navigation(headers: &HeaderMap) -> bool {
+    if let Some(mode) = headers.get("sec-fetch-mode") {
+        return mode.as_bytes().eq_ignore_ascii_case(b"navigate");
+    }
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            let html = media.eq_ignore_ascii_case("text/html")
+                || media.eq_ignore_ascii_case("application/xhtml+xml");
+            let q_zero = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            html && !q_zero
+        })
+}
+
+/// `nonce=...&counter=...` from an `application/x-www-form-urlencoded` body.
+fn parse_answer(body: &[u8]) -> Option<(String, u64)> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut nonce = None;
+    let mut counter = None;
+    for pair in text.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "nonce" => nonce = Some(percent_decode(v)?),
+            "counter" => counter = Some(percent_decode(v)?.parse::<u64>().ok()?),
+            _ => {}
+        }
+    }
+    Some((nonce?, counter?))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Bytes> {
+    let mut resp = Response::new(Bytes::new());
+    *resp.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    resp.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    resp
+}
+
+fn check_paths(
+    key: &'static str,
+    items: &[String],
+    must_be_path: bool,
+) -> Result<(), ChallengeConfigError> {
+    for (index, item) in items.iter().enumerate() {
+        let reason = if item.is_empty() {
+            Some("is empty (it would match everything)")
+        } else if must_be_path && !item.starts_with('/') {
+            Some("must start with `/`")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(ChallengeConfigError::BadEntry {
+                key,
+                index,
+                value: item.clone(),
+                reason,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,454 @@
+//! Accept loops and the life of one client connection.
+//!
+//! For each accepted socket: admit it (caps), read a PROXY header if the
+//! listener expects one, complete the TLS handshake, then serve HTTP until
+//! the client leaves or the tracker commands the connection to close (idle,
+//! slow headers, shedding, drain): weir's own codec (`weir_http::server`) for
+//! plain HTTP/1.1, hyper for TLS and HTTP/2.
+//!
+//! The edge serves a [`Service`] and knows nothing of what it does with a
+//! request: the proxy (`crate::proxy`) is one, handed in by whoever starts
+//! the accept loops.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use weir_http::body::{RequestBody, ResponseBody};
+use weir_http::proxy_protocol;
+use weir_http::server::Handler;
+
+use super::conn::{Command, ConnGuard, ConnState, ConnTracker, Refusal};
+use super::io::TrackedIo;
+use super::listener::{EdgeSettings, ListenerSpec};
+use crate::identity::PeerAddr;
+use crate::observe::Metrics;
+
+/// What the edge serves: a handler per connection, and the settings in
+/// force (a reload may change them between two connections).
+pub trait Service: Send + Sync + 'static {
+    /// Serves the requests of one connection (both codecs).
+    type Handler: Handler<RequestBody = RequestBody, ResponseBody = ResponseBody>
+        + Clone
+        + Send
+        + Sync
+        + 'static;
+
+    /// The settings of listener `index` in force now; `None` when it is no
+    /// longer configured (the accept loop keeps its start-up settings).
+    fn listener(&self, index: usize) -> Option<(ListenerSpec, EdgeSettings)>;
+
+    /// Whether `peer` is a trusted proxy (its PROXY header and forwarding
+    /// fields are believed, and it is not capped as one client).
+    fn trusts(&self, peer: IpAddr) -> bool;
+
+    /// The handler of a connection just set up.
+    fn connection(&self, conn: Connection) -> Self::Handler;
+}
+
+/// What the edge knows about a connection, for its handler.
+pub struct Connection {
+    pub peer: PeerAddr,
+    pub peer_trusted: bool,
+    /// The PROXY protocol source, believed (peer trusted).
+    pub proxy_source: Option<IpAddr>,
+    pub tls: bool,
+    pub state: Arc<ConnState>,
+    /// Keeps the connection's slots while any request or tunnel uses them.
+    pub guard: Arc<ConnGuard>,
+}
+
+/// What an accept loop needs: the tracker that admits connections, the
+/// metrics it counts them in, and the service it hands them to.
+pub struct Acceptor<S> {
+    pub tracker: Arc<ConnTracker>,
+    pub metrics: Arc<Metrics>,
+    pub service: S,
+}
+
+/// Polls a pinned hyper connection until it ends, obeying tracker commands:
+/// `Graceful` lets the request in flight finish, `Abort` drops the connection.
+macro_rules! drive {
+    ($conn:expr, $state:expr) => {{
+        let mut conn = $conn;
+        let mut graceful = false;
+        // A connection told to close between requests may have the next
+        // one on its way: closing now would drop a request the client sent
+        // (HTTP/1.1 allows it, but wrk and some clients count it failed).
+        // A new connection's close waits for its first request
+        // (`FIRST_REQUEST_GRACE`), an idle kept-alive one's during a drain
+        // for one more (`DRAIN_IDLE_GRACE`): the request is answered with
+        // `Connection: close` (`proxy` adds it while a close is pending),
+        // or the wait runs out.
+        let mut deferred: Option<(tokio::time::Instant, u64)> = None;
+        loop {
+            let wanted = if graceful || deferred.is_some() {
+                Command::Abort
+            } else {
+                Command::Graceful
+            };
+            tokio::select! {
+                res = conn.as_mut() => break res.map_err(Into::into),
+                cmd = $state.wait_for(wanted) => {
+                    if cmd == Command::Abort {
+                        break Ok(());
+                    }
+                    match weir_http::conn::close_grace($state) {
+                        Some(grace) => {
+                            deferred = Some((tokio::time::Instant::now() + grace, $state.requests()));
+                        }
+                        None => {
+                            graceful = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(std::time::Duration::from_millis(10)), if deferred.is_some() => {
+                    if deferred.is_some_and(|(until, seen)| {
+                        $state.requests() > seen || tokio::time::Instant::now() >= until
+                    }) {
+                        deferred = None;
+                        graceful = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        }
+    }};
+}
+
+/// Accepts connections on `listener` (listener `index` of the
+/// configuration, started as `spec` with `edge`) until `stop` is cancelled.
+pub async fn accept_loop<S: Service>(
+    listener: TcpListener,
+    index: usize,
+    spec: ListenerSpec,
+    edge: EdgeSettings,
+    acceptor: Arc<Acceptor<S>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE/ENFILE: out of descriptors. Back off briefly instead of
+                // spinning; the connection stays in the backlog until then.
+                acceptor.metrics.refused("accept_error");
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let peer = PeerAddr(peer);
+        let peer_trusted = acceptor.service.trusts(peer.ip());
+        // A trusted proxy's connections carry many clients: they are capped by
+        // their PROXY source (below) and by request-level limits instead.
+        let cap_ip = (!peer_trusted).then(|| peer.ip());
+        let guard = match acceptor.tracker.try_open(cap_ip) {
+            Ok(g) => g,
+            Err(refusal) => {
+                refuse(stream, refusal, spec.tls.is_none(), &acceptor.metrics);
+                continue;
+            }
+        };
+        acceptor.metrics.connections_accepted.inc();
+        let (spec, edge) = acceptor
+            .service
+            .listener(index)
+            .filter(|(l, _)| l.address == spec.address)
+            .unwrap_or_else(|| (spec.clone(), edge));
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, peer, peer_trusted, spec, edge, guard, &acceptor).await;
+        });
+    }
+}
+
+/// Answers a refused connection as cheaply as possible and closes it.
+fn refuse(stream: TcpStream, refusal: Refusal, plain: bool, metrics: &Metrics) {
+    metrics.refused(refusal.as_str());
+    if plain {
+        // Best effort, never waits: a 503 the client can read, then close.
+        let _ = stream.try_write(
+            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
+    }
+    // Linger 0: the slot and its memory are released at once, no TIME_WAIT.
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+}
+
+async fn serve_connection<S: Service>(
+    stream: TcpStream,
+    peer: PeerAddr,
+    peer_trusted: bool,
+    spec: ListenerSpec,
+    edge: EdgeSettings,
+    mut guard: ConnGuard,
+    acceptor: &Acceptor<S>,
+) {
+    let metrics = &acceptor.metrics;
+    let mut proxy_source: Option<IpAddr> = None;
+    if spec.proxy_protocol {
+        match proxy_protocol::read_header(&stream, edge.handshake_timeout).await {
+            Ok(h) => {
+                if peer_trusted {
+                    proxy_source = h
+                        .source
+                        .map(|s| crate::identity::ClientAddr::new(s.ip()).ip());
+                } else {
+                    metrics.forwarding_warning("untrusted_proxy_protocol");
+                }
+            }
+            Err(e) => {
+                metrics.connection_error("proxy_protocol");
+                tracing::debug!(peer = %peer.0, error = %e, "bad PROXY protocol header");
+                return;
+            }
+        }
+        if let Some(ip) = proxy_source
+            && let Err(refusal) = guard.count_ip(ip)
+        {
+            refuse(stream, refusal, spec.tls.is_none(), metrics);
+            return;
+        }
+    }
+    let state = guard.state.clone();
+    let guard = Arc::new(guard);
+    let handler = acceptor.service.connection(Connection {
+        peer,
+        peer_trusted,
+        proxy_source,
+        tls: spec.tls.is_some(),
+        state: state.clone(),
+        guard: guard.clone(),
+    });
+    let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match &spec.tls {
+        // Boxed: a task is as large as its largest state, and most
+        // connections are plain.
+        Some(acceptor) => {
+            match Box::pin(serve_tls(
+                stream,
+                acceptor,
+                &edge,
+                hyper_service(handler),
+                &state,
+            ))
+            .await
+            {
+                Some(result) => result,
+                None => {
+                    metrics.connection_error("tls_handshake");
+                    return;
+                }
+            }
+        }
+        None => {
+            stream.set_nodelay(true).ok();
+            serve_plain(stream, spec.http2, &edge, handler, &state).await
+        }
+    };
+    if let Some(reason) = state.close_reason() {
+        metrics.closed(reason);
+    }
+    if let Err(e) = result {
+        metrics.connection_error(classify(&*e));
+    }
+    // The guard is released when the last request on this connection (or an
+    // upgraded tunnel) lets go of it.
+    drop(guard);
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A connection's handler as a hyper service (TLS and HTTP/2 connections).
+fn hyper_service<H>(handler: H) -> impl ConnService
+where
+    H: Handler<RequestBody = RequestBody, ResponseBody = ResponseBody> + Clone + Send + 'static,
+{
+    service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let answer = handler.handle(req.map(RequestBody::from));
+        async move {
+            // hyper writes only the response's map.
+            let (mut parts, mut body) = (*answer.await).into_parts();
+            body.fields_into(&mut parts.headers);
+            Ok::<_, std::convert::Infallible>(hyper::Response::from_parts(parts, body))
+        }
+    })
+}
+
+/// What hyper needs of the service a connection runs (the handler's).
+trait ConnService:
+    hyper::service::HttpService<
+        hyper::body::Incoming,
+        ResBody = weir_http::body::ResponseBody,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> ConnService for S where
+    S: hyper::service::HttpService<
+            hyper::body::Incoming,
+            ResBody = weir_http::body::ResponseBody,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// Serves a TLS connection (HTTP/2 when ALPN chose it). `None` when the
+/// handshake failed or timed out, or the connection was told to close first
+/// (nothing to count then).
+async fn serve_tls<S: ConnService>(
+    stream: TcpStream,
+    acceptor: &tokio_rustls::TlsAcceptor,
+    edge: &EdgeSettings,
+    service: S,
+    state: &Arc<ConnState>,
+) -> Option<Result<(), BoxError>> {
+    let handshake = tokio::time::timeout(edge.handshake_timeout, acceptor.accept(stream));
+    let tls = tokio::select! {
+        r = handshake => r,
+        _ = state.wait_for(Command::Graceful) => return Some(Ok(())),
+    };
+    let Ok(Ok(tls)) = tls else {
+        return None;
+    };
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+    let io = TokioIo::new(TrackedIo::new(tls, state.clone()));
+    Some(if h2 {
+        let conn = http2_builder(edge).serve_connection(io, service);
+        drive!(std::pin::pin!(conn), state)
+    } else {
+        let conn = http1_builder(edge)
+            .serve_connection(io, service)
+            .with_upgrades();
+        drive!(std::pin::pin!(conn), state)
+    })
+}
+
+/// Serves a plain-TCP connection: HTTP/2 with prior knowledge when the
+/// listener allows it and the client opens with the preface, else HTTP/1
+/// (weir's own codec, `weir_http::server`).
+async fn serve_plain<H>(
+    stream: TcpStream,
+    h2c: bool,
+    edge: &EdgeSettings,
+    handler: H,
+    state: &Arc<ConnState>,
+) -> Result<(), BoxError>
+where
+    H: Handler<RequestBody = RequestBody, ResponseBody = ResponseBody> + Clone + Send + 'static,
+{
+    if h2c && starts_with_h2_preface(&stream, state).await {
+        let io = TokioIo::new(TrackedIo::new(stream, state.clone()));
+        let mut conn = Box::pin(http2_builder(edge).serve_connection(io, hyper_service(handler)));
+        return drive!(conn.as_mut(), state);
+    }
+    let limits = weir_http::server::HeadLimits {
+        max_bytes: edge.max_header_bytes,
+        max_headers: edge.max_headers,
+    };
+    Ok(weir_http::server::serve(stream, state, handler, limits).await?)
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the client opens with the HTTP/2 preface, looked at without
+/// consuming it. A preface split over segments is waited for; the sweep's
+/// header timeout bounds that wait.
+async fn starts_with_h2_preface(stream: &TcpStream, state: &ConnState) -> bool {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = tokio::select! {
+            r = stream.peek(&mut buf) => match r {
+                Ok(n) => n,
+                Err(_) => return false,
+            },
+            _ = state.wait_for(Command::Abort) => return false,
+        };
+        if n == 0 || buf[..n] != H2_PREFACE[..n] {
+            return false;
+        }
+        if n == H2_PREFACE.len() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Streams per HTTP/2 connection: like nginx's default of 128.
+const H2_MAX_STREAMS: u32 = 128;
+
+fn http1_builder(edge: &EdgeSettings) -> hyper::server::conn::http1::Builder {
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new())
+        // Off: hyper's timer would also cut idle keep-alive connections at
+        // the header timeout. The tracker's sweep enforces both separately.
+        .header_read_timeout(None)
+        .max_buf_size(edge.max_header_bytes)
+        .keep_alive(true);
+    // hyper's own limit is 100 on the stack; setting any limit, even 100,
+    // makes it allocate and fill a header table for every request.
+    if edge.max_headers != HYPER_MAX_HEADERS {
+        b.max_headers(edge.max_headers);
+    }
+    b
+}
+
+/// hyper's header count limit when none is set.
+const HYPER_MAX_HEADERS: usize = 100;
+
+fn http2_builder(edge: &EdgeSettings) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    b.timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_header_list_size(edge.max_header_bytes as u32)
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    b
+}
+
+/// A bounded label for a connection that ended in an error.
+fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(c) = err.downcast_ref::<weir_http::server::ClientError>() {
+            return c.label();
+        }
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            return if h.is_parse_too_large() {
+                "header_too_large"
+            } else if h.is_parse() || h.is_parse_status() {
+                "bad_request"
+            } else if h.is_timeout() {
+                "header_timeout"
+            } else if h.is_incomplete_message() {
+                "client_closed"
+            } else if h.is_user() {
+                "service"
+            } else {
+                "io"
+            };
+        }
+        if err.is::<std::io::Error>() {
+            return "io";
+        }
+        cur = err.source();
+    }
+    "other"
+}

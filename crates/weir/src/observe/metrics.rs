@@ -1,0 +1,632 @@
+//! Prometheus metrics (prometheus-client), all under the `weir_` prefix.
+//!
+//! Names and units follow Prometheus conventions: counters end in `_total`
+//! (added by the registry), durations are in seconds. Every metric here is
+//! listed in `docs/metrics.md`; a test keeps the two in step.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub class: Arc<str>,
+    pub status: u16,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabels {
+    pub class: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleResultLabels {
+    pub rule: Arc<str>,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CollateralLabels {
+    pub rule: Arc<str>,
+    pub signal: &'static str,
+    pub enforced: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChallengeLabels {
+    pub event: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: Arc<str>,
+}
+
+/// One pool's per-request metrics, looked up once per pool instead of once
+/// per request (a family lookup hashes the labels under a lock).
+#[derive(Debug, Clone)]
+pub struct PoolHandles {
+    pub in_flight: Gauge,
+    pub duration: prometheus_client::metrics::histogram::Histogram,
+}
+
+/// The request counter's recently used children, found by comparing
+/// pointers instead of hashing the labels (which the family does, with
+/// SipHash under a lock, once per request). A handful of label sets covers
+/// nearly all requests: a few classes, statuses and decisions.
+#[derive(Debug, Default)]
+struct RecentRequestCounters {
+    entries: std::sync::Mutex<Vec<(RequestLabels, Counter)>>,
+}
+
+/// How many label sets [`RecentRequestCounters`] keeps.
+const RECENT_REQUEST_COUNTERS: usize = 16;
+
+impl RecentRequestCounters {
+    /// The cached child for these labels. The class's `Arc` is kept in the
+    /// entry, so a pointer match can never be a different (freed and
+    /// reallocated) class.
+    fn get(&self, class: &Arc<str>, status: u16, decision: &'static str) -> Option<Counter> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .iter()
+            .find(|(l, _)| {
+                Arc::ptr_eq(&l.class, class)
+                    && l.status == status
+                    && std::ptr::eq(l.decision, decision)
+            })
+            .map(|(_, c)| c.clone())
+    }
+
+    fn insert(&self, labels: RequestLabels, counter: Counter) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= RECENT_REQUEST_COUNTERS {
+            entries.remove(0);
+        }
+        entries.push((labels, counter));
+    }
+}
+
+impl Metrics {
+    /// Counts one finished request in `requests`.
+    pub fn count_request(&self, class: &Arc<str>, status: u16, decision: &'static str) {
+        if let Some(counter) = self.recent_requests.get(class, status, decision) {
+            counter.inc();
+            return;
+        }
+        let labels = RequestLabels {
+            class: class.clone(),
+            status,
+            decision,
+        };
+        let counter = self.requests.get_or_create(&labels).clone();
+        counter.inc();
+        self.recent_requests.insert(labels, counter);
+    }
+
+    pub fn pool_handles(&self, pool: &Arc<str>) -> PoolHandles {
+        let labels = PoolLabels { pool: pool.clone() };
+        PoolHandles {
+            in_flight: self.upstream_in_flight.get_or_create(&labels).clone(),
+            duration: self.upstream_duration.get_or_create(&labels).clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolErrorLabels {
+    pub pool: Arc<str>,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabels {
+    pub pool: Arc<str>,
+    pub lane: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    pub pool: Arc<str>,
+    pub lane: Arc<str>,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolStateLabels {
+    pub pool: Arc<str>,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServerStateLabels {
+    pub pool: Arc<str>,
+    pub server: String,
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckLabels {
+    pub pool: Arc<str>,
+    pub result: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s: from a cached page to a slow upload.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// All of weir's metrics, registered once per process and kept across reloads.
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    recent_requests: RecentRequestCounters,
+    pub rejections: Family<RuleLabels, Counter>,
+    pub connections_open: Gauge,
+    pub connections_accepted: Counter,
+    pub connection_buffers_released: Counter,
+    pub connections_refused: Family<ReasonLabels, Counter>,
+    pub connections_closed: Family<ReasonLabels, Counter>,
+    pub connection_errors: Family<KindLabels, Counter>,
+    pub upstream_in_flight: Family<PoolLabels, Gauge>,
+    pub upstream_duration: HistogramFamily<PoolLabels>,
+    pub upstream_errors: Family<PoolErrorLabels, Counter>,
+    pub upstream_retries: Family<PoolLabels, Counter>,
+    pub reloads: Family<ResultLabels, Counter>,
+    pub config_version: Gauge,
+    pub forwarding_warnings: Family<KindLabels, Counter>,
+    pub dominant_peer_share: Gauge<f64, AtomicU64>,
+    pub access_log_dropped: Counter,
+    pub rule_decisions: Family<RuleResultLabels, Counter>,
+    pub rule_collateral: Family<CollateralLabels, Counter>,
+    pub rule_rejected_clients: Family<RuleLabels, Gauge>,
+    pub state_restored_keys: Gauge,
+    pub state_snapshot_keys: Gauge,
+    pub state_snapshots: Family<ResultLabels, Counter>,
+    pub limiter_evicted_keys: Gauge,
+    pub process_start_time: Gauge,
+    pub redis_round_trips: Family<ResultLabels, Counter>,
+    pub redis_fallback_decisions: Counter,
+    pub redis_outages: Counter,
+    pub redis_fallback_active: Gauge,
+    pub challenge_events: Family<ChallengeLabels, Counter>,
+    pub challenge_solve: Histogram,
+    pub challenge_engaged: Family<PoolLabels, Gauge>,
+    pub admission_limit: Family<PoolLabels, Gauge>,
+    pub admission_in_flight: Family<PoolLabels, Gauge>,
+    pub admission_queued: Family<LaneLabels, Gauge>,
+    pub admission_admitted: Family<LaneLabels, Counter>,
+    pub admission_shed: Family<ShedLabels, Counter>,
+    pub admission_queue_wait: HistogramFamily<LaneLabels>,
+    pub pool_state: Family<PoolStateLabels, Gauge>,
+    pub upstream_health: Family<ServerStateLabels, Gauge>,
+    pub health_checks: Family<CheckLabels, Counter>,
+    pub upstream_retries_denied: Family<PoolLabels, Counter>,
+    pub coalesced_requests: Family<ClassLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("weir");
+        let m = Metrics {
+            requests: Family::default(),
+            recent_requests: RecentRequestCounters::default(),
+            rejections: Family::default(),
+            connections_open: Gauge::default(),
+            connections_accepted: Counter::default(),
+            connection_buffers_released: Counter::default(),
+            connections_refused: Family::default(),
+            connections_closed: Family::default(),
+            connection_errors: Family::default(),
+            upstream_in_flight: Family::default(),
+            upstream_duration: Family::new_with_constructor(latency_histogram),
+            upstream_errors: Family::default(),
+            upstream_retries: Family::default(),
+            reloads: Family::default(),
+            config_version: Gauge::default(),
+            forwarding_warnings: Family::default(),
+            dominant_peer_share: Gauge::default(),
+            access_log_dropped: Counter::default(),
+            rule_decisions: Family::default(),
+            rule_collateral: Family::default(),
+            rule_rejected_clients: Family::default(),
+            state_restored_keys: Gauge::default(),
+            state_snapshot_keys: Gauge::default(),
+            state_snapshots: Family::default(),
+            limiter_evicted_keys: Gauge::default(),
+            process_start_time: Gauge::default(),
+            redis_round_trips: Family::default(),
+            redis_fallback_decisions: Counter::default(),
+            redis_outages: Counter::default(),
+            redis_fallback_active: Gauge::default(),
+            challenge_events: Family::default(),
+            challenge_solve: Histogram::new(exponential_buckets(0.05, 2.0, 10)),
+            challenge_engaged: Family::default(),
+            admission_limit: Family::default(),
+            admission_in_flight: Family::default(),
+            admission_queued: Family::default(),
+            admission_admitted: Family::default(),
+            admission_shed: Family::default(),
+            admission_queue_wait: Family::new_with_constructor(latency_histogram),
+            pool_state: Family::default(),
+            upstream_health: Family::default(),
+            health_checks: Family::default(),
+            upstream_retries_denied: Family::default(),
+            coalesced_requests: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "requests",
+            "Requests answered, by route class, status and decision",
+            m.requests.clone(),
+        );
+        registry.register(
+            "rejections",
+            "Requests rejected before reaching an upstream, by rule",
+            m.rejections.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Client connections currently open",
+            m.connections_open.clone(),
+        );
+        registry.register(
+            "connections_accepted",
+            "Client connections accepted",
+            m.connections_accepted.clone(),
+        );
+        registry.register(
+            "connection_buffers_released",
+            "Times an idle HTTP/1 client connection gave its read buffer back",
+            m.connection_buffers_released.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Client connections refused at accept, by reason",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Client connections closed by weir before the client closed them, by reason",
+            m.connections_closed.clone(),
+        );
+        registry.register(
+            "connection_errors",
+            "Client connections that ended in a protocol or I/O error, by kind",
+            m.connection_errors.clone(),
+        );
+        registry.register(
+            "upstream_in_flight",
+            "Requests in flight to each pool",
+            m.upstream_in_flight.clone(),
+        );
+        registry.register_with_unit(
+            "upstream_response_duration",
+            "Time from sending a request upstream to its response headers, by pool",
+            Unit::Seconds,
+            m.upstream_duration.clone(),
+        );
+        registry.register(
+            "upstream_errors",
+            "Upstream failures by pool and kind (connect, timeout, reset)",
+            m.upstream_errors.clone(),
+        );
+        registry.register(
+            "upstream_retries",
+            "Requests re-sent to another server after a connect failure, by pool",
+            m.upstream_retries.clone(),
+        );
+        registry.register(
+            "reloads",
+            "Configuration reloads by result (ok, invalid)",
+            m.reloads.clone(),
+        );
+        registry.register(
+            "config_version",
+            "Version of the running configuration (1 at start, +1 per successful reload)",
+            m.config_version.clone(),
+        );
+        registry.register(
+            "forwarding_header_warnings",
+            "Forwarding information ignored or suspicious, by kind (untrusted_peer, malformed, dominant_peer)",
+            m.forwarding_warnings.clone(),
+        );
+        registry.register(
+            "dominant_peer_share",
+            "Share of requests from the busiest peer address in the last window, while no trusted proxy is configured",
+            m.dominant_peer_share.clone(),
+        );
+        registry.register(
+            "access_log_dropped",
+            "Access-log lines dropped because the writer could not keep up",
+            m.access_log_dropped.clone(),
+        );
+        registry.register(
+            "rule_decisions",
+            "Rule outcomes by rule and result (allow, reject, shadow_reject, exempt)",
+            m.rule_decisions.clone(),
+        );
+        registry.register(
+            "rule_collateral",
+            "Rejections (enforced or shadow) of clients that look human: low_rate (few requests before), verified (holds a verified session), browser (sends navigation headers)",
+            m.rule_collateral.clone(),
+        );
+        registry.register(
+            "rule_rejected_clients",
+            "Distinct client addresses rejected by a rule in the current minute",
+            m.rule_rejected_clients.clone(),
+        );
+        registry.register(
+            "state_restored_keys",
+            "Limiter keys restored from the snapshot at start (0 after a restart means state was lost)",
+            m.state_restored_keys.clone(),
+        );
+        registry.register(
+            "state_snapshot_keys",
+            "Limiter keys written in the last snapshot",
+            m.state_snapshot_keys.clone(),
+        );
+        registry.register(
+            "state_snapshots",
+            "Snapshot writes by result (ok, error)",
+            m.state_snapshots.clone(),
+        );
+        registry.register(
+            "limiter_evicted_keys",
+            "Live limiter keys evicted because a level reached rules.max_keys_per_level",
+            m.limiter_evicted_keys.clone(),
+        );
+        registry.register_with_unit(
+            "process_start_time",
+            "Unix time this weir process started",
+            Unit::Seconds,
+            m.process_start_time.clone(),
+        );
+        registry.register(
+            "redis_round_trips",
+            "Round trips to Redis for shared limits, by result (ok, error)",
+            m.redis_round_trips.clone(),
+        );
+        registry.register(
+            "redis_fallback_decisions",
+            "Rate decisions taken with local state because Redis was unreachable or slow",
+            m.redis_fallback_decisions.clone(),
+        );
+        registry.register(
+            "redis_outages",
+            "Times weir lost Redis and switched to local limits",
+            m.redis_outages.clone(),
+        );
+        registry.register(
+            "redis_fallback_active",
+            "1 while Redis is unreachable and limits are enforced per instance",
+            m.redis_fallback_active.clone(),
+        );
+        registry.register(
+            "challenge_events",
+            "Browser challenge events: issued, solved, failed (by reason), pass_admitted, pass_rejected (by reason)",
+            m.challenge_events.clone(),
+        );
+        registry.register_with_unit(
+            "challenge_solve_duration",
+            "Time from a challenge page being served to its answer arriving",
+            Unit::Seconds,
+            m.challenge_solve.clone(),
+        );
+        registry.register(
+            "challenge_engaged",
+            "1 while a pool is under pressure and under_pressure classes challenge",
+            m.challenge_engaged.clone(),
+        );
+        registry.register(
+            "admission_limit",
+            "Requests the pool's admission queue lets through at once (fixed, or learned by the adaptive limit)",
+            m.admission_limit.clone(),
+        );
+        registry.register(
+            "admission_in_flight",
+            "Requests holding an admission slot, by pool",
+            m.admission_in_flight.clone(),
+        );
+        registry.register(
+            "admission_queued",
+            "Requests waiting for an admission slot, by pool and lane",
+            m.admission_queued.clone(),
+        );
+        registry.register(
+            "admission_admitted",
+            "Requests given an admission slot, by pool and lane",
+            m.admission_admitted.clone(),
+        );
+        registry.register(
+            "admission_shed",
+            "Requests refused 503 by the admission queue, by pool, lane and reason (queue_full, deadline_exceeded, lower_lane_shed)",
+            m.admission_shed.clone(),
+        );
+        registry.register(
+            "coalesced_requests",
+            "Requests answered with a copy of an identical request's upstream response (request coalescing), by route class",
+            m.coalesced_requests.clone(),
+        );
+        registry.register_with_unit(
+            "admission_queue_wait",
+            "Time admitted requests waited for a slot, by pool and lane",
+            Unit::Seconds,
+            m.admission_queue_wait.clone(),
+        );
+        registry.register(
+            "pool_state",
+            "1 for the pool's current signal (ready, busy, down), 0 for the others: busy means saturated or slow, do not restart",
+            m.pool_state.clone(),
+        );
+        registry.register(
+            "upstream_health",
+            "1 for each server's current health state (healthy, slow, dead), 0 for the others",
+            m.upstream_health.clone(),
+        );
+        registry.register(
+            "health_checks",
+            "Active health checks by pool and result (ok, failed, timeout, refused, skipped)",
+            m.health_checks.clone(),
+        );
+        registry.register(
+            "upstream_retries_denied",
+            "Retries not sent because the pool's retry budget was spent, by pool",
+            m.upstream_retries_denied.clone(),
+        );
+        m.process_start_time.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn refused(&self, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn connection_error(&self, kind: &'static str) {
+        self.connection_errors
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    pub fn forwarding_warning(&self, kind: &'static str) {
+        self.forwarding_warnings
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_counts_through_the_recent_cache_match_the_family() {
+        let m = Metrics::new();
+        let page: Arc<str> = Arc::from("page");
+        let api: Arc<str> = Arc::from("api");
+        // More label sets than the cache keeps, each seen several times.
+        for round in 0..3 {
+            for status in 200..220u16 {
+                m.count_request(&page, status, "admit");
+            }
+            m.count_request(&api, 429, "reject");
+            // An equal class in a different allocation counts the same.
+            m.count_request(&Arc::from("page"), 200, "admit");
+            let count = |class: &str, status, decision| {
+                m.requests
+                    .get_or_create(&RequestLabels {
+                        class: Arc::from(class),
+                        status,
+                        decision,
+                    })
+                    .get()
+            };
+            let n = round + 1;
+            assert_eq!(count("page", 200, "admit"), 2 * n);
+            assert_eq!(count("page", 219, "admit"), n);
+            assert_eq!(count("api", 429, "reject"), n);
+            assert_eq!(count("api", 429, "admit"), 0);
+        }
+    }
+
+    #[test]
+    fn exposition_names_and_labels() {
+        let m = Metrics::new();
+        m.requests
+            .get_or_create(&RequestLabels {
+                class: Arc::from("page"),
+                status: 200,
+                decision: "admit",
+            })
+            .inc();
+        m.refused("per_ip_cap");
+        m.upstream_duration
+            .get_or_create(&PoolLabels {
+                pool: Arc::from("app"),
+            })
+            .observe(0.003);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "weir_requests_total{class=\"page\",status=\"200\",decision=\"admit\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("weir_connections_refused_total{reason=\"per_ip_cap\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE weir_upstream_response_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "weir_upstream_response_duration_seconds_bucket{le=\"0.004\",pool=\"app\"} 1"
+            ),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,11 @@
+//! Observe: the access log, Prometheus metrics and the admin API.
+//!
+//! Every request ends in exactly one access-log line and one increment of
+//! `weir_requests_total`, whatever the decision. Metric labels are bounded
+//! (`class`, `pool`, `rule`, `reason`); client addresses appear only in the log.
+
+pub mod access_log;
+pub mod metrics;
+
+pub use access_log::{AccessLog, AccessRecord};
+pub use metrics::Metrics;

@@ -1,0 +1,344 @@
+//! Route matching: request → (pool, [`RouteClass`]).
+//!
+//! A compiled [`RouteTable`] holds matchers that cannot be invalid (regexes
+//! compiled, methods parsed, hosts lower-cased). It does not look at bodies and
+//! does no I/O.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, Method};
+use regex::Regex;
+
+/// The named class of a route (`page`, `expensive`, `upload`, ...): the unit
+/// for limits, timeouts and metrics labels.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RouteClass(Arc<str>);
+
+impl RouteClass {
+    pub fn new(name: &str) -> Self {
+        RouteClass(Arc::from(name))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name as a shared string, for metric labels without allocation.
+    pub fn shared(&self) -> std::sync::Arc<str> {
+        self.0.clone()
+    }
+}
+
+/// Host condition.
+#[derive(Debug, Clone)]
+pub enum HostMatch {
+    Exact(String),
+    /// `*.example.org` matches `a.example.org` and `example.org`.
+    Suffix(String),
+}
+
+impl HostMatch {
+    pub fn parse(pattern: &str) -> HostMatch {
+        let p = pattern.to_ascii_lowercase();
+        match p.strip_prefix("*.") {
+            Some(rest) => HostMatch::Suffix(rest.to_string()),
+            None => HostMatch::Exact(p),
+        }
+    }
+
+    fn matches(&self, host: &str) -> bool {
+        match self {
+            HostMatch::Exact(h) => host.eq_ignore_ascii_case(h),
+            HostMatch::Suffix(s) => {
+                host.len() >= s.len()
+                    && host[host.len() - s.len()..].eq_ignore_ascii_case(s)
+                    && (host.len() == s.len() || host.as_bytes()[host.len() - s.len() - 1] == b'.')
+            }
+        }
+    }
+}
+
+/// Per-class settings after defaults are applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassSettings {
+    /// Longest wait between two chunks of a request body.
+    pub body_read_timeout: std::time::Duration,
+    /// `None`: use the pool's response timeout.
+    pub response_timeout: Option<std::time::Duration>,
+}
+
+/// One compiled route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub pool: usize,
+    pub class: RouteClass,
+    pub settings: ClassSettings,
+    /// The class's rules, in evaluation order.
+    pub rules: std::sync::Arc<[super::rules::Rule]>,
+    /// When the class challenges browser navigations.
+    pub challenge: crate::challenge::ChallengeMode,
+    pub host: Option<HostMatch>,
+    pub path_prefix: Option<String>,
+    pub path_regex: Option<Regex>,
+    pub methods: Vec<Method>,
+    pub query_keys: Vec<String>,
+    pub headers: Vec<http::HeaderName>,
+    pub cookies: Vec<String>,
+}
+
+/// What a request looks like to the matcher.
+pub struct RequestView<'a> {
+    pub method: &'a Method,
+    /// The URI's path, and its query without the `?`.
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    /// Host without port, from `Host` or the URI authority.
+    pub host: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+}
+
+impl Route {
+    pub fn matches(&self, req: &RequestView<'_>) -> bool {
+        if !self.methods.is_empty() && !self.methods.contains(req.method) {
+            return false;
+        }
+        if let Some(h) = &self.host {
+            match req.host {
+                Some(host) if h.matches(host) => {}
+                _ => return false,
+            }
+        }
+        let path = req.path;
+        if let Some(p) = &self.path_prefix
+            && !path.starts_with(p.as_str())
+        {
+            return false;
+        }
+        if let Some(r) = &self.path_regex
+            && !r.is_match(path)
+        {
+            return false;
+        }
+        if !self.query_keys.is_empty() {
+            let query = req.query.unwrap_or("");
+            if !query_has_any_key(query, &self.query_keys) {
+                return false;
+            }
+        }
+        if !self.headers.iter().all(|h| req.headers.contains_key(h)) {
+            return false;
+        }
+        if !self
+            .cookies
+            .iter()
+            .all(|c| has_cookie(req.headers, c.as_str()))
+        {
+            return false;
+        }
+        true
+    }
+}
+
+/// Routes in match order.
+#[derive(Debug, Clone, Default)]
+pub struct RouteTable {
+    pub routes: Vec<Route>,
+}
+
+impl RouteTable {
+    pub fn find(&self, req: &RequestView<'_>) -> Option<&Route> {
+        self.routes.iter().find(|r| r.matches(req))
+    }
+}
+
+fn query_has_any_key(query: &str, keys: &[String]) -> bool {
+    // Split with `memchr`, not `str::split('&')`/`split_once('=')`: the
+    // general pattern searcher cost more than the rest of route matching.
+    let mut rest = query.as_bytes();
+    loop {
+        let end = memchr::memchr(b'&', rest).unwrap_or(rest.len());
+        let pair = &rest[..end];
+        let key = memchr::memchr(b'=', pair).map_or(pair, |eq| &pair[..eq]);
+        if keys.iter().any(|k| k.as_bytes() == key) {
+            return true;
+        }
+        if end == rest.len() {
+            return false;
+        }
+        rest = &rest[end + 1..];
+    }
+}
+
+/// Whether a `Cookie` header carries a cookie with this exact name.
+pub fn has_cookie(headers: &HeaderMap, name: &str) -> bool {
+    weir_http::cookie::value(headers, name).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_keys_split_as_str_methods_do() {
+        // What `query_has_any_key` did with `split('&')` and `split_once('=')`.
+        fn reference(query: &str, keys: &[String]) -> bool {
+            query.split('&').any(|pair| {
+                let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+                keys.iter().any(|k| k == key)
+            })
+        }
+        let keys: Vec<String> = ["search", "diff", ""].map(String::from).into();
+        let queries = [
+            "",
+            "search",
+            "search=",
+            "search=x",
+            "title=A&search=x",
+            "title=A&diff=2&oldid=1",
+            "title=search",
+            "searchx=1",
+            "&",
+            "&&search",
+            "a=1&",
+            "=x",
+            "a=b=c&diff",
+            "title=A%26search",
+        ];
+        for q in queries {
+            for keys in [&keys[..2], &keys[..], &[]] {
+                assert_eq!(
+                    query_has_any_key(q, keys),
+                    reference(q, keys),
+                    "{q:?} {keys:?}"
+                );
+            }
+        }
+    }
+
+    fn route() -> Route {
+        Route {
+            pool: 0,
+            class: RouteClass::new("x"),
+            settings: ClassSettings {
+                body_read_timeout: std::time::Duration::from_secs(1),
+                response_timeout: None,
+            },
+            rules: std::sync::Arc::from(Vec::new()),
+            challenge: crate::challenge::ChallengeMode::Off,
+            host: None,
+            path_prefix: None,
+            path_regex: None,
+            methods: vec![],
+            query_keys: vec![],
+            headers: vec![],
+            cookies: vec![],
+        }
+    }
+
+    fn check(
+        r: &Route,
+        method: &str,
+        uri: &str,
+        host: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> bool {
+        let method: Method = method.parse().unwrap();
+        let uri: http::Uri = uri.parse().unwrap();
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        r.matches(&RequestView {
+            method: &method,
+            path: uri.path(),
+            query: uri.query(),
+            host,
+            headers: &map,
+        })
+    }
+
+    #[test]
+    fn match_table() {
+        let expensive = Route {
+            path_prefix: Some("/w/index.php".into()),
+            query_keys: vec!["diff".into(), "oldid".into(), "search".into()],
+            ..route()
+        };
+        let host = Route {
+            host: Some(HostMatch::parse("*.Example.org")),
+            ..route()
+        };
+        let get_only = Route {
+            methods: vec![Method::GET, Method::HEAD],
+            ..route()
+        };
+        let regex = Route {
+            path_regex: Some(Regex::new(r"^/api/v\d+/upload").unwrap()),
+            ..route()
+        };
+        let cookie = Route {
+            cookies: vec!["wikiUserID".into()],
+            headers: vec![http::HeaderName::from_static("authorization")],
+            ..route()
+        };
+        type Case<'a> = (
+            &'a Route,
+            &'a str,
+            &'a str,
+            Option<&'a str>,
+            &'a [(&'a str, &'a str)],
+            bool,
+        );
+        let cases: &[Case] = &[
+            (
+                &expensive,
+                "GET",
+                "/w/index.php?title=A&diff=2",
+                None,
+                &[],
+                true,
+            ),
+            (&expensive, "GET", "/w/index.php?title=A", None, &[], false),
+            (&expensive, "GET", "/w/index.php?diffx=1", None, &[], false),
+            (&expensive, "GET", "/w/index.php?search", None, &[], true),
+            (&expensive, "GET", "/wiki/A?diff=1", None, &[], false),
+            (&host, "GET", "/", Some("a.example.org"), &[], true),
+            (&host, "GET", "/", Some("example.org"), &[], true),
+            (&host, "GET", "/", Some("badexample.org"), &[], false),
+            (&host, "GET", "/", None, &[], false),
+            (&get_only, "HEAD", "/", None, &[], true),
+            (&get_only, "POST", "/", None, &[], false),
+            (&regex, "POST", "/api/v2/upload/x", None, &[], true),
+            (&regex, "POST", "/api/vx/upload", None, &[], false),
+            (
+                &cookie,
+                "GET",
+                "/",
+                None,
+                &[("cookie", "a=1; wikiUserID=5"), ("authorization", "x")],
+                true,
+            ),
+            (
+                &cookie,
+                "GET",
+                "/",
+                None,
+                &[("cookie", "xwikiUserID=5"), ("authorization", "x")],
+                false,
+            ),
+            (
+                &cookie,
+                "GET",
+                "/",
+                None,
+                &[("cookie", "wikiUserID=5")],
+                false,
+            ),
+        ];
+        for (i, (r, m, u, h, hdrs, want)) in cases.iter().enumerate() {
+            assert_eq!(check(r, m, u, *h, hdrs), *want, "case {i}: {m} {u}");
+        }
+    }
+}

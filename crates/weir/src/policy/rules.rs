@@ -1,0 +1,642 @@
+//! Rules: rate and concurrency limits attached to route classes.
+//!
+//! A class's rules are evaluated in order and all that apply must pass. A rate
+//! rule may limit several levels at once (per address, per /24, per /16,
+//! site-wide, per header or cookie value, per verified user); each level is a
+//! GCRA quota over its own store partition, so a spray of addresses cannot
+//! evict the few aggregate keys. A concurrency rule counts requests in flight
+//! per key and holds a guard until the response ends.
+//!
+//! Exemptions depend only on a *verified* identity (a signed cookie weir can
+//! check, or the app's own answer to an auth sub-request). A cookie's name or
+//! presence never exempts anything: incident 1's crawlers carried the login
+//! page's session cookie on one request in five.
+//!
+//! Shadow mode decides, logs and counts "would reject" without enforcing.
+//! This module decides; it does not build responses (see `proxy::reject`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, Method};
+use smallvec::SmallVec;
+
+use crate::config::digest;
+use crate::identity::{ClientAddr, ClientId, Level};
+use weir_http::cookie::value as cookie_value;
+use weir_limiter::redis::RuleCheck;
+use weir_limiter::shared::SharedLimiter;
+use weir_limiter::{
+    InflightGuard, InflightTable, MonoTime, Outcome, Quota, RuleFingerprint, ShardedStore,
+};
+
+/// What a rule level counts requests by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyKind {
+    /// The client address (IPv4 /32, IPv6 /128).
+    Address,
+    /// IPv4 /24, IPv6 /64.
+    Subnet,
+    /// IPv4 /16, IPv6 /48.
+    Network,
+    /// One key for every client.
+    Site,
+    /// The value of a request header (level skipped when absent).
+    Header(HeaderName),
+    /// The value of a cookie (level skipped when absent).
+    Cookie(String),
+    /// The verified user (level skipped for anonymous requests).
+    User,
+    /// The challenge pass token (level skipped without one): a token shared
+    /// by a crawler farm is limited as one client.
+    Token,
+}
+
+impl KeyKind {
+    /// Parses `ip`, `subnet`, `/24`, `/64`, `network`, `/16`, `/48`, `site`,
+    /// `header:NAME`, `cookie:NAME`, `user`.
+    pub fn parse(s: &str) -> Result<KeyKind, String> {
+        let kind = match s.trim() {
+            "ip" | "address" | "/32" | "/128" => KeyKind::Address,
+            "subnet" | "/24" | "/64" => KeyKind::Subnet,
+            "network" | "/16" | "/48" => KeyKind::Network,
+            "site" => KeyKind::Site,
+            "user" => KeyKind::User,
+            "token" | "pass" => KeyKind::Token,
+            other => {
+                if let Some(name) = other.strip_prefix("header:") {
+                    KeyKind::Header(
+                        HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
+                            .map_err(|_| format!("`{name}` is not a header name"))?,
+                    )
+                } else if let Some(name) = other.strip_prefix("cookie:") {
+                    if name.trim().is_empty() {
+                        return Err("`cookie:` needs a cookie name".into());
+                    }
+                    KeyKind::Cookie(name.trim().to_string())
+                } else {
+                    return Err(format!(
+                        "`{other}` is not a key: use ip, subnet (/24, /64), network (/16, /48), site, header:NAME, cookie:NAME, user or token"
+                    ));
+                }
+            }
+        };
+        Ok(kind)
+    }
+
+    /// The level's label in logs and metrics (bounded).
+    pub fn label(&self) -> &'static str {
+        match self {
+            KeyKind::Address => "ip",
+            KeyKind::Subnet => "subnet",
+            KeyKind::Network => "network",
+            KeyKind::Site => "site",
+            KeyKind::Header(_) => "header",
+            KeyKind::Cookie(_) => "cookie",
+            KeyKind::User => "user",
+            KeyKind::Token => "token",
+        }
+    }
+
+    fn code(&self) -> u8 {
+        match self {
+            KeyKind::Address => 1,
+            KeyKind::Subnet => 2,
+            KeyKind::Network => 3,
+            KeyKind::Site => 4,
+            KeyKind::Header(_) => 5,
+            KeyKind::Cookie(_) => 6,
+            KeyKind::User => 7,
+            KeyKind::Token => 8,
+        }
+    }
+
+    /// The address level this kind keys on (`Address`, `Subnet`,
+    /// `Network`); `None` for keys that are not the client's address.
+    pub fn address_level(&self) -> Option<Level> {
+        match self {
+            KeyKind::Address => Some(Level::Address),
+            KeyKind::Subnet => Some(Level::Subnet),
+            KeyKind::Network => Some(Level::Network),
+            _ => None,
+        }
+    }
+
+    /// The key for this request, and how it is named in logs; `None` when
+    /// the request has no value for this level. The name is formatted only
+    /// when a request is refused (most are not).
+    fn key<'a>(&'a self, facts: &RequestFacts<'a>) -> Option<(u64, KeyName<'a>)> {
+        let client = facts.client.client;
+        let (digest, shown) = match self {
+            KeyKind::Address => {
+                let k = client.key(Level::Address);
+                (k.digest(), KeyName::Address(client.ip()))
+            }
+            KeyKind::Subnet => {
+                let k = client.key(Level::Subnet);
+                (k.digest(), KeyName::Prefix(k))
+            }
+            KeyKind::Network => {
+                let k = client.key(Level::Network);
+                (k.digest(), KeyName::Prefix(k))
+            }
+            KeyKind::Site => (0x5173_u64, KeyName::Site),
+            KeyKind::Header(name) => {
+                let v = facts.headers.get(name)?;
+                let h = digest(v.as_bytes());
+                // Values may be secrets (API keys): log a digest, not the value.
+                (h, KeyName::Header(name, h as u32))
+            }
+            KeyKind::Cookie(name) => {
+                let v = cookie_value(facts.headers, name)?;
+                let h = digest(v.as_bytes());
+                (h, KeyName::Cookie(name, h as u32))
+            }
+            KeyKind::User => {
+                let u = facts.user?;
+                (digest(u.as_bytes()), KeyName::User(u))
+            }
+            KeyKind::Token => {
+                let t = facts.pass?;
+                (t, KeyName::Token(t as u32))
+            }
+        };
+        Some((weir_limiter::key(0, self.code(), digest), shown))
+    }
+}
+
+/// How a level's key is named in logs ([`RuleRejection::key`]).
+#[derive(Debug, Clone, Copy)]
+enum KeyName<'a> {
+    Address(std::net::IpAddr),
+    Prefix(crate::identity::PrefixKey),
+    Site,
+    Header(&'a HeaderName, u32),
+    Cookie(&'a str, u32),
+    User(&'a str),
+    Token(u32),
+}
+
+impl std::fmt::Display for KeyName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyName::Address(ip) => write!(f, "{ip}"),
+            KeyName::Prefix(k) => write!(f, "{k}"),
+            KeyName::Site => f.write_str("site"),
+            KeyName::Header(name, h) => write!(f, "header:{name}#{h:08x}"),
+            KeyName::Cookie(name, h) => write!(f, "cookie:{name}#{h:08x}"),
+            KeyName::User(u) => write!(f, "user:{u}"),
+            KeyName::Token(t) => write!(f, "token:{t:08x}"),
+        }
+    }
+}
+
+/// One level of a rate rule.
+#[derive(Debug, Clone)]
+pub struct RateLevel {
+    pub key: KeyKind,
+    pub quota: Quota,
+    pub store: Arc<ShardedStore>,
+    pub fingerprint: RuleFingerprint,
+}
+
+/// What a rule limits.
+#[derive(Debug, Clone)]
+pub enum RuleBody {
+    Rate(Vec<RateLevel>),
+    Concurrency {
+        key: KeyKind,
+        max: u32,
+        table: Arc<InflightTable>,
+        fingerprint: RuleFingerprint,
+    },
+}
+
+/// A compiled rule.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub name: Arc<str>,
+    pub body: RuleBody,
+    pub exempt_verified: bool,
+    pub shadow: bool,
+    pub methods: Vec<Method>,
+}
+
+/// What the rules may look at.
+pub struct RequestFacts<'a> {
+    pub client: &'a ClientId,
+    pub method: &'a Method,
+    pub headers: &'a HeaderMap,
+    /// The verified user, if the session was verified.
+    pub user: Option<&'a str>,
+    /// The challenge pass token's id, if the request holds a valid one.
+    pub pass: Option<u64>,
+    pub now: MonoTime,
+}
+
+/// Why a rule rejected a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleRejection {
+    pub rule: Arc<str>,
+    /// The level that fired (`ip`, `subnet`, `network`, `site`, ...).
+    pub level: &'static str,
+    /// The key that fired, as shown in logs (an address or prefix).
+    pub key: String,
+    pub retry_after: Duration,
+    /// For `RateLimit-Policy`: quota (requests) and window (seconds).
+    pub policy: Option<(u32, u64)>,
+}
+
+/// The outcome of one rule for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleResult {
+    Allow,
+    Reject,
+    ShadowReject,
+    Exempt,
+}
+
+impl RuleResult {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RuleResult::Allow => "allow",
+            RuleResult::Reject => "reject",
+            RuleResult::ShadowReject => "shadow_reject",
+            RuleResult::Exempt => "exempt",
+        }
+    }
+}
+
+/// Everything the rules decided for one request.
+#[derive(Debug, Default)]
+pub struct Evaluation {
+    /// The enforced rejection, if any (later rules were not evaluated).
+    pub rejection: Option<RuleRejection>,
+    /// Rejections in shadow mode: logged and counted, not enforced.
+    pub shadow: Vec<RuleRejection>,
+    /// Concurrency slots held until the response ends.
+    pub guards: Vec<InflightGuard>,
+    /// (index of the rule in the evaluated slice, result) for metrics. Most
+    /// routes have a few rules: no allocation, no name copied per request.
+    pub results: SmallVec<[(usize, RuleResult); 4]>,
+}
+
+/// A client's key in the activity store behind the low-rate collateral
+/// signal (live traffic and `weir replay` alike).
+pub fn activity_key(client: ClientAddr) -> u64 {
+    weir_limiter::key(0, 0, client.key(Level::Address).digest())
+}
+
+/// Evaluates `rules` in order. `global_shadow` puts every rule in shadow mode.
+/// With `shared`, rate levels are decided through Redis (one round trip per
+/// rule, all levels at once), falling back to the local stores.
+pub async fn evaluate(
+    rules: &[Rule],
+    facts: &RequestFacts<'_>,
+    global_shadow: bool,
+    shared: Option<&SharedLimiter>,
+) -> Evaluation {
+    let mut ev = Evaluation::default();
+    for (index, rule) in rules.iter().enumerate() {
+        if !rule.methods.is_empty() && !rule.methods.contains(facts.method) {
+            continue;
+        }
+        if rule.exempt_verified && facts.user.is_some() {
+            ev.results.push((index, RuleResult::Exempt));
+            continue;
+        }
+        let shadow = rule.shadow || global_shadow;
+        let verdict = match &rule.body {
+            RuleBody::Rate(levels) => match shared {
+                // Boxed: a Redis round trip anyway, and its state would
+                // otherwise enlarge every request's future.
+                Some(shared) => Box::pin(check_rate_shared(rule, levels, facts, shared)).await,
+                None => check_rate(rule, levels, facts),
+            },
+            RuleBody::Concurrency {
+                key, max, table, ..
+            } => match key.key(facts) {
+                None => Ok(None),
+                Some((k, shown)) => match table.try_acquire(k, *max) {
+                    Ok(guard) => Ok(Some(guard)),
+                    Err(_) => Err(RuleRejection {
+                        rule: rule.name.clone(),
+                        level: key.label(),
+                        key: shown.to_string(),
+                        retry_after: Duration::from_secs(1),
+                        policy: None,
+                    }),
+                },
+            },
+        };
+        match verdict {
+            Ok(guard) => {
+                ev.guards.extend(guard);
+                ev.results.push((index, RuleResult::Allow));
+            }
+            Err(rejection) if shadow => {
+                ev.results.push((index, RuleResult::ShadowReject));
+                ev.shadow.push(rejection);
+            }
+            Err(rejection) => {
+                ev.results.push((index, RuleResult::Reject));
+                ev.rejection = Some(rejection);
+                // A rejected request holds no slots.
+                ev.guards.clear();
+                return ev;
+            }
+        }
+    }
+    ev
+}
+
+/// Charges every level, and gives back what was charged if one refuses, so a
+/// request refused at /16 does not use up its address's quota. Charging first
+/// and refunding on refusal takes one store lookup per level for the common
+/// case (admitted); a peek before charging would take two. Shadow rules run
+/// the same way: they charge what they would allow, so "would reject" counts
+/// match what enforcing would do.
+fn check_rate(
+    rule: &Rule,
+    levels: &[RateLevel],
+    facts: &RequestFacts<'_>,
+) -> Result<Option<InflightGuard>, RuleRejection> {
+    let mut charged: [Option<u64>; MAX_LEVELS] = [None; MAX_LEVELS];
+    for (i, level) in levels.iter().enumerate().take(MAX_LEVELS) {
+        let Some((k, shown)) = level.key.key(facts) else {
+            continue;
+        };
+        if let Outcome::Rejected { retry_after, .. } =
+            level.store.check(k, &level.quota, facts.now, 1)
+        {
+            for (earlier, key) in levels.iter().zip(&charged).take(i) {
+                if let Some(key) = key {
+                    earlier.store.refund(*key, &earlier.quota, facts.now, 1);
+                }
+            }
+            return Err(rejection(rule, level, shown.to_string(), retry_after));
+        }
+        charged[i] = Some(k);
+    }
+    Ok(None)
+}
+
+/// Like [`check_rate`], through the shared limiter: all levels in one call,
+/// charged only if all pass.
+async fn check_rate_shared(
+    rule: &Rule,
+    levels: &[RateLevel],
+    facts: &RequestFacts<'_>,
+    shared: &SharedLimiter,
+) -> Result<Option<InflightGuard>, RuleRejection> {
+    let mut keyed = Vec::with_capacity(levels.len());
+    for level in levels {
+        if let Some(k) = level.key.key(facts) {
+            keyed.push((level, k));
+        }
+    }
+    let checks: Vec<RuleCheck<'_>> = keyed
+        .iter()
+        .map(|(level, (key, _))| RuleCheck {
+            rule: level.fingerprint,
+            key: *key,
+            quota: &level.quota,
+            cost: 1,
+        })
+        .collect();
+    let decided = shared.check_all(&checks).await;
+    for ((level, (_, shown)), d) in keyed.iter().zip(&decided) {
+        if let Outcome::Rejected { retry_after, .. } = d.outcome {
+            return Err(rejection(rule, level, shown.to_string(), retry_after));
+        }
+    }
+    Ok(None)
+}
+
+fn rejection(rule: &Rule, level: &RateLevel, key: String, retry_after: Duration) -> RuleRejection {
+    RuleRejection {
+        rule: rule.name.clone(),
+        level: level.key.label(),
+        key,
+        retry_after,
+        policy: Some((level.quota.count(), level.quota.period().as_secs().max(1))),
+    }
+}
+
+/// The most levels one rate rule may have.
+pub const MAX_LEVELS: usize = 8;
+
+/// A stable fingerprint of a rule level's meaning: a reload keeps the state
+/// of every level whose fingerprint is unchanged.
+pub fn fingerprint(parts: &[&str]) -> RuleFingerprint {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.as_bytes().iter().chain(std::iter::once(&0u8)) {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    RuleFingerprint(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{AddrSource, ClientAddr, PeerAddr};
+    use std::future::Future as _;
+    use weir_limiter::StoreConfig;
+
+    fn client(ip: &str) -> ClientId {
+        ClientId {
+            peer: PeerAddr(format!("{ip}:1000").parse().unwrap()),
+            client: ClientAddr::new(ip.parse().unwrap()),
+            source: AddrSource::Peer,
+        }
+    }
+
+    fn level(per: &str, rate: u32, window_s: u64) -> RateLevel {
+        RateLevel {
+            key: KeyKind::parse(per).unwrap(),
+            quota: Quota::new(rate, Duration::from_secs(window_s), rate).unwrap(),
+            store: Arc::new(ShardedStore::new(StoreConfig::with_max_keys(10_000)).unwrap()),
+            fingerprint: fingerprint(&[per]),
+        }
+    }
+
+    fn rate_rule(name: &str, levels: Vec<RateLevel>) -> Rule {
+        Rule {
+            name: Arc::from(name),
+            body: RuleBody::Rate(levels),
+            exempt_verified: false,
+            shadow: false,
+            methods: vec![],
+        }
+    }
+
+    fn run(rules: &[Rule], ip: &str, user: Option<&str>, now: MonoTime) -> Evaluation {
+        let c = client(ip);
+        let h = HeaderMap::new();
+        let facts = RequestFacts {
+            client: &c,
+            method: &Method::GET,
+            headers: &h,
+            user,
+            pass: None,
+            now,
+        };
+        // No shared limiter: evaluation never waits, so a no-op waker suffices.
+        let fut = std::pin::pin!(evaluate(rules, &facts, false, None));
+        match fut.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+            std::task::Poll::Ready(ev) => ev,
+            std::task::Poll::Pending => unreachable!("local evaluation does not wait"),
+        }
+    }
+
+    #[test]
+    fn key_kinds_parse() {
+        for (s, ok) in [
+            ("ip", true),
+            ("/24", true),
+            ("/48", true),
+            ("site", true),
+            ("header:X-Api-Key", true),
+            ("cookie:session", true),
+            ("cookie:", false),
+            ("header:bad name", false),
+            ("planet", false),
+        ] {
+            assert_eq!(KeyKind::parse(s).is_ok(), ok, "{s}");
+        }
+    }
+
+    #[test]
+    fn slash16_holds_a_flood_spread_over_many_24s() {
+        let rules = [rate_rule(
+            "anon",
+            vec![
+                level("ip", 5, 60),
+                level("/24", 20, 60),
+                level("/16", 50, 60),
+            ],
+        )];
+        let now = MonoTime::ZERO;
+        let mut admitted = 0;
+        let mut fired = std::collections::HashMap::new();
+        // 200 /24s inside 10.1.0.0/16, 2 requests each: under every per-IP and per-/24 limit.
+        for net in 0..200 {
+            for host in 1..=2 {
+                let ev = run(&rules, &format!("10.1.{net}.{host}"), None, now);
+                match ev.rejection {
+                    None => admitted += 1,
+                    Some(r) => *fired.entry(r.level).or_insert(0) += 1,
+                }
+            }
+        }
+        assert_eq!(admitted, 50, "the /16 level admits exactly its quota");
+        assert_eq!(fired.get("network"), Some(&350));
+        // A neighbour /16 is unaffected.
+        assert!(run(&rules, "10.2.0.1", None, now).rejection.is_none());
+    }
+
+    #[test]
+    fn refused_requests_do_not_use_lower_levels() {
+        let rules = [rate_rule(
+            "r",
+            vec![level("ip", 3, 60), level("site", 2, 60)],
+        )];
+        let now = MonoTime::ZERO;
+        assert!(run(&rules, "10.0.0.1", None, now).rejection.is_none());
+        assert!(run(&rules, "10.0.0.2", None, now).rejection.is_none());
+        // The site level is exhausted: 10.0.0.3 is refused at `site`...
+        let r = run(&rules, "10.0.0.3", None, now).rejection.unwrap();
+        assert_eq!(r.level, "site");
+        assert_eq!(r.key, "site");
+        assert_eq!(r.policy, Some((2, 60)));
+        assert!(r.retry_after > Duration::ZERO && r.retry_after <= Duration::from_secs(30));
+        // ...and its own address quota was given back: no key is left.
+        let RuleBody::Rate(levels) = &rules[0].body else {
+            unreachable!()
+        };
+        let k = KeyKind::Address
+            .key(&RequestFacts {
+                client: &client("10.0.0.3"),
+                method: &Method::GET,
+                headers: &HeaderMap::new(),
+                user: None,
+                pass: None,
+                now,
+            })
+            .map(|(k, _)| k);
+        assert!(levels[0].store.tat(k.unwrap()).is_none());
+    }
+
+    #[test]
+    fn address_rule_leaves_neighbours_alone() {
+        let rules = [rate_rule("ip", vec![level("ip", 2, 60)])];
+        let now = MonoTime::ZERO;
+        for _ in 0..2 {
+            assert!(run(&rules, "10.0.0.1", None, now).rejection.is_none());
+        }
+        assert!(run(&rules, "10.0.0.1", None, now).rejection.is_some());
+        assert!(run(&rules, "10.0.0.2", None, now).rejection.is_none());
+    }
+
+    #[test]
+    fn verified_users_are_exempt_and_shadow_never_enforces() {
+        let mut rule = rate_rule("r", vec![level("site", 1, 60)]);
+        rule.exempt_verified = true;
+        let mut shadow = rate_rule("s", vec![level("site", 1, 60)]);
+        shadow.shadow = true;
+        let rules = [rule, shadow];
+        let now = MonoTime::ZERO;
+        assert!(run(&rules, "10.0.0.1", None, now).rejection.is_none());
+        // Anonymous: refused by `r`.
+        assert_eq!(
+            run(&rules, "10.0.0.2", None, now)
+                .rejection
+                .unwrap()
+                .rule
+                .as_ref(),
+            "r"
+        );
+        // Verified: exempt from `r`; `s` would reject but only in shadow.
+        let ev = run(&rules, "10.0.0.3", Some("editor"), now);
+        assert!(ev.rejection.is_none());
+        assert_eq!(ev.shadow.len(), 1);
+        assert_eq!(
+            ev.results
+                .iter()
+                .map(|(_, r)| r.as_str())
+                .collect::<Vec<_>>(),
+            vec!["exempt", "shadow_reject"]
+        );
+    }
+
+    #[test]
+    fn concurrency_rule_holds_until_guard_drops() {
+        let rules = [Rule {
+            name: Arc::from("c"),
+            body: RuleBody::Concurrency {
+                key: KeyKind::Subnet,
+                max: 2,
+                table: InflightTable::new(),
+                fingerprint: fingerprint(&["c"]),
+            },
+            exempt_verified: false,
+            shadow: false,
+            methods: vec![],
+        }];
+        let now = MonoTime::ZERO;
+        let a = run(&rules, "10.0.0.1", None, now);
+        let b = run(&rules, "10.0.0.2", None, now);
+        assert!(a.rejection.is_none() && b.rejection.is_none());
+        let c = run(&rules, "10.0.0.3", None, now);
+        assert_eq!(c.rejection.as_ref().unwrap().key, "10.0.0.0/24");
+        assert!(
+            run(&rules, "10.0.1.1", None, now).rejection.is_none(),
+            "another /24"
+        );
+        drop(a);
+        assert!(run(&rules, "10.0.0.3", None, now).rejection.is_none());
+    }
+}

@@ -1,0 +1,452 @@
+//! Starting and stopping a weir instance: bind listeners (or take over
+//! inherited ones, see `lifecycle`), spawn the accept loops, the connection
+//! sweep, the config watcher, upstream health checks and the admin API;
+//! drain on request.
+//!
+//! Used by `weir run` and, in-process, by tests.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin;
+use crate::config::{ConfigErrors, Env, LoadedConfig};
+use crate::edge::Acceptor;
+use crate::edge::{listener, serve};
+use crate::gateway::Gateway;
+use crate::lifecycle::warmup::{self, Phase};
+use crate::lifecycle::{Inherited, ListeningSocket, SocketRole, upgrade};
+use crate::observe::access_log::LogTarget;
+use crate::observe::{AccessLog, Metrics};
+use crate::proxy::Proxy;
+use crate::runtime::Runtime;
+use crate::state;
+
+/// Why an instance could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration:\n{0}")]
+    Config(#[from] ConfigErrors),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("state.redis_url: {0}")]
+    Redis(#[from] weir_limiter::redis::RedisSetupError),
+    #[error("cannot open the access log `{target}`: {source}")]
+    AccessLog {
+        target: String,
+        source: std::io::Error,
+    },
+}
+
+/// A running instance.
+pub struct Server {
+    pub runtime: Arc<Runtime>,
+    /// Bound client listener addresses, in configuration order.
+    pub listeners: Vec<SocketAddr>,
+    /// The bound admin address, if enabled.
+    pub admin: Option<SocketAddr>,
+    /// What the start-up restore of limiter state found.
+    pub restored: state::Restored,
+    /// Listening sockets taken over instead of bound.
+    pub inherited_listeners: usize,
+    /// The same sockets as `listeners` and `admin`, kept to hand on.
+    sockets: Vec<ListeningSocket>,
+    stop: CancellationToken,
+    /// The client accept loops, joined when a drain begins.
+    accepting: Vec<JoinHandle<()>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Connections still open at the deadline (closed by force).
+    pub forced: usize,
+    pub took: Duration,
+}
+
+/// Descriptors kept back for upstream connections, logs, snapshots and the
+/// admin API when the open-file limit caps client connections.
+const FD_RESERVE: u64 = 1024;
+
+/// Between stopping accepting and asking connections to close: a connection
+/// accepted just before has its first request in the socket but not yet
+/// parsed, and closing it then resets a request the client already sent (an
+/// upgrade would show this as a failed request). Idle keep-alive connections
+/// keep serving meanwhile.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(300);
+
+impl Server {
+    /// Builds the gateway and starts serving. Must run inside a tokio runtime.
+    pub async fn start(
+        loaded: LoadedConfig,
+        config_path: Option<PathBuf>,
+        env: Box<dyn Env + Send + Sync>,
+    ) -> Result<Server, StartError> {
+        Server::start_with(loaded, config_path, env, Inherited::default()).await
+    }
+
+    /// Like [`Server::start`], but takes over `inherited` sockets (matched to
+    /// configured listeners by role and address; the rest are bound) and,
+    /// if it carries one, restores limiter state from its snapshot instead
+    /// of the snapshot file.
+    pub async fn start_with(
+        loaded: LoadedConfig,
+        config_path: Option<PathBuf>,
+        env: Box<dyn Env + Send + Sync>,
+        mut inherited: Inherited,
+    ) -> Result<Server, StartError> {
+        let gateway = Gateway::build(loaded, None, 1)?;
+        let target = gateway.loaded.config.access_log.target.clone();
+        let access_log = AccessLog::start(&LogTarget::parse(&target)).map_err(|source| {
+            StartError::AccessLog {
+                target: target.clone(),
+                source,
+            }
+        })?;
+        let mut metrics = Metrics::new();
+        let warm_up_metrics = warmup::WarmUpMetrics::default();
+        warm_up_metrics.register(&mut metrics.registry);
+        let metrics = Arc::new(metrics);
+        let lifecycle = gateway.loaded.config.lifecycle.clone();
+        let specs = gateway.listeners.clone();
+        let admin_addr = gateway.admin_address;
+        let watch_interval = gateway
+            .loaded
+            .config
+            .process
+            .watch_config
+            .then_some(gateway.loaded.config.process.watch_interval.0);
+        let runtime = Runtime::new(gateway, metrics, access_log, config_path, env);
+        runtime.tracker.set_ceiling(connection_ceiling());
+        // State first: the first request after a restart must meet the limits
+        // the previous process had reached.
+        let restored = match inherited.snapshot.take() {
+            Some(snapshot) => {
+                let report = upgrade::restore(&runtime, &snapshot);
+                runtime
+                    .metrics
+                    .state_restored_keys
+                    .set(report.restored() as i64);
+                state::Restored::Loaded(report)
+            }
+            None => state::restore(&runtime),
+        };
+        runtime.readiness.set_restored(restored.label());
+        state::connect_redis(&runtime)?;
+        // Close the warm-up gate before the admin API answers `/readyz`. In
+        // an upgrade it must open before the previous process gives up.
+        let ready_by = inherited.ready_by;
+        let warm_up_started = Instant::now();
+        if lifecycle.ready_requires_upstream {
+            let mut deadline = warm_up_started + lifecycle.ready_upstream_timeout.0;
+            if let Some(by) = ready_by.filter(|by| *by < deadline) {
+                tracing::info!(
+                    "warm-up in an upgrade is bounded by three quarters of --upgrade-timeout, \
+                     shorter than lifecycle.ready_upstream_timeout"
+                );
+                deadline = by;
+            }
+            runtime.readiness.begin(warmup::Phase::start(
+                warm_up_started,
+                deadline,
+                warmup::awaited(&runtime.gateway.load().pools, runtime.shared_limiter()),
+            ));
+        }
+
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let mut accepting = Vec::new();
+        let mut listeners = Vec::new();
+        let mut bound = Vec::new();
+        let mut sockets = Vec::new();
+        let mut inherited_listeners = 0;
+        let mut open = |role: SocketRole, addr: SocketAddr| {
+            let bind_err = |source| StartError::Bind { addr, source };
+            let std_listener = match inherited.take(role, addr) {
+                Some(l) => {
+                    inherited_listeners += 1;
+                    // Non-blocking is a property of the shared socket; set it
+                    // anyway (systemd may pass blocking sockets).
+                    l.set_nonblocking(true).map_err(bind_err)?;
+                    l
+                }
+                None => listener::bind(addr).map_err(bind_err)?,
+            };
+            sockets.push(ListeningSocket {
+                role,
+                configured: addr,
+                socket: std_listener.try_clone().map_err(bind_err)?,
+            });
+            Ok::<_, StartError>(std_listener)
+        };
+        for spec in &specs {
+            let std_listener = open(SocketRole::Client, spec.address)?;
+            let tokio_listener =
+                tokio::net::TcpListener::from_std(std_listener).map_err(|source| {
+                    StartError::Bind {
+                        addr: spec.address,
+                        source,
+                    }
+                })?;
+            listeners.push(tokio_listener.local_addr().unwrap_or(spec.address));
+            bound.push(tokio_listener);
+        }
+        let admin = match admin_addr {
+            None => None,
+            Some(addr) => {
+                let l = tokio::net::TcpListener::from_std(open(SocketRole::Admin, addr)?)
+                    .map_err(|source| StartError::Bind { addr, source })?;
+                let local = l.local_addr().unwrap_or(addr);
+                tasks.push(tokio::spawn(admin::serve(l, runtime.clone(), stop.clone())));
+                Some(local)
+            }
+        };
+        let acceptor = Arc::new(Acceptor {
+            tracker: runtime.tracker.clone(),
+            metrics: runtime.metrics.clone(),
+            service: Proxy::new(runtime.clone()),
+        });
+        let edge = runtime.gateway.load().edge;
+        for (index, (l, spec)) in bound.into_iter().zip(specs).enumerate() {
+            accepting.push(tokio::spawn(serve::accept_loop(
+                l,
+                index,
+                spec,
+                edge,
+                acceptor.clone(),
+                stop.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(sweep(runtime.clone(), stop.clone())));
+        if let Some(every) = watch_interval {
+            tasks.push(tokio::spawn(watch_config(
+                runtime.clone(),
+                every,
+                stop.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(maintain_upstreams(
+            runtime.clone(),
+            stop.clone(),
+        )));
+        let warm_up = runtime.readiness.phase();
+        if !warm_up.settled() {
+            let probes = warmup::WarmUp {
+                readiness: runtime.readiness.clone(),
+                pools: runtime.gateway.load().pools.to_vec(),
+                shared: runtime.shared_limiter_handle(),
+                metrics: warm_up_metrics,
+            };
+            tasks.push(tokio::spawn(warmup::run(probes, stop.clone())));
+        }
+        tasks.push(tokio::spawn(maintain_state(runtime.clone(), stop.clone())));
+        // Sockets inherited but no longer configured close here; the
+        // previous process still holds its copies until it exits.
+        drop(inherited);
+        if let Phase::Waiting { deadline, .. } = warm_up {
+            // An upgrade: `Ready` (sent once this returns) tells the previous
+            // process to stop, so wait for the gate to open. A fresh start
+            // returns after the first probe round (a deployment whose app is
+            // up is ready at once) and leaves the rest to `/readyz`.
+            let upgrade = ready_by.is_some();
+            let waited = if upgrade {
+                deadline + SETTLE_SLACK
+            } else {
+                deadline.min(warm_up_started + FIRST_ROUND_GRACE)
+            };
+            let phase = runtime
+                .readiness
+                .wait(
+                    |p| {
+                        p.settled()
+                            || (!upgrade && matches!(p, Phase::Waiting { probed: true, .. }))
+                    },
+                    waited,
+                )
+                .await;
+            if let Some(reason) = phase.not_ready_reason(Instant::now()) {
+                tracing::warn!(%reason, "serving before every pool answered");
+            }
+        }
+        Ok(Server {
+            runtime,
+            listeners,
+            admin,
+            stop,
+            accepting,
+            tasks,
+            restored,
+            inherited_listeners,
+            sockets,
+        })
+    }
+
+    /// The listening sockets (client listeners, then admin), to hand to the
+    /// next process in an upgrade.
+    pub fn sockets(&self) -> &[ListeningSocket] {
+        &self.sockets
+    }
+
+    /// Stops accepting, lets in-flight requests finish up to `deadline`, then
+    /// closes what is left.
+    pub async fn drain(self, deadline: Duration) -> DrainReport {
+        self.drain_unless(deadline, std::future::pending()).await
+    }
+
+    /// [`Server::drain`], cut short when `stop_now` resolves (a second
+    /// signal): open connections are closed at once. The snapshot is written
+    /// either way.
+    pub async fn drain_unless(
+        self,
+        deadline: Duration,
+        stop_now: impl std::future::Future<Output = ()>,
+    ) -> DrainReport {
+        let started = Instant::now();
+        self.stop.cancel();
+        // An accept loop may be between `accept` and counting the connection
+        // when `stop` is sent: until it has exited, `open() == 0` could end
+        // the drain at once and close a connection holding an unread
+        // request. They exit at their next poll.
+        for task in self.accepting {
+            let _ = tokio::time::timeout(ACCEPT_LOOP_EXIT, task).await;
+        }
+        tokio::pin!(stop_now);
+        let mut cut_short = false;
+        if deadline > FIRST_REQUEST_GRACE && self.runtime.tracker.open() > 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
+                _ = &mut stop_now => cut_short = true,
+            }
+        }
+        self.runtime.tracker.drain();
+        let mut forced = 0;
+        while self.runtime.tracker.open() > 0 {
+            if cut_short || started.elapsed() >= deadline {
+                forced = self.runtime.tracker.open();
+                self.runtime.tracker.abort_all();
+                // Give aborted tasks a moment to drop their sockets.
+                let grace = Instant::now();
+                while self.runtime.tracker.open() > 0 && grace.elapsed() < Duration::from_secs(1) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                _ = &mut stop_now => cut_short = true,
+            }
+        }
+        for t in self.tasks {
+            t.abort();
+        }
+        if let Some(path) = state::snapshot_path(&self.runtime) {
+            let rt = self.runtime.clone();
+            // Errors are logged and counted by `write`.
+            let _ = tokio::task::spawn_blocking(move || state::write(&rt, &path)).await;
+        }
+        self.runtime.access_log.flush();
+        DrainReport {
+            forced,
+            took: started.elapsed(),
+        }
+    }
+
+    /// Closes everything now.
+    pub fn abort(&self) {
+        self.stop.cancel();
+        self.runtime.tracker.drain();
+        self.runtime.tracker.abort_all();
+    }
+}
+
+/// How long a drain waits for the accept loops to see `stop`.
+const ACCEPT_LOOP_EXIT: Duration = Duration::from_secs(1);
+
+/// How long a fresh start waits for its first warm-up probe round (a loopback
+/// app answers in milliseconds).
+const FIRST_ROUND_GRACE: Duration = Duration::from_secs(1);
+/// How long past the warm-up deadline an upgrade waits for the gate to open
+/// (the probe loop opens it within milliseconds of the deadline).
+const SETTLE_SLACK: Duration = Duration::from_millis(250);
+
+/// Client connections this process can hold. Each needs a descriptor; busy
+/// ones also hold an upstream connection, which draws from the reserve (idle
+/// keep-alive connections, the bulk at any cap, do not).
+fn connection_ceiling() -> usize {
+    let limit = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
+    (limit.saturating_sub(FD_RESERVE)).max(64) as usize
+}
+
+async fn sweep(rt: Arc<Runtime>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => rt.tracker.sweep(Instant::now()),
+        }
+    }
+}
+
+/// Health checks, silence, slow-start ramps and pool gauges, over the pools
+/// of whichever gateway is current (so a reload needs no restart of this).
+async fn maintain_upstreams(rt: Arc<Runtime>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(crate::upstream::checks::ROUND);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {
+                let gw = rt.gateway.load_full();
+                crate::upstream::checks::round(&gw.pools, &rt.metrics, Instant::now());
+            }
+        }
+    }
+}
+
+/// Sweeps expired limiter keys and writes the snapshot periodically.
+async fn maintain_state(rt: Arc<Runtime>, stop: CancellationToken) {
+    let every = rt.gateway.load().loaded.config.state.snapshot_interval.0;
+    let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {
+                let rt = rt.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    state::sweep(&rt);
+                    if let Some(path) = state::snapshot_path(&rt) {
+                        let _ = state::write(&rt, &path);
+                    }
+                })
+                .await;
+            }
+        }
+    }
+}
+
+async fn watch_config(rt: Arc<Runtime>, every: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {
+                let rt = rt.clone();
+                // Errors are logged and counted by reload itself.
+                let _ = tokio::task::spawn_blocking(move || rt.reload(false)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Limiter state across restarts: restore at start, snapshot periodically
+//! and at shutdown, and say loudly what happened.
+//!
+//! Incident 2's replacement web server started every rate limit from zero
+//! because its state was written under one path and listed under another; no
+//! one noticed. Here the same [`Snapshot`] code writes and reads the file, and
+//! every restore is logged and exported (`weir_state_restored_keys`), so a
+//! silent zero is visible.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::observe::metrics::ResultLabels;
+use crate::runtime::Runtime;
+use weir_limiter::{Clock, MonotonicClock, RestoreReport, Snapshot, SnapshotError};
+
+/// What the start-up restore found.
+#[derive(Debug)]
+pub enum Restored {
+    /// No snapshot file is configured.
+    NotConfigured,
+    /// The file does not exist (first start, or state was lost).
+    Missing(PathBuf),
+    /// The file was read and applied.
+    Loaded(RestoreReport),
+    /// The file exists but could not be used.
+    Unreadable(SnapshotError),
+}
+
+impl Restored {
+    /// What the restore found, for `/status`: `not_configured`, `missing`,
+    /// `loaded` or `unreadable`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Restored::NotConfigured => "not_configured",
+            Restored::Missing(_) => "missing",
+            Restored::Loaded(_) => "loaded",
+            Restored::Unreadable(_) => "unreadable",
+        }
+    }
+
+    /// Keys put back into the stores.
+    pub fn keys(&self) -> usize {
+        match self {
+            Restored::Loaded(r) => r.restored(),
+            _ => 0,
+        }
+    }
+}
+
+/// The configured snapshot file, if any.
+pub fn snapshot_path(rt: &Runtime) -> Option<PathBuf> {
+    rt.gateway
+        .load()
+        .loaded
+        .config
+        .state
+        .snapshot_file
+        .as_ref()
+        .map(PathBuf::from)
+}
+
+/// Restores limiter state from the snapshot file, logs the outcome and sets
+/// `weir_state_restored_keys`.
+pub fn restore(rt: &Runtime) -> Restored {
+    let Some(path) = snapshot_path(rt) else {
+        return Restored::NotConfigured;
+    };
+    let outcome = if !path.exists() {
+        tracing::warn!(file = %path.display(), "no limiter snapshot found: starting with empty limiter state");
+        Restored::Missing(path)
+    } else {
+        match Snapshot::read_from(&path) {
+            Err(e) => {
+                tracing::error!(error = %e, "limiter snapshot unreadable: starting with empty limiter state");
+                Restored::Unreadable(e)
+            }
+            Ok(snap) => {
+                let gw = rt.gateway.load();
+                let report =
+                    snap.restore_into(&gw.rule_stores, MonotonicClock.now(), SystemTime::now());
+                let changed = report.rules.iter().filter(|r| !r.section_found).count();
+                tracing::info!(
+                    file = %path.display(),
+                    generation = report.generation,
+                    age = ?report.elapsed,
+                    restored = report.restored(),
+                    levels = report.rules.len(),
+                    levels_without_state = changed,
+                    discarded_sections = report.discarded.len(),
+                    "limiter state restored"
+                );
+                Restored::Loaded(report)
+            }
+        }
+    };
+    rt.metrics.state_restored_keys.set(outcome.keys() as i64);
+    expect(rt, &outcome);
+    outcome
+}
+
+/// Applies `state.expect_restored` to what the restore found.
+pub fn expect(rt: &Runtime, outcome: &Restored) {
+    use crate::config::ExpectRestored;
+    let mode = rt.gateway.load().loaded.config.state.expect_restored;
+    let missing = matches!(outcome, Restored::Missing(_) | Restored::Unreadable(_));
+    if !missing || mode == ExpectRestored::Off {
+        return;
+    }
+    tracing::error!(
+        ?mode,
+        "expected limiter state from the previous generation and found none: \
+         limits start from zero (check that state.snapshot_file is on a shared volume \
+         and that the old generation was stopped with SIGTERM)"
+    );
+    if mode == ExpectRestored::NotReady {
+        rt.state_missing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Writes the snapshot now; returns the number of keys written.
+pub fn write(rt: &Runtime, path: &Path) -> Result<usize, SnapshotError> {
+    let gw = rt.gateway.load();
+    let generation = rt.generation;
+    let snap = Snapshot::capture(
+        generation,
+        &gw.rule_stores,
+        MonotonicClock.now(),
+        SystemTime::now(),
+    );
+    let keys: usize = snap.sections.iter().map(|s| s.entries.len()).sum();
+    let evicted: u64 = gw
+        .rule_stores
+        .partitions()
+        .iter()
+        .map(|p| p.store.stats().evicted_live)
+        .sum();
+    rt.metrics.limiter_evicted_keys.set(evicted as i64);
+    let result = snap.write_to(path);
+    let label = if result.is_ok() { "ok" } else { "error" };
+    rt.metrics
+        .state_snapshots
+        .get_or_create(&ResultLabels { result: label })
+        .inc();
+    match result {
+        Ok(()) => {
+            rt.metrics.state_snapshot_keys.set(keys as i64);
+            tracing::debug!(keys, file = %path.display(), "limiter snapshot written");
+            Ok(keys)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "limiter snapshot could not be written");
+            Err(e)
+        }
+    }
+}
+
+/// Sweeps expired keys from every store (keeps memory proportional to live
+/// clients between snapshots).
+pub fn sweep(rt: &Runtime) {
+    let gw = rt.gateway.load();
+    let now = MonotonicClock.now();
+    for p in gw.rule_stores.partitions() {
+        p.store.sweep(now);
+    }
+}
+
+/// Starts the shared (Redis) limiter when `state.redis_url` is set. It never
+/// blocks: connecting happens in the background, and until Redis answers
+/// (or whenever it stops answering) decisions use the local stores.
+pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetupError> {
+    use weir_limiter::redis::{RedisLimiter, RedisTimeouts};
+    use weir_limiter::shared::SharedLimiter;
+    let gw = rt.gateway.load();
+    let cfg = &gw.loaded.config.state;
+    let Some(url) = &cfg.redis_url else {
+        return Ok(());
+    };
+    let timeouts = RedisTimeouts {
+        connect: cfg.redis_connect_timeout.0,
+        command: cfg.redis_command_timeout.0,
+        ..RedisTimeouts::default()
+    };
+    let redis = RedisLimiter::new(url, &cfg.redis_prefix, timeouts)?;
+    tracing::info!(
+        url = redis.url(),
+        prefix = redis.prefix(),
+        "sharing limits through Redis"
+    );
+    let shared = SharedLimiter::new(
+        redis,
+        gw.rule_stores.clone(),
+        std::sync::Arc::new(MonotonicClock),
+    );
+    rt.set_shared_limiter(std::sync::Arc::new(shared));
+    Ok(())
+}

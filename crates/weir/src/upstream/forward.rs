@@ -1,0 +1,517 @@
+//! Forwarding one request: header rewriting for the hop and the send itself.
+//!
+//! Proxy semantics (RFC 9110 §7.6): hop-by-hop headers (and any named in
+//! `Connection`) are removed in both directions, `Host` is kept, and the
+//! forwarding headers are set as configured. Forwarding information received
+//! from an untrusted peer is never passed on: a spoofed `X-Forwarded-For` must
+//! not reach the app either.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use smallvec::SmallVec;
+
+use super::pool::{Pool, Server};
+use crate::config::{ForwardingConfig, XffMode};
+use crate::identity::ClientId;
+use weir_http::body::RequestBody;
+use weir_http::client::ExchangeError;
+use weir_http::connections::{ConnectError, SendError, UpstreamBody};
+use weir_http::framing::is_hop_by_hop;
+
+/// A failed exchange with an upstream server.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The pool has no server to try.
+    #[error("no server to send to")]
+    NoServer,
+    /// Every server is dead and the request is not an idempotent read.
+    #[error("no healthy server, and the request is not an idempotent read")]
+    NoHealthyServer,
+    /// Nothing was sent: the connection could not be made. Safe to retry.
+    #[error("connect to {server} failed: {source}")]
+    Connect {
+        server: std::net::SocketAddr,
+        source: ConnectError,
+    },
+    /// No response headers within the response timeout.
+    #[error("{server} sent no response within {after:?}")]
+    Timeout {
+        server: std::net::SocketAddr,
+        after: Duration,
+    },
+    /// The exchange failed after the request was (partly) sent.
+    #[error("exchange with {server} failed: {source}")]
+    Exchange {
+        server: std::net::SocketAddr,
+        source: ExchangeError,
+    },
+    /// A kept-alive connection closed with the request sent and no response
+    /// byte received: the server may or may not have seen the request.
+    #[error("{server} closed a kept-alive connection before responding: {source}")]
+    Closed {
+        server: std::net::SocketAddr,
+        source: ExchangeError,
+    },
+}
+
+impl ForwardError {
+    /// The status the client receives.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ForwardError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ForwardError::NoHealthyServer => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// A bounded label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ForwardError::NoServer => "no_server",
+            ForwardError::NoHealthyServer => "no_healthy_server",
+            ForwardError::Connect { .. } => "connect",
+            ForwardError::Closed { .. } => "closed",
+            ForwardError::Timeout { .. } => "timeout",
+            // The client's side of an upload failing says nothing about the
+            // server (and does not count against its health).
+            ForwardError::Exchange {
+                source: ExchangeError::RequestBody(e),
+                ..
+            } => {
+                if e.is::<weir_http::body::BodyReadTimeout>() {
+                    "client_body_timeout"
+                } else {
+                    "client_body"
+                }
+            }
+            ForwardError::Exchange { .. } => "exchange",
+        }
+    }
+
+    /// True when another server may be sent the request: the upstream never
+    /// saw it, or (for an idempotent request, RFC 9110 §9.2.2) the kept-alive
+    /// connection closed before any response, as nginx's `proxy_next_upstream
+    /// error` also assumes.
+    pub fn retryable(&self, idempotent: bool) -> bool {
+        match self {
+            ForwardError::Connect { .. } => true,
+            ForwardError::Closed { .. } => idempotent,
+            _ => false,
+        }
+    }
+}
+
+/// Sends `req` to `server` and waits up to `timeout` for response headers.
+pub async fn send(
+    pool: &Pool,
+    server: &Server,
+    req: &mut Request<RequestBody>,
+    timeout: Duration,
+) -> Result<Response<UpstreamBody>, ForwardError> {
+    // Origin form (`/path?query`): the `Host` header names the site.
+    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
+        let pq = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        *req.uri_mut() = http::Uri::from(pq);
+    }
+    *req.version_mut() = Version::HTTP_11;
+    let exchange = server.connections.send(server.addr, &pool.conn, req);
+    match tokio::time::timeout(timeout, exchange).await {
+        Err(_) => Err(ForwardError::Timeout {
+            server: server.addr,
+            after: timeout,
+        }),
+        Ok(Err(SendError::Connect(source))) => Err(ForwardError::Connect {
+            server: server.addr,
+            source,
+        }),
+        Ok(Err(SendError::Exchange(source))) => Err(ForwardError::Exchange {
+            server: server.addr,
+            source,
+        }),
+        Ok(Err(SendError::Closed(source))) => Err(ForwardError::Closed {
+            server: server.addr,
+            source,
+        }),
+        Ok(Ok(resp)) => Ok(resp),
+    }
+}
+
+/// Facts about this hop that the forwarding headers describe.
+#[derive(Debug, Clone, Copy)]
+pub struct Hop<'a> {
+    pub client: &'a ClientId,
+    /// The TCP peer is a trusted proxy (its forwarding headers are believed).
+    pub peer_trusted: bool,
+    /// The PROXY protocol source, when the peer sent one.
+    pub proxy_source: Option<IpAddr>,
+    /// The client connection is TLS.
+    pub tls: bool,
+    /// The request's host, for `Forwarded: host=`.
+    pub host: Option<&'a str>,
+}
+
+/// The configured forwarding headers, ready to apply.
+#[derive(Debug, Clone)]
+pub struct ForwardingHeaders {
+    config: ForwardingConfig,
+}
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+impl ForwardingHeaders {
+    pub fn new(config: ForwardingConfig) -> Self {
+        ForwardingHeaders { config }
+    }
+
+    /// Rewrites forwarding headers on a request about to go upstream.
+    pub fn apply(&self, headers: &mut HeaderMap, hop: &Hop<'_>, version: Version) {
+        let client = hop.client.client.ip();
+        let nearest = hop.proxy_source.unwrap_or_else(|| hop.client.peer.ip());
+        match self.config.x_forwarded_for {
+            XffMode::Off => {
+                headers.remove(&X_FORWARDED_FOR);
+            }
+            XffMode::Replace => {
+                headers.insert(X_FORWARDED_FOR.clone(), ip_value(client));
+            }
+            XffMode::Append if hop.peer_trusted => {
+                let received: Vec<&str> = headers
+                    .get_all(&X_FORWARDED_FOR)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .collect();
+                let value = if received.is_empty() {
+                    nearest.to_string()
+                } else {
+                    format!("{}, {nearest}", received.join(", "))
+                };
+                set(headers, &X_FORWARDED_FOR, &value);
+            }
+            XffMode::Append => {
+                headers.insert(X_FORWARDED_FOR.clone(), ip_value(client));
+            }
+        }
+        if !hop.peer_trusted {
+            // Both are rare in requests: look before paying for two removals.
+            if headers
+                .keys()
+                .any(|k| *k == X_REAL_IP || *k == header::FORWARDED)
+            {
+                headers.remove(&X_REAL_IP);
+                headers.remove(header::FORWARDED);
+            }
+        }
+        let proto = if hop.tls { "https" } else { "http" };
+        if self.config.x_forwarded_proto {
+            // A trusted load balancer that terminated TLS knows the real scheme.
+            if !(hop.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+                headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+            }
+        } else if !hop.peer_trusted {
+            headers.remove(&X_FORWARDED_PROTO);
+        }
+        if self.config.forwarded {
+            let mut element = format!("for={}", forwarded_node(client));
+            if let Some(host) = hop.host {
+                element.push_str(&format!(";host=\"{host}\""));
+            }
+            element.push_str(&format!(";proto={proto}"));
+            let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+                Some(prev) if hop.peer_trusted => format!("{prev}, {element}"),
+                _ => element,
+            };
+            set(headers, &header::FORWARDED, &value);
+        }
+        if self.config.via {
+            let v = match version {
+                Version::HTTP_2 => "2 weir",
+                Version::HTTP_10 => "1.0 weir",
+                _ => "1.1 weir",
+            };
+            let value = match headers.get(header::VIA).and_then(|x| x.to_str().ok()) {
+                Some(prev) => format!("{prev}, {v}"),
+                None => v.to_string(),
+            };
+            set(headers, &header::VIA, &value);
+        }
+    }
+}
+
+/// An address as a header value, without a UTF-8 re-check and, for IPv4,
+/// in one allocation of its exact length (a `Bytes` made from a vector
+/// with room to spare allocates twice).
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    let bytes = match ip {
+        IpAddr::V4(v4) => {
+            let (text, len) = crate::identity::v4_text(v4);
+            bytes::Bytes::copy_from_slice(&text[..len])
+        }
+        IpAddr::V6(_) => {
+            let mut buf = Vec::with_capacity(45);
+            crate::identity::write_ip(&mut buf, ip);
+            bytes::Bytes::from(buf)
+        }
+    };
+    // Digits, dots, colons and hex letters are all valid header bytes.
+    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+fn forwarded_node(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    }
+}
+
+fn set(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        headers.insert(name.clone(), v);
+    }
+}
+
+/// Removes hop-by-hop headers, including any listed in `Connection`.
+/// With `keep_upgrade`, `Connection: upgrade` and `Upgrade` stay (WebSocket).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // One pass over the names finds what is present; only those are removed
+    // (a hashed removal per hop-by-hop name cost more than the rest of the
+    // rewrite, and most responses carry just `Connection: keep-alive`).
+    let mut remove: SmallVec<[HeaderName; 4]> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n.as_str().as_bytes()))
+        .cloned()
+        .collect();
+    if remove.is_empty() && !keep_upgrade {
+        return;
+    }
+    for value in headers.get_all(header::CONNECTION) {
+        let Ok(value) = value.to_str() else { continue };
+        for token in value.split(',').map(str::trim) {
+            // `close` names no header; `keep-alive` is removed anyway.
+            if token.is_empty()
+                || token.eq_ignore_ascii_case("close")
+                || token.eq_ignore_ascii_case("keep-alive")
+            {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes())
+                && !remove.contains(&name)
+            {
+                remove.push(name);
+            }
+        }
+    }
+    for name in &remove {
+        if keep_upgrade && *name == header::UPGRADE {
+            continue;
+        }
+        headers.remove(name);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_uploads_are_labelled_by_whose_side_failed() {
+        let server: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let exchange = |source| ForwardError::Exchange { server, source };
+        let stalled = exchange(ExchangeError::RequestBody(Box::new(
+            weir_http::body::BodyReadTimeout(Duration::from_secs(1)),
+        )));
+        assert_eq!(stalled.kind(), "client_body_timeout");
+        let gone = exchange(ExchangeError::RequestBody("client went away".into()));
+        assert_eq!(gone.kind(), "client_body");
+        assert_eq!(exchange(ExchangeError::Incomplete).kind(), "exchange");
+        assert_eq!(gone.status(), StatusCode::BAD_GATEWAY);
+        assert!(!gone.retryable(true));
+    }
+    use crate::identity::{AddrSource, ClientAddr, PeerAddr};
+
+    fn id(peer: &str, client: &str) -> ClientId {
+        ClientId {
+            peer: PeerAddr(format!("{peer}:5000").parse().unwrap()),
+            client: ClientAddr::new(client.parse().unwrap()),
+            source: AddrSource::Peer,
+        }
+    }
+
+    fn run(
+        mode: XffMode,
+        trusted: bool,
+        incoming: &[(&str, &str)],
+        peer: &str,
+        client: &str,
+    ) -> HeaderMap {
+        let mut h = header_map(incoming);
+        let cid = id(peer, client);
+        let fh = ForwardingHeaders::new(ForwardingConfig {
+            x_forwarded_for: mode,
+            x_forwarded_proto: true,
+            forwarded: true,
+            via: true,
+        });
+        fh.apply(
+            &mut h,
+            &Hop {
+                client: &cid,
+                peer_trusted: trusted,
+                proxy_source: None,
+                tls: false,
+                host: Some("wiki.example"),
+            },
+            Version::HTTP_11,
+        );
+        h
+    }
+
+    fn get<'a>(h: &'a HeaderMap, k: &str) -> Option<&'a str> {
+        h.get(k).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn xff_table() {
+        let spoof = [("x-forwarded-for", "6.6.6.6")];
+        let chain = [
+            ("x-forwarded-for", "1.1.1.1, 2.2.2.2"),
+            ("x-forwarded-for", "3.3.3.3"),
+        ];
+        type Case<'a> = (
+            XffMode,
+            bool,
+            &'a [(&'a str, &'a str)],
+            &'a str,
+            &'a str,
+            Option<&'a str>,
+        );
+        let cases: &[Case] = &[
+            (
+                XffMode::Append,
+                false,
+                &spoof,
+                "9.9.9.9",
+                "9.9.9.9",
+                Some("9.9.9.9"),
+            ),
+            (
+                XffMode::Append,
+                true,
+                &chain,
+                "10.0.0.1",
+                "3.3.3.3",
+                Some("1.1.1.1, 2.2.2.2, 3.3.3.3, 10.0.0.1"),
+            ),
+            (
+                XffMode::Append,
+                true,
+                &[],
+                "10.0.0.1",
+                "10.0.0.1",
+                Some("10.0.0.1"),
+            ),
+            (
+                XffMode::Replace,
+                true,
+                &chain,
+                "10.0.0.1",
+                "3.3.3.3",
+                Some("3.3.3.3"),
+            ),
+            (XffMode::Off, true, &chain, "10.0.0.1", "3.3.3.3", None),
+        ];
+        for (i, (mode, trusted, incoming, peer, client, want)) in cases.iter().enumerate() {
+            let h = run(*mode, *trusted, incoming, peer, client);
+            assert_eq!(get(&h, "x-forwarded-for"), *want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn untrusted_forwarding_headers_are_not_passed_on() {
+        let h = run(
+            XffMode::Append,
+            false,
+            &[
+                ("forwarded", "for=6.6.6.6"),
+                ("x-real-ip", "6.6.6.6"),
+                ("x-forwarded-proto", "https"),
+            ],
+            "9.9.9.9",
+            "9.9.9.9",
+        );
+        assert_eq!(
+            get(&h, "forwarded"),
+            Some("for=9.9.9.9;host=\"wiki.example\";proto=http")
+        );
+        assert_eq!(get(&h, "x-real-ip"), None);
+        assert_eq!(get(&h, "x-forwarded-proto"), Some("http"));
+        assert_eq!(get(&h, "via"), Some("1.1 weir"));
+    }
+
+    #[test]
+    fn trusted_proto_is_kept() {
+        let h = run(
+            XffMode::Append,
+            true,
+            &[("x-forwarded-proto", "https")],
+            "10.0.0.1",
+            "1.2.3.4",
+        );
+        assert_eq!(get(&h, "x-forwarded-proto"), Some("https"));
+    }
+
+    fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_removed() {
+        let mut h = header_map(&[
+            ("connection", "keep-alive, x-secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("host", "a"),
+        ]);
+        let mut plain = h.clone();
+        strip_hop_by_hop(&mut plain, false);
+        let names: Vec<&str> = plain.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["host"]);
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(get(&h, "upgrade"), Some("websocket"));
+        assert_eq!(get(&h, "connection"), Some("upgrade"));
+        assert_eq!(get(&h, "x-secret"), None);
+
+        // Several `Connection` lines, a name listed twice, odd spacing.
+        let mut h = header_map(&[
+            ("connection", "close"),
+            ("connection", " x-a ,x-b, x-a,,"),
+            ("x-a", "1"),
+            ("x-b", "2"),
+            ("x-c", "3"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let names: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, vec!["x-c"]);
+    }
+}
