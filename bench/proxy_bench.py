@@ -375,6 +375,9 @@ def main():
     ap.add_argument("--weir-bin", default="target/release/weir")
     ap.add_argument("--weir-pgo-bin", default="target/pgo/weir",
                     help="weir built profile-guided (scripts/build-pgo.sh)")
+    ap.add_argument("--weir-base-bin", default=None,
+                    help="a previous weir (another commit's release build), measured as "
+                         "target weir-base in the same rounds: what a change cost, paired")
     ap.add_argument("--out", default=None)
     ap.add_argument("--pin", action="store_true",
                     help="pin upstream+wrk to CPU 1 and the proxy to CPU 0")
@@ -400,6 +403,8 @@ def main():
                                        args.weir_bin, pin_proxy),
             "weir-pgo": lambda: start_weir(work, "weir-pgo", weir_config(upstream.port),
                                            args.weir_pgo_bin, pin_proxy),
+            "weir-base": lambda: start_weir(work, "weir-base", weir_config(upstream.port),
+                                            args.weir_base_bin, pin_proxy),
             "weir-admission": lambda: start_weir(work, "weir-admission",
                                                  weir_config(upstream.port, admission=True),
                                                  args.weir_bin, pin_proxy),
@@ -409,8 +414,9 @@ def main():
             if t == "direct":
                 targets.append(t)
                 continue
-            binary = args.weir_pgo_bin if t == "weir-pgo" else args.weir_bin
-            if t.startswith("weir") and not os.access(binary, os.X_OK):
+            binary = {"weir-pgo": args.weir_pgo_bin,
+                      "weir-base": args.weir_base_bin}.get(t, args.weir_bin)
+            if t.startswith("weir") and not (binary and os.access(binary, os.X_OK)):
                 skipped[t] = f"{binary} not found (build failed?)"
             else:
                 try:

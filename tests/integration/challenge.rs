@@ -19,6 +19,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use weir::challenge::{self, ChallengeConfig, ChallengeEvent, Challenger, PassCheck};
 use weir::identity::{AddrSource, ClientAddr, ClientId, PeerAddr};
+use weir_http::target::{PathPolicy, Target};
 
 use crate::support::ports::find_program;
 use crate::support::process::{ServerProcess, temp_dir};
@@ -94,21 +95,29 @@ fn respond(
         source: AddrSource::Peer,
     };
     let (method, uri, headers) = (&req.head.method, &req.head.uri, &req.head.headers);
+    let target = Target::from_parts(
+        method,
+        uri,
+        req.head.version,
+        headers,
+        PathPolicy::default(),
+    )
+    .expect("the browser's request reads one way");
     let now = SystemTime::now();
-    if ch.is_challenge_path(uri) {
+    if ch.is_challenge_path(target.path()) {
         let counter = std::str::from_utf8(&req.body).ok().and_then(|b| {
             b.split('&')
                 .find_map(|kv| kv.strip_prefix("counter="))
                 .and_then(|c| c.parse().ok())
         });
         let body = &req.body[..req.body.len().min(challenge::MAX_VERIFY_BODY + 1)];
-        if let Some(resp) = ch.handle(method, uri, headers, body, &client, false, now) {
+        if let Some(resp) = ch.handle(&target, headers, body, &client, false, now) {
             return (resp, counter);
         }
     }
     let pass = ch.pass(headers, &client, now);
-    if !matches!(pass, PassCheck::Valid(_)) && ch.eligible(method, uri, headers, &client) {
-        return (ch.page(uri, &client, headers, difficulty, now), None);
+    if !matches!(pass, PassCheck::Valid(_)) && ch.eligible(&target, headers, &client) {
+        return (ch.page(&target, &client, headers, difficulty, now), None);
     }
     let marker = match pass {
         PassCheck::Valid(t) => format!("<p id=\"ok\">passed</p><p id=\"pass\">{}</p>", t.id),

@@ -314,3 +314,38 @@ disengage_after = "300ms"
         .await
         .unwrap();
 }
+
+/// Issue 17: exemptions match the page the app serves, not the spelling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exemptions_match_the_page_the_app_serves() {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(up.addr)).await;
+    let me = ip("127.100.1.1");
+    for (path, challenged) in [
+        // MediaWiki reads this as Special:Search: a `.css` suffix exempted it.
+        ("/wiki/Special:Search/x.css", true),
+        ("/static/../wiki/Page", true),
+        ("/static/%2e%2e/wiki/Page", true),
+        ("/api/v1/x", false),
+        ("/%61pi/v1/x", false),
+        ("/static/app.css", false),
+    ] {
+        let (status, h, _) = get_from(me, weir.addr, path, &NAV).await;
+        assert_eq!(
+            (status.as_u16(), h.contains_key("x-weir-challenge")),
+            if challenged {
+                (429, true)
+            } else {
+                (200, false)
+            },
+            "{path}"
+        );
+    }
+    // A configuration that still exempts suffixes is refused, saying why.
+    let text = format!("{}exempt_suffixes = [\".css\"]\n", config(up.addr));
+    let loaded = weir::config::load_str(&text, None, &weir::config::ProcessEnv).unwrap();
+    let err = weir::gateway::Gateway::build(loaded, None, 1)
+        .expect_err("exempt_suffixes is refused")
+        .to_string();
+    assert!(err.contains("exempt_suffixes was removed"), "{err}");
+}

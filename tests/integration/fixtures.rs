@@ -323,7 +323,8 @@ pub async fn get(
     get_from("127.0.0.1".parse().unwrap(), to, path, headers).await
 }
 
-/// A GET from `source` with extra headers, on a fresh connection.
+/// A GET from `source` with extra headers, on a fresh connection. `Host` is
+/// `test.local` unless `headers` names one (two would be refused).
 pub async fn get_from(
     source: IpAddr,
     to: SocketAddr,
@@ -331,7 +332,10 @@ pub async fn get_from(
     headers: &[(&str, &str)],
 ) -> (StatusCode, http::HeaderMap, Vec<u8>) {
     let mut c = H1::connect(source, to).await.unwrap();
-    let mut b = Request::get(path).header("host", "test.local");
+    let mut b = Request::get(path);
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        b = b.header("host", "test.local");
+    }
     for (k, v) in headers {
         b = b.header(*k, *v);
     }

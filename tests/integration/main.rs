@@ -17,6 +17,11 @@ mod fixtures;
 // binary's guard.
 mod support_selftest;
 
+// The canonical request target (issue 17): spellings of a page meet its
+// rule, one host per request on HTTP/1.1 and HTTP/2, what the app receives
+// is what was decided on, no `Forwarded` injection, no panic on a bad host.
+mod target;
+
 // Proxy semantics: methods, bodies both ways (1 GiB), HTTP/2, TLS, WebSocket,
 // hop-by-hop headers, failover on connect errors.
 mod proxy;

@@ -14,6 +14,7 @@
 //! - [`conn`]: what a client connection shares with its supervisor.
 //! - [`cookie`]: the one reader of `Cookie` fields.
 //! - [`proxy_protocol`]: PROXY protocol v1 and v2 headers.
+//! - [`target`]: the canonical request target every stage reads.
 //!
 //! TLS and HTTP/2 are hyper's (weir's `edge` drives them); this crate
 //! decides nothing about which requests may pass.
@@ -27,6 +28,7 @@ pub mod fields;
 pub mod framing;
 pub mod proxy_protocol;
 pub mod server;
+pub mod target;
 
 /// A boxed error of either side's body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

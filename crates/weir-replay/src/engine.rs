@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 
 use super::tally::{ClientSet, NetworkSet, SubnetCounts};
@@ -29,6 +29,7 @@ use weir::identity::forwarded::resolve;
 use weir::identity::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
 use weir::policy::route::RequestView;
 use weir::policy::rules::{KeyKind, RequestFacts, RuleBody, RuleRejection, activity_key, evaluate};
+use weir_http::target::{Target, TargetError};
 use weir_limiter::{MonoTime, ShardedStore, StoreConfig};
 
 /// What the configuration decides for one record.
@@ -36,6 +37,9 @@ use weir_limiter::{MonoTime, ShardedStore, StoreConfig};
 pub enum Verdict {
     /// No route matched: live traffic would get 404.
     NoRoute,
+    /// The target cannot be read one way (two hosts, `..;`, `%00`, a
+    /// lowercase method): live traffic would get 400 or 501 before any rule.
+    Invalid(TargetError),
     Admit,
     Reject(RuleRejection),
 }
@@ -74,6 +78,8 @@ pub struct ReplayReport {
     pub admitted: u64,
     pub rejected: u64,
     pub no_route: u64,
+    /// Refused before any rule: the target cannot be read one way.
+    pub invalid: u64,
     pub first: Option<String>,
     pub last: Option<String>,
     pub rules: BTreeMap<String, RuleReport>,
@@ -306,29 +312,21 @@ impl Replay {
                 source: AddrSource::Peer,
             }
         };
-        let method = Method::from_bytes(rec.method.as_bytes()).unwrap_or(Method::GET);
-        // Origin form (nearly every line) is split in place; anything else
-        // (absolute form, `*`) goes through `Uri` as live requests do.
-        let parsed: Uri;
-        let (path, query) = if rec.target.starts_with('/') {
-            // `memchr`: `split_once('?')`'s pattern searcher costs several times more.
-            match memchr::memchr(b'?', rec.target.as_bytes()) {
-                Some(q) => (&rec.target[..q], Some(&rec.target[q + 1..])),
-                None => (rec.target.as_ref(), None),
+        // The live path's reading of the request line and host.
+        let target = match Target::parse(
+            &rec.method,
+            &rec.target,
+            rec.host.as_deref(),
+            gw.path_policy,
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                self.report.invalid += 1;
+                return Verdict::Invalid(e);
             }
-        } else {
-            parsed = rec.target.parse().unwrap_or_else(|_| Uri::from_static("/"));
-            (parsed.path(), parsed.query())
         };
-        let host = rec
-            .host
-            .as_deref()
-            .map(|h| h.split(':').next().unwrap_or(h));
         let Some(route) = gw.routes.find(&RequestView {
-            method: &method,
-            path,
-            query,
-            host,
+            target: &target,
             headers,
         }) else {
             self.report.no_route += 1;
@@ -344,7 +342,7 @@ impl Replay {
             .is_allowed();
         let facts = RequestFacts {
             client: &client,
-            method: &method,
+            method: target.method(),
             headers,
             user: None,
             pass: None,
@@ -499,6 +497,13 @@ impl std::fmt::Display for ReplayReport {
             self.rejected,
             self.no_route
         )?;
+        if self.invalid > 0 {
+            writeln!(
+                f,
+                "{} refused before any rule: their target cannot be read one way (400/501)",
+                self.invalid
+            )?;
+        }
         for (name, r) in &self.rules {
             writeln!(
                 f,
@@ -663,6 +668,56 @@ mod tests {
             forwarded_for: None,
             weir: None,
         }
+    }
+
+    #[test]
+    fn targets_are_read_as_the_live_path_reads_them() {
+        // Issue 17: replay split `host:port` on the first `:` (so
+        // `[2001:db8::1]:8080` matched no host route) and matched raw paths.
+        let text = "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"127.0.0.1:9\"]\n\
+             [[routes]]\npool = \"app\"\nclass = \"v6\"\nhost = \"[2001:db8::1]\"\n\
+             [[routes]]\npool = \"app\"\nclass = \"search\"\npath_prefix = \"/w/index.php\"\nquery_keys = [\"search\"]\n\
+             [[classes.v6.rules]]\nname = \"v6\"\nlimits = [{ per = \"site\", rate = 1, window = \"1h\" }]\n\
+             [[classes.search.rules]]\nname = \"search\"\nlimits = [{ per = \"site\", rate = 1, window = \"1h\" }]\n";
+        let env = std::collections::HashMap::<String, String>::new();
+        let loaded = weir::config::load_str(text, None, &env).expect("test config");
+        let mut replay = Replay::new(Gateway::build(loaded, None, 1).expect("test gateway"));
+        let at = |secs: i64, host: Option<&'static str>, target: &'static str| LogRecord {
+            host: host.map(Into::into),
+            target: target.into(),
+            ..record(secs, "10.0.0.1", "a")
+        };
+        let v6 = Some("[2001:DB8::1]:8080");
+        let wiki = Some("wiki.example");
+        assert_eq!(replay.decide(&at(0, v6, "/")), Verdict::Admit);
+        assert!(matches!(replay.decide(&at(1, v6, "/x")), Verdict::Reject(r) if &*r.rule == "v6"));
+        assert_eq!(
+            replay.decide(&at(2, wiki, "/w/index.php?search=a")),
+            Verdict::Admit
+        );
+        assert!(matches!(
+            replay.decide(&at(3, wiki, "//w/./index.php?%73earch=b")),
+            Verdict::Reject(r) if &*r.rule == "search"
+        ));
+        assert_eq!(replay.decide(&at(4, wiki, "/wiki/Page")), Verdict::NoRoute);
+        assert_eq!(
+            replay.decide(&at(5, Some("a.example:99999"), "/")),
+            Verdict::Invalid(TargetError::InvalidHost)
+        );
+        assert_eq!(
+            replay.decide(&at(6, wiki, "/static/..;/w/index.php?search=a")),
+            Verdict::Invalid(TargetError::DotParameter)
+        );
+        let report = replay.finish();
+        assert_eq!(
+            (
+                report.admitted,
+                report.rejected,
+                report.invalid,
+                report.no_route
+            ),
+            (2, 2, 2, 1)
+        );
     }
 
     #[test]

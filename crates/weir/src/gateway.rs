@@ -25,6 +25,7 @@ use crate::policy::route::{ClassSettings, HostMatch};
 use crate::policy::rules::{self, KeyKind, RateLevel, Rule, RuleBody};
 use crate::policy::{Route, RouteClass, RouteTable};
 use crate::upstream::{ForwardingHeaders, Pool};
+use weir_http::target::PathPolicy;
 use weir_limiter::{InflightTable, Quota, RuleFingerprint, RuleStores, StoreConfig};
 
 /// Everything a request needs from configuration, compiled.
@@ -37,6 +38,8 @@ pub struct Gateway {
     pub classes: HashMap<String, ClassSettings>,
     pub trusted: TrustedProxies,
     pub client_header: ForwardedHeader,
+    /// How request paths are read where sites differ (`weir_http::target`).
+    pub path_policy: PathPolicy,
     pub forwarding: ForwardingHeaders,
     pub edge: EdgeSettings,
     pub dominance: Arc<DominantPeerDetector>,
@@ -553,6 +556,9 @@ impl Gateway {
                 ClientHeader::Forwarded => ForwardedHeader::Forwarded,
             },
             trusted,
+            path_policy: PathPolicy {
+                keep_encoded_slash: lim.allow_encoded_slash,
+            },
             forwarding: ForwardingHeaders::new(cfg.forwarding.clone()),
             edge: EdgeSettings {
                 conn: ConnLimits {
@@ -889,8 +895,14 @@ methods = ["GET", "G E T"]
         assert_eq!(max(&first, "big"), Some(10));
         assert!(!first.coalescers.contains_key("search"));
         // A leader in flight across a reload is still found by the new gateway.
-        let uri: http::Uri = "http://wiki.example/".parse().unwrap();
-        let key = || CoalesceKey::for_request(&http::Method::GET, &uri, &http::HeaderMap::new());
+        let target = weir_http::target::Target::parse(
+            "GET",
+            "/",
+            Some("wiki.example"),
+            PathPolicy::default(),
+        )
+        .unwrap();
+        let key = || CoalesceKey::for_request(&target, &http::HeaderMap::new());
         let lead = first.coalescers["page"].join(key().unwrap());
         assert!(matches!(lead, Role::Leader(_)));
         let loaded = load_str(text, None, &Map::<String, String>::new()).unwrap();

@@ -34,3 +34,6 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod upstream;
+
+#[cfg(test)]
+mod spellings;

@@ -36,6 +36,7 @@ use crate::upstream::{NoServer, Pool, ServerGuard};
 use weir_http::body::{OnComplete, RequestBody, ResponseBody};
 use weir_http::connections::UpstreamBody;
 use weir_http::server::{ClientUpgrade, Handler};
+use weir_http::target::Target;
 
 /// The proxy as the edge's [`Service`]: a handler per connection, over the
 /// gateway in force.
@@ -199,31 +200,36 @@ fn serve(
         }
         let client = resolved.client;
 
-        // Policy: which route, and may it go upstream.
-        let host = request_host(&req).map(str::to_owned);
         // Boxed: it goes to the response body's completion hook in the end, and
         // meanwhile the request's future (moved whole into hyper's slot) is
         // smaller by its size.
-        let mut log = Box::new(RequestLog::new(
-            &req,
-            &client,
-            host.as_deref(),
-            conn.clone(),
-            started,
-        ));
-        let route = gw.routes.find(&RequestView {
-            method: req.method(),
-            path: req.uri().path(),
-            query: req.uri().query(),
-            host: host.as_deref(),
+        let mut log = Box::new(RequestLog::new(&req, &client, conn.clone(), started));
+        // Target: the one reading of method, authority, path and query that
+        // every later stage uses; what cannot be read one way is refused.
+        let target = match Target::of(&req, gw.path_policy) {
+            Ok(t) => t,
+            Err(e) => {
+                log.record.decision = "reject";
+                let accept = Accepts::of(req.headers());
+                return reject(&RejectReason::Target(e), log, accept);
+            }
+        };
+        log.set_target(&target);
+        // Policy: which route, and may it go upstream.
+        let view = RequestView {
+            target: &target,
             headers: req.headers(),
-        });
+        };
+        let route = gw.routes.find(&view);
         // Challenge endpoints (the page's script, the answer) are weir's own.
         if let Some(ch) = gw.challenger.clone()
-            && ch.is_challenge_path(req.uri())
+            && ch.is_challenge_path(target.path())
         {
             // Boxed: rare, and its state would enlarge every request's future.
-            return Box::pin(challenge_endpoint(&ch, req, &client, log, conn.tls)).await;
+            return Box::pin(challenge_endpoint(
+                &ch, req, &target, &client, log, conn.tls,
+            ))
+            .await;
         }
         // Session: verified only by a signed cookie or the app's own answer,
         // and only looked up when a rule or an admission lane could use it.
@@ -253,11 +259,10 @@ fn serve(
                 let pool = &gw.pools[route.pool];
                 let (engaged, difficulty) =
                     rt.challenge_pressure(pool, ch.base_difficulty(), &ch.pressure());
-                if route.challenge.applies(engaged)
-                    && ch.eligible(req.method(), req.uri(), req.headers(), &client)
+                if route.challenge.applies(engaged) && ch.eligible(&target, req.headers(), &client)
                 {
                     log.record.class = route.class.shared();
-                    let page = ch.page(req.uri(), &client, req.headers(), difficulty, now);
+                    let page = ch.page(&target, &client, req.headers(), difficulty, now);
                     return challenge_response(page, log, rt);
                 }
             }
@@ -276,7 +281,7 @@ fn serve(
                         } else {
                             apply_rules(
                                 &route.rules,
-                                &req,
+                                &view,
                                 &client,
                                 session.user(),
                                 pass,
@@ -321,7 +326,7 @@ fn serve(
         ) && !session.is_verified()
             && pass.is_none()
             && http_body::Body::is_end_stream(req.body())
-            && let Some(key) = CoalesceKey::for_request(req.method(), req.uri(), req.headers())
+            && let Some(key) = CoalesceKey::for_request(&target, req.headers())
         {
             match coalescer.join(key.in_pool(&pool.name)) {
                 Role::Leader(l) => {
@@ -352,22 +357,15 @@ fn serve(
             peer_trusted: conn.peer_trusted,
             proxy_source: conn.proxy_source,
             tls: conn.tls,
-            host: host.as_deref(),
+            authority: target.authority(),
         };
         let client_version = req.version();
         let upgrade = is_upgrade(&req);
         let client_upgrade = upgrade.then(|| ClientUpgrade::on(&mut req));
         strip_hop_by_hop(req.headers_mut(), upgrade);
         req.headers_mut().remove(header::EXPECT);
-        if req.version() == Version::HTTP_2
-            && !req.headers().contains_key(header::HOST)
-            && let Some(h) = req
-                .uri()
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        {
-            req.headers_mut().insert(header::HOST, h);
-        }
+        // The app receives the path and host weir decided on.
+        target.forward(&mut req);
         let version = req.version();
         gw.forwarding.apply(req.headers_mut(), &hop, version);
         // Counted only for a body there is: most requests have none.
@@ -602,7 +600,7 @@ fn admission_outcome(
 /// decided (metrics, shadow rejections, human-collateral signals).
 async fn apply_rules(
     rules: &[crate::policy::rules::Rule],
-    req: &Request<RequestBody>,
+    req: &RequestView<'_>,
     client: &ClientId,
     user: Option<&str>,
     pass: Option<u64>,
@@ -616,8 +614,8 @@ async fn apply_rules(
     let low_rate = rt.record_activity(client.client, gw, now);
     let facts = RequestFacts {
         client,
-        method: req.method(),
-        headers: req.headers(),
+        method: req.target.method(),
+        headers: req.headers,
         user,
         pass,
         now,
@@ -632,7 +630,7 @@ async fn apply_rules(
             })
             .inc();
     }
-    let signal = collateral_signal(user.is_some(), req.headers(), low_rate);
+    let signal = collateral_signal(user.is_some(), req.headers, low_rate);
     for shadow in &ev.shadow {
         rt.rule_rejected(shadow, client.client, signal, false);
     }
@@ -682,6 +680,7 @@ fn collateral_signal(
 async fn challenge_endpoint(
     ch: &crate::challenge::Challenger,
     req: Request<RequestBody>,
+    target: &Target,
     client: &ClientId,
     mut log: Box<RequestLog>,
     tls: bool,
@@ -703,8 +702,7 @@ async fn challenge_endpoint(
     };
     let rt = log.conn.rt.clone();
     match ch.handle(
-        &parts.method,
-        &parts.uri,
+        target,
         &parts.headers,
         &bytes,
         client,
@@ -849,30 +847,6 @@ fn is_upgrade(req: &Request<RequestBody>) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
-/// The request's host without port: the URI authority (HTTP/2, absolute
-/// form) or the `Host` header.
-fn request_host<B>(req: &Request<B>) -> Option<&str> {
-    let raw = match req.uri().host() {
-        Some(h) => h,
-        None => req.headers().get(header::HOST)?.to_str().ok()?,
-    };
-    Some(strip_port(raw))
-}
-
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host
-            .split(']')
-            .next()
-            .map_or(host, |h| &host[..h.len() + 1]);
-    }
-    // A byte search: `rsplit_once(':')` went through the char searcher.
-    match host.bytes().rposition(|b| b == b':') {
-        Some(at) if host.as_bytes()[at + 1..].iter().all(u8::is_ascii_digit) => &host[..at],
-        _ => host,
-    }
-}
-
 /// The one place a rejection becomes a response.
 pub fn reject(
     reason: &RejectReason,
@@ -896,6 +870,7 @@ pub fn reject(
         }
         RejectReason::NoRoute => "no route for this request".into(),
         RejectReason::BadRequest(why) => (*why).into(),
+        RejectReason::Target(e) => e.to_string(),
         RejectReason::Draining => "this server is restarting; please retry".into(),
         RejectReason::Rule(_) => "too many requests; please retry later".into(),
         RejectReason::Shed { reason, .. } if *reason == "no_healthy_upstream" => {
@@ -1042,13 +1017,7 @@ pub struct RequestLog {
 }
 
 impl RequestLog {
-    fn new<B>(
-        req: &Request<B>,
-        client: &ClientId,
-        host: Option<&str>,
-        conn: Arc<ConnCtx>,
-        started: Instant,
-    ) -> Self {
+    fn new<B>(req: &Request<B>, client: &ClientId, conn: Arc<ConnCtx>, started: Instant) -> Self {
         let proto = match req.version() {
             Version::HTTP_2 => "HTTP/2",
             Version::HTTP_10 => "HTTP/1.0",
@@ -1061,12 +1030,14 @@ impl RequestLog {
                 peer: client.peer.ip(),
                 client_source: client.source.as_str(),
                 method: req.method().clone(),
-                host: host.unwrap_or("").to_owned(),
+                // Until the target is read: the request line as received.
+                host: String::new(),
                 path: req
                     .uri()
                     .path_and_query()
                     .map_or("/", |p| p.as_str())
                     .to_owned(),
+                raw_path: None,
                 proto,
                 class: unrouted(),
                 decision: "admit",
@@ -1098,6 +1069,20 @@ impl RequestLog {
             rule_guards: Vec::new(),
             permit: None,
             admission_outcome: crate::admission::Outcome::Abandoned,
+        }
+    }
+}
+
+impl RequestLog {
+    /// The request as weir read it: the canonical host and path, and what
+    /// the client sent when that differs.
+    fn set_target(&mut self, target: &Target) {
+        let r = &mut self.record;
+        r.host.clear();
+        r.host.push_str(target.host().unwrap_or(""));
+        if r.path != target.path_and_query() {
+            let sent = std::mem::replace(&mut r.path, target.path_and_query().to_owned());
+            r.raw_path = Some(sent);
         }
     }
 }
@@ -1158,18 +1143,5 @@ mod tests {
     fn the_request_future_stays_small() {
         let size = returned_size(handle);
         assert!(size <= 3 * 1024, "handle's future is {size} bytes");
-    }
-
-    #[test]
-    fn host_without_port() {
-        let cases = [
-            ("wiki.example:8080", "wiki.example"),
-            ("wiki.example", "wiki.example"),
-            ("[2001:db8::1]:443", "[2001:db8::1]"),
-            ("[2001:db8::1]", "[2001:db8::1]"),
-        ];
-        for (input, want) in cases {
-            assert_eq!(strip_port(input), want, "{input}");
-        }
     }
 }

@@ -20,8 +20,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use tokio::sync::watch;
+use weir_http::target::Target;
 
 /// What makes two requests identical: method, authority, path and query, and
 /// the request headers a shared response commonly varies on; optionally the
@@ -42,7 +43,12 @@ impl CoalesceKey {
     /// `Upgrade` or a condition). A conditional request is left out because
     /// its likely `304` cannot be shared: as a leader it would make every
     /// follower wait for nothing.
-    pub fn for_request(method: &Method, uri: &Uri, headers: &HeaderMap) -> Option<CoalesceKey> {
+    ///
+    /// The authority and path are the target's canonical ones: the host the
+    /// app receives, not a URI's that `Host` contradicts (one such request
+    /// once made its followers share a page rendered for another host).
+    pub fn for_request(target: &Target, headers: &HeaderMap) -> Option<CoalesceKey> {
+        let method = target.method();
         if method != Method::GET && method != Method::HEAD {
             return None;
         }
@@ -60,16 +66,12 @@ impl CoalesceKey {
         if refused.iter().any(|h| headers.contains_key(h)) {
             return None;
         }
-        let authority = uri
-            .authority()
-            .map(|a| a.as_str())
-            .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()))?
-            .to_ascii_lowercase();
+        let authority = target.authority()?.as_str().to_owned();
         Some(CoalesceKey {
             pool: None,
             method: method.clone(),
             authority,
-            path_and_query: uri.path_and_query().map_or("/", |p| p.as_str()).to_owned(),
+            path_and_query: target.path_and_query().to_owned(),
             accept_encoding: headers.get(header::ACCEPT_ENCODING).cloned(),
             accept_language: headers.get(header::ACCEPT_LANGUAGE).cloned(),
         })
@@ -253,10 +255,34 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weir_http::target::PathPolicy;
+
+    fn target(method: &str, target: &str, host: &str) -> Target {
+        Target::parse(method, target, Some(host), PathPolicy::default()).unwrap()
+    }
 
     fn key(path: &str) -> CoalesceKey {
-        let uri: Uri = format!("http://wiki.example{path}").parse().unwrap();
-        CoalesceKey::for_request(&Method::GET, &uri, &HeaderMap::new()).unwrap()
+        CoalesceKey::for_request(&target("GET", path, "wiki.example"), &HeaderMap::new()).unwrap()
+    }
+
+    #[test]
+    fn keys_name_the_host_and_path_the_app_receives() {
+        // Issue 17: the key took the URI's host while the app got `Host`'s.
+        // Now the two must agree (else 400), and the key is the canonical one.
+        let absolute = target("GET", "http://Wiki.Example/w//index.php", "wiki.example");
+        let origin = target("GET", "/w/index.php", "wiki.example");
+        let none = HeaderMap::new();
+        assert_eq!(
+            CoalesceKey::for_request(&absolute, &none),
+            CoalesceKey::for_request(&origin, &none)
+        );
+        let other = target("GET", "/w/index.php", "evil.example");
+        assert_ne!(
+            CoalesceKey::for_request(&other, &none),
+            CoalesceKey::for_request(&origin, &none)
+        );
+        let no_host = Target::parse("GET", "/w/index.php", None, PathPolicy::default()).unwrap();
+        assert_eq!(CoalesceKey::for_request(&no_host, &none), None);
     }
 
     fn response(body: &'static str) -> SharedResponse {
@@ -322,7 +348,6 @@ mod tests {
 
     #[test]
     fn keys_refuse_personal_requests() {
-        let uri: Uri = "http://wiki.example/x?y=1".parse().unwrap();
         let mut with_cookie = HeaderMap::new();
         with_cookie.insert(header::COOKIE, HeaderValue::from_static("s=1"));
         let mut with_auth = HeaderMap::new();
@@ -332,26 +357,28 @@ mod tests {
         let mut with_upgrade = HeaderMap::new();
         with_upgrade.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         let cases = [
-            (Method::GET, HeaderMap::new(), true),
-            (Method::HEAD, HeaderMap::new(), true),
-            (Method::POST, HeaderMap::new(), false),
-            (Method::GET, with_cookie, false),
-            (Method::GET, with_auth, false),
-            (Method::GET, with_upgrade, false),
-            (Method::GET, conditional, false),
+            ("GET", HeaderMap::new(), true),
+            ("HEAD", HeaderMap::new(), true),
+            ("POST", HeaderMap::new(), false),
+            ("GET", with_cookie, false),
+            ("GET", with_auth, false),
+            ("GET", with_upgrade, false),
+            ("GET", conditional, false),
         ];
         for (method, headers, want) in cases {
-            let got = CoalesceKey::for_request(&method, &uri, &headers).is_some();
+            let t = target(method, "/x?y=1", "wiki.example");
+            let got = CoalesceKey::for_request(&t, &headers).is_some();
             assert_eq!(got, want, "{method} {headers:?}");
         }
+        let get = target("GET", "/x?y=1", "wiki.example");
         let mut gzip = HeaderMap::new();
         gzip.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
         assert_ne!(
-            CoalesceKey::for_request(&Method::GET, &uri, &gzip),
-            CoalesceKey::for_request(&Method::GET, &uri, &HeaderMap::new()),
+            CoalesceKey::for_request(&get, &gzip),
+            CoalesceKey::for_request(&get, &HeaderMap::new()),
             "different encodings are different responses"
         );
-        let plain = CoalesceKey::for_request(&Method::GET, &uri, &HeaderMap::new()).unwrap();
+        let plain = CoalesceKey::for_request(&get, &HeaderMap::new()).unwrap();
         let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
         assert_ne!(
             plain.clone().in_pool(&a),

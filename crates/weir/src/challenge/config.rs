@@ -82,9 +82,12 @@ pub struct ChallengeConfig {
     /// Path prefixes never challenged (APIs, static assets, `/.well-known/`).
     #[serde(default = "default_exempt_prefixes")]
     pub exempt_prefixes: Vec<String>,
-    /// Path suffixes never challenged (assets and feeds by extension).
-    #[serde(default = "default_exempt_suffixes")]
-    pub exempt_suffixes: Vec<String>,
+    /// Removed: a navigation whose path ends in `.css` can be a page
+    /// (MediaWiki's `/wiki/Special:Search/x.css` is a search), and requests
+    /// that are not navigations (assets, feeds, APIs) are never challenged.
+    /// Set, it is refused with that explanation.
+    #[serde(default)]
+    pub exempt_suffixes: Option<Vec<String>>,
     /// Query keys that mark a request as never challenged (MediaWiki feeds:
     /// `?feed=atom`, `?feedformat=rss`).
     #[serde(default = "default_exempt_query_keys")]
@@ -113,7 +116,7 @@ impl Default for ChallengeConfig {
             pressure: PressureConfig::default(),
             exempt_paths: default_exempt_paths(),
             exempt_prefixes: default_exempt_prefixes(),
-            exempt_suffixes: default_exempt_suffixes(),
+            exempt_suffixes: None,
             exempt_query_keys: default_exempt_query_keys(),
             allow_cidrs: Vec::new(),
             good_bots: Vec::new(),
@@ -271,6 +274,12 @@ pub enum ChallengeConfigError {
         "challenge.good_bots[{index}].user_agent = {value:?} is too short to identify a crawler (3+ characters)"
     )]
     BotUserAgent { index: usize, value: String },
+    #[error(
+        "challenge.exempt_suffixes was removed: a navigation whose path ends in .css can be a page \
+         (MediaWiki's /wiki/Special:Search/x.css is a search), and requests that are not \
+         navigations (assets, feeds, APIs) are never challenged; use exempt_paths or exempt_prefixes"
+    )]
+    SuffixesRemoved,
     #[error("challenge.{key}: {source}")]
     Cidr {
         key: String,
@@ -329,12 +338,6 @@ fn default_exempt_prefixes() -> Vec<String> {
         "/rest.php/",
         "/static/",
         "/assets/",
-    ])
-}
-fn default_exempt_suffixes() -> Vec<String> {
-    strings(&[
-        ".css", ".js", ".mjs", ".map", ".json", ".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg",
-        ".ico", ".woff", ".woff2", ".ttf", ".xml", ".rss", ".atom", ".txt", ".pdf",
     ])
 }
 fn default_exempt_query_keys() -> Vec<String> {

@@ -16,6 +16,7 @@
 //! use std::time::SystemTime;
 //! use weir::challenge::{ChallengeConfig, Challenger, PassCheck, pow};
 //! use weir::identity::{AddrSource, ClientAddr, ClientId, PeerAddr};
+//! use weir_http::target::{PathPolicy, Target};
 //!
 //! let config = ChallengeConfig {
 //!     keys: vec!["0123456789abcdef0123456789abcdef".into()],
@@ -29,20 +30,20 @@
 //! let mut headers = http::HeaderMap::new();
 //! headers.insert("accept", "text/html".parse().unwrap());
 //! headers.insert("user-agent", "Mozilla/5.0".parse().unwrap());
-//! let uri: http::Uri = "/wiki/Page".parse().unwrap();
+//! let page_target = Target::parse("GET", "/wiki/Page", Some("wiki.example"), PathPolicy::default()).unwrap();
 //!
-//! assert!(challenger.eligible(&http::Method::GET, &uri, &headers, &client));
+//! assert!(challenger.eligible(&page_target, &headers, &client));
 //! assert_eq!(challenger.pass(&headers, &client, now), PassCheck::Missing);
-//! let page = challenger.page(&uri, &client, &headers, challenger.base_difficulty(), now);
+//! let page = challenger.page(&page_target, &client, &headers, challenger.base_difficulty(), now);
 //! assert_eq!(page.headers()["x-weir-challenge"], "1");
 //!
 //! // What the page's script does:
 //! let nonce = weir::challenge::page_nonce(page.body()).unwrap();
 //! let counter = pow::solve(&nonce, 8);
 //! let form = format!("nonce={nonce}&counter={counter}");
-//! let verify: http::Uri = "/.weir/challenge/verify".parse().unwrap();
+//! let verify = Target::parse("POST", "/.weir/challenge/verify", Some("wiki.example"), PathPolicy::default()).unwrap();
 //! let answer = challenger
-//!     .handle(&http::Method::POST, &verify, &headers, form.as_bytes(), &client, true, now)
+//!     .handle(&verify, &headers, form.as_bytes(), &client, true, now)
 //!     .unwrap();
 //! assert_eq!(answer.status(), 303);
 //! assert_eq!(answer.headers()["location"], "/wiki/Page");
@@ -73,7 +74,8 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, Response, StatusCode, Uri};
+use http::{Method, Response, StatusCode};
+use weir_http::target::Target;
 
 pub use config::{
     ChallengeConfig, ChallengeConfigError, ChallengeMode, ChallengeText, GoodBotConfig,
@@ -172,7 +174,7 @@ pub enum Exemption {
     NotNavigation,
     /// weir's own `/.weir/` paths.
     WeirPath,
-    /// `exempt_paths`, `exempt_prefixes` or `exempt_suffixes`.
+    /// `exempt_paths` or `exempt_prefixes`.
     Path,
     /// A key in `exempt_query_keys`.
     Query,
@@ -202,7 +204,6 @@ pub struct Challenger {
     pressure: PressureSettings,
     exempt_paths: Vec<String>,
     exempt_prefixes: Vec<String>,
-    exempt_suffixes: Vec<String>,
     exempt_query_keys: Vec<String>,
     allow: TrustedProxies,
     good_bots: Vec<GoodBot>,
@@ -266,7 +267,9 @@ impl Challenger {
         }
         check_paths("exempt_paths", &c.exempt_paths, true)?;
         check_paths("exempt_prefixes", &c.exempt_prefixes, true)?;
-        check_paths("exempt_suffixes", &c.exempt_suffixes, false)?;
+        if c.exempt_suffixes.is_some() {
+            return Err(ChallengeConfigError::SuffixesRemoved);
+        }
         check_paths("exempt_query_keys", &c.exempt_query_keys, false)?;
         let allow =
             TrustedProxies::parse(&c.allow_cidrs).map_err(|source| ChallengeConfigError::Cidr {
@@ -307,11 +310,6 @@ impl Challenger {
             pressure: PressureSettings::from_config(c),
             exempt_paths: c.exempt_paths.clone(),
             exempt_prefixes: c.exempt_prefixes.clone(),
-            exempt_suffixes: c
-                .exempt_suffixes
-                .iter()
-                .map(|s| s.to_ascii_lowercase())
-                .collect(),
             exempt_query_keys: c.exempt_query_keys.clone(),
             allow,
             good_bots,
@@ -348,49 +346,40 @@ impl Challenger {
 
     /// Whether this request may be challenged: a browser navigation to a
     /// page that is not exempt, from a client that is not allow-listed.
-    pub fn eligible(
-        &self,
-        method: &Method,
-        uri: &Uri,
-        headers: &HeaderMap,
-        client: &ClientId,
-    ) -> bool {
-        self.exemption(method, uri, headers, client).is_none()
+    pub fn eligible(&self, target: &Target, headers: &HeaderMap, client: &ClientId) -> bool {
+        self.exemption(target, headers, client).is_none()
     }
 
-    /// Why this request is never challenged, if it is not eligible.
+    /// Why this request is never challenged, if it is not eligible. Paths
+    /// and query keys are the target's canonical ones, as the app reads
+    /// them: `/static/../w/index.php` is not under `/static/`.
     pub fn exemption(
         &self,
-        method: &Method,
-        uri: &Uri,
+        target: &Target,
         headers: &HeaderMap,
         client: &ClientId,
     ) -> Option<Exemption> {
+        let method = target.method();
         if method != Method::GET && method != Method::HEAD {
             return Some(Exemption::Method);
         }
-        let path = uri.path();
-        if path.starts_with(WEIR_PREFIX) {
+        let path = target.match_path();
+        if target.path().starts_with(WEIR_PREFIX) {
             return Some(Exemption::WeirPath);
         }
         if !is_navigation(headers) {
             return Some(Exemption::NotNavigation);
         }
-        let lower = path.to_ascii_lowercase();
         if self.exempt_paths.iter().any(|p| p == path)
-            || self.exempt_prefixes.iter().any(|p| path.starts_with(p))
-            || self.exempt_suffixes.iter().any(|s| lower.ends_with(s))
+            || self
+                .exempt_prefixes
+                .iter()
+                .any(|p| path.starts_with(p.as_str()))
         {
             return Some(Exemption::Path);
         }
-        if let Some(query) = uri.query() {
-            let has_key = query.split('&').any(|pair| {
-                let key = pair.split_once('=').map_or(pair, |(k, _)| k);
-                self.exempt_query_keys.iter().any(|k| k == key)
-            });
-            if has_key {
-                return Some(Exemption::Query);
-            }
+        if target.has_query_key(&self.exempt_query_keys) {
+            return Some(Exemption::Query);
         }
         let ip = client.client.ip();
         if self.allow.contains(ip) {
@@ -410,13 +399,13 @@ impl Challenger {
     /// Carries [`ChallengeEvent::Issued`].
     pub fn page(
         &self,
-        uri: &Uri,
+        target: &Target,
         client: &ClientId,
         headers: &HeaderMap,
         difficulty: u8,
         now: SystemTime,
     ) -> Response<Bytes> {
-        let return_path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let return_path = target.path_and_query();
         let binding = Binding::of(client.client, user_agent(headers));
         self.challenge(
             binding,
@@ -457,8 +446,8 @@ impl Challenger {
 
     /// Whether `uri` is one of the paths [`Challenger::handle`] serves (so
     /// the caller knows to read up to [`MAX_VERIFY_BODY`] bytes of body).
-    pub fn is_challenge_path(&self, uri: &Uri) -> bool {
-        matches!(uri.path(), SCRIPT_PATH | VERIFY_PATH)
+    pub fn is_challenge_path(&self, path: &str) -> bool {
+        matches!(path, SCRIPT_PATH | VERIFY_PATH)
     }
 
     /// Serves `/.weir/challenge.js` and `/.weir/challenge/verify`; `None`
@@ -466,18 +455,17 @@ impl Challenger {
     /// was going with the pass cookie (`Secure` when `tls`); a wrong or
     /// expired one a fresh challenge (429), a forged or malformed one a fresh
     /// challenge with 403. Events are in the response's extensions.
-    #[allow(clippy::too_many_arguments)]
     pub fn handle(
         &self,
-        method: &Method,
-        uri: &Uri,
+        target: &Target,
         headers: &HeaderMap,
         body: &[u8],
         client: &ClientId,
         tls: bool,
         now: SystemTime,
     ) -> Option<Response<Bytes>> {
-        match uri.path() {
+        let method = target.method();
+        match target.path() {
             SCRIPT_PATH => Some(if method == Method::GET || method == Method::HEAD {
                 self.template.script()
             } else {

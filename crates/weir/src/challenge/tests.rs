@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::identity::{AddrSource, ClientAddr, PeerAddr};
+use weir_http::target::PathPolicy;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef";
 const UA: &str = "Mozilla/5.0 (X11; Linux x86_64) Firefox/140.0";
@@ -91,6 +92,11 @@ fn config_errors_name_the_key() {
     assert!(Challenger::new(&config()).is_ok());
 }
 
+/// `method target` as received with `Host: wiki.example`.
+fn target(method: &str, target: &str) -> Target {
+    Target::parse(method, target, Some("wiki.example"), PathPolicy::default()).unwrap()
+}
+
 #[test]
 #[allow(clippy::type_complexity)] // one tuple per table row
 fn eligibility_table() {
@@ -118,8 +124,17 @@ fn eligibility_table() {
         ("GET",  "/healthz",                "203.0.113.7", &[("accept", NAV)], Some(Path)),
         ("GET",  "/.well-known/security.txt", "203.0.113.7", &[("accept", NAV)], Some(Path)),
         ("GET",  "/static/app.CSS",         "203.0.113.7", &[("accept", NAV)], Some(Path)),
-        ("GET",  "/images/logo.png",        "203.0.113.7", &[("accept", NAV)], Some(Path)),
-        ("GET",  "/feed.atom",              "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        ("GET",  "/%61pi/v1/items",         "203.0.113.7", &[("accept", NAV)], Some(Path)),
+        // Issue 17: exemptions match the path the app reads.
+        ("GET",  "/static/../wiki/Page",    "203.0.113.7", &[("accept", NAV)], None),
+        ("GET",  "/static/%2e%2e/wiki/Page", "203.0.113.7", &[("accept", NAV)], None),
+        ("GET",  "/api//../wiki/Page",      "203.0.113.7", &[("accept", NAV)], None),
+        // A navigation ending in `.css` can be a page (MediaWiki reads this
+        // as a search): no suffix exempts a navigation.
+        ("GET",  "/wiki/Special:Search/x.css", "203.0.113.7", &[("accept", NAV)], None),
+        ("GET",  "/images/logo.png",        "203.0.113.7", &[("accept", NAV)], None),
+        ("GET",  "/images/logo.png",        "203.0.113.7", &[("accept", "image/avif,image/webp,*/*")], Some(NotNavigation)),
+        ("GET",  "/index.php?%66eed=atom",  "203.0.113.7", &[("accept", NAV)], Some(Query)),
         ("GET",  "/index.php?title=Special:RecentChanges&feed=atom", "203.0.113.7", &[("accept", NAV)], Some(Query)),
         ("GET",  "/index.php?feedformat=rss", "203.0.113.7", &[("accept", NAV)], Some(Query)),
         ("GET",  "/.weir/challenge.js",     "203.0.113.7", &[("accept", NAV)], Some(WeirPath)),
@@ -133,14 +148,10 @@ fn eligibility_table() {
         ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "UptimeChecker/1.0")], Some(GoodBot("uptime".into()))),
     ];
     for (method, uri, ip, hdrs, want) in cases {
-        let m: http::Method = method.parse().unwrap();
-        let u: Uri = uri.parse().unwrap();
-        let got = ch.exemption(&m, &u, &headers(hdrs), &client(ip));
+        let t = target(method, uri);
+        let got = ch.exemption(&t, &headers(hdrs), &client(ip));
         assert_eq!(&got, want, "{method} {uri} from {ip} {hdrs:?}");
-        assert_eq!(
-            ch.eligible(&m, &u, &headers(hdrs), &client(ip)),
-            want.is_none()
-        );
+        assert_eq!(ch.eligible(&t, &headers(hdrs), &client(ip)), want.is_none());
     }
 }
 
@@ -154,7 +165,7 @@ fn solve_and_verify(
     at: SystemTime,
 ) -> Response<Bytes> {
     let page = ch.page(
-        &uri.parse().unwrap(),
+        &target("GET", uri),
         &client(from),
         h,
         ch.base_difficulty(),
@@ -164,8 +175,7 @@ fn solve_and_verify(
     let counter = pow::solve(&nonce, ch.base_difficulty());
     let body = format!("nonce={nonce}&counter={counter}");
     ch.handle(
-        &Method::POST,
-        &VERIFY_PATH.parse().unwrap(),
+        &target("POST", VERIFY_PATH),
         h,
         body.as_bytes(),
         &client(from),
@@ -185,7 +195,7 @@ fn page_response() {
     let ch = challenger();
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
     let page = ch.page(
-        &"/wiki/Page".parse().unwrap(),
+        &target("GET", "/wiki/Page"),
         &client("203.0.113.7"),
         &h,
         9,
@@ -294,15 +304,14 @@ fn any_valid_cookie_among_several_is_enough() {
 fn replayed_solution_mints_the_same_pass_id() {
     let ch = challenger();
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
-    let page = ch.page(&"/".parse().unwrap(), &client("203.0.113.7"), &h, 8, now());
+    let page = ch.page(&target("GET", "/"), &client("203.0.113.7"), &h, 8, now());
     let nonce = page_nonce(page.body()).unwrap();
     let body = format!("nonce={nonce}&counter={}", pow::solve(&nonce, 8));
     let ids: Vec<u64> = (0..3)
         .map(|i| {
             let resp = ch
                 .handle(
-                    &Method::POST,
-                    &VERIFY_PATH.parse().unwrap(),
+                    &target("POST", VERIFY_PATH),
                     &h,
                     body.as_bytes(),
                     &client("203.0.113.7"),
@@ -325,7 +334,7 @@ fn failed_answers() {
     let ch = challenger();
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
     let page = ch.page(
-        &"/wiki/Page".parse().unwrap(),
+        &target("GET", "/wiki/Page"),
         &client("203.0.113.7"),
         &h,
         8,
@@ -355,8 +364,7 @@ fn failed_answers() {
         let hh = headers(&[("user-agent", ua)]);
         let resp = ch
             .handle(
-                &Method::POST,
-                &VERIFY_PATH.parse().unwrap(),
+                &target("POST", VERIFY_PATH),
                 &hh,
                 body.as_bytes(),
                 &client(ip),
@@ -385,8 +393,7 @@ fn failed_answers() {
         let counter = pow::solve(&fresh, 8);
         let again = ch
             .handle(
-                &Method::POST,
-                &VERIFY_PATH.parse().unwrap(),
+                &target("POST", VERIFY_PATH),
                 &hh,
                 format!("nonce={fresh}&counter={counter}").as_bytes(),
                 &client(ip),
@@ -404,7 +411,7 @@ fn served_paths() {
     let ch = challenger();
     let h = HeaderMap::new();
     let c = client("203.0.113.7");
-    let call = |m: Method, p: &str| ch.handle(&m, &p.parse().unwrap(), &h, b"", &c, false, now());
+    let call = |m: Method, p: &str| ch.handle(&target(m.as_str(), p), &h, b"", &c, false, now());
     let script = call(Method::GET, "/.weir/challenge.js?v=abc").unwrap();
     assert_eq!(script.status(), StatusCode::OK);
     assert!(
@@ -423,8 +430,8 @@ fn served_paths() {
     );
     assert!(call(Method::GET, "/wiki/Page").is_none());
     assert!(call(Method::GET, "/.weir/other").is_none());
-    assert!(ch.is_challenge_path(&VERIFY_PATH.parse().unwrap()));
-    assert!(!ch.is_challenge_path(&"/wiki/Page".parse().unwrap()));
+    assert!(ch.is_challenge_path(VERIFY_PATH));
+    assert!(!ch.is_challenge_path("/wiki/Page"));
 }
 
 #[test]
@@ -433,21 +440,20 @@ fn open_redirects_are_impossible() {
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
     // An absolute-form request target (`GET http://evil/ HTTP/1.1`) or a
     // path that browsers read as another host returns the visitor to `/`.
-    for target in [
-        "http://evil.example/x",
-        "//evil.example/x",
-        "/\\evil.example",
+    for (spelled, host) in [
+        ("http://evil.example/x", "evil.example"),
+        ("//evil.example/x", "wiki.example"),
+        ("/\\evil.example", "wiki.example"),
     ] {
-        let Ok(uri) = target.parse::<Uri>() else {
+        let Ok(t) = Target::parse("GET", spelled, Some(host), PathPolicy::default()) else {
             continue;
         };
-        let page = ch.page(&uri, &client("203.0.113.7"), &h, 8, now());
+        let page = ch.page(&t, &client("203.0.113.7"), &h, 8, now());
         let nonce = page_nonce(page.body()).unwrap();
         let body = format!("nonce={nonce}&counter={}", pow::solve(&nonce, 8));
         let resp = ch
             .handle(
-                &Method::POST,
-                &VERIFY_PATH.parse().unwrap(),
+                &target("POST", VERIFY_PATH),
                 &h,
                 body.as_bytes(),
                 &client("203.0.113.7"),
@@ -461,7 +467,7 @@ fn open_redirects_are_impossible() {
                 || (location.starts_with('/')
                     && !location.starts_with("//")
                     && !location.contains('\\')),
-            "{target} -> {location}"
+            "{spelled} -> {location}"
         );
     }
 }

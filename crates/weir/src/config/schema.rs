@@ -415,6 +415,12 @@ pub struct LimitsConfig {
     /// override (an `upload` class may need minutes).
     #[serde(default = "default_body_read_timeout")]
     pub body_read_timeout: ConfigDuration,
+    /// Forward `%2F` in a path as data instead of refusing the request with
+    /// 400. For apps whose identifiers hold encoded slashes (GitLab's
+    /// `group%2Fproject`), behind a server that does not decode it into a
+    /// separator (nginx does, in `$uri`). Default false.
+    #[serde(default)]
+    pub allow_encoded_slash: bool,
 }
 
 impl Default for LimitsConfig {
@@ -429,6 +435,7 @@ impl Default for LimitsConfig {
             max_header_bytes: default_max_header_bytes(),
             max_headers: default_max_headers(),
             body_read_timeout: default_body_read_timeout(),
+            allow_encoded_slash: false,
         }
     }
 }

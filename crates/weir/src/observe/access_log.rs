@@ -34,8 +34,14 @@ pub struct AccessRecord {
     /// Where `client` came from: peer, proxy_protocol, x_forwarded_for, forwarded.
     pub client_source: &'static str,
     pub method: http::Method,
+    /// The host weir routed on and forwarded (lowercase, without port).
     pub host: String,
+    /// The canonical path and the query, as forwarded (`weir_http::target`).
     pub path: String,
+    /// The request target as the client sent it, when weir read it
+    /// differently (`//w/./index.php`). A request whose target cannot be
+    /// read one way (400) has its target as sent in `path`.
+    pub raw_path: Option<String>,
     pub proto: &'static str,
     pub class: Arc<str>,
     pub decision: &'static str,
@@ -98,6 +104,7 @@ impl AccessRecord {
         w.string(key!("method"), self.method.as_str());
         w.string(key!("host"), &self.host);
         w.string(key!("path"), &self.path);
+        w.opt_string(key!("raw_path"), self.raw_path.as_deref());
         w.token(key!("proto"), self.proto);
         w.string(key!("class"), &self.class);
         w.token(key!("decision"), self.decision);
@@ -500,6 +507,7 @@ mod tests {
             method: http::Method::GET,
             host: "wiki.example".into(),
             path: "/w/index.php?title=\"x\"\\y\u{1}".into(),
+            raw_path: Some("//w/index.php?title=\"x\"\\y\u{1}".into()),
             proto: "HTTP/1.1",
             class: Arc::from("page"),
             decision: "reject",
@@ -538,6 +546,7 @@ mod tests {
             "method": "GET",
             "host": "wiki.example",
             "path": "/w/index.php?title=\"x\"\\y\u{1}",
+            "raw_path": "//w/index.php?title=\"x\"\\y\u{1}",
             "proto": "HTTP/1.1",
             "class": "page",
             "decision": "reject",

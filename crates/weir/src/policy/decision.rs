@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::rules::RuleRejection;
+use weir_http::target::TargetError;
 
 /// What happens to a request after the policy stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +39,11 @@ pub enum RejectReason {
     Rule(RuleRejection),
     /// No route matches the request.
     NoRoute,
-    /// The request is malformed (bad Host, bad URI).
+    /// The request is malformed (a cut challenge answer).
     BadRequest(&'static str),
+    /// The request's target cannot be read one way (two hosts, a path
+    /// spelled to slip past rules, a lowercase method): 400 or 501.
+    Target(TargetError),
     /// weir is draining and takes no new requests on this connection.
     Draining,
     /// The upstream pool is full: the admission queue shed the request
@@ -60,6 +64,7 @@ impl RejectReason {
             }
             RejectReason::NoRoute => StatusCode::NOT_FOUND,
             RejectReason::BadRequest(_) => StatusCode::BAD_REQUEST,
+            RejectReason::Target(e) => e.status(),
             RejectReason::Draining | RejectReason::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -71,7 +76,7 @@ impl RejectReason {
             }
             RejectReason::Rule(r) => Some(r.retry_after),
             RejectReason::Shed { retry_after, .. } => Some(*retry_after),
-            RejectReason::NoRoute | RejectReason::BadRequest(_) => None,
+            RejectReason::NoRoute | RejectReason::BadRequest(_) | RejectReason::Target(_) => None,
         }
     }
 
@@ -82,6 +87,7 @@ impl RejectReason {
             RejectReason::ClientInFlight { .. } => "client_in_flight",
             RejectReason::NoRoute => "no_route",
             RejectReason::BadRequest(_) => "bad_request",
+            RejectReason::Target(e) => e.reason(),
             RejectReason::Draining => "draining",
             RejectReason::Shed { reason, .. } => reason,
         }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, Method};
 use regex::Regex;
+use weir_http::target::Target;
 
 /// The named class of a route (`page`, `expensive`, `upload`, ...): the unit
 /// for limits, timeouts and metrics labels.
@@ -85,29 +86,27 @@ pub struct Route {
     pub cookies: Vec<String>,
 }
 
-/// What a request looks like to the matcher.
+/// What a request looks like to the matcher: its canonical target (the
+/// decoded path, the host weir forwards, query keys as the app reads
+/// them) and its fields.
 pub struct RequestView<'a> {
-    pub method: &'a Method,
-    /// The URI's path, and its query without the `?`.
-    pub path: &'a str,
-    pub query: Option<&'a str>,
-    /// Host without port, from `Host` or the URI authority.
-    pub host: Option<&'a str>,
+    pub target: &'a Target,
     pub headers: &'a HeaderMap,
 }
 
 impl Route {
     pub fn matches(&self, req: &RequestView<'_>) -> bool {
-        if !self.methods.is_empty() && !self.methods.contains(req.method) {
+        let target = req.target;
+        if !self.methods.is_empty() && !self.methods.contains(target.method()) {
             return false;
         }
         if let Some(h) = &self.host {
-            match req.host {
+            match target.host() {
                 Some(host) if h.matches(host) => {}
                 _ => return false,
             }
         }
-        let path = req.path;
+        let path = target.match_path();
         if let Some(p) = &self.path_prefix
             && !path.starts_with(p.as_str())
         {
@@ -118,11 +117,8 @@ impl Route {
         {
             return false;
         }
-        if !self.query_keys.is_empty() {
-            let query = req.query.unwrap_or("");
-            if !query_has_any_key(query, &self.query_keys) {
-                return false;
-            }
+        if !self.query_keys.is_empty() && !target.has_query_key(&self.query_keys) {
+            return false;
         }
         if !self.headers.iter().all(|h| req.headers.contains_key(h)) {
             return false;
@@ -150,24 +146,6 @@ impl RouteTable {
     }
 }
 
-fn query_has_any_key(query: &str, keys: &[String]) -> bool {
-    // Split with `memchr`, not `str::split('&')`/`split_once('=')`: the
-    // general pattern searcher cost more than the rest of route matching.
-    let mut rest = query.as_bytes();
-    loop {
-        let end = memchr::memchr(b'&', rest).unwrap_or(rest.len());
-        let pair = &rest[..end];
-        let key = memchr::memchr(b'=', pair).map_or(pair, |eq| &pair[..eq]);
-        if keys.iter().any(|k| k.as_bytes() == key) {
-            return true;
-        }
-        if end == rest.len() {
-            return false;
-        }
-        rest = &rest[end + 1..];
-    }
-}
-
 /// Whether a `Cookie` header carries a cookie with this exact name.
 pub fn has_cookie(headers: &HeaderMap, name: &str) -> bool {
     weir_http::cookie::value(headers, name).is_some()
@@ -176,43 +154,7 @@ pub fn has_cookie(headers: &HeaderMap, name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn query_keys_split_as_str_methods_do() {
-        // What `query_has_any_key` did with `split('&')` and `split_once('=')`.
-        fn reference(query: &str, keys: &[String]) -> bool {
-            query.split('&').any(|pair| {
-                let key = pair.split_once('=').map_or(pair, |(k, _)| k);
-                keys.iter().any(|k| k == key)
-            })
-        }
-        let keys: Vec<String> = ["search", "diff", ""].map(String::from).into();
-        let queries = [
-            "",
-            "search",
-            "search=",
-            "search=x",
-            "title=A&search=x",
-            "title=A&diff=2&oldid=1",
-            "title=search",
-            "searchx=1",
-            "&",
-            "&&search",
-            "a=1&",
-            "=x",
-            "a=b=c&diff",
-            "title=A%26search",
-        ];
-        for q in queries {
-            for keys in [&keys[..2], &keys[..], &[]] {
-                assert_eq!(
-                    query_has_any_key(q, keys),
-                    reference(q, keys),
-                    "{q:?} {keys:?}"
-                );
-            }
-        }
-    }
+    use weir_http::target::PathPolicy;
 
     fn route() -> Route {
         Route {
@@ -241,21 +183,15 @@ mod tests {
         host: Option<&str>,
         headers: &[(&str, &str)],
     ) -> bool {
-        let method: Method = method.parse().unwrap();
-        let uri: http::Uri = uri.parse().unwrap();
-        let mut map = HeaderMap::new();
+        let mut req = http::Request::builder().method(method).uri(uri);
         for (k, v) in headers {
-            map.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
+            req = req.header(*k, *v);
         }
+        let req = req.header("host", host.unwrap_or("")).body(()).unwrap();
+        let target = Target::of(&req, PathPolicy::default()).unwrap();
         r.matches(&RequestView {
-            method: &method,
-            path: uri.path(),
-            query: uri.query(),
-            host,
-            headers: &map,
+            target: &target,
+            headers: req.headers(),
         })
     }
 
@@ -304,6 +240,49 @@ mod tests {
             (&expensive, "GET", "/w/index.php?diffx=1", None, &[], false),
             (&expensive, "GET", "/w/index.php?search", None, &[], true),
             (&expensive, "GET", "/wiki/A?diff=1", None, &[], false),
+            // Issue 17: spellings of the same page match as the page.
+            (&expensive, "GET", "//w/index.php?search=a", None, &[], true),
+            (
+                &expensive,
+                "GET",
+                "/static/%2e%2e/w/index.php?search=a",
+                None,
+                &[],
+                true,
+            ),
+            (
+                &expensive,
+                "GET",
+                "/w/%69ndex.php?search=a",
+                None,
+                &[],
+                true,
+            ),
+            (
+                &expensive,
+                "GET",
+                "/w/index.php?%73earch=a",
+                None,
+                &[],
+                true,
+            ),
+            (
+                &expensive,
+                "GET",
+                "/w/index.php?search[]=a",
+                None,
+                &[],
+                true,
+            ),
+            (
+                &expensive,
+                "GET",
+                "/w/index.php?search%3Da",
+                None,
+                &[],
+                false,
+            ),
+            (&host, "GET", "/", Some("A.Example.ORG."), &[], true),
             (&host, "GET", "/", Some("a.example.org"), &[], true),
             (&host, "GET", "/", Some("example.org"), &[], true),
             (&host, "GET", "/", Some("badexample.org"), &[], false),

@@ -20,6 +20,7 @@ use weir_http::body::RequestBody;
 use weir_http::client::ExchangeError;
 use weir_http::connections::{ConnectError, SendError, UpstreamBody};
 use weir_http::framing::is_hop_by_hop;
+use weir_http::target::Authority;
 
 /// A failed exchange with an upstream server.
 #[derive(Debug, thiserror::Error)]
@@ -105,21 +106,14 @@ impl ForwardError {
 }
 
 /// Sends `req` to `server` and waits up to `timeout` for response headers.
+/// The request says what was decided on already (`Target::forward`: origin
+/// form, the canonical path and `Host`); it goes as HTTP/1.1.
 pub async fn send(
     pool: &Pool,
     server: &Server,
     req: &mut Request<RequestBody>,
     timeout: Duration,
 ) -> Result<Response<UpstreamBody>, ForwardError> {
-    // Origin form (`/path?query`): the `Host` header names the site.
-    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
-        let pq = req
-            .uri()
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-        *req.uri_mut() = http::Uri::from(pq);
-    }
     *req.version_mut() = Version::HTTP_11;
     let exchange = server.connections.send(server.addr, &pool.conn, req);
     match tokio::time::timeout(timeout, exchange).await {
@@ -153,8 +147,9 @@ pub struct Hop<'a> {
     pub proxy_source: Option<IpAddr>,
     /// The client connection is TLS.
     pub tls: bool,
-    /// The request's host, for `Forwarded: host=`.
-    pub host: Option<&'a str>,
+    /// The request's canonical authority (what the app receives in
+    /// `Host`), for `Forwarded: host=`.
+    pub authority: Option<&'a Authority>,
 }
 
 /// The configured forwarding headers, ready to apply.
@@ -221,8 +216,9 @@ impl ForwardingHeaders {
         }
         if self.config.forwarded {
             let mut element = format!("for={}", forwarded_node(client));
-            if let Some(host) = hop.host {
-                element.push_str(&format!(";host=\"{host}\""));
+            if let Some(a) = hop.authority {
+                element.push_str(";host=");
+                push_quoted(&mut element, a.as_str());
             }
             element.push_str(&format!(";proto={proto}"));
             let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
@@ -270,6 +266,20 @@ fn forwarded_node(ip: IpAddr) -> String {
         IpAddr::V4(v4) => v4.to_string(),
         IpAddr::V6(v6) => format!("\"[{v6}]\""),
     }
+}
+
+/// `text` as an RFC 9110 §5.6.4 quoted-string: `"` and `\` escaped, so a
+/// value cannot close the quotes and add elements of its own. (A canonical
+/// authority holds neither; this holds without relying on that.)
+fn push_quoted(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
 }
 
 fn set(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
@@ -357,6 +367,7 @@ mod tests {
     ) -> HeaderMap {
         let mut h = header_map(incoming);
         let cid = id(peer, client);
+        let authority = Authority::parse(b"wiki.example").unwrap();
         let fh = ForwardingHeaders::new(ForwardingConfig {
             x_forwarded_for: mode,
             x_forwarded_proto: true,
@@ -370,11 +381,24 @@ mod tests {
                 peer_trusted: trusted,
                 proxy_source: None,
                 tls: false,
-                host: Some("wiki.example"),
+                authority: Some(&authority),
             },
             Version::HTTP_11,
         );
         h
+    }
+
+    #[test]
+    fn forwarded_host_is_a_quoted_string_that_cannot_add_elements() {
+        // Issue 17: `Host: x", for=6.6.6.6;host="y` became `for=6.6.6.6`.
+        let mut out = String::new();
+        push_quoted(&mut out, r#"x", for=6.6.6.6;host="y\"#);
+        assert_eq!(out, r#""x\", for=6.6.6.6;host=\"y\\""#);
+        let h = run(XffMode::Append, false, &[], "9.9.9.9", "9.9.9.9");
+        assert_eq!(
+            get(&h, "forwarded"),
+            Some(r#"for=9.9.9.9;host="wiki.example";proto=http"#)
+        );
     }
 
     fn get<'a>(h: &'a HeaderMap, k: &str) -> Option<&'a str> {
