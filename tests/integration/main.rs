@@ -22,6 +22,10 @@ mod support_selftest;
 // is what was decided on, no `Forwarded` injection, no panic on a bad host.
 mod target;
 
+// The rescue: answers weir makes itself carry their reason, and a client's
+// stalled or broken upload is the client's 408/400, not a 502.
+mod rescue;
+
 // Proxy semantics: methods, bodies both ways (1 GiB), HTTP/2, TLS, WebSocket,
 // hop-by-hop headers, failover on connect errors.
 mod proxy;

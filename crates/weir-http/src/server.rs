@@ -84,8 +84,8 @@ impl ClientError {
         }
     }
 
-    /// The answer a client gets before the close, if any.
-    fn status(&self) -> Option<StatusCode> {
+    /// The status a client is answered with before the close, if any.
+    pub fn answer(&self) -> Option<StatusCode> {
         match self {
             ClientError::HeadTooLarge => Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
             ClientError::Malformed(_) => Some(StatusCode::BAD_REQUEST),
@@ -128,6 +128,14 @@ pub trait Handler {
 
     /// The connection gave its buffers back after being idle a while.
     fn buffers_released(&self) {}
+
+    /// The answer to a request head the codec could not read (its status is
+    /// `error.answer()`), written before the connection closes. `None`: the
+    /// codec's own, an empty body.
+    fn refusal(&self, error: &ClientError) -> Option<Box<Response<Self::ResponseBody>>> {
+        let _ = error;
+        None
+    }
 }
 
 /// What the codec needs of a response body besides its frames.
@@ -339,13 +347,21 @@ pub async fn serve<H: Handler>(
             Ok(Some(head)) => head,
             Ok(None) => break,
             Err(e) => {
-                if let Some(status) = e.status() {
-                    let answer = format!(
-                        "HTTP/1.1 {} {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                        status.as_str(),
-                        status.canonical_reason().unwrap_or("")
-                    );
-                    let _ = write_all(&wire, &mut [IoSlice::new(answer.as_bytes())]).await;
+                if let Some(status) = e.answer() {
+                    match handler.refusal(&e) {
+                        Some(resp) => {
+                            let _ =
+                                write_response(&wire, resp, Version::HTTP_11, false, false).await;
+                        }
+                        None => {
+                            let answer = format!(
+                                "HTTP/1.1 {} {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                                status.as_str(),
+                                status.canonical_reason().unwrap_or("")
+                            );
+                            let _ = write_all(&wire, &mut [IoSlice::new(answer.as_bytes())]).await;
+                        }
+                    }
                     close(&wire, true).await;
                 }
                 return Err(e);

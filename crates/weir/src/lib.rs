@@ -30,6 +30,7 @@ pub mod lifecycle;
 pub mod observe;
 pub mod policy;
 pub mod proxy;
+pub mod respond;
 pub mod runtime;
 pub mod server;
 pub mod state;

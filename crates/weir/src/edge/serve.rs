@@ -178,9 +178,7 @@ fn refuse(stream: TcpStream, refusal: Refusal, plain: bool, metrics: &Metrics) {
     metrics.refused(refusal.as_str());
     if plain {
         // Best effort, never waits: a 503 the client can read, then close.
-        let _ = stream.try_write(
-            b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-        );
+        let _ = stream.try_write(crate::respond::REFUSED_AT_ACCEPT);
     }
     // Linger 0: the slot and its memory are released at once, no TIME_WAIT.
     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));

@@ -1,31 +1,52 @@
-//! The value the policy stage hands forward: admit, or reject with a reason.
+//! The value the policy stage hands forward: admit, reject with a reason,
+//! or challenge.
 //!
-//! [`crate::proxy::respond`] is the one place that turns a rejection into a
-//! response (status, `Retry-After`, reason header); stages never build error
-//! responses themselves.
+//! [`crate::respond`] is the one place that turns a rejection into a
+//! response (status, `Retry-After`, reason header): each [`RejectReason`]
+//! says there, beside its doc here, what it answers. Stages never build
+//! error responses themselves.
 
 use std::time::Duration;
 
-use http::StatusCode;
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue};
+use http::{Response, StatusCode};
 
 use super::rules::RuleRejection;
+use crate::respond::{Reason, Side};
 use weir_http::target::TargetError;
 
+/// What a request proved about its client: what buys it a better lane in
+/// admission (`admission::Lane::for_request`), and what keeps it out of
+/// request coalescing (a personal answer is never shared).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Proof {
+    /// A session weir verified (signed cookie or the app's own answer).
+    pub verified: bool,
+    /// The id of a valid challenge pass.
+    pub pass: Option<u64>,
+}
+
 /// What happens to a request after the policy stage.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Decision {
-    /// Forward to the upstream.
-    Admit,
-    /// Answer now; later stages are skipped.
+    /// Forward to the upstream, through admission, with what the request
+    /// proved.
+    Admit(Proof),
+    /// Answer now with the reason's response; later stages are skipped.
     Reject(RejectReason),
+    /// Answer now with the challenge's page (429 and a proof of work; see
+    /// `challenge`); later stages are skipped. Boxed: rare, and large.
+    Challenge(Box<Response<Bytes>>),
 }
 
 impl Decision {
-    /// A short label for logs and metrics (`admit`, `reject`).
+    /// A short label for logs and metrics (`admit`, `reject`, `challenge`).
     pub fn as_str(&self) -> &'static str {
         match self {
-            Decision::Admit => "admit",
+            Decision::Admit(_) => "admit",
             Decision::Reject(_) => "reject",
+            Decision::Challenge(_) => "challenge",
         }
     }
 }
@@ -56,8 +77,8 @@ pub enum RejectReason {
     },
 }
 
-impl RejectReason {
-    pub fn status(&self) -> StatusCode {
+impl Reason for RejectReason {
+    fn status(&self) -> StatusCode {
         match self {
             RejectReason::ClientInFlight { .. } | RejectReason::Rule(_) => {
                 StatusCode::TOO_MANY_REQUESTS
@@ -69,7 +90,7 @@ impl RejectReason {
         }
     }
 
-    pub fn retry_after(&self) -> Option<Duration> {
+    fn retry_after(&self) -> Option<Duration> {
         match self {
             RejectReason::ClientInFlight { .. } | RejectReason::Draining => {
                 Some(Duration::from_secs(1))
@@ -81,7 +102,7 @@ impl RejectReason {
     }
 
     /// The rule label in logs and metrics: bounded, never an address.
-    pub fn rule(&self) -> &str {
+    fn label(&self) -> &str {
         match self {
             RejectReason::Rule(r) => &r.rule,
             RejectReason::ClientInFlight { .. } => "client_in_flight",
@@ -90,6 +111,55 @@ impl RejectReason {
             RejectReason::Target(e) => e.reason(),
             RejectReason::Draining => "draining",
             RejectReason::Shed { reason, .. } => reason,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            RejectReason::ClientInFlight { limit } => {
+                format!("too many requests in flight from your address (limit {limit})")
+            }
+            RejectReason::NoRoute => "no route for this request".into(),
+            RejectReason::BadRequest(why) => (*why).into(),
+            RejectReason::Target(e) => e.to_string(),
+            RejectReason::Draining => "this server is restarting; please retry".into(),
+            RejectReason::Rule(_) => "too many requests; please retry later".into(),
+            RejectReason::Shed { reason, .. } if *reason == "no_healthy_upstream" => {
+                "the application is not answering; please retry".into()
+            }
+            RejectReason::Shed { .. } => "the application is busy; please retry".into(),
+        }
+    }
+
+    fn side(&self) -> Side {
+        match self {
+            RejectReason::NoRoute | RejectReason::BadRequest(_) | RejectReason::Target(_) => {
+                Side::Client
+            }
+            RejectReason::Shed { reason, .. } if *reason == "no_healthy_upstream" => Side::Upstream,
+            RejectReason::ClientInFlight { .. }
+            | RejectReason::Rule(_)
+            | RejectReason::Draining
+            | RejectReason::Shed { .. } => Side::Weir,
+        }
+    }
+
+    /// draft-ietf-httpapi-ratelimit-headers: the policy that fired and what
+    /// is left of it (nothing, for `t` seconds).
+    fn extra_fields(&self, h: &mut HeaderMap) {
+        let RejectReason::Rule(r) = self else {
+            return;
+        };
+        let Some((quota, window)) = r.policy else {
+            return;
+        };
+        let name = r.rule.replace('"', "");
+        if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={quota};w={window}")) {
+            h.insert("ratelimit-policy", v);
+        }
+        let t = r.retry_after.as_secs_f64().ceil() as u64;
+        if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";r=0;t={t}")) {
+            h.insert("ratelimit", v);
         }
     }
 }

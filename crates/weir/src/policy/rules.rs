@@ -13,7 +13,7 @@
 //! page's session cookie on one request in five.
 //!
 //! Shadow mode decides, logs and counts "would reject" without enforcing.
-//! This module decides; it does not build responses (see `proxy::reject`).
+//! This module decides; it does not build responses (see `crate::respond`).
 
 use std::sync::Arc;
 use std::time::Duration;

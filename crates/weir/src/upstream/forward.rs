@@ -16,6 +16,8 @@ use smallvec::SmallVec;
 use super::pool::{Pool, Server};
 use crate::config::{ForwardingConfig, XffMode};
 use crate::identity::ClientId;
+use crate::respond::{Reason, Side};
+use weir_http::BoxError;
 use weir_http::body::RequestBody;
 use weir_http::client::ExchangeError;
 use weir_http::connections::{ConnectError, SendError, UpstreamBody};
@@ -59,12 +61,15 @@ pub enum ForwardError {
 }
 
 impl ForwardError {
-    /// The status the client receives.
-    pub fn status(&self) -> StatusCode {
+    /// The client's request body failed (it stalled past its class's body
+    /// timeout, or was cut): the client's fault, not the server's.
+    pub fn client_body(&self) -> Option<&BoxError> {
         match self {
-            ForwardError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            ForwardError::NoHealthyServer => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::BAD_GATEWAY,
+            ForwardError::Exchange {
+                source: ExchangeError::RequestBody(e),
+                ..
+            } => Some(e),
+            _ => None,
         }
     }
 
@@ -92,6 +97,15 @@ impl ForwardError {
         }
     }
 
+    /// The side of the failure (see [`Reason::side`]).
+    fn failed_side(&self) -> Side {
+        if self.client_body().is_some() {
+            Side::Client
+        } else {
+            Side::Upstream
+        }
+    }
+
     /// True when another server may be sent the request: the upstream never
     /// saw it, or (for an idempotent request, RFC 9110 §9.2.2) the kept-alive
     /// connection closed before any response, as nginx's `proxy_next_upstream
@@ -102,6 +116,47 @@ impl ForwardError {
             ForwardError::Closed { .. } => idempotent,
             _ => false,
         }
+    }
+}
+
+/// An exchange that failed is answered by its side: the app's failures
+/// with 502/504 (told plainly, no template), the client's own upload that
+/// stalled or broke with 408/400, counted as the client's (it once was a
+/// 502 `exchange`, and paged whoever watched 5xx).
+impl Reason for ForwardError {
+    fn status(&self) -> StatusCode {
+        match (self, self.client_body()) {
+            (_, Some(e)) if e.is::<weir_http::body::BodyReadTimeout>() => {
+                StatusCode::REQUEST_TIMEOUT
+            }
+            (_, Some(_)) => StatusCode::BAD_REQUEST,
+            (ForwardError::Timeout { .. }, _) => StatusCode::GATEWAY_TIMEOUT,
+            (ForwardError::NoHealthyServer, _) => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    fn label(&self) -> &str {
+        self.kind()
+    }
+
+    fn message(&self) -> String {
+        match (self, self.client_body()) {
+            (_, Some(e)) if e.is::<weir_http::body::BodyReadTimeout>() => {
+                "the request body stopped arriving".into()
+            }
+            (_, Some(_)) => "the request body could not be read".into(),
+            (ForwardError::Timeout { .. }, _) => "the application did not answer in time".into(),
+            _ => "the application could not be reached".into(),
+        }
+    }
+
+    fn side(&self) -> Side {
+        self.failed_side()
+    }
+
+    fn templated(&self) -> bool {
+        false
     }
 }
 
@@ -344,8 +399,26 @@ mod tests {
         assert_eq!(stalled.kind(), "client_body_timeout");
         let gone = exchange(ExchangeError::RequestBody("client went away".into()));
         assert_eq!(gone.kind(), "client_body");
-        assert_eq!(exchange(ExchangeError::Incomplete).kind(), "exchange");
-        assert_eq!(gone.status(), StatusCode::BAD_GATEWAY);
+        let incomplete = exchange(ExchangeError::Incomplete);
+        assert_eq!(incomplete.kind(), "exchange");
+        // Issue 17: a client's broken upload was a 502 `exchange`.
+        assert_eq!(
+            (stalled.status(), stalled.side()),
+            (StatusCode::REQUEST_TIMEOUT, Side::Client)
+        );
+        assert_eq!(
+            (gone.status(), gone.side()),
+            (StatusCode::BAD_REQUEST, Side::Client)
+        );
+        assert_eq!(
+            (incomplete.status(), incomplete.side()),
+            (StatusCode::BAD_GATEWAY, Side::Upstream)
+        );
+        let timeout = ForwardError::Timeout {
+            server,
+            after: Duration::from_secs(1),
+        };
+        assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
         assert!(!gone.retryable(true));
     }
     use crate::identity::{AddrSource, ClientAddr, PeerAddr};

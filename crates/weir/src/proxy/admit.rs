@@ -1,0 +1,112 @@
+//! The admission phase: a slot in the pool's queue, in the lane the
+//! request's proof buys (`admission`), or a reason to shed it; and what each
+//! forwarded request tells the queue's adaptive limit.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Response, StatusCode};
+use weir_http::connections::UpstreamBody;
+
+use super::log::RequestLog;
+use crate::gateway::ClassAdmission;
+use crate::identity::ClientId;
+use crate::policy::{Proof, RejectReason};
+use crate::respond::Side;
+use crate::upstream::{ForwardError, Pool};
+
+/// **Admission phase**: after the policy admitted the request (and after
+/// coalescing: a follower never reaches it), before any server is picked.
+/// Whether the request may go to `pool` now, waits for a slot (in the lane
+/// its proof buys, fair by client network), or is shed with `503` +
+/// `Retry-After`; pools without `[pools.NAME.admission]` pass everything at
+/// once. May change: the queue, the log (lane, queue time), metrics.
+/// Result: `Ok` holding the slot in the log record until the response body
+/// ends, or the reason to shed it (answered by the rescue).
+pub(super) async fn admit(
+    pool: &Pool,
+    class: ClassAdmission,
+    proof: Proof,
+    client: &ClientId,
+    log: &mut RequestLog,
+) -> Result<(), RejectReason> {
+    use crate::admission::{FairKey, Lane, ShedReason};
+    use crate::observe::metrics::{LaneLabels, ShedLabels};
+    let Some(queue) = &pool.admission else {
+        return Ok(());
+    };
+    let lane = queue.lanes().clamp(Lane::for_request(
+        proof.verified,
+        proof.pass.is_some(),
+        class.lane,
+    ));
+    let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());
+    log.record.lane = Some(lane_name.clone());
+    let now = tokio::time::Instant::now();
+    let deadline = match class.queue_timeout {
+        Some(t) => now + t,
+        None => queue.deadline(lane, now),
+    };
+    let metrics = &log.conn.rt.metrics;
+    match queue
+        .acquire(lane, FairKey::of(client.client), deadline)
+        .await
+    {
+        Ok(permit) => {
+            let labels = LaneLabels {
+                pool: pool.name.clone(),
+                lane: lane_name,
+            };
+            metrics.admission_admitted.get_or_create(&labels).inc();
+            metrics
+                .admission_queue_wait
+                .get_or_create(&labels)
+                .observe(permit.waited().as_secs_f64());
+            log.record.queue_time = permit.waited();
+            log.permit = Some(permit);
+            Ok(())
+        }
+        Err(shed) => {
+            pool.shed(Instant::now());
+            // A waiter may be shed from its lane to make room above it; the
+            // label names the lane it was in.
+            let shed_lane: Arc<str> = Arc::from(queue.lanes().spec(shed.lane).name.as_str());
+            metrics
+                .admission_shed
+                .get_or_create(&ShedLabels {
+                    pool: pool.name.clone(),
+                    lane: shed_lane,
+                    reason: shed.reason.as_str(),
+                })
+                .inc();
+            log.record.queue_time = shed.waited;
+            let reason = match shed.reason {
+                ShedReason::QueueFull => "admission_queue_full",
+                ShedReason::DeadlineExceeded => "admission_deadline_exceeded",
+                ShedReason::LowerLaneShed => "admission_lower_lane_shed",
+            };
+            Err(RejectReason::Shed {
+                reason,
+                retry_after: shed.retry_after,
+            })
+        }
+    }
+}
+
+/// What a forwarded request tells the adaptive limit: an answer and its
+/// latency, or overload (timeout, reset, `503`), or nothing (no server, or
+/// the client's own upload failed: that says nothing about the app's load).
+pub(super) fn admission_outcome(
+    result: &Result<Response<UpstreamBody>, ForwardError>,
+    upstream_time: Option<Duration>,
+) -> crate::admission::Outcome {
+    use crate::admission::Outcome;
+    use crate::respond::Reason as _;
+    match result {
+        Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => Outcome::Overloaded,
+        Ok(_) => Outcome::Answered(upstream_time.unwrap_or_default()),
+        Err(e) if e.side() == Side::Client => Outcome::Abandoned,
+        Err(ForwardError::Timeout { .. } | ForwardError::Exchange { .. }) => Outcome::Overloaded,
+        Err(_) => Outcome::Abandoned,
+    }
+}

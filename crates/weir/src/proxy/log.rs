@@ -1,0 +1,185 @@
+//! One request's record: the access-log line and request metrics, written
+//! once when its response body ends (so bytes and durations are true), and
+//! the slots it holds until then (client in flight, concurrency rules, the
+//! admission permit, the upstream server).
+//!
+//! Every response weir makes itself passes through [`RequestLog::answer`]:
+//! the rescue ([`crate::respond`]) builds it from a typed reason, this
+//! records that reason once (the log's `rule`, `weir_rejections_total`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{Request, Response, Version};
+use weir_http::body::{OnComplete, ResponseBody};
+use weir_http::target::Target;
+
+use super::ConnCtx;
+use crate::edge::inflight::InFlightGuard;
+use crate::identity::ClientId;
+use crate::observe::access_log::AccessRecord;
+use crate::observe::metrics::RuleLabels;
+use crate::respond::{self, Accepts, Reason};
+use crate::upstream::ServerGuard;
+
+/// The access-log line and request metrics of one request, written once when
+/// its response body ends. Holds the request's slots until then.
+pub struct RequestLog {
+    pub record: AccessRecord,
+    started: Instant,
+    /// The request body's bytes, counted as it is read (if it has one).
+    pub(super) bytes_in: Option<Arc<AtomicU64>>,
+    pub(super) conn: Arc<ConnCtx>,
+    pub(super) in_flight: Option<InFlightGuard>,
+    pub(super) server: Option<ServerGuard>,
+    pub(super) rule_guards: Vec<weir_limiter::InflightGuard>,
+    /// The admission slot, released (with how the request went) at body end.
+    pub(super) permit: Option<crate::admission::Permit>,
+    pub(super) admission_outcome: crate::admission::Outcome,
+}
+
+impl RequestLog {
+    /// The record of `req`, from `client`, started at `started`. Boxed: it
+    /// goes to the response body's completion hook in the end, and
+    /// meanwhile the request's future is smaller by its size.
+    pub(super) fn new<B>(
+        req: &Request<B>,
+        client: &ClientId,
+        conn: Arc<ConnCtx>,
+        started: Instant,
+    ) -> Box<Self> {
+        let proto = match req.version() {
+            Version::HTTP_2 => "HTTP/2",
+            Version::HTTP_10 => "HTTP/1.0",
+            _ => "HTTP/1.1",
+        };
+        Box::new(RequestLog {
+            record: AccessRecord {
+                time: SystemTime::now(),
+                client: client.client.ip(),
+                peer: client.peer.ip(),
+                client_source: client.source.as_str(),
+                method: req.method().clone(),
+                // Until the target is read: the request line as received.
+                host: String::new(),
+                path: req
+                    .uri()
+                    .path_and_query()
+                    .map_or("/", |p| p.as_str())
+                    .to_owned(),
+                raw_path: None,
+                proto,
+                class: unrouted(),
+                decision: "admit",
+                session: "anonymous",
+                challenge: None,
+                rule: None,
+                rule_level: None,
+                rule_key: None,
+                shadow_rules: None,
+                collateral: None,
+                pool: None,
+                upstream: None,
+                status: 0,
+                upstream_status: None,
+                bytes_in: 0,
+                bytes_out: 0,
+                duration: Duration::ZERO,
+                queue_time: Duration::ZERO,
+                lane: None,
+                upstream_time: None,
+                coalesced: None,
+                error: None,
+            },
+            started,
+            bytes_in: None,
+            conn,
+            in_flight: None,
+            server: None,
+            rule_guards: Vec::new(),
+            permit: None,
+            admission_outcome: crate::admission::Outcome::Abandoned,
+        })
+    }
+
+    /// The request as weir read it: the canonical host and path, and what
+    /// the client sent when that differs.
+    pub(super) fn set_target(&mut self, target: &Target) {
+        let r = &mut self.record;
+        r.host.clear();
+        r.host.push_str(target.host().unwrap_or(""));
+        if r.path != target.path_and_query() {
+            let sent = std::mem::replace(&mut r.path, target.path_and_query().to_owned());
+            r.raw_path = Some(sent);
+        }
+    }
+
+    /// Answers with weir's own response for `reason` (the rescue), recording
+    /// the reason as the request's `rule` and in `weir_rejections_total`.
+    /// The record is written when the answer's body ends.
+    pub(super) fn answer(
+        mut self: Box<Self>,
+        reason: &(impl Reason + ?Sized),
+        accept: Accepts,
+    ) -> Response<ResponseBody> {
+        let label: Arc<str> = Arc::from(reason.label());
+        self.record.rule = Some(label.to_string());
+        self.conn
+            .rt
+            .metrics
+            .rejections
+            .get_or_create(&RuleLabels { rule: label })
+            .inc();
+        let gw = self.conn.rt.gateway.load();
+        let resp = respond::answer(reason, accept, &gw.rejection);
+        drop(gw);
+        self.record.status = resp.status().as_u16();
+        resp.map(|b| b.on_complete(self))
+    }
+
+    /// Answers with a response weir made without a reason to record (the
+    /// challenge's pages, a coalesced copy): `status` as the log's.
+    pub(super) fn answer_with(
+        mut self: Box<Self>,
+        resp: Response<Bytes>,
+    ) -> Response<ResponseBody> {
+        self.record.status = resp.status().as_u16();
+        resp.map(|b| ResponseBody::full(b).on_complete(self))
+    }
+}
+
+impl OnComplete for RequestLog {
+    fn complete(mut self: Box<Self>, bytes_out: u64, error: Option<String>) {
+        let rt = &self.conn.rt;
+        self.record.bytes_out = bytes_out;
+        self.record.bytes_in = self
+            .bytes_in
+            .as_ref()
+            .map_or(0, |b| b.load(Ordering::Relaxed));
+        self.record.duration = self.started.elapsed();
+        if error.is_some() && self.record.error.is_none() {
+            self.record.error = error;
+        }
+        rt.metrics
+            .count_request(&self.record.class, self.record.status, self.record.decision);
+        if !rt.access_log.write(&self.record) {
+            rt.metrics.access_log_dropped.inc();
+        }
+        self.in_flight.take();
+        self.server.take();
+        if let Some(p) = self.permit.take() {
+            p.complete(self.admission_outcome);
+        }
+        self.rule_guards.clear();
+        self.conn.edge.state.request_finished();
+    }
+}
+
+/// The class of a request no route took, shared (one per process).
+fn unrouted() -> Arc<str> {
+    static UNROUTED: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from("unrouted"));
+    UNROUTED.clone()
+}

@@ -1,0 +1,262 @@
+//! The policy phases of a routed request: its session, then the challenge
+//! and the rules, ending in the request's [`Decision`]; and weir's own
+//! challenge endpoints.
+//!
+//! The stages decide (`identity::session`, `challenge`, `policy::rules`);
+//! these phases give them the request's facts, and record what they said
+//! (the log record, metrics, the human-collateral signals, the slots a rule
+//! holds). They build no response: the composer answers a `Reject` through
+//! the rescue and a `Challenge` with its page.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, header};
+use weir_http::body::{RequestBody, ResponseBody};
+use weir_http::target::Target;
+
+use super::log::RequestLog;
+use crate::challenge::{ChallengeMode, Challenger, PassCheck};
+use crate::gateway::Gateway;
+use crate::identity::ClientId;
+use crate::identity::session::SessionState;
+use crate::policy::route::{RequestView, Route};
+use crate::policy::rules::{RequestFacts, Rule, evaluate};
+use crate::policy::{Decision, Proof, RejectReason};
+use crate::respond::Accepts;
+
+/// **Session phase**: after routing, for a routed request. Asks the
+/// verifier (signed cookie, or the app's own answer) only when a rule or an
+/// admission lane of the route could use the answer. May change: the
+/// verifier's cache, the log's `session`. Result: the session; a verified
+/// one is the only exemption weir honours.
+pub(super) async fn session(
+    gw: &Gateway,
+    route: &Route,
+    headers: &HeaderMap,
+    log: &mut RequestLog,
+) -> SessionState {
+    let session = match &gw.sessions {
+        Some(v) if !route.rules.is_empty() || gw.pools[route.pool].admission.is_some() => {
+            v.check(headers).await
+        }
+        _ => SessionState::Anonymous,
+    };
+    log.record.session = session.as_str();
+    session
+}
+
+/// **Rules-and-challenge phase**: after the session phase. In order: the
+/// challenge (a browser navigation without a valid pass, when the class
+/// challenges always or while its pool is under pressure, gets the page),
+/// the client's requests in flight (`limits.max_requests_in_flight_per_ip`),
+/// the class's rules. May change: limiter state, the log (class, challenge,
+/// rule fields, the slots the client and the rules hold), metrics. Result:
+/// `Admit` with what the request proved, `Reject` (answered by the rescue,
+/// later phases skipped), or `Challenge` (answered with the page).
+pub(super) async fn decide(
+    view: &RequestView<'_>,
+    route: &Route,
+    client: &ClientId,
+    session: &SessionState,
+    gw: &Gateway,
+    log: &mut RequestLog,
+) -> Decision {
+    log.record.class = route.class.shared();
+    let mut proof = Proof {
+        verified: session.is_verified(),
+        pass: None,
+    };
+    if let Some(ch) = &gw.challenger
+        && route.challenge != ChallengeMode::Off
+        && !proof.verified
+    {
+        match challenge(ch, view, route, client, gw, log) {
+            Ok(pass) => proof.pass = pass,
+            Err(page) => return Decision::Challenge(page),
+        }
+    }
+    let rt = &log.conn.rt;
+    let max = gw.edge.max_in_flight_per_ip;
+    let Some(slot) = rt.client_in_flight.acquire(client.client, max) else {
+        return Decision::Reject(RejectReason::ClientInFlight { limit: max });
+    };
+    log.in_flight = Some(slot);
+    if route.rules.is_empty() {
+        return Decision::Admit(proof);
+    }
+    match rules(
+        &route.rules,
+        view,
+        client,
+        session.user(),
+        proof.pass,
+        gw,
+        log,
+    )
+    .await
+    {
+        Some(reason) => Decision::Reject(reason),
+        None => Decision::Admit(proof),
+    }
+}
+
+/// The challenge for a request of a challenging class: `Ok` with its pass
+/// id when it holds a valid pass (or `None`: not challenged now), `Err`
+/// with the page when it must show it is a browser first.
+fn challenge(
+    ch: &Challenger,
+    view: &RequestView<'_>,
+    route: &Route,
+    client: &ClientId,
+    gw: &Gateway,
+    log: &mut RequestLog,
+) -> Result<Option<u64>, Box<Response<Bytes>>> {
+    let rt = &log.conn.rt;
+    let now = SystemTime::now();
+    let check = ch.pass(view.headers, client, now);
+    if let Some(e) = check.event() {
+        rt.challenge_event(&e);
+    }
+    if let PassCheck::Valid(t) = check {
+        log.record.challenge = Some("pass");
+        return Ok(Some(t.id));
+    }
+    let pool = &gw.pools[route.pool];
+    let (engaged, difficulty) = rt.challenge_pressure(pool, ch.base_difficulty(), &ch.pressure());
+    if route.challenge.applies(engaged) && ch.eligible(view.target, view.headers, client) {
+        return Err(Box::new(ch.page(
+            view.target,
+            client,
+            view.headers,
+            difficulty,
+            now,
+        )));
+    }
+    Ok(None)
+}
+
+/// The class's rules: evaluated, and what they decided recorded (metrics,
+/// shadow rejections, human-collateral signals, the slots concurrency rules
+/// hold). `Some`: the rejection.
+async fn rules(
+    rules: &[Rule],
+    view: &RequestView<'_>,
+    client: &ClientId,
+    user: Option<&str>,
+    pass: Option<u64>,
+    gw: &Gateway,
+    log: &mut RequestLog,
+) -> Option<RejectReason> {
+    use weir_limiter::Clock as _;
+    let rt = &log.conn.rt;
+    let now = weir_limiter::MonotonicClock.now();
+    let low_rate = rt.record_activity(client.client, gw, now);
+    let facts = RequestFacts {
+        client,
+        method: view.target.method(),
+        headers: view.headers,
+        user,
+        pass,
+        now,
+    };
+    let ev = evaluate(rules, &facts, gw.rules_shadow, rt.shared_limiter()).await;
+    for &(index, result) in &ev.results {
+        rt.metrics
+            .rule_decisions
+            .get_or_create(&crate::observe::metrics::RuleResultLabels {
+                rule: rules[index].name.clone(),
+                result: result.as_str(),
+            })
+            .inc();
+    }
+    let signal = collateral_signal(user.is_some(), view.headers, low_rate);
+    for shadow in &ev.shadow {
+        rt.rule_rejected(shadow, client.client, signal, false);
+    }
+    if !ev.shadow.is_empty() {
+        log.record.shadow_rules = Some(ev.shadow.iter().map(|r| r.rule.to_string()).collect());
+    }
+    log.rule_guards = ev.guards;
+    let r = ev.rejection?;
+    rt.rule_rejected(&r, client.client, signal, true);
+    log.record.rule_level = Some(r.level);
+    log.record.rule_key = Some(r.key.clone());
+    log.record.collateral = signal;
+    Some(RejectReason::Rule(r))
+}
+
+/// Why a rejected client may be a person rather than a crawler, strongest
+/// signal first. Browser headers can be faked; they are a signal to watch,
+/// not proof.
+fn collateral_signal(verified: bool, headers: &HeaderMap, low_rate: bool) -> Option<&'static str> {
+    let navigates = headers
+        .get("sec-fetch-mode")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"navigate"))
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("text/html"));
+    if verified {
+        Some("verified")
+    } else if low_rate {
+        Some("low_rate")
+    } else if navigates {
+        Some("browser")
+    } else {
+        None
+    }
+}
+
+/// **Challenge endpoints**: `/.weir/challenge.js` and
+/// `/.weir/challenge/verify`, weir's own paths, served before any policy
+/// phase. Reads at most `challenge::MAX_VERIFY_BODY` of the answer. Result:
+/// the script, a redirect with a pass, or a fresh challenge.
+pub(super) async fn challenge_endpoint(
+    ch: &Challenger,
+    req: Request<RequestBody>,
+    target: &Target,
+    client: &ClientId,
+    mut log: Box<RequestLog>,
+    tls: bool,
+) -> Response<ResponseBody> {
+    use http_body_util::BodyExt as _;
+    log.record.class = Arc::from("challenge");
+    let (parts, body) = req.into_parts();
+    let accept = Accepts::of(&parts.headers);
+    let limited = http_body_util::Limited::new(body, crate::challenge::MAX_VERIFY_BODY);
+    let bytes = match limited.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            let reason = RejectReason::BadRequest("challenge answer too large or cut");
+            return log.answer(&reason, accept);
+        }
+    };
+    match ch.handle(
+        target,
+        &parts.headers,
+        &bytes,
+        client,
+        tls,
+        SystemTime::now(),
+    ) {
+        Some(resp) => challenged(resp, log),
+        None => log.answer(&RejectReason::NoRoute, accept),
+    }
+}
+
+/// Answers with a challenger's response (a page, the script, a verdict),
+/// recording its events.
+pub(super) fn challenged(
+    resp: Response<Bytes>,
+    mut log: Box<RequestLog>,
+) -> Response<ResponseBody> {
+    let events = crate::challenge::events(&resp);
+    for e in events {
+        log.conn.rt.challenge_event(e);
+    }
+    log.record.decision = "challenge";
+    log.record.challenge = events.first().map(|e| e.labels().0);
+    log.answer_with(resp)
+}
