@@ -18,7 +18,7 @@ use serde::Deserialize;
 pub use super::addresses::NetworkGroup;
 use super::app::AppConfig;
 use super::expect::Check;
-use weir::config::{ConfigDuration, ConfigError, ConfigErrors, KeyPath};
+use weir::config::{ConfigDuration, ConfigError, ConfigErrors, KeyPath, TomlLocator, line_of};
 
 /// Longest scenario the lab runs: CI runs every scenario, and a laptop demo must stay short.
 pub const MAX_DURATION: Duration = Duration::from_secs(600);
@@ -444,8 +444,7 @@ pub fn load_scenario_file(path: &Path) -> Result<Scenario, ConfigErrors> {
 pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, ConfigErrors> {
     let at = Locator {
         file: path.map(Path::to_path_buf),
-        doc: toml_edit::Document::parse(text.to_string()).ok(),
-        text,
+        toml: TomlLocator::new(text),
     };
     let file: ScenarioFile = toml::from_str(text).map_err(|e| {
         let line = e.span().map(|s| line_of(text, s.start));
@@ -572,15 +571,8 @@ fn variants(
     }
     // File order, not alphabetical: the first variant is usually the incident's own.
     let mut order: Vec<&String> = file.weir.keys().collect();
-    if let Some(table) = at
-        .doc
-        .as_ref()
-        .and_then(|d| d.get("weir"))
-        .and_then(|i| i.as_table_like())
-    {
-        let in_file: Vec<&str> = table.iter().map(|(k, _)| k).collect();
-        order.sort_by_key(|k| in_file.iter().position(|f| f == k).unwrap_or(usize::MAX));
-    }
+    let in_file = at.keys_of(&root.key("weir"));
+    order.sort_by_key(|k| in_file.iter().position(|f| f == *k).unwrap_or(usize::MAX));
     let mut out = Vec::new();
     for name in order {
         let v = &file.weir[name];
@@ -885,11 +877,10 @@ fn default_user_agent(kind: CohortKind) -> &'static str {
     }
 }
 
-/// Finds lines of keys in the scenario text, as weir's config loader does.
+/// Finds lines of keys in the scenario text, with weir's own locator.
 struct Locator<'a> {
     file: Option<PathBuf>,
-    doc: Option<toml_edit::Document<String>>,
-    text: &'a str,
+    toml: TomlLocator<'a>,
 }
 
 impl Locator<'_> {
@@ -905,90 +896,13 @@ impl Locator<'_> {
 
     /// The line of `key`, or of its deepest parent present in the text.
     fn line(&self, key: &KeyPath) -> Option<usize> {
-        enum Node<'a> {
-            Item(&'a toml_edit::Item),
-            Table(&'a toml_edit::Table),
-        }
-        let mut node = Node::Table(self.doc.as_ref()?.as_table());
-        let mut best = None;
-        for seg in key_segments(key) {
-            let next = match (&node, &seg) {
-                (Node::Table(t), Seg::Key(k)) => t.get(k).map(Node::Item),
-                (Node::Item(i), Seg::Key(k)) => i.get(k.as_str()).map(Node::Item),
-                (Node::Item(toml_edit::Item::ArrayOfTables(a)), Seg::Index(n)) => {
-                    a.get(*n).map(Node::Table)
-                }
-                (Node::Item(i), Seg::Index(n)) => i.get(*n).map(Node::Item),
-                (Node::Table(_), Seg::Index(_)) => None,
-            };
-            let Some(next) = next else { break };
-            let span = match &next {
-                Node::Item(i) => i.span(),
-                Node::Table(t) => t.span(),
-            };
-            if let Some(s) = span {
-                best = Some(s.start);
-            }
-            node = next;
-        }
-        best.map(|s| line_of(self.text, s))
+        self.toml.line(key)
     }
 
     /// The keys present in the table at `key` (an element of an array of tables).
     fn keys_of(&self, key: &KeyPath) -> Vec<String> {
-        let Some(doc) = self.doc.as_ref() else {
-            return Vec::new();
-        };
-        let segs = key_segments(key);
-        let (Some(Seg::Key(name)), Some(Seg::Index(n))) = (segs.first(), segs.get(1)) else {
-            return Vec::new();
-        };
-        match doc.get(name) {
-            Some(toml_edit::Item::ArrayOfTables(a)) => a
-                .get(*n)
-                .map(|t| t.iter().map(|(k, _)| k.to_string()).collect())
-                .unwrap_or_default(),
-            Some(item) => item
-                .get(*n)
-                .and_then(|i| i.as_table_like())
-                .map(|t| t.iter().map(|(k, _)| k.to_string()).collect())
-                .unwrap_or_default(),
-            None => Vec::new(),
-        }
+        self.toml.keys_of(key)
     }
-}
-
-enum Seg {
-    Key(String),
-    Index(usize),
-}
-
-/// `KeyPath` keeps its segments private; its text form is unambiguous for lab keys
-/// (names are `[A-Za-z0-9_-]`), so split that.
-fn key_segments(key: &KeyPath) -> Vec<Seg> {
-    let text = key.to_string();
-    let mut out = Vec::new();
-    for part in text.split('.') {
-        let (name, rest) = part.split_once('[').map_or((part, ""), |(a, b)| (a, b));
-        if !name.is_empty() {
-            out.push(Seg::Key(name.to_string()));
-        }
-        for idx in rest.split('[') {
-            if let Some(n) = idx
-                .trim_end_matches(']')
-                .parse()
-                .ok()
-                .filter(|_| !idx.is_empty())
-            {
-                out.push(Seg::Index(n));
-            }
-        }
-    }
-    out
-}
-
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
 #[cfg(test)]

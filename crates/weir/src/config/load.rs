@@ -185,41 +185,91 @@ pub(crate) fn digest(bytes: &[u8]) -> u64 {
     h
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
+/// The line (1-based) of byte `offset` in `text`.
+pub fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-/// Finds the line of `key` by walking a span-preserving parse of the text.
-/// When the full path does not exist, the deepest existing parent is used.
-fn locate(text: &str, key: &KeyPath) -> Option<usize> {
-    enum Node<'a> {
-        Item(&'a toml_edit::Item),
-        Table(&'a toml_edit::Table),
-    }
-    let doc = toml_edit::Document::parse(text.to_string()).ok()?;
-    let mut node = Node::Table(doc.as_table());
-    let mut best = None;
-    for seg in &key.0 {
-        let next = match (&node, seg) {
-            (Node::Table(t), Segment::Key(k)) => t.get(k).map(Node::Item),
-            (Node::Item(i), Segment::Key(k)) => i.get(k.as_str()).map(Node::Item),
-            (Node::Item(toml_edit::Item::ArrayOfTables(a)), Segment::Index(n)) => {
-                a.get(*n).map(Node::Table)
-            }
-            (Node::Item(i), Segment::Index(n)) => i.get(*n).map(Node::Item),
-            (Node::Table(_), Segment::Index(_)) => None,
-        };
-        let Some(next) = next else { break };
-        let span = match &next {
-            Node::Item(i) => i.span(),
-            Node::Table(t) => t.span(),
-        };
-        if span.is_some() {
-            best = span;
+/// Where keys are in a TOML text, for errors that name their line: weir's
+/// configuration and the lab's scenario files read the same way. Parses
+/// the text once, keeping spans (`toml_edit`); a text that does not parse
+/// locates nothing.
+pub struct TomlLocator<'a> {
+    text: &'a str,
+    doc: Option<toml_edit::Document<String>>,
+}
+
+impl<'a> TomlLocator<'a> {
+    pub fn new(text: &'a str) -> TomlLocator<'a> {
+        TomlLocator {
+            text,
+            doc: toml_edit::Document::parse(text.to_string()).ok(),
         }
-        node = next;
     }
-    best.map(|s| line_of(text, s.start))
+
+    /// The line of `key`, or of its deepest parent present in the text.
+    pub fn line(&self, key: &KeyPath) -> Option<usize> {
+        enum Node<'a> {
+            Item(&'a toml_edit::Item),
+            Table(&'a toml_edit::Table),
+        }
+        let mut node = Node::Table(self.doc.as_ref()?.as_table());
+        let mut best = None;
+        for seg in &key.0 {
+            let next = match (&node, seg) {
+                (Node::Table(t), Segment::Key(k)) => t.get(k).map(Node::Item),
+                (Node::Item(i), Segment::Key(k)) => i.get(k.as_str()).map(Node::Item),
+                (Node::Item(toml_edit::Item::ArrayOfTables(a)), Segment::Index(n)) => {
+                    a.get(*n).map(Node::Table)
+                }
+                (Node::Item(i), Segment::Index(n)) => i.get(*n).map(Node::Item),
+                (Node::Table(_), Segment::Index(_)) => None,
+            };
+            let Some(next) = next else { break };
+            let span = match &next {
+                Node::Item(i) => i.span(),
+                Node::Table(t) => t.span(),
+            };
+            if span.is_some() {
+                best = span;
+            }
+            node = next;
+        }
+        best.map(|s| line_of(self.text, s.start))
+    }
+
+    /// The keys written in the table at `key` (a table, or an element of an
+    /// array of tables); none when it is not there.
+    pub fn keys_of(&self, key: &KeyPath) -> Vec<String> {
+        let Some(doc) = self.doc.as_ref() else {
+            return Vec::new();
+        };
+        let mut item: Option<&toml_edit::Item> = None;
+        let mut table: Option<&dyn toml_edit::TableLike> = Some(doc.as_table());
+        for seg in &key.0 {
+            let next = match (seg, item, table) {
+                (Segment::Key(k), _, Some(t)) => t.get(k),
+                (Segment::Index(n), Some(toml_edit::Item::ArrayOfTables(a)), _) => {
+                    table = a.get(*n).map(|t| t as &dyn toml_edit::TableLike);
+                    item = None;
+                    continue;
+                }
+                (Segment::Index(n), Some(i), _) => i.get(*n),
+                _ => None,
+            };
+            item = next;
+            table = next.and_then(|i| i.as_table_like());
+        }
+        table
+            .map(|t| t.iter().map(|(k, _)| k.to_string()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Finds the line of `key` in `text`. When the full path does not exist,
+/// the deepest existing parent is used.
+fn locate(text: &str, key: &KeyPath) -> Option<usize> {
+    TomlLocator::new(text).line(key)
 }
 
 #[cfg(test)]
@@ -250,6 +300,19 @@ mod tests {
         let err = load("[limits]\n\nheader_read_timeout = \"ten seconds\"\n").unwrap_err();
         assert_eq!(err.0[0].line, Some(3), "{err}");
         assert!(err.to_string().contains("ten seconds"), "{err}");
+    }
+
+    #[test]
+    fn keys_written_in_a_table() {
+        let text =
+            "[[cohorts]]\nname = \"a\"\nrate = 1\n[[cohorts]]\nname = \"b\"\n[app]\nworkers = 2\n";
+        let at = TomlLocator::new(text);
+        let cohort = |n| KeyPath::root().key("cohorts").index(n);
+        assert_eq!(at.keys_of(&cohort(0)), ["name", "rate"]);
+        assert_eq!(at.keys_of(&cohort(1)), ["name"]);
+        assert!(at.keys_of(&cohort(2)).is_empty());
+        assert_eq!(at.keys_of(&KeyPath::root().key("app")), ["workers"]);
+        assert_eq!(at.line(&cohort(1).key("name")), Some(5));
     }
 
     #[test]

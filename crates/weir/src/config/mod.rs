@@ -14,5 +14,7 @@ mod schema;
 
 pub use env::{Env, ProcessEnv};
 pub(crate) use load::digest;
-pub use load::{ConfigError, ConfigErrors, KeyPath, LoadedConfig, load_file, load_str};
+pub use load::{
+    ConfigError, ConfigErrors, KeyPath, LoadedConfig, TomlLocator, line_of, load_file, load_str,
+};
 pub use schema::*;
