@@ -28,7 +28,10 @@ use weir::gateway::Gateway;
 use weir::identity::forwarded::resolve;
 use weir::identity::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
 use weir::policy::route::RequestView;
-use weir::policy::rules::{KeyKind, RequestFacts, RuleBody, RuleRejection, activity_key, evaluate};
+use weir::policy::rules::{
+    KeyKind, RequestFacts, Rule, RuleBody, RuleObserver, RuleRejection, RuleResult, activity_key,
+    judge,
+};
 use weir_http::target::{Target, TargetError};
 use weir_limiter::{MonoTime, ShardedStore, StoreConfig};
 
@@ -170,9 +173,13 @@ impl HeaderSet {
 
     /// The headers routes and rules read: route header and cookie
     /// conditions, header and cookie rule keys. `X-Forwarded-For` always,
-    /// for resolving a chain behind a trusted proxy.
+    /// for resolving a chain behind a trusted proxy; `Accept` and
+    /// `Sec-Fetch-Mode` when there are rules, for the collateral signal.
     fn read_by(gateway: &Gateway) -> HeaderSet {
         let mut set = Self::FORWARDED_FOR;
+        if gateway.routes.routes.iter().any(|r| !r.rules.is_empty()) {
+            set |= Self::ACCEPT | Self::SEC_FETCH_MODE;
+        }
         let mut key = |k: &KeyKind| match k {
             KeyKind::Header(name) => set |= Self::bit(name),
             KeyKind::Cookie(_) => set |= Self::COOKIE,
@@ -336,10 +343,6 @@ impl Replay {
             self.report.admitted += 1;
             return Verdict::Admit;
         }
-        let low_rate = self
-            .activity
-            .check(activity_key(client.client), &gw.low_rate, now, 1)
-            .is_allowed();
         let facts = RequestFacts {
             client: &client,
             method: target.method(),
@@ -348,38 +351,27 @@ impl Replay {
             pass: None,
             now,
         };
-        let ev = poll_now(evaluate(&route.rules, &facts, gw.rules_shadow, None));
-        let browser = rec.sec_fetch_mode.as_deref() == Some("navigate")
-            || rec
-                .accept
-                .as_deref()
-                .is_some_and(|a| a.contains("text/html"));
-        let signal = if low_rate {
-            Some("low_rate")
-        } else if browser {
-            Some("browser")
-        } else {
-            None
+        // The live rules phase, on the log's clock.
+        let mut observer = Tally {
+            activity: &self.activity,
+            low_rate: &gw.low_rate,
+            rules: &mut self.report.rules,
+            minute: minute_number,
         };
-        for s in &ev.shadow {
-            rule_report(&mut self.report.rules, &s.rule).shadow_rejections += 1;
-        }
-        match ev.rejection {
+        let judged = poll_now(judge(
+            &route.rules,
+            &facts,
+            gw.rules_shadow,
+            None,
+            &mut observer,
+        ));
+        match judged.rejection {
             None => {
                 self.report.admitted += 1;
                 Verdict::Admit
             }
             Some(r) => {
                 self.report.rejected += 1;
-                let rr = rule_report(&mut self.report.rules, &r.rule);
-                rr.rejections += 1;
-                rr.clients.insert(client.client.ip());
-                rr.subnets.add(client.client);
-                rr.networks.insert(client.client);
-                *rr.minutes.entry(minute_number).or_insert(0) += 1;
-                if let Some(s) = signal {
-                    *rr.collateral.entry(s).or_insert(0) += 1;
-                }
                 Verdict::Reject(r)
             }
         }
@@ -421,6 +413,48 @@ fn top_prefixes(counts: impl Iterator<Item = (PrefixKey, u64)>, n: usize) -> Vec
 }
 
 /// The report of rule `name`, created on its first rejection.
+/// What the rules phase reports, in a replay: the activity table behind the
+/// low-rate signal, and each rule's rejections in the report.
+struct Tally<'a> {
+    activity: &'a ShardedStore,
+    low_rate: &'a weir_limiter::Quota,
+    rules: &'a mut BTreeMap<String, RuleReport>,
+    /// The record's minute of log time.
+    minute: i64,
+}
+
+impl RuleObserver for Tally<'_> {
+    fn low_rate(&mut self, client: ClientAddr, now: MonoTime) -> bool {
+        self.activity
+            .check(activity_key(client), self.low_rate, now, 1)
+            .is_allowed()
+    }
+
+    fn result(&mut self, _rule: &Rule, _result: RuleResult) {}
+
+    fn rejected(
+        &mut self,
+        rejection: &RuleRejection,
+        client: ClientAddr,
+        signal: Option<&'static str>,
+        enforced: bool,
+    ) {
+        let rr = rule_report(self.rules, &rejection.rule);
+        if !enforced {
+            rr.shadow_rejections += 1;
+            return;
+        }
+        rr.rejections += 1;
+        rr.clients.insert(client.ip());
+        rr.subnets.add(client);
+        rr.networks.insert(client);
+        *rr.minutes.entry(self.minute).or_insert(0) += 1;
+        if let Some(s) = signal {
+            *rr.collateral.entry(s).or_insert(0) += 1;
+        }
+    }
+}
+
 fn rule_report<'a>(rules: &'a mut BTreeMap<String, RuleReport>, name: &str) -> &'a mut RuleReport {
     // Looked up by `&str` first: a rule's name is copied once, not per rejection.
     if !rules.contains_key(name) {
@@ -744,7 +778,9 @@ mod tests {
         ];
         for (per, wanted, admits) in cases {
             let mut replay = replay_of(&rule(per));
-            assert_eq!(replay.wanted, HeaderSet(*wanted), "{per}");
+            // Every case has a rule: the collateral signal reads these too.
+            let signal = HeaderSet::ACCEPT | HeaderSet::SEC_FETCH_MODE;
+            assert_eq!(replay.wanted, HeaderSet(*wanted | signal), "{per}");
             let got: Vec<bool> = [
                 record(0, "10.0.0.1", "a"),
                 record(1, "10.0.0.1", "a"),

@@ -287,6 +287,98 @@ pub fn activity_key(client: ClientAddr) -> u64 {
     weir_limiter::key(0, 0, client.key(Level::Address).digest())
 }
 
+/// What the rules phase reports as it runs, to whoever runs it: the live
+/// process (metrics, the distinct-clients gauge) or `weir replay` (its
+/// report). The phase itself ([`judge`]) is the same code for both.
+pub trait RuleObserver {
+    /// Counts a request of `client` at `now`; true while the client stays
+    /// under `rules.low_rate_per_minute` (the `low_rate` collateral signal).
+    fn low_rate(&mut self, client: ClientAddr, now: MonoTime) -> bool;
+    /// One rule's result for this request.
+    fn result(&mut self, rule: &Rule, result: RuleResult);
+    /// A rejection (`enforced`) or a shadow one, and why the refused client
+    /// may be a person (`signal`).
+    fn rejected(
+        &mut self,
+        rejection: &RuleRejection,
+        client: ClientAddr,
+        signal: Option<&'static str>,
+        enforced: bool,
+    );
+}
+
+/// What the rules phase found for one request.
+#[derive(Debug, Default)]
+pub struct Judgement {
+    /// The enforced rejection, if any.
+    pub rejection: Option<RuleRejection>,
+    /// Rejections in shadow mode: logged and counted, not enforced.
+    pub shadow: Vec<RuleRejection>,
+    /// Concurrency slots held until the response ends.
+    pub guards: Vec<InflightGuard>,
+    /// Why a refused client may be a person (see [`collateral_signal`]).
+    pub signal: Option<&'static str>,
+}
+
+/// **The rules phase**, live and in `weir replay` alike: counts the
+/// client's activity, evaluates `rules` in order ([`evaluate`]), tells
+/// `observer` each result, and each rejection with its collateral signal.
+/// Result: the [`Judgement`]; an enforced rejection ends the request.
+pub async fn judge(
+    rules: &[Rule],
+    facts: &RequestFacts<'_>,
+    global_shadow: bool,
+    shared: Option<&SharedLimiter>,
+    observer: &mut impl RuleObserver,
+) -> Judgement {
+    let client = facts.client.client;
+    let low_rate = observer.low_rate(client, facts.now);
+    let ev = evaluate(rules, facts, global_shadow, shared).await;
+    for &(index, result) in &ev.results {
+        observer.result(&rules[index], result);
+    }
+    let signal = collateral_signal(facts.user.is_some(), facts.headers, low_rate);
+    for shadow in &ev.shadow {
+        observer.rejected(shadow, client, signal, false);
+    }
+    if let Some(r) = &ev.rejection {
+        observer.rejected(r, client, signal, true);
+    }
+    Judgement {
+        rejection: ev.rejection,
+        shadow: ev.shadow,
+        guards: ev.guards,
+        signal,
+    }
+}
+
+/// Why a refused client may be a person rather than a crawler, strongest
+/// signal first: a verified session, a low request rate, a browser
+/// navigation. Browser headers can be faked; they are a signal to watch,
+/// not proof.
+pub fn collateral_signal(
+    verified: bool,
+    headers: &HeaderMap,
+    low_rate: bool,
+) -> Option<&'static str> {
+    let navigates = headers
+        .get("sec-fetch-mode")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"navigate"))
+        || headers
+            .get(http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("text/html"));
+    if verified {
+        Some("verified")
+    } else if low_rate {
+        Some("low_rate")
+    } else if navigates {
+        Some("browser")
+    } else {
+        None
+    }
+}
+
 /// Evaluates `rules` in order. `global_shadow` puts every rule in shadow mode.
 /// With `shared`, rate levels are decided through Redis (one round trip per
 /// rule, all levels at once), falling back to the local stores.

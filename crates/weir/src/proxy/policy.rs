@@ -12,19 +12,23 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, header};
+use http::{HeaderMap, Request, Response};
 use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::target::Target;
 
 use super::log::RequestLog;
 use crate::challenge::{ChallengeMode, Challenger, PassCheck};
 use crate::gateway::Gateway;
+use crate::identity::ClientAddr;
 use crate::identity::ClientId;
 use crate::identity::session::SessionState;
+use crate::observe::metrics::RuleResultLabels;
 use crate::policy::route::{RequestView, Route};
-use crate::policy::rules::{RequestFacts, Rule, evaluate};
+use crate::policy::rules::{RequestFacts, Rule, RuleObserver, RuleRejection, RuleResult, judge};
 use crate::policy::{Decision, Proof, RejectReason};
 use crate::respond::Accepts;
+use crate::runtime::Runtime;
+use weir_limiter::MonoTime;
 
 /// **Session phase**: after routing, for a routed request. Asks the
 /// verifier (signed cookie, or the app's own answer) only when a rule or an
@@ -137,9 +141,10 @@ fn challenge(
     Ok(None)
 }
 
-/// The class's rules: evaluated, and what they decided recorded (metrics,
-/// shadow rejections, human-collateral signals, the slots concurrency rules
-/// hold). `Some`: the rejection.
+/// The class's rules (`policy::rules::judge`, the phase `weir replay` runs
+/// too), and what they decided recorded in the log: the slots concurrency
+/// rules hold, shadow rejections, the rejection's level, key and
+/// collateral signal. `Some`: the rejection.
 async fn rules(
     rules: &[Rule],
     view: &RequestView<'_>,
@@ -151,61 +156,66 @@ async fn rules(
 ) -> Option<RejectReason> {
     use weir_limiter::Clock as _;
     let rt = &log.conn.rt;
-    let now = weir_limiter::MonotonicClock.now();
-    let low_rate = rt.record_activity(client.client, gw, now);
     let facts = RequestFacts {
         client,
         method: view.target.method(),
         headers: view.headers,
         user,
         pass,
-        now,
+        now: weir_limiter::MonotonicClock.now(),
     };
-    let ev = evaluate(rules, &facts, gw.rules_shadow, rt.shared_limiter()).await;
-    for &(index, result) in &ev.results {
-        rt.metrics
+    let mut observer = Live { rt, gw };
+    let judged = judge(
+        rules,
+        &facts,
+        gw.rules_shadow,
+        rt.shared_limiter(),
+        &mut observer,
+    )
+    .await;
+    if !judged.shadow.is_empty() {
+        log.record.shadow_rules = Some(judged.shadow.iter().map(|r| r.rule.to_string()).collect());
+    }
+    log.rule_guards = judged.guards;
+    let r = judged.rejection?;
+    log.record.rule_level = Some(r.level);
+    log.record.rule_key = Some(r.key.clone());
+    log.record.collateral = judged.signal;
+    Some(RejectReason::Rule(r))
+}
+
+/// What the rules phase reports, in the live process: the activity table
+/// behind the low-rate signal, `weir_rule_decisions_total`, the collateral
+/// and distinct-client metrics.
+struct Live<'a> {
+    rt: &'a Runtime,
+    gw: &'a Gateway,
+}
+
+impl RuleObserver for Live<'_> {
+    fn low_rate(&mut self, client: ClientAddr, now: MonoTime) -> bool {
+        self.rt.record_activity(client, self.gw, now)
+    }
+
+    fn result(&mut self, rule: &Rule, result: RuleResult) {
+        self.rt
+            .metrics
             .rule_decisions
-            .get_or_create(&crate::observe::metrics::RuleResultLabels {
-                rule: rules[index].name.clone(),
+            .get_or_create(&RuleResultLabels {
+                rule: rule.name.clone(),
                 result: result.as_str(),
             })
             .inc();
     }
-    let signal = collateral_signal(user.is_some(), view.headers, low_rate);
-    for shadow in &ev.shadow {
-        rt.rule_rejected(shadow, client.client, signal, false);
-    }
-    if !ev.shadow.is_empty() {
-        log.record.shadow_rules = Some(ev.shadow.iter().map(|r| r.rule.to_string()).collect());
-    }
-    log.rule_guards = ev.guards;
-    let r = ev.rejection?;
-    rt.rule_rejected(&r, client.client, signal, true);
-    log.record.rule_level = Some(r.level);
-    log.record.rule_key = Some(r.key.clone());
-    log.record.collateral = signal;
-    Some(RejectReason::Rule(r))
-}
 
-/// Why a rejected client may be a person rather than a crawler, strongest
-/// signal first. Browser headers can be faked; they are a signal to watch,
-/// not proof.
-fn collateral_signal(verified: bool, headers: &HeaderMap, low_rate: bool) -> Option<&'static str> {
-    let navigates = headers
-        .get("sec-fetch-mode")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"navigate"))
-        || headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.contains("text/html"));
-    if verified {
-        Some("verified")
-    } else if low_rate {
-        Some("low_rate")
-    } else if navigates {
-        Some("browser")
-    } else {
-        None
+    fn rejected(
+        &mut self,
+        rejection: &RuleRejection,
+        client: ClientAddr,
+        signal: Option<&'static str>,
+        enforced: bool,
+    ) {
+        self.rt.rule_rejected(rejection, client, signal, enforced);
     }
 }
 
