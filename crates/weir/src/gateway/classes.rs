@@ -1,0 +1,375 @@
+//! Compiling `[classes.NAME]` and their rules: each class's settings,
+//! admission lane and coalescing, and its rules validated, then given
+//! their state (rate levels their sharded stores, concurrency rules their
+//! in-flight tables), carried over from the previous gateway by
+//! fingerprint so a reload keeps what unchanged rules counted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{ClassAdmission, Gateway};
+use crate::admission::{Coalescer, Lane, Lanes};
+use crate::config::{ConfigError, KeyPath, LoadedConfig};
+use crate::policy::route::ClassSettings;
+use crate::policy::rules::{self, KeyKind, RateLevel, Rule, RuleBody};
+use weir_limiter::{InflightTable, Quota, RuleFingerprint, RuleStores, StoreConfig};
+
+/// Default `coalesce_max_body_bytes`: a rendered article page.
+const COALESCE_MAX_BODY: usize = 1 << 20;
+/// Largest `coalesce_max_body_bytes`: every group in flight holds one copy.
+const COALESCE_MAX_BODY_LIMIT: usize = 64 << 20;
+
+/// The classes, compiled.
+pub(super) struct Classes {
+    pub settings: HashMap<String, ClassSettings>,
+    pub admission: HashMap<String, ClassAdmission>,
+    pub coalescers: HashMap<String, Coalescer>,
+    pub rules: HashMap<String, Arc<[Rule]>>,
+    pub rule_stores: RuleStores,
+    pub inflight_tables: HashMap<RuleFingerprint, Arc<InflightTable>>,
+    /// The settings of a class the configuration does not name.
+    pub default: ClassSettings,
+}
+
+pub(super) fn classes(
+    loaded: &LoadedConfig,
+    previous: Option<&Gateway>,
+    errors: &mut Vec<ConfigError>,
+) -> Classes {
+    let cfg = &loaded.config;
+    let root = KeyPath::root();
+    let lim = &cfg.limits;
+    let mut classes = HashMap::new();
+    let mut class_admission = HashMap::new();
+    let mut coalescers = HashMap::new();
+    let mut rule_defs = Vec::new();
+    for (name, c) in &cfg.classes {
+        let admission = admission(loaded, name, c, errors);
+        if c.coalesce {
+            let coalescer = previous
+                .and_then(|p| p.coalescers.get(name).cloned())
+                .unwrap_or_default();
+            coalescers.insert(name.clone(), coalescer);
+        }
+        class_admission.insert(name.clone(), admission);
+        classes.insert(
+            name.clone(),
+            ClassSettings {
+                body_read_timeout: c.body_read_timeout.map_or(lim.body_read_timeout.0, |d| d.0),
+                response_timeout: c.response_timeout.map(|d| d.0),
+            },
+        );
+        let at = root.key("classes").key(name).key("rules");
+        rule_defs.push((
+            name.clone(),
+            compile_rules(loaded, &at, name, &c.rules, errors),
+        ));
+    }
+    unique_names(loaded, &rule_defs, errors);
+    let (class_rules, rule_stores, inflight_tables) =
+        attach_state(loaded, rule_defs, previous, errors);
+    Classes {
+        settings: classes,
+        admission: class_admission,
+        coalescers,
+        rules: class_rules,
+        rule_stores,
+        inflight_tables,
+        default: ClassSettings {
+            body_read_timeout: lim.body_read_timeout.0,
+            response_timeout: None,
+        },
+    }
+}
+
+/// A class's admission settings: its lane, queue deadline and coalescing.
+fn admission(
+    loaded: &LoadedConfig,
+    name: &str,
+    c: &crate::config::ClassConfig,
+    errors: &mut Vec<ConfigError>,
+) -> ClassAdmission {
+    let root = KeyPath::root();
+    let lane = match c.lane.as_deref() {
+        None => Lane::PASS,
+        Some(l) => match Lanes::standard().by_name(l) {
+            Some(lane) => lane,
+            None => {
+                errors.push(loaded.error_at(
+                    &root.key("classes").key(name).key("lane"),
+                    format!("`{l}` is not a lane (verified, pass, anonymous)"),
+                ));
+                Lane::PASS
+            }
+        },
+    };
+    if c.queue_timeout.is_some_and(|t| t.0.is_zero()) {
+        errors.push(loaded.error_at(
+            &root.key("classes").key(name).key("queue_timeout"),
+            "must be more than 0s",
+        ));
+    }
+    let max_body = c.coalesce_max_body_bytes.unwrap_or(COALESCE_MAX_BODY);
+    if max_body > COALESCE_MAX_BODY_LIMIT {
+        errors.push(loaded.error_at(
+            &root.key("classes").key(name).key("coalesce_max_body_bytes"),
+            format!("{max_body} is above the maximum of {COALESCE_MAX_BODY_LIMIT}"),
+        ));
+    }
+    ClassAdmission {
+        lane,
+        queue_timeout: c.queue_timeout.map(|d| d.0),
+        coalesce_max_body: c.coalesce.then_some(max_body),
+    }
+}
+
+/// Rule names are unique across classes: they label metrics and logs.
+fn unique_names(
+    loaded: &LoadedConfig,
+    rule_defs: &[(String, Vec<RuleDef>)],
+    errors: &mut Vec<ConfigError>,
+) {
+    let root = KeyPath::root();
+    let mut names = std::collections::HashSet::new();
+    for (_, defs) in rule_defs {
+        for d in defs {
+            if !names.insert(d.name.clone()) {
+                errors.push(loaded.error_at(
+                    &root.key("classes"),
+                    format!(
+                        "rule name `{}` is used twice; rule names must be unique",
+                        d.name
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// The rules with their state: rate levels get their sharded stores (by
+/// fingerprint, the previous gateway's when unchanged), concurrency rules
+/// their in-flight tables.
+#[allow(clippy::type_complexity)] // the three results go to three Gateway fields
+fn attach_state(
+    loaded: &LoadedConfig,
+    rule_defs: Vec<(String, Vec<RuleDef>)>,
+    previous: Option<&Gateway>,
+    errors: &mut Vec<ConfigError>,
+) -> (
+    HashMap<String, Arc<[Rule]>>,
+    RuleStores,
+    HashMap<RuleFingerprint, Arc<InflightTable>>,
+) {
+    let root = KeyPath::root();
+    let cfg = &loaded.config;
+    let store_config = StoreConfig::with_max_keys(cfg.rules.max_keys_per_level.max(1024));
+    let level_fps: Vec<(RuleFingerprint, StoreConfig)> = rule_defs
+        .iter()
+        .flat_map(|(_, defs)| defs.iter())
+        .flat_map(|d| d.levels.iter().map(|l| (l.fingerprint, store_config)))
+        .collect();
+    let rule_stores = RuleStores::build(&level_fps, previous.map(|p| &p.rule_stores))
+        .unwrap_or_else(|e| {
+            errors
+                .push(loaded.error_at(&root.key("rules").key("max_keys_per_level"), e.to_string()));
+            RuleStores::default()
+        });
+    let mut inflight_tables = HashMap::new();
+    let mut class_rules: HashMap<String, Arc<[Rule]>> = HashMap::new();
+    for (class, defs) in rule_defs {
+        let mut compiled = Vec::new();
+        for d in defs {
+            let body = match d.concurrency {
+                Some((key, max, fp)) => {
+                    let table = previous
+                        .and_then(|p| p.inflight_tables.get(&fp).cloned())
+                        .unwrap_or_default();
+                    inflight_tables.insert(fp, table.clone());
+                    RuleBody::Concurrency {
+                        key,
+                        max,
+                        table,
+                        fingerprint: fp,
+                    }
+                }
+                None => RuleBody::Rate(
+                    d.levels
+                        .into_iter()
+                        .filter_map(|l| {
+                            let store = rule_stores.by_fingerprint(l.fingerprint)?.clone();
+                            Some(RateLevel {
+                                key: l.key,
+                                quota: l.quota,
+                                store,
+                                fingerprint: l.fingerprint,
+                            })
+                        })
+                        .collect(),
+                ),
+            };
+            compiled.push(Rule {
+                name: Arc::from(d.name.as_str()),
+                body,
+                exempt_verified: d.exempt_verified,
+                shadow: d.shadow,
+                methods: d.methods,
+            });
+        }
+        class_rules.insert(class, Arc::from(compiled));
+    }
+    (class_rules, rule_stores, inflight_tables)
+}
+
+/// A rule as validated, before its state is attached.
+struct RuleDef {
+    name: String,
+    levels: Vec<LevelDef>,
+    concurrency: Option<(KeyKind, u32, RuleFingerprint)>,
+    exempt_verified: bool,
+    shadow: bool,
+    methods: Vec<http::Method>,
+}
+
+struct LevelDef {
+    key: KeyKind,
+    quota: Quota,
+    fingerprint: RuleFingerprint,
+}
+
+/// Longest window a rate level may have: a day (state is kept in memory and
+/// snapshots; longer windows belong in the application).
+const MAX_WINDOW: Duration = Duration::from_secs(86_400);
+
+fn compile_rules(
+    loaded: &LoadedConfig,
+    at: &KeyPath,
+    class: &str,
+    defs: &[crate::config::RuleConfig],
+    errors: &mut Vec<ConfigError>,
+) -> Vec<RuleDef> {
+    use crate::config::RuleKind;
+    let mut out = Vec::new();
+    for (i, d) in defs.iter().enumerate() {
+        let at = at.index(i);
+        let before = errors.len();
+        if d.name.trim().is_empty() {
+            errors.push(loaded.error_at(&at.key("name"), "a rule needs a name"));
+        }
+        let mut exempt_verified = false;
+        for (j, e) in d.exempt.iter().enumerate() {
+            match e.as_str() {
+                "verified" => exempt_verified = true,
+                other => errors.push(loaded.error_at(
+                    &at.key("exempt").index(j),
+                    format!(
+                        "`{other}` cannot exempt: only `verified` sessions can (a cookie's name or presence proves nothing; any visitor can get one)"
+                    ),
+                )),
+            }
+        }
+        let mut methods = Vec::new();
+        for (j, m) in d.methods.iter().enumerate() {
+            match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                Ok(m) => methods.push(m),
+                Err(_) => errors.push(loaded.error_at(
+                    &at.key("methods").index(j),
+                    format!("`{m}` is not an HTTP method"),
+                )),
+            }
+        }
+        let mut levels = Vec::new();
+        let mut concurrency = None;
+        match d.kind {
+            RuleKind::Rate => {
+                if d.limits.is_empty() {
+                    errors.push(loaded.error_at(
+                        &at.key("limits"),
+                        "a rate rule needs at least one entry in `limits`",
+                    ));
+                }
+                if d.limits.len() > rules::MAX_LEVELS {
+                    errors.push(loaded.error_at(
+                        &at.key("limits"),
+                        format!("at most {} levels per rule", rules::MAX_LEVELS),
+                    ));
+                }
+                if d.per.is_some() || d.max.is_some() {
+                    errors.push(loaded.error_at(
+                        &at.key("type"),
+                        "`per` and `max` belong to concurrency rules; rate rules use `limits`",
+                    ));
+                }
+                for (j, l) in d.limits.iter().enumerate() {
+                    let lat = at.key("limits").index(j);
+                    let key = match KeyKind::parse(&l.per) {
+                        Ok(k) => k,
+                        Err(e) => {
+                            errors.push(loaded.error_at(&lat.key("per"), e));
+                            continue;
+                        }
+                    };
+                    if l.window.0 > MAX_WINDOW {
+                        errors.push(loaded.error_at(
+                            &lat.key("window"),
+                            format!("{:?} is longer than a day", l.window),
+                        ));
+                        continue;
+                    }
+                    let burst = l.burst.unwrap_or(l.rate);
+                    match Quota::new(l.rate, l.window.0, burst) {
+                        Ok(quota) => levels.push(LevelDef {
+                            fingerprint: rules::fingerprint(&[
+                                class,
+                                &d.name,
+                                &l.per,
+                                &l.rate.to_string(),
+                                &l.window.0.as_nanos().to_string(),
+                                &burst.to_string(),
+                            ]),
+                            key,
+                            quota,
+                        }),
+                        Err(e) => errors.push(loaded.error_at(&lat, e.to_string())),
+                    }
+                }
+            }
+            RuleKind::Concurrency => {
+                if !d.limits.is_empty() {
+                    errors.push(loaded.error_at(
+                        &at.key("limits"),
+                        "concurrency rules use `per` and `max`, not `limits`",
+                    ));
+                }
+                match (&d.per, d.max) {
+                    (Some(per), Some(max)) if max > 0 => match KeyKind::parse(per) {
+                        Ok(k) => {
+                            concurrency = Some((
+                                k,
+                                max,
+                                rules::fingerprint(&[class, &d.name, per, "concurrency"]),
+                            ))
+                        }
+                        Err(e) => errors.push(loaded.error_at(&at.key("per"), e)),
+                    },
+                    (_, Some(0)) => {
+                        errors.push(loaded.error_at(&at.key("max"), "must be at least 1"))
+                    }
+                    _ => errors
+                        .push(loaded.error_at(&at, "a concurrency rule needs `per` and `max`")),
+                }
+            }
+        }
+        if errors.len() == before {
+            out.push(RuleDef {
+                name: d.name.clone(),
+                levels,
+                concurrency,
+                exempt_verified,
+                shadow: d.shadow,
+                methods,
+            });
+        }
+    }
+    out
+}

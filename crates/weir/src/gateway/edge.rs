@@ -1,0 +1,151 @@
+//! Compiling the edge's sections: `[[listeners]]`, `[admin]`,
+//! `[identity]` and `[limits]`.
+
+use std::net::SocketAddr;
+
+use crate::config::{ConfigError, KeyPath, LoadedConfig};
+use crate::edge::tls;
+use crate::edge::{ConnLimits, EdgeSettings, ListenerSpec};
+use crate::identity::TrustedProxies;
+
+/// Smallest buffer hyper accepts for request heads.
+const MIN_HEADER_BYTES: usize = 8192;
+
+/// `[[listeners]]`: addresses parsed, TLS acceptors built (binding happens
+/// once, at start).
+pub(super) fn listeners(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> Vec<ListenerSpec> {
+    let cfg = &loaded.config;
+    let root = KeyPath::root();
+    if cfg.listeners.is_empty() {
+        errors.push(loaded.error_at(
+            &root.key("listeners"),
+            "at least one [[listeners]] entry is required",
+        ));
+    }
+    let mut listeners = Vec::new();
+    for (i, l) in cfg.listeners.iter().enumerate() {
+        let at = root.key("listeners").index(i);
+        let address = match l.address.parse::<SocketAddr>() {
+            Ok(a) => a,
+            Err(_) => {
+                errors.push(loaded.error_at(
+                    &at.key("address"),
+                    format!(
+                        "`{}` is not ip:port (e.g. \"0.0.0.0:8080\" or \"[::]:443\")",
+                        l.address
+                    ),
+                ));
+                continue;
+            }
+        };
+        let tls = match &l.tls {
+            None => None,
+            Some(t) => match tls::acceptor(&t.cert, &t.key, l.http2) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    let key = if matches!(e, tls::TlsError::Key { .. }) {
+                        "key"
+                    } else {
+                        "cert"
+                    };
+                    errors.push(loaded.error_at(&at.key("tls").key(key), e.to_string()));
+                    None
+                }
+            },
+        };
+        listeners.push(ListenerSpec {
+            address,
+            proxy_protocol: l.proxy_protocol,
+            http2: l.http2,
+            tls,
+        });
+    }
+    listeners
+}
+
+/// `[admin]`: the admin API's address, if it is enabled.
+pub(super) fn admin(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> Option<SocketAddr> {
+    let cfg = &loaded.config;
+    let root = KeyPath::root();
+    if cfg.admin.enabled {
+        match cfg.admin.address.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                errors.push(loaded.error_at(
+                    &root.key("admin").key("address"),
+                    format!("`{}` is not ip:port", cfg.admin.address),
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    }
+}
+
+/// `[identity]`: the trusted proxies, and the dominant-peer share.
+pub(super) fn identity(
+    loaded: &LoadedConfig,
+    errors: &mut Vec<ConfigError>,
+) -> (TrustedProxies, f64) {
+    let cfg = &loaded.config;
+    let root = KeyPath::root();
+    let id_at = root.key("identity");
+    for (i, entry) in cfg.identity.trusted_proxies.iter().enumerate() {
+        if let Err(e) = TrustedProxies::parse(std::slice::from_ref(entry)) {
+            errors.push(loaded.error_at(&id_at.key("trusted_proxies").index(i), e.to_string()));
+        }
+    }
+    let trusted = TrustedProxies::parse(&cfg.identity.trusted_proxies).unwrap_or_default();
+    let share = cfg.identity.dominant_peer_share;
+    if !(share > 0.0 && share <= 1.0) {
+        errors.push(loaded.error_at(
+            &id_at.key("dominant_peer_share"),
+            format!("{share} must be in (0, 1]"),
+        ));
+    }
+    (trusted, share)
+}
+
+/// `[limits]`: the caps and timeouts of connections and request heads.
+pub(super) fn limits(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> EdgeSettings {
+    let root = KeyPath::root();
+    let lim = &loaded.config.limits;
+    let lim_at = root.key("limits");
+    if lim.max_connections == 0 {
+        errors.push(loaded.error_at(&lim_at.key("max_connections"), "must be at least 1"));
+    }
+    if lim.max_connections_per_ip == 0 {
+        errors.push(loaded.error_at(&lim_at.key("max_connections_per_ip"), "must be at least 1"));
+    }
+    if lim.max_requests_in_flight_per_ip == 0 {
+        errors.push(loaded.error_at(
+            &lim_at.key("max_requests_in_flight_per_ip"),
+            "must be at least 1",
+        ));
+    }
+    if lim.max_header_bytes < MIN_HEADER_BYTES {
+        errors.push(loaded.error_at(
+            &lim_at.key("max_header_bytes"),
+            format!(
+                "{} is below the minimum of {MIN_HEADER_BYTES}",
+                lim.max_header_bytes
+            ),
+        ));
+    }
+    if lim.max_headers == 0 {
+        errors.push(loaded.error_at(&lim_at.key("max_headers"), "must be at least 1"));
+    }
+    EdgeSettings {
+        conn: ConnLimits {
+            max_connections: lim.max_connections,
+            max_per_ip: lim.max_connections_per_ip,
+            header_timeout: lim.header_read_timeout.0,
+            idle_timeout: lim.keepalive_idle_timeout.0,
+        },
+        max_in_flight_per_ip: lim.max_requests_in_flight_per_ip,
+        handshake_timeout: lim.handshake_timeout.0,
+        max_header_bytes: lim.max_header_bytes,
+        max_headers: lim.max_headers,
+    }
+}
