@@ -383,39 +383,7 @@ pub fn parse_head(
                 (into_map(&head, named, &mut hop)?, None)
             }
         };
-        let HopFields {
-            content_length,
-            chunked: transfer_encoding,
-            close,
-            keep_alive: keep_alive_token,
-        } = hop;
-        let mut keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
-        let framing = if head_request
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-            || status == StatusCode::SWITCHING_PROTOCOLS
-        {
-            Framing::Empty
-        } else if let Some(chunked) = transfer_encoding {
-            // Both lengths present is how requests get smuggled: the
-            // encoding wins (RFC 9112 §6.3) and the connection is not reused.
-            if content_length.is_some() || !chunked {
-                keep_alive = false;
-            }
-            if chunked {
-                Framing::Chunked(Chunk::Size)
-            } else {
-                Framing::UntilClose
-            }
-        } else if let Some(n) = content_length {
-            Framing::Length(n)
-        } else {
-            keep_alive = false;
-            Framing::UntilClose
-        };
-        if status == StatusCode::SWITCHING_PROTOCOLS {
-            keep_alive = false;
-        }
+        let (framing, keep_alive) = response_framing(status, head_request, &hop, version);
         return Ok(Some(ResponseHead {
             status,
             version,
@@ -428,6 +396,44 @@ pub fn parse_head(
 }
 
 /// Each field's name, and where its value lies in `head`: names are taken
+/// How a response's body is delimited (RFC 9112 §6.3), and whether its
+/// connection may be reused after it.
+fn response_framing(
+    status: StatusCode,
+    head_request: bool,
+    hop: &HopFields,
+    version: Version,
+) -> (Framing, bool) {
+    let mut keep_alive = !hop.close && (version == Version::HTTP_11 || hop.keep_alive);
+    let framing = if head_request
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+        || status == StatusCode::SWITCHING_PROTOCOLS
+    {
+        Framing::Empty
+    } else if let Some(chunked) = hop.chunked {
+        // Both lengths present is how requests get smuggled: the
+        // encoding wins (RFC 9112 §6.3) and the connection is not reused.
+        if hop.content_length.is_some() || !chunked {
+            keep_alive = false;
+        }
+        if chunked {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::UntilClose
+        }
+    } else if let Some(n) = hop.content_length {
+        Framing::Length(n)
+    } else {
+        keep_alive = false;
+        Framing::UntilClose
+    };
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        keep_alive = false;
+    }
+    (framing, keep_alive)
+}
+
 /// before the head is frozen, values cut from it after, without a copy.
 fn names(head: &[u8], fields: &[httparse::Header<'_>]) -> Result<NamedFields, ExchangeError> {
     let base = head.as_ptr() as usize;

@@ -120,23 +120,39 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyProtocolError> {
         line: escaped(&buf[..end], V1_MAX_LEN),
         reason,
     };
+    let Some(end) = v1_line_end(buf, &malformed)? else {
+        return Ok(Parsed::Incomplete);
+    };
+    // Checked by `v1_line_end`: bytes 0..end are printable ASCII.
+    let line = std::str::from_utf8(&buf[V1_PREFIX.len()..end])
+        .map_err(|_| malformed(end, "not ASCII".into()))?;
+    let fields: Vec<&str> = line.split(' ').collect();
+    let header = v1_header(&fields, &|reason| malformed(end + 2, reason))?;
+    Ok(Parsed::Complete {
+        header,
+        consumed: end + 2,
+    })
+}
+
+/// Where a v1 line's CR is (its CRLF ends it); `None` while it may still
+/// come. Every byte before it must be printable ASCII.
+fn v1_line_end(
+    buf: &[u8],
+    malformed: &dyn Fn(usize, String) -> ProxyProtocolError,
+) -> Result<Option<usize>, ProxyProtocolError> {
     let scan = buf.len().min(V1_MAX_LEN);
-    let mut end = None;
     for (i, &b) in buf.iter().enumerate().take(scan).skip(V1_PREFIX.len()) {
         match b {
             b'\r' => match buf.get(i + 1) {
                 _ if i + 2 > V1_MAX_LEN => break,
-                Some(b'\n') => {
-                    end = Some(i);
-                    break;
-                }
+                Some(b'\n') => return Ok(Some(i)),
                 Some(_) => {
                     return Err(malformed(
                         i + 2,
                         format!("CR at byte {i} is not followed by LF"),
                     ));
                 }
-                None => return Ok(Parsed::Incomplete),
+                None => return Ok(None),
             },
             b'\n' => return Err(malformed(i + 1, format!("LF without CR at byte {i}"))),
             0x20..=0x7e => {}
@@ -148,35 +164,33 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyProtocolError> {
             }
         }
     }
-    let Some(end) = end else {
-        return if buf.len() >= V1_MAX_LEN {
-            Err(ProxyProtocolError::V1TooLong {
-                prefix: escaped(buf, V1_MAX_LEN),
-            })
-        } else {
-            Ok(Parsed::Incomplete)
-        };
-    };
-    // Checked above: bytes 0..end are printable ASCII.
-    let line = std::str::from_utf8(&buf[V1_PREFIX.len()..end])
-        .map_err(|_| malformed(end, "not ASCII".into()))?;
-    let fields: Vec<&str> = line.split(' ').collect();
-    let header = match fields.first().copied().unwrap_or_default() {
+    if buf.len() >= V1_MAX_LEN {
+        Err(ProxyProtocolError::V1TooLong {
+            prefix: escaped(buf, V1_MAX_LEN),
+        })
+    } else {
+        Ok(None)
+    }
+}
+
+/// The header a v1 line's space-separated fields describe.
+fn v1_header(
+    fields: &[&str],
+    malformed: &dyn Fn(String) -> ProxyProtocolError,
+) -> Result<ProxyHeader, ProxyProtocolError> {
+    match fields.first().copied().unwrap_or_default() {
         // "the receiver must ignore anything presented before the CRLF"
-        "UNKNOWN" => ProxyHeader {
+        "UNKNOWN" => Ok(ProxyHeader {
             source: None,
             destination: None,
             version: 1,
-        },
+        }),
         proto @ ("TCP4" | "TCP6") => {
             let [_, src, dst, sport, dport] = fields[..] else {
-                return Err(malformed(
-                    end + 2,
-                    format!(
-                        "expected \"{proto} <src> <dst> <sport> <dport>\" separated by single spaces, got {} fields",
-                        fields.len()
-                    ),
-                ));
+                return Err(malformed(format!(
+                    "expected \"{proto} <src> <dst> <sport> <dport>\" separated by single spaces, got {} fields",
+                    fields.len()
+                )));
             };
             let ip = |s: &str, what: &str| -> Result<IpAddr, ProxyProtocolError> {
                 let parsed = if proto == "TCP4" {
@@ -184,20 +198,16 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyProtocolError> {
                 } else {
                     s.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
                 };
-                parsed.ok_or_else(|| {
-                    malformed(end + 2, format!("{what} {s:?} is not a {proto} address"))
-                })
+                parsed.ok_or_else(|| malformed(format!("{what} {s:?} is not a {proto} address")))
             };
             let port = |s: &str, what: &str| -> Result<u16, ProxyProtocolError> {
                 let digits = !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit());
                 digits
                     .then(|| s.parse::<u16>().ok())
                     .flatten()
-                    .ok_or_else(|| {
-                        malformed(end + 2, format!("{what} {s:?} is not a port (0-65535)"))
-                    })
+                    .ok_or_else(|| malformed(format!("{what} {s:?} is not a port (0-65535)")))
             };
-            ProxyHeader {
+            Ok(ProxyHeader {
                 source: Some(SocketAddr::new(
                     ip(src, "source")?,
                     port(sport, "source port")?,
@@ -207,19 +217,12 @@ fn parse_v1(buf: &[u8]) -> Result<Parsed, ProxyProtocolError> {
                     port(dport, "destination port")?,
                 )),
                 version: 1,
-            }
+            })
         }
-        other => {
-            return Err(malformed(
-                end + 2,
-                format!("protocol {other:?} is not TCP4, TCP6 or UNKNOWN"),
-            ));
-        }
-    };
-    Ok(Parsed::Complete {
-        header,
-        consumed: end + 2,
-    })
+        other => Err(malformed(format!(
+            "protocol {other:?} is not TCP4, TCP6 or UNKNOWN"
+        ))),
+    }
 }
 
 fn parse_v2(buf: &[u8]) -> Result<Parsed, ProxyProtocolError> {

@@ -347,23 +347,7 @@ pub async fn serve<H: Handler>(
             Ok(Some(head)) => head,
             Ok(None) => break,
             Err(e) => {
-                if let Some(status) = e.answer() {
-                    match handler.refusal(&e) {
-                        Some(resp) => {
-                            let _ =
-                                write_response(&wire, resp, Version::HTTP_11, false, false).await;
-                        }
-                        None => {
-                            let answer = format!(
-                                "HTTP/1.1 {} {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                                status.as_str(),
-                                status.canonical_reason().unwrap_or("")
-                            );
-                            let _ = write_all(&wire, &mut [IoSlice::new(answer.as_bytes())]).await;
-                        }
-                    }
-                    close(&wire, true).await;
-                }
+                refuse(&wire, &handler, &e).await;
                 return Err(e);
             }
         };
@@ -421,6 +405,29 @@ pub async fn serve<H: Handler>(
     let unread = !lock(&wire).buf.is_empty();
     close(&wire, unread).await;
     Ok(())
+}
+
+/// Answers a head the codec could not read (when it has an answer: a
+/// reset or a cut head gets none) and closes: the handler's refusal, or a
+/// bare status line.
+async fn refuse<H: Handler>(wire: &SharedWire, handler: &H, e: &ClientError) {
+    let Some(status) = e.answer() else {
+        return;
+    };
+    match handler.refusal(e) {
+        Some(resp) => {
+            let _ = write_response(wire, resp, Version::HTTP_11, false, false).await;
+        }
+        None => {
+            let answer = format!(
+                "HTTP/1.1 {} {}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                status.as_str(),
+                status.canonical_reason().unwrap_or("")
+            );
+            let _ = write_all(wire, &mut [IoSlice::new(answer.as_bytes())]).await;
+        }
+    }
+    close(wire, true).await;
 }
 
 /// Gives the socket to the tunnel waiting for it (`ClientUpgrade::Edge`).
@@ -538,12 +545,20 @@ async fn next_head<H: Handler>(
 }
 
 /// Parses the request head at the start of `w.buf` and removes it; `None`
-/// if more bytes are needed.
-fn parse_head<B: From<EdgeBody>>(
-    wire: &SharedWire,
-    w: &mut Wire,
-    limits: HeadLimits,
-) -> Result<Option<Head<B>>, ClientError> {
+/// A request head as httparse found it: its length, and where its parts
+/// are in the buffer (nothing copied; cut once the head is frozen).
+struct RawHead {
+    len: usize,
+    method: Method,
+    version: Version,
+    path: std::ops::Range<usize>,
+    fields: SmallVec<[(HeaderName, usize, usize); 16]>,
+}
+
+/// Finds the request head at the start of `buf`; `None` if more bytes are
+/// needed. Field names are taken now (they are few and short); the target
+/// and values are left as ranges of `buf`.
+fn scan_head(buf: &[u8], limits: HeadLimits) -> Result<Option<RawHead>, ClientError> {
     let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_HEADERS];
     let mut heap = Vec::new();
     let slots = if limits.max_headers <= STACK_HEADERS {
@@ -555,14 +570,14 @@ fn parse_head<B: From<EdgeBody>>(
     let mut parsed = httparse::Request::new(&mut []);
     let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
         &mut parsed,
-        &w.buf,
+        buf,
         slots,
     ) {
         Ok(httparse::Status::Complete(len)) if len > limits.max_bytes => {
             return Err(ClientError::HeadTooLarge);
         }
         Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if w.buf.len() >= limits.max_bytes => {
+        Ok(httparse::Status::Partial) if buf.len() >= limits.max_bytes => {
             return Err(ClientError::HeadTooLarge);
         }
         Ok(httparse::Status::Partial) => return Ok(None),
@@ -576,70 +591,52 @@ fn parse_head<B: From<EdgeBody>>(
     } else {
         Version::HTTP_11
     };
-    // Names are taken now; the target and values are cut from the head's
-    // bytes once it is frozen, without a copy.
-    let base = w.buf.as_ptr() as usize;
+    let base = buf.as_ptr() as usize;
     let path = parsed.path.unwrap_or("");
     let path_at = path.as_ptr() as usize - base;
-    let path_range = path_at..path_at + path.len();
-    let mut fields: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
+    let mut fields = SmallVec::new();
     for h in parsed.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| ClientError::Malformed("invalid header name"))?;
         let start = h.value.as_ptr() as usize - base;
         fields.push((name, start, start + h.value.len()));
     }
+    Ok(Some(RawHead {
+        len,
+        method,
+        version,
+        path: path_at..path_at + path.len(),
+        fields,
+    }))
+}
+
+/// Parses the request head at the start of `w.buf` and removes it; `None`
+/// if more bytes are needed.
+fn parse_head<B: From<EdgeBody>>(
+    wire: &SharedWire,
+    w: &mut Wire,
+    limits: HeadLimits,
+) -> Result<Option<Head<B>>, ClientError> {
+    let Some(RawHead {
+        len,
+        method,
+        version,
+        path: path_range,
+        mut fields,
+    }) = scan_head(&w.buf, limits)?
+    else {
+        return Ok(None);
+    };
     let head_bytes = w.buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head_bytes.slice(path_range))
         .map_err(|_| ClientError::Malformed("invalid request target"))?;
-    // Room for the forwarding fields the proxy adds: growing the map
-    // rehashes it.
-    let mut headers = HeaderMap::with_capacity(fields.len() + FORWARDING_ROOM);
-    let mut hop = HopFields::default();
-    let mut expect_continue = false;
-    let mut upgrade = false;
-    // Drained, not moved into an iterator: that would copy all 16 slots.
-    for (name, start, end) in fields.drain(..) {
-        let value = HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
-            .map_err(|_| ClientError::Malformed("invalid header value"))?;
-        if hop.note(name.as_str().as_bytes(), value.as_bytes())? == FieldRole::Spent {
-            continue;
-        }
-        if name == header::EXPECT {
-            expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
-        } else if name == header::UPGRADE {
-            upgrade = true;
-        }
-        headers.append(name, value);
-    }
+    let (headers, hop, expect_continue, upgrade) = field_map(&mut fields, &head_bytes)?;
+    let body = body_framing(&hop, version)?;
     let HopFields {
-        content_length,
-        chunked,
         close,
         keep_alive: keep_alive_token,
+        ..
     } = hop;
-    // RFC 9112 §6.3: both lengths, or a coding other than chunked last, is
-    // how requests get smuggled past a proxy; refused, as nginx does.
-    let body = match (chunked, content_length) {
-        (Some(_), _) if version == Version::HTTP_10 => {
-            return Err(ClientError::Malformed(
-                "Transfer-Encoding in an HTTP/1.0 request",
-            ));
-        }
-        (Some(_), Some(_)) => {
-            return Err(ClientError::Malformed(
-                "both Transfer-Encoding and Content-Length",
-            ));
-        }
-        (Some(false), None) => {
-            return Err(ClientError::Malformed(
-                "Transfer-Encoding not ending in chunked",
-            ));
-        }
-        (Some(true), None) => Framing::Chunked(Chunk::Size),
-        (None, Some(n)) => Framing::Length(n),
-        (None, None) => Framing::Empty,
-    };
     w.continue_owed =
         (expect_continue && version == Version::HTTP_11 && !body.is_end()).then_some(0);
     w.body = body;
@@ -665,6 +662,56 @@ fn parse_head<B: From<EdgeBody>>(
     }))
 }
 
+/// The head's fields as a map (values sliced from the frozen head, not
+/// copied), the framing and connection fields they carry (spent, not put
+/// in the map), and whether they ask for `100 Continue` or an upgrade.
+fn field_map(
+    fields: &mut SmallVec<[(HeaderName, usize, usize); 16]>,
+    head_bytes: &Bytes,
+) -> Result<(HeaderMap, HopFields, bool, bool), ClientError> {
+    // Room for the forwarding fields the proxy adds: growing the map
+    // rehashes it.
+    let mut headers = HeaderMap::with_capacity(fields.len() + FORWARDING_ROOM);
+    let mut hop = HopFields::default();
+    let mut expect_continue = false;
+    let mut upgrade = false;
+    // Drained, not moved into an iterator: that would copy all 16 slots.
+    for (name, start, end) in fields.drain(..) {
+        let value = HeaderValue::from_maybe_shared(head_bytes.slice(start..end))
+            .map_err(|_| ClientError::Malformed("invalid header value"))?;
+        if hop.note(name.as_str().as_bytes(), value.as_bytes())? == FieldRole::Spent {
+            continue;
+        }
+        if name == header::EXPECT {
+            expect_continue = value.as_bytes().eq_ignore_ascii_case(b"100-continue");
+        } else if name == header::UPGRADE {
+            upgrade = true;
+        }
+        headers.append(name, value);
+    }
+    Ok((headers, hop, expect_continue, upgrade))
+}
+
+/// How the request's body is delimited. RFC 9112 §6.3: both lengths, or a
+/// coding other than chunked last, is how requests get smuggled past a
+/// proxy; refused, as nginx does.
+fn body_framing(hop: &HopFields, version: Version) -> Result<Framing, ClientError> {
+    match (hop.chunked, hop.content_length) {
+        (Some(_), _) if version == Version::HTTP_10 => Err(ClientError::Malformed(
+            "Transfer-Encoding in an HTTP/1.0 request",
+        )),
+        (Some(_), Some(_)) => Err(ClientError::Malformed(
+            "both Transfer-Encoding and Content-Length",
+        )),
+        (Some(false), None) => Err(ClientError::Malformed(
+            "Transfer-Encoding not ending in chunked",
+        )),
+        (Some(true), None) => Ok(Framing::Chunked(Chunk::Size)),
+        (None, Some(n)) => Ok(Framing::Length(n)),
+        (None, None) => Ok(Framing::Empty),
+    }
+}
+
 /// How a response is written.
 struct Written {
     /// The connection cannot take another request.
@@ -680,6 +727,30 @@ enum OutFraming {
     UntilClose,
 }
 
+/// How a response's body goes on the wire: none (`HEAD`, 1xx, 204,
+/// 304), its exact length, chunked, or until the close (HTTP/1.0 without a
+/// length).
+fn out_framing(
+    status: StatusCode,
+    head_request: bool,
+    exact: Option<u64>,
+    version: Version,
+) -> OutFraming {
+    let bodyless = head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    if bodyless {
+        OutFraming::None
+    } else if let Some(n) = exact {
+        OutFraming::Length(n)
+    } else if version == Version::HTTP_11 {
+        OutFraming::Chunked
+    } else {
+        OutFraming::UntilClose
+    }
+}
+
 /// Writes the response head and streams its body.
 async fn write_response(
     wire: &SharedWire,
@@ -689,25 +760,14 @@ async fn write_response(
     keep_alive: bool,
 ) -> Result<Written, ClientError> {
     let status = response.status();
-    let bodyless = head_request
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    let framing = if bodyless {
-        OutFraming::None
-    } else if let Some(n) = response.body().size_hint().exact() {
-        OutFraming::Length(n)
-    } else if version == Version::HTTP_11 {
-        OutFraming::Chunked
-    } else {
-        OutFraming::UntilClose
-    };
+    let exact = response.body().size_hint().exact();
+    let framing = out_framing(status, head_request, exact, version);
     let asked_close = response
         .headers()
         .get_all(header::CONNECTION)
         .iter()
         .any(|v| has_token(v.as_bytes(), b"close"));
-    let mut close = !keep_alive || asked_close || framing == OutFraming::UntilClose;
+    let close = !keep_alive || asked_close || framing == OutFraming::UntilClose;
     let mut head = Vec::with_capacity(256 + response.headers().len() * 48);
     encode_head(
         &mut head,
@@ -719,11 +779,28 @@ async fn write_response(
         close,
     );
     let body = response.body_mut();
-    if bodyless {
+    if framing == OutFraming::None {
         write_all(wire, &mut [IoSlice::new(&head)]).await?;
         body.not_sent();
         return Ok(Written { close });
     }
+    let cut = write_body(wire, body, head, framing).await?;
+    Ok(Written {
+        close: close || cut,
+    })
+}
+
+/// Streams `body` after `head` (which leaves with the first bytes, or
+/// alone when they are not ready), framed as `framing`. `true`: the
+/// connection must close (the body was cut, or longer or shorter than it
+/// said).
+async fn write_body(
+    wire: &SharedWire,
+    body: &mut impl Outgoing,
+    head: Vec<u8>,
+    framing: OutFraming,
+) -> Result<bool, ClientError> {
+    let mut close = false;
     let mut head = Some(head);
     let mut sent: u64 = 0;
     let mut size_line = [0u8; 18];
@@ -750,7 +827,7 @@ async fn write_response(
                 if let Some(h) = head.take() {
                     write_all(wire, &mut [IoSlice::new(&h)]).await?;
                 }
-                return Ok(Written { close: true });
+                return Ok(true);
             }
         };
         let ended = body.is_end_stream();
@@ -790,7 +867,7 @@ async fn write_response(
     {
         close = true;
     }
-    Ok(Written { close })
+    Ok(close)
 }
 
 /// Whether a comma-separated header value holds `token` (any case).

@@ -168,6 +168,14 @@ struct Waiter {
     enqueued: Instant,
 }
 
+/// How a request entered the queue.
+enum Queued {
+    /// A slot was free: admitted without waiting.
+    Admitted(Permit),
+    /// Waiting for a slot: the answer comes on the channel.
+    Waiting(oneshot::Receiver<Result<Permit, Shed>>, super::fair::Ticket),
+}
+
 #[derive(Default)]
 struct LaneCounters {
     admitted: u64,
@@ -300,45 +308,10 @@ impl AdmissionQueue {
     ) -> Result<Permit, Shed> {
         let shared = &self.shared;
         let lane = shared.config.lanes.clamp(lane);
-        let now = Instant::now();
-        let mut evicted = Vec::new();
-        let queued = {
-            let mut st = shared.lock();
-            if st.queued == 0 && st.in_flight < shared.limit(&st) {
-                st.in_flight += 1;
-                st.lanes[lane.index()].counters.admitted += 1;
-                let in_flight = st.in_flight;
-                drop(st);
-                return Ok(Permit::new(
-                    shared.clone(),
-                    lane,
-                    Duration::ZERO,
-                    now,
-                    in_flight,
-                ));
-            }
-            let refused = if deadline <= now {
-                Err(ShedReason::DeadlineExceeded)
-            } else {
-                shared.make_room(&mut st, lane, &key, &mut evicted)
-            };
-            match refused {
-                Err(reason) => Err(shared.count_shed(&mut st, lane, reason, Duration::ZERO)),
-                Ok(()) => {
-                    let (tx, rx) = oneshot::channel();
-                    let ticket = st.lanes[lane.index()]
-                        .queue
-                        .push(key, Waiter { tx, enqueued: now });
-                    st.queued += 1;
-                    Ok((rx, ticket))
-                }
-            }
+        let (mut rx, ticket) = match self.enqueue(lane, key, deadline)? {
+            Queued::Admitted(permit) => return Ok(permit),
+            Queued::Waiting(rx, ticket) => (rx, ticket),
         };
-        for e in evicted {
-            // The victim may have left already; then there is no one to tell.
-            let _ = e.waiter.tx.send(Err(e.shed));
-        }
-        let (mut rx, ticket) = queued?;
 
         let mut waiting = Waiting {
             shared,
@@ -376,6 +349,52 @@ impl AdmissionQueue {
             retry_after: shared.config.retry_after_min,
             waited: Duration::ZERO,
         }))
+    }
+
+    /// Admits at once when a slot is free and no one waits; else makes room
+    /// in `lane` (evicting lower lanes' waiters, who are told) and queues,
+    /// or sheds.
+    fn enqueue(&self, lane: Lane, key: FairKey, deadline: Instant) -> Result<Queued, Shed> {
+        let shared = &self.shared;
+        let now = Instant::now();
+        let mut evicted = Vec::new();
+        let queued = {
+            let mut st = shared.lock();
+            if st.queued == 0 && st.in_flight < shared.limit(&st) {
+                st.in_flight += 1;
+                st.lanes[lane.index()].counters.admitted += 1;
+                let in_flight = st.in_flight;
+                drop(st);
+                return Ok(Queued::Admitted(Permit::new(
+                    shared.clone(),
+                    lane,
+                    Duration::ZERO,
+                    now,
+                    in_flight,
+                )));
+            }
+            let refused = if deadline <= now {
+                Err(ShedReason::DeadlineExceeded)
+            } else {
+                shared.make_room(&mut st, lane, &key, &mut evicted)
+            };
+            match refused {
+                Err(reason) => Err(shared.count_shed(&mut st, lane, reason, Duration::ZERO)),
+                Ok(()) => {
+                    let (tx, rx) = oneshot::channel();
+                    let ticket = st.lanes[lane.index()]
+                        .queue
+                        .push(key, Waiter { tx, enqueued: now });
+                    st.queued += 1;
+                    Ok(Queued::Waiting(rx, ticket))
+                }
+            }
+        };
+        for e in evicted {
+            // The victim may have left already; then there is no one to tell.
+            let _ = e.waiter.tx.send(Err(e.shed));
+        }
+        queued
     }
 
     /// Caps the traffic limit at what the servers can take now (the sum of

@@ -479,6 +479,46 @@ impl Challenger {
         }
     }
 
+    /// A correct answer's response: `303` back to where the visitor was
+    /// going, with the pass cookie (`Secure` when `tls`).
+    fn solved(
+        &self,
+        solved: &pow::Solved,
+        binding: Binding,
+        tls: bool,
+        now: SystemTime,
+    ) -> Response<Bytes> {
+        let cookie = token::issue(&self.token_keys, solved.seed, binding, now, self.pass_ttl);
+        let mut set_cookie = format!(
+            "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
+            self.cookie_name,
+            self.pass_ttl.as_secs()
+        );
+        if tls {
+            set_cookie.push_str("; Secure");
+        }
+        let mut resp = Response::new(Bytes::new());
+        *resp.status_mut() = StatusCode::SEE_OTHER;
+        let h = resp.headers_mut();
+        // Both values are ASCII built here: a checked local path and
+        // base64; fall back to `/` rather than fail.
+        h.insert(
+            header::LOCATION,
+            HeaderValue::from_str(&solved.return_path).unwrap_or(HeaderValue::from_static("/")),
+        );
+        if let Ok(v) = HeaderValue::from_str(&set_cookie) {
+            h.insert(header::SET_COOKIE, v);
+        }
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        resp.extensions_mut()
+            .insert(ChallengeEvents(vec![ChallengeEvent::Solved {
+                difficulty: solved.difficulty,
+                time_to_solve: now.duration_since(solved.issued).unwrap_or_default(),
+                pass_id: solved.seed,
+            }]));
+        resp
+    }
+
     fn verify(
         &self,
         headers: &HeaderMap,
@@ -503,39 +543,7 @@ impl Challenger {
             None => Err(PowRejection::Malformed),
         };
         match result {
-            Ok(solved) => {
-                let cookie =
-                    token::issue(&self.token_keys, solved.seed, binding, now, self.pass_ttl);
-                let mut set_cookie = format!(
-                    "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
-                    self.cookie_name,
-                    self.pass_ttl.as_secs()
-                );
-                if tls {
-                    set_cookie.push_str("; Secure");
-                }
-                let mut resp = Response::new(Bytes::new());
-                *resp.status_mut() = StatusCode::SEE_OTHER;
-                let h = resp.headers_mut();
-                // Both values are ASCII built here: a checked local path and
-                // base64; fall back to `/` rather than fail.
-                h.insert(
-                    header::LOCATION,
-                    HeaderValue::from_str(&solved.return_path)
-                        .unwrap_or(HeaderValue::from_static("/")),
-                );
-                if let Ok(v) = HeaderValue::from_str(&set_cookie) {
-                    h.insert(header::SET_COOKIE, v);
-                }
-                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-                resp.extensions_mut()
-                    .insert(ChallengeEvents(vec![ChallengeEvent::Solved {
-                        difficulty: solved.difficulty,
-                        time_to_solve: now.duration_since(solved.issued).unwrap_or_default(),
-                        pass_id: solved.seed,
-                    }]));
-                resp
-            }
+            Ok(solved) => self.solved(&solved, binding, tls, now),
             Err(reason) => {
                 // Keep the destination and difficulty only from a nonce we
                 // signed; anything else starts over at `/`.

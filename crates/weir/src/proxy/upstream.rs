@@ -368,39 +368,50 @@ async fn send_with_failover(
                 return Ok(resp);
             }
             Err(e) => {
-                // The client's own upload failing is not the server's error
-                // (and must not page whoever watches upstream errors).
-                if e.side() == Side::Client {
-                    rt.metrics.connection_error(e.kind());
-                } else {
-                    rt.metrics
-                        .upstream_errors
-                        .get_or_create(&PoolErrorLabels {
-                            pool: pool.name.clone(),
-                            kind: e.kind(),
-                        })
-                        .inc();
-                }
+                count_failure(pool, &e, rt);
                 let can_retry = e.retryable(idempotent) && failed.is_none() && retry_copy.is_some();
-                if !can_retry {
+                if !can_retry || !retry_allowed(pool, rt) {
                     return Err(e);
                 }
-                let labels = PoolLabels {
-                    pool: pool.name.clone(),
-                };
-                if !pool.try_retry(Instant::now()) {
-                    rt.metrics
-                        .upstream_retries_denied
-                        .get_or_create(&labels)
-                        .inc();
-                    return Err(e);
-                }
-                rt.metrics.upstream_retries.get_or_create(&labels).inc();
                 tracing::debug!(error = %e, "trying another server");
                 failed = Some(guard);
                 sent = Instant::now();
             }
         }
+    }
+}
+
+/// Counts a failed exchange: the app's in `weir_upstream_errors_total`; the
+/// client's own upload failing is not the server's error (and must not
+/// page whoever watches upstream errors).
+fn count_failure(pool: &Pool, e: &ForwardError, rt: &Runtime) {
+    if e.side() == Side::Client {
+        rt.metrics.connection_error(e.kind());
+    } else {
+        rt.metrics
+            .upstream_errors
+            .get_or_create(&PoolErrorLabels {
+                pool: pool.name.clone(),
+                kind: e.kind(),
+            })
+            .inc();
+    }
+}
+
+/// Whether the pool's retry budget allows one more attempt, counted either way.
+fn retry_allowed(pool: &Pool, rt: &Runtime) -> bool {
+    let labels = PoolLabels {
+        pool: pool.name.clone(),
+    };
+    if pool.try_retry(Instant::now()) {
+        rt.metrics.upstream_retries.get_or_create(&labels).inc();
+        true
+    } else {
+        rt.metrics
+            .upstream_retries_denied
+            .get_or_create(&labels)
+            .inc();
+        false
     }
 }
 
