@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use crate::identity::{write_ip, write_socket_addr};
+use weir_http::target::Target;
 
 /// A key as written after another pair: `,"name":`. Composed at compile
 /// time so that writing a key is one copy (a line has 30 of them).
@@ -34,14 +35,15 @@ pub struct AccessRecord {
     /// Where `client` came from: peer, proxy_protocol, x_forwarded_for, forwarded.
     pub client_source: &'static str,
     pub method: http::Method,
-    /// The host weir routed on and forwarded (lowercase, without port).
-    pub host: String,
-    /// The canonical path and the query, as forwarded (`weir_http::target`).
-    pub path: String,
+    /// The request as weir read it (`weir_http::target`): written as `host`
+    /// (lowercase, without port) and `path` (the canonical path and the
+    /// query, as forwarded). Shared with the request, not copied. `None`
+    /// when it could not be read one way (400/501).
+    pub target: Option<Target>,
     /// The request target as the client sent it, when weir read it
-    /// differently (`//w/./index.php`). A request whose target cannot be
-    /// read one way (400) has its target as sent in `path`.
-    pub raw_path: Option<String>,
+    /// differently (`//w/./index.php`, the log's `raw_path`), or could not
+    /// read it at all (then it is the log's `path`).
+    pub raw_target: Option<String>,
     pub proto: &'static str,
     pub class: Arc<str>,
     pub decision: &'static str,
@@ -102,9 +104,17 @@ impl AccessRecord {
         w.quoted(|out| write_ip(out, self.peer));
         w.token(key!("client_source"), self.client_source);
         w.string(key!("method"), self.method.as_str());
-        w.string(key!("host"), &self.host);
-        w.string(key!("path"), &self.path);
-        w.opt_string(key!("raw_path"), self.raw_path.as_deref());
+        let (host, path, raw) = match &self.target {
+            Some(t) => (
+                t.host().unwrap_or(""),
+                t.path_and_query(),
+                self.raw_target.as_deref(),
+            ),
+            None => ("", self.raw_target.as_deref().unwrap_or(""), None),
+        };
+        w.string(key!("host"), host);
+        w.string(key!("path"), path);
+        w.opt_string(key!("raw_path"), raw);
         w.token(key!("proto"), self.proto);
         w.string(key!("class"), &self.class);
         w.token(key!("decision"), self.decision);
@@ -505,9 +515,16 @@ mod tests {
             peer: "2001:db8::1".parse().unwrap(),
             client_source: "x_forwarded_for",
             method: http::Method::GET,
-            host: "wiki.example".into(),
-            path: "/w/index.php?title=\"x\"\\y\u{1}".into(),
-            raw_path: Some("//w/index.php?title=\"x\"\\y\u{1}".into()),
+            target: Some(
+                Target::parse(
+                    "GET",
+                    "/w/index.php?title=%22x%22%5Cy%01",
+                    Some("Wiki.Example"),
+                    Default::default(),
+                )
+                .unwrap(),
+            ),
+            raw_target: Some("//w/index.php?title=\"x\"\\y\u{1}".into()),
             proto: "HTTP/1.1",
             class: Arc::from("page"),
             decision: "reject",
@@ -545,7 +562,7 @@ mod tests {
             "client_source": "x_forwarded_for",
             "method": "GET",
             "host": "wiki.example",
-            "path": "/w/index.php?title=\"x\"\\y\u{1}",
+            "path": "/w/index.php?title=%22x%22%5Cy%01",
             "raw_path": "//w/index.php?title=\"x\"\\y\u{1}",
             "proto": "HTTP/1.1",
             "class": "page",

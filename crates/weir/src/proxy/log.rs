@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http::{Request, Response, Version};
+use http::{Request, Response, Uri, Version};
 use weir_http::body::{OnComplete, ResponseBody};
 use weir_http::target::Target;
 
@@ -62,14 +62,8 @@ impl RequestLog {
                 peer: client.peer.ip(),
                 client_source: client.source.as_str(),
                 method: req.method().clone(),
-                // Until the target is read: the request line as received.
-                host: String::new(),
-                path: req
-                    .uri()
-                    .path_and_query()
-                    .map_or("/", |p| p.as_str())
-                    .to_owned(),
-                raw_path: None,
+                target: None,
+                raw_target: None,
                 proto,
                 class: unrouted(),
                 decision: "admit",
@@ -104,16 +98,19 @@ impl RequestLog {
         })
     }
 
-    /// The request as weir read it: the canonical host and path, and what
-    /// the client sent when that differs.
-    pub(super) fn set_target(&mut self, target: &Target) {
-        let r = &mut self.record;
-        r.host.clear();
-        r.host.push_str(target.host().unwrap_or(""));
-        if r.path != target.path_and_query() {
-            let sent = std::mem::replace(&mut r.path, target.path_and_query().to_owned());
-            r.raw_path = Some(sent);
+    /// The request as weir read it (shared with the request, not copied),
+    /// and what the client sent when it was spelled otherwise.
+    pub(super) fn set_target(&mut self, target: &Target, sent: &Uri) {
+        if target.rewritten() {
+            self.set_sent(sent);
         }
+        self.record.target = Some(target.clone());
+    }
+
+    /// The request target as the client sent it.
+    pub(super) fn set_sent(&mut self, sent: &Uri) {
+        let text = sent.path_and_query().map_or("/", |p| p.as_str());
+        self.record.raw_target = Some(text.to_owned());
     }
 
     /// Answers with weir's own response for `reason` (the rescue), recording

@@ -208,10 +208,11 @@ fn serve(
             Ok(t) => t,
             Err(e) => {
                 log.record.decision = "reject";
+                log.set_sent(req.uri());
                 return log.answer(&RejectReason::Target(e), accept);
             }
         };
-        log.set_target(&target);
+        log.set_target(&target, req.uri());
         // weir's own endpoints: the challenge's script and answer.
         if let Some(ch) = gw.challenger.clone()
             && ch.is_challenge_path(target.path())
