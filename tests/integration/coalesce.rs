@@ -411,3 +411,34 @@ async fn classes_without_the_key_never_coalesce() {
     let log = weir.access_log(10).await;
     assert_eq!(coalesced(&log, "/plain/page", None), 10);
 }
+
+/// Issue 17: the key took the URI's host while the app got `Host`'s, so one
+/// `GET http://wiki.test/page` with `Host: evil.example` led a group and its
+/// followers got a page rendered for evil.example. Now that request is
+/// refused before coalescing, and absolute-form requests that agree with
+/// `Host` share one group with origin-form ones.
+#[tokio::test]
+async fn a_request_for_another_host_cannot_lead_a_group() {
+    let upstream = SlowUpstream::start().await;
+    let weir = TestWeir::start(&weir_config(upstream.addr)).await;
+    let mut attacker = H1::connect("127.33.0.1".parse().unwrap(), weir.addr)
+        .await
+        .unwrap();
+    let spoofed = Request::get("http://wiki.test/page")
+        .header("host", "evil.example")
+        .body(full(""))
+        .unwrap();
+    let (status, _, _) = attacker.send(spoofed).await.unwrap();
+    assert_eq!(status, 400);
+    assert_eq!(upstream.hits("/page"), 0, "refused before it could lead");
+    let (absolute, origin) = tokio::join!(
+        storm(weir.addr, 20, get("http://wiki.test/page"), 34),
+        storm(weir.addr, 20, get("/page"), 35),
+    );
+    let hits = upstream.hits("/page");
+    assert!((1..=4).contains(&hits), "40 requests, {hits} upstream");
+    assert!(
+        absolute.iter().chain(&origin).all(|(s, _)| *s == 200),
+        "{absolute:?} {origin:?}"
+    );
+}
