@@ -29,11 +29,11 @@ use weir::identity::forwarded::resolve;
 use weir::identity::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
 use weir::policy::route::RequestView;
 use weir::policy::rules::{
-    KeyKind, RequestFacts, Rule, RuleBody, RuleObserver, RuleRejection, RuleResult, activity_key,
-    judge,
+    Activity, KeyKind, RequestFacts, Rule, RuleBody, RuleObserver, RuleRejection, RuleResult,
+    activity_key, judge,
 };
 use weir_http::target::{Target, TargetError};
-use weir_limiter::{MonoTime, ShardedStore, StoreConfig};
+use weir_limiter::{MonoTime, ShardedStore};
 
 /// What the configuration decides for one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,7 +91,7 @@ pub struct ReplayReport {
 /// Replays records through a gateway's routes and rules.
 pub struct Replay {
     gateway: Gateway,
-    activity: ShardedStore,
+    activity: Activity,
     start: Option<i64>,
     /// The log-time minute of the last record and its stamp (`YYYY-MM-DDTHH:MM`).
     minute: Option<(i64, String)>,
@@ -236,8 +236,7 @@ impl Replay {
             wanted: HeaderSet::read_by(&gateway),
             address_stores: address_stores(&gateway),
             gateway,
-            activity: ShardedStore::new(StoreConfig::with_max_keys(ACTIVITY_KEYS))
-                .expect("a constant, non-zero store size is valid"),
+            activity: Activity::new(ACTIVITY_KEYS),
             start: None,
             minute: None,
             headers: HeaderMap::new(),
@@ -258,7 +257,7 @@ impl Replay {
             return;
         }
         let client = ClientAddr::new(client);
-        self.activity.prefetch(activity_key(client));
+        self.activity.store().prefetch(activity_key(client));
         for (store, level) in &self.address_stores {
             store.prefetch(client.key(*level).digest());
         }
@@ -274,9 +273,9 @@ impl Replay {
         for partition in self.gateway.rule_stores.partitions() {
             partition.store.sweep(cutoff);
         }
-        self.activity.sweep(cutoff);
+        self.activity.store().sweep(cutoff);
         self.next_sweep = now + SWEEP_EVERY;
-        let warmed = self.activity.table_bytes()
+        let warmed = self.activity.store().table_bytes()
             + self
                 .address_stores
                 .iter()
@@ -416,7 +415,7 @@ fn top_prefixes(counts: impl Iterator<Item = (PrefixKey, u64)>, n: usize) -> Vec
 /// What the rules phase reports, in a replay: the activity table behind the
 /// low-rate signal, and each rule's rejections in the report.
 struct Tally<'a> {
-    activity: &'a ShardedStore,
+    activity: &'a Activity,
     low_rate: &'a weir_limiter::Quota,
     rules: &'a mut BTreeMap<String, RuleReport>,
     /// The record's minute of log time.
@@ -425,9 +424,7 @@ struct Tally<'a> {
 
 impl RuleObserver for Tally<'_> {
     fn low_rate(&mut self, client: ClientAddr, now: MonoTime) -> bool {
-        self.activity
-            .check(activity_key(client), self.low_rate, now, 1)
-            .is_allowed()
+        self.activity.observe(client, self.low_rate, now)
     }
 
     fn result(&mut self, _rule: &Rule, _result: RuleResult) {}
@@ -825,7 +822,11 @@ mod tests {
             .map(|p| p.store.len())
             .sum();
         assert!((60..=80).contains(&held), "{held} keys held");
-        assert!(replay.activity.len() < 20, "{}", replay.activity.len());
+        assert!(
+            replay.activity.store().len() < 20,
+            "{}",
+            replay.activity.store().len()
+        );
         assert_eq!(replay.finish().rules["r"].rejections, 1);
     }
 
@@ -874,7 +875,7 @@ mod tests {
         assert!(
             replay.prefetch_stores,
             "{} bytes",
-            replay.activity.table_bytes()
+            replay.activity.store().table_bytes()
         );
         // Two hours on, the sweep leaves a few keys: no more prefetching.
         replay.decide(&at(7200, n + 1));

@@ -1,51 +1,53 @@
 //! What one running weir process shares across all its connections: the
-//! current [`Gateway`] (swapped atomically on reload), metrics, the connection
-//! tracker, per-client in-flight counts and the access log.
+//! current [`Gateway`] (swapped atomically on reload), metrics and the access
+//! log, and the state each stage keeps across requests (and reloads), each
+//! of a type of that stage's own: the edge's connection tracker and
+//! per-client in-flight counts, the rules' activity table and rejected-client
+//! tallies, the challenge's pressure per pool, the shared limiter.
 //!
 //! Reload lives here: validate, build, swap; an invalid file is refused with
 //! its reasons and the running gateway stays.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use weir_limiter::shared::{SharedLimiter, SharedStats};
 
+use crate::challenge::pressure::PressureTable;
 use crate::config::{ConfigErrors, Env, LoadedConfig, load_file};
 use crate::edge::ConnTracker;
 use crate::edge::inflight::ClientInFlight;
 use crate::gateway::Gateway;
-use crate::identity::PeerAddr;
-use crate::identity::dominance::DominantPeer;
-use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
-
-use crate::identity::ClientAddr;
-use crate::observe::metrics::{CollateralLabels, ResultLabels, RuleLabels};
+use crate::observe::metrics::ResultLabels;
+use crate::observe::tallies::{RejectedClients, Warnings};
 use crate::observe::{AccessLog, Metrics};
-use crate::policy::rules::RuleRejection;
-use weir_limiter::shared::{SharedLimiter, SharedStats};
-use weir_limiter::{MonoTime, ShardedStore, StoreConfig};
+use crate::policy::rules::Activity;
 
 /// Process-wide state.
 pub struct Runtime {
     pub gateway: ArcSwap<Gateway>,
     pub metrics: Arc<Metrics>,
-    pub tracker: Arc<ConnTracker>,
-    pub client_in_flight: Arc<ClientInFlight>,
     pub access_log: AccessLog,
+    /// The edge's: open connections, their caps and timeouts.
+    pub tracker: Arc<ConnTracker>,
+    /// The edge's: requests in flight per client address.
+    pub client_in_flight: Arc<ClientInFlight>,
+    /// The rules': recent requests per address (the `low_rate` signal).
+    pub activity: Activity,
+    /// The rules': distinct clients each rule refused this minute.
+    pub rejected_clients: RejectedClients,
+    /// The challenge's: each pool's pressure (kept across reloads).
+    pub pressure: PressureTable,
+    /// Warnings logged at most once a minute per kind.
+    pub warnings: Warnings,
     pub started: Instant,
     /// This process's generation id, written into snapshots.
     pub generation: u64,
     config_path: Option<PathBuf>,
     env: Box<dyn Env + Send + Sync>,
     reload_lock: Mutex<()>,
-    /// Rate-limits warning logs: at most one per kind per interval.
-    last_warning_ms: [AtomicU64; 3],
-    /// Recent request rate per client address, for the "low-rate before
-    /// rejection" collateral signal.
-    activity: ShardedStore,
     /// Start-up readiness: the warm-up gate (`/readyz`) and how limiter
     /// state came back.
     pub readiness: Arc<crate::lifecycle::warmup::Readiness>,
@@ -56,18 +58,7 @@ pub struct Runtime {
     /// Set when the expected limiter state was not restored and the
     /// configuration says not to report ready.
     pub state_missing: std::sync::atomic::AtomicBool,
-    /// Challenge pressure state per pool (hysteresis), kept across reloads.
-    pressure: Mutex<HashMap<Arc<str>, crate::challenge::pressure::Pressure>>,
-    /// Distinct clients rejected per rule in the current minute.
-    rejected_clients: Mutex<HashMap<Arc<str>, MinuteClients>>,
 }
-
-/// The minute (since start) and the distinct addresses rejected in it.
-type MinuteClients = (u64, HashSet<IpAddr>);
-
-/// Distinct rejected clients remembered per rule per minute; past it the
-/// gauge saturates (memory stays bounded under a spray).
-const MAX_REJECTED_CLIENTS: usize = 100_000;
 
 /// Addresses tracked for the low-rate signal (about 25 bytes each).
 const ACTIVITY_KEYS: usize = 200_000;
@@ -111,11 +102,10 @@ impl Runtime {
             config_path,
             env,
             reload_lock: Mutex::new(()),
-            last_warning_ms: Default::default(),
-            activity: ShardedStore::new(StoreConfig::with_max_keys(ACTIVITY_KEYS))
-                .expect("a constant, non-zero store size is valid"),
-            rejected_clients: Mutex::new(HashMap::new()),
-            pressure: Mutex::new(HashMap::new()),
+            activity: Activity::new(ACTIVITY_KEYS),
+            rejected_clients: RejectedClients::default(),
+            pressure: PressureTable::default(),
+            warnings: Warnings::new(WARN_INTERVAL),
             state_missing: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::OnceLock::new(),
             readiness: Arc::default(),
@@ -192,73 +182,6 @@ impl Runtime {
         e
     }
 
-    /// Counts a forwarding-header warning and logs it at most once a minute.
-    pub fn forwarding_warning(&self, kind: &'static str, peer: PeerAddr) {
-        self.metrics.forwarding_warning(kind);
-        let slot = if kind == "untrusted_peer" { 0 } else { 1 };
-        if self.should_log(slot) {
-            tracing::warn!(
-                kind,
-                peer = %peer.0.ip(),
-                "forwarding headers ignored: the peer is not in identity.trusted_proxies \
-                 (if weir runs behind a load balancer, add its addresses there)"
-            );
-        }
-    }
-
-    /// Reports a peer that carries most traffic while no proxy is trusted.
-    pub fn dominant_peer(&self, d: DominantPeer) {
-        self.metrics.forwarding_warning("dominant_peer");
-        self.metrics.dominant_peer_share.set(d.share);
-        if self.should_log(2) {
-            tracing::warn!(
-                peer = %d.peer,
-                share = d.share,
-                requests = d.requests,
-                "one peer address sends most requests and no trusted proxy is configured: \
-                 weir may be behind a load balancer and see every client as one address"
-            );
-        }
-    }
-
-    /// Records a challenge event in the metrics.
-    pub fn challenge_event(&self, e: &crate::challenge::ChallengeEvent) {
-        let (event, reason) = e.labels();
-        self.metrics
-            .challenge_events
-            .get_or_create(&crate::observe::metrics::ChallengeLabels { event, reason })
-            .inc();
-        if let crate::challenge::ChallengeEvent::Solved { time_to_solve, .. } = e {
-            self.metrics
-                .challenge_solve
-                .observe(time_to_solve.as_secs_f64());
-        }
-    }
-
-    /// Whether `pool` is under pressure (the admission queue's depth and
-    /// oldest wait, through the challenge's hysteresis), and the difficulty
-    /// to ask for now.
-    pub fn challenge_pressure(
-        &self,
-        pool: &crate::upstream::Pool,
-        base: u8,
-        fresh: &crate::challenge::pressure::Pressure,
-    ) -> (bool, u8) {
-        let (depth, wait) = pool_pressure(pool);
-        let mut map = self.pressure.lock().unwrap_or_else(|e| e.into_inner());
-        let p = map
-            .entry(pool.name.clone())
-            .or_insert_with(|| fresh.clone());
-        let engaged = p.observe(std::time::Instant::now(), depth, wait);
-        self.metrics
-            .challenge_engaged
-            .get_or_create(&crate::observe::metrics::PoolLabels {
-                pool: pool.name.clone(),
-            })
-            .set(i64::from(engaged));
-        (engaged, p.difficulty(base))
-    }
-
     /// The shared (Redis) limiter, if configured.
     pub fn shared_limiter(&self) -> Option<&SharedLimiter> {
         self.shared.get().map(|s| &**s)
@@ -297,76 +220,5 @@ impl Runtime {
         m.redis_outages.inc_by(delta(now.outages, last.outages));
         m.redis_fallback_active.set(i64::from(now.fallback_active));
         *last = now;
-    }
-
-    /// Counts a request of `client` for the low-rate signal; true when the
-    /// client is still under `rules.low_rate_per_minute`.
-    pub fn record_activity(&self, client: ClientAddr, gw: &Gateway, now: MonoTime) -> bool {
-        let key = crate::policy::rules::activity_key(client);
-        self.activity.check(key, &gw.low_rate, now, 1).is_allowed()
-    }
-
-    /// Records a rule rejection (enforced or shadow) for the metrics that
-    /// tell whether a rule is hitting people.
-    pub fn rule_rejected(
-        &self,
-        r: &RuleRejection,
-        client: ClientAddr,
-        collateral: Option<&'static str>,
-        enforced: bool,
-    ) {
-        if let Some(signal) = collateral {
-            self.metrics
-                .rule_collateral
-                .get_or_create(&CollateralLabels {
-                    rule: r.rule.clone(),
-                    signal,
-                    enforced: if enforced { "yes" } else { "shadow" },
-                })
-                .inc();
-        }
-        let minute = self.started.elapsed().as_secs() / 60;
-        let mut map = self
-            .rejected_clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let entry = map
-            .entry(r.rule.clone())
-            .or_insert_with(|| (minute, HashSet::new()));
-        if entry.0 != minute {
-            *entry = (minute, HashSet::new());
-        }
-        if entry.1.len() < MAX_REJECTED_CLIENTS {
-            entry.1.insert(client.ip());
-        }
-        let distinct = entry.1.len() as i64;
-        drop(map);
-        self.metrics
-            .rule_rejected_clients
-            .get_or_create(&RuleLabels {
-                rule: r.rule.clone(),
-            })
-            .set(distinct);
-    }
-
-    fn should_log(&self, slot: usize) -> bool {
-        let now = self.started.elapsed().as_millis() as u64 + 1;
-        let last = self.last_warning_ms[slot].load(Ordering::Relaxed);
-        if last != 0 && now - last < WARN_INTERVAL.as_millis() as u64 {
-            return false;
-        }
-        self.last_warning_ms[slot]
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    }
-}
-
-/// A pool's admission pressure: requests waiting in its queue (the wait
-/// threshold is not fed yet: depth alone engages). Without an admission
-/// queue a pool never reports pressure.
-fn pool_pressure(pool: &crate::upstream::Pool) -> (usize, Duration) {
-    match &pool.admission {
-        Some(q) => (q.snapshot().queued(), Duration::ZERO),
-        None => (0, Duration::ZERO),
     }
 }

@@ -12,10 +12,13 @@
 //! a finished flood disengages by itself. While engaged, every `step_after`
 //! of continuous heat adds one bit of difficulty, up to `max_difficulty`.
 //!
-//! Owns: the decision only, with time passed in. Does not: read the queue (the
-//! lead feeds [`Pressure::observe`] from the admission snapshot) or lock (wrap
-//! it in a `Mutex` to share it).
+//! Owns: the decision, with time passed in, and [`PressureTable`], one state
+//! per pool shared by the process's requests and kept across reloads. Does
+//! not: read the queue (the challenge phase feeds [`Pressure::observe`]
+//! from the admission snapshot) or export metrics.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::config::{ChallengeConfig, PressureConfig};
@@ -154,6 +157,34 @@ impl Pressure {
     pub fn difficulty(&self, base: u8) -> u8 {
         let raised = base.saturating_add(if self.engaged { self.steps } else { 0 });
         raised.min(self.settings.max_difficulty.max(base))
+    }
+}
+
+/// Each pool's pressure, shared by the process's requests (locked briefly
+/// per challengeable request) and kept across reloads: a reload does not
+/// forget that a pool is under a flood.
+#[derive(Debug, Default)]
+pub struct PressureTable {
+    pools: Mutex<HashMap<Arc<str>, Pressure>>,
+}
+
+impl PressureTable {
+    /// Observes `pool`'s queue (`depth`, longest `wait`) at `now`; a pool
+    /// seen for the first time starts as `fresh`. Returns whether
+    /// challenges are engaged, and the difficulty to ask for from `base`.
+    pub fn observe(
+        &self,
+        pool: &Arc<str>,
+        fresh: &Pressure,
+        now: Instant,
+        depth: usize,
+        wait: Duration,
+        base: u8,
+    ) -> (bool, u8) {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let p = pools.entry(pool.clone()).or_insert_with(|| fresh.clone());
+        let engaged = p.observe(now, depth, wait);
+        (engaged, p.difficulty(base))
     }
 }
 

@@ -1,4 +1,6 @@
-//! Observe: the access log, Prometheus metrics and the admin API.
+//! Observe: the access log, Prometheus metrics, and the tallies behind the
+//! metrics that are more than a count. (The admin API that serves them is
+//! `crate::admin`.)
 //!
 //! Every request ends in exactly one access-log line and one increment of
 //! `weir_requests_total`, whatever the decision. Metric labels are bounded
@@ -6,6 +8,7 @@
 
 pub mod access_log;
 pub mod metrics;
+pub mod tallies;
 
 pub use access_log::{AccessLog, AccessRecord};
 pub use metrics::Metrics;

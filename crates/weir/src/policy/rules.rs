@@ -287,6 +287,38 @@ pub fn activity_key(client: ClientAddr) -> u64 {
     weir_limiter::key(0, 0, client.key(Level::Address).digest())
 }
 
+/// Recent requests per client address, behind the `low_rate` collateral
+/// signal: a client still under `rules.low_rate_per_minute` when a rule
+/// refuses it may be a person. Owned by the process (live) or the replay;
+/// bounded (about 25 bytes an address, the oldest dropped past the cap).
+pub struct Activity {
+    store: weir_limiter::ShardedStore,
+}
+
+impl Activity {
+    pub fn new(max_addresses: usize) -> Activity {
+        Activity {
+            store: weir_limiter::ShardedStore::new(weir_limiter::StoreConfig::with_max_keys(
+                max_addresses.max(1),
+            ))
+            .expect("a non-zero store size is valid"),
+        }
+    }
+
+    /// Counts a request of `client` at `now`; true while it stays under
+    /// `quota` (`rules.low_rate_per_minute`).
+    pub fn observe(&self, client: ClientAddr, quota: &Quota, now: MonoTime) -> bool {
+        self.store
+            .check(activity_key(client), quota, now, 1)
+            .is_allowed()
+    }
+
+    /// The store, for its upkeep (sweeps, prefetching, its size).
+    pub fn store(&self) -> &weir_limiter::ShardedStore {
+        &self.store
+    }
+}
+
 /// What the rules phase reports as it runs, to whoever runs it: the live
 /// process (metrics, the distinct-clients gauge) or `weir replay` (its
 /// report). The phase itself ([`judge`]) is the same code for both.

@@ -37,6 +37,7 @@ use http::{Request, Response, StatusCode, Version};
 use crate::edge::{ConnState, Connection, EdgeSettings, ListenerSpec, Service};
 use crate::identity::ClientId;
 use crate::identity::forwarded;
+use crate::observe::tallies::Warning;
 use crate::policy::route::RequestView;
 use crate::policy::{Decision, RejectReason};
 use crate::respond::Accepts;
@@ -295,13 +296,38 @@ fn identify(
         &gw.trusted,
         gw.client_header,
     );
+    let rt = &conn.rt;
     if let Some(w) = resolved.warning {
-        conn.rt.forwarding_warning(w.as_str(), conn.edge.peer);
+        let kind = w.as_str();
+        rt.metrics.forwarding_warning(kind);
+        let slot = if kind == "untrusted_peer" {
+            Warning::UntrustedPeer
+        } else {
+            Warning::Forwarding
+        };
+        if rt.warnings.should_log(slot) {
+            tracing::warn!(
+                kind,
+                peer = %conn.edge.peer.ip(),
+                "forwarding headers ignored: the peer is not in identity.trusted_proxies \
+                 (if weir runs behind a load balancer, add its addresses there)"
+            );
+        }
     }
     if gw.trusted.is_empty()
         && let Some(d) = gw.dominance.observe(conn.edge.peer.ip(), now)
     {
-        conn.rt.dominant_peer(d);
+        rt.metrics.forwarding_warning("dominant_peer");
+        rt.metrics.dominant_peer_share.set(d.share);
+        if rt.warnings.should_log(Warning::DominantPeer) {
+            tracing::warn!(
+                peer = %d.peer,
+                share = d.share,
+                requests = d.requests,
+                "one peer address sends most requests and no trusted proxy is configured: \
+                 weir may be behind a load balancer and see every client as one address"
+            );
+        }
     }
     resolved.client
 }

@@ -17,12 +17,14 @@ use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::target::Target;
 
 use super::log::RequestLog;
-use crate::challenge::{ChallengeMode, Challenger, PassCheck};
+use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck};
 use crate::gateway::Gateway;
 use crate::identity::ClientAddr;
 use crate::identity::ClientId;
 use crate::identity::session::SessionState;
-use crate::observe::metrics::RuleResultLabels;
+use crate::observe::metrics::{
+    ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleResultLabels,
+};
 use crate::policy::route::{RequestView, Route};
 use crate::policy::rules::{RequestFacts, Rule, RuleObserver, RuleRejection, RuleResult, judge};
 use crate::policy::{Decision, Proof, RejectReason};
@@ -121,14 +123,30 @@ fn challenge(
     let now = SystemTime::now();
     let check = ch.pass(view.headers, client, now);
     if let Some(e) = check.event() {
-        rt.challenge_event(&e);
+        challenge_event(rt, &e);
     }
     if let PassCheck::Valid(t) = check {
         log.record.challenge = Some("pass");
         return Ok(Some(t.id));
     }
     let pool = &gw.pools[route.pool];
-    let (engaged, difficulty) = rt.challenge_pressure(pool, ch.base_difficulty(), &ch.pressure());
+    // The queue's depth feeds the hysteresis (the wait threshold is not fed
+    // yet: depth alone engages); a pool without a queue is never under it.
+    let depth = pool.admission.as_ref().map_or(0, |q| q.snapshot().queued());
+    let (engaged, difficulty) = rt.pressure.observe(
+        &pool.name,
+        &ch.pressure(),
+        std::time::Instant::now(),
+        depth,
+        std::time::Duration::ZERO,
+        ch.base_difficulty(),
+    );
+    rt.metrics
+        .challenge_engaged
+        .get_or_create(&PoolLabels {
+            pool: pool.name.clone(),
+        })
+        .set(i64::from(engaged));
     if route.challenge.applies(engaged) && ch.eligible(view.target, view.headers, client) {
         return Err(Box::new(ch.page(
             view.target,
@@ -194,7 +212,7 @@ struct Live<'a> {
 
 impl RuleObserver for Live<'_> {
     fn low_rate(&mut self, client: ClientAddr, now: MonoTime) -> bool {
-        self.rt.record_activity(client, self.gw, now)
+        self.rt.activity.observe(client, &self.gw.low_rate, now)
     }
 
     fn result(&mut self, rule: &Rule, result: RuleResult) {
@@ -215,7 +233,41 @@ impl RuleObserver for Live<'_> {
         signal: Option<&'static str>,
         enforced: bool,
     ) {
-        self.rt.rule_rejected(rejection, client, signal, enforced);
+        let m = &self.rt.metrics;
+        if let Some(signal) = signal {
+            m.rule_collateral
+                .get_or_create(&CollateralLabels {
+                    rule: rejection.rule.clone(),
+                    signal,
+                    enforced: if enforced { "yes" } else { "shadow" },
+                })
+                .inc();
+        }
+        let minute = self.rt.started.elapsed().as_secs() / 60;
+        let distinct = self
+            .rt
+            .rejected_clients
+            .record(&rejection.rule, client.ip(), minute);
+        m.rule_rejected_clients
+            .get_or_create(&RuleLabels {
+                rule: rejection.rule.clone(),
+            })
+            .set(distinct as i64);
+    }
+}
+
+/// Counts a challenge event (`weir_challenge_events_total`, and the time to
+/// solve of a solved one).
+fn challenge_event(rt: &Runtime, e: &ChallengeEvent) {
+    let (event, reason) = e.labels();
+    rt.metrics
+        .challenge_events
+        .get_or_create(&ChallengeLabels { event, reason })
+        .inc();
+    if let ChallengeEvent::Solved { time_to_solve, .. } = e {
+        rt.metrics
+            .challenge_solve
+            .observe(time_to_solve.as_secs_f64());
     }
 }
 
@@ -264,7 +316,7 @@ pub(super) fn challenged(
 ) -> Response<ResponseBody> {
     let events = crate::challenge::events(&resp);
     for e in events {
-        log.conn.rt.challenge_event(e);
+        challenge_event(&log.conn.rt, e);
     }
     log.record.decision = "challenge";
     log.record.challenge = events.first().map(|e| e.labels().0);
