@@ -49,6 +49,18 @@ CASES = [
     ("%zz", b"GET /a%zz HTTP/1.1\r\nHost: a\r\n"),
     ("/..;/", b"GET /static/..;/admin HTTP/1.1\r\nHost: a\r\n"),
     (";parameters", b"GET /wiki/Foo;bar HTTP/1.1\r\nHost: a\r\n"),
+    # Framing (the body follows the head's blank line).
+    ("Transfer-Encoding: gzip, chunked",
+     b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n", b"0\r\n\r\n"),
+    ("two Transfer-Encoding",
+     b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+     b"0\r\n\r\n"),
+    ("Content-Length 2^63+",
+     b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 9999999999999999999\r\n", b""),
+    ("bare LF in a chunk line",
+     b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n", b"3;x\nabc\r\n0\r\n\r\n"),
+    ("empty chunk-size line",
+     b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n", b"\r\nabc\r\n0\r\n\r\n"),
 ]
 
 UPSTREAM, WEIR, NGINX, HAPROXY = 19700, 19701, 19702, 19703
@@ -77,11 +89,11 @@ def upstream(listener):
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 
-def probe(port, request):
+def probe(port, request, body=b""):
     """(status, $uri if nginx said it, what the upstream received)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(request + b"Connection: close\r\n\r\n")
+            s.sendall(request + b"Connection: close\r\n\r\n" + body)
             data = b""
             while True:
                 chunk = s.recv(4096)
@@ -151,10 +163,10 @@ def main():
         for port in (WEIR, NGINX, HAPROXY):
             wait_for(port)
         print(f"{'case':30} {'weir':34} {'nginx ($uri; forwarded)':44} haproxy")
-        for name, request in CASES:
+        for name, request, *body in CASES:
             cells = []
             for port in (WEIR, NGINX, HAPROXY):
-                status, uri, received = probe(port, request)
+                status, uri, received = probe(port, request, *body)
                 seen = f"{uri}; " if uri else ""
                 cells.append(f"{status} {seen}{received}".strip())
             print(f"{name:30} {cells[0]:34} {cells[1]:44} {cells[2]}")

@@ -26,6 +26,11 @@ mod target;
 // stalled or broken upload is the client's 408/400, not a 502.
 mod rescue;
 
+// Strict framing, the same on both listeners: codings other than chunked,
+// duplicate Transfer-Encoding, huge lengths, bare LF in chunk lines,
+// malformed trailers, an unasked 101.
+mod framing;
+
 // Proxy semantics: methods, bodies both ways (1 GiB), HTTP/2, TLS, WebSocket,
 // hop-by-hop headers, failover on connect errors.
 mod proxy;

@@ -231,7 +231,7 @@ async fn http2_prior_knowledge() {
     assert!(log.iter().all(|l| l["proto"] == "HTTP/2"));
 }
 
-fn tls_files(dir: &std::path::Path) -> (String, String) {
+pub(crate) fn tls_files(dir: &std::path::Path) -> (String, String) {
     let cert = rcgen::generate_simple_self_signed(vec!["weir.test".to_string()]).unwrap();
     let cert_path = dir.join("cert.pem");
     let key_path = dir.join("key.pem");
@@ -279,7 +279,7 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
     }
 }
 
-async fn tls_connect(
+pub(crate) async fn tls_connect(
     addr: std::net::SocketAddr,
     alpn: &[&[u8]],
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {

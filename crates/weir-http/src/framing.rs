@@ -15,6 +15,10 @@ pub struct HopFields {
     pub content_length: Option<u64>,
     /// `Transfer-Encoding` present: whether its last coding is `chunked`.
     pub chunked: Option<bool>,
+    /// `Transfer-Encoding` names a coding other than one `chunked` (or came
+    /// in more than one field): a request with it is refused, since weir
+    /// would have to drop the coding or decode it (nginx: 501).
+    pub other_coding: bool,
     /// `Connection: close`.
     pub close: bool,
     /// `Connection: keep-alive`.
@@ -55,6 +59,8 @@ impl HopFields {
             Ok(FieldRole::Framing)
         } else if is_name(name, b"transfer-encoding") {
             let last = value.rsplit(|b| *b == b',').next().unwrap_or(b"");
+            let only_chunked = value.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            self.other_coding |= self.chunked.is_some() || !only_chunked;
             self.chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             Ok(FieldRole::Framing)
         } else if is_name(name, b"connection") {
@@ -77,6 +83,19 @@ impl HopFields {
         } else {
             Ok(FieldRole::EndToEnd)
         }
+    }
+}
+
+/// Whether a request's `Transfer-Encoding` fields (whichever codec read
+/// them) are at most one, saying exactly `chunked`: the same check for
+/// the HTTP/1 codec's requests and hyper's (TLS), which accepts
+/// `gzip, chunked` and would leave the gzip to the app with nothing saying so.
+pub fn only_chunked(headers: &http::HeaderMap) -> bool {
+    let mut fields = headers.get_all(http::header::TRANSFER_ENCODING).iter();
+    match (fields.next(), fields.next()) {
+        (None, _) => true,
+        (Some(v), None) => v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"),
+        (Some(_), Some(_)) => false,
     }
 }
 
@@ -184,8 +203,12 @@ pub enum Chunk {
     Done,
 }
 
+/// The largest `Content-Length` read: a signed 64-bit size, as nginx's
+/// `off_t` (a larger one is a smuggling probe, not a body).
+pub const MAX_CONTENT_LENGTH: u64 = i64::MAX as u64;
+
 /// `Content-Length`: digits, or a list of one value repeated (RFC 9110
-/// §8.6 lets a recipient accept `42, 42`).
+/// §8.6 lets a recipient accept `42, 42`), at most [`MAX_CONTENT_LENGTH`].
 pub fn parse_content_length(v: &[u8]) -> Result<u64, FramingError> {
     let bad = FramingError("invalid Content-Length");
     let mut value: Option<u64> = None;
@@ -195,6 +218,9 @@ pub fn parse_content_length(v: &[u8]) -> Result<u64, FramingError> {
             return Err(bad);
         }
         let n = part.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        if n > MAX_CONTENT_LENGTH {
+            return Err(FramingError("Content-Length too large"));
+        }
         if value.is_some_and(|m| m != n) {
             return Err(bad);
         }
@@ -241,54 +267,212 @@ pub fn decode_chunk_until_data(chunk: &mut Chunk, buf: &mut BytesMut) -> Result<
                 buf.advance(2);
                 *chunk = Chunk::Size;
             }
-            Chunk::Size => match httparse::parse_chunk_size(buf) {
-                Ok(httparse::Status::Complete((line, size))) => {
-                    buf.advance(line);
-                    *chunk = if size == 0 {
-                        Chunk::Trailers
-                    } else {
-                        Chunk::Data(size)
-                    };
-                }
-                Ok(httparse::Status::Partial) if buf.len() > MAX_CHUNK_LINE => {
-                    return Err(FramingError("chunk-size line too long"));
-                }
-                Ok(httparse::Status::Partial) => return Ok(()),
-                Err(_) => return Err(FramingError("invalid chunk size")),
-            },
-            Chunk::Trailers => {
-                let Some(line) = take_line(buf)? else {
+            Chunk::Size => {
+                let Some(line) = take_line(buf, "chunk-size line")? else {
                     return Ok(());
                 };
-                // Trailer fields are dropped: few clients ask for them and
-                // the response head has already gone.
+                let size = chunk_size(&line)?;
+                *chunk = if size == 0 {
+                    Chunk::Trailers
+                } else {
+                    Chunk::Data(size)
+                };
+            }
+            Chunk::Trailers => {
+                let Some(line) = take_line(buf, "trailer field")? else {
+                    return Ok(());
+                };
+                // Trailer fields are checked, then dropped: few clients ask
+                // for them, and the head has already gone.
                 if line.is_empty() {
                     *chunk = Chunk::Done;
+                } else {
+                    check_trailer(&line)?;
                 }
             }
         }
     }
 }
 
-/// Takes one CRLF-ended line (a trailer field) from `buf`, without its CRLF.
-fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, FramingError> {
+/// Takes one CRLF-ended line (a chunk-size line or a trailer field) from
+/// `buf`, without its CRLF. A bare CR or LF anywhere in it is refused: one
+/// reader taking it as a line end and the next not is how a body gets
+/// split into two requests (RFC 9112 §7.1: CRLF, and nothing else).
+fn take_line(buf: &mut BytesMut, what: &'static str) -> Result<Option<BytesMut>, FramingError> {
     let Some(lf) = memchr::memchr(b'\n', buf) else {
         if buf.len() > MAX_CHUNK_LINE {
-            return Err(FramingError("trailer field too long"));
+            return Err(FramingError(match what {
+                "trailer field" => "trailer field too long",
+                _ => "chunk-size line too long",
+            }));
+        }
+        if memchr::memchr(b'\r', buf).is_some_and(|cr| cr + 1 < buf.len()) {
+            return Err(FramingError("bare CR in a chunk line"));
         }
         return Ok(None);
     };
     if lf == 0 || buf[lf - 1] != b'\r' {
-        return Err(FramingError("trailer field not ended by CRLF"));
+        return Err(FramingError("bare LF in a chunk line"));
+    }
+    if memchr::memchr(b'\r', &buf[..lf - 1]).is_some() {
+        return Err(FramingError("bare CR in a chunk line"));
     }
     let mut line = buf.split_to(lf + 1);
     line.truncate(lf - 1);
     Ok(Some(line))
 }
 
+/// A chunk-size line (RFC 9112 §7.1): hex digits (at least one, at most 16),
+/// then extensions (`;name` or `;name=value`, discarded), whose bytes must
+/// be visible ASCII, space or tab.
+fn chunk_size(line: &[u8]) -> Result<u64, FramingError> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return Err(FramingError("invalid chunk size"));
+    }
+    if digits > 16 {
+        return Err(FramingError("chunk size too large"));
+    }
+    let rest = &line[digits..];
+    let rest = rest.trim_ascii_start();
+    if !(rest.is_empty() || rest[0] == b';') {
+        return Err(FramingError("invalid chunk size"));
+    }
+    if !rest
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return Err(FramingError("invalid chunk extension"));
+    }
+    let size = line[..digits].iter().fold(0u64, |n, &d| {
+        let v = match d {
+            b'0'..=b'9' => d - b'0',
+            b'a'..=b'f' => d - b'a' + 10,
+            _ => d - b'A' + 10,
+        };
+        n << 4 | u64::from(v)
+    });
+    Ok(size)
+}
+
+/// A trailer field line: a token name, `:`, and a value of visible ASCII,
+/// space, tab or obs-text.
+fn check_trailer(line: &[u8]) -> Result<(), FramingError> {
+    let bad = FramingError("malformed trailer field");
+    let colon = memchr::memchr(b':', line).ok_or(bad)?;
+    let (name, value) = (&line[..colon], &line[colon + 1..]);
+    let token = |b: &u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b);
+    if name.is_empty() || !name.iter().all(token) {
+        return Err(bad);
+    }
+    if !value.iter().all(|&b| b == b'\t' || b >= b' ' && b != 0x7f) {
+        return Err(bad);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decodes `wire` as a chunked body in one piece: the data, or the error.
+    fn dechunk(wire: &[u8]) -> Result<Vec<u8>, FramingError> {
+        let mut buf = BytesMut::from(wire);
+        let mut chunk = Chunk::Size;
+        let mut out = Vec::new();
+        while let Some(data) = decode_chunk(&mut chunk, &mut buf)? {
+            out.extend_from_slice(&data);
+        }
+        if chunk != Chunk::Done {
+            return Err(FramingError("incomplete"));
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn chunked_framing_is_strict() {
+        let ok: &[(&[u8], &[u8])] = &[
+            (b"3\r\nabc\r\n0\r\n\r\n", b"abc"),
+            (b"3;name=value\r\nabc\r\n0\r\n\r\n", b"abc"),
+            (b"3 ;x\r\nabc\r\n0\r\n\r\n", b"abc"),
+            (b"A\r\n0123456789\r\n0\r\nX-Sum: 1\r\n\r\n", b"0123456789"),
+            (b"0000000000000003\r\nabc\r\n0\r\n\r\n", b"abc"),
+        ];
+        for (wire, want) in ok {
+            assert_eq!(
+                dechunk(wire).as_deref(),
+                Ok(*want),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        // Issue 18: a bare LF in a chunk extension made one POST two
+        // requests upstream; an empty size line ended the body.
+        let refused: &[(&[u8], &str)] = &[
+            (b"3;x\nabc\r\n0\r\n\r\n", "bare LF"),
+            (b"3\nabc\r\n0\r\n\r\n", "bare LF"),
+            (b"3;a\rb\r\nabc\r\n0\r\n\r\n", "bare CR"),
+            (b"\r\nabc\r\n0\r\n\r\n", "invalid chunk size"),
+            (b"x\r\n", "invalid chunk size"),
+            (b"3x\r\nabc\r\n", "invalid chunk size"),
+            (b"10000000000000000\r\n", "chunk size too large"),
+            (b"3;\x01\r\nabc\r\n0\r\n\r\n", "invalid chunk extension"),
+            (b"3\r\nabc\r\n0\r\nno colon\r\n\r\n", "malformed trailer"),
+            (b"3\r\nabc\r\n0\r\nBad Name: 1\r\n\r\n", "malformed trailer"),
+            (b"3\r\nabc\r\n0\r\nX: a\x00b\r\n\r\n", "malformed trailer"),
+            (b"3\r\nabc\r\n0\r\nX: 1\n\r\n", "bare LF"),
+            (b"3\r\nabcd\r\n0\r\n\r\n", "not followed by CRLF"),
+        ];
+        for (wire, why) in refused {
+            let got = dechunk(wire);
+            assert!(
+                got.as_ref().is_err_and(|e| e.0.contains(why)),
+                "{}: {got:?}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+    }
+
+    #[test]
+    fn lengths_and_codings() {
+        assert_eq!(parse_content_length(b"42"), Ok(42));
+        assert_eq!(parse_content_length(b"42, 42"), Ok(42));
+        assert_eq!(
+            parse_content_length(b"9223372036854775807"),
+            Ok(MAX_CONTENT_LENGTH)
+        );
+        assert!(parse_content_length(b"9223372036854775808").is_err());
+        assert!(parse_content_length(b"9999999999999999999").is_err());
+        assert!(parse_content_length(b"-1").is_err());
+        let note = |fields: &[(&str, &str)]| {
+            let mut hop = HopFields::default();
+            for (n, v) in fields {
+                hop.note(n.as_bytes(), v.as_bytes()).unwrap();
+            }
+            hop
+        };
+        assert!(!note(&[("Transfer-Encoding", "chunked")]).other_coding);
+        assert!(note(&[("Transfer-Encoding", "gzip, chunked")]).other_coding);
+        assert!(
+            note(&[
+                ("Transfer-Encoding", "chunked"),
+                ("transfer-encoding", "chunked")
+            ])
+            .other_coding
+        );
+        let mut h = http::HeaderMap::new();
+        assert!(only_chunked(&h));
+        h.append(
+            "transfer-encoding",
+            http::HeaderValue::from_static("chunked"),
+        );
+        assert!(only_chunked(&h));
+        h.append(
+            "transfer-encoding",
+            http::HeaderValue::from_static("chunked"),
+        );
+        assert!(!only_chunked(&h));
+    }
 
     /// `is_name` agrees with `eq_ignore_ascii_case` for every name that
     /// differs from a field name in one byte, over every byte a parsed

@@ -65,6 +65,9 @@ pub enum ClientError {
     HeadTooLarge,
     #[error("malformed request: {0}")]
     Malformed(&'static str),
+    /// A `Transfer-Encoding` other than one `chunked`.
+    #[error("transfer codings other than chunked are not supported")]
+    UnsupportedCoding,
     #[error("connection closed in the middle of a request head")]
     HeadCut,
     #[error("connection closed in the middle of a request body")]
@@ -79,6 +82,7 @@ impl ClientError {
         match self {
             ClientError::HeadTooLarge => "header_too_large",
             ClientError::Malformed(_) => "bad_request",
+            ClientError::UnsupportedCoding => "unsupported_coding",
             ClientError::HeadCut | ClientError::BodyCut => "client_closed",
             ClientError::Io(_) => "io",
         }
@@ -89,6 +93,7 @@ impl ClientError {
         match self {
             ClientError::HeadTooLarge => Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
             ClientError::Malformed(_) => Some(StatusCode::BAD_REQUEST),
+            ClientError::UnsupportedCoding => Some(StatusCode::NOT_IMPLEMENTED),
             _ => None,
         }
     }
@@ -696,6 +701,9 @@ fn field_map(
 /// coding other than chunked last, is how requests get smuggled past a
 /// proxy; refused, as nginx does.
 fn body_framing(hop: &HopFields, version: Version) -> Result<Framing, ClientError> {
+    if hop.other_coding {
+        return Err(ClientError::UnsupportedCoding);
+    }
     match (hop.chunked, hop.content_length) {
         (Some(_), _) if version == Version::HTTP_10 => Err(ClientError::Malformed(
             "Transfer-Encoding in an HTTP/1.0 request",

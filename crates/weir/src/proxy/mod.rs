@@ -44,7 +44,7 @@ use crate::respond::Accepts;
 use crate::runtime::Runtime;
 use upstream::{Coalesced, Routed};
 use weir_http::body::{RequestBody, ResponseBody};
-use weir_http::server::{ClientError, ClientUpgrade, Handler};
+use weir_http::server::{ClientError, Handler};
 use weir_http::target::Target;
 
 pub use log::RequestLog;
@@ -204,6 +204,18 @@ fn serve(
         let client = identify(&req, &conn, &gw, started);
         let mut log = RequestLog::new(&req, &client, conn.clone(), started);
         let accept = Accepts::of(req.headers());
+        // Framing the codec left to weir: the same refusals on both
+        // listeners (HTTP/2's header count, codings other than chunked).
+        let hyper_read = conn.edge.tls || req.version() == Version::HTTP_2;
+        if let Some(refusal) = hyper_read.then(|| framing(&req, &gw)).flatten() {
+            log.record.decision = "reject";
+            log.set_sent(req.uri());
+            // The body is not read: the connection cannot carry another request.
+            let mut resp = log.answer(&refusal, accept);
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return resp;
+        }
         // Target: the one reading of method, authority, path and query.
         let target = match Target::of(&req, gw.path_policy) {
             Ok(t) => t,
@@ -245,11 +257,8 @@ fn serve(
         log.record.pool = Some(routed.pool.name.clone());
         // Coalescing: identical anonymous GETs share one upstream request.
         let leader = match upstream::coalesce(&req, &target, &routed, proof, &gw, &mut log).await {
-            Coalesced::Alone => None,
-            Coalesced::Leader(leader, max) => Some((leader, max)),
-            Coalesced::Shared(shared) => {
-                return upstream::shared_response(&shared, log, req.version());
-            }
+            Coalesced::Shared(shared) => return upstream::shared_response(&shared, log, &req),
+            other => other.leader(),
         };
         // Admission: a slot in the pool's queue, in the lane the proof buys.
         if let Err(reason) =
@@ -258,23 +267,32 @@ fn serve(
             return log.answer(&reason, accept);
         }
         // Upstream: the request as decided, sent with failover.
-        let client_version = req.version();
-        let client_upgrade = upstream::is_upgrade(&req).then(|| ClientUpgrade::on(&mut req));
+        let answer = upstream::Answer::of(&mut req, leader);
         let result =
             upstream::forward(&mut req, &target, &client, &routed, &conn, &gw, &mut log).await;
         // Respond: the upstream's answer made the client's; the log record
         // is written when its body ends.
-        upstream::respond(
-            result,
-            client_upgrade,
-            leader,
-            client_version,
-            &conn,
-            log,
-            accept,
-        )
-        .await
+        upstream::respond(result, answer, &conn, log, accept).await
     }
+}
+
+/// What a request's head must be, whichever codec read it: weir's HTTP/1
+/// codec refuses these itself (so they are checked here only for hyper's
+/// requests); hyper's (TLS, HTTP/2) lets through a
+/// `Transfer-Encoding` other than `chunked` and, on HTTP/2, any number of
+/// fields, and a `Content-Length` weir would not read (over 2^63).
+/// `Some`: the refusal (501, 400, 431).
+fn framing(req: &Request<RequestBody>, gw: &crate::gateway::Gateway) -> Option<ClientError> {
+    use weir_http::framing::{only_chunked, parse_content_length};
+    if !only_chunked(req.headers()) {
+        return Some(ClientError::UnsupportedCoding);
+    }
+    for length in req.headers().get_all(header::CONTENT_LENGTH) {
+        if let Err(e) = parse_content_length(length.as_bytes()) {
+            return Some(ClientError::Malformed(e.0));
+        }
+    }
+    (req.headers().len() > gw.edge.max_headers).then_some(ClientError::HeadTooLarge)
 }
 
 /// **Identity phase**: first, before the target is read. Names the client:

@@ -66,6 +66,35 @@ pub(super) enum Coalesced {
     Shared(Arc<SharedResponse>),
 }
 
+impl Coalesced {
+    /// The group this request leads, if it leads one.
+    pub fn leader(self) -> Option<(Box<Leader>, usize)> {
+        match self {
+            Coalesced::Leader(leader, max) => Some((leader, max)),
+            Coalesced::Alone | Coalesced::Shared(_) => None,
+        }
+    }
+}
+
+/// What the respond phase needs of the request, taken before it is sent
+/// (the upstream phase changes its head): the client's protocol version,
+/// its side of an upgrade, and the coalescing group it leads.
+pub(super) struct Answer {
+    version: Version,
+    upgrade: Option<ClientUpgrade>,
+    leader: Option<(Box<Leader>, usize)>,
+}
+
+impl Answer {
+    pub fn of(req: &mut Request<RequestBody>, leader: Option<(Box<Leader>, usize)>) -> Answer {
+        Answer {
+            version: req.version(),
+            upgrade: is_upgrade(req).then(|| ClientUpgrade::on(req)),
+            leader,
+        }
+    }
+}
+
 /// **Coalescing phase**: after the policy (rules see and count every
 /// request, followers too), before admission (a follower waits for its
 /// leader holding no admission slot and no server, so a storm on one page
@@ -163,13 +192,16 @@ pub(super) async fn forward(
 /// written when the body ends.
 pub(super) async fn respond(
     result: Result<Response<UpstreamBody>, ForwardError>,
-    client_upgrade: Option<ClientUpgrade>,
-    leader: Option<(Box<Leader>, usize)>,
-    client_version: Version,
+    answer: Answer,
     conn: &ConnCtx,
     mut log: Box<RequestLog>,
     accept: Accepts,
 ) -> Response<ResponseBody> {
+    let Answer {
+        version: client_version,
+        upgrade: client_upgrade,
+        leader,
+    } = answer;
     let mut resp = match result {
         Ok(resp) => resp,
         Err(ForwardError::NoHealthyServer) => {
@@ -186,6 +218,11 @@ pub(super) async fn respond(
     };
     log.record.upstream_status = Some(resp.status().as_u16());
     let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if is_101 && client_upgrade.is_none() {
+        // A switch no one asked for: the client would get a connection it
+        // cannot speak on (and the app's end of it is closed with `resp`).
+        return log.answer(&AppFault::UnaskedUpgrade, accept);
+    }
     strip_hop_by_hop(resp.headers_mut(), is_101 && client_upgrade.is_some());
     if is_101
         && let Some(client_upgrade) = client_upgrade
@@ -204,7 +241,7 @@ pub(super) async fn respond(
             Ok(b) => b,
             Err(e) => {
                 log.record.error = Some(format!("upstream body: {e}"));
-                return log.answer(&UpstreamBodyFailed, accept);
+                return log.answer(&AppFault::BodyCut, accept);
             }
         },
         None => ResponseBody::upstream(body),
@@ -215,18 +252,30 @@ pub(super) async fn respond(
     Response::from_parts(parts, body.on_complete(log))
 }
 
-/// A coalescing leader's upstream body failed while it was buffered.
-struct UpstreamBodyFailed;
+/// An answer from the app that cannot be passed on: 502.
+enum AppFault {
+    /// `101 Switching Protocols` to a request that asked for no upgrade.
+    UnaskedUpgrade,
+    /// A coalescing leader's upstream body failed while it was buffered.
+    BodyCut,
+}
 
-impl Reason for UpstreamBodyFailed {
+impl Reason for AppFault {
     fn status(&self) -> StatusCode {
         StatusCode::BAD_GATEWAY
     }
     fn label(&self) -> &str {
-        "upstream_body"
+        match self {
+            AppFault::UnaskedUpgrade => "unasked_upgrade",
+            AppFault::BodyCut => "upstream_body",
+        }
     }
     fn message(&self) -> String {
-        "the application's answer was cut".into()
+        match self {
+            AppFault::UnaskedUpgrade => "the application switched protocols without being asked",
+            AppFault::BodyCut => "the application's answer was cut",
+        }
+        .into()
     }
     fn side(&self) -> Side {
         Side::Upstream
@@ -292,8 +341,9 @@ async fn lead(
 pub(super) fn shared_response(
     shared: &SharedResponse,
     mut log: Box<RequestLog>,
-    version: Version,
+    req: &Request<RequestBody>,
 ) -> Response<ResponseBody> {
+    let version = req.version();
     log.record.coalesced = Some("shared");
     log.record.status = shared.status.as_u16();
     let labels = ClassLabels {
@@ -434,7 +484,7 @@ fn health_outcome(
     }
 }
 
-pub(super) fn is_upgrade(req: &Request<RequestBody>) -> bool {
+fn is_upgrade(req: &Request<RequestBody>) -> bool {
     req.version() == Version::HTTP_11
         && req.headers().contains_key(header::UPGRADE)
         && req
