@@ -628,7 +628,7 @@ slow_start = "8s"
     let (s, _, body) = admin
         .send(
             Request::post("/reload")
-                .header("host", "a")
+                .header("host", weir.admin.to_string())
                 .body(full(""))
                 .unwrap(),
         )

@@ -7,19 +7,106 @@ use http::Request;
 use crate::fixtures::*;
 
 async fn post_reload(weir: &TestWeir) -> (u16, serde_json::Value) {
+    let host = weir.admin.to_string();
+    let (status, _, doc) = post_admin(weir, &[("host", &host)]).await;
+    (status, doc)
+}
+
+/// `POST /reload` with these fields: (status, `WWW-Authenticate`, the JSON).
+async fn post_admin(
+    weir: &TestWeir,
+    fields: &[(&str, &str)],
+) -> (u16, Option<String>, serde_json::Value) {
     let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.admin)
         .await
         .unwrap();
-    let (status, _, body) = c
-        .send(
-            Request::post("/reload")
-                .header("host", "admin")
-                .body(full(""))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    (status.as_u16(), serde_json::from_slice(&body).unwrap())
+    let mut req = Request::post("/reload");
+    for (k, v) in fields {
+        req = req.header(*k, *v);
+    }
+    let (status, headers, body) = c.send(req.body(full("")).unwrap()).await.unwrap();
+    let challenge = headers
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_string());
+    (
+        status.as_u16(),
+        challenge,
+        serde_json::from_slice(&body).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_changes_need_no_page_and_the_token() {
+    let up = Upstream::start().await;
+    let base = "[process]\nwatch_config = false\n[access_log]\ntarget = \"off\"\n[admin]\naddress = \"127.0.0.1:0\"\n";
+    let weir = TestWeir::start(&format!("{base}{}", config(&[up.addr], ""))).await;
+    let own = weir.admin.to_string();
+    // The request: a page on evil.example, its name rebound to
+    // loopback, posting to the admin API. Refused, and nothing reloaded.
+    let (status, _, doc) = post_admin(
+        &weir,
+        &[("host", "evil.example"), ("origin", "http://evil.example")],
+    )
+    .await;
+    assert_eq!(
+        (status, doc["reason"].as_str()),
+        (403, Some("foreign_host"))
+    );
+    let origin = format!("http://{own}");
+    let evil: [(&str, &str); 2] = [("host", &own), ("origin", "http://evil.example")];
+    let (status, _, doc) = post_admin(&weir, &evil).await;
+    assert_eq!(
+        (status, doc["reason"].as_str()),
+        (403, Some("cross_origin"))
+    );
+    assert_eq!(weir.server().runtime.gateway.load().version, 1);
+    let (status, _, doc) = post_admin(&weir, &[("host", &own), ("origin", &origin)]).await;
+    assert_eq!(status, 200, "{doc}");
+    // Reads stay open to any name (scrapers).
+    let (status, _, _) = get(weir.admin, "/livez", &[("host", "evil.example")]).await;
+    assert_eq!(status, 200);
+
+    // A token set by reload applies at once, without a restart.
+    let token = "5f0c8a1e9d2b4c6a7e3f";
+    let with_token = format!("{base}token = \"{token}\"\n{}", config(&[up.addr], ""));
+    std::fs::write(&weir.config_path, &with_token).unwrap();
+    let (status, _, doc) = post_admin(&weir, &[("host", &own)]).await;
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(doc["restart_needed"], serde_json::json!([]), "{doc}");
+    let (status, challenge, doc) = post_admin(&weir, &[("host", &own)]).await;
+    assert_eq!(
+        (status, doc["reason"].as_str()),
+        (401, Some("token_required"))
+    );
+    assert_eq!(challenge.as_deref(), Some("Bearer realm=\"weir admin\""));
+    let wrong = [
+        ("host", own.as_str()),
+        ("authorization", "Bearer 5f0c8a1e9d2b4c6a7e3e"),
+    ];
+    let (status, _, doc) = post_admin(&weir, &wrong).await;
+    assert_eq!((status, doc["reason"].as_str()), (401, Some("wrong_token")));
+    let bearer = format!("Bearer {token}");
+    let (status, _, doc) = post_admin(&weir, &[("host", &own), ("authorization", &bearer)]).await;
+    assert_eq!(
+        (status, doc["result"].as_str()),
+        (200, Some("ok")),
+        "{doc}"
+    );
+
+    // A short token is refused with its key; the running one stays.
+    std::fs::write(
+        &weir.config_path,
+        format!("{base}token = \"\"\n{}", config(&[up.addr], "")),
+    )
+    .unwrap();
+    let (status, _, doc) = post_admin(&weir, &[("host", &own), ("authorization", &bearer)]).await;
+    assert_eq!(status, 400, "{doc}");
+    assert!(
+        doc["errors"][0].as_str().unwrap().contains("admin.token"),
+        "{doc}"
+    );
+    let (status, _, _) = post_admin(&weir, &[("host", &own)]).await;
+    assert_eq!(status, 401, "the old token still guards");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -142,7 +142,7 @@ impl Runtime {
         if next.loaded.config.listeners != current.loaded.config.listeners {
             restart_needed.push("listeners");
         }
-        if next.loaded.config.admin != current.loaded.config.admin {
+        if next.loaded.config.admin.listener() != current.loaded.config.admin.listener() {
             restart_needed.push("admin");
         }
         if next.loaded.config.access_log != current.loaded.config.access_log {

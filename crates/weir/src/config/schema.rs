@@ -320,6 +320,21 @@ pub struct AdminConfig {
     /// Set to false to run without an admin listener.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// When set, `POST /reload` (and any request that changes something)
+    /// needs `Authorization: Bearer TOKEN`. Reloadable.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Names accepted in `Host` on a changing request, besides IP
+    /// addresses and `localhost` (DNS rebinding). Reloadable.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+}
+
+impl AdminConfig {
+    /// What only a restart changes: the listener.
+    pub fn listener(&self) -> (&str, bool) {
+        (&self.address, self.enabled)
+    }
 }
 
 impl Default for AdminConfig {
@@ -327,6 +342,8 @@ impl Default for AdminConfig {
         AdminConfig {
             address: default_admin_address(),
             enabled: true,
+            token: None,
+            hosts: Vec::new(),
         }
     }
 }

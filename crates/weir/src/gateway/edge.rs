@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use crate::admin::guard::{AdminGuard, MIN_TOKEN_LEN};
 use crate::config::{ConfigError, KeyPath, LoadedConfig};
 use crate::edge::tls;
 use crate::edge::{ConnLimits, EdgeSettings, ListenerSpec};
@@ -63,23 +64,48 @@ pub(super) fn listeners(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) ->
     listeners
 }
 
-/// `[admin]`: the admin API's address, if it is enabled.
-pub(super) fn admin(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> Option<SocketAddr> {
-    let cfg = &loaded.config;
-    let root = KeyPath::root();
-    if cfg.admin.enabled {
-        match cfg.admin.address.parse::<SocketAddr>() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                errors.push(loaded.error_at(
-                    &root.key("admin").key("address"),
-                    format!("`{}` is not ip:port", cfg.admin.address),
-                ));
-                None
-            }
+/// `[admin]`: the admin API's address, if it is enabled, and who may
+/// change weir through it.
+pub(super) fn admin(
+    loaded: &LoadedConfig,
+    errors: &mut Vec<ConfigError>,
+) -> (Option<SocketAddr>, AdminGuard) {
+    let cfg = &loaded.config.admin;
+    let at = KeyPath::root().key("admin");
+    if let Some(token) = &cfg.token
+        && token.len() < MIN_TOKEN_LEN
+    {
+        // An empty one is most often `${WEIR_ADMIN_TOKEN:-}` with the
+        // variable unset: refused, not taken as "no token".
+        errors.push(loaded.error_at(
+            &at.key("token"),
+            format!(
+                "a token of {} characters is too easy to guess: use at least {MIN_TOKEN_LEN} (e.g. `openssl rand -hex 16`)",
+                token.len()
+            ),
+        ));
+    }
+    for (i, host) in cfg.hosts.iter().enumerate() {
+        if host.is_empty() || host.contains([':', '/', ' ', '[', ']']) {
+            errors.push(loaded.error_at(
+                &at.key("hosts").index(i),
+                format!("`{host}` is not a host name (no port, no scheme)"),
+            ));
         }
-    } else {
-        None
+    }
+    let guard = AdminGuard::new(cfg.token.clone(), &cfg.hosts);
+    if !cfg.enabled {
+        return (None, guard);
+    }
+    match cfg.address.parse::<SocketAddr>() {
+        Ok(a) => (Some(a), guard),
+        Err(_) => {
+            errors.push(loaded.error_at(
+                &at.key("address"),
+                format!("`{}` is not ip:port", cfg.address),
+            ));
+            (None, guard)
+        }
     }
 }
 

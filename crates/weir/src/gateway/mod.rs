@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admin::guard::AdminGuard;
 use crate::admission::{Coalescer, Lane};
 use crate::config::{ClientHeader, ConfigError, ConfigErrors, LoadedConfig};
 use crate::edge::{EdgeSettings, ListenerSpec};
@@ -45,6 +46,8 @@ pub struct Gateway {
     pub edge: EdgeSettings,
     pub dominance: Arc<DominantPeerDetector>,
     pub admin_address: Option<SocketAddr>,
+    /// Who may change weir through the admin API (`[admin] token`, `hosts`).
+    pub admin_guard: AdminGuard,
     pub drain_timeout: Duration,
     /// Every rule level's state, by fingerprint; carried across reloads.
     pub rule_stores: RuleStores,
@@ -112,7 +115,7 @@ impl Gateway {
         // One compile step per stage, in the request's order; each collects
         // its problems and goes on, so one run reports them all.
         let listeners = edge::listeners(&loaded, e);
-        let admin_address = edge::admin(&loaded, e);
+        let (admin_address, admin_guard) = edge::admin(&loaded, e);
         let (trusted, share) = edge::identity(&loaded, e);
         let edge = edge::limits(&loaded, e);
         let (pools, pool_index) = pools::pools(&loaded, previous, e);
@@ -149,6 +152,7 @@ impl Gateway {
             edge,
             dominance,
             admin_address,
+            admin_guard,
             drain_timeout: cfg.process.drain_timeout.0,
             rule_stores: classes.rule_stores,
             inflight_tables: classes.inflight_tables,

@@ -1,4 +1,5 @@
-//! The admin API: `/metrics`, `/livez`, `/readyz`, `/status`, `POST /reload`.
+//! The admin API: `/metrics`, `/livez`, `/readyz`, `/status`, `POST /reload`;
+//! who may `POST` is `guard`'s (no web page, and `[admin] token` when set).
 //!
 //! It listens on loopback by default, apart from client traffic, so health
 //! checks and scrapes never queue behind it. `/livez` says only that weir's
@@ -27,6 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime::{ReloadOutcome, Runtime};
 
+pub mod guard;
+
 /// Serves the admin API until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, stop: CancellationToken) {
     loop {
@@ -53,6 +56,24 @@ pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, stop: CancellationTo
 }
 
 async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes>> {
+    if let Err(refusal) = rt
+        .gateway
+        .load()
+        .admin_guard
+        .check(req.method(), req.headers())
+    {
+        let mut resp = json_response(
+            refusal.status(),
+            json!({"result": "refused", "reason": refusal.as_str()}),
+        );
+        if refusal.status() == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer realm=\"weir admin\""),
+            );
+        }
+        return resp;
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             rt.export_shared_stats();
