@@ -317,3 +317,34 @@ async fn in_flight_per_client_cap_answers_429() {
     assert_eq!(rejected[0]["rule"], "client_in_flight");
     assert_eq!(rejected[0]["decision"], "reject");
 }
+
+/// The HTTP/2 preface arriving a byte, then the rest, then a SETTINGS
+/// frame: the wait between segments is woken by the socket, not a timer,
+/// so a later segment must still be seen (a readiness never re-armed would
+/// leave the connection unanswered). A near-preface is HTTP/1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_preface_is_http2_and_a_near_one_http1() {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    for part in [&PREFACE[..1], &PREFACE[1..9], &PREFACE[9..]] {
+        s.write_all(part).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // An empty SETTINGS frame: 9 bytes of header, type 4.
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    let mut head = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut head))
+        .await
+        .expect("weir answers the preface")
+        .unwrap();
+    assert_eq!(head[3], 4, "the server's SETTINGS frame first: {head:?}");
+
+    let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    s.write_all(b"Host: a\r\n\r\n").await.unwrap();
+    let (answer, _) = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
+}

@@ -87,11 +87,7 @@ async fn admin_changes_need_no_page_and_the_token() {
     assert_eq!((status, doc["reason"].as_str()), (401, Some("wrong_token")));
     let bearer = format!("Bearer {token}");
     let (status, _, doc) = post_admin(&weir, &[("host", &own), ("authorization", &bearer)]).await;
-    assert_eq!(
-        (status, doc["result"].as_str()),
-        (200, Some("ok")),
-        "{doc}"
-    );
+    assert_eq!((status, doc["result"].as_str()), (200, Some("ok")), "{doc}");
 
     // A short token is refused with its key; the running one stays.
     std::fs::write(
