@@ -84,6 +84,9 @@ mod challenge_proxy;
 // In-place upgrades under load (fd hand-off and limiter state), failed
 // upgrades, SIGTERM/SIGQUIT, socket activation, start-up budget.
 mod upgrade;
+// Stop/start restarts under load: SO_REUSEPORT beside the old process,
+// systemd-style socket activation, limits kept across each.
+mod restart;
 
 // A new generation's readiness: blue/green through a shared Redis (limits
 // hold from the first request), the warm-up gate (`/readyz` waits for the

@@ -25,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::support::process::send_signal;
 use crate::support::{HttpRequest, HttpUpstream, Signal, Weir, connect_from};
 
-fn config(upstream: SocketAddr, drain: &str) -> String {
+pub(crate) fn config(upstream: SocketAddr, drain: &str) -> String {
     format!(
         r#"[process]
 watch_config = false
@@ -59,7 +59,7 @@ limits = [{{ per = "ip", rate = 5, window = "1m" }}]
     )
 }
 
-async fn ok_upstream() -> HttpUpstream {
+pub(crate) async fn ok_upstream() -> HttpUpstream {
     HttpUpstream::start(|req| {
         let body = format!("ok {}\n", req.body.len());
         http::Response::new(Full::new(Bytes::from(body)))
@@ -73,7 +73,7 @@ fn pid(raw: u32) -> Pid {
 }
 
 /// Makes this test process the reaper of orphaned descendants.
-fn become_subreaper() {
+pub(crate) fn become_subreaper() {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).unwrap();
 }
 
@@ -136,22 +136,22 @@ async fn wait_new_pid(weir: &mut Weir, old: u32, deadline: Duration) -> u32 {
 }
 
 #[derive(Default)]
-struct Counts {
-    ok: AtomicU64,
-    failed: AtomicU64,
-    refused: AtomicU64,
+pub(crate) struct Counts {
+    pub(crate) ok: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) refused: AtomicU64,
     /// Idempotent GETs resent because a kept-alive connection was closed by
     /// the server while idle (RFC 9112 §9.3.1: clients retry these).
-    idle_close_retries: AtomicU64,
-    uploads: AtomicU64,
+    pub(crate) idle_close_retries: AtomicU64,
+    pub(crate) uploads: AtomicU64,
     /// Fresh connections closed by a draining process before their request
     /// was read (see the assertion in the 100-upgrade test).
-    fresh_closed: AtomicU64,
-    errors: Mutex<Vec<String>>,
+    pub(crate) fresh_closed: AtomicU64,
+    pub(crate) errors: Mutex<Vec<String>>,
 }
 
 impl Counts {
-    fn fail(&self, what: String) {
+    pub(crate) fn fail(&self, what: String) {
         self.failed.fetch_add(1, Ordering::Relaxed);
         let mut e = self.errors.lock().unwrap();
         if e.len() < 20 {
@@ -162,7 +162,7 @@ impl Counts {
 
 /// GETs on one kept-alive connection at a time, reconnecting when the server
 /// closes it.
-async fn keep_alive_worker(
+pub(crate) async fn keep_alive_worker(
     source: IpAddr,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -225,7 +225,7 @@ async fn keep_alive_worker(
 }
 
 /// One new connection per GET (`Connection: close`).
-async fn new_connection_worker(
+pub(crate) async fn new_connection_worker(
     worker: u8,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -257,7 +257,7 @@ async fn new_connection_worker(
 
 /// Sends a `size`-byte body in `chunks` pieces over about `over`, then reads
 /// the response; true on a 200 that saw the whole body.
-async fn slow_upload(
+pub(crate) async fn slow_upload(
     source: IpAddr,
     addr: SocketAddr,
     size: usize,
@@ -307,7 +307,7 @@ async fn upload_worker(worker: u8, addr: SocketAddr, stop: Arc<AtomicBool>, c: A
 }
 
 /// Status of one GET /limited from the dedicated limited client.
-async fn limited_client(addr: SocketAddr) -> u16 {
+pub(crate) async fn limited_client(addr: SocketAddr) -> u16 {
     HttpRequest::get("/limited")
         .from([127, 9, 9, 9])
         .send(addr)

@@ -392,8 +392,12 @@ fn temp_path(path: &Path) -> PathBuf {
         .map(|n| n.to_os_string())
         .unwrap_or_default();
     // The pid keeps two processes writing at once (the old and new one
-    // during an upgrade) from sharing a temporary file; the rename is atomic.
-    name.push(format!(".tmp.{}", std::process::id()));
+    // during an upgrade) from sharing a temporary file, the counter two
+    // writes of one process (a periodic one and a drain's); the rename is
+    // atomic, so the last one renamed wins whole.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    name.push(format!(".tmp.{}.{n}", std::process::id()));
     path.with_file_name(name)
 }
 
@@ -534,7 +538,11 @@ mod tests {
         let path = dir.path().join("state").join("limiter.snap");
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         snap.write_to(&path).unwrap();
-        assert!(!temp_path(&path).exists(), "temporary file renamed away");
+        let files: Vec<_> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(files, ["limiter.snap"], "temporary file renamed away");
         let read = Snapshot::read_from(&path).unwrap();
         assert_eq!(read, snap);
         assert_eq!(

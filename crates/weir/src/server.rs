@@ -127,7 +127,9 @@ impl Server {
         let runtime = Runtime::new(gateway, metrics, access_log, config_path, env);
         runtime.tracker.set_ceiling(connection_ceiling());
         // State first: the first request after a restart must meet the limits
-        // the previous process had reached.
+        // the previous process had reached. The file is looked at before it
+        // is read, so a later write by the previous process is merged.
+        let watch = state::snapshot_path(&runtime).map(|p| state::SnapshotWatch::new(&p));
         let restored = match inherited.snapshot.take() {
             Some(snapshot) => {
                 let report = upgrade::restore(&runtime, &snapshot);
@@ -168,7 +170,7 @@ impl Server {
         let mut bound = Vec::new();
         let mut sockets = Vec::new();
         let mut inherited_listeners = 0;
-        let mut open = |role: SocketRole, addr: SocketAddr| {
+        let mut open = |role: SocketRole, addr: SocketAddr, reuse_port: bool| {
             let bind_err = |source| StartError::Bind { addr, source };
             let std_listener = match inherited.take(role, addr) {
                 Some(l) => {
@@ -178,7 +180,7 @@ impl Server {
                     l.set_nonblocking(true).map_err(bind_err)?;
                     l
                 }
-                None => listener::bind(addr).map_err(bind_err)?,
+                None => listener::bind(addr, reuse_port).map_err(bind_err)?,
             };
             sockets.push(ListeningSocket {
                 role,
@@ -188,7 +190,7 @@ impl Server {
             Ok::<_, StartError>(std_listener)
         };
         for spec in &specs {
-            let std_listener = open(SocketRole::Client, spec.address)?;
+            let std_listener = open(SocketRole::Client, spec.address, spec.reuse_port)?;
             let tokio_listener =
                 tokio::net::TcpListener::from_std(std_listener).map_err(|source| {
                     StartError::Bind {
@@ -202,7 +204,7 @@ impl Server {
         let admin = match admin_addr {
             None => None,
             Some(addr) => {
-                let l = tokio::net::TcpListener::from_std(open(SocketRole::Admin, addr)?)
+                let l = tokio::net::TcpListener::from_std(open(SocketRole::Admin, addr, false)?)
                     .map_err(|source| StartError::Bind { addr, source })?;
                 let local = l.local_addr().unwrap_or(addr);
                 tasks.push(tokio::spawn(admin::serve(l, runtime.clone(), stop.clone())));
@@ -247,7 +249,11 @@ impl Server {
             };
             tasks.push(tokio::spawn(warmup::run(probes, stop.clone())));
         }
-        tasks.push(tokio::spawn(maintain_state(runtime.clone(), stop.clone())));
+        tasks.push(tokio::spawn(maintain_state(
+            runtime.clone(),
+            watch,
+            stop.clone(),
+        )));
         // Sockets inherited but no longer configured close here; the
         // previous process still holds its copies until it exits.
         drop(inherited);
@@ -318,6 +324,21 @@ impl Server {
         for task in self.accepting {
             let _ = tokio::time::timeout(ACCEPT_LOOP_EXIT, task).await;
         }
+        // The loops took what was queued and dropped their sockets; close the
+        // copies kept for a hand-over too, so the kernel refuses new
+        // connections now (instead of queueing them for a process that will
+        // never accept them and resetting them at exit) and the next process
+        // can bind at once. systemd, or a successor sharing the socket, holds
+        // its own copy: that socket stays open and keeps queueing.
+        let mut sockets = self.sockets;
+        sockets.retain(|s| s.role != SocketRole::Client);
+        // The state as it is now, for a successor starting beside this
+        // process (`SO_REUSEPORT`, blue/green): it merges the file when it
+        // changes. The final one follows once the last request is done.
+        let snapshot = state::snapshot_path(&self.runtime).map(|path| {
+            let rt = self.runtime.clone();
+            tokio::task::spawn_blocking(move || state::write(&rt, &path))
+        });
         tokio::pin!(stop_now);
         let mut cut_short = false;
         if deadline > FIRST_REQUEST_GRACE && self.runtime.tracker.open() > 0 {
@@ -347,11 +368,15 @@ impl Server {
         for t in self.tasks {
             t.abort();
         }
+        if let Some(first) = snapshot {
+            let _ = first.await;
+        }
         if let Some(path) = state::snapshot_path(&self.runtime) {
             let rt = self.runtime.clone();
             // Errors are logged and counted by `write`.
             let _ = tokio::task::spawn_blocking(move || state::write(&rt, &path)).await;
         }
+        drop(sockets);
         self.runtime.access_log.flush();
         DrainReport {
             forced,
@@ -366,6 +391,10 @@ impl Server {
         self.runtime.tracker.abort_all();
     }
 }
+
+/// How often the snapshot file is looked at for another process's write: a
+/// limit the old generation enforced reaches the new one within this.
+const SNAPSHOT_LOOK: Duration = Duration::from_millis(500);
 
 /// How long a drain waits for the accept loops to see `stop`.
 const ACCEPT_LOOP_EXIT: Duration = Duration::from_secs(1);
@@ -412,15 +441,34 @@ async fn maintain_upstreams(rt: Arc<Runtime>, stop: CancellationToken) {
     }
 }
 
-/// Sweeps expired limiter keys and writes the snapshot periodically.
-async fn maintain_state(rt: Arc<Runtime>, stop: CancellationToken) {
+/// Sweeps expired limiter keys and writes the snapshot periodically; merges
+/// the snapshot when another process replaces it.
+async fn maintain_state(
+    rt: Arc<Runtime>,
+    mut watch: Option<state::SnapshotWatch>,
+    stop: CancellationToken,
+) {
     let every = rt.gateway.load().loaded.config.state.snapshot_interval.0;
     let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let mut look = tokio::time::interval(SNAPSHOT_LOOK);
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
+            _ = look.tick(), if watch.is_some() => {
+                if let (Some(mut w), Some(path)) = (watch.take(), state::snapshot_path(&rt)) {
+                    // A stat per tick; the file is read only when replaced.
+                    let rt = rt.clone();
+                    watch = tokio::task::spawn_blocking(move || {
+                        w.merge_if_changed(&rt, &path);
+                        w
+                    })
+                    .await
+                    .ok();
+                }
+            }
             _ = tick.tick() => {
                 let rt = rt.clone();
                 let _ = tokio::task::spawn_blocking(move || {

@@ -156,6 +156,68 @@ pub fn write(rt: &Runtime, path: &Path) -> Result<usize, SnapshotError> {
     }
 }
 
+/// The snapshot file as last seen, to notice when another process replaces
+/// it: the old generation writing its last state after this one started (a
+/// restart with `SO_REUSEPORT`, a blue/green switch), or a twin behind the
+/// same load balancer. Every write renames a new file into place, so the
+/// inode tells one write from the next.
+#[derive(Debug, Default)]
+pub struct SnapshotWatch {
+    seen: Option<(u64, SystemTime)>,
+}
+
+impl SnapshotWatch {
+    /// Starts from the file as it is now (the one the start-up restore read).
+    pub fn new(path: &Path) -> SnapshotWatch {
+        SnapshotWatch {
+            seen: identity(path),
+        }
+    }
+
+    /// If the file changed since last seen and another process wrote it,
+    /// merges it into the stores (each key keeps the later of its own TAT and
+    /// the file's, so the result is at least as strict as either process)
+    /// and returns how many keys it carried.
+    pub fn merge_if_changed(&mut self, rt: &Runtime, path: &Path) -> Option<usize> {
+        let now = identity(path);
+        if now.is_none() || now == self.seen {
+            return None;
+        }
+        self.seen = now;
+        let snap = match Snapshot::read_from(path) {
+            Ok(s) => s,
+            Err(e) => {
+                // A half-copied file from an operator, say: the next write
+                // replaces it. Nothing merged, nothing lost.
+                tracing::warn!(error = %e, "limiter snapshot changed but cannot be read: not merged");
+                return None;
+            }
+        };
+        if snap.generation == rt.generation {
+            return None;
+        }
+        let gw = rt.gateway.load();
+        let report = snap.restore_into(&gw.rule_stores, MonotonicClock.now(), SystemTime::now());
+        let merged = report.restored();
+        rt.metrics.state_merged_keys.inc_by(merged as u64);
+        tracing::info!(
+            file = %path.display(),
+            from_generation = snap.generation,
+            age = ?report.elapsed,
+            merged,
+            "merged limiter state another weir process wrote"
+        );
+        Some(merged)
+    }
+}
+
+/// Inode and modification time of `path`, if it exists.
+fn identity(path: &Path) -> Option<(u64, SystemTime)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.ino(), meta.modified().ok()?))
+}
+
 /// Sweeps expired keys from every store (keeps memory proportional to live
 /// clients between snapshots).
 pub fn sweep(rt: &Runtime) {

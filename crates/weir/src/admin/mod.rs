@@ -308,5 +308,5 @@ fn json_response(status: StatusCode, v: serde_json::Value) -> Response<Full<Byte
 
 /// Binds the admin listener.
 pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    crate::edge::listener::bind(addr)
+    crate::edge::listener::bind(addr, false)
 }

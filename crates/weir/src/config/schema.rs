@@ -298,6 +298,11 @@ pub struct ListenerConfig {
     /// Accept HTTP/2 (h2c prior knowledge on plain listeners, ALPN on TLS).
     #[serde(default = "yes")]
     pub http2: bool,
+    /// Bind with `SO_REUSEPORT`, so a new weir can listen on this address
+    /// before the old one stops (a restart that refuses nothing). Every
+    /// process sharing the port must set it. Needs a restart to change.
+    #[serde(default)]
+    pub reuse_port: bool,
 }
 
 /// Certificate and key for a TLS listener.

@@ -15,10 +15,15 @@ use socket2::{Domain, Protocol, Socket, Type};
 /// absorbs accept bursts; admission happens after accept, where weir can count.
 const BACKLOG: i32 = 4096;
 
-/// Binds `addr` for accepting client connections.
-pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+/// Binds `addr` for accepting client connections; with `reuse_port`, other
+/// processes that set it too may listen on the same address (the kernel
+/// spreads new connections over them).
+pub fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
     if addr.is_ipv6() {
         socket.set_only_v6(false).ok();
     }
@@ -35,6 +40,8 @@ pub struct ListenerSpec {
     pub address: SocketAddr,
     pub proxy_protocol: bool,
     pub http2: bool,
+    /// Bound with `SO_REUSEPORT` (a start-up choice: not reloaded).
+    pub reuse_port: bool,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
@@ -44,6 +51,7 @@ impl std::fmt::Debug for ListenerSpec {
             .field("address", &self.address)
             .field("proxy_protocol", &self.proxy_protocol)
             .field("http2", &self.http2)
+            .field("reuse_port", &self.reuse_port)
             .field("tls", &self.tls.is_some())
             .finish()
     }

@@ -137,40 +137,84 @@ pub async fn accept_loop<S: Service>(
             _ = stop.cancelled() => break,
             a = listener.accept() => a,
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
+        match accepted {
+            Ok((stream, peer)) => admit(stream, peer, index, &spec, edge, &acceptor),
             Err(e) => {
                 // EMFILE/ENFILE: out of descriptors. Back off briefly instead of
                 // spinning; the connection stays in the backlog until then.
                 acceptor.metrics.refused("accept_error");
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
             }
-        };
-        let peer = PeerAddr(peer);
-        let peer_trusted = acceptor.service.trusts(peer.ip());
-        // A trusted proxy's connections carry many clients: they are capped by
-        // their PROXY source (below) and by request-level limits instead.
-        let cap_ip = (!peer_trusted).then(|| peer.ip());
-        let guard = match acceptor.tracker.try_open(cap_ip) {
-            Ok(g) => g,
-            Err(refusal) => {
-                refuse(stream, refusal, spec.tls.is_none(), &acceptor.metrics);
-                continue;
-            }
-        };
-        acceptor.metrics.connections_accepted.inc();
-        let (spec, edge) = acceptor
-            .service
-            .listener(index)
-            .filter(|(l, _)| l.address == spec.address)
-            .unwrap_or_else(|| (spec.clone(), edge));
-        let acceptor = acceptor.clone();
-        tokio::spawn(async move {
-            serve_connection(stream, peer, peer_trusted, spec, edge, guard, &acceptor).await;
-        });
+        }
     }
+    take_backlog(listener, index, &spec, edge, &acceptor);
+}
+
+/// Stopping: connections the kernel has completed wait in this socket's
+/// queue, and closing the socket would reset them. They are taken (plain
+/// non-blocking accepts until the queue is empty, not tokio's readiness,
+/// which may not have seen the last ones yet) and served like any other;
+/// the caller then closes the socket.
+fn take_backlog<S: Service>(
+    listener: TcpListener,
+    index: usize,
+    spec: &ListenerSpec,
+    edge: EdgeSettings,
+    acceptor: &Arc<Acceptor<S>>,
+) {
+    let Ok(listener) = listener.into_std() else {
+        return;
+    };
+    let mut taken = 0;
+    while let Ok((stream, peer)) = listener.accept() {
+        let stream = match stream
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(stream))
+        {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        admit(stream, peer, index, spec, edge, acceptor);
+        taken += 1;
+    }
+    if taken > 0 {
+        tracing::info!(listener = %spec.address, connections = taken, "stopping: served the connections left in the accept queue");
+    }
+}
+
+/// Admits one accepted connection (or refuses it at the connection caps)
+/// and spawns its task.
+fn admit<S: Service>(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    index: usize,
+    spec: &ListenerSpec,
+    edge: EdgeSettings,
+    acceptor: &Arc<Acceptor<S>>,
+) {
+    let peer = PeerAddr(peer);
+    let peer_trusted = acceptor.service.trusts(peer.ip());
+    // A trusted proxy's connections carry many clients: they are capped by
+    // their PROXY source (below) and by request-level limits instead.
+    let cap_ip = (!peer_trusted).then(|| peer.ip());
+    let guard = match acceptor.tracker.try_open(cap_ip) {
+        Ok(g) => g,
+        Err(refusal) => {
+            refuse(stream, refusal, spec.tls.is_none(), &acceptor.metrics);
+            return;
+        }
+    };
+    acceptor.metrics.connections_accepted.inc();
+    let (spec, edge) = acceptor
+        .service
+        .listener(index)
+        .filter(|(l, _)| l.address == spec.address)
+        .unwrap_or_else(|| (spec.clone(), edge));
+    let acceptor = acceptor.clone();
+    tokio::spawn(async move {
+        serve_connection(stream, peer, peer_trusted, spec, edge, guard, &acceptor).await;
+    });
 }
 
 /// Answers a refused connection as cheaply as possible and closes it.

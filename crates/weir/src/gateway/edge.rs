@@ -58,6 +58,7 @@ pub(super) fn listeners(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) ->
             address,
             proxy_protocol: l.proxy_protocol,
             http2: l.http2,
+            reuse_port: l.reuse_port,
             tls,
         });
     }

@@ -213,6 +213,7 @@ pub struct Metrics {
     pub state_restored_keys: Gauge,
     pub state_snapshot_keys: Gauge,
     pub state_snapshots: Family<ResultLabels, Counter>,
+    pub state_merged_keys: Counter,
     pub limiter_evicted_keys: Gauge,
     pub process_start_time: Gauge,
     pub redis_round_trips: Family<ResultLabels, Counter>,
@@ -275,6 +276,7 @@ impl Metrics {
             state_restored_keys: Gauge::default(),
             state_snapshot_keys: Gauge::default(),
             state_snapshots: Family::default(),
+            state_merged_keys: Counter::default(),
             limiter_evicted_keys: Gauge::default(),
             process_start_time: Gauge::default(),
             redis_round_trips: Family::default(),
@@ -412,6 +414,11 @@ impl Metrics {
             "state_snapshots",
             "Snapshot writes by result (ok, error)",
             m.state_snapshots.clone(),
+        );
+        registry.register(
+            "state_merged_keys",
+            "Limiter keys merged from snapshots another weir process wrote while this one ran",
+            m.state_merged_keys.clone(),
         );
         registry.register(
             "limiter_evicted_keys",
