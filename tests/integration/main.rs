@@ -88,6 +88,10 @@ mod upgrade;
 // systemd-style socket activation, limits kept across each.
 mod restart;
 
+// Deadlines: send timeout, minimum body rate, body size (413), the verify
+// endpoint's body.
+mod deadlines;
+
 // A new generation's readiness: blue/green through a shared Redis (limits
 // hold from the first request), the warm-up gate (`/readyz` waits for the
 // pools, bounded), an upgrade that hands over only once the pools answer.

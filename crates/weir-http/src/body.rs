@@ -29,6 +29,53 @@ pub use crate::BoxError;
 #[error("request body read timed out after {0:?} without data")]
 pub struct BodyReadTimeout(pub Duration);
 
+/// The request body came slower than the class's minimum rate allows.
+#[derive(Debug, thiserror::Error)]
+#[error("request body slower than {min_rate} bytes/s on average")]
+pub struct BodyTooSlow {
+    pub min_rate: u64,
+}
+
+/// The request body is longer than the class allows.
+#[derive(Debug, thiserror::Error)]
+#[error("request body over {max_bytes} bytes")]
+pub struct BodyTooLarge {
+    pub max_bytes: u64,
+}
+
+/// What a request body may take: a wait between pieces, an average rate
+/// and a size. The rate is measured as Apache's `mod_reqtimeout` does: the
+/// whole body must have arrived by `read_timeout` after it started plus one
+/// second per `min_rate` bytes received, so a body dripped a byte at a
+/// time within the read timeout still ends, and a slow honest upload
+/// (a phone sends tens of KB/s) does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    pub read_timeout: Duration,
+    /// Bytes per second; 0: no rate.
+    pub min_rate: u64,
+    pub max_bytes: u64,
+}
+
+impl BodyLimits {
+    /// No limit at all (a body the edge hands over, before its route is known).
+    pub const NONE: BodyLimits = BodyLimits {
+        read_timeout: Duration::MAX,
+        min_rate: 0,
+        max_bytes: u64::MAX,
+    };
+
+    /// When a body that started at `started` and has brought `received`
+    /// bytes must have ended; `None` without a rate.
+    fn deadline(&self, started: Instant, received: u64) -> Option<Instant> {
+        if self.min_rate == 0 || self.read_timeout == Duration::MAX {
+            return None;
+        }
+        let earned = Duration::from_secs_f64(received as f64 / self.min_rate as f64);
+        started.checked_add(self.read_timeout.saturating_add(earned))
+    }
+}
+
 /// A request body as the client sends it: decoded by weir's own HTTP/1
 /// codec (plain connections), or by hyper (TLS, HTTP/2).
 pub enum ClientBody {
@@ -68,7 +115,10 @@ impl Body for ClientBody {
 /// The client's request body, on its way upstream.
 pub struct RequestBody {
     inner: Option<ClientBody>,
-    read_timeout: Duration,
+    limits: BodyLimits,
+    /// When the first poll found the body not ready (the rate's start).
+    started: Option<Instant>,
+    received: u64,
     timer: Option<Pin<Box<Sleep>>>,
     /// Where the bytes read are counted; `None` for a body that is empty.
     bytes: Option<Arc<AtomicU64>>,
@@ -80,18 +130,21 @@ impl RequestBody {
     pub fn new(inner: ClientBody) -> Self {
         RequestBody {
             inner: Some(inner),
-            read_timeout: Duration::MAX,
+            limits: BodyLimits::NONE,
+            started: None,
+            received: 0,
             timer: None,
             bytes: None,
         }
     }
 
-    /// Sets the wait allowed between pieces of the body, and where its
-    /// bytes are counted. (Set on the request in place: wrapping the body
-    /// once its route is known made a second copy of the request in every
-    /// request's future.)
-    pub fn watch(&mut self, read_timeout: Duration, bytes: Option<Arc<AtomicU64>>) {
-        self.read_timeout = read_timeout;
+    /// Sets what the body may take (its wait between pieces, rate and
+    /// size), and where its bytes are counted. (Set on the request in
+    /// place: wrapping the body once its route is known made a second copy
+    /// of the request in every request's future.)
+    pub fn watch(&mut self, limits: BodyLimits, bytes: Option<Arc<AtomicU64>>) {
+        self.limits = limits;
+        self.started = Some(Instant::now());
         self.bytes = bytes;
     }
 
@@ -99,7 +152,9 @@ impl RequestBody {
     pub fn empty() -> Self {
         RequestBody {
             inner: None,
-            read_timeout: Duration::MAX,
+            limits: BodyLimits::NONE,
+            started: None,
+            received: 0,
             timer: None,
             bytes: None,
         }
@@ -132,6 +187,21 @@ pub fn copy_bodyless(req: &http::Request<RequestBody>) -> http::Request<RequestB
     copy
 }
 
+impl RequestBody {
+    /// When the body next times out if nothing arrives: the read timeout
+    /// from now, or the rate's deadline if sooner.
+    fn next_wake(&self, limits: BodyLimits) -> Instant {
+        let now = Instant::now();
+        let idle = now
+            .checked_add(limits.read_timeout)
+            .unwrap_or(now + Duration::from_secs(86_400 * 365));
+        match self.started.and_then(|s| limits.deadline(s, self.received)) {
+            Some(d) => d.min(idle),
+            None => idle,
+        }
+    }
+}
+
 impl Body for RequestBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -144,28 +214,51 @@ impl Body for RequestBody {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
+        let limits = this.limits;
         match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(data), Some(bytes)) = (frame.data_ref(), &this.bytes) {
-                    bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                if let Some(data) = frame.data_ref() {
+                    this.received += data.len() as u64;
+                    if let Some(bytes) = &this.bytes {
+                        bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    }
+                    if this.received > limits.max_bytes {
+                        let e = BodyTooLarge {
+                            max_bytes: limits.max_bytes,
+                        };
+                        return Poll::Ready(Some(Err(Box::new(e))));
+                    }
                 }
-                if let Some(t) = this.timer.as_mut() {
-                    t.as_mut().reset(Instant::now() + this.read_timeout);
+                if this.timer.is_some() {
+                    let wake = this.next_wake(limits);
+                    if let Some(t) = this.timer.as_mut() {
+                        t.as_mut().reset(wake);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
-                if this.read_timeout == Duration::MAX {
+                if limits.read_timeout == Duration::MAX {
                     return Poll::Pending;
                 }
-                let timeout = this.read_timeout;
+                let wake = this.next_wake(limits);
                 let timer = this
                     .timer
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake)));
                 ready!(timer.as_mut().poll(cx));
-                Poll::Ready(Some(Err(Box::new(BodyReadTimeout(timeout)))))
+                let too_slow = this
+                    .started
+                    .and_then(|s| limits.deadline(s, this.received))
+                    .is_some_and(|d| Instant::now() >= d);
+                if too_slow {
+                    let e = BodyTooSlow {
+                        min_rate: limits.min_rate,
+                    };
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
+                Poll::Ready(Some(Err(Box::new(BodyReadTimeout(limits.read_timeout)))))
             }
         }
     }
@@ -347,5 +440,31 @@ impl Drop for ResponseBody {
             };
             self.finish(error);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_deadline_grows_a_second_per_min_rate_bytes() {
+        let limits = BodyLimits {
+            read_timeout: Duration::from_secs(2),
+            min_rate: 100,
+            max_bytes: u64::MAX,
+        };
+        let t = Instant::now();
+        // (bytes received, deadline after start)
+        for (received, after) in [(0, 2_000), (100, 3_000), (1_050, 12_500)] {
+            let got = limits.deadline(t, received).unwrap();
+            assert_eq!(got - t, Duration::from_millis(after), "{received} bytes");
+        }
+        let off = BodyLimits {
+            min_rate: 0,
+            ..limits
+        };
+        assert_eq!(off.deadline(t, 5), None);
+        assert_eq!(BodyLimits::NONE.deadline(t, 5), None);
     }
 }

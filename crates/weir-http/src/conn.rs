@@ -34,6 +34,9 @@ pub struct ConnState {
     idle_since_ms: AtomicU64,
     /// When bytes of a next request arrived while idle (0: none pending).
     pending_since_ms: AtomicU64,
+    /// Since when writes to the client have found its window full with no
+    /// byte written since (ms; 0: not stalled): the send timeout.
+    write_stalled_since_ms: AtomicU64,
     /// HTTP/2 connections are exempt from the pending-bytes rule (pings and
     /// settings arrive while idle).
     h2: AtomicBool,
@@ -61,6 +64,7 @@ impl ConnState {
             requests: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(now),
             pending_since_ms: AtomicU64::new(0),
+            write_stalled_since_ms: AtomicU64::new(0),
             h2: AtomicBool::new(false),
             command: AtomicU8::new(0),
             release: AtomicU8::new(0),
@@ -127,6 +131,27 @@ impl ConnState {
             self.pending_since_ms
                 .store(self.clock.now_ms().max(1), Ordering::Relaxed);
         }
+    }
+
+    /// A write to the client could not proceed (its receive window is
+    /// full). Marks the start of a stall, if one is not already running.
+    pub fn write_blocked(&self) {
+        if self.write_stalled_since_ms.load(Ordering::Relaxed) == 0 {
+            self.write_stalled_since_ms
+                .store(self.clock.now_ms().max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes were written to the client: no stall.
+    pub fn write_progressed(&self) {
+        if self.write_stalled_since_ms.load(Ordering::Relaxed) != 0 {
+            self.write_stalled_since_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Since when writes have stalled (ms on the clock; 0: they have not).
+    pub fn write_stalled_since_ms(&self) -> u64 {
+        self.write_stalled_since_ms.load(Ordering::Relaxed)
     }
 
     pub fn in_flight(&self) -> u32 {

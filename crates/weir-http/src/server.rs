@@ -163,6 +163,8 @@ struct Wire {
     body: Framing,
     /// `100 Continue` owed before the body is first read: bytes sent so far.
     continue_owed: Option<usize>,
+    /// Told when writes stall and progress (the send timeout).
+    state: Arc<ConnState>,
 }
 
 type SharedWire = Arc<Mutex<Wire>>;
@@ -346,6 +348,7 @@ pub async fn serve<H: Handler>(
         buf: BytesMut::new(),
         body: Framing::Empty,
         continue_owed: None,
+        state: state.clone(),
     }));
     loop {
         let head = match next_head(&wire, state, limits, &handler).await {
@@ -972,8 +975,17 @@ fn http_date(out: &mut Vec<u8>) {
 async fn write_all(wire: &SharedWire, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
-        let n =
-            poll_fn(|cx| Pin::new(&mut lock(wire).stream).poll_write_vectored(cx, bufs)).await?;
+        let n = poll_fn(|cx| {
+            let mut w = lock(wire);
+            let polled = Pin::new(&mut w.stream).poll_write_vectored(cx, bufs);
+            match polled {
+                Poll::Pending => w.state.write_blocked(),
+                Poll::Ready(Ok(n)) if n > 0 => w.state.write_progressed(),
+                Poll::Ready(_) => {}
+            }
+            polled
+        })
+        .await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }

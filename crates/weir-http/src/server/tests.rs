@@ -28,6 +28,10 @@ async fn pair() -> (SharedWire, TcpStream) {
         buf: BytesMut::new(),
         body: Framing::Empty,
         continue_owed: None,
+        state: Arc::new(crate::conn::ConnState::new(
+            0,
+            crate::conn::ConnClock::new(),
+        )),
     }));
     (wire, client)
 }

@@ -437,6 +437,20 @@ pub struct LimitsConfig {
     /// override (an `upload` class may need minutes).
     #[serde(default = "default_body_read_timeout")]
     pub body_read_timeout: ConfigDuration,
+    /// Lowest average rate of a request body, in bytes per second, after a
+    /// grace of `body_read_timeout` (a body dripped a byte at a time ends).
+    /// 0 turns it off. Classes may override.
+    #[serde(default = "default_min_body_rate")]
+    pub min_body_rate: u64,
+    /// Largest request body in bytes; a longer one gets 413. Classes may
+    /// override (an upload class).
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: u64,
+    /// Longest a response write to the client may make no progress (its
+    /// receive window stays full) before the connection is closed, freeing
+    /// the request's admission slot: nginx's `send_timeout`.
+    #[serde(default = "default_send_timeout")]
+    pub send_timeout: ConfigDuration,
     /// Forward `%2F` in a path as data instead of refusing the request with
     /// 400. For apps whose identifiers hold encoded slashes (GitLab's
     /// `group%2Fproject`), behind a server that does not decode it into a
@@ -457,6 +471,9 @@ impl Default for LimitsConfig {
             max_header_bytes: default_max_header_bytes(),
             max_headers: default_max_headers(),
             body_read_timeout: default_body_read_timeout(),
+            min_body_rate: default_min_body_rate(),
+            max_body_bytes: default_max_body_bytes(),
+            send_timeout: default_send_timeout(),
             allow_encoded_slash: false,
         }
     }
@@ -723,6 +740,13 @@ pub struct ClassConfig {
     /// (overrides `limits.body_read_timeout`).
     #[serde(default)]
     pub body_read_timeout: Option<ConfigDuration>,
+    /// Lowest average request-body rate for this class (overrides
+    /// `limits.min_body_rate`).
+    #[serde(default)]
+    pub min_body_rate: Option<u64>,
+    /// Largest request body for this class (overrides `limits.max_body_bytes`).
+    #[serde(default)]
+    pub max_body_bytes: Option<u64>,
     /// Time to wait for the upstream's response headers (overrides the pool's).
     #[serde(default)]
     pub response_timeout: Option<ConfigDuration>,
@@ -862,6 +886,17 @@ fn default_max_headers() -> usize {
     100
 }
 fn default_body_read_timeout() -> ConfigDuration {
+    ConfigDuration::secs(30)
+}
+fn default_min_body_rate() -> u64 {
+    1024
+}
+fn default_max_body_bytes() -> u64 {
+    // MediaWiki's and PHP's usual upload ceiling; nginx's 1 MiB refuses
+    // ordinary uploads.
+    100 << 20
+}
+fn default_send_timeout() -> ConfigDuration {
     ConfigDuration::secs(30)
 }
 fn default_access_log_target() -> String {

@@ -49,6 +49,8 @@ pub struct ConnLimits {
     pub max_per_ip: usize,
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
+    /// Longest a write to the client may stall (`limits.send_timeout`).
+    pub send_timeout: Duration,
 }
 
 /// The registry of open client connections.
@@ -225,14 +227,26 @@ impl ConnTracker {
         asked
     }
 
-    /// Enforces header and idle timeouts; run about once a second.
+    /// Enforces header, idle and send timeouts; run about once a second.
     pub fn sweep(&self, now: Instant) {
         let limits = self.limits();
         let now = self.clock.ms_at(now);
         let header_ms = limits.header_timeout.as_millis() as u64;
         let idle_ms = limits.idle_timeout.as_millis() as u64;
+        let send_ms = limits.send_timeout.as_millis() as u64;
         let reg = self.registry();
         for c in reg.conns.values() {
+            // A client that stopped reading its response: closed (whatever
+            // else the connection is doing), so the request's admission slot
+            // and upstream connection are freed, as nginx's `send_timeout`.
+            let stalled = c.write_stalled_since_ms();
+            if stalled != 0
+                && now.saturating_sub(stalled) > send_ms
+                && c.command() != Command::Abort
+            {
+                c.give(Command::Abort, "send_timeout");
+                continue;
+            }
             if c.in_flight() > 0 || c.command() != Command::None {
                 continue;
             }
@@ -287,6 +301,7 @@ mod tests {
                 max_per_ip: per_ip,
                 header_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
+                send_timeout: Duration::from_secs(30),
             },
             Arc::new(Metrics::new()),
         )

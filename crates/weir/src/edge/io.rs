@@ -1,6 +1,7 @@
 //! An I/O wrapper that tells the connection tracker when client bytes arrive,
 //! so a request head that trickles in on a kept-alive connection is timed
-//! (hyper times only the first request's head). Used for the connections
+//! (hyper times only the first request's head), and when writes to the
+//! client stall and move again (the send timeout). Used for the connections
 //! hyper serves (TLS, HTTP/2); `weir_http::server` reports its reads itself.
 
 use std::io;
@@ -21,6 +22,15 @@ pub struct TrackedIo<S> {
 impl<S> TrackedIo<S> {
     pub fn new(inner: S, state: Arc<ConnState>) -> Self {
         TrackedIo { inner, state }
+    }
+
+    /// Tells the state whether a write stalled or moved (the send timeout).
+    fn wrote(&self, polled: &Poll<io::Result<usize>>) {
+        match polled {
+            Poll::Pending => self.state.write_blocked(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.state.write_progressed(),
+            Poll::Ready(_) => {}
+        }
     }
 }
 
@@ -45,7 +55,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedIo<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.wrote(&polled);
+        polled
     }
 
     fn poll_write_vectored(
@@ -53,7 +65,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TrackedIo<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.wrote(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {

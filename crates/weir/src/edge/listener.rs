@@ -65,4 +65,7 @@ pub struct EdgeSettings {
     pub handshake_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// `[limits]`' request-body limits, for bodies read before a route is
+    /// known (the challenge's answer).
+    pub body: weir_http::body::BodyLimits,
 }

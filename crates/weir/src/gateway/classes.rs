@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use weir_http::body::BodyLimits;
 
 use super::{ClassAdmission, Gateway};
 use crate::admission::{Coalescer, Lane, Lanes};
@@ -56,7 +57,11 @@ pub(super) fn classes(
         classes.insert(
             name.clone(),
             ClassSettings {
-                body_read_timeout: c.body_read_timeout.map_or(lim.body_read_timeout.0, |d| d.0),
+                body: BodyLimits {
+                    read_timeout: c.body_read_timeout.map_or(lim.body_read_timeout.0, |d| d.0),
+                    min_rate: c.min_body_rate.unwrap_or(lim.min_body_rate),
+                    max_bytes: c.max_body_bytes.unwrap_or(lim.max_body_bytes),
+                },
                 response_timeout: c.response_timeout.map(|d| d.0),
             },
         );
@@ -77,7 +82,11 @@ pub(super) fn classes(
         rule_stores,
         inflight_tables,
         default: ClassSettings {
-            body_read_timeout: lim.body_read_timeout.0,
+            body: BodyLimits {
+                read_timeout: lim.body_read_timeout.0,
+                min_rate: lim.min_body_rate,
+                max_bytes: lim.max_body_bytes,
+            },
             response_timeout: None,
         },
     }

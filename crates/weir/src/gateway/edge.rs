@@ -119,7 +119,7 @@ pub(super) fn identity(
     let root = KeyPath::root();
     let id_at = root.key("identity");
     for (i, entry) in cfg.identity.trusted_proxies.iter().enumerate() {
-        if let Err(e) = TrustedProxies::parse(std::slice::from_ref(entry)) {
+        if let Err(e) = TrustedProxies::parse_entry(i, entry) {
             errors.push(loaded.error_at(&id_at.key("trusted_proxies").index(i), e.to_string()));
         }
     }
@@ -163,16 +163,35 @@ pub(super) fn limits(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> Ed
     if lim.max_headers == 0 {
         errors.push(loaded.error_at(&lim_at.key("max_headers"), "must be at least 1"));
     }
+    // A zero timeout would close every connection at the first sweep (or,
+    // for the send timeout, at a write's first full window).
+    for (key, value) in [
+        ("header_read_timeout", lim.header_read_timeout.0),
+        ("keepalive_idle_timeout", lim.keepalive_idle_timeout.0),
+        ("handshake_timeout", lim.handshake_timeout.0),
+        ("body_read_timeout", lim.body_read_timeout.0),
+        ("send_timeout", lim.send_timeout.0),
+    ] {
+        if value.is_zero() {
+            errors.push(loaded.error_at(&lim_at.key(key), "must be longer than 0s"));
+        }
+    }
     EdgeSettings {
         conn: ConnLimits {
             max_connections: lim.max_connections,
             max_per_ip: lim.max_connections_per_ip,
             header_timeout: lim.header_read_timeout.0,
             idle_timeout: lim.keepalive_idle_timeout.0,
+            send_timeout: lim.send_timeout.0,
         },
         max_in_flight_per_ip: lim.max_requests_in_flight_per_ip,
         handshake_timeout: lim.handshake_timeout.0,
         max_header_bytes: lim.max_header_bytes,
         max_headers: lim.max_headers,
+        body: weir_http::body::BodyLimits {
+            read_timeout: lim.body_read_timeout.0,
+            min_rate: lim.min_body_rate,
+            max_bytes: lim.max_body_bytes,
+        },
     }
 }

@@ -57,22 +57,27 @@ impl TrustedProxies {
     pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, TrustedProxyError> {
         let mut trusted = TrustedProxies::default();
         for (index, raw) in entries.iter().enumerate() {
-            let entry = raw.as_ref().trim();
-            let net = parse_entry(entry).ok_or_else(|| TrustedProxyError::NotAnAddress {
-                index,
-                entry: raw.as_ref().to_string(),
-            })?;
-            if net.addr() != net.network() {
-                return Err(TrustedProxyError::HostBitsSet {
-                    index,
-                    entry: raw.as_ref().to_string(),
-                    prefix_len: net.prefix_len(),
-                    network: net.trunc(),
-                });
-            }
-            trusted.insert(net);
+            trusted.insert(Self::parse_entry(index, raw.as_ref())?);
         }
         Ok(trusted)
+    }
+
+    /// Parses entry number `index` of a list alone (to report every bad
+    /// entry of a list, each under its own number).
+    pub fn parse_entry(index: usize, raw: &str) -> Result<IpNet, TrustedProxyError> {
+        let net = parse_entry(raw.trim()).ok_or_else(|| TrustedProxyError::NotAnAddress {
+            index,
+            entry: raw.to_string(),
+        })?;
+        if net.addr() != net.network() {
+            return Err(TrustedProxyError::HostBitsSet {
+                index,
+                entry: raw.to_string(),
+                prefix_len: net.prefix_len(),
+                network: net.trunc(),
+            });
+        }
+        Ok(net)
     }
 
     fn insert(&mut self, net: IpNet) {

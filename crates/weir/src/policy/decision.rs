@@ -67,6 +67,12 @@ pub enum RejectReason {
     Target(TargetError),
     /// weir is draining and takes no new requests on this connection.
     Draining,
+    /// The declared body is longer than the class allows (413), refused
+    /// before anything is read or admitted.
+    BodyTooLarge { max_bytes: u64 },
+    /// A body weir read itself (the challenge's answer) stalled or came
+    /// slower than `limits.min_body_rate` (408).
+    BodyTimeout,
     /// The upstream pool is full: the admission queue shed the request
     /// (`admission_queue_full`, `admission_deadline_exceeded`,
     /// `admission_lower_lane_shed`), or no server is alive for a request
@@ -84,6 +90,8 @@ impl Reason for RejectReason {
                 StatusCode::TOO_MANY_REQUESTS
             }
             RejectReason::NoRoute => StatusCode::NOT_FOUND,
+            RejectReason::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            RejectReason::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             RejectReason::BadRequest(_) => StatusCode::BAD_REQUEST,
             RejectReason::Target(e) => e.status(),
             RejectReason::Draining | RejectReason::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -97,7 +105,11 @@ impl Reason for RejectReason {
             }
             RejectReason::Rule(r) => Some(r.retry_after),
             RejectReason::Shed { retry_after, .. } => Some(*retry_after),
-            RejectReason::NoRoute | RejectReason::BadRequest(_) | RejectReason::Target(_) => None,
+            RejectReason::NoRoute
+            | RejectReason::BadRequest(_)
+            | RejectReason::Target(_)
+            | RejectReason::BodyTooLarge { .. }
+            | RejectReason::BodyTimeout => None,
         }
     }
 
@@ -107,6 +119,8 @@ impl Reason for RejectReason {
             RejectReason::Rule(r) => &r.rule,
             RejectReason::ClientInFlight { .. } => "client_in_flight",
             RejectReason::NoRoute => "no_route",
+            RejectReason::BodyTooLarge { .. } => "client_body_too_large",
+            RejectReason::BodyTimeout => "client_body_timeout",
             RejectReason::BadRequest(_) => "bad_request",
             RejectReason::Target(e) => e.reason(),
             RejectReason::Draining => "draining",
@@ -120,6 +134,10 @@ impl Reason for RejectReason {
                 format!("too many requests in flight from your address (limit {limit})")
             }
             RejectReason::NoRoute => "no route for this request".into(),
+            RejectReason::BodyTooLarge { max_bytes } => {
+                format!("the request body is longer than {max_bytes} bytes")
+            }
+            RejectReason::BodyTimeout => "the request body came too slowly".into(),
             RejectReason::BadRequest(why) => (*why).into(),
             RejectReason::Target(e) => e.to_string(),
             RejectReason::Draining => "this server is restarting; please retry".into(),
@@ -133,9 +151,11 @@ impl Reason for RejectReason {
 
     fn side(&self) -> Side {
         match self {
-            RejectReason::NoRoute | RejectReason::BadRequest(_) | RejectReason::Target(_) => {
-                Side::Client
-            }
+            RejectReason::NoRoute
+            | RejectReason::BadRequest(_)
+            | RejectReason::Target(_)
+            | RejectReason::BodyTooLarge { .. }
+            | RejectReason::BodyTimeout => Side::Client,
             RejectReason::Shed { reason, .. } if *reason == "no_healthy_upstream" => Side::Upstream,
             RejectReason::ClientInFlight { .. }
             | RejectReason::Rule(_)

@@ -61,8 +61,9 @@ impl HostMatch {
 /// Per-class settings after defaults are applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClassSettings {
-    /// Longest wait between two chunks of a request body.
-    pub body_read_timeout: std::time::Duration,
+    /// What a request body may take: the wait between two chunks, the
+    /// average rate, the size.
+    pub body: weir_http::body::BodyLimits,
     /// `None`: use the pool's response timeout.
     pub response_timeout: Option<std::time::Duration>,
 }
@@ -161,7 +162,7 @@ mod tests {
             pool: 0,
             class: RouteClass::new("x"),
             settings: ClassSettings {
-                body_read_timeout: std::time::Duration::from_secs(1),
+                body: weir_http::body::BodyLimits::NONE,
                 response_timeout: None,
             },
             rules: std::sync::Arc::from(Vec::new()),

@@ -231,8 +231,7 @@ fn serve(
             && ch.is_challenge_path(target.path())
         {
             // Boxed: rare, and its state would enlarge every request's future.
-            let endpoint =
-                policy::challenge_endpoint(&ch, req, &target, &client, log, conn.edge.tls);
+            let endpoint = policy::challenge_endpoint(&ch, req, &target, &client, log, &gw);
             return Box::pin(endpoint).await;
         }
         // Route: the pool and class.
@@ -244,6 +243,13 @@ fn serve(
             log.record.decision = "reject";
             return log.answer(&RejectReason::NoRoute, accept);
         };
+        // A body declared longer than the class takes: refused before it
+        // costs a rule, a slot or a byte read (a chunked one is cut when it
+        // passes the size).
+        if let Some(max_bytes) = declared_too_long(&req, route.settings.body.max_bytes) {
+            log.record.decision = "reject";
+            return log.answer(&RejectReason::BodyTooLarge { max_bytes }, accept);
+        }
         // Session, then rules and challenge: the policy's decision.
         let session = policy::session(&gw, route, req.headers(), &mut log).await;
         let decision = policy::decide(&view, route, &client, &session, &gw, &mut log).await;
@@ -274,6 +280,12 @@ fn serve(
         // is written when its body ends.
         upstream::respond(result, answer, &conn, log, accept).await
     }
+}
+
+/// `Some(max)` when the request's `Content-Length` is over `max`.
+fn declared_too_long(req: &Request<RequestBody>, max: u64) -> Option<u64> {
+    let declared = http_body::Body::size_hint(req.body()).exact()?;
+    (declared > max).then_some(max)
 }
 
 /// What a request's head must be, whichever codec read it: weir's HTTP/1

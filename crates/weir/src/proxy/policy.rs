@@ -273,28 +273,52 @@ fn challenge_event(rt: &Runtime, e: &ChallengeEvent) {
 
 /// **Challenge endpoints**: `/.weir/challenge.js` and
 /// `/.weir/challenge/verify`, weir's own paths, served before any policy
-/// phase. Reads at most `challenge::MAX_VERIFY_BODY` of the answer. Result:
-/// the script, a redirect with a pass, or a fresh challenge.
+/// phase. Reads at most `challenge::MAX_VERIFY_BODY` of the answer, under
+/// the per-address in-flight cap and `[limits]`' body timeouts like any
+/// body (a verify that sent 6 of its 1,000 bytes once stayed open for
+/// good). Result: the script, a redirect with a pass, or a fresh challenge.
 pub(super) async fn challenge_endpoint(
     ch: &Challenger,
     req: Request<RequestBody>,
     target: &Target,
     client: &ClientId,
     mut log: Box<RequestLog>,
-    tls: bool,
+    gw: &crate::gateway::Gateway,
 ) -> Response<ResponseBody> {
     use http_body_util::BodyExt as _;
     log.record.class = Arc::from("challenge");
-    let (parts, body) = req.into_parts();
+    let (parts, mut body) = req.into_parts();
     let accept = Accepts::of(&parts.headers);
+    let max = gw.edge.max_in_flight_per_ip;
+    let Some(slot) = log.conn.rt.client_in_flight.acquire(client.client, max) else {
+        log.record.decision = "reject";
+        return log.answer(&RejectReason::ClientInFlight { limit: max }, accept);
+    };
+    log.in_flight = Some(slot);
+    let max_bytes = crate::challenge::MAX_VERIFY_BODY as u64;
+    body.watch(
+        weir_http::body::BodyLimits {
+            max_bytes,
+            ..gw.edge.body
+        },
+        None,
+    );
     let limited = http_body_util::Limited::new(body, crate::challenge::MAX_VERIFY_BODY);
     let bytes = match limited.collect().await {
         Ok(b) => b.to_bytes(),
-        Err(_) => {
-            let reason = RejectReason::BadRequest("challenge answer too large or cut");
+        Err(e) => {
+            log.record.decision = "reject";
+            let timed_out = e.is::<weir_http::body::BodyReadTimeout>()
+                || e.is::<weir_http::body::BodyTooSlow>();
+            let reason = if timed_out {
+                RejectReason::BodyTimeout
+            } else {
+                RejectReason::BadRequest("challenge answer too large or cut")
+            };
             return log.answer(&reason, accept);
         }
     };
+    let tls = log.conn.edge.tls;
     match ch.handle(
         target,
         &parts.headers,

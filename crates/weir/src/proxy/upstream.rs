@@ -173,8 +173,7 @@ pub(super) async fn forward(
     // Counted only for a body there is: most requests have none.
     let bytes_in = (!http_body::Body::is_end_stream(req.body()))
         .then(|| log.bytes_in.insert(Arc::default()).clone());
-    req.body_mut()
-        .watch(route.settings.body_read_timeout, bytes_in);
+    req.body_mut().watch(route.settings.body, bytes_in);
     let timeout = route
         .settings
         .response_timeout

@@ -87,8 +87,13 @@ impl ForwardError {
                 source: ExchangeError::RequestBody(e),
                 ..
             } => {
-                if e.is::<weir_http::body::BodyReadTimeout>() {
+                use weir_http::body::{BodyReadTimeout, BodyTooLarge, BodyTooSlow};
+                if e.is::<BodyReadTimeout>() {
                     "client_body_timeout"
+                } else if e.is::<BodyTooSlow>() {
+                    "client_body_too_slow"
+                } else if e.is::<BodyTooLarge>() {
+                    "client_body_too_large"
                 } else {
                     "client_body"
                 }
@@ -126,8 +131,14 @@ impl ForwardError {
 impl Reason for ForwardError {
     fn status(&self) -> StatusCode {
         match (self, self.client_body()) {
-            (_, Some(e)) if e.is::<weir_http::body::BodyReadTimeout>() => {
+            (_, Some(e))
+                if e.is::<weir_http::body::BodyReadTimeout>()
+                    || e.is::<weir_http::body::BodyTooSlow>() =>
+            {
                 StatusCode::REQUEST_TIMEOUT
+            }
+            (_, Some(e)) if e.is::<weir_http::body::BodyTooLarge>() => {
+                StatusCode::PAYLOAD_TOO_LARGE
             }
             (_, Some(_)) => StatusCode::BAD_REQUEST,
             (ForwardError::Timeout { .. }, _) => StatusCode::GATEWAY_TIMEOUT,

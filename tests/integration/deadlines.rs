@@ -1,0 +1,206 @@
+//! A deadline for every stage of a connection (issue 18): a client that
+//! stops reading its response, a body dripped within its read timeout, a
+//! body longer than its class takes, and the challenge's verify endpoint
+//! holding a connection with a cut body. Each case once held a connection
+//! (and with it an admission slot) for as long as the client liked.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::{HttpRequest, HttpUpstream, Weir};
+
+fn config(up: SocketAddr, extra: &str) -> String {
+    format!(
+        r#"[process]
+watch_config = false
+
+[admin]
+address = "127.0.0.1:0"
+
+[access_log]
+target = "off"
+
+[[listeners]]
+address = "127.0.0.1:0"
+
+[pools.app]
+servers = ["{up}"]
+
+[[routes]]
+pool = "app"
+class = "page"
+
+{extra}
+"#
+    )
+}
+
+/// An upstream answering `/big` with 64 MiB (more than loopback's socket
+/// buffers hold) and anything else with the length of the body it read.
+async fn upstream() -> HttpUpstream {
+    let big = Bytes::from(vec![b'x'; 64 << 20]);
+    HttpUpstream::start(move |req| {
+        if req.head.uri.path() == "/big" {
+            http::Response::new(Full::new(big.clone()))
+        } else {
+            http::Response::new(Full::new(Bytes::from(format!("read {}", req.body.len()))))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+async fn metrics(weir: &Weir) -> String {
+    HttpRequest::get("/metrics")
+        .send(weir.admin())
+        .await
+        .unwrap()
+        .text()
+}
+
+/// Reads what the server sends until it closes (or `within` passes).
+async fn read_answer(stream: &mut tokio::net::TcpStream, within: Duration) -> String {
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(within, stream.read_to_end(&mut raw)).await;
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_frees_its_admission_slot_at_the_send_timeout() {
+    let up = upstream().await;
+    let cfg = config(
+        up.addr(),
+        "[limits]\nsend_timeout = \"2s\"\n\n[pools.app.admission]\nmax_in_flight = 1\nqueue_timeout = \"60s\"\n",
+    );
+    let weir = Weir::builder().config(cfg).start().await.unwrap();
+    // Asks for 64 MiB and reads none of it, with a small receive window.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(weir.listener(0)).await.unwrap();
+    stalled
+        .write_all(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The only slot is the stalled client's until the send timeout cuts it;
+    // without one, this waits the whole queue timeout.
+    let started = Instant::now();
+    let r = HttpRequest::get("/small")
+        .timeout(Duration::from_secs(30))
+        .send(weir.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(30), "{waited:?}");
+    let m = metrics(&weir).await;
+    assert!(
+        m.contains("weir_connections_closed_total{reason=\"send_timeout\"} 1"),
+        "{m}"
+    );
+    eprintln!("a request behind a client that stopped reading got its slot after {waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_dripped_within_its_read_timeout_is_cut_at_the_minimum_rate() {
+    let up = upstream().await;
+    let cfg = config(
+        up.addr(),
+        "[limits]\nbody_read_timeout = \"2s\"\nmin_body_rate = 100\n",
+    );
+    let weir = Weir::builder().config(cfg).start().await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(weir.listener(0))
+        .await
+        .unwrap();
+    s.write_all(b"POST /up HTTP/1.1\r\nhost: t\r\ncontent-length: 1000\r\n\r\n")
+        .await
+        .unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    // One byte every 300 ms: each within the 2 s read timeout, 1,000 of
+    // them would take five minutes.
+    let drip = tokio::spawn(async move {
+        for _ in 0..1000 {
+            if wr.write_all(b"d").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    let started = Instant::now();
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), rd.read_to_end(&mut raw)).await;
+    let took = started.elapsed();
+    drip.abort();
+    let answer = String::from_utf8_lossy(&raw);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:.300}");
+    assert!(answer.contains("client_body_too_slow"), "{answer:.300}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    eprintln!("a dripped body was answered 408 after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_longer_than_its_class_takes_is_413() {
+    let up = upstream().await;
+    let cfg = config(up.addr(), "[classes.page]\nmax_body_bytes = 1000\n");
+    let weir = Weir::builder().config(cfg).start().await.unwrap();
+    let addr = weir.listener(0);
+
+    let r = HttpRequest::post("/up", vec![b'a'; 1000])
+        .send(addr)
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.text()), (200, "read 1000".to_string()));
+    // Declared too long: refused before a byte of it is read or forwarded.
+    let before = up.requests();
+    let r = HttpRequest::post("/up", vec![b'a'; 1001])
+        .send(addr)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(r.header("x-weir-reason"), Some("client_body_too_large"));
+    assert_eq!(up.requests(), before, "a refused body reached the app");
+    // Chunked, so its length shows only as it comes: cut when it passes.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /up HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        s.write_all(format!("258\r\n{}\r\n", "c".repeat(600)).as_bytes())
+            .await
+            .unwrap();
+    }
+    let _ = s.write_all(b"0\r\n\r\n").await;
+    let answer = read_answer(&mut s, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:.300}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_verify_endpoint_times_out_a_cut_body_like_any_other() {
+    let up = upstream().await;
+    let cfg = config(
+        up.addr(),
+        "[limits]\nbody_read_timeout = \"2s\"\n\n[classes.page]\nchallenge = \"always\"\n\n[challenge]\nkeys = [\"challenge-key-for-tests-0123456789abcdef\"]\n",
+    );
+    let weir = Weir::builder().config(cfg).start().await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(weir.listener(0))
+        .await
+        .unwrap();
+    s.write_all(
+        b"POST /.weir/challenge/verify HTTP/1.1\r\nhost: t\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: 1000\r\n\r\nnonce=",
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let answer = read_answer(&mut s, Duration::from_secs(20)).await;
+    let took = started.elapsed();
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "{answer:.300} after {took:?}"
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
