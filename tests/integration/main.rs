@@ -92,6 +92,9 @@ mod restart;
 // endpoint's body.
 mod deadlines;
 
+// `weir check`: refuses what `weir run` would, names the key, warns.
+mod check;
+
 // A new generation's readiness: blue/green through a shared Redis (limits
 // hold from the first request), the warm-up gate (`/readyz` waits for the
 // pools, bounded), an upgrade that hands over only once the pools answer.

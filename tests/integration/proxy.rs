@@ -92,7 +92,12 @@ fn rss_bytes() -> u64 {
 async fn one_gib_upload_and_large_download_stream_with_flat_memory() {
     const GIB: u64 = 1 << 30;
     let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    // Over the 100 MiB default: an operator who takes such uploads says so.
+    let weir = TestWeir::start(&config(
+        &[up.addr],
+        "[limits]\nmax_body_bytes = 2147483648\n",
+    ))
+    .await;
     let before = rss_bytes();
 
     // Upload: a 1 GiB body produced chunk by chunk, never held whole.

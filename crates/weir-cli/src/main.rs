@@ -223,9 +223,23 @@ fn main() -> ExitCode {
 }
 
 fn check(path: &Path) -> anyhow::Result<ExitCode> {
-    let outcome = load_file(path, &ProcessEnv).and_then(|l| Gateway::build(l, None, 1));
+    let outcome = load_file(path, &ProcessEnv).and_then(|l| {
+        let host = weir::gateway::process::host(&l);
+        match (Gateway::build(l, None, 1), host.is_empty()) {
+            (Ok(g), true) => Ok(g),
+            (Ok(_), false) => Err(weir::config::ConfigErrors(host)),
+            (Err(mut e), _) => {
+                e.0.extend(host);
+                Err(e)
+            }
+        }
+    });
     match outcome {
         Ok(g) => {
+            // Warnings never fail the check: the configuration runs.
+            for w in &g.warnings {
+                eprintln!("warning: {w}");
+            }
             println!(
                 "{}: ok ({} listeners, {} pools, {} routes)",
                 path.display(),

@@ -114,6 +114,26 @@ pub enum RedisSetupError {
     NoRuntime,
 }
 
+/// Checks a URL and key prefix as [`RedisLimiter::new`] does, without
+/// connecting (what `weir check` can know): a URL the client cannot use
+/// (`rediss://` needs TLS, which this build leaves out), an empty or long
+/// prefix.
+pub fn check_settings(url: &str, prefix: &str) -> Result<redis::Client, RedisSetupError> {
+    if prefix.is_empty() {
+        return Err(RedisSetupError::EmptyPrefix);
+    }
+    if prefix.len() > MAX_PREFIX_BYTES {
+        return Err(RedisSetupError::PrefixTooLong {
+            prefix: prefix.to_owned(),
+            len: prefix.len(),
+        });
+    }
+    redis::Client::open(url).map_err(|source| RedisSetupError::BadUrl {
+        url: redact_url(url),
+        source,
+    })
+}
+
 /// A Redis operation that did not produce an answer.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisCheckError {
@@ -161,21 +181,9 @@ impl RedisLimiter {
         prefix: &str,
         timeouts: RedisTimeouts,
     ) -> Result<RedisLimiter, RedisSetupError> {
-        if prefix.is_empty() {
-            return Err(RedisSetupError::EmptyPrefix);
-        }
-        if prefix.len() > MAX_PREFIX_BYTES {
-            return Err(RedisSetupError::PrefixTooLong {
-                prefix: prefix.to_owned(),
-                len: prefix.len(),
-            });
-        }
+        let client = check_settings(url, prefix)?;
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
-        let client = redis::Client::open(url).map_err(|source| RedisSetupError::BadUrl {
-            url: redact_url(url),
-            source,
-        })?;
         // Few, quick reconnection attempts: an outage is handled by deciding
         // locally and probing (see `shared`), not by commands queueing behind
         // a long backoff. Retries that multiply load on a struggling Redis are

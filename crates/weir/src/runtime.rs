@@ -134,10 +134,17 @@ impl Runtime {
     pub fn apply(&self, loaded: LoadedConfig) -> Result<ReloadOutcome, ConfigErrors> {
         let current = self.gateway.load_full();
         let version = current.version + 1;
+        let host = crate::gateway::process::host(&loaded);
+        if !host.is_empty() {
+            return Err(self.reload_failed(ConfigErrors(host)));
+        }
         let next = match Gateway::build(loaded, Some(&current), version) {
             Ok(g) => g,
             Err(e) => return Err(self.reload_failed(e)),
         };
+        for w in &next.warnings {
+            tracing::warn!("configuration: {w}");
+        }
         let mut restart_needed = Vec::new();
         if next.loaded.config.listeners != current.loaded.config.listeners {
             restart_needed.push("listeners");

@@ -103,7 +103,14 @@ impl Server {
         env: Box<dyn Env + Send + Sync>,
         mut inherited: Inherited,
     ) -> Result<Server, StartError> {
+        let host = crate::gateway::process::host(&loaded);
+        if !host.is_empty() {
+            return Err(crate::config::ConfigErrors(host).into());
+        }
         let gateway = Gateway::build(loaded, None, 1)?;
+        for w in &gateway.warnings {
+            tracing::warn!("configuration: {w}");
+        }
         let target = gateway.loaded.config.access_log.target.clone();
         let access_log = AccessLog::start(&LogTarget::parse(&target)).map_err(|source| {
             StartError::AccessLog {

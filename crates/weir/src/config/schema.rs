@@ -451,6 +451,10 @@ pub struct LimitsConfig {
     /// the request's admission slot: nginx's `send_timeout`.
     #[serde(default = "default_send_timeout")]
     pub send_timeout: ConfigDuration,
+    /// IPv6 clients are counted by the per-address caps under this prefix
+    /// (one site's /64, by default); 128 counts single addresses.
+    #[serde(default = "default_ipv6_prefix_len")]
+    pub ipv6_prefix_len: u8,
     /// Forward `%2F` in a path as data instead of refusing the request with
     /// 400. For apps whose identifiers hold encoded slashes (GitLab's
     /// `group%2Fproject`), behind a server that does not decode it into a
@@ -474,6 +478,7 @@ impl Default for LimitsConfig {
             min_body_rate: default_min_body_rate(),
             max_body_bytes: default_max_body_bytes(),
             send_timeout: default_send_timeout(),
+            ipv6_prefix_len: default_ipv6_prefix_len(),
             allow_encoded_slash: false,
         }
     }
@@ -895,6 +900,9 @@ fn default_max_body_bytes() -> u64 {
     // MediaWiki's and PHP's usual upload ceiling; nginx's 1 MiB refuses
     // ordinary uploads.
     100 << 20
+}
+fn default_ipv6_prefix_len() -> u8 {
+    64
 }
 fn default_send_timeout() -> ConfigDuration {
     ConfigDuration::secs(30)

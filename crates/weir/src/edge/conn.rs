@@ -8,6 +8,7 @@
 //! connections (cheap to close) from busy ones (never cut) when the global cap
 //! is reached.
 
+use crate::identity::per_address_key;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -51,6 +52,8 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
     /// Longest a write to the client may stall (`limits.send_timeout`).
     pub send_timeout: Duration,
+    /// IPv6 addresses are counted per this prefix (`limits.ipv6_prefix_len`).
+    pub ipv6_prefix: u8,
 }
 
 /// The registry of open client connections.
@@ -83,7 +86,8 @@ impl ConnGuard {
         if self.ip.is_some() {
             return Ok(());
         }
-        let max = self.tracker.limits().max_per_ip;
+        let limits = self.tracker.limits();
+        let (max, ip) = (limits.max_per_ip, per_address_key(ip, limits.ipv6_prefix));
         let mut reg = self.tracker.registry();
         let n = reg.per_ip.entry(ip).or_insert(0);
         if *n as usize >= max {
@@ -175,6 +179,7 @@ impl ConnTracker {
         if self.open.load(Ordering::Relaxed) >= limits.max_connections && self.shed_idle(1) == 0 {
             return Err(Refusal::GlobalCap);
         }
+        let cap_ip = cap_ip.map(|ip| per_address_key(ip, limits.ipv6_prefix));
         let mut reg = self.registry();
         if let Some(ip) = cap_ip {
             let n = reg.per_ip.entry(ip).or_insert(0);
@@ -302,6 +307,7 @@ mod tests {
                 header_timeout: Duration::from_secs(10),
                 idle_timeout: Duration::from_secs(60),
                 send_timeout: Duration::from_secs(30),
+                ipv6_prefix: 64,
             },
             Arc::new(Metrics::new()),
         )
@@ -321,6 +327,28 @@ mod tests {
         drop(a1);
         let _a3 = t.try_open(ip("127.0.0.2")).unwrap();
         assert_eq!(t.open(), 3);
+    }
+
+    #[test]
+    fn ipv6_clients_are_capped_per_64_unless_told_otherwise() {
+        let t = tracker(100, 2);
+        // Two addresses of one /64 (one site), then a third: refused.
+        let _a = t.try_open(ip("2001:db8:1:2::1")).unwrap();
+        let _b = t.try_open(ip("2001:db8:1:2:ffff::9")).unwrap();
+        assert_eq!(
+            t.try_open(ip("2001:db8:1:2::3")).unwrap_err(),
+            Refusal::PerIpCap
+        );
+        // The next /64 is someone else; IPv4 is per address as before.
+        let _c = t.try_open(ip("2001:db8:1:3::1")).unwrap();
+        let _d = t.try_open(ip("::ffff:127.0.0.9")).unwrap();
+        let _e = t.try_open(ip("127.0.0.9")).unwrap();
+        assert_eq!(t.try_open(ip("127.0.0.9")).unwrap_err(), Refusal::PerIpCap);
+        // With 128, single addresses again.
+        let mut limits = t.limits();
+        limits.ipv6_prefix = 128;
+        t.set_limits(limits);
+        let _f = t.try_open(ip("2001:db8:1:2::3")).unwrap();
     }
 
     #[test]

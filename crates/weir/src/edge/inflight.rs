@@ -43,9 +43,15 @@ impl ClientInFlight {
         &self.shards[h.wrapping_mul(0x9E37_79B9) % SHARDS]
     }
 
-    /// Counts a request from `client` unless it already has `max` in flight.
-    pub fn acquire(self: &Arc<Self>, client: ClientAddr, max: usize) -> Option<InFlightGuard> {
-        let ip = client.ip();
+    /// Counts a request from `client` (an IPv6 one under its first
+    /// `ipv6_prefix` bits) unless it already has `max` in flight.
+    pub fn acquire(
+        self: &Arc<Self>,
+        client: ClientAddr,
+        max: usize,
+        ipv6_prefix: u8,
+    ) -> Option<InFlightGuard> {
+        let ip = crate::identity::per_address_key(client.ip(), ipv6_prefix);
         let mut map = self.shard(&ip).lock().unwrap_or_else(|e| e.into_inner());
         let n = map.entry(ip).or_insert(0);
         if *n as usize >= max {
@@ -91,12 +97,22 @@ mod tests {
         let t = Arc::new(ClientInFlight::default());
         let a = ClientAddr::new("127.0.0.2".parse().unwrap());
         let b = ClientAddr::new("127.0.0.3".parse().unwrap());
-        let g1 = t.acquire(a, 2).unwrap();
-        let _g2 = t.acquire(a, 2).unwrap();
-        assert!(t.acquire(a, 2).is_none());
-        assert!(t.acquire(b, 2).is_some());
+        let g1 = t.acquire(a, 2, 64).unwrap();
+        let _g2 = t.acquire(a, 2, 64).unwrap();
+        assert!(t.acquire(a, 2, 64).is_none());
+        assert!(t.acquire(b, 2, 64).is_some());
         drop(g1);
         assert_eq!(t.get(a), 1);
-        assert!(t.acquire(a, 2).is_some());
+        assert!(t.acquire(a, 2, 64).is_some());
+    }
+
+    #[test]
+    fn ipv6_clients_share_their_prefix() {
+        let t = Arc::new(ClientInFlight::default());
+        let a = ClientAddr::new("2001:db8:0:1::a".parse().unwrap());
+        let b = ClientAddr::new("2001:db8:0:1::b".parse().unwrap());
+        let _g = t.acquire(a, 1, 64).unwrap();
+        assert!(t.acquire(b, 1, 64).is_none(), "one /64, one count");
+        assert!(t.acquire(b, 1, 128).is_some(), "per address at 128");
     }
 }

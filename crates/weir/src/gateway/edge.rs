@@ -163,6 +163,15 @@ pub(super) fn limits(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> Ed
     if lim.max_headers == 0 {
         errors.push(loaded.error_at(&lim_at.key("max_headers"), "must be at least 1"));
     }
+    if !(1..=128).contains(&lim.ipv6_prefix_len) {
+        errors.push(loaded.error_at(
+            &lim_at.key("ipv6_prefix_len"),
+            format!(
+                "{} is not a prefix length: 1 to 128 (64 for one site)",
+                lim.ipv6_prefix_len
+            ),
+        ));
+    }
     // A zero timeout would close every connection at the first sweep (or,
     // for the send timeout, at a write's first full window).
     for (key, value) in [
@@ -183,6 +192,7 @@ pub(super) fn limits(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> Ed
             header_timeout: lim.header_read_timeout.0,
             idle_timeout: lim.keepalive_idle_timeout.0,
             send_timeout: lim.send_timeout.0,
+            ipv6_prefix: lim.ipv6_prefix_len,
         },
         max_in_flight_per_ip: lim.max_requests_in_flight_per_ip,
         handshake_timeout: lim.handshake_timeout.0,

@@ -8,6 +8,7 @@
 mod classes;
 mod edge;
 mod pools;
+pub mod process;
 mod routes;
 mod sessions;
 
@@ -48,6 +49,9 @@ pub struct Gateway {
     pub admin_address: Option<SocketAddr>,
     /// Who may change weir through the admin API (`[admin] token`, `hosts`).
     pub admin_guard: AdminGuard,
+    /// Settings that run but expose or trust too much: printed by `weir
+    /// check`, logged at start and on reload.
+    pub warnings: Vec<ConfigError>,
     pub drain_timeout: Duration,
     /// Every rule level's state, by fingerprint; carried across reloads.
     pub rule_stores: RuleStores,
@@ -116,6 +120,8 @@ impl Gateway {
         // its problems and goes on, so one run reports them all.
         let listeners = edge::listeners(&loaded, e);
         let (admin_address, admin_guard) = edge::admin(&loaded, e);
+        process::addresses(&loaded, &listeners, admin_address, e);
+        process::state(&loaded, e);
         let (trusted, share) = edge::identity(&loaded, e);
         let edge = edge::limits(&loaded, e);
         let (pools, pool_index) = pools::pools(&loaded, previous, e);
@@ -129,6 +135,7 @@ impl Gateway {
         let (true, Some(low_rate)) = (errors.is_empty(), low_rate) else {
             return Err(ConfigErrors(errors));
         };
+        let warnings = process::warnings(&loaded, admin_address);
         let dominance = Arc::new(DominantPeerDetector::new(
             cfg.identity.dominant_peer_window.0,
             share,
@@ -153,6 +160,7 @@ impl Gateway {
             dominance,
             admin_address,
             admin_guard,
+            warnings,
             drain_timeout: cfg.process.drain_timeout.0,
             rule_stores: classes.rule_stores,
             inflight_tables: classes.inflight_tables,

@@ -181,6 +181,23 @@ pub fn normalize(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The key an address is counted under by the per-address caps: IPv4 as
+/// it is, IPv6 cut to its first `ipv6_prefix` bits. One customer's IPv6
+/// site gets a /64 (or a /56, /48) and may use any address in it, so a cap
+/// on single addresses caps nothing (`limits.ipv6_prefix_len`).
+pub fn per_address_key(ip: IpAddr, ipv6_prefix: u8) -> IpAddr {
+    match normalize(ip) {
+        IpAddr::V6(v6) if ipv6_prefix < 128 => {
+            let bits = u128::from(v6);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(ipv6_prefix))
+                .unwrap_or(0);
+            IpAddr::V6((bits & mask).into())
+        }
+        other => other,
+    }
+}
+
 /// Appends `ip` in its usual text form (`203.0.113.7`, `2001:db8::1`).
 ///
 /// IPv4 is written digit by digit: `Display` goes through a padding-aware

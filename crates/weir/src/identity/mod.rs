@@ -31,8 +31,8 @@ pub mod session;
 pub mod trusted;
 
 pub use addr::{
-    AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey, v4_text, write_ip,
-    write_socket_addr,
+    AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey, per_address_key, v4_text,
+    write_ip, write_socket_addr,
 };
 pub use dominance::{DominantPeer, DominantPeerDetector};
 pub use forwarded::{ForwardedHeader, ForwardingWarning, Resolved, resolve};

@@ -85,7 +85,10 @@ pub(super) async fn decide(
     }
     let rt = &log.conn.rt;
     let max = gw.edge.max_in_flight_per_ip;
-    let Some(slot) = rt.client_in_flight.acquire(client.client, max) else {
+    let Some(slot) = rt
+        .client_in_flight
+        .acquire(client.client, max, gw.edge.conn.ipv6_prefix)
+    else {
         return Decision::Reject(RejectReason::ClientInFlight { limit: max });
     };
     log.in_flight = Some(slot);
@@ -290,7 +293,12 @@ pub(super) async fn challenge_endpoint(
     let (parts, mut body) = req.into_parts();
     let accept = Accepts::of(&parts.headers);
     let max = gw.edge.max_in_flight_per_ip;
-    let Some(slot) = log.conn.rt.client_in_flight.acquire(client.client, max) else {
+    let Some(slot) =
+        log.conn
+            .rt
+            .client_in_flight
+            .acquire(client.client, max, gw.edge.conn.ipv6_prefix)
+    else {
         log.record.decision = "reject";
         return log.answer(&RejectReason::ClientInFlight { limit: max }, accept);
     };

@@ -1,0 +1,80 @@
+//! `weir check` refuses what `weir run` would refuse, names the key, and
+//! warns about settings that run but expose or trust too much (issue 18).
+//! Each case runs the real binary on a real file.
+
+use std::process::Command;
+
+const BASE: &str = r#"[[listeners]]
+address = "127.0.0.1:18080"
+
+[pools.app]
+servers = ["127.0.0.1:9000"]
+"#;
+
+/// Runs `weir check` on `BASE` + `extra`: exit code and stderr.
+fn check(extra: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(&path, format!("{BASE}\n{extra}")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_refuses_what_run_would_refuse_and_names_the_key() {
+    let missing_dir = "[state]\nsnapshot_file = \"/nonexistent-weir-dir/limiter.snap\"\n";
+    // (extra config, what stderr must name)
+    let cases = [
+        (
+            "[limits]\nheader_read_timeout = \"0s\"\n",
+            "limits.header_read_timeout",
+        ),
+        ("[limits]\nsend_timeout = \"0s\"\n", "limits.send_timeout"),
+        (
+            "[[listeners]]\naddress = \"127.0.0.1:18080\"\n",
+            "listeners[1].address",
+        ),
+        ("[admin]\naddress = \"127.0.0.1:18080\"\n", "admin.address"),
+        (missing_dir, "state.snapshot_file"),
+        (
+            "[state]\nredis_url = \"rediss://127.0.0.1:6380/0\"\n",
+            "state.redis_url",
+        ),
+        (
+            "[identity]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.1.2.3/8\"]\n",
+            "identity.trusted_proxies[1]: trusted proxy entry #1",
+        ),
+    ];
+    for (extra, names) in cases {
+        let (code, stderr) = check(extra);
+        assert_eq!(code, 2, "{extra}: {stderr}");
+        assert!(stderr.contains(names), "{extra}: {stderr} lacks {names}");
+    }
+}
+
+#[test]
+fn check_warns_about_a_public_admin_api_and_trusting_everyone() {
+    let (code, stderr) = check(
+        "[admin]\naddress = \"0.0.0.0:9901\"\n\n[identity]\ntrusted_proxies = [\"10.0.0.0/8\", \"0.0.0.0/0\"]\n",
+    );
+    assert_eq!(code, 0, "warnings do not fail the check: {stderr}");
+    assert!(
+        stderr.contains("warning:")
+            && stderr.contains("admin.address")
+            && stderr.contains("may reload"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("identity.trusted_proxies[1]") && stderr.contains("trusts every address"),
+        "{stderr}"
+    );
+    let (code, stderr) = check("");
+    assert_eq!((code, stderr.as_str()), (0, ""), "a plain config is quiet");
+}
