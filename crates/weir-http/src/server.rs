@@ -618,24 +618,47 @@ fn scan_head(buf: &[u8], limits: HeadLimits) -> Result<Option<RawHead>, ClientEr
     }))
 }
 
-/// Parses the request head at the start of `w.buf` and removes it; `None`
-/// if more bytes are needed.
-fn parse_head<B: From<EdgeBody>>(
-    wire: &SharedWire,
-    w: &mut Wire,
-    limits: HeadLimits,
-) -> Result<Option<Head<B>>, ClientError> {
-    let Some(RawHead {
+/// A request head read whole: what the codec decided about it, before a
+/// request is made of it. What [`read_head`] returns (the fuzz targets'
+/// view of the codec).
+#[derive(Debug)]
+pub struct ReadHead {
+    /// Bytes the head took.
+    pub len: usize,
+    pub method: Method,
+    pub version: Version,
+    pub uri: Uri,
+    /// The fields, without the framing and connection fields spent on them.
+    pub headers: HeaderMap,
+    /// How the body is delimited.
+    pub body: Framing,
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    pub upgrade: bool,
+}
+
+/// Reads the request head at the start of `buf` exactly as a connection
+/// does (`None`: more bytes are needed), copying it. For the fuzz targets
+/// and tests; a connection reads its own buffer without the copy.
+pub fn read_head(buf: &[u8], limits: HeadLimits) -> Result<Option<ReadHead>, ClientError> {
+    let Some(raw) = scan_head(buf, limits)? else {
+        return Ok(None);
+    };
+    let head = Bytes::copy_from_slice(&buf[..raw.len]);
+    decide_head(raw, head).map(Some)
+}
+
+/// Everything the codec decides about a head httparse found: the target,
+/// the fields, the body's framing, keep-alive. `head_bytes` is the head
+/// itself (values are sliced from it).
+fn decide_head(raw: RawHead, head_bytes: Bytes) -> Result<ReadHead, ClientError> {
+    let RawHead {
         len,
         method,
         version,
         path: path_range,
         mut fields,
-    }) = scan_head(&w.buf, limits)?
-    else {
-        return Ok(None);
-    };
-    let head_bytes = w.buf.split_to(len).freeze();
+    } = raw;
     let uri = Uri::from_maybe_shared(head_bytes.slice(path_range))
         .map_err(|_| ClientError::Malformed("invalid request target"))?;
     let (headers, hop, expect_continue, upgrade) = field_map(&mut fields, &head_bytes)?;
@@ -645,6 +668,41 @@ fn parse_head<B: From<EdgeBody>>(
         keep_alive: keep_alive_token,
         ..
     } = hop;
+    Ok(ReadHead {
+        len,
+        method,
+        version,
+        uri,
+        headers,
+        body,
+        keep_alive: !close && (version == Version::HTTP_11 || keep_alive_token),
+        expect_continue,
+        upgrade,
+    })
+}
+
+/// Parses the request head at the start of `w.buf` and removes it; `None`
+/// if more bytes are needed.
+fn parse_head<B: From<EdgeBody>>(
+    wire: &SharedWire,
+    w: &mut Wire,
+    limits: HeadLimits,
+) -> Result<Option<Head<B>>, ClientError> {
+    let Some(raw) = scan_head(&w.buf, limits)? else {
+        return Ok(None);
+    };
+    let head_bytes = w.buf.split_to(raw.len).freeze();
+    let ReadHead {
+        method,
+        version,
+        uri,
+        headers,
+        body,
+        keep_alive,
+        expect_continue,
+        upgrade,
+        ..
+    } = decide_head(raw, head_bytes)?;
     w.continue_owed =
         (expect_continue && version == Version::HTTP_11 && !body.is_end()).then_some(0);
     w.body = body;
@@ -661,7 +719,6 @@ fn parse_head<B: From<EdgeBody>>(
             .insert(UpgradeSlot(Arc::new(Mutex::new(Some(rx)))));
         tx
     });
-    let keep_alive = !close && (version == Version::HTTP_11 || keep_alive_token);
     Ok(Some(Head {
         request,
         keep_alive,

@@ -270,9 +270,19 @@ impl Snapshot {
                 source,
             })?
             .len();
+        Snapshot::read_input(path, &mut BufReader::with_capacity(1 << 16, file), len)
+    }
+
+    /// [`Snapshot::read_from`] for a file's contents already in memory
+    /// (`path` only names it in errors). For the fuzz target and tests.
+    pub fn read_bytes(path: &Path, bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+        Snapshot::read_input(path, &mut &bytes[..], bytes.len() as u64)
+    }
+
+    fn read_input(path: &Path, source: &mut dyn Read, len: u64) -> Result<Snapshot, SnapshotError> {
         let mut input = WordReader {
             path,
-            input: BufReader::with_capacity(1 << 16, file),
+            input: source,
             offset: 0,
             len,
             checksum: Checksum::default(),
@@ -437,7 +447,7 @@ impl WordWriter {
 
 struct WordReader<'a> {
     path: &'a Path,
-    input: BufReader<File>,
+    input: &'a mut dyn Read,
     offset: u64,
     len: u64,
     checksum: Checksum,

@@ -102,7 +102,12 @@ fn assemble(
         + i64::from(minute) * 60
         + i64::from(second)
         - offset_secs;
-    Some(UnixNanos(secs * 1_000_000_000 + i64::from(nanos)))
+    // Nanoseconds since 1970 in an i64 end in 2262: a later year (a typo,
+    // a fuzzer's 2426) is no time weir can replay, not an overflow.
+    let ns = secs
+        .checked_mul(1_000_000_000)?
+        .checked_add(i64::from(nanos))?;
+    Some(UnixNanos(ns))
 }
 
 /// `±hhmm` (nginx) or `±hh:mm` (RFC 3339) to seconds east of UTC.
@@ -241,6 +246,15 @@ mod tests {
         for t in texts {
             assert_eq!(memo.parse(t), parse_time_local(t), "{t:?}");
         }
+    }
+
+    #[test]
+    fn years_past_2262_are_no_time_not_an_overflow() {
+        // Found by the replay_line fuzz target (a panic in debug builds, a
+        // wrapped time in release).
+        assert_eq!(parse_time_local("10/Oct/2426:13:55:36 +0900"), None);
+        assert_eq!(parse_rfc3339("9999-12-31T23:59:59Z"), None);
+        assert!(parse_time_local("10/Mar/2262:01:00:00 +0000").is_some());
     }
 
     #[test]
