@@ -367,3 +367,89 @@ async fn holds_ten_thousand_keep_alive_connections() {
     eprintln!("weir RSS: {rss_before} MiB idle, {rss} MiB holding {CONNS} keep-alive connections");
     drop(held);
 }
+
+/// Blue/green behind a real nginx, with the snapshot on a shared path: the
+/// new generation refuses a client the old one limited from its first
+/// request, and a client the old one limited after the new one started
+/// (its last requests) too, once the old one has stopped (issue 18).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blue_green_behind_nginx_keeps_the_old_generations_limits() {
+    let app = Upstream::start().await;
+    let state = tempfile::tempdir().unwrap();
+    let identity = format!(
+        "[identity]\ntrusted_proxies = [\"127.0.0.0/8\"]\n[state]\nsnapshot_file = \"{}\"\n",
+        state.path().join("limiter.snap").display()
+    );
+    let cfg = weir_config(app.addr, &identity);
+    let merges = |w: &Weir| {
+        w.stderr()
+            .matches("merged limiter state another weir process wrote")
+            .count()
+    };
+    let blue = Weir::builder()
+        .config(cfg.clone())
+        .start()
+        .await
+        .expect("blue starts");
+    let blue_addr = blue.listener(0);
+    let mut nginx = Nginx::builder()
+        .http(move |a| lb_config(a[0], blue_addr))
+        .start()
+        .await
+        .expect("nginx starts");
+    let lb = nginx.addr(0);
+    let early = Ipv4Addr::new(127, 50, 0, 9);
+    let late = Ipv4Addr::new(127, 50, 0, 10);
+    assert_eq!(statuses_via(lb, early, 3).await, vec![200, 200, 429]);
+
+    // Green starts beside blue; blue answers its announcement with its state.
+    let green = Weir::builder()
+        .config(cfg)
+        .start()
+        .await
+        .expect("green starts");
+    assert_eventually_async!(
+        merges(&green) >= 1,
+        "green merged nothing\n{}",
+        green.stderr()
+    );
+    assert!(
+        blue.stderr()
+            .contains("a newer weir generation shares the snapshot file"),
+        "{}",
+        blue.stderr()
+    );
+    // Blue still serves: this client is limited there after green started.
+    assert_eq!(statuses_via(lb, late, 3).await, vec![200, 200, 429]);
+
+    // The switch: green's first request for the early client is refused.
+    let green_addr = green.listener(0);
+    nginx
+        .reload_http(move |a| lb_config(a[0], green_addr))
+        .await
+        .expect("nginx reloads");
+    let before = merges(&green);
+    blue.signal(Signal::Term).expect("stop blue");
+    assert_eq!(
+        statuses_via(lb, early, 1).await,
+        vec![429],
+        "green forgot blue's limit"
+    );
+    // Blue's last state (written when its drain starts and ends) reaches green.
+    assert_eventually_async!(merges(&green) > before, "{}", green.stderr());
+    assert_eq!(
+        statuses_via(lb, late, 1).await,
+        vec![429],
+        "green forgot blue's last limit"
+    );
+    assert_eq!(
+        statuses_via(lb, Ipv4Addr::new(127, 50, 0, 11), 1).await,
+        vec![200]
+    );
+    assert_eventually_async!(
+        green.stdout().contains("\"client\":\"127.50.0.9\"")
+            && green.stdout().contains("\"status\":429"),
+        "green did not answer: {}",
+        green.stdout()
+    );
+}

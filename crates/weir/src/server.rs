@@ -461,6 +461,15 @@ async fn maintain_state(
     tick.tick().await;
     let mut look = tokio::time::interval(SNAPSHOT_LOOK);
     look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A successor announces itself by writing the file as soon as it runs;
+    // a predecessor still serving (blue/green, a restart beside it) sees a
+    // newer generation's write and answers with its own state at once, so
+    // the successor has the limits in force within about a second instead
+    // of at the next periodic snapshot.
+    if let Some(path) = state::snapshot_path(&rt) {
+        let rt = rt.clone();
+        let _ = tokio::task::spawn_blocking(move || state::write(&rt, &path)).await;
+    }
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -469,7 +478,11 @@ async fn maintain_state(
                     // A stat per tick; the file is read only when replaced.
                     let rt = rt.clone();
                     watch = tokio::task::spawn_blocking(move || {
-                        w.merge_if_changed(&rt, &path);
+                        let merged = w.merge_if_changed(&rt, &path);
+                        if merged.is_some_and(|m| m.from_newer) {
+                            tracing::info!("a newer weir generation shares the snapshot file: handing it this one's limiter state");
+                            let _ = state::write(&rt, &path);
+                        }
                         w
                     })
                     .await

@@ -177,8 +177,8 @@ impl SnapshotWatch {
     /// If the file changed since last seen and another process wrote it,
     /// merges it into the stores (each key keeps the later of its own TAT and
     /// the file's, so the result is at least as strict as either process)
-    /// and returns how many keys it carried.
-    pub fn merge_if_changed(&mut self, rt: &Runtime, path: &Path) -> Option<usize> {
+    /// and says what it merged.
+    pub fn merge_if_changed(&mut self, rt: &Runtime, path: &Path) -> Option<Merged> {
         let now = identity(path);
         if now.is_none() || now == self.seen {
             return None;
@@ -207,8 +207,20 @@ impl SnapshotWatch {
             merged,
             "merged limiter state another weir process wrote"
         );
-        Some(merged)
+        Some(Merged {
+            keys: merged,
+            from_newer: snap.generation > rt.generation,
+        })
     }
+}
+
+/// What [`SnapshotWatch::merge_if_changed`] took from another process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Merged {
+    pub keys: usize,
+    /// The writer started after this process: a successor announcing
+    /// itself, which this process answers with its own state.
+    pub from_newer: bool,
 }
 
 /// Inode and modification time of `path`, if it exists.
