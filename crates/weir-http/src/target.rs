@@ -312,9 +312,12 @@ impl Target {
             return Err(TargetError::InvalidForm);
         }
         let (path_and_query, rewritten) = match normalise_path(path, policy)? {
-            Cow::Borrowed(_) => (raw.clone(), false),
-            Cow::Owned(p) => {
-                let mut text = p;
+            // `http://a.example?q`: `path()` says `/`, the text has none, and
+            // the app must get `/?q` (found by the canonical_target fuzz
+            // target: weir forwarded `?q` as the request target).
+            Cow::Borrowed(_) if raw.as_str().starts_with('/') => (raw.clone(), false),
+            normalised => {
+                let mut text = normalised.into_owned();
                 if let Some(q) = raw.query() {
                     text.push('?');
                     text.push_str(q);

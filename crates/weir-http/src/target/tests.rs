@@ -423,3 +423,18 @@ fn forwarding_says_what_was_decided() {
     assert_eq!(req.headers()[header::HOST], "a.example:8443");
     assert_eq!(req.uri(), "/x");
 }
+
+#[test]
+fn an_absolute_target_without_a_path_gets_one_before_its_query() {
+    // Found by the canonical_target fuzz target: `?q` was forwarded as the
+    // request target.
+    for policy in [PathPolicy::default(), PathPolicy { keep_encoded_slash: true }] {
+        let t = Target::parse("GET", "http://axhp?%73ea", None, policy).unwrap();
+        assert_eq!(t.path_and_query(), "/?%73ea");
+        assert_eq!((t.path(), t.query()), ("/", Some("%73ea")));
+        assert!(t.rewritten());
+        let t = Target::parse("GET", "http://a.example/x?y", None, policy).unwrap();
+        assert_eq!(t.path_and_query(), "/x?y");
+        assert!(!t.rewritten());
+    }
+}
