@@ -428,7 +428,12 @@ fn forwarding_says_what_was_decided() {
 fn an_absolute_target_without_a_path_gets_one_before_its_query() {
     // Found by the canonical_target fuzz target: `?q` was forwarded as the
     // request target.
-    for policy in [PathPolicy::default(), PathPolicy { keep_encoded_slash: true }] {
+    for policy in [
+        PathPolicy::default(),
+        PathPolicy {
+            keep_encoded_slash: true,
+        },
+    ] {
         let t = Target::parse("GET", "http://axhp?%73ea", None, policy).unwrap();
         assert_eq!(t.path_and_query(), "/?%73ea");
         assert_eq!((t.path(), t.query()), ("/", Some("%73ea")));
