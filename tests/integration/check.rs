@@ -29,7 +29,8 @@ fn check(extra: &str) -> (i32, String) {
 
 #[test]
 fn check_refuses_what_run_would_refuse_and_names_the_key() {
-    let missing_dir = "[state]\nsnapshot_file = \"/nonexistent-weir-dir/limiter.snap\"\n";
+    // A directory that cannot be made (its parent is a file).
+    let missing_dir = "[state]\nsnapshot_file = \"/etc/hostname/weir/limiter.snap\"\n";
     // (extra config, what stderr must name)
     let cases = [
         (
@@ -77,4 +78,33 @@ fn check_warns_about_a_public_admin_api_and_trusting_everyone() {
     );
     let (code, stderr) = check("");
     assert_eq!((code, stderr.as_str()), (0, ""), "a plain config is quiet");
+    // A snapshot directory weir run would create: a warning, not a refusal.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("new/limiter.snap");
+    let (code, stderr) = check(&format!(
+        "[state]\nsnapshot_file = \"{}\"\n",
+        file.display()
+    ));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("weir run creates it"), "{stderr}");
+    assert!(!file.parent().unwrap().exists(), "check changes nothing");
+}
+
+#[tokio::test]
+async fn run_creates_the_snapshot_directory_check_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state/new/limiter.snap");
+    let cfg = format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+         [pools.app]\nservers = [\"127.0.0.1:9\"]\n[state]\nsnapshot_file = \"{}\"\n",
+        file.display()
+    );
+    let weir = crate::support::Weir::builder()
+        .config(cfg)
+        .start()
+        .await
+        .unwrap();
+    assert!(file.parent().unwrap().is_dir(), "{}", weir.stderr());
+    // The snapshot it writes when it starts lands there.
+    assert_eventually_async!(file.exists(), "{}", weir.stderr());
 }

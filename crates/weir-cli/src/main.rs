@@ -223,8 +223,10 @@ fn main() -> ExitCode {
 }
 
 fn check(path: &Path) -> anyhow::Result<ExitCode> {
+    let mut host_warnings = Vec::new();
     let outcome = load_file(path, &ProcessEnv).and_then(|l| {
-        let host = weir::gateway::process::host(&l);
+        let (host, warnings) = weir::gateway::process::host(&l, false);
+        host_warnings = warnings;
         match (Gateway::build(l, None, 1), host.is_empty()) {
             (Ok(g), true) => Ok(g),
             (Ok(_), false) => Err(weir::config::ConfigErrors(host)),
@@ -237,7 +239,7 @@ fn check(path: &Path) -> anyhow::Result<ExitCode> {
     match outcome {
         Ok(g) => {
             // Warnings never fail the check: the configuration runs.
-            for w in &g.warnings {
+            for w in g.warnings.iter().chain(&host_warnings) {
                 eprintln!("warning: {w}");
             }
             println!(

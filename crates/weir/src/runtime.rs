@@ -134,7 +134,7 @@ impl Runtime {
     pub fn apply(&self, loaded: LoadedConfig) -> Result<ReloadOutcome, ConfigErrors> {
         let current = self.gateway.load_full();
         let version = current.version + 1;
-        let host = crate::gateway::process::host(&loaded);
+        let (host, _) = crate::gateway::process::host(&loaded, true);
         if !host.is_empty() {
             return Err(self.reload_failed(ConfigErrors(host)));
         }

@@ -103,7 +103,7 @@ impl Server {
         env: Box<dyn Env + Send + Sync>,
         mut inherited: Inherited,
     ) -> Result<Server, StartError> {
-        let host = crate::gateway::process::host(&loaded);
+        let (host, _) = crate::gateway::process::host(&loaded, true);
         if !host.is_empty() {
             return Err(crate::config::ConfigErrors(host).into());
         }

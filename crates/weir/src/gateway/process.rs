@@ -49,27 +49,49 @@ pub(super) fn addresses(
 
 /// What this machine must have for the configuration to run: the snapshot
 /// file's directory (the file itself may be missing, on a first start).
-/// Not part of compiling a configuration: replaying or simulating a
-/// production configuration on a laptop needs no `/var/lib/weir`. `weir
-/// check`, `weir run` and every reload call it.
-pub fn host(loaded: &LoadedConfig) -> Vec<ConfigError> {
-    let mut errors = Vec::new();
+/// With `create`, a missing directory is made (as `weir run` and a reload
+/// do, like nginx with its temporary directories) and only a failure to
+/// make it is an error; without (`weir check`, which changes nothing), a
+/// missing one is a warning. Not part of compiling a configuration:
+/// replaying a production configuration on a laptop needs no
+/// `/var/lib/weir`. Returns (errors, warnings).
+pub fn host(loaded: &LoadedConfig, create: bool) -> (Vec<ConfigError>, Vec<ConfigError>) {
+    let (mut errors, mut warnings) = (Vec::new(), Vec::new());
     if let Some(file) = &loaded.config.state.snapshot_file {
         let dir = Path::new(file)
             .parent()
-            .filter(|d| !d.as_os_str().is_empty());
-        let dir = dir.unwrap_or(Path::new("."));
-        if !dir.is_dir() {
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let at = KeyPath::root().key("state").key("snapshot_file");
+        if dir.is_dir() {
+            // Nothing to do.
+        } else if !create {
+            // Creatable, as far as can be told without trying: the nearest
+            // path that exists is a directory (not, say, a file).
+            let creatable = dir
+                .ancestors()
+                .find(|a| a.exists())
+                .is_some_and(Path::is_dir);
+            let problem = format!("the directory {} does not exist", dir.display());
+            if creatable {
+                warnings.push(loaded.error_at(&at, format!("{problem} yet: weir run creates it")));
+            } else {
+                errors.push(loaded.error_at(
+                    &at,
+                    format!("{problem} and cannot be created: snapshots could never be written"),
+                ));
+            }
+        } else if let Err(e) = std::fs::create_dir_all(dir) {
             errors.push(loaded.error_at(
-                &KeyPath::root().key("state").key("snapshot_file"),
+                &at,
                 format!(
-                    "the directory {} does not exist: snapshots could never be written (create it, or mount the shared volume)",
+                    "the directory {} does not exist and cannot be created ({e}): snapshots could never be written",
                     dir.display()
                 ),
             ));
         }
     }
-    errors
+    (errors, warnings)
 }
 
 /// `[state]`: the Redis URL and prefix are ones the limiter can use.
