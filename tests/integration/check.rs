@@ -1,6 +1,7 @@
 //! `weir check` refuses what `weir run` would refuse, names the key, and
 //! warns about settings that run but expose or trust too much (issue 18).
-//! Each case runs the real binary on a real file.
+//! Each case runs the real binary on a real file. Also `weir --version`
+//! and `weir_build_info`, which name the commit and the day of the build.
 
 use std::process::Command;
 
@@ -107,4 +108,46 @@ async fn run_creates_the_snapshot_directory_check_warned_about() {
     assert!(file.parent().unwrap().is_dir(), "{}", weir.stderr());
     // The snapshot it writes when it starts lands there.
     assert_eventually_async!(file.exists(), "{}", weir.stderr());
+}
+
+#[tokio::test]
+async fn version_and_build_info_name_the_commit_and_the_day() {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    // weir 0.1.0 (commit 1a2b3c4d5e6f, built 2026-12-02)
+    let (name, rest) = version
+        .split_once(" (commit ")
+        .unwrap_or_else(|| panic!("{version}"));
+    assert_eq!(name, concat!("weir ", env!("CARGO_PKG_VERSION")));
+    let (commit, date) = rest.trim_end_matches(')').split_once(", built ").unwrap();
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{version}"
+    );
+    assert!(
+        date.len() == 10 && date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-',
+        "{version}"
+    );
+
+    let cfg = format!("{BASE}\n[admin]\naddress = \"127.0.0.1:0\"\n")
+        .replace("127.0.0.1:18080", "127.0.0.1:0");
+    let weir = crate::support::Weir::builder()
+        .config(cfg)
+        .start()
+        .await
+        .unwrap();
+    let metrics = crate::support::HttpRequest::get("/metrics")
+        .send(weir.admin())
+        .await
+        .unwrap()
+        .text();
+    let series = format!(
+        "weir_build_info{{version=\"{}\",commit=\"{commit}\",build_date=\"{date}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(metrics.contains(&series), "{series} not in\n{metrics}");
 }

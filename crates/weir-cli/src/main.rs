@@ -37,7 +37,7 @@ pub static malloc_conf: Option<&u8> =
 #[derive(Parser)]
 #[command(
     name = "weir",
-    version,
+    version = weir::build_info::LONG_VERSION,
     about = "An edge gateway that keeps a web app up under crawler floods without shutting people out"
 )]
 struct Cli {

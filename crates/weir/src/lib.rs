@@ -20,6 +20,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod build_info;
 pub mod calendar;
 pub mod challenge;
 pub mod config;

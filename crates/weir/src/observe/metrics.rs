@@ -138,6 +138,13 @@ pub struct PoolErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+    pub commit: &'static str,
+    pub build_date: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -216,6 +223,7 @@ pub struct Metrics {
     pub state_merged_keys: Counter,
     pub limiter_evicted_keys: Gauge,
     pub process_start_time: Gauge,
+    pub build_info: Family<BuildLabels, Gauge>,
     pub redis_round_trips: Family<ResultLabels, Counter>,
     pub redis_fallback_decisions: Counter,
     pub redis_outages: Counter,
@@ -279,6 +287,7 @@ impl Metrics {
             state_merged_keys: Counter::default(),
             limiter_evicted_keys: Gauge::default(),
             process_start_time: Gauge::default(),
+            build_info: Family::default(),
             redis_round_trips: Family::default(),
             redis_fallback_decisions: Counter::default(),
             redis_outages: Counter::default(),
@@ -432,6 +441,11 @@ impl Metrics {
             m.process_start_time.clone(),
         );
         registry.register(
+            "build_info",
+            "Always 1; the labels say which weir this is (version, git commit, build date)",
+            m.build_info.clone(),
+        );
+        registry.register(
             "redis_round_trips",
             "Round trips to Redis for shared limits, by result (ok, error)",
             m.redis_round_trips.clone(),
@@ -523,6 +537,13 @@ impl Metrics {
             "Retries not sent because the pool's retry budget was spent, by pool",
             m.upstream_retries_denied.clone(),
         );
+        m.build_info
+            .get_or_create(&BuildLabels {
+                version: crate::build_info::VERSION,
+                commit: crate::build_info::COMMIT,
+                build_date: crate::build_info::BUILD_DATE,
+            })
+            .set(1);
         m.process_start_time.set(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
