@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages weir's tests and benchmarks run against, and only
-# those that are missing: nginx, haproxy, wrk, redis-server, chromium.
+# those that are missing: nginx, haproxy, wrk, redis-server, chromium,
+# prometheus (for promtool).
 #
 # Usage: scripts/install-test-deps.sh [PACKAGE...]   (default: all of the above)
 #
@@ -14,7 +15,7 @@
 # anything but Debian/Ubuntu (it says so and fails instead).
 set -euo pipefail
 
-ALL_PACKAGES=(nginx haproxy wrk redis-server chromium)
+ALL_PACKAGES=(nginx haproxy wrk redis-server chromium prometheus)
 if [[ $# -gt 0 ]]; then
     wanted=("$@")
 else

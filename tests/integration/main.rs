@@ -95,6 +95,9 @@ mod deadlines;
 // `weir check`: refuses what `weir run` would, names the key, warns.
 mod check;
 
+// /metrics through promtool, both exposition formats, alerted series at 0.
+mod exposition;
+
 // A new generation's readiness: blue/green through a shared Redis (limits
 // hold from the first request), the warm-up gate (`/readyz` waits for the
 // pools, bounded), an upgrade that hands over only once the pools answer.

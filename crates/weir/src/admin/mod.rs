@@ -82,10 +82,15 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
                 &rt.metrics,
                 std::time::Instant::now(),
             );
+            let format = crate::observe::metrics::Exposition::negotiate(
+                req.headers()
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok()),
+            );
             text(
                 StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                rt.metrics.encode(),
+                format.content_type(),
+                rt.metrics.encode_as(format),
             )
         }
         (&Method::GET, "/livez") => text(StatusCode::OK, "text/plain", "ok\n".into()),

@@ -537,6 +537,25 @@ impl Metrics {
             "Retries not sent because the pool's retry budget was spent, by pool",
             m.upstream_retries_denied.clone(),
         );
+        // Series an alert watches with `increase(...) > 0` exist at 0 from
+        // the start: a series born with its first event has no earlier
+        // value, so that first event never shows as an increase.
+        for result in ["ok", "invalid"] {
+            let _ = m.reloads.get_or_create(&ResultLabels { result });
+        }
+        for reason in ["global_cap", "per_ip_cap", "accept_error"] {
+            let _ = m
+                .connections_refused
+                .get_or_create(&ReasonLabels { reason });
+        }
+        for kind in [
+            "dominant_peer",
+            "untrusted_peer",
+            "malformed",
+            "missing_from_trusted_peer",
+        ] {
+            let _ = m.forwarding_warnings.get_or_create(&KindLabels { kind });
+        }
         m.build_info
             .get_or_create(&BuildLabels {
                 version: crate::build_info::VERSION,
@@ -552,12 +571,20 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// The Prometheus text exposition.
+    /// The OpenMetrics text exposition (what Prometheus asks for first).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// The exposition in `format`.
+    pub fn encode_as(&self, format: Exposition) -> String {
+        match format {
+            Exposition::OpenMetrics => self.encode(),
+            Exposition::Prometheus => openmetrics_to_prometheus(&self.encode()),
+        }
     }
 
     pub fn refused(&self, reason: &'static str) {
@@ -583,6 +610,75 @@ impl Metrics {
             .get_or_create(&KindLabels { kind })
             .inc();
     }
+}
+
+/// The two text formats `/metrics` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposition {
+    /// OpenMetrics 1.0: for a client that asks for it (Prometheus does).
+    OpenMetrics,
+    /// Prometheus text 0.0.4: for everyone else (`curl`, promtool, older
+    /// scrapers, agents that only read the classic format).
+    Prometheus,
+}
+
+impl Exposition {
+    /// The format an `Accept` header asks for: OpenMetrics only when named
+    /// (Prometheus names it first), else the classic text format that every
+    /// tool reads.
+    pub fn negotiate(accept: Option<&str>) -> Exposition {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Exposition::OpenMetrics,
+            _ => Exposition::Prometheus,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Exposition::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// Prometheus text 0.0.4 from OpenMetrics text (prometheus-client writes only
+/// the latter). The differences weir's metrics meet: a counter's family is
+/// named with its `_total` in 0.0.4 (its samples already are), `# UNIT` and
+/// `# EOF` do not exist there, `unknown` is `untyped`. Written here because
+/// it is these few line rewrites, not a second encoder.
+fn openmetrics_to_prometheus(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    let mut counters = std::collections::HashSet::new();
+    for line in om.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some(name) = rest.strip_suffix(" counter")
+        {
+            counters.insert(name.to_owned());
+        }
+    }
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                out.push_str(prefix);
+                out.push_str(name);
+                if counters.contains(name) && !name.ends_with("_total") {
+                    out.push_str("_total");
+                }
+                out.push(' ');
+                out.push_str(if tail == "unknown" { "untyped" } else { tail });
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 #[cfg(test)]
