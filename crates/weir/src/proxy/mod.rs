@@ -208,10 +208,8 @@ fn serve(
         // listeners (HTTP/2's header count, codings other than chunked).
         let hyper_read = conn.edge.tls || req.version() == Version::HTTP_2;
         if let Some(refusal) = hyper_read.then(|| framing(&req, &gw)).flatten() {
-            log.record.decision = "reject";
-            log.set_sent(req.uri());
             // The body is not read: the connection cannot carry another request.
-            let mut resp = log.answer(&refusal, accept);
+            let mut resp = unread(log, &req, &refusal, accept);
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return resp;
@@ -219,11 +217,7 @@ fn serve(
         // Target: the one reading of method, authority, path and query.
         let target = match Target::of(&req, gw.path_policy) {
             Ok(t) => t,
-            Err(e) => {
-                log.record.decision = "reject";
-                log.set_sent(req.uri());
-                return log.answer(&RejectReason::Target(e), accept);
-            }
+            Err(e) => return unread(log, &req, &RejectReason::Target(e), accept),
         };
         log.set_target(&target, req.uri());
         // weir's own endpoints: the challenge's script and answer.
@@ -239,17 +233,13 @@ fn serve(
             target: &target,
             headers: req.headers(),
         };
-        let Some(route) = gw.routes.find(&view) else {
-            log.record.decision = "reject";
-            return log.answer(&RejectReason::NoRoute, accept);
+        let route = match route(&gw, &view, &req) {
+            Ok(r) => r,
+            Err(reason) => {
+                log.record.decision = "reject";
+                return log.answer(&reason, accept);
+            }
         };
-        // A body declared longer than the class takes: refused before it
-        // costs a rule, a slot or a byte read (a chunked one is cut when it
-        // passes the size).
-        if let Some(max_bytes) = declared_too_long(&req, route.settings.body.max_bytes) {
-            log.record.decision = "reject";
-            return log.answer(&RejectReason::BodyTooLarge { max_bytes }, accept);
-        }
         // Session, then rules and challenge: the policy's decision.
         let session = policy::session(&gw, route, req.headers(), &mut log).await;
         let decision = policy::decide(&view, route, &client, &session, &gw, &mut log).await;
@@ -282,10 +272,34 @@ fn serve(
     }
 }
 
-/// `Some(max)` when the request's `Content-Length` is over `max`.
-fn declared_too_long(req: &Request<RequestBody>, max: u64) -> Option<u64> {
-    let declared = http_body::Body::size_hint(req.body()).exact()?;
-    (declared > max).then_some(max)
+/// A refusal of a request whose target was not read (its framing, or the
+/// target itself): the log keeps the target as sent.
+fn unread(
+    mut log: Box<RequestLog>,
+    req: &Request<RequestBody>,
+    reason: &(impl crate::respond::Reason + ?Sized),
+    accept: Accepts,
+) -> Response<ResponseBody> {
+    log.record.decision = "reject";
+    log.set_sent(req.uri());
+    log.answer(reason, accept)
+}
+
+/// **Route phase**: after the target. The pool and class the request goes
+/// to, and the class's body limit on what it declared: a body longer than
+/// the class takes is refused (413) before it costs a rule, a slot or a
+/// byte read (a chunked one is cut when it passes the size).
+fn route<'g>(
+    gw: &'g crate::gateway::Gateway,
+    view: &RequestView<'_>,
+    req: &Request<RequestBody>,
+) -> Result<&'g crate::policy::Route, RejectReason> {
+    let route = gw.routes.find(view).ok_or(RejectReason::NoRoute)?;
+    let max_bytes = route.settings.body.max_bytes;
+    match http_body::Body::size_hint(req.body()).exact() {
+        Some(declared) if declared > max_bytes => Err(RejectReason::BodyTooLarge { max_bytes }),
+        _ => Ok(route),
+    }
 }
 
 /// What a request's head must be, whichever codec read it: weir's HTTP/1
