@@ -23,10 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::support::process::send_signal;
 use crate::support::{Signal, Weir};
-use crate::upgrade::{
-    Counts, config, keep_alive_worker, limited_client, new_connection_worker, ok_upstream,
-    slow_upload,
-};
+use crate::upgrade::{Counts, config, get_workers, limited_client, ok_upstream, slow_upload};
 
 const RESTARTS: usize = 10;
 
@@ -50,24 +47,7 @@ fn start_load(
     stop: &Arc<AtomicBool>,
     counts: &Arc<Counts>,
 ) -> Vec<JoinHandle<()>> {
-    let mut load = Vec::new();
-    for i in 0..4u8 {
-        let source = IpAddr::V4(Ipv4Addr::new(127, 60, 0, i + 1));
-        load.push(tokio::spawn(keep_alive_worker(
-            source,
-            addr,
-            stop.clone(),
-            counts.clone(),
-        )));
-    }
-    for i in 0..2u8 {
-        load.push(tokio::spawn(new_connection_worker(
-            i,
-            addr,
-            stop.clone(),
-            counts.clone(),
-        )));
-    }
+    let mut load = get_workers(addr, 60, 4, 2, stop, counts);
     for i in 0..2u8 {
         let (stop, c) = (stop.clone(), counts.clone());
         load.push(tokio::spawn(async move {

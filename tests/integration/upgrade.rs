@@ -306,6 +306,38 @@ async fn upload_worker(worker: u8, addr: SocketAddr, stop: Arc<AtomicBool>, c: A
     }
 }
 
+/// `keep_alive` kept-alive GET workers from 127.`net`.0.x and `fresh`
+/// one-request-per-connection workers: the GET load of the upgrade and
+/// restart tests.
+pub(crate) fn get_workers(
+    addr: SocketAddr,
+    net: u8,
+    keep_alive: u8,
+    fresh: u8,
+    stop: &Arc<AtomicBool>,
+    counts: &Arc<Counts>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut load = Vec::new();
+    for i in 0..keep_alive {
+        let source = IpAddr::V4(Ipv4Addr::new(127, net, 0, i + 1));
+        load.push(tokio::spawn(keep_alive_worker(
+            source,
+            addr,
+            stop.clone(),
+            counts.clone(),
+        )));
+    }
+    for i in 0..fresh {
+        load.push(tokio::spawn(new_connection_worker(
+            i,
+            addr,
+            stop.clone(),
+            counts.clone(),
+        )));
+    }
+    load
+}
+
 /// Status of one GET /limited from the dedicated limited client.
 pub(crate) async fn limited_client(addr: SocketAddr) -> u16 {
     HttpRequest::get("/limited")
@@ -331,24 +363,7 @@ async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
-    let mut load = Vec::new();
-    for i in 0..6u8 {
-        let source = IpAddr::V4(Ipv4Addr::new(127, 50, 0, i + 1));
-        load.push(tokio::spawn(keep_alive_worker(
-            source,
-            addr,
-            stop.clone(),
-            counts.clone(),
-        )));
-    }
-    for i in 0..3u8 {
-        load.push(tokio::spawn(new_connection_worker(
-            i,
-            addr,
-            stop.clone(),
-            counts.clone(),
-        )));
-    }
+    let mut load = get_workers(addr, 50, 6, 3, &stop, &counts);
     for i in 0..2u8 {
         load.push(tokio::spawn(upload_worker(
             i + 1,

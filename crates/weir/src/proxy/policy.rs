@@ -303,14 +303,8 @@ pub(super) async fn challenge_endpoint(
         return log.answer(&RejectReason::ClientInFlight { limit: max }, accept);
     };
     log.in_flight = Some(slot);
-    let max_bytes = crate::challenge::MAX_VERIFY_BODY as u64;
-    body.watch(
-        weir_http::body::BodyLimits {
-            max_bytes,
-            ..gw.edge.body
-        },
-        None,
-    );
+    // The timeouts of any body; the size is `Limited`'s, below.
+    body.watch(gw.edge.body, None);
     let limited = http_body_util::Limited::new(body, crate::challenge::MAX_VERIFY_BODY);
     let bytes = match limited.collect().await {
         Ok(b) => b.to_bytes(),
