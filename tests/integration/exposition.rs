@@ -85,7 +85,54 @@ async fn metrics_pass_promtool_and_speak_both_formats() {
         "weir_reloads_total{result=\"invalid\"} 0",
         "weir_connections_refused_total{reason=\"per_ip_cap\"} 0",
         "weir_forwarding_header_warnings_total{kind=\"dominant_peer\"} 0",
+        // The pool's server-side errors, before any of that kind.
+        "weir_upstream_errors_total{pool=\"app\",kind=\"timeout\"} 0",
     ] {
         assert!(text.contains(series), "{series} missing at start:\n{text}");
     }
+    // The standard process set, unprefixed, and the end-to-end durations.
+    for family in [
+        "# TYPE process_cpu_seconds_total counter",
+        "# TYPE process_open_fds gauge",
+        "# TYPE process_resident_memory_bytes gauge",
+        "# TYPE weir_request_duration_seconds histogram",
+        "# TYPE weir_limiter_evicted_keys_total counter",
+    ] {
+        assert!(text.contains(family), "{family} missing:\n{text}");
+    }
+    // A request is counted when its answer's last byte is handed on, which
+    // can be just after the client read it: scrape until all three show.
+    let mut answered = 0;
+    for _ in 0..50 {
+        let text = HttpRequest::get("/metrics")
+            .send(weir.admin())
+            .await
+            .unwrap()
+            .text();
+        answered = text
+            .lines()
+            .filter(|l| l.starts_with("weir_request_duration_seconds_count{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        if answered >= 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(answered, 3, "three requests timed");
+}
+
+#[test]
+fn shipped_alert_rules_pass_promtool() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/alerts.yml");
+    let out = Command::new("promtool")
+        .args(["check", "rules", rules])
+        .output()
+        .expect("promtool (scripts/install-test-deps.sh installs prometheus)");
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

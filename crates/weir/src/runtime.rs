@@ -89,6 +89,9 @@ impl Runtime {
     ) -> Arc<Runtime> {
         let tracker = ConnTracker::new(gateway.edge.conn, metrics.clone());
         metrics.config_version.set(gateway.version as i64);
+        for pool in &gateway.pools {
+            metrics.pool_known(&pool.name);
+        }
         Arc::new(Runtime {
             gateway: ArcSwap::from_pointee(gateway),
             metrics,
@@ -167,6 +170,9 @@ impl Runtime {
             shared.set_rules(next.rule_stores.clone());
         }
         self.tracker.set_limits(next.edge.conn);
+        for pool in &next.pools {
+            self.metrics.pool_known(&pool.name);
+        }
         self.gateway.store(Arc::new(next));
         self.metrics.config_version.set(version as i64);
         self.metrics

@@ -119,6 +119,20 @@ pub fn expect(rt: &Runtime, outcome: &Restored) {
     }
 }
 
+/// Counts the live keys the limiter stores evicted since the last export in
+/// `weir_limiter_evicted_keys_total` (at each snapshot and each scrape).
+pub fn export_evictions(rt: &Runtime) {
+    let evicted: u64 = rt
+        .gateway
+        .load()
+        .rule_stores
+        .partitions()
+        .iter()
+        .map(|p| p.store.stats().evicted_live)
+        .sum();
+    rt.metrics.evictions(evicted);
+}
+
 /// Writes the snapshot now; returns the number of keys written.
 pub fn write(rt: &Runtime, path: &Path) -> Result<usize, SnapshotError> {
     let gw = rt.gateway.load();
@@ -130,13 +144,7 @@ pub fn write(rt: &Runtime, path: &Path) -> Result<usize, SnapshotError> {
         SystemTime::now(),
     );
     let keys: usize = snap.sections.iter().map(|s| s.entries.len()).sum();
-    let evicted: u64 = gw
-        .rule_stores
-        .partitions()
-        .iter()
-        .map(|p| p.store.stats().evicted_live)
-        .sum();
-    rt.metrics.limiter_evicted_keys.set(evicted as i64);
+    export_evictions(rt);
     let result = snap.write_to(path);
     let label = if result.is_ok() { "ok" } else { "error" };
     rt.metrics

@@ -77,6 +77,7 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
             rt.export_shared_stats();
+            crate::state::export_evictions(rt);
             crate::upstream::checks::export_gauges(
                 &rt.gateway.load().pools,
                 &rt.metrics,

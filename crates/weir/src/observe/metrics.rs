@@ -22,6 +22,12 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub class: Arc<str>,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClassLabels {
     pub class: Arc<str>,
 }
@@ -68,13 +74,21 @@ pub struct PoolHandles {
     pub duration: prometheus_client::metrics::histogram::Histogram,
 }
 
-/// The request counter's recently used children, found by comparing
-/// pointers instead of hashing the labels (which the family does, with
-/// SipHash under a lock, once per request). A handful of label sets covers
-/// nearly all requests: a few classes, statuses and decisions.
+/// The request counter's and duration histogram's recently used children,
+/// found by comparing pointers instead of hashing the labels (which a family
+/// does, with SipHash under a lock, once per request). A handful of label
+/// sets covers nearly all requests: a few classes, statuses and decisions.
 #[derive(Debug, Default)]
 struct RecentRequestCounters {
-    entries: std::sync::Mutex<Vec<(RequestLabels, Counter)>>,
+    entries: std::sync::Mutex<Vec<(RequestLabels, RequestSeries)>>,
+}
+
+/// One label set's children: its count, and its class and decision's
+/// duration histogram.
+#[derive(Debug, Clone)]
+struct RequestSeries {
+    count: Counter,
+    duration: Histogram,
 }
 
 /// How many label sets [`RecentRequestCounters`] keeps.
@@ -84,7 +98,7 @@ impl RecentRequestCounters {
     /// The cached child for these labels. The class's `Arc` is kept in the
     /// entry, so a pointer match can never be a different (freed and
     /// reallocated) class.
-    fn get(&self, class: &Arc<str>, status: u16, decision: &'static str) -> Option<Counter> {
+    fn get(&self, class: &Arc<str>, status: u16, decision: &'static str) -> Option<RequestSeries> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries
             .iter()
@@ -96,30 +110,79 @@ impl RecentRequestCounters {
             .map(|(_, c)| c.clone())
     }
 
-    fn insert(&self, labels: RequestLabels, counter: Counter) {
+    fn insert(&self, labels: RequestLabels, series: RequestSeries) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if entries.len() >= RECENT_REQUEST_COUNTERS {
             entries.remove(0);
         }
-        entries.push((labels, counter));
+        entries.push((labels, series));
     }
 }
 
 impl Metrics {
-    /// Counts one finished request in `requests`.
-    pub fn count_request(&self, class: &Arc<str>, status: u16, decision: &'static str) {
-        if let Some(counter) = self.recent_requests.get(class, status, decision) {
-            counter.inc();
-            return;
-        }
-        let labels = RequestLabels {
-            class: class.clone(),
-            status,
-            decision,
+    /// Counts one finished request in `requests` and its time from the
+    /// head's arrival to the last byte sent in `request_duration`.
+    pub fn count_request(
+        &self,
+        class: &Arc<str>,
+        status: u16,
+        decision: &'static str,
+        duration: std::time::Duration,
+    ) {
+        let series = match self.recent_requests.get(class, status, decision) {
+            Some(series) => series,
+            None => {
+                let labels = RequestLabels {
+                    class: class.clone(),
+                    status,
+                    decision,
+                };
+                let series = RequestSeries {
+                    count: self.requests.get_or_create(&labels).clone(),
+                    duration: self
+                        .request_duration
+                        .get_or_create(&DecisionLabels {
+                            class: class.clone(),
+                            decision,
+                        })
+                        .clone(),
+                };
+                self.recent_requests.insert(labels, series.clone());
+                series
+            }
         };
-        let counter = self.requests.get_or_create(&labels).clone();
-        counter.inc();
-        self.recent_requests.insert(labels, counter);
+        series.count.inc();
+        series.duration.observe(duration.as_secs_f64());
+    }
+
+    /// Counts the limiter stores' evictions since the last call, from their
+    /// running `total`. A total below the last one means the stores were
+    /// rebuilt (a reload that changed the rules): all of it is new.
+    pub fn evictions(&self, total: u64) {
+        let mut seen = self
+            .evictions_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let new = if total >= *seen { total - *seen } else { total };
+        self.limiter_evicted_keys.inc_by(new);
+        *seen = total;
+    }
+
+    /// Creates a pool's error series at 0, so an alert on their increase
+    /// sees the first error (called when a configuration names the pool).
+    pub fn pool_known(&self, pool: &Arc<str>) {
+        for kind in [
+            "connect",
+            "timeout",
+            "closed",
+            "exchange",
+            "no_healthy_server",
+        ] {
+            let _ = self.upstream_errors.get_or_create(&PoolErrorLabels {
+                pool: pool.clone(),
+                kind,
+            });
+        }
     }
 
     pub fn pool_handles(&self, pool: &Arc<str>) -> PoolHandles {
@@ -197,6 +260,7 @@ fn latency_histogram() -> Histogram {
 pub struct Metrics {
     pub registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: HistogramFamily<DecisionLabels>,
     recent_requests: RecentRequestCounters,
     pub rejections: Family<RuleLabels, Counter>,
     pub connections_open: Gauge,
@@ -221,7 +285,9 @@ pub struct Metrics {
     pub state_snapshot_keys: Gauge,
     pub state_snapshots: Family<ResultLabels, Counter>,
     pub state_merged_keys: Counter,
-    pub limiter_evicted_keys: Gauge,
+    pub limiter_evicted_keys: Counter,
+    /// The store's eviction total last counted into `limiter_evicted_keys`.
+    evictions_seen: std::sync::Mutex<u64>,
     pub process_start_time: Gauge,
     pub build_info: Family<BuildLabels, Gauge>,
     pub redis_round_trips: Family<ResultLabels, Counter>,
@@ -258,9 +324,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("weir");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("weir");
         let m = Metrics {
             requests: Family::default(),
+            request_duration: Family::new_with_constructor(latency_histogram),
             recent_requests: RecentRequestCounters::default(),
             rejections: Family::default(),
             connections_open: Gauge::default(),
@@ -285,7 +353,8 @@ impl Metrics {
             state_snapshot_keys: Gauge::default(),
             state_snapshots: Family::default(),
             state_merged_keys: Counter::default(),
-            limiter_evicted_keys: Gauge::default(),
+            limiter_evicted_keys: Counter::default(),
+            evictions_seen: std::sync::Mutex::new(0),
             process_start_time: Gauge::default(),
             build_info: Family::default(),
             redis_round_trips: Family::default(),
@@ -312,6 +381,12 @@ impl Metrics {
             "requests",
             "Requests answered, by route class, status and decision",
             m.requests.clone(),
+        );
+        registry.register_with_unit(
+            "request_duration",
+            "Time from a request's head arriving to its answer's last byte sent, by route class and decision",
+            Unit::Seconds,
+            m.request_duration.clone(),
         );
         registry.register(
             "rejections",
@@ -568,7 +643,11 @@ impl Metrics {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64),
         );
-        Metrics { registry, ..m }
+        root.register_collector(Box::new(super::process::ProcessCollector));
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
     /// The OpenMetrics text exposition (what Prometheus asks for first).
@@ -693,11 +772,11 @@ mod tests {
         // More label sets than the cache keeps, each seen several times.
         for round in 0..3 {
             for status in 200..220u16 {
-                m.count_request(&page, status, "admit");
+                m.count_request(&page, status, "admit", ms(3));
             }
-            m.count_request(&api, 429, "reject");
+            m.count_request(&api, 429, "reject", ms(1));
             // An equal class in a different allocation counts the same.
-            m.count_request(&Arc::from("page"), 200, "admit");
+            m.count_request(&Arc::from("page"), 200, "admit", ms(3));
             let count = |class: &str, status, decision| {
                 m.requests
                     .get_or_create(&RequestLabels {
@@ -713,6 +792,58 @@ mod tests {
             assert_eq!(count("api", 429, "reject"), n);
             assert_eq!(count("api", 429, "admit"), 0);
         }
+        // One duration histogram per class and decision, whatever the status.
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "weir_request_duration_seconds_count{class=\"page\",decision=\"admit\"} 63"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "weir_request_duration_seconds_bucket{le=\"0.001\",class=\"api\",decision=\"reject\"} 3"
+            ),
+            "{text}"
+        );
+    }
+
+    fn ms(n: u64) -> std::time::Duration {
+        std::time::Duration::from_millis(n)
+    }
+
+    #[test]
+    fn evictions_count_what_is_new_and_survive_a_store_rebuild() {
+        let m = Metrics::new();
+        m.evictions(5);
+        m.evictions(5);
+        m.evictions(12);
+        assert_eq!(m.limiter_evicted_keys.get(), 12);
+        // The stores were rebuilt: their total starts again from 0.
+        m.evictions(3);
+        assert_eq!(m.limiter_evicted_keys.get(), 15);
+    }
+
+    #[test]
+    fn process_metrics_sit_beside_weirs_without_its_prefix() {
+        let text = Metrics::new().encode_as(Exposition::Prometheus);
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("{name} "))),
+                "{name} missing:\n{text}"
+            );
+        }
+        assert!(
+            text.contains("# TYPE process_cpu_seconds_total counter"),
+            "{text}"
+        );
+        assert!(!text.contains("weir_process_cpu"), "{text}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod access_log;
 pub mod metrics;
+pub mod process;
 pub mod tallies;
 
 pub use access_log::{AccessLog, AccessRecord};

@@ -159,8 +159,12 @@ impl OnComplete for RequestLog {
         if error.is_some() && self.record.error.is_none() {
             self.record.error = error;
         }
-        rt.metrics
-            .count_request(&self.record.class, self.record.status, self.record.decision);
+        rt.metrics.count_request(
+            &self.record.class,
+            self.record.status,
+            self.record.decision,
+            self.record.duration,
+        );
         if !rt.access_log.write(&self.record) {
             rt.metrics.access_log_dropped.inc();
         }
