@@ -282,3 +282,30 @@ async fn ten_stop_starts_on_an_activated_socket_fail_nothing_and_keep_limits() {
     assert_eq!(failed(&counts), 0, "{:?}", counts.errors.lock().unwrap());
     drop(running);
 }
+
+/// Issue 20: the very first start (an empty state directory) warns once that
+/// limits start from zero and logs no error; a snapshot missing from a
+/// directory a weir has written to before is an error, as it was.
+#[tokio::test]
+async fn a_first_start_logs_no_error_and_lost_state_still_does() {
+    let up = ok_upstream().await;
+    let fresh = tempfile::tempdir().unwrap();
+    let cfg = restart_config(up.addr(), "127.0.0.1:0", &fresh.path().join("limiter.snap"));
+    let first = Weir::builder().config(cfg).start().await.unwrap();
+    let logs = first.stderr();
+    assert!(logs.contains("no limiter snapshot yet"), "{logs}");
+    assert!(
+        !logs.contains("ERROR"),
+        "a first start logged an error:\n{logs}"
+    );
+
+    let used = tempfile::tempdir().unwrap();
+    std::fs::write(used.path().join("limiter.snap.tmp"), b"half").unwrap();
+    let cfg = restart_config(up.addr(), "127.0.0.1:0", &used.path().join("limiter.snap"));
+    let lost = Weir::builder().config(cfg).start().await.unwrap();
+    let logs = lost.stderr();
+    assert!(
+        logs.contains("ERROR") && logs.contains("expected limiter state"),
+        "{logs}"
+    );
+}

@@ -67,7 +67,16 @@ pub fn restore(rt: &Runtime) -> Restored {
         return Restored::NotConfigured;
     };
     let outcome = if !path.exists() {
-        tracing::warn!(file = %path.display(), "no limiter snapshot found: starting with empty limiter state");
+        if first_start(&path) {
+            tracing::warn!(
+                file = %path.display(),
+                "no limiter snapshot yet: limits start from zero. Normal on a first start; \
+                 after a restart or a hand-over it means the previous process wrote its state \
+                 elsewhere (check that state.snapshot_file is the same path on a shared volume)"
+            );
+        } else {
+            tracing::warn!(file = %path.display(), "no limiter snapshot found: starting with empty limiter state");
+        }
         Restored::Missing(path)
     } else {
         match Snapshot::read_from(&path) {
@@ -99,12 +108,37 @@ pub fn restore(rt: &Runtime) -> Restored {
     outcome
 }
 
+/// Whether a missing snapshot looks like a first start: its directory holds
+/// no file at all (a weir that ran there leaves its snapshot; a directory
+/// with other files in it, a half-written snapshot among them, is state
+/// lost). A first start and a volume mounted at the wrong path look the
+/// same from here, so this lowers an error to one warning, never to
+/// silence; `expect_restored = "not_ready"` treats both as missing.
+fn first_start(path: &Path) -> bool {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        // Not there (or unreadable) yet: nothing has been written there.
+        Err(_) => true,
+    }
+}
+
 /// Applies `state.expect_restored` to what the restore found.
 pub fn expect(rt: &Runtime, outcome: &Restored) {
     use crate::config::ExpectRestored;
     let mode = rt.gateway.load().loaded.config.state.expect_restored;
     let missing = matches!(outcome, Restored::Missing(_) | Restored::Unreadable(_));
     if !missing || mode == ExpectRestored::Off {
+        return;
+    }
+    // A first start has nothing to restore: the warning above says so.
+    if let Restored::Missing(path) = outcome
+        && mode == ExpectRestored::Warn
+        && first_start(path)
+    {
         return;
     }
     tracing::error!(
