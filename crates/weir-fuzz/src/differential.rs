@@ -108,7 +108,10 @@ pub fn http1_request_vs_hyper(data: &[u8]) {
     assert_eq!(weir.method, hyper.method);
     assert_eq!(weir.uri.to_string(), hyper.uri);
     assert_eq!(weir.version, hyper.version);
-    for (name, value) in &weir.headers {
+    // Framing fields are compared as framing below: weir writes a repeated
+    // Content-Length (`03`, `3`) as the one decimal value both mean (RFC 9110
+    // 8.6), where hyper keeps the first spelling.
+    for (name, value) in weir.headers.iter().filter(|(n, _)| !spent(n)) {
         assert!(
             hyper.headers.get_all(name).iter().any(|v| v == value),
             "{name}: {value:?} only weir saw"
