@@ -224,7 +224,8 @@ async fn cookie_presence_can_never_exempt() {
     // can get from the login page changes nothing.
     let weir = TestWeir::start(&rules_config(
         up.addr,
-        "[[classes.expensive.rules]]\nname = \"r\"\nexempt = [\"verified\"]\nlimits = [{ per = \"ip\", rate = 1, window = \"1m\" }]\n",
+        "[[classes.expensive.rules]]\nname = \"r\"\nexempt = [\"verified\"]\nlimits = [{ per = \"ip\", rate = 1, window = \"1m\" }]\n\
+         [sessions.signed_cookie]\ncookie = \"weir_session\"\nkeys = [\"0123456789abcdef0123456789abcdef-rules\"]\n",
     ))
     .await;
     let me = ip("127.33.0.1");

@@ -164,3 +164,117 @@ async fn only_verified_sessions_are_exempt() {
         .await
         .unwrap();
 }
+
+/// Issue 20 item 7: examples/mediawiki.toml as shipped, in front of a
+/// stand-in that answers `api.php?action=query&meta=userinfo` as MediaWiki
+/// does (200 for everyone; `"id": 0` unless the session is a login).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mediawiki_recipe_verifies_editors_by_their_userinfo() {
+    use crate::support::HttpUpstream;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let asked = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = asked.clone();
+    let wiki = HttpUpstream::start(move |req| {
+        let userinfo = req.head.uri.path() == "/w/api.php"
+            && req
+                .head
+                .uri
+                .query()
+                .is_some_and(|q| q.contains("meta=userinfo"));
+        if !userinfo {
+            return http::Response::new(http_body_util::Full::new("a page".into()));
+        }
+        counted.fetch_add(1, Ordering::SeqCst);
+        let cookie = req
+            .head
+            .headers
+            .get("cookie")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        // MediaWiki: the session names the user; UserID must agree with it.
+        let logged_in = cookie.contains("wiki_session=s-alice") && cookie.contains("wikiUserID=42");
+        let body = if logged_in {
+            r#"{"batchcomplete":"","query":{"userinfo":{"id":42,"name":"Alice"}}}"#
+        } else {
+            r#"{"batchcomplete":"","query":{"userinfo":{"id":0,"name":"127.0.0.1","anon":""}}}"#
+        };
+        http::Response::builder()
+            .header("content-type", "application/json; charset=utf-8")
+            .body(http_body_util::Full::new(body.into()))
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/mediawiki.toml"
+    ))
+    .unwrap()
+    .replace("${WEIR_LISTEN:-0.0.0.0:8080}", "127.0.0.1:0")
+    .replace("127.0.0.1:9901", "127.0.0.1:0")
+    .replace(
+        "${WEIR_STATE:-/var/lib/weir/limits.snap}",
+        "{{dir}}/limits.snap",
+    )
+    .replace("${WIKI_BACKEND:-127.0.0.1:8081}", &wiki.addr().to_string());
+    let weir = TestWeir::start(&example).await;
+
+    // The rule lets 20 anonymous searches from one address through per 10 min.
+    let editor = "wiki_session=s-alice; wikiUserID=42";
+    assert!(
+        statuses(&weir, ip("127.71.0.1"), editor, 25)
+            .await
+            .iter()
+            .all(|&s| s == 200),
+        "a verified editor is exempt"
+    );
+    // One sub-request for the whole session (cached for verified_ttl).
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+
+    // A session cookie alone (what the login page gives anyone) is not asked about.
+    let visitor = statuses(&weir, ip("127.71.0.2"), "wiki_session=s-crawler", 25).await;
+    assert_eq!(
+        visitor.iter().filter(|&&s| s == 429).count(),
+        5,
+        "{visitor:?}"
+    );
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "no sub-request without wikiUserID"
+    );
+
+    // A made-up UserID: MediaWiki answers id 0, so the client is anonymous.
+    let forged = statuses(
+        &weir,
+        ip("127.71.0.3"),
+        "wiki_session=s-crawler; wikiUserID=42",
+        25,
+    )
+    .await;
+    assert_eq!(
+        forged.iter().filter(|&&s| s == 429).count(),
+        5,
+        "{forged:?}"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "one denial, cached");
+}
+
+/// `weir check` refuses an exemption for verified sessions when no session
+/// method is configured: it would exempt nobody, silently.
+#[test]
+fn exempting_verified_without_a_session_method_is_refused() {
+    let config = "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"127.0.0.1:9\"]\n\
+                  [[routes]]\npool = \"app\"\nclass = \"page\"\n\
+                  [[classes.page.rules]]\nname = \"r\"\nexempt = [\"verified\"]\n\
+                  limits = [{ per = \"ip\", rate = 1, window = \"1m\" }]\n";
+    let env = std::collections::HashMap::<String, String>::new();
+    let loaded = weir::config::load_str(config, None, &env).unwrap();
+    let err = weir::gateway::Gateway::build(loaded, None, 1)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("classes.page.rules[0].exempt[0]") && err.contains("exempts nobody"),
+        "{err}"
+    );
+}

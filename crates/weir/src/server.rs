@@ -120,7 +120,7 @@ impl Server {
         })?;
         let mut metrics = Metrics::new();
         let warm_up_metrics = warmup::WarmUpMetrics::default();
-        warm_up_metrics.register(&mut metrics.registry);
+        warm_up_metrics.register(metrics.weir_registry());
         let metrics = Arc::new(metrics);
         let lifecycle = gateway.loaded.config.lifecycle.clone();
         let specs = gateway.listeners.clone();

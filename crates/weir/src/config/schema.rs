@@ -101,9 +101,22 @@ pub struct AuthSubrequestSettings {
     /// Cookies forwarded (only these). Requests carrying none are anonymous and
     /// cause no sub-request. Never the session cookie every visitor gets.
     pub cookies: Vec<String>,
+    /// Only requests carrying every one of these cookies are asked (default:
+    /// any of `cookies`). For an app whose anonymous visitors get a session
+    /// cookie that must still be forwarded for logins without "remember me"
+    /// (MediaWiki: ask when `wikiUserID` is present, forward the session too).
+    #[serde(default)]
+    pub required_cookies: Vec<String>,
     /// Response header with the user id; unset: the first line of the body.
     #[serde(default)]
     pub user_header: Option<String>,
+    /// A JSON pointer (RFC 6901) into a JSON answer that holds the user id:
+    /// a non-zero number or a non-empty string verifies, `0`, `""`, `null`
+    /// or `false` is the app saying "anonymous" (as MediaWiki's
+    /// `meta=userinfo` answers 200 with `"id": 0`). Unset: `user_header`,
+    /// or the body's first line.
+    #[serde(default)]
+    pub user_json_pointer: Option<String>,
     /// Whole sub-request deadline.
     #[serde(default = "default_auth_timeout")]
     pub timeout: ConfigDuration,

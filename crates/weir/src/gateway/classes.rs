@@ -268,7 +268,17 @@ fn compile_rules(
         let mut exempt_verified = false;
         for (j, e) in d.exempt.iter().enumerate() {
             match e.as_str() {
-                "verified" => exempt_verified = true,
+                "verified" => {
+                    exempt_verified = true;
+                    let sessions = &loaded.config.sessions;
+                    if sessions.signed_cookie.is_none() && sessions.auth_subrequest.is_none() {
+                        errors.push(loaded.error_at(
+                            &at.key("exempt").index(j),
+                            "`verified` exempts nobody: no [sessions] method is configured \
+                             (sessions.signed_cookie or sessions.auth_subrequest; see docs/sessions.md)",
+                        ));
+                    }
+                }
                 other => errors.push(loaded.error_at(
                     &at.key("exempt").index(j),
                     format!(

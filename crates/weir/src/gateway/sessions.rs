@@ -122,6 +122,8 @@ fn build_sessions(
                 None
             }
         };
+        c.required_cookies = a.required_cookies.clone();
+        c.user_json = a.user_json_pointer.clone();
         c.timeout = a.timeout.0;
         c.verified_ttl = a.verified_ttl.0;
         c.denied_ttl = a.denied_ttl.0;

@@ -258,7 +258,9 @@ fn latency_histogram() -> Histogram {
 
 /// All of weir's metrics, registered once per process and kept across reloads.
 pub struct Metrics {
-    pub registry: Registry,
+    /// The root registry: weir's own metrics sit in its `weir_` sub-registry
+    /// ([`Metrics::weir_registry`]), the standard `process_*` set at the root.
+    registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: HistogramFamily<DecisionLabels>,
     recent_requests: RecentRequestCounters,
@@ -648,6 +650,11 @@ impl Metrics {
             registry: root,
             ..m
         }
+    }
+
+    /// Where a stage registers metrics of its own: names get the `weir_` prefix.
+    pub fn weir_registry(&mut self) -> &mut Registry {
+        self.registry.sub_registry_with_prefix("weir")
     }
 
     /// The OpenMetrics text exposition (what Prometheus asks for first).

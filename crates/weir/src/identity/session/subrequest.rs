@@ -45,6 +45,10 @@ use weir_limiter::Clock;
 /// Largest response body read for the user id; the rest is ignored.
 const MAX_BODY_BYTES: usize = 1024;
 
+/// Largest JSON answer read (MediaWiki's `meta=userinfo` is about 100
+/// bytes; more properties asked make it longer). A longer one is no answer.
+const MAX_JSON_BYTES: usize = 16 * 1024;
+
 /// Settings of the auth sub-request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthSubrequestConfig {
@@ -58,8 +62,13 @@ pub struct AuthSubrequestConfig {
     /// sub-request. Example: `["wikiUserID", "wikiToken"]`, **not** the session cookie
     /// the login page gives every visitor.
     pub cookies: Vec<String>,
-    /// Response header holding the user id; `None`: the first line of the body.
+    /// Asked only when every one of these is present; empty: any of `cookies`.
+    pub required_cookies: Vec<String>,
+    /// Response header holding the user id; `None`: `user_json`, or the
+    /// first line of the body.
     pub user_header: Option<HeaderName>,
+    /// A JSON pointer to the user id in a JSON body (see [`UserField`]).
+    pub user_json: Option<String>,
     /// Whole sub-request deadline, connect included. Default 500 ms.
     pub timeout: Duration,
     /// How long a verified answer is reused. Default 60 s.
@@ -83,7 +92,9 @@ impl AuthSubrequestConfig {
             host: upstream.to_string(),
             path: "/whoami".to_string(),
             cookies: cookies.iter().map(|c| c.to_string()).collect(),
+            required_cookies: Vec::new(),
             user_header: None,
+            user_json: None,
             timeout: Duration::from_millis(500),
             verified_ttl: Duration::from_secs(60),
             denied_ttl: Duration::from_secs(10),
@@ -109,6 +120,14 @@ pub enum AuthSubrequestConfigError {
     ZeroTimeout,
     #[error("auth sub-request max_in_flight is zero: no session could ever be verified")]
     ZeroInFlight,
+    #[error("auth sub-request required cookie `{0}` is not one of the forwarded `cookies`")]
+    RequiredNotForwarded(String),
+    #[error(
+        "auth sub-request user_json_pointer `{0}` is not a JSON pointer (it starts with `/`, e.g. `/query/userinfo/id`)"
+    )]
+    BadJsonPointer(String),
+    #[error("auth sub-request sets both user_header and user_json_pointer: choose one")]
+    TwoUserFields,
 }
 
 /// Why the app's answer says nothing either way.
@@ -243,6 +262,21 @@ impl AuthSubrequest {
         if cfg.max_in_flight == 0 {
             return Err(AuthSubrequestConfigError::ZeroInFlight);
         }
+        if let Some(r) = cfg
+            .required_cookies
+            .iter()
+            .find(|r| !cfg.cookies.contains(r))
+        {
+            return Err(AuthSubrequestConfigError::RequiredNotForwarded(r.clone()));
+        }
+        if let Some(p) = &cfg.user_json
+            && !p.starts_with('/')
+        {
+            return Err(AuthSubrequestConfigError::BadJsonPointer(p.clone()));
+        }
+        if cfg.user_json.is_some() && cfg.user_header.is_some() {
+            return Err(AuthSubrequestConfigError::TwoUserFields);
+        }
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.timeout));
         connector.set_nodelay(true);
@@ -271,12 +305,20 @@ impl AuthSubrequest {
 
     /// Whether `headers` carry any of the forwarded cookies (a sub-request would be needed).
     pub fn applies(&self, headers: &HeaderMap) -> bool {
-        (self.cfg.cookies.iter()).any(|name| cookie_value(headers, name).is_some())
+        let present = |name: &String| cookie_value(headers, name).is_some();
+        if self.cfg.required_cookies.is_empty() {
+            self.cfg.cookies.iter().any(present)
+        } else {
+            self.cfg.required_cookies.iter().all(present)
+        }
     }
 
     /// The app's verdict on the request's login cookies, from the cache or one
     /// sub-request; `None` when the request carries none of the configured cookies.
     pub async fn check(&self, headers: &HeaderMap) -> Option<AuthOutcome> {
+        if !self.applies(headers) {
+            return None;
+        }
         let forwarded = self.forwarded_cookies(headers)?;
         let key = digest(&self.cfg.cookies, headers);
         let cell = {
@@ -403,27 +445,55 @@ impl AuthSubrequest {
         if !status.is_success() {
             return AuthOutcome::Unknown(UnknownCause::Status(status.as_u16()));
         }
-        let user = match &self.cfg.user_header {
-            Some(name) => (response.headers().get(name))
+        if let Some(name) = &self.cfg.user_header {
+            let user = (response.headers().get(name))
                 .and_then(|v| v.to_str().ok())
-                .and_then(user_id),
-            None => {
-                let body = Limited::new(response.into_body(), MAX_BODY_BYTES);
-                match body.collect().await {
-                    Ok(body) => {
-                        let bytes = body.to_bytes();
-                        std::str::from_utf8(&bytes)
-                            .ok()
-                            .and_then(|text| user_id(text.lines().next().unwrap_or("")))
-                    }
-                    Err(_) => None,
-                }
-            }
-        };
-        match user {
-            Some(user) => AuthOutcome::Verified(user),
-            None => AuthOutcome::Unknown(UnknownCause::NoUser),
+                .and_then(user_id);
+            return verified_or_no_user(user);
         }
+        let limit = match self.cfg.user_json {
+            Some(_) => MAX_JSON_BYTES,
+            None => MAX_BODY_BYTES,
+        };
+        let Ok(body) = Limited::new(response.into_body(), limit).collect().await else {
+            return AuthOutcome::Unknown(UnknownCause::NoUser);
+        };
+        let bytes = body.to_bytes();
+        match &self.cfg.user_json {
+            Some(pointer) => user_in_json(&bytes, pointer),
+            None => verified_or_no_user(
+                std::str::from_utf8(&bytes)
+                    .ok()
+                    .and_then(|text| user_id(text.lines().next().unwrap_or(""))),
+            ),
+        }
+    }
+}
+
+fn verified_or_no_user(user: Option<Arc<str>>) -> AuthOutcome {
+    match user {
+        Some(user) => AuthOutcome::Verified(user),
+        None => AuthOutcome::Unknown(UnknownCause::NoUser),
+    }
+}
+
+/// The verdict of a JSON answer at `pointer`: a non-zero number or a
+/// non-empty string is a user; `0`, `""`, `null` or `false` is the app
+/// saying "anonymous" (MediaWiki answers `meta=userinfo` with 200 and
+/// `"id": 0` for everyone not logged in); no such field, or no JSON, says
+/// nothing either way.
+fn user_in_json(body: &[u8], pointer: &str) -> AuthOutcome {
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return AuthOutcome::Unknown(UnknownCause::NoUser);
+    };
+    use serde_json::Value;
+    match doc.pointer(pointer) {
+        Some(Value::Number(n)) if n.as_f64() == Some(0.0) => AuthOutcome::Denied,
+        Some(Value::Number(n)) => verified_or_no_user(user_id(&n.to_string())),
+        Some(Value::String(s)) if s.trim().is_empty() => AuthOutcome::Denied,
+        Some(Value::String(s)) => verified_or_no_user(user_id(s)),
+        Some(Value::Null | Value::Bool(false)) => AuthOutcome::Denied,
+        _ => AuthOutcome::Unknown(UnknownCause::NoUser),
     }
 }
 
@@ -487,6 +557,47 @@ mod tests {
     }
 
     #[test]
+    fn json_answers_as_mediawiki_gives_them() {
+        let p = "/query/userinfo/id";
+        let cases: &[(&str, AuthOutcome)] = &[
+            (
+                r#"{"batchcomplete":"","query":{"userinfo":{"id":42,"name":"Alice"}}}"#,
+                AuthOutcome::Verified(Arc::from("42")),
+            ),
+            (
+                r#"{"batchcomplete":"","query":{"userinfo":{"id":0,"name":"192.0.2.7","anon":""}}}"#,
+                AuthOutcome::Denied,
+            ),
+            (
+                r#"{"query":{"userinfo":{"id":"alice"}}}"#,
+                AuthOutcome::Verified(Arc::from("alice")),
+            ),
+            (r#"{"query":{"userinfo":{"id":""}}}"#, AuthOutcome::Denied),
+            (r#"{"query":{"userinfo":{"id":null}}}"#, AuthOutcome::Denied),
+            (
+                r#"{"query":{"userinfo":{"id":false}}}"#,
+                AuthOutcome::Denied,
+            ),
+            (r#"{"query":{"userinfo":{"id":0.0}}}"#, AuthOutcome::Denied),
+            (
+                r#"{"query":{"userinfo":{"id":[1]}}}"#,
+                AuthOutcome::Unknown(UnknownCause::NoUser),
+            ),
+            (
+                r#"{"error":{"code":"readapidenied"}}"#,
+                AuthOutcome::Unknown(UnknownCause::NoUser),
+            ),
+            (
+                "<html>maintenance</html>",
+                AuthOutcome::Unknown(UnknownCause::NoUser),
+            ),
+        ];
+        for (body, want) in cases {
+            assert_eq!(&user_in_json(body.as_bytes(), p), want, "{body}");
+        }
+    }
+
+    #[test]
     fn user_ids() {
         let cases: &[(&str, Option<&str>)] = &[
             ("42", Some("42")),
@@ -514,6 +625,21 @@ mod tests {
             (|c| c.host = "a\nb".into(), "host `a\nb`"),
             (|c| c.timeout = Duration::ZERO, "timeout is zero"),
             (|c| c.max_in_flight = 0, "max_in_flight is zero"),
+            (
+                |c| c.required_cookies.push("wikiUserID".into()),
+                "`wikiUserID` is not one",
+            ),
+            (
+                |c| c.user_json = Some("query.id".into()),
+                "`query.id` is not a JSON pointer",
+            ),
+            (
+                |c| {
+                    c.user_json = Some("/id".into());
+                    c.user_header = Some(HeaderName::from_static("x-user"));
+                },
+                "both user_header and user_json_pointer",
+            ),
         ];
         for (edit, want) in cases {
             let mut cfg = base.clone();
