@@ -115,3 +115,8 @@ mod coalesce;
 // Client connections park between requests without losing bytes; upstream
 // connections are kept alive, reused, and replaced when the upstream closed them.
 mod connections;
+
+// The access log's fields for triage and correlation (user agent, referer,
+// request id to the app and back), its reopening on SIGUSR1, and the JSON
+// process log (issue 20 item 3).
+mod access_log;

@@ -128,6 +128,34 @@ enum Command {
     },
 }
 
+/// weir's own log on stderr: filtered by `WEIR_LOG` (default `level`), as
+/// text or JSON (`[log] format`, `WEIR_LOG_FORMAT`; asked per event, so the
+/// configuration can switch it once read: weir::observe::process_log).
+fn init_process_log(level: &str) {
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::prelude::*;
+    use weir::observe::process_log;
+    if let Some(format) = process_log::from_env() {
+        process_log::set(format);
+    }
+    let text = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(filter_fn(|_| !process_log::json()));
+    let json = tracing_subscriber::fmt::layer()
+        .json()
+        .with_writer(std::io::stderr)
+        .with_filter(filter_fn(|_| process_log::json()));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .with(text)
+        .with(json)
+        .init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The lab's commands print a report; the weirs they run in-process log
@@ -136,14 +164,7 @@ fn main() -> ExitCode {
         Command::Sim { .. } | Command::Demo { .. } | Command::Replay { .. } => "warn",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_process_log(default_level);
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run {
@@ -393,6 +414,13 @@ fn run(opts: &RunOptions) -> anyhow::Result<ExitCode> {
                     let rt = server.runtime.clone();
                     let _ = tokio::task::spawn_blocking(move || rt.reload(true)).await;
                 }
+                Request::ReopenLogs => match server.runtime.access_log.reopen() {
+                    Ok(true) => tracing::info!("SIGUSR1: access log reopened"),
+                    Ok(false) => tracing::info!("SIGUSR1: the access log is not a file"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "SIGUSR1: cannot reopen the access log; writing on to the old file")
+                    }
+                },
                 Request::Upgrade => {
                     let outcome = upgrader.upgrade(&server.runtime, server.sockets()).await;
                     let reply = outcome.as_ref().map(|h| h.pid).map_err(|e| e.to_string());

@@ -89,6 +89,7 @@ impl Runtime {
     ) -> Arc<Runtime> {
         let tracker = ConnTracker::new(gateway.edge.conn, metrics.clone());
         metrics.config_version.set(gateway.version as i64);
+        crate::observe::process_log::configure(gateway.loaded.config.log.format);
         for pool in &gateway.pools {
             metrics.pool_known(&pool.name);
         }
@@ -173,6 +174,7 @@ impl Runtime {
         for pool in &next.pools {
             self.metrics.pool_known(&pool.name);
         }
+        crate::observe::process_log::configure(next.loaded.config.log.format);
         self.gateway.store(Arc::new(next));
         self.metrics.config_version.set(version as i64);
         self.metrics

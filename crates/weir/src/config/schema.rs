@@ -32,6 +32,9 @@ pub struct Config {
     /// The access log.
     #[serde(default)]
     pub access_log: AccessLogConfig,
+    /// weir's own log (stderr): its format.
+    #[serde(default)]
+    pub log: ProcessLogConfig,
     /// Process-level settings: worker threads, drain, reload.
     #[serde(default)]
     pub process: ProcessConfig,
@@ -554,6 +557,16 @@ impl Default for AccessLogConfig {
             target: default_access_log_target(),
         }
     }
+}
+
+/// weir's own log on stderr (what `WEIR_LOG` filters).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessLogConfig {
+    /// `text` (default) or `json`: one JSON object per line, for Loki,
+    /// Vector or journald's JSON readers. Applied at start and on reload.
+    #[serde(default)]
+    pub format: crate::observe::process_log::Format,
 }
 
 /// Process-level settings; changing them needs a restart, not a reload.

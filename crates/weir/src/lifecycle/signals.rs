@@ -7,6 +7,7 @@
 //! | SIGTERM, SIGINT | drain, then exit 0 | stop now  |
 //! | SIGQUIT         | stop now           | stop now  |
 //! | SIGHUP          | reload config      | ignored   |
+//! | SIGUSR1         | reopen access log  | ignored   |
 //! | SIGUSR2         | in-place upgrade   | ignored   |
 //!
 //! As PID 1 the kernel applies no default action to these, so each must be
@@ -26,6 +27,8 @@ pub enum Request {
     Reload,
     /// Replace this process with the executable on disk.
     Upgrade,
+    /// Reopen the access-log file (after logrotate moved it).
+    ReopenLogs,
 }
 
 /// Installed handlers.
@@ -34,6 +37,7 @@ pub struct Signals {
     int: Signal,
     quit: Signal,
     hup: Signal,
+    usr1: Signal,
     usr2: Signal,
 }
 
@@ -45,6 +49,7 @@ impl Signals {
             int: signal(SignalKind::interrupt())?,
             quit: signal(SignalKind::quit())?,
             hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
             usr2: signal(SignalKind::user_defined2())?,
         })
     }
@@ -56,6 +61,7 @@ impl Signals {
             _ = self.int.recv() => Request::Drain,
             _ = self.quit.recv() => Request::StopNow,
             _ = self.hup.recv() => Request::Reload,
+            _ = self.usr1.recv() => Request::ReopenLogs,
             _ = self.usr2.recv() => Request::Upgrade,
         }
     }

@@ -30,6 +30,8 @@ macro_rules! key {
 pub struct AccessRecord {
     /// Wall-clock time the request started (RFC 3339, milliseconds).
     pub time: SystemTime,
+    /// The id the app and the client see as `X-Request-Id` (`request_id`).
+    pub request_id: super::request_id::RequestId,
     pub client: IpAddr,
     pub peer: IpAddr,
     /// Where `client` came from: peer, proxy_protocol, x_forwarded_for, forwarded.
@@ -45,6 +47,10 @@ pub struct AccessRecord {
     /// read it at all (then it is the log's `path`).
     pub raw_target: Option<String>,
     pub proto: &'static str,
+    /// The request's `User-Agent` and `Referer`, as sent (shared with the
+    /// request's fields, not copied).
+    pub user_agent: Option<http::HeaderValue>,
+    pub referer: Option<http::HeaderValue>,
     pub class: Arc<str>,
     pub decision: &'static str,
     /// The session: `anonymous`, `verified`, or `unverified` (a session
@@ -98,6 +104,7 @@ impl AccessRecord {
         out.extend_from_slice(b"{\"time\":");
         let mut w = JsonObject { out };
         w.quoted(|out| write_timestamp(out, self.time));
+        w.token(key!("request_id"), self.request_id.as_str());
         w.key(key!("client"));
         w.quoted(|out| write_ip(out, self.client));
         w.key(key!("peer"));
@@ -116,6 +123,8 @@ impl AccessRecord {
         w.string(key!("path"), path);
         w.opt_string(key!("raw_path"), raw);
         w.token(key!("proto"), self.proto);
+        w.opt_field(key!("user_agent"), self.user_agent.as_ref());
+        w.opt_field(key!("referer"), self.referer.as_ref());
         w.string(key!("class"), &self.class);
         w.token(key!("decision"), self.decision);
         w.token(key!("session"), self.session);
@@ -207,6 +216,18 @@ impl<'a> JsonObject<'a> {
     fn opt_string(&mut self, key: &'static str, v: Option<&str>) {
         match v {
             Some(v) => self.string(key, v),
+            None => self.null(key),
+        }
+    }
+
+    /// A request field's value: text as sent (bytes that are not UTF-8, which
+    /// HTTP allows, become U+FFFD), escaped as needed.
+    fn opt_field(&mut self, key: &'static str, v: Option<&http::HeaderValue>) {
+        match v {
+            Some(v) => match v.to_str() {
+                Ok(text) => self.string(key, text),
+                Err(_) => self.string(key, &String::from_utf8_lossy(v.as_bytes())),
+            },
             None => self.null(key),
         }
     }
@@ -353,6 +374,8 @@ pub struct AccessLog {
 
 /// Lines waiting to be written, and where they go.
 struct Sink {
+    /// The file, when the log is one (reopened by [`AccessLog::reopen`]).
+    path: Option<String>,
     pending: Mutex<Vec<u8>>,
     /// Held while a batch is written, so two writers (the thread and a
     /// final [`AccessLog::flush`]) keep lines in order.
@@ -401,14 +424,13 @@ impl AccessLog {
 
     /// Starts the writer thread for `target`.
     pub fn start(target: &LogTarget) -> io::Result<AccessLog> {
-        let out: Box<dyn Write + Send> = match target {
+        let (out, path): (Box<dyn Write + Send>, _) = match target {
             LogTarget::Off => return Ok(AccessLog::off()),
-            LogTarget::Stdout => Box::new(io::stdout()),
-            LogTarget::File(path) => {
-                Box::new(OpenOptions::new().create(true).append(true).open(path)?)
-            }
+            LogTarget::Stdout => (Box::new(io::stdout()), None),
+            LogTarget::File(path) => (Box::new(append(path)?), Some(path.clone())),
         };
         let sink = Arc::new(Sink {
+            path,
             pending: Mutex::new(Vec::with_capacity(64 * 1024)),
             out: Mutex::new(out),
         });
@@ -446,6 +468,23 @@ impl AccessLog {
         })
     }
 
+    /// Reopens the log file by its name (SIGUSR1, after logrotate moved
+    /// it): lines queued so far go to the old file, later ones to the new.
+    /// `Ok(false)` when the log is not a file. On an error the old file is
+    /// kept and written on.
+    pub fn reopen(&self) -> io::Result<bool> {
+        let Some(sink) = &self.sink else {
+            return Ok(false);
+        };
+        let Some(path) = &sink.path else {
+            return Ok(false);
+        };
+        let file = append(path)?;
+        sink.write_pending(&mut Vec::new());
+        *sink.out.lock().unwrap_or_else(|e| e.into_inner()) = Box::new(file);
+        Ok(true)
+    }
+
     /// Writes every queued line now, on the caller's thread: the end of a
     /// drain, so the last requests' lines are not left for a writer pass
     /// the process exits before.
@@ -454,6 +493,11 @@ impl AccessLog {
             sink.write_pending(&mut Vec::new());
         }
     }
+}
+
+/// The log file opened for appending (created if missing).
+fn append(path: &str) -> io::Result<std::fs::File> {
+    OpenOptions::new().create(true).append(true).open(path)
 }
 
 fn write_lines(sink: Arc<Sink>) {
@@ -508,9 +552,24 @@ mod tests {
         }
     }
 
+    /// One fixed id, as a trusted proxy would have sent it.
+    fn request_id() -> crate::observe::request_id::RequestId {
+        use crate::identity::{AddrSource, ClientAddr, ClientId, PeerAddr};
+        let mut h = http::HeaderMap::new();
+        h.insert("x-request-id", http::HeaderValue::from_static("lb-7f3a"));
+        let ip = "192.0.2.1".parse().unwrap();
+        let client = ClientId {
+            peer: PeerAddr(std::net::SocketAddr::new(ip, 1)),
+            client: ClientAddr::new(ip),
+            source: AddrSource::XForwardedFor,
+        };
+        crate::observe::request_id::RequestId::of(&h, &client)
+    }
+
     fn record() -> AccessRecord {
         AccessRecord {
             time: SystemTime::UNIX_EPOCH + Duration::from_millis(1_790_000_000_123),
+            request_id: request_id(),
             client: "198.51.100.7".parse().unwrap(),
             peer: "2001:db8::1".parse().unwrap(),
             client_source: "x_forwarded_for",
@@ -526,6 +585,9 @@ mod tests {
             ),
             raw_target: Some("//w/index.php?title=\"x\"\\y\u{1}".into()),
             proto: "HTTP/1.1",
+            user_agent: Some(http::HeaderValue::from_static("Mozilla/5.0 \"quoted\"")),
+            // obs-text: bytes HTTP allows that are not UTF-8.
+            referer: Some(http::HeaderValue::from_bytes(b"https://a.example/\xe9").unwrap()),
             class: Arc::from("page"),
             decision: "reject",
             session: "anonymous",
@@ -557,6 +619,7 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
         let want = serde_json::json!({
             "time": "2026-09-21T14:13:20.123Z",
+            "request_id": request_id().as_str(),
             "client": "198.51.100.7",
             "peer": "2001:db8::1",
             "client_source": "x_forwarded_for",
@@ -565,6 +628,8 @@ mod tests {
             "path": "/w/index.php?title=%22x%22%5Cy%01",
             "raw_path": "//w/index.php?title=\"x\"\\y\u{1}",
             "proto": "HTTP/1.1",
+            "user_agent": "Mozilla/5.0 \"quoted\"",
+            "referer": "https://a.example/\u{fffd}",
             "class": "page",
             "decision": "reject",
             "session": "anonymous",

@@ -9,6 +9,8 @@
 pub mod access_log;
 pub mod metrics;
 pub mod process;
+pub mod process_log;
+pub mod request_id;
 pub mod tallies;
 
 pub use access_log::{AccessLog, AccessRecord};

@@ -21,6 +21,7 @@ use crate::edge::inflight::InFlightGuard;
 use crate::identity::ClientId;
 use crate::observe::access_log::AccessRecord;
 use crate::observe::metrics::RuleLabels;
+use crate::observe::request_id::{RequestId, X_REQUEST_ID};
 use crate::respond::{self, Accepts, Reason};
 use crate::upstream::ServerGuard;
 
@@ -58,6 +59,7 @@ impl RequestLog {
         Box::new(RequestLog {
             record: AccessRecord {
                 time: SystemTime::now(),
+                request_id: RequestId::of(req.headers(), client),
                 client: client.client.ip(),
                 peer: client.peer.ip(),
                 client_source: client.source.as_str(),
@@ -65,6 +67,8 @@ impl RequestLog {
                 target: None,
                 raw_target: None,
                 proto,
+                user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
+                referer: req.headers().get(http::header::REFERER).cloned(),
                 class: unrouted(),
                 decision: "admit",
                 session: "anonymous",
@@ -107,6 +111,15 @@ impl RequestLog {
         self.record.target = Some(target.clone());
     }
 
+    /// Puts the request's id on `headers` (the forwarded request's, or an
+    /// answer's), replacing any the client sent.
+    pub(super) fn stamp(&self, headers: &mut http::HeaderMap) {
+        headers.insert(
+            X_REQUEST_ID.clone(),
+            self.record.request_id.header_value().clone(),
+        );
+    }
+
     /// The request target as the client sent it.
     pub(super) fn set_sent(&mut self, sent: &Uri) {
         let text = sent.path_and_query().map_or("/", |p| p.as_str());
@@ -133,6 +146,8 @@ impl RequestLog {
         let resp = respond::answer(reason, accept, &gw.rejection);
         drop(gw);
         self.record.status = resp.status().as_u16();
+        let mut resp = resp;
+        self.stamp(resp.headers_mut());
         resp.map(|b| b.on_complete(self))
     }
 
@@ -143,6 +158,8 @@ impl RequestLog {
         resp: Response<Bytes>,
     ) -> Response<ResponseBody> {
         self.record.status = resp.status().as_u16();
+        let mut resp = resp;
+        self.stamp(resp.headers_mut());
         resp.map(|b| ResponseBody::full(b).on_complete(self))
     }
 }

@@ -248,6 +248,7 @@ pub(super) async fn respond(
     // The client gets its own protocol version, whatever the upstream spoke.
     parts.version = client_version;
     log.record.status = parts.status.as_u16();
+    log.stamp(&mut parts.headers);
     Response::from_parts(parts, body.on_complete(log))
 }
 
@@ -354,11 +355,13 @@ pub(super) fn shared_response(
         .coalesced_requests
         .get_or_create(&labels)
         .inc();
+    let mut headers = shared.headers.clone();
+    log.stamp(&mut headers);
     let body = ResponseBody::full(shared.body.clone()).on_complete(log);
     let mut resp = Response::new(body);
     *resp.status_mut() = shared.status;
     *resp.version_mut() = version;
-    *resp.headers_mut() = shared.headers.clone();
+    *resp.headers_mut() = headers;
     resp
 }
 

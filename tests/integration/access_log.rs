@@ -1,0 +1,179 @@
+//! The access log for an operator (issue 20 item 3): the user agent and
+//! referer a crawler triage needs, a request id the app and the client see
+//! too, a file reopened on SIGUSR1 after logrotate moved it, and weir's own
+//! log as JSON lines when `[log] format = "json"`.
+
+use std::time::Duration;
+
+use crate::support::{HttpRequest, HttpUpstream, Signal, Weir};
+
+fn config(upstream: std::net::SocketAddr, log: &std::path::Path, extra: &str) -> String {
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+         [pools.app]\nservers = [\"{upstream}\"]\n[access_log]\ntarget = \"{}\"\n{extra}",
+        log.display()
+    )
+}
+
+/// The log's lines as JSON, once at least `n` are there.
+async fn lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
+    for _ in 0..100 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("fewer than {n} lines in {}", path.display());
+}
+
+#[tokio::test]
+async fn user_agent_referer_and_one_request_id_for_log_app_and_client() {
+    // The app answers with the request id it received.
+    let app = HttpUpstream::start(|req| {
+        let id = req
+            .head
+            .headers
+            .get_all("x-request-id")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        http::Response::new(http_body_util::Full::new(id.into()))
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let weir = Weir::builder()
+        .config(config(app.addr(), &log, ""))
+        .start()
+        .await
+        .unwrap();
+    let r = HttpRequest::get("/page")
+        .header("user-agent", "Mozilla/5.0 (X11; Linux) \"quoted\"")
+        .header("referer", "https://a.example/from")
+        // Not a trusted proxy: its id is replaced, not kept.
+        .header("x-request-id", "chosen-by-the-client")
+        .send(weir.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let id = r
+        .header("x-request-id")
+        .expect("the answer carries the id")
+        .to_string();
+    assert_eq!(r.text(), id, "the app received the same single id");
+    assert_ne!(id, "chosen-by-the-client");
+    let line = &lines(&log, 1).await[0];
+    assert_eq!(line["request_id"], id.as_str(), "{line}");
+    assert_eq!(
+        line["user_agent"], "Mozilla/5.0 (X11; Linux) \"quoted\"",
+        "{line}"
+    );
+    assert_eq!(line["referer"], "https://a.example/from", "{line}");
+
+    // A refusal weir makes itself carries one too.
+    let refused = HttpRequest::get("/%00")
+        .send(weir.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 400);
+    let id = refused
+        .header("x-request-id")
+        .expect("refusals carry the id");
+    let line = &lines(&log, 2).await[1];
+    assert_eq!(line["request_id"], id, "{line}");
+    assert_eq!(line["user_agent"], serde_json::Value::Null, "{line}");
+}
+
+#[tokio::test]
+async fn a_trusted_proxys_request_id_is_kept() {
+    let app = HttpUpstream::echo_headers().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let weir = Weir::builder()
+        .config(config(
+            app.addr(),
+            &log,
+            "[identity]\ntrusted_proxies = [\"127.0.0.0/8\"]\n",
+        ))
+        .start()
+        .await
+        .unwrap();
+    let r = HttpRequest::get("/")
+        .header("x-forwarded-for", "198.51.100.9")
+        .header("x-request-id", "Root=1-5f84c7a9-ab12")
+        .send(weir.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(r.header("x-request-id"), Some("Root=1-5f84c7a9-ab12"));
+    assert!(
+        r.text().contains("x-request-id: Root=1-5f84c7a9-ab12\n"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        lines(&log, 1).await[0]["request_id"],
+        "Root=1-5f84c7a9-ab12"
+    );
+}
+
+#[tokio::test]
+async fn sigusr1_reopens_the_access_log_after_rotation() {
+    let app = HttpUpstream::echo_headers().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let weir = Weir::builder()
+        .config(config(app.addr(), &log, ""))
+        .start()
+        .await
+        .unwrap();
+    let addr = weir.listener(0);
+    let get = |path: &'static str| async move { HttpRequest::get(path).send(addr).await.unwrap() };
+    get("/before").await;
+    lines(&log, 1).await;
+    // logrotate: move the file, then signal.
+    let rotated = dir.path().join("access.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    weir.signal(Signal::Usr1).unwrap();
+    assert_eventually_async!(
+        weir.stderr().contains("access log reopened"),
+        "{}",
+        weir.stderr()
+    );
+    get("/after").await;
+    let fresh = lines(&log, 1).await;
+    assert_eq!(fresh.len(), 1);
+    assert_eq!(fresh[0]["path"], "/after");
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(
+        old.contains("\"/before\"") && !old.contains("/after"),
+        "{old}"
+    );
+}
+
+#[tokio::test]
+async fn the_process_log_is_json_lines_when_configured() {
+    let app = HttpUpstream::echo_headers().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let weir = Weir::builder()
+        .config(config(app.addr(), &log, "[log]\nformat = \"json\"\n"))
+        .start()
+        .await
+        .unwrap();
+    let stderr = weir.stderr();
+    let serving = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("each line is JSON"))
+        .find(|v| v["fields"]["message"] == "weir is serving")
+        .unwrap_or_else(|| panic!("no JSON 'weir is serving' line:\n{stderr}"));
+    assert_eq!(serving["level"], "INFO", "{serving}");
+    assert!(serving["timestamp"].is_string(), "{serving}");
+}
