@@ -42,11 +42,12 @@ pub struct RequestLog {
 }
 
 impl RequestLog {
-    /// The record of `req`, from `client`, started at `started`. Boxed: it
-    /// goes to the response body's completion hook in the end, and
+    /// The record of `req`, from `client`, started at `started`; `req` gets
+    /// the request's id, so the app sees the id the log and the client see.
+    /// Boxed: it goes to the response body's completion hook in the end, and
     /// meanwhile the request's future is smaller by its size.
     pub(super) fn new<B>(
-        req: &Request<B>,
+        req: &mut Request<B>,
         client: &ClientId,
         conn: Arc<ConnCtx>,
         started: Instant,
@@ -56,7 +57,7 @@ impl RequestLog {
             Version::HTTP_10 => "HTTP/1.0",
             _ => "HTTP/1.1",
         };
-        Box::new(RequestLog {
+        let log = Box::new(RequestLog {
             record: AccessRecord {
                 time: SystemTime::now(),
                 request_id: RequestId::of(req.headers(), client),
@@ -99,7 +100,9 @@ impl RequestLog {
             rule_guards: Vec::new(),
             permit: None,
             admission_outcome: crate::admission::Outcome::Abandoned,
-        })
+        });
+        log.stamp(req.headers_mut());
+        log
     }
 
     /// The request as weir read it (shared with the request, not copied),

@@ -202,9 +202,7 @@ fn serve(
         // Identity: who is asking (first, so that a refused request's log
         // line names its client).
         let client = identify(&req, &conn, &gw, started);
-        let mut log = RequestLog::new(&req, &client, conn.clone(), started);
-        // The app sees the id the log and the client see.
-        log.stamp(req.headers_mut());
+        let mut log = RequestLog::new(&mut req, &client, conn.clone(), started);
         let accept = Accepts::of(req.headers());
         // Framing the codec left to weir: the same refusals on both
         // listeners (HTTP/2's header count, codings other than chunked).
