@@ -283,7 +283,7 @@ impl Upgrader {
             }
             Err(e) => {
                 tracing::error!(error = %e, "upgrade failed; this process keeps serving");
-                stop_child(&mut child, pid).await;
+                log_child_end(pid, &stop_child(&mut child, pid).await);
                 systemd::notify_ready();
                 Err(e)
             }
@@ -506,11 +506,22 @@ fn spawn_child(socket: &Path) -> Result<Child, UpgradeError> {
         })
 }
 
+/// How a failed new process ended.
+#[derive(Debug)]
+enum ChildEnd {
+    /// It exited by itself or on SIGTERM.
+    Stopped(std::process::ExitStatus),
+    /// It outlived the grace and got SIGKILL.
+    Killed(std::io::Result<std::process::ExitStatus>),
+}
+
 /// SIGTERM (the child drains what it may have accepted), then SIGKILL after
-/// a grace; always reaped, so a failed upgrade leaves no zombie.
-async fn stop_child(child: &mut Child, pid: u32) {
-    if let Ok(Some(_)) = child.try_wait() {
-        return;
+/// a grace; always reaped, so a failed upgrade leaves no zombie. A child
+/// that has exited already (a bad config fails it at once) is reaped too,
+/// and its status reported like any other.
+async fn stop_child(child: &mut Child, pid: u32) -> ChildEnd {
+    if let Ok(Some(status)) = child.try_wait() {
+        return ChildEnd::Stopped(status);
     }
     if let Some(p) = i32::try_from(pid)
         .ok()
@@ -519,11 +530,21 @@ async fn stop_child(child: &mut Child, pid: u32) {
         let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
     }
     match tokio::time::timeout(CHILD_STOP_GRACE, child.wait()).await {
-        Ok(Ok(status)) => tracing::info!(pid, %status, "upgrade: the failed new process stopped"),
+        Ok(Ok(status)) => ChildEnd::Stopped(status),
         _ => {
             let _ = child.start_kill();
-            let status = child.wait().await;
-            tracing::warn!(pid, ?status, "upgrade: the failed new process was killed");
+            ChildEnd::Killed(child.wait().await)
+        }
+    }
+}
+
+fn log_child_end(pid: u32, end: &ChildEnd) {
+    match end {
+        ChildEnd::Stopped(status) => {
+            tracing::info!(pid, %status, "upgrade: the failed new process stopped")
+        }
+        ChildEnd::Killed(status) => {
+            tracing::warn!(pid, ?status, "upgrade: the failed new process was killed")
         }
     }
 }
@@ -725,6 +746,27 @@ pub async fn request(path: &Path, timeout: Duration) -> Result<u32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a child that had exited before the old process looked
+    /// (its config was bad) went unreported, and the log never said how it
+    /// ended (CI, 2026-12-02).
+    #[tokio::test]
+    async fn a_child_that_exited_already_is_reported_with_its_status() {
+        let mut child = Command::new("sh").args(["-c", "exit 2"]).spawn().unwrap();
+        let pid = child.id().unwrap();
+        // Wait for the exit without reaping it: the zombie is what
+        // stop_child sees when the config error came first.
+        let raw = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        let waited = rustix::process::waitid(
+            rustix::process::WaitId::Pid(raw),
+            rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+        );
+        assert!(waited.is_ok(), "{waited:?}");
+        match stop_child(&mut child, pid).await {
+            ChildEnd::Stopped(status) => assert_eq!(status.code(), Some(2)),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn child_args_replace_any_previous_inherit() {
