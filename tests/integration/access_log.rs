@@ -15,6 +15,22 @@ fn config(upstream: std::net::SocketAddr, log: &std::path::Path, extra: &str) ->
     )
 }
 
+/// A weir in front of `upstream` logging to a file in a fresh directory:
+/// the weir, the directory (kept alive by the caller) and the log's path.
+async fn start(
+    upstream: std::net::SocketAddr,
+    extra: &str,
+) -> (Weir, tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("access.log");
+    let weir = Weir::builder()
+        .config(config(upstream, &log, extra))
+        .start()
+        .await
+        .unwrap();
+    (weir, dir, log)
+}
+
 /// The log's lines as JSON, once at least `n` are there.
 async fn lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
     for _ in 0..100 {
@@ -47,13 +63,7 @@ async fn user_agent_referer_and_one_request_id_for_log_app_and_client() {
     })
     .await
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let weir = Weir::builder()
-        .config(config(app.addr(), &log, ""))
-        .start()
-        .await
-        .unwrap();
+    let (weir, _dir, log) = start(app.addr(), "").await;
     let r = HttpRequest::get("/page")
         .header("user-agent", "Mozilla/5.0 (X11; Linux) \"quoted\"")
         .header("referer", "https://a.example/from")
@@ -94,17 +104,11 @@ async fn user_agent_referer_and_one_request_id_for_log_app_and_client() {
 #[tokio::test]
 async fn a_trusted_proxys_request_id_is_kept() {
     let app = HttpUpstream::echo_headers().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let weir = Weir::builder()
-        .config(config(
-            app.addr(),
-            &log,
-            "[identity]\ntrusted_proxies = [\"127.0.0.0/8\"]\n",
-        ))
-        .start()
-        .await
-        .unwrap();
+    let (weir, _dir, log) = start(
+        app.addr(),
+        "[identity]\ntrusted_proxies = [\"127.0.0.0/8\"]\n",
+    )
+    .await;
     let r = HttpRequest::get("/")
         .header("x-forwarded-for", "198.51.100.9")
         .header("x-request-id", "Root=1-5f84c7a9-ab12")
@@ -126,13 +130,7 @@ async fn a_trusted_proxys_request_id_is_kept() {
 #[tokio::test]
 async fn sigusr1_reopens_the_access_log_after_rotation() {
     let app = HttpUpstream::echo_headers().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let weir = Weir::builder()
-        .config(config(app.addr(), &log, ""))
-        .start()
-        .await
-        .unwrap();
+    let (weir, dir, log) = start(app.addr(), "").await;
     let addr = weir.listener(0);
     let get = |path: &'static str| async move { HttpRequest::get(path).send(addr).await.unwrap() };
     get("/before").await;
@@ -160,13 +158,7 @@ async fn sigusr1_reopens_the_access_log_after_rotation() {
 #[tokio::test]
 async fn the_process_log_is_json_lines_when_configured() {
     let app = HttpUpstream::echo_headers().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("access.log");
-    let weir = Weir::builder()
-        .config(config(app.addr(), &log, "[log]\nformat = \"json\"\n"))
-        .start()
-        .await
-        .unwrap();
+    let (weir, _dir, _log) = start(app.addr(), "[log]\nformat = \"json\"\n").await;
     let stderr = weir.stderr();
     let serving = stderr
         .lines()

@@ -256,7 +256,7 @@ async fn limits_hold_from_the_first_request_after_a_restart() {
     let mut first = TestWeir::start(&cfg).await;
     assert!(matches!(
         first.server().restored,
-        weir::state::Restored::Missing(_)
+        weir::state::Restored::Missing { .. }
     ));
     let me = ip("127.34.0.1");
     assert_eq!(burst(&first, &[me; 4], &[]).await, (3, 1));

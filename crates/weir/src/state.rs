@@ -19,8 +19,9 @@ use weir_limiter::{Clock, MonotonicClock, RestoreReport, Snapshot, SnapshotError
 pub enum Restored {
     /// No snapshot file is configured.
     NotConfigured,
-    /// The file does not exist (first start, or state was lost).
-    Missing(PathBuf),
+    /// The file does not exist: a first start (`first_start`, see
+    /// [`first_start`]) or state was lost.
+    Missing { path: PathBuf, first_start: bool },
     /// The file was read and applied.
     Loaded(RestoreReport),
     /// The file exists but could not be used.
@@ -33,7 +34,7 @@ impl Restored {
     pub fn label(&self) -> &'static str {
         match self {
             Restored::NotConfigured => "not_configured",
-            Restored::Missing(_) => "missing",
+            Restored::Missing { .. } => "missing",
             Restored::Loaded(_) => "loaded",
             Restored::Unreadable(_) => "unreadable",
         }
@@ -67,7 +68,8 @@ pub fn restore(rt: &Runtime) -> Restored {
         return Restored::NotConfigured;
     };
     let outcome = if !path.exists() {
-        if first_start(&path) {
+        let first_start = first_start(&path);
+        if first_start {
             tracing::warn!(
                 file = %path.display(),
                 "no limiter snapshot yet: limits start from zero. Normal on a first start; \
@@ -77,7 +79,7 @@ pub fn restore(rt: &Runtime) -> Restored {
         } else {
             tracing::warn!(file = %path.display(), "no limiter snapshot found: starting with empty limiter state");
         }
-        Restored::Missing(path)
+        Restored::Missing { path, first_start }
     } else {
         match Snapshot::read_from(&path) {
             Err(e) => {
@@ -130,14 +132,15 @@ fn first_start(path: &Path) -> bool {
 pub fn expect(rt: &Runtime, outcome: &Restored) {
     use crate::config::ExpectRestored;
     let mode = rt.gateway.load().loaded.config.state.expect_restored;
-    let missing = matches!(outcome, Restored::Missing(_) | Restored::Unreadable(_));
+    let missing = matches!(outcome, Restored::Missing { .. } | Restored::Unreadable(_));
     if !missing || mode == ExpectRestored::Off {
         return;
     }
     // A first start has nothing to restore: the warning above says so.
-    if let Restored::Missing(path) = outcome
+    if let Restored::Missing {
+        first_start: true, ..
+    } = outcome
         && mode == ExpectRestored::Warn
-        && first_start(path)
     {
         return;
     }

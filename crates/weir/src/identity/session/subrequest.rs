@@ -303,24 +303,39 @@ impl AuthSubrequest {
         &self.cfg
     }
 
-    /// Whether `headers` carry any of the forwarded cookies (a sub-request would be needed).
-    pub fn applies(&self, headers: &HeaderMap) -> bool {
-        let present = |name: &String| cookie_value(headers, name).is_some();
+    /// The configured cookies' values in `headers`, in configuration order
+    /// (`None` for an absent one): read once per request, then used to
+    /// decide, key the cache and build the sub-request's `Cookie`.
+    fn login_cookies<'h>(&self, headers: &'h HeaderMap) -> Vec<Option<&'h str>> {
+        self.cfg
+            .cookies
+            .iter()
+            .map(|name| cookie_value(headers, name))
+            .collect()
+    }
+
+    /// Whether these cookies call for a sub-request: any of them, or every
+    /// one of `required_cookies` (which are among `cookies`: `new` checks).
+    fn applies(&self, values: &[Option<&str>]) -> bool {
         if self.cfg.required_cookies.is_empty() {
-            self.cfg.cookies.iter().any(present)
-        } else {
-            self.cfg.required_cookies.iter().all(present)
+            return values.iter().any(Option::is_some);
         }
+        self.cfg
+            .cookies
+            .iter()
+            .zip(values)
+            .all(|(name, value)| value.is_some() || !self.cfg.required_cookies.contains(name))
     }
 
     /// The app's verdict on the request's login cookies, from the cache or one
     /// sub-request; `None` when the request carries none of the configured cookies.
     pub async fn check(&self, headers: &HeaderMap) -> Option<AuthOutcome> {
-        if !self.applies(headers) {
+        let values = self.login_cookies(headers);
+        if !self.applies(&values) {
             return None;
         }
-        let forwarded = self.forwarded_cookies(headers)?;
-        let key = digest(&self.cfg.cookies, headers);
+        let forwarded = self.forwarded_cookies(&values)?;
+        let key = digest(&self.cfg.cookies, &values);
         let cell = {
             let mut state = self.lock();
             if let Some(hit) = state.cache.get(&key, self.clock.now()) {
@@ -391,10 +406,10 @@ impl AuthSubrequest {
     }
 
     /// `name=value; ...` of the configured cookies present, in configuration order.
-    fn forwarded_cookies(&self, headers: &HeaderMap) -> Option<HeaderValue> {
+    fn forwarded_cookies(&self, values: &[Option<&str>]) -> Option<HeaderValue> {
         let mut line = String::new();
-        for name in &self.cfg.cookies {
-            if let Some(value) = cookie_value(headers, name) {
+        for (name, value) in self.cfg.cookies.iter().zip(values) {
+            if let Some(value) = value {
                 if !line.is_empty() {
                     line.push_str("; ");
                 }
@@ -507,12 +522,12 @@ fn user_id(text: &str) -> Option<Arc<str>> {
 
 /// SHA-256 over each configured cookie's name and value, length-prefixed so that no two
 /// different cookie sets give the same input; truncated to 128 bits.
-fn digest(names: &[String], headers: &HeaderMap) -> CacheKey {
+fn digest(names: &[String], values: &[Option<&str>]) -> CacheKey {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    for name in names {
+    for (name, value) in names.iter().zip(values) {
         ctx.update(&(name.len() as u64).to_le_bytes());
         ctx.update(name.as_bytes());
-        match cookie_value(headers, name) {
+        match value {
             Some(value) => {
                 ctx.update(&[1]);
                 ctx.update(&(value.len() as u64).to_le_bytes());
@@ -540,7 +555,11 @@ mod tests {
     #[test]
     fn digest_depends_on_configured_cookies_only() {
         let names = vec!["wikiUserID".to_string(), "wikiToken".to_string()];
-        let d = |c: &str| digest(&names, &headers(c));
+        let d = |c: &str| {
+            let h = headers(c);
+            let values: Vec<_> = names.iter().map(|n| cookie_value(&h, n)).collect();
+            digest(&names, &values)
+        };
         let base = d("wikiUserID=1; wikiToken=abc");
         let cases: &[(&str, bool)] = &[
             ("wikiToken=abc; wikiUserID=1", true),
