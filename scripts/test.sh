@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # weir's one test command (CI runs exactly this through .ci/run):
 #   install test servers if missing -> cargo fmt --check -> clippy -D warnings
-#   -> cargo test (doc tests first, then every target, so the output ends with
-#   the integration tests' summary).
+#   -> cargo test (doc tests first, then every target) -> the package test
+#   (the .deb built, installed with dpkg, run, purged: scripts/test-package.sh).
 #
 # Tests build with [profile.test] from Cargo.toml: weir at opt-level 1 and
 # dependencies at opt-level 2, debug assertions and overflow checks on. The
@@ -32,3 +32,6 @@ cargo test --doc
 # bench alone writes a 2.4 GB log.
 step "cargo test --lib --bins --tests"
 cargo test --lib --bins --tests
+
+step "package: build the .deb, install it, run the packaged weir, purge it"
+scripts/test-package.sh

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use weir::config::{ProcessEnv, load_file};
 use weir::gateway::Gateway;
@@ -15,6 +15,8 @@ use weir::lifecycle::signals::{Request, Signals};
 use weir::lifecycle::upgrade::{self, Taken, UpgradeSocket, Upgrader};
 use weir::lifecycle::{Inherited, systemd};
 use weir::server::Server;
+
+mod generate;
 
 // jemalloc over glibc malloc: it keeps short-lived buffers (a request's, a
 // busy connection's) in other pages than long-lived small objects (an idle
@@ -126,6 +128,25 @@ enum Command {
         #[arg(long, default_value = weir_lab::cli::DEMO_HTML)]
         html: PathBuf,
     },
+    /// Write the man pages or a shell's completion script (for packages).
+    Generate {
+        #[command(subcommand)]
+        what: Generated,
+    },
+}
+
+#[derive(Subcommand)]
+enum Generated {
+    /// Man pages (weir.1, weir-run.1, ...) into a directory.
+    Man {
+        /// Where to write them (created if missing).
+        dir: PathBuf,
+    },
+    /// A shell's completion script, on stdout.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// weir's own log on stderr: filtered by `WEIR_LOG` (default `level`), as
@@ -227,6 +248,7 @@ fn main() -> ExitCode {
             &trailing,
             json.as_deref(),
         ),
+        Command::Generate { what } => generated(what),
         Command::Demo { html } => {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             weir_lab::cli::demo(Some(html), progress)
@@ -241,6 +263,23 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn generated(what: Generated) -> anyhow::Result<ExitCode> {
+    match what {
+        Generated::Man { dir } => {
+            let pages = generate::man_pages(Cli::command(), &dir)
+                .with_context(|| format!("writing man pages into {}", dir.display()))?;
+            for p in pages {
+                println!("{}", p.display());
+            }
+        }
+        Generated::Completions { shell } => {
+            generate::completions(Cli::command(), shell, &mut std::io::stdout().lock())
+                .context("writing the completion script")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check(path: &Path) -> anyhow::Result<ExitCode> {
