@@ -66,6 +66,7 @@ for f in ./usr/bin/weir ./etc/weir/weir.toml \
     ./usr/share/zsh/vendor-completions/_weir \
     ./usr/share/fish/vendor_completions.d/weir.fish \
     ./usr/share/doc/weir/configuration.md ./usr/share/doc/weir/alerts.yml \
+    ./usr/share/doc/weir/grafana/weir.json \
     ./usr/share/doc/weir/examples/mediawiki.toml; do
     grep -q " $f\$" <<<"$contents" || fail "the package lacks $f"
 done

@@ -96,6 +96,7 @@ mod deadlines;
 mod check;
 
 // /metrics through promtool, both exposition formats, alerted series at 0.
+mod dashboard;
 mod exposition;
 
 // A new generation's readiness: blue/green through a shared Redis (limits

@@ -91,6 +91,15 @@ limits = [
         ),
         50.0
     );
+    // The level that did the work, as the dashboard shows it.
+    assert_eq!(
+        metric(
+            &m,
+            "weir_rule_rejections_total{rule=\"anon-expensive\",level=\"network\",enforced=\"yes\"}"
+        ),
+        50.0,
+        "{m}"
+    );
     assert_eq!(
         metric(&m, "weir_rule_rejected_clients{rule=\"anon-expensive\"}"),
         50.0

@@ -51,6 +51,13 @@ pub struct CollateralLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLevelLabels {
+    pub rule: Arc<str>,
+    pub level: &'static str,
+    pub enforced: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ChallengeLabels {
     pub event: &'static str,
     pub reason: &'static str,
@@ -282,6 +289,7 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     pub rule_decisions: Family<RuleResultLabels, Counter>,
     pub rule_collateral: Family<CollateralLabels, Counter>,
+    pub rule_rejections: Family<RuleLevelLabels, Counter>,
     pub rule_rejected_clients: Family<RuleLabels, Gauge>,
     pub state_restored_keys: Gauge,
     pub state_snapshot_keys: Gauge,
@@ -350,6 +358,7 @@ impl Metrics {
             access_log_dropped: Counter::default(),
             rule_decisions: Family::default(),
             rule_collateral: Family::default(),
+            rule_rejections: Family::default(),
             rule_rejected_clients: Family::default(),
             state_restored_keys: Gauge::default(),
             state_snapshot_keys: Gauge::default(),
@@ -480,6 +489,11 @@ impl Metrics {
             "rule_collateral",
             "Rejections (enforced or shadow) of clients that look human: low_rate (few requests before), verified (holds a verified session), browser (sends navigation headers)",
             m.rule_collateral.clone(),
+        );
+        registry.register(
+            "rule_rejections",
+            "Rule rejections (enforced or shadow) by rule and the level that refused: ip, subnet, network, site, ...",
+            m.rule_rejections.clone(),
         );
         registry.register(
             "rule_rejected_clients",

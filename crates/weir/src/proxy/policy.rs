@@ -23,7 +23,7 @@ use crate::identity::ClientAddr;
 use crate::identity::ClientId;
 use crate::identity::session::SessionState;
 use crate::observe::metrics::{
-    ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleResultLabels,
+    ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels, RuleResultLabels,
 };
 use crate::policy::route::{RequestView, Route};
 use crate::policy::rules::{RequestFacts, Rule, RuleObserver, RuleRejection, RuleResult, judge};
@@ -237,12 +237,20 @@ impl RuleObserver for Live<'_> {
         enforced: bool,
     ) {
         let m = &self.rt.metrics;
+        let enforced = if enforced { "yes" } else { "shadow" };
+        m.rule_rejections
+            .get_or_create(&RuleLevelLabels {
+                rule: rejection.rule.clone(),
+                level: rejection.level,
+                enforced,
+            })
+            .inc();
         if let Some(signal) = signal {
             m.rule_collateral
                 .get_or_create(&CollateralLabels {
                     rule: rejection.rule.clone(),
                     signal,
-                    enforced: if enforced { "yes" } else { "shadow" },
+                    enforced,
                 })
                 .inc();
         }
