@@ -160,17 +160,6 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
     );
 }
 
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
     use std::time::Duration;

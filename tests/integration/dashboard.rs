@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use weir::challenge::{page_nonce, pow};
 
-use crate::fixtures::{H1, Upstream, full};
+use crate::fixtures::{H1, Upstream, full, urlencode};
 use crate::support::{HttpRequest, Weir};
 
 /// The window Grafana's `$__rate_interval` stands for here: four scrapes at
@@ -197,7 +197,7 @@ impl Prometheus {
 
     /// An instant query's result vector.
     async fn query(&self, expr: &str) -> Vec<serde_json::Value> {
-        let r = HttpRequest::get(&format!("/api/v1/query?query={}", encode(expr)))
+        let r = HttpRequest::get(&format!("/api/v1/query?query={}", urlencode(expr)))
             .send(self.addr)
             .await
             .unwrap();
@@ -209,17 +209,6 @@ impl Prometheus {
             .cloned()
             .unwrap_or_default()
     }
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 fn ip(last: u8) -> IpAddr {
@@ -275,7 +264,7 @@ async fn solve_a_challenge(weir: &Weir) {
     assert_eq!(page.status, 429, "{page}");
     let nonce = page_nonce(page.text().as_bytes()).expect("a challenge page");
     let counter = pow::solve(&nonce, 8);
-    let form = format!("nonce={}&counter={counter}", encode(&nonce));
+    let form = format!("nonce={}&counter={counter}", urlencode(&nonce));
     let answer = nav(HttpRequest::post("/.weir/challenge/verify", form))
         .header("content-type", "application/x-www-form-urlencoded")
         .send(addr)

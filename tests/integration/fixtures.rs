@@ -362,3 +362,16 @@ pub fn config(servers: &[SocketAddr], extra: &str) -> String {
         list.join(", ")
     )
 }
+
+/// Percent-encodes everything but RFC 3986's unreserved characters (a form
+/// value, a query parameter).
+pub fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
