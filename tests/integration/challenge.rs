@@ -10,8 +10,6 @@
 //! for everything else. Chromium comes from scripts/install-test-deps.sh;
 //! without it these tests fail and say so.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -21,13 +19,8 @@ use weir::challenge::{self, ChallengeConfig, ChallengeEvent, Challenger, PassChe
 use weir::identity::{AddrSource, ClientAddr, ClientId, PeerAddr};
 use weir_http::target::{PathPolicy, Target};
 
-use crate::support::ports::find_program;
-use crate::support::process::{ServerProcess, temp_dir};
+use crate::support::chromium::{Chromium, artifacts_dir};
 use crate::support::{HttpUpstream, UpstreamRequest};
-
-/// Upper bound on one Chromium run, start to exit. A solve at 16 bits takes
-/// well under a second; the rest is browser start-up on a busy 2-core box.
-const CHROMIUM_DEADLINE: Duration = Duration::from_secs(90);
 
 /// What the site saw, for assertions and the solve-rate measurement.
 #[derive(Debug, Clone)]
@@ -131,65 +124,6 @@ fn respond(
     resp.headers_mut()
         .insert("content-type", "text/html; charset=utf-8".parse().unwrap());
     (resp, None)
-}
-
-/// One headless Chromium run in a fresh profile; killed and reaped on drop
-/// (own process group, see support/process.rs).
-struct Chromium {
-    process: ServerProcess,
-    _dir: tempfile::TempDir,
-}
-
-impl Chromium {
-    /// Starts `chromium <standard flags> <extra> <url>`. Panics with a clear
-    /// message when Chromium is not installed (CI installs it).
-    fn run(extra: &[String], url: &str) -> Chromium {
-        let program = find_program("chromium").unwrap_or_else(|e| {
-            panic!("headless Chromium is required for the challenge tests: {e}")
-        });
-        let dir = temp_dir("chromium").expect("temp dir");
-        let mut cmd = Command::new(program);
-        cmd.args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--disable-dev-shm-usage",
-            "--hide-scrollbars",
-        ])
-        .arg(format!(
-            "--user-data-dir={}",
-            dir.path().join("profile").display()
-        ))
-        .args(extra)
-        .arg(url);
-        let process =
-            ServerProcess::spawn("chromium", cmd, dir.path(), vec![]).expect("spawn chromium");
-        Chromium { process, _dir: dir }
-    }
-
-    /// Waits for Chromium to exit (bounded) and returns what it printed.
-    async fn output(mut self) -> String {
-        match self.process.wait_exit(CHROMIUM_DEADLINE).await {
-            Ok(status) => assert!(
-                status.success(),
-                "chromium failed: {status}\n{}",
-                self.process.logs()
-            ),
-            Err(e) => panic!("chromium did not finish: {e}\n{}", self.process.logs()),
-        }
-        self.process.stdout()
-    }
-}
-
-fn artifacts_dir() -> PathBuf {
-    let dir =
-        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("target/test-artifacts");
-    std::fs::create_dir_all(&dir).expect("create target/test-artifacts");
-    dir
 }
 
 /// Loads `/wiki/Page` and checks that Chromium ends on the original page

@@ -98,6 +98,7 @@ mod check;
 // /metrics through promtool, both exposition formats, alerted series at 0.
 mod dashboard;
 mod exposition;
+mod live_page;
 
 // A new generation's readiness: blue/green through a shared Redis (limits
 // hold from the first request), the warm-up gate (`/readyz` waits for the

@@ -42,6 +42,8 @@ pub struct Runtime {
     pub pressure: PressureTable,
     /// Warnings logged at most once a minute per kind.
     pub warnings: Warnings,
+    /// The last reload's outcome (the live page shows it).
+    pub last_reload: Mutex<Option<ReloadRecord>>,
     pub started: Instant,
     /// This process's generation id, written into snapshots.
     pub generation: u64,
@@ -65,6 +67,18 @@ const ACTIVITY_KEYS: usize = 200_000;
 
 /// How often a repeated warning is logged (it is always counted).
 const WARN_INTERVAL: Duration = Duration::from_secs(60);
+
+/// What the last reload did, for the live page.
+#[derive(Debug, Clone)]
+pub struct ReloadRecord {
+    pub at: std::time::SystemTime,
+    /// Applied, or refused (the running configuration stayed).
+    pub applied: bool,
+    /// The configuration version serving after it.
+    pub version: u64,
+    /// Why it was refused.
+    pub errors: Vec<String>,
+}
 
 /// The outcome of a reload.
 #[derive(Debug)]
@@ -108,6 +122,7 @@ impl Runtime {
             reload_lock: Mutex::new(()),
             activity: Activity::new(ACTIVITY_KEYS),
             rejected_clients: RejectedClients::default(),
+            last_reload: Mutex::new(None),
             pressure: PressureTable::default(),
             warnings: Warnings::new(WARN_INTERVAL),
             state_missing: std::sync::atomic::AtomicBool::new(false),
@@ -182,6 +197,12 @@ impl Runtime {
             .get_or_create(&ResultLabels { result: "ok" })
             .inc();
         tracing::info!(version, ?restart_needed, "configuration reloaded");
+        self.note_reload(ReloadRecord {
+            at: std::time::SystemTime::now(),
+            applied: true,
+            version,
+            errors: Vec::new(),
+        });
         Ok(ReloadOutcome::Applied {
             version,
             restart_needed,
@@ -194,7 +215,17 @@ impl Runtime {
             .get_or_create(&ResultLabels { result: "invalid" })
             .inc();
         tracing::error!(errors = %e, "configuration reload refused; the running configuration stays");
+        self.note_reload(ReloadRecord {
+            at: std::time::SystemTime::now(),
+            applied: false,
+            version: self.gateway.load().version,
+            errors: e.0.iter().map(|e| e.to_string()).collect(),
+        });
         e
+    }
+
+    fn note_reload(&self, record: ReloadRecord) {
+        *self.last_reload.lock().unwrap_or_else(|e| e.into_inner()) = Some(record);
     }
 
     /// The shared (Redis) limiter, if configured.

@@ -9,6 +9,7 @@
 //! - [`weir`]: the weir binary under test, addresses from its ready file.
 //! - [`upstream`]: an in-test hyper server (echo, counters).
 //! - [`client`]: raw and keep-alive HTTP clients with a chosen source address.
+//! - [`chromium`]: headless Chromium, run to the end or driven over DevTools.
 //! - [`eventually`]: `assert_eventually!` / `assert_eventually_async!`.
 //!
 //! Does not: install servers (scripts/install-test-deps.sh does) or touch any
@@ -17,6 +18,7 @@
 // Each test module uses a different slice of these fixtures.
 #![allow(dead_code)]
 
+pub mod chromium;
 pub mod client;
 #[macro_use]
 pub mod eventually;

@@ -67,6 +67,11 @@ impl AdminRefusal {
 }
 
 impl AdminGuard {
+    /// Whether `[admin] token` is set (the live page offers a reload only then).
+    pub fn has_token(&self) -> bool {
+        self.token.is_some()
+    }
+
     /// `token`: already checked to be at least [`MIN_TOKEN_LEN`] long;
     /// `hosts`: names accepted in `Host`.
     pub fn new(token: Option<String>, hosts: &[String]) -> AdminGuard {

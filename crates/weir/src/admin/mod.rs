@@ -1,5 +1,6 @@
-//! The admin API: `/metrics`, `/livez`, `/readyz`, `/status`, `POST /reload`;
-//! who may `POST` is `guard`'s (no web page, and `[admin] token` when set).
+//! The admin API: `/metrics`, `/livez`, `/readyz`, `/status`, `POST /reload`,
+//! and the live page `/ui` (`ui`); who may `POST` is `guard`'s (no other
+//! web page, and `[admin] token` when set).
 //!
 //! It listens on loopback by default, apart from client traffic, so health
 //! checks and scrapes never queue behind it. `/livez` says only that weir's
@@ -29,6 +30,11 @@ use tokio_util::sync::CancellationToken;
 use crate::runtime::{ReloadOutcome, Runtime};
 
 pub mod guard;
+pub mod ui;
+
+/// Every admin answer's body: whole documents, or the live page's event
+/// stream.
+pub type AdminBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 /// Serves the admin API until `stop` is cancelled.
 pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, stop: CancellationToken) {
@@ -41,10 +47,12 @@ pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, stop: CancellationTo
             },
         };
         let rt = rt.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let rt = rt.clone();
-                async move { Ok::<_, Infallible>(route(req, &rt).await) }
+                let stop = stop.clone();
+                async move { Ok::<_, Infallible>(route(req, &rt, stop).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -55,7 +63,11 @@ pub async fn serve(listener: TcpListener, rt: Arc<Runtime>, stop: CancellationTo
     }
 }
 
-async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes>> {
+async fn route(
+    req: Request<Incoming>,
+    rt: &Arc<Runtime>,
+    stop: CancellationToken,
+) -> Response<AdminBody> {
     if let Err(refusal) = rt
         .gateway
         .load()
@@ -149,6 +161,10 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
                 }
             }
         }
+        (&Method::GET, "/ui/events") => ui::events(rt, stop),
+        (&Method::GET, path) if path.starts_with("/ui") => {
+            ui::asset(path).unwrap_or_else(not_found)
+        }
         (&Method::GET, "/status") => {
             text(StatusCode::OK, "application/json", status(rt).to_string())
         }
@@ -180,8 +196,12 @@ async fn route(req: Request<Incoming>, rt: &Arc<Runtime>) -> Response<Full<Bytes
                 ),
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+        _ => not_found(),
     }
+}
+
+fn not_found() -> Response<AdminBody> {
+    text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into())
 }
 
 /// `/livez/pools/NAME` → (true, NAME); `/readyz/pools/NAME` → (false, NAME).
@@ -298,8 +318,8 @@ fn state_status(rt: &Runtime, gw: &crate::gateway::Gateway) -> serde_json::Value
     })
 }
 
-fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<AdminBody> {
+    let mut r = Response::new(http_body_util::BodyExt::boxed(Full::new(Bytes::from(body))));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -308,7 +328,7 @@ fn text(status: StatusCode, content_type: &'static str, body: String) -> Respons
     r
 }
 
-fn json_response(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+fn json_response(status: StatusCode, v: serde_json::Value) -> Response<AdminBody> {
     text(status, "application/json", v.to_string())
 }
 

@@ -186,6 +186,18 @@ impl PressureTable {
         let engaged = p.observe(now, depth, wait);
         (engaged, p.difficulty(base))
     }
+
+    /// Each pool seen so far and whether its challenges are engaged, by
+    /// name (the live page).
+    pub fn engaged(&self) -> Vec<(Arc<str>, bool)> {
+        let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = pools
+            .iter()
+            .map(|(n, p)| (n.clone(), p.engaged()))
+            .collect();
+        out.sort();
+        out
+    }
 }
 
 #[cfg(test)]

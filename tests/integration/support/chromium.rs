@@ -1,0 +1,222 @@
+//! Headless Chromium (Debian's, from scripts/install-test-deps.sh) for the
+//! tests that need a real browser: a run that ends on its own (`--dump-dom`,
+//! `--screenshot`) and its output, or a browser kept open and driven over
+//! the DevTools protocol ([`DevTools`]: evaluate script, take a screenshot)
+//! for pages that update live.
+//!
+//! Does not: install Chromium, or load anything but the loopback URLs a
+//! test gives it (background networking is off).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine;
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message;
+
+use super::ports::find_program;
+use super::process::{ServerProcess, temp_dir};
+
+/// Upper bound on one Chromium run, start to exit. A solve at 16 bits takes
+/// well under a second; the rest is browser start-up on a busy 2-core box.
+const CHROMIUM_DEADLINE: Duration = Duration::from_secs(90);
+
+/// One headless Chromium run in a fresh profile; killed and reaped on drop
+/// (own process group, see support/process.rs).
+pub struct Chromium {
+    process: ServerProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl Chromium {
+    /// Starts `chromium <standard flags> <extra> <url>`. Panics with a clear
+    /// message when Chromium is not installed (CI installs it).
+    pub fn run(extra: &[String], url: &str) -> Chromium {
+        let program = find_program("chromium").unwrap_or_else(|e| {
+            panic!("headless Chromium is required for the challenge tests: {e}")
+        });
+        let dir = temp_dir("chromium").expect("temp dir");
+        let mut cmd = Command::new(program);
+        cmd.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.path().join("profile").display()
+        ))
+        .args(extra)
+        .arg(url);
+        let process =
+            ServerProcess::spawn("chromium", cmd, dir.path(), vec![]).expect("spawn chromium");
+        Chromium { process, _dir: dir }
+    }
+
+    /// Waits for Chromium to exit (bounded) and returns what it printed.
+    pub async fn output(mut self) -> String {
+        match self.process.wait_exit(CHROMIUM_DEADLINE).await {
+            Ok(status) => assert!(
+                status.success(),
+                "chromium failed: {status}\n{}",
+                self.process.logs()
+            ),
+            Err(e) => panic!("chromium did not finish: {e}\n{}", self.process.logs()),
+        }
+        self.process.stdout()
+    }
+}
+
+pub fn artifacts_dir() -> PathBuf {
+    let dir =
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("target/test-artifacts");
+    std::fs::create_dir_all(&dir).expect("create target/test-artifacts");
+    dir
+}
+
+impl Chromium {
+    /// The DevTools endpoint of a browser started with
+    /// `--remote-debugging-port=0`, once it has written it, connected to the
+    /// first page (the URL it was started with).
+    pub async fn devtools(&self) -> DevTools {
+        let port_file = self._dir.path().join("profile").join("DevToolsActivePort");
+        let start = std::time::Instant::now();
+        let port: u16 = loop {
+            if let Some(port) = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
+            {
+                break port;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "chromium wrote no DevToolsActivePort: {}",
+                self.process.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let ws_url = loop {
+            let page = devtools_json(addr, "/json/list").await.and_then(|targets| {
+                targets
+                    .as_array()?
+                    .iter()
+                    .find(|t| t["type"] == "page")
+                    .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(str::to_owned))
+            });
+            if let Some(url) = page {
+                break url;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "chromium lists no page: {}",
+                self.process.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let (socket, _) = tokio_tungstenite::connect_async(ws_url.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("DevTools WebSocket {ws_url}: {e}"));
+        DevTools { socket, next_id: 1 }
+    }
+}
+
+/// GET `path` from the DevTools HTTP endpoint as JSON. By hand: it keeps
+/// the connection open after its answer (even asked to close), so a client
+/// that reads to the end waits forever; this one reads `Content-Length`.
+async fn devtools_json(addr: std::net::SocketAddr, path: &str) -> Option<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got);
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let length: usize = text[..end].lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })?;
+        if got.len() >= end + 4 + length {
+            return serde_json::from_slice(&got[end + 4..end + 4 + length]).ok();
+        }
+    }
+}
+
+/// One page's DevTools protocol session.
+pub struct DevTools {
+    socket: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+}
+
+impl DevTools {
+    /// Sends `method` with `params`; returns its `result` (events that
+    /// arrive meanwhile are skipped).
+    pub async fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = serde_json::json!({"id": id, "method": method, "params": params});
+        self.socket
+            .send(Message::text(msg.to_string()))
+            .await
+            .expect("DevTools send");
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(30), self.socket.next())
+                .await
+                .unwrap_or_else(|_| panic!("DevTools: no answer to {method}"))
+                .expect("DevTools closed")
+                .expect("DevTools read");
+            let Message::Text(text) = frame else { continue };
+            let v: serde_json::Value = serde_json::from_str(&text).expect("DevTools JSON");
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// The value of a JavaScript expression in the page.
+    pub async fn eval(&mut self, expression: &str) -> serde_json::Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                serde_json::json!({"expression": expression, "returnByValue": true}),
+            )
+            .await;
+        r["result"]["value"].clone()
+    }
+
+    /// A PNG of the page as it is now.
+    pub async fn screenshot(&mut self) -> Vec<u8> {
+        let r = self
+            .call(
+                "Page.captureScreenshot",
+                serde_json::json!({"format": "png"}),
+            )
+            .await;
+        base64::engine::general_purpose::STANDARD
+            .decode(r["data"].as_str().expect("screenshot data"))
+            .expect("screenshot base64")
+    }
+}
