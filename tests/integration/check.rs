@@ -46,7 +46,11 @@ fn check_refuses_what_run_would_refuse_and_names_the_key() {
         ("[admin]\naddress = \"127.0.0.1:18080\"\n", "admin.address"),
         (missing_dir, "state.snapshot_file"),
         (
-            "[state]\nredis_url = \"rediss://127.0.0.1:6380/0\"\n",
+            "[state]\nredis_url = \"rediss://127.0.0.1:6380/0\"\nredis_ca_file = \"/nonexistent/ca.pem\"\n",
+            "state.redis_ca_file",
+        ),
+        (
+            "[state]\nredis_url = \"mysql://127.0.0.1/0\"\n",
             "state.redis_url",
         ),
         (

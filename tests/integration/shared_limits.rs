@@ -138,3 +138,80 @@ async fn three_instances_share_one_rate_and_survive_redis_loss() {
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
+
+/// `rediss://`: two instances share one rate through a Redis that speaks
+/// only TLS, trusting its CA from `state.redis_ca_file`; without that CA
+/// (the system's roots do not know it) the handshake is refused and weir
+/// decides locally, as for any unreachable Redis: verification is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_share_a_rate_through_redis_over_tls() {
+    let app = Upstream::start().await;
+    let redis = Redis::builder()
+        .tls()
+        .start()
+        .await
+        .expect("redis with TLS starts");
+    let tls_config = |ca: Option<&std::path::Path>| {
+        let plain = format!("redis_url = \"redis://{}/0\"", redis.addr());
+        let mut tls = format!("redis_url = \"rediss://{}/0\"", redis.addr());
+        if let Some(ca) = ca {
+            tls.push_str(&format!("\nredis_ca_file = \"{}\"", ca.display()));
+        }
+        config(app.addr, redis.addr()).replace(&plain, &tls)
+    };
+    let ca = redis.ca_file();
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        instances.push(
+            Weir::builder()
+                .config(tls_config(Some(&ca)))
+                .start()
+                .await
+                .unwrap(),
+        );
+    }
+    for w in &instances {
+        assert_eventually_async!(!fallback_active(w).await, "{}", w.stderr());
+    }
+    // The site rule admits 300 a minute across both (each alone would admit
+    // all 200 it gets); 400 requests split between them.
+    let started = std::time::Instant::now();
+    let mut ok = 0;
+    for i in 0..400 {
+        let r = HttpRequest::get("/api")
+            .from(IpAddr::V4(Ipv4Addr::new(127, 0, 7, (i % 200) as u8 + 1)))
+            .send(instances[i % 2].listener(0))
+            .await
+            .unwrap();
+        ok += usize::from(r.status == 200);
+    }
+    // 300 at once, plus 5 a second refilled while the requests ran (a
+    // bound from the time taken, so a slow machine cannot fail it).
+    let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize + 1;
+    assert!(
+        ok >= 300 && ok <= 300 + refilled,
+        "admitted {ok}: one shared rate over TLS is 300 plus the {refilled} refilled meanwhile"
+    );
+    for w in &instances {
+        assert!(!fallback_active(w).await, "{}", w.stderr());
+    }
+
+    // The same Redis without its CA: not trusted, so never used. Had it
+    // been used, the shared quota spent above would refuse this request;
+    // deciding locally, with its own fresh state, admits it.
+    let untrusting = Weir::builder()
+        .config(tls_config(None))
+        .start()
+        .await
+        .unwrap();
+    let r = HttpRequest::get("/api")
+        .send(untrusting.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    assert_eventually_async!(
+        fallback_active(&untrusting).await,
+        "{}",
+        untrusting.stderr()
+    );
+}

@@ -108,17 +108,61 @@ pub enum RedisSetupError {
     PrefixTooLong { prefix: String, len: usize },
     #[error("redis connection cannot be set up: {0}")]
     Connection(#[source] RedisError),
+    #[error("redis CA file {path}: {source}")]
+    CaFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("redis CA certificates are not usable: {0}")]
+    BadCa(#[source] RedisError),
     #[error(
         "the redis limiter must be created inside a tokio runtime (it connects in the background)"
     )]
     NoRuntime,
 }
 
+/// What `rediss://` trusts beyond the system's root certificates.
+#[derive(Clone, Default)]
+pub struct RedisTls {
+    /// PEM CA certificates to trust instead of the system's roots (a
+    /// private CA, as managed Redis services and self-hosted ones use).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca_pem_bytes", &self.ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+impl RedisTls {
+    /// Trust the CA certificates in the PEM file at `path`.
+    pub fn from_ca_file(path: &std::path::Path) -> Result<RedisTls, RedisSetupError> {
+        let pem = std::fs::read(path).map_err(|source| RedisSetupError::CaFile {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(RedisTls { ca_pem: Some(pem) })
+    }
+}
+
 /// Checks a URL and key prefix as [`RedisLimiter::new`] does, without
-/// connecting (what `weir check` can know): a URL the client cannot use
-/// (`rediss://` needs TLS, which this build leaves out), an empty or long
-/// prefix.
+/// connecting (what `weir check` can know): a URL the client cannot use,
+/// an empty or long prefix.
 pub fn check_settings(url: &str, prefix: &str) -> Result<redis::Client, RedisSetupError> {
+    check_settings_with(url, prefix, &RedisTls::default())
+}
+
+/// [`check_settings`] with TLS trust for `rediss://` (a CA that does not
+/// parse is an error here, not at the first connection).
+pub fn check_settings_with(
+    url: &str,
+    prefix: &str,
+    tls: &RedisTls,
+) -> Result<redis::Client, RedisSetupError> {
     if prefix.is_empty() {
         return Err(RedisSetupError::EmptyPrefix);
     }
@@ -128,10 +172,20 @@ pub fn check_settings(url: &str, prefix: &str) -> Result<redis::Client, RedisSet
             len: prefix.len(),
         });
     }
-    redis::Client::open(url).map_err(|source| RedisSetupError::BadUrl {
+    let bad_url = |source| RedisSetupError::BadUrl {
         url: redact_url(url),
         source,
-    })
+    };
+    let Some(ca) = &tls.ca_pem else {
+        return redis::Client::open(url).map_err(bad_url);
+    };
+    // Parsed first, so a bad URL is named as one and not as a bad CA.
+    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(bad_url)?;
+    let certs = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca.clone()),
+    };
+    redis::Client::build_with_tls(info, certs).map_err(RedisSetupError::BadCa)
 }
 
 /// A Redis operation that did not produce an answer.
@@ -181,7 +235,17 @@ impl RedisLimiter {
         prefix: &str,
         timeouts: RedisTimeouts,
     ) -> Result<RedisLimiter, RedisSetupError> {
-        let client = check_settings(url, prefix)?;
+        Self::with_tls(url, prefix, timeouts, &RedisTls::default())
+    }
+
+    /// [`Self::new`], trusting `tls` for a `rediss://` URL.
+    pub fn with_tls(
+        url: &str,
+        prefix: &str,
+        timeouts: RedisTimeouts,
+        tls: &RedisTls,
+    ) -> Result<RedisLimiter, RedisSetupError> {
+        let client = check_settings_with(url, prefix, tls)?;
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
         // Few, quick reconnection attempts: an outage is handled by deciding

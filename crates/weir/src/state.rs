@@ -289,7 +289,7 @@ pub fn sweep(rt: &Runtime) {
 /// blocks: connecting happens in the background, and until Redis answers
 /// (or whenever it stops answering) decisions use the local stores.
 pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetupError> {
-    use weir_limiter::redis::{RedisLimiter, RedisTimeouts};
+    use weir_limiter::redis::{RedisLimiter, RedisTimeouts, RedisTls};
     use weir_limiter::shared::SharedLimiter;
     let gw = rt.gateway.load();
     let cfg = &gw.loaded.config.state;
@@ -301,7 +301,11 @@ pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetup
         command: cfg.redis_command_timeout.0,
         ..RedisTimeouts::default()
     };
-    let redis = RedisLimiter::new(url, &cfg.redis_prefix, timeouts)?;
+    let tls = match &cfg.redis_ca_file {
+        Some(path) => RedisTls::from_ca_file(path.as_ref())?,
+        None => RedisTls::default(),
+    };
+    let redis = RedisLimiter::with_tls(url, &cfg.redis_prefix, timeouts, &tls)?;
     tracing::info!(
         url = redis.url(),
         prefix = redis.prefix(),

@@ -24,12 +24,20 @@ use super::process::{FixtureError, START_DEADLINE, ServerProcess, Signal, temp_d
 pub struct RedisBuilder {
     extra: String,
     addr: Option<SocketAddr>,
+    tls: bool,
 }
 
 impl RedisBuilder {
     /// Extra `redis.conf` lines (e.g. `maxmemory 10mb`).
     pub fn config(mut self, lines: impl Into<String>) -> Self {
         self.extra = lines.into();
+        self
+    }
+
+    /// Speak only TLS on the port, with a server certificate for 127.0.0.1
+    /// from a CA of its own ([`Redis::ca_file`]); clients need no certificate.
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
         self
     }
 
@@ -50,6 +58,9 @@ impl RedisBuilder {
                 None => free_addrs("redis", 1)?,
             };
             let addr = addrs[0];
+            if self.tls {
+                write_certificates(dir.path())?;
+            }
             let conf = dir.path().join("redis.conf");
             write_file("redis", &conf, &self.render(dir.path(), addr))?;
             let mut command = Command::new(&program);
@@ -64,9 +75,19 @@ impl RedisBuilder {
     }
 
     fn render(&self, dir: &Path, addr: SocketAddr) -> String {
+        let port = if self.tls {
+            format!(
+                "port 0\ntls-port {port}\ntls-cert-file {d}/server.pem\n\
+                 tls-key-file {d}/server.key\ntls-ca-cert-file {d}/ca.pem\ntls-auth-clients no",
+                port = addr.port(),
+                d = dir.display()
+            )
+        } else {
+            format!("port {}", addr.port())
+        };
         format!(
             "bind 127.0.0.1\n\
-             port {port}\n\
+             {port}\n\
              dir {d}\n\
              pidfile {d}/redis.pid\n\
              logfile \"\"\n\
@@ -74,7 +95,6 @@ impl RedisBuilder {
              save \"\"\n\
              appendonly no\n\
              {extra}\n",
-            port = addr.port(),
             d = dir.display(),
             extra = self.extra,
         )
@@ -94,6 +114,7 @@ impl Redis {
         RedisBuilder {
             extra: String::new(),
             addr: None,
+            tls: false,
         }
     }
 
@@ -109,6 +130,11 @@ impl Redis {
         self.dir.path()
     }
 
+    /// The CA that signed a TLS Redis's certificate (PEM).
+    pub fn ca_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
     pub fn logs(&self) -> String {
         self.process.logs()
     }
@@ -116,4 +142,28 @@ impl Redis {
     pub fn signal(&self, signal: Signal) -> Result<(), FixtureError> {
         self.process.signal(signal)
     }
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, as PEM files
+/// in `dir`: `ca.pem`, `server.pem`, `server.key`.
+fn write_certificates(dir: &Path) -> Result<(), FixtureError> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let fail = |e: rcgen::Error| FixtureError::Setup {
+        server: "redis".to_owned(),
+        what: "TLS certificates".to_owned(),
+        source: std::io::Error::other(e.to_string()),
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(fail)?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().map_err(fail)?)
+        .map_err(fail)?;
+    let key = KeyPair::generate().map_err(fail)?;
+    let server = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .map_err(fail)?
+        .signed_by(&key, &ca)
+        .map_err(fail)?;
+    write_file("redis", &dir.join("ca.pem"), &ca.pem())?;
+    write_file("redis", &dir.join("server.pem"), &server.pem())?;
+    write_file("redis", &dir.join("server.key"), &key.serialize_pem())?;
+    Ok(())
 }

@@ -185,6 +185,10 @@ pub struct StateConfig {
     /// unreachable weir decides with its local state and recovers by itself.
     #[serde(default)]
     pub redis_url: Option<String>,
+    /// PEM CA certificates a `rediss://` Redis is checked against, instead
+    /// of the system's roots.
+    #[serde(default)]
+    pub redis_ca_file: Option<String>,
     /// Prefix of every key weir writes in Redis (one per deployment).
     #[serde(default = "default_redis_prefix")]
     pub redis_prefix: String,
@@ -219,6 +223,7 @@ impl Default for StateConfig {
             snapshot_file: None,
             snapshot_interval: default_snapshot_interval(),
             redis_url: None,
+            redis_ca_file: None,
             redis_prefix: default_redis_prefix(),
             redis_command_timeout: default_redis_command_timeout(),
             redis_connect_timeout: default_redis_connect_timeout(),

@@ -98,15 +98,28 @@ pub fn host(loaded: &LoadedConfig, create: bool) -> (Vec<ConfigError>, Vec<Confi
 pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
     let st = &loaded.config.state;
     let at = KeyPath::root().key("state");
-    if let Some(url) = &st.redis_url
-        && let Err(e) = weir_limiter::redis::check_settings(url, &st.redis_prefix)
-    {
-        let key = if matches!(e, weir_limiter::redis::RedisSetupError::BadUrl { .. }) {
-            "redis_url"
-        } else {
-            "redis_prefix"
+    if let Some(url) = &st.redis_url {
+        use weir_limiter::redis::{RedisSetupError, RedisTls, check_settings_with};
+        let tls = match st
+            .redis_ca_file
+            .as_deref()
+            .map(|p| RedisTls::from_ca_file(p.as_ref()))
+        {
+            None => RedisTls::default(),
+            Some(Ok(tls)) => tls,
+            Some(Err(e)) => {
+                errors.push(loaded.error_at(&at.key("redis_ca_file"), e.to_string()));
+                RedisTls::default()
+            }
         };
-        errors.push(loaded.error_at(&at.key(key), e.to_string()));
+        if let Err(e) = check_settings_with(url, &st.redis_prefix, &tls) {
+            let key = match e {
+                RedisSetupError::BadUrl { .. } => "redis_url",
+                RedisSetupError::BadCa(_) | RedisSetupError::CaFile { .. } => "redis_ca_file",
+                _ => "redis_prefix",
+            };
+            errors.push(loaded.error_at(&at.key(key), e.to_string()));
+        }
     }
 }
 
