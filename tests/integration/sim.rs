@@ -251,3 +251,38 @@ fn people_solve_the_challenge_and_non_navigations_never_see_it() {
     assert!(humans.challenged_p50_ms > 0.0, "{}", report.to_text());
     assert!(report.to_text().contains("solved challenges"));
 }
+
+#[test]
+fn sim_duration_overrides_the_scenarios_and_refuses_nonsense() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("tiny.toml");
+    std::fs::write(&scenario, TINY).unwrap();
+    let json = dir.path().join("report.json");
+    let weir = |extra: &[&str]| {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("sim")
+            .arg(&scenario)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = weir(&["--duration", "1s", "--json", json.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["duration_s"], 1.0, "{}", report["duration_s"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(1s per variant)"));
+
+    let out = weir(&["--duration", "11m"]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--duration") && said.contains("at most"),
+        "{said}"
+    );
+}

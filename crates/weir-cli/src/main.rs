@@ -102,6 +102,10 @@ enum Command {
         /// Write a self-contained HTML report.
         #[arg(long)]
         html: Option<PathBuf>,
+        /// Run each variant this long instead of the scenario's duration
+        /// (e.g. `20s` for a quick look; at most 10m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
     },
     /// Replay access logs through a configuration, offline: who would it have
     /// rejected? (nginx/Apache combined, Caddy JSON, weir JSON; gzip too.)
@@ -217,6 +221,7 @@ fn main() -> ExitCode {
             variants,
             json,
             html,
+            duration,
         } => {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             let options = weir_lab::cli::SimOptions {
@@ -224,6 +229,7 @@ fn main() -> ExitCode {
                 json,
                 html,
                 progress,
+                duration,
             };
             weir_lab::cli::sim(&scenario, &options)
                 .map(|r| {

@@ -23,6 +23,11 @@ pub enum SimError {
     Scenario(ConfigErrors),
     #[error("no variant {name:?} in the scenario; it has: {known}")]
     UnknownVariant { name: String, known: String },
+    #[error("--duration {given:?}: must be more than 0 and at most {max:?}")]
+    BadDuration {
+        given: std::time::Duration,
+        max: std::time::Duration,
+    },
     #[error(transparent)]
     Run(#[from] RunError),
     #[error("cannot write {path}: {source}")]
@@ -41,11 +46,21 @@ pub struct SimOptions {
     pub html: Option<PathBuf>,
     /// Print a progress line on stderr while running.
     pub progress: bool,
+    /// Run each variant this long instead of the scenario's
+    /// `scenario.duration` (a quick look, or a longer soak).
+    pub duration: Option<std::time::Duration>,
 }
 
 /// `weir sim SCENARIO.toml`: runs, prints the table to stdout, writes files.
 pub fn sim(path: &Path, options: &SimOptions) -> Result<SimReport, SimError> {
-    let scenario = load_scenario_file(path).map_err(SimError::Scenario)?;
+    let mut scenario = load_scenario_file(path).map_err(SimError::Scenario)?;
+    if let Some(d) = options.duration {
+        let max = super::scenario::MAX_DURATION;
+        if d.is_zero() || d > max {
+            return Err(SimError::BadDuration { given: d, max });
+        }
+        scenario.file.scenario.duration = weir::config::ConfigDuration(d);
+    }
     let report = run_scenario(&scenario, options)?;
     print!("{}", report.to_text());
     write_outputs(&report, options)?;
@@ -64,6 +79,7 @@ pub fn demo(html: Option<PathBuf>, progress: bool) -> Result<SimReport, SimError
         json: None,
         html: Some(html.unwrap_or_else(|| PathBuf::from(DEMO_HTML))),
         progress,
+        duration: None,
     };
     println!("{}\n", scenario.file.scenario.description.trim());
     let report = run_scenario(&scenario, &options)?;
@@ -149,46 +165,134 @@ fn write_outputs(report: &SimReport, options: &SimOptions) -> Result<(), SimErro
     Ok(())
 }
 
+/// What a set of cohorts' requests came to, in the demo's words: `served`;
+/// `refused` by the gateway on purpose (429, 503 shed, a challenge left
+/// unsolved); `failed` (other 5xx, connection errors, timeouts: what a
+/// person sees as the site being down).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Tally {
+    sent: u64,
+    served: u64,
+    refused: u64,
+    failed: u64,
+}
+
+impl Tally {
+    fn of<'a>(cohorts: impl Iterator<Item = &'a super::report::CohortReport>) -> Tally {
+        use super::cohort::Outcome;
+        let mut t = Tally::default();
+        for c in cohorts {
+            t.sent += c.sent;
+            t.served += c.count(Outcome::Served);
+            t.refused += c.count(Outcome::Rejected429)
+                + c.count(Outcome::Unavailable503)
+                + c.count(Outcome::Challenged);
+            t.failed += c.count(Outcome::Error5xx)
+                + c.count(Outcome::ConnError)
+                + c.count(Outcome::Timeout);
+        }
+        t
+    }
+
+    fn pct(&self, n: u64) -> f64 {
+        if self.sent == 0 {
+            0.0
+        } else {
+            n as f64 * 100.0 / self.sent as f64
+        }
+    }
+}
+
 /// The demo's short comparison: what people got, and what the app went through.
 pub fn demo_summary(report: &SimReport) -> String {
+    use super::scenario::CohortKind;
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<14} {:>14} {:>16} {:>10} {:>22}",
-        "variant", "humans served", "humans refused", "5xx", "app workers busy/W"
+        "{:<14} {:>14} {:>15} {:>14} {:>16} {:>24}",
+        "variant",
+        "people served",
+        "people refused",
+        "people failed",
+        "all 5xx/errors",
+        "app workers busy/W"
     );
     for v in &report.variants {
-        let humans = v
-            .cohorts
-            .iter()
-            .filter(|c| c.kind == super::scenario::CohortKind::Humans);
-        let (mut sent, mut served, mut refused) = (0, 0, 0);
-        for h in humans {
-            sent += h.sent;
-            served += h.count(super::cohort::Outcome::Served);
-            refused += h.sent - h.count(super::cohort::Outcome::Served);
-        }
-        let errors: u64 = v.cohorts.iter().map(|c| c.failed()).sum();
-        let pct = |n: u64| {
-            if sent == 0 {
-                0.0
-            } else {
-                n as f64 * 100.0 / sent as f64
-            }
-        };
+        let people = Tally::of(
+            v.cohorts
+                .iter()
+                .filter(|c| matches!(c.kind, CohortKind::Humans | CohortKind::Editors)),
+        );
+        let all = Tally::of(v.cohorts.iter());
         let _ = writeln!(
             out,
-            "{:<14} {:>13.1}% {:>15.1}% {:>10} {:>22}",
+            "{:<14} {:>13.1}% {:>14.1}% {:>13.1}% {:>16} {:>24}",
             v.name,
-            pct(served),
-            pct(refused),
-            errors,
+            people.pct(people.served),
+            people.pct(people.refused),
+            people.pct(people.failed),
+            all.failed,
             format!(
-                "{}/{} (refused {})",
+                "{}/{} (backlog full {})",
                 v.upstream.max_in_flight, v.upstream.workers, v.upstream.refused
             )
         );
     }
+    let _ = writeln!(
+        out,
+        "\nrefused: 429, 503 or a challenge left unsolved (the gateway said no); \
+         failed: other 5xx, connection errors, timeouts (the site looked down)"
+    );
     out
+}
+
+#[cfg(test)]
+mod demo_tests {
+    use super::*;
+    use crate::report::CohortReport;
+    use crate::scenario::CohortKind;
+
+    fn cohort(outcomes: &[(&str, u64)]) -> CohortReport {
+        CohortReport {
+            name: "people".into(),
+            kind: CohortKind::Humans,
+            clients: 1,
+            addresses: 1,
+            sent: outcomes.iter().map(|(_, n)| n).sum(),
+            outcomes: outcomes.iter().map(|(o, n)| (o.to_string(), *n)).collect(),
+            reached_app: 0,
+            challenges_solved: 0,
+            challenged_p50_ms: 0.0,
+            challenged_p95_ms: 0.0,
+            p50_ms: 0.0,
+            p95_ms: 0.0,
+            p99_ms: 0.0,
+        }
+    }
+
+    /// Regression: the demo counted every request not served as "refused",
+    /// so an app's 502s under nginx read as the gateway saying no.
+    #[test]
+    fn five_hundreds_are_failures_not_refusals() {
+        let c = cohort(&[
+            ("served", 60),
+            ("rejected_429", 10),
+            ("unavailable_503", 5),
+            ("challenged", 5),
+            ("error_5xx", 15),
+            ("conn_error", 3),
+            ("timeout", 2),
+        ]);
+        let t = Tally::of(std::iter::once(&c));
+        assert_eq!(
+            t,
+            Tally {
+                sent: 100,
+                served: 60,
+                refused: 20,
+                failed: 20
+            }
+        );
+    }
 }
