@@ -9,6 +9,7 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use crate::fixtures::Upstream;
 use crate::support::chromium::{Chromium, DevTools, artifacts_dir};
 use crate::support::{HttpRequest, HttpUpstream, Weir};
 
@@ -68,9 +69,10 @@ async fn until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_page_shows_rules_pools_and_updates_and_reloads_with_the_token() {
-    let app = HttpUpstream::echo_headers().await.unwrap();
+    // The in-test app with a `/slow/MS` path, to make requests wait.
+    let app = Upstream::start().await;
     let weir = Weir::builder()
-        .config(config(app.addr()))
+        .config(config(app.addr))
         .start()
         .await
         .unwrap();
@@ -138,6 +140,40 @@ async fn the_live_page_shows_rules_pools_and_updates_and_reloads_with_the_token(
         &mut page,
         "document.querySelector('#rules tbody td:nth-child(2)').textContent",
         |v| v == "7",
+    )
+    .await;
+
+    // Twice the admission limit of slow requests at once: half of them wait
+    // about 300 ms for a slot, and the lane shows it.
+    let burst: Vec<_> = (0..8u8)
+        .map(|i| {
+            let addr = weir.listener(0);
+            tokio::spawn(async move {
+                HttpRequest::get("/slow/300")
+                    .from(IpAddr::from([127, 0, 6, i + 1]))
+                    .send(addr)
+                    .await
+                    .map(|r| r.status)
+            })
+        })
+        .collect();
+
+    for t in burst {
+        assert_eq!(t.await.unwrap().unwrap(), 200);
+    }
+    until(
+        &mut page,
+        "document.querySelector('#pools tbody').innerText",
+        |v| {
+            v.as_str().is_some_and(|t| {
+                t.split("waited ").skip(1).any(|w| {
+                    w.split(' ')
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .is_some_and(|ms| ms >= 50)
+                })
+            })
+        },
     )
     .await;
 
@@ -214,4 +250,6 @@ async fn without_a_token_the_page_is_read_only_and_the_stream_speaks_sse() {
     assert_eq!(live["rules"][0]["rule"], "per-address", "{live}");
     assert_eq!(live["rules"][0]["this_minute"]["rejections"], 1, "{live}");
     assert_eq!(live["pools"][0]["name"], "app", "{live}");
+    let lanes = &live["pools"][0]["admission"]["lanes"];
+    assert!(lanes[0]["waited_seconds_total"].is_number(), "{lanes}");
 }

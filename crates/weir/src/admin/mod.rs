@@ -242,6 +242,7 @@ pub fn status(rt: &Runtime) -> serde_json::Value {
                         "queued": l.queued,
                         "networks_queued": l.networks_queued,
                         "admitted_total": l.admitted_total,
+                        "waited_seconds_total": l.waited_total.as_secs_f64(),
                         "shed_total": l.shed_total.iter().map(|(r, n)| (r.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                     })).collect::<Vec<_>>(),
                 })

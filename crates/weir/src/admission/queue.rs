@@ -179,6 +179,8 @@ enum Queued {
 #[derive(Default)]
 struct LaneCounters {
     admitted: u64,
+    /// Time the admitted waited, summed (an immediate admission adds 0).
+    waited: Duration,
     shed: [u64; 3],
     abandoned: u64,
 }
@@ -446,6 +448,7 @@ impl AdmissionQueue {
                     queued: ls.queue.len(),
                     networks_queued: ls.queue.networks(),
                     admitted_total: ls.counters.admitted,
+                    waited_total: ls.counters.waited,
                     shed_total: ShedReason::ALL.map(|r| (r, ls.counters.shed[r.slot()])),
                     abandoned_total: ls.counters.abandoned,
                 })
@@ -552,11 +555,13 @@ impl Shared {
             };
             st.queued -= 1;
             st.in_flight += 1;
+            let waited = now.saturating_duration_since(waiter.enqueued);
             st.lanes[i].counters.admitted += 1;
+            st.lanes[i].counters.waited += waited;
             grants.push(Grant {
                 tx: waiter.tx,
                 lane: Lane::from_index(i),
-                waited: now.saturating_duration_since(waiter.enqueued),
+                waited,
                 in_flight: st.in_flight,
             });
         }
@@ -765,6 +770,9 @@ pub struct LaneSnapshot {
     /// Distinct networks (/16, /48) with someone waiting.
     pub networks_queued: usize,
     pub admitted_total: u64,
+    /// Time the admitted requests waited, summed: the mean wait over an
+    /// interval is its growth over `admitted_total`'s.
+    pub waited_total: Duration,
     pub shed_total: [(ShedReason, u64); 3],
     /// Waiters that left before an answer (client hung up).
     pub abandoned_total: u64,

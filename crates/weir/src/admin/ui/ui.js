@@ -5,6 +5,10 @@
 
 const $ = (id) => document.getElementById(id);
 let updates = 0;
+// The previous document's lane counters, and each lane's mean wait over the
+// last interval in which it admitted anyone (kept until the next such).
+let previousLanes = new Map();
+const lastWaitMs = new Map();
 
 function cell(row, text, cls) {
   const td = row.insertCell();
@@ -48,7 +52,16 @@ function renderPools(pools, challenge) {
     cell(tr, a ? `${a.in_flight} / ${a.limit}` : String(p.in_flight), "num");
     cell(tr, a ? a.lanes.map((l) => {
       const shed = Object.values(l.shed_total).reduce((x, y) => x + y, 0);
-      return `${l.lane}: ${l.queued} (${l.admitted_total}, ${shed})`;
+      const key = p.name + "/" + l.lane;
+      const before = previousLanes.get(key);
+      previousLanes.set(key, l);
+      if (before && l.admitted_total > before.admitted_total) {
+        lastWaitMs.set(key, (1000 * (l.waited_seconds_total - before.waited_seconds_total)) /
+          (l.admitted_total - before.admitted_total));
+      }
+      const ms = lastWaitMs.get(key);
+      const wait = ms === undefined ? "" : `, waited ${ms.toFixed(0)} ms`;
+      return `${l.lane}: ${l.queued} (${l.admitted_total}, ${shed}${wait})`;
     }).join("; ") : "no admission queue");
     cell(tr, p.servers.map((s) => {
       const ms = s.latency_ms == null ? "" : ` ${s.latency_ms.toFixed(0)} ms`;

@@ -75,6 +75,10 @@ async fn grants_up_to_limit_then_queues_and_records_wait() {
     assert_eq!(p3.waited(), secs(3));
     let snap = q.snapshot();
     assert_eq!((snap.in_flight, snap.queued()), (2, 0));
+    // The lane's summed wait (the live page's mean wait): two admitted at
+    // once, one after 3 s.
+    let lane = &snap.lanes[Lane::ANONYMOUS.index()];
+    assert_eq!((lane.admitted_total, lane.waited_total), (3, secs(3)));
 }
 
 #[tokio::test(start_paused = true)]
