@@ -273,7 +273,20 @@ while true; do sleep 0.02 & wait $!; done
 #[tokio::test]
 async fn weir_fixture_reads_ready_file_signals_and_waits_for_exit() {
     let bin = tempfile::tempdir().expect("tempdir");
-    let program = script(bin.path(), "fake-weir", FAKE_WEIR);
+    let inner = script(bin.path(), "fake-weir-inner", FAKE_WEIR);
+    // A shell cannot trap a signal it was started with ignored (POSIX), and
+    // a test run under `nohup` starts everything with SIGHUP ignored: the
+    // stand-in then never saw its HUP (CI run of 2026-12-02). Real weir
+    // installs its handlers regardless; the stand-in gets default
+    // dispositions back first.
+    let program = script(
+        bin.path(),
+        "fake-weir",
+        &format!(
+            "exec env --default-signal=HUP,TERM /bin/sh {} \"$@\"\n",
+            inner.display()
+        ),
+    );
     let mut weir = Weir::builder()
         .program(program)
         .config("# marker-config\n")
