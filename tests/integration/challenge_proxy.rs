@@ -81,7 +81,7 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
     // Solve it as a browser would, natively, with the same algorithm.
     let nonce = page_nonce(&body).expect("the page carries its challenge");
     let counter = pow::solve(&nonce, 10);
-    let form = format!("nonce={}&counter={counter}", urlencode(&nonce));
+    let form = weir::challenge::answer_form(&nonce, counter);
     let mut c = H1::connect(me, weir.addr).await.unwrap();
     let (status, h, _) = c
         .send(

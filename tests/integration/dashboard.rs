@@ -264,7 +264,7 @@ async fn solve_a_challenge(weir: &Weir) {
     assert_eq!(page.status, 429, "{page}");
     let nonce = page_nonce(page.text().as_bytes()).expect("a challenge page");
     let counter = pow::solve(&nonce, 8);
-    let form = format!("nonce={}&counter={counter}", urlencode(&nonce));
+    let form = weir::challenge::answer_form(&nonce, counter);
     let answer = nav(HttpRequest::post("/.weir/challenge/verify", form))
         .header("content-type", "application/x-www-form-urlencoded")
         .send(addr)

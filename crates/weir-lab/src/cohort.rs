@@ -627,13 +627,12 @@ async fn exchange(
         && solves
         && let Some((nonce, bits)) = challenge_of(&body)
     {
-        let counter = tokio::task::spawn_blocking(move || {
-            weir::challenge::pow::solve(&nonce, bits).to_string()
-        })
-        .await
-        .unwrap_or_default();
+        let counter =
+            tokio::task::spawn_blocking(move || weir::challenge::pow::solve(&nonce, bits))
+                .await
+                .unwrap_or_default();
         let nonce = weir::challenge::page_nonce(&body).unwrap_or_default();
-        let form = format!("nonce={}&counter={counter}", form_encode(&nonce));
+        let form = weir::challenge::answer_form(&nonce, counter);
         if submit_answer(ctx, cohort, src, jar, form).await == Some(true) {
             let retry = Box::pin(exchange(
                 ctx,
@@ -687,17 +686,6 @@ async fn submit_answer(
     let ok = resp.status().as_u16() == 303;
     let _ = resp.into_body().collect().await;
     Some(ok)
-}
-
-fn form_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// The cookies a browser would keep for one site: name=value pairs, latest wins.

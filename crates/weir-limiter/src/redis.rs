@@ -139,6 +139,12 @@ impl std::fmt::Debug for RedisTls {
 }
 
 impl RedisTls {
+    /// The trust `[state] redis_ca_file` asks for: the system's roots when
+    /// unset, else the file's CA certificates.
+    pub fn from_config(ca_file: Option<&std::path::Path>) -> Result<RedisTls, RedisSetupError> {
+        ca_file.map_or(Ok(RedisTls::default()), RedisTls::from_ca_file)
+    }
+
     /// Trust the CA certificates in the PEM file at `path`.
     pub fn from_ca_file(path: &std::path::Path) -> Result<RedisTls, RedisSetupError> {
         let pem = std::fs::read(path).map_err(|source| RedisSetupError::CaFile {

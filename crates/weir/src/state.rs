@@ -301,10 +301,7 @@ pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetup
         command: cfg.redis_command_timeout.0,
         ..RedisTimeouts::default()
     };
-    let tls = match &cfg.redis_ca_file {
-        Some(path) => RedisTls::from_ca_file(path.as_ref())?,
-        None => RedisTls::default(),
-    };
+    let tls = RedisTls::from_config(cfg.redis_ca_file.as_deref().map(Path::new))?;
     let redis = RedisLimiter::with_tls(url, &cfg.redis_prefix, timeouts, &tls)?;
     tracing::info!(
         url = redis.url(),

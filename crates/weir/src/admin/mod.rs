@@ -223,10 +223,10 @@ fn pool_lines(rt: &Runtime) -> String {
         .collect()
 }
 
-/// The `/status` document.
-pub fn status(rt: &Runtime) -> serde_json::Value {
-    let gw = rt.gateway.load();
-    let pools: Vec<_> = gw
+/// Each pool's signal, admission lanes and servers (in `/status` and the
+/// live page).
+pub fn pools(gw: &crate::gateway::Gateway) -> Vec<serde_json::Value> {
+    gw
         .pools
         .iter()
         .map(|p| {
@@ -266,7 +266,13 @@ pub fn status(rt: &Runtime) -> serde_json::Value {
                 }).collect::<Vec<_>>(),
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The `/status` document.
+pub fn status(rt: &Runtime) -> serde_json::Value {
+    let gw = rt.gateway.load();
+    let pools = pools(&gw);
     let listeners: Vec<_> = gw
         .listeners
         .iter()

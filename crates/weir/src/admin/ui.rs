@@ -153,18 +153,21 @@ pub fn live(rt: &Runtime) -> serde_json::Value {
                 "errors": r.errors,
             })
         });
-    let status = super::status(rt);
+    let gw = rt.gateway.load();
     json!({
         "at_unix_ms": unix_ms(SystemTime::now()),
         "uptime_seconds": elapsed,
         "seconds_into_minute": elapsed % 60,
-        "config_version": status["config_version"],
-        "draining": status["draining"],
-        "connections": status["connections"],
+        "config_version": gw.version,
+        "draining": rt.tracker.is_draining(),
+        "connections": {
+            "open": rt.tracker.open(),
+            "max": rt.tracker.limits().max_connections,
+        },
         "rules": rules,
-        "pools": status["pools"],
+        "pools": super::pools(&gw),
         "challenge": challenge,
         "reload": reload,
-        "admin_token": rt.gateway.load().admin_guard.has_token(),
+        "admin_token": gw.admin_guard.has_token(),
     })
 }

@@ -583,6 +583,23 @@ pub fn page_nonce(html: &[u8]) -> Option<String> {
     Some(html[start..start + len].to_string())
 }
 
+/// The form a solved page posts to `/.weir/challenge/verify`, as the page's
+/// script sends it (the nonce percent-encoded): for tests and the lab's
+/// simulated browsers, beside [`page_nonce`].
+pub fn answer_form(nonce: &str, counter: u64) -> String {
+    let mut form = String::from("nonce=");
+    for b in nonce.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                form.push(b as char)
+            }
+            _ => form.push_str(&format!("%{b:02X}")),
+        }
+    }
+    form.push_str(&format!("&counter={counter}"));
+    form
+}
+
 /// The User-Agent's raw bytes (empty when absent): what tokens are bound to.
 pub fn user_agent(headers: &HeaderMap) -> &[u8] {
     headers

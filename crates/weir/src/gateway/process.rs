@@ -100,18 +100,11 @@ pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
     let at = KeyPath::root().key("state");
     if let Some(url) = &st.redis_url {
         use weir_limiter::redis::{RedisSetupError, RedisTls, check_settings_with};
-        let tls = match st
-            .redis_ca_file
-            .as_deref()
-            .map(|p| RedisTls::from_ca_file(p.as_ref()))
-        {
-            None => RedisTls::default(),
-            Some(Ok(tls)) => tls,
-            Some(Err(e)) => {
+        let tls =
+            RedisTls::from_config(st.redis_ca_file.as_deref().map(Path::new)).unwrap_or_else(|e| {
                 errors.push(loaded.error_at(&at.key("redis_ca_file"), e.to_string()));
                 RedisTls::default()
-            }
-        };
+            });
         if let Err(e) = check_settings_with(url, &st.redis_prefix, &tls) {
             let key = match e {
                 RedisSetupError::BadUrl { .. } => "redis_url",
