@@ -169,3 +169,80 @@ async fn the_process_log_is_json_lines_when_configured() {
     assert_eq!(serving["level"], "INFO", "{serving}");
     assert!(serving["timestamp"].is_string(), "{serving}");
 }
+
+/// One request over `tls` with hyper's HTTP/1 or HTTP/2 client, by what
+/// ALPN chose; its status.
+async fn tls_request(tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> u16 {
+    use http_body_util::Empty;
+    let io = hyper_util::rt::TokioIo::new(tls);
+    let h2 = io.inner().get_ref().1.alpn_protocol() == Some(b"h2");
+    let req = http::Request::get("https://weir.test/secure")
+        .header("host", "weir.test")
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = if h2 {
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        send.send_request(req).await.unwrap()
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        send.send_request(req).await.unwrap()
+    };
+    resp.status().as_u16()
+}
+
+#[tokio::test]
+async fn tls_version_and_alpn_are_logged() {
+    let app = HttpUpstream::echo_headers().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = crate::proxy::tls_files(dir.path());
+    let log = dir.path().join("access.log");
+    let weir = Weir::builder()
+        .config(format!(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n\
+             [[listeners]]\naddress = \"127.0.0.1:0\"\ntls = {{ cert = \"{cert}\", key = \"{key}\" }}\n\
+             [pools.app]\nservers = [\"{}\"]\n[access_log]\ntarget = \"{}\"\n",
+            app.addr(),
+            log.display()
+        ))
+        .start()
+        .await
+        .unwrap();
+    let secure = weir.listener(1);
+    for alpn in [&[&b"h2"[..]][..], &[b"http/1.1"], &[]] {
+        let tls = crate::proxy::tls_connect(secure, alpn).await;
+        assert_eq!(tls_request(tls).await, 200);
+    }
+    // TLS 1.2, asked for by the client.
+    let tls12 =
+        crate::proxy::tls_connect_with(secure, &[b"http/1.1"], &[&rustls::version::TLS12]).await;
+    assert_eq!(tls_request(tls12).await, 200);
+    let plain = HttpRequest::get("/").send(weir.listener(0)).await.unwrap();
+    assert_eq!(plain.status, 200);
+
+    let lines = lines(&log, 5).await;
+    let seen: Vec<(String, &serde_json::Value, &serde_json::Value)> = lines
+        .iter()
+        .map(|l| (l["proto"].to_string(), &l["tls_version"], &l["alpn"]))
+        .collect();
+    let null = serde_json::Value::Null;
+    let s = |v: &str| serde_json::Value::String(v.into());
+    let want = [
+        ("\"HTTP/2\"", s("TLSv1.3"), s("h2")),
+        ("\"HTTP/1.1\"", s("TLSv1.3"), s("http/1.1")),
+        ("\"HTTP/1.1\"", s("TLSv1.3"), null.clone()),
+        ("\"HTTP/1.1\"", s("TLSv1.2"), s("http/1.1")),
+        ("\"HTTP/1.1\"", null.clone(), null.clone()),
+    ];
+    for (got, want) in seen.iter().zip(&want) {
+        assert_eq!(
+            (got.0.as_str(), got.1, got.2),
+            (want.0, &want.1, &want.2),
+            "{lines:?}"
+        );
+    }
+}

@@ -288,9 +288,18 @@ pub(crate) async fn tls_connect(
     addr: std::net::SocketAddr,
     alpn: &[&[u8]],
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    tls_connect_with(addr, alpn, rustls::DEFAULT_VERSIONS).await
+}
+
+/// [`tls_connect`] offering only `versions`.
+pub(crate) async fn tls_connect_with(
+    addr: std::net::SocketAddr,
+    alpn: &[&[u8]],
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .dangerous()
         .with_custom_certificate_verifier(std::sync::Arc::new(AcceptAny))

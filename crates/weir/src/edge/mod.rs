@@ -17,4 +17,4 @@ pub mod tls;
 
 pub use conn::{ConnGuard, ConnLimits, ConnState, ConnTracker, Refusal};
 pub use listener::{EdgeSettings, ListenerSpec};
-pub use serve::{Acceptor, Connection, Service};
+pub use serve::{Acceptor, Connection, Service, TlsSession};

@@ -56,10 +56,45 @@ pub struct Connection {
     pub peer_trusted: bool,
     /// The PROXY protocol source, believed (peer trusted).
     pub proxy_source: Option<IpAddr>,
-    pub tls: bool,
+    /// The TLS session, on a TLS listener (after its handshake).
+    pub tls: Option<TlsSession>,
     pub state: Arc<ConnState>,
     /// Keeps the connection's slots while any request or tunnel uses them.
     pub guard: Arc<ConnGuard>,
+}
+
+/// What a TLS handshake agreed, for the access log (`tls_version`, `alpn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsSession {
+    /// `TLSv1.2` or `TLSv1.3`.
+    pub version: &'static str,
+    /// The application protocol ALPN chose (`h2`, `http/1.1`), when the
+    /// client offered one weir serves.
+    pub alpn: Option<&'static str>,
+}
+
+impl TlsSession {
+    fn of(conn: &rustls::ServerConnection) -> TlsSession {
+        let version = match conn.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+            // weir's acceptor allows only those two (`tls::acceptor`).
+            _ => "unknown",
+        };
+        // Only protocols weir offered can be chosen: `tls::acceptor`.
+        let alpn = match conn.alpn_protocol() {
+            Some(b"h2") => Some("h2"),
+            Some(b"http/1.1") => Some("http/1.1"),
+            Some(_) => Some("unknown"),
+            None => None,
+        };
+        TlsSession { version, alpn }
+    }
+
+    /// Whether ALPN chose HTTP/2.
+    pub fn is_h2(&self) -> bool {
+        self.alpn == Some("h2")
+    }
 }
 
 /// What an accept loop needs: the tracker that admits connections, the
@@ -265,36 +300,41 @@ async fn serve_connection<S: Service>(
     }
     let state = guard.state.clone();
     let guard = Arc::new(guard);
-    let handler = acceptor.service.connection(Connection {
+    let conn = |tls| Connection {
         peer,
         peer_trusted,
         proxy_source,
-        tls: spec.tls.is_some(),
+        tls,
         state: state.clone(),
         guard: guard.clone(),
-    });
-    let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match &spec.tls {
+    };
+    let result: Result<(), BoxError> = match &spec.tls {
         // Boxed: a task is as large as its largest state, and most
         // connections are plain.
-        Some(acceptor) => {
-            match Box::pin(serve_tls(
+        Some(tls) => {
+            let stream = match Box::pin(tls_handshake(stream, tls, &edge, &state)).await {
+                Handshake::Done(stream) => stream,
+                Handshake::Failed => {
+                    metrics.connection_error("tls_handshake");
+                    return;
+                }
+                // Nothing to count.
+                Handshake::Stopped => return,
+            };
+            let session = TlsSession::of(stream.get_ref().1);
+            let handler = acceptor.service.connection(conn(Some(session)));
+            Box::pin(serve_tls(
                 stream,
-                acceptor,
+                session,
                 &edge,
                 hyper_service(handler),
                 &state,
             ))
             .await
-            {
-                Some(result) => result,
-                None => {
-                    metrics.connection_error("tls_handshake");
-                    return;
-                }
-            }
         }
         None => {
             stream.set_nodelay(true).ok();
+            let handler = acceptor.service.connection(conn(None));
             serve_plain(stream, spec.http2, &edge, handler, &state).await
         }
     };
@@ -352,27 +392,45 @@ impl<S> ConnService for S where
 {
 }
 
-/// Serves a TLS connection (HTTP/2 when ALPN chose it). `None` when the
-/// handshake failed or timed out, or the connection was told to close first
-/// (nothing to count then).
-async fn serve_tls<S: ConnService>(
+/// How a TLS handshake ended.
+enum Handshake {
+    /// Boxed: the stream is large and the other outcomes empty.
+    Done(Box<TlsStream>),
+    /// It failed or timed out.
+    Failed,
+    /// The connection was told to close first.
+    Stopped,
+}
+
+/// A TLS connection's handshake, bounded by `handshake_timeout`.
+async fn tls_handshake(
     stream: TcpStream,
     acceptor: &tokio_rustls::TlsAcceptor,
     edge: &EdgeSettings,
+    state: &Arc<ConnState>,
+) -> Handshake {
+    let handshake = tokio::time::timeout(edge.handshake_timeout, acceptor.accept(stream));
+    tokio::select! {
+        r = handshake => match r {
+            Ok(Ok(stream)) => Handshake::Done(Box::new(stream)),
+            _ => Handshake::Failed,
+        },
+        _ = state.wait_for(Command::Graceful) => Handshake::Stopped,
+    }
+}
+
+type TlsStream = tokio_rustls::server::TlsStream<TcpStream>;
+
+/// Serves a TLS connection after its handshake (HTTP/2 when ALPN chose it).
+async fn serve_tls<S: ConnService>(
+    tls: Box<TlsStream>,
+    session: TlsSession,
+    edge: &EdgeSettings,
     service: S,
     state: &Arc<ConnState>,
-) -> Option<Result<(), BoxError>> {
-    let handshake = tokio::time::timeout(edge.handshake_timeout, acceptor.accept(stream));
-    let tls = tokio::select! {
-        r = handshake => r,
-        _ = state.wait_for(Command::Graceful) => return Some(Ok(())),
-    };
-    let Ok(Ok(tls)) = tls else {
-        return None;
-    };
-    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+) -> Result<(), BoxError> {
     let io = TokioIo::new(TrackedIo::new(tls, state.clone()));
-    Some(if h2 {
+    if session.is_h2() {
         let conn = http2_builder(edge).serve_connection(io, service);
         drive!(std::pin::pin!(conn), state)
     } else {
@@ -380,7 +438,7 @@ async fn serve_tls<S: ConnService>(
             .serve_connection(io, service)
             .with_upgrades();
         drive!(std::pin::pin!(conn), state)
-    })
+    }
 }
 
 /// Serves a plain-TCP connection: HTTP/2 with prior knowledge when the

@@ -47,6 +47,12 @@ pub struct AccessRecord {
     /// read it at all (then it is the log's `path`).
     pub raw_target: Option<String>,
     pub proto: &'static str,
+    /// On a TLS listener, the protocol version the handshake agreed
+    /// (`TLSv1.3`) and the application protocol ALPN chose (`h2`,
+    /// `http/1.1`; `null` when the client offered none): `tls_version`
+    /// and `alpn`, both `null` on a plain listener.
+    pub tls_version: Option<&'static str>,
+    pub alpn: Option<&'static str>,
     /// The request's `User-Agent` and `Referer`, as sent (shared with the
     /// request's fields, not copied).
     pub user_agent: Option<http::HeaderValue>,
@@ -123,6 +129,8 @@ impl AccessRecord {
         w.string(key!("path"), path);
         w.opt_string(key!("raw_path"), raw);
         w.token(key!("proto"), self.proto);
+        w.opt_token(key!("tls_version"), self.tls_version);
+        w.opt_token(key!("alpn"), self.alpn);
         w.opt_field(key!("user_agent"), self.user_agent.as_ref());
         w.opt_field(key!("referer"), self.referer.as_ref());
         w.string(key!("class"), &self.class);
@@ -585,6 +593,8 @@ mod tests {
             ),
             raw_target: Some("//w/index.php?title=\"x\"\\y\u{1}".into()),
             proto: "HTTP/1.1",
+            tls_version: Some("TLSv1.3"),
+            alpn: Some("http/1.1"),
             user_agent: Some(http::HeaderValue::from_static("Mozilla/5.0 \"quoted\"")),
             // obs-text: bytes HTTP allows that are not UTF-8.
             referer: Some(http::HeaderValue::from_bytes(b"https://a.example/\xe9").unwrap()),
@@ -628,6 +638,8 @@ mod tests {
             "path": "/w/index.php?title=%22x%22%5Cy%01",
             "raw_path": "//w/index.php?title=\"x\"\\y\u{1}",
             "proto": "HTTP/1.1",
+            "tls_version": "TLSv1.3",
+            "alpn": "http/1.1",
             "user_agent": "Mozilla/5.0 \"quoted\"",
             "referer": "https://a.example/\u{fffd}",
             "class": "page",

@@ -68,6 +68,8 @@ impl RequestLog {
                 target: None,
                 raw_target: None,
                 proto,
+                tls_version: conn.edge.tls.map(|t| t.version),
+                alpn: conn.edge.tls.and_then(|t| t.alpn),
                 user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
                 referer: req.headers().get(http::header::REFERER).cloned(),
                 class: unrouted(),

@@ -206,7 +206,7 @@ fn serve(
         let accept = Accepts::of(req.headers());
         // Framing the codec left to weir: the same refusals on both
         // listeners (HTTP/2's header count, codings other than chunked).
-        let hyper_read = conn.edge.tls || req.version() == Version::HTTP_2;
+        let hyper_read = conn.edge.tls.is_some() || req.version() == Version::HTTP_2;
         if let Some(refusal) = hyper_read.then(|| framing(&req, &gw)).flatten() {
             // The body is not read: the connection cannot carry another request.
             let mut resp = unread(log, &req, &refusal, accept);

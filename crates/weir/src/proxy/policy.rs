@@ -328,7 +328,7 @@ pub(super) async fn challenge_endpoint(
             return log.answer(&reason, accept);
         }
     };
-    let tls = log.conn.edge.tls;
+    let tls = log.conn.edge.tls.is_some();
     match ch.handle(
         target,
         &parts.headers,

@@ -160,7 +160,7 @@ pub(super) async fn forward(
         client,
         peer_trusted: conn.edge.peer_trusted,
         proxy_source: conn.edge.proxy_source,
-        tls: conn.edge.tls,
+        tls: conn.edge.tls.is_some(),
         authority: target.authority(),
     };
     let upgrade = is_upgrade(req);
