@@ -11,8 +11,8 @@
 # make it a regression test and copy it into fuzz/corpus/NAME.
 #
 # Prints one line per target: executions, seconds, executions per second,
-# corpus size. `--merge` afterwards folds the working corpora's new
-# coverage into fuzz/corpus (minimised), to commit.
+# corpus size. `--merge` afterwards adds the working corpora's inputs that
+# add coverage to fuzz/corpus, to commit.
 #
 # CI does not need nightly: crates/weir-fuzz's tests run every target over
 # fuzz/corpus and seeded mutations of it on stable.
@@ -39,8 +39,13 @@ fi
 if $merge; then
     for t in "${targets[@]}"; do
         [ -d "work/$t" ] || continue
-        cargo +nightly fuzz cmin "$t" "corpus/$t" -- "work/$t" >/dev/null 2>&1 || true
-        echo "$t: corpus $(ls "corpus/$t" | wc -l) files"
+        # libFuzzer's merge: adds to the first directory the inputs of the
+        # others that add coverage, and keeps what is there (`cargo fuzz
+        # cmin` takes no second directory: it minimised the seeds away).
+        before=$(ls "corpus/$t" | wc -l)
+        cargo +nightly fuzz run --release "$t" "corpus/$t" "work/$t" -- -merge=1 \
+            >"work/$t.merge.log" 2>&1 || { echo "$t: merge failed, see fuzz/work/$t.merge.log" >&2; exit 1; }
+        echo "$t: corpus $before -> $(ls "corpus/$t" | wc -l) files"
     done
     exit 0
 fi
