@@ -73,6 +73,8 @@ mod shared_limits;
 
 // `weir replay`: nginx, Caddy and weir logs replay to the live decisions.
 mod replay;
+// `weir replay` for an operator: progress, zone, breakdowns, HTML report.
+mod replay_report;
 
 // The browser challenge in headless Chromium: solve, redirect, pass cookie;
 // a screenshot at target/test-artifacts/challenge.png.

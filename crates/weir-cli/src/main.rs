@@ -125,6 +125,13 @@ enum Command {
         /// Write the report as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Write a self-contained HTML report (a per-minute chart of
+        /// rejections by rule, breakdowns by level, user agent and prefix).
+        #[arg(long)]
+        html: Option<PathBuf>,
+        /// No progress bar (one is shown on stderr when it is a terminal).
+        #[arg(long)]
+        no_progress: bool,
     },
     /// Replay incident 1 (crawler flood) with and without weir's recommended config.
     Demo {
@@ -247,12 +254,18 @@ fn main() -> ExitCode {
             format,
             trailing,
             json,
+            html,
+            no_progress,
         } => replay(
             &config,
             &logs,
             format.as_deref(),
             &trailing,
-            json.as_deref(),
+            ReplayOutputs {
+                json: json.as_deref(),
+                html: html.as_deref(),
+                progress: !no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            },
         ),
         Command::Generate { what } => generated(what),
         Command::Demo { html } => {
@@ -528,12 +541,20 @@ fn write_ready_file(path: &Path, server: &Server) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
+/// Where `weir replay` writes besides standard output.
+struct ReplayOutputs<'a> {
+    json: Option<&'a Path>,
+    html: Option<&'a Path>,
+    /// A progress bar on stderr, by bytes of the files read.
+    progress: bool,
+}
+
 fn replay(
     config: &Path,
     logs: &[PathBuf],
     format: Option<&str>,
     trailing: &[String],
-    json: Option<&Path>,
+    out: ReplayOutputs<'_>,
 ) -> anyhow::Result<ExitCode> {
     use weir_replay::{ReaderOptions, engine};
     let loaded = load_file(config, &ProcessEnv).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -548,8 +569,14 @@ fn replay(
                 .map_err(|e| anyhow::anyhow!("--trailing {t}: {e}"))?,
         );
     }
+    let bar = out.progress.then(|| replay_progress(logs, &mut options));
     let started = std::time::Instant::now();
-    let run = engine::replay_files(gateway, logs, &options, |_, _| {})?;
+    let run = engine::replay_files(gateway, logs, &options, |_, _| {});
+    if let Some((bar, ticker)) = bar {
+        ticker.stop();
+        bar.finish_and_clear();
+    }
+    let run = run?;
     let took = started.elapsed();
     print!("{}", run.report);
     println!(
@@ -562,9 +589,63 @@ fn replay(
     for (file, line, error) in &run.malformed_examples {
         println!("  {}:{line}: {error}", logs[*file].display());
     }
-    if let Some(path) = json {
+    if let Some(path) = out.json {
         std::fs::write(path, serde_json::to_string_pretty(&run)?)
-            .context("writing the JSON report")?;
+            .with_context(|| format!("writing the JSON report to {}", path.display()))?;
+    }
+    if let Some(path) = out.html {
+        let sources: Vec<String> = logs.iter().map(|p| p.display().to_string()).collect();
+        std::fs::write(path, weir_replay::html::report(&run, &sources))
+            .with_context(|| format!("writing the HTML report to {}", path.display()))?;
+        println!("HTML report: {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Polls a byte count into a progress bar from a thread of its own, so
+/// that the replay's loop pays one relaxed add per 256 KiB read for it.
+struct Ticker {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Ticker {
+    fn stop(self) {
+        drop(self.stop);
+        let _ = self.thread.join();
+    }
+}
+
+/// A progress bar over the logs' sizes (compressed, as read), fed from
+/// `options.bytes_read`.
+fn replay_progress(
+    logs: &[PathBuf],
+    options: &mut weir_replay::ReaderOptions,
+) -> (indicatif::ProgressBar, Ticker) {
+    let total: u64 = logs
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    let bar = indicatif::ProgressBar::new(total).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} replaying [{bar:32}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    // Drawn at once: a small log is done before the first tick.
+    bar.tick();
+    let count = weir_replay::ByteCount::default();
+    options.bytes_read = Some(count.clone());
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let shown = bar.clone();
+    let thread = std::thread::spawn(move || {
+        while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            stopped.recv_timeout(Duration::from_millis(100))
+        {
+            shown.set_position(count.get());
+        }
+    });
+    (bar, Ticker { stop, thread })
 }

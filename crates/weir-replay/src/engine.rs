@@ -58,10 +58,17 @@ pub struct RuleReport {
     pub distinct_networks: usize,
     /// The busiest rejected /24s (or /64s): prefix, rejections.
     pub top_subnets: Vec<(String, u64)>,
-    /// Rejections per minute of log time (`YYYY-MM-DDTHH:MM`).
+    /// Rejections per minute of log time (`YYYY-MM-DDTHH:MM`, in the
+    /// report's `zone`).
     pub per_minute: BTreeMap<String, u64>,
+    /// Rejections per minute that looked like people (a collateral signal).
+    pub people_per_minute: BTreeMap<String, u64>,
     /// Estimated human collateral, by signal: `low_rate`, `browser`.
     pub collateral: BTreeMap<&'static str, u64>,
+    /// Rejections by the level that fired (`ip`, `subnet`, `network`, `site`, ...).
+    pub by_level: BTreeMap<&'static str, u64>,
+    /// Rejections by user-agent family (`crate::agent::family`).
+    pub by_user_agent: BTreeMap<&'static str, u64>,
     #[serde(skip)]
     clients: ClientSet,
     #[serde(skip)]
@@ -72,6 +79,15 @@ pub struct RuleReport {
     /// integers per rejection, formatted into `per_minute` by `finish`.
     #[serde(skip)]
     minutes: BTreeMap<i64, u64>,
+    #[serde(skip)]
+    people_minutes: BTreeMap<i64, u64>,
+}
+
+/// A rule the replay could not judge as live traffic would, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NotReplayed {
+    pub rule: String,
+    pub reason: &'static str,
 }
 
 /// What a replay found.
@@ -83,9 +99,23 @@ pub struct ReplayReport {
     pub no_route: u64,
     /// Refused before any rule: the target cannot be read one way.
     pub invalid: u64,
+    /// The first and last minute of log time, in `zone`.
     pub first: Option<String>,
     pub last: Option<String>,
+    /// The UTC offset the report's times are in (`+01:00`): the log's own
+    /// (nginx's `$time_local` says it; JSON logs are in UTC).
+    pub zone: String,
     pub rules: BTreeMap<String, RuleReport>,
+    /// Rules the replay does not judge (they never refuse here): concurrency
+    /// rules, since a log line has no duration, so nothing is in flight.
+    pub not_replayed: Vec<NotReplayed>,
+    /// Requests of verified sessions cannot be told from anonymous ones
+    /// (there is no app to ask): set when the configuration verifies them.
+    pub sessions_replayed_as_anonymous: bool,
+    #[serde(skip)]
+    first_minute: Option<i64>,
+    #[serde(skip)]
+    last_minute: Option<i64>,
 }
 
 /// Replays records through a gateway's routes and rules.
@@ -93,8 +123,6 @@ pub struct Replay {
     gateway: Gateway,
     activity: Activity,
     start: Option<i64>,
-    /// The log-time minute of the last record and its stamp (`YYYY-MM-DDTHH:MM`).
-    minute: Option<(i64, String)>,
     /// Which of the headers a record can carry the configuration reads.
     wanted: HeaderSet,
     /// Rebuilt per record, reused to keep its allocation.
@@ -104,6 +132,8 @@ pub struct Replay {
     address_stores: Vec<(std::sync::Arc<ShardedStore>, Level)>,
     /// Log time (limiter clock) of the next sweep of expired keys.
     next_sweep: MonoTime,
+    /// User-agent families of rejected records, remembered per agent.
+    families: crate::agent::Families,
     /// Whether [`Replay::prefetch`] is worth its cost: set at each sweep,
     /// when the stores it warms outgrow [`PREFETCH_ABOVE`].
     prefetch_stores: bool,
@@ -235,14 +265,18 @@ impl Replay {
         Replay {
             wanted: HeaderSet::read_by(&gateway),
             address_stores: address_stores(&gateway),
-            gateway,
             activity: Activity::new(ACTIVITY_KEYS),
             start: None,
-            minute: None,
             headers: HeaderMap::new(),
             next_sweep: MonoTime::ZERO + SWEEP_EVERY,
             prefetch_stores: false,
-            report: ReplayReport::default(),
+            families: crate::agent::Families::default(),
+            report: ReplayReport {
+                not_replayed: not_replayed(&gateway),
+                sessions_replayed_as_anonymous: gateway.sessions.is_some(),
+                ..ReplayReport::default()
+            },
+            gateway,
         }
     }
 
@@ -293,16 +327,10 @@ impl Replay {
         if now >= self.next_sweep {
             self.sweep(now);
         }
-        // Formatted once per minute of log time, not per record.
+        // Minutes are numbers until `finish` formats them in the log's zone.
         let minute_number = rec.time.0.div_euclid(NANOS_PER_MINUTE);
-        if self.minute.as_ref().map(|(m, _)| *m) != Some(minute_number) {
-            let stamp = minute(rec.time);
-            if self.report.first.is_none() {
-                self.report.first = Some(stamp.clone());
-            }
-            self.report.last = Some(stamp.clone());
-            self.minute = Some((minute_number, stamp));
-        }
+        self.report.first_minute.get_or_insert(minute_number);
+        self.report.last_minute = Some(minute_number);
 
         fill_headers(&mut self.headers, self.wanted, rec);
         let headers = &self.headers;
@@ -356,6 +384,8 @@ impl Replay {
             low_rate: &gw.low_rate,
             rules: &mut self.report.rules,
             minute: minute_number,
+            user_agent: rec.user_agent.as_deref(),
+            families: &mut self.families,
         };
         let judged = poll_now(judge(
             &route.rules,
@@ -376,17 +406,32 @@ impl Replay {
         }
     }
 
-    /// Finishes the per-rule summaries.
-    pub fn finish(mut self) -> ReplayReport {
-        for rr in self.report.rules.values_mut() {
+    /// Finishes the per-rule summaries, with times in UTC.
+    pub fn finish(self) -> ReplayReport {
+        self.finish_in(0)
+    }
+
+    /// Finishes the per-rule summaries, with times at `utc_offset` seconds
+    /// east of UTC (the log's own zone: [`super::ParseStats::utc_offset`]).
+    pub fn finish_in(mut self, utc_offset: i64) -> ReplayReport {
+        let stamp = |m: i64| minute(m, utc_offset);
+        let report = &mut self.report;
+        report.zone = zone(utc_offset);
+        report.first = report.first_minute.map(stamp);
+        report.last = report.last_minute.map(stamp);
+        for rr in report.rules.values_mut() {
             rr.distinct_clients = rr.clients.len();
             rr.distinct_subnets = rr.subnets.len();
             rr.distinct_networks = rr.networks.len();
             rr.top_subnets = top_prefixes(rr.subnets.drain(), TOP);
-            rr.per_minute = std::mem::take(&mut rr.minutes)
-                .into_iter()
-                .map(|(m, n)| (minute(UnixNanos(m * NANOS_PER_MINUTE)), n))
-                .collect();
+            let stamped = |m: &mut BTreeMap<i64, u64>| {
+                std::mem::take(m)
+                    .into_iter()
+                    .map(|(m, n)| (stamp(m), n))
+                    .collect()
+            };
+            rr.per_minute = stamped(&mut rr.minutes);
+            rr.people_per_minute = stamped(&mut rr.people_minutes);
         }
         self.report
     }
@@ -420,6 +465,8 @@ struct Tally<'a> {
     rules: &'a mut BTreeMap<String, RuleReport>,
     /// The record's minute of log time.
     minute: i64,
+    user_agent: Option<&'a str>,
+    families: &'a mut crate::agent::Families,
 }
 
 impl RuleObserver for Tally<'_> {
@@ -446,8 +493,13 @@ impl RuleObserver for Tally<'_> {
         rr.subnets.add(client);
         rr.networks.insert(client);
         *rr.minutes.entry(self.minute).or_insert(0) += 1;
+        *rr.by_level.entry(rejection.level).or_insert(0) += 1;
+        *rr.by_user_agent
+            .entry(self.families.family(self.user_agent))
+            .or_insert(0) += 1;
         if let Some(s) = signal {
             *rr.collateral.entry(s).or_insert(0) += 1;
+            *rr.people_minutes.entry(self.minute).or_insert(0) += 1;
         }
     }
 }
@@ -511,19 +563,46 @@ fn poll_now<F: std::future::Future>(fut: F) -> F::Output {
     }
 }
 
-fn minute(t: UnixNanos) -> String {
+/// Minute number `m` of Unix time as `YYYY-MM-DDTHH:MM` at `utc_offset`
+/// seconds east of UTC.
+fn minute(m: i64, utc_offset: i64) -> String {
+    let t = UnixNanos(m * NANOS_PER_MINUTE).saturating_add_secs(utc_offset);
     let s = humantime::format_rfc3339_seconds(t.to_system_time()).to_string();
     s[..16.min(s.len())].to_string()
+}
+
+/// An offset as ISO 8601 writes it: `+01:00`, `-05:30`, `+00:00`.
+fn zone(utc_offset: i64) -> String {
+    let sign = if utc_offset < 0 { '-' } else { '+' };
+    let m = utc_offset.unsigned_abs() / 60;
+    format!("{sign}{:02}:{:02}", m / 60, m % 60)
+}
+
+/// The rules no record can trip in a replay, with the reason.
+fn not_replayed(gateway: &Gateway) -> Vec<NotReplayed> {
+    let mut out: Vec<NotReplayed> = Vec::new();
+    for rule in gateway.routes.routes.iter().flat_map(|r| r.rules.iter()) {
+        if matches!(rule.body, RuleBody::Concurrency { .. })
+            && !out.iter().any(|n| *n.rule == *rule.name)
+        {
+            out.push(NotReplayed {
+                rule: rule.name.to_string(),
+                reason: "a concurrency rule: a log line has no duration, so no request is in flight",
+            });
+        }
+    }
+    out
 }
 
 impl std::fmt::Display for ReplayReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{} requests from {} to {}: {} admitted, {} rejected, {} unrouted",
+            "{} requests from {} to {} ({}): {} admitted, {} rejected, {} unrouted",
             self.records,
             self.first.as_deref().unwrap_or("-"),
             self.last.as_deref().unwrap_or("-"),
+            self.zone,
             self.admitted,
             self.rejected,
             self.no_route
@@ -533,6 +612,15 @@ impl std::fmt::Display for ReplayReport {
                 f,
                 "{} refused before any rule: their target cannot be read one way (400/501)",
                 self.invalid
+            )?;
+        }
+        for n in &self.not_replayed {
+            writeln!(f, "not replayed: rule {} ({})", n.rule, n.reason)?;
+        }
+        if self.sessions_replayed_as_anonymous {
+            writeln!(
+                f,
+                "not replayed: session verification (no app to ask): every request replays as anonymous"
             )?;
         }
         for (name, r) in &self.rules {
@@ -553,6 +641,8 @@ impl std::fmt::Display for ReplayReport {
                     .collect();
                 writeln!(f, "  possible human collateral: {}", parts.join(", "))?;
             }
+            writeln!(f, "  by level: {}", breakdown(&r.by_level, usize::MAX))?;
+            writeln!(f, "  by user agent: {}", breakdown(&r.by_user_agent, 8))?;
             for (prefix, n) in &r.top_subnets {
                 writeln!(f, "  {n:>8}  {prefix}")?;
             }
@@ -565,6 +655,23 @@ impl std::fmt::Display for ReplayReport {
         }
         Ok(())
     }
+}
+
+/// `name n, name n, ...`, largest first (ties by name), at most `top`
+/// entries and `others n` for the rest.
+fn breakdown(counts: &BTreeMap<&'static str, u64>, top: usize) -> String {
+    let mut all: Vec<(&str, u64)> = counts.iter().map(|(k, v)| (*k, *v)).collect();
+    all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let rest: u64 = all.iter().skip(top).map(|(_, n)| n).sum();
+    let mut parts: Vec<String> = all
+        .iter()
+        .take(top)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    if rest > 0 {
+        parts.push(format!("others {rest}"));
+    }
+    parts.join(", ")
 }
 
 /// The replay of one run: report plus parse statistics.
@@ -603,6 +710,12 @@ pub fn replay_files(
     let mut lines = 0;
     let mut malformed = 0;
     let mut malformed_examples = Vec::new();
+    // Times in the zone of the first file that says one.
+    let utc_offset = merged
+        .stats()
+        .iter()
+        .find_map(|s| s.utc_offset)
+        .unwrap_or(0);
     for (i, s) in merged.stats().into_iter().enumerate() {
         lines += s.lines;
         malformed += s.malformed;
@@ -611,7 +724,7 @@ pub fn replay_files(
         }
     }
     Ok(ReplayRun {
-        report: replay.finish(),
+        report: replay.finish_in(utc_offset),
         lines,
         malformed,
         malformed_examples,
@@ -841,7 +954,10 @@ mod tests {
         for s in secs {
             replay.decide(&record(s, "10.0.0.1", "ua"));
         }
-        let stamp = |s: i64| minute(record(s, "10.0.0.1", "ua").time);
+        let stamp = |s: i64| {
+            let t = record(s, "10.0.0.1", "ua").time;
+            minute(t.0.div_euclid(NANOS_PER_MINUTE), 0)
+        };
         let want: BTreeMap<String, u64> = [(stamp(1), 2), (stamp(24), 2), (stamp(90), 1)]
             .into_iter()
             .collect();
@@ -850,6 +966,34 @@ mod tests {
         assert_eq!(report.rules["r"].per_minute, want);
         assert_eq!(report.first.as_deref(), Some(stamp(0).as_str()));
         assert_eq!(report.last.as_deref(), Some(stamp(3600 * 30).as_str()));
+    }
+
+    #[test]
+    fn times_in_the_logs_zone() {
+        let mut replay = replay_of(
+            "[[classes.page.rules]]\nname = \"r\"\nlimits = [{ per = \"site\", rate = 1, window = \"1h\" }]\n",
+        );
+        for s in [0, 60] {
+            replay.decide(&record(s, "10.0.0.1", "ua"));
+        }
+        let utc = |s: i64| {
+            let t = record(s, "10.0.0.1", "ua").time;
+            minute(t.0.div_euclid(NANOS_PER_MINUTE), 0)
+        };
+        let local = |s: i64| {
+            let t = record(s, "10.0.0.1", "ua").time;
+            minute(t.0.div_euclid(NANOS_PER_MINUTE), -(5 * 3600 + 30 * 60))
+        };
+        assert_ne!(utc(0), local(0));
+        let report = replay.finish_in(-(5 * 3600 + 30 * 60));
+        assert_eq!(report.zone, "-05:30");
+        assert_eq!(report.first.as_deref(), Some(local(0).as_str()));
+        assert_eq!(
+            report.rules["r"].per_minute.keys().collect::<Vec<_>>(),
+            [&local(60)]
+        );
+        assert_eq!(zone(3600), "+01:00");
+        assert_eq!(zone(0), "+00:00");
     }
 
     #[test]

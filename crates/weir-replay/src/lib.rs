@@ -36,8 +36,10 @@
 //! the raw header for that), and does not unescape nginx/Apache `\xNN` sequences (fields are
 //! kept as written).
 
+pub mod agent;
 mod combined;
 pub mod engine;
+pub mod html;
 mod json;
 mod reader;
 mod tally;
@@ -48,7 +50,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 pub use combined::TrailingField;
 pub use reader::{
-    LogReader, MalformedLine, MergedRecords, OrderedRecords, ParseStats, ParsedLine, ReaderOptions,
+    ByteCount, LogReader, MalformedLine, MergedRecords, OrderedRecords, ParseStats, ParsedLine,
+    ReaderOptions,
 };
 pub use time::UnixNanos;
 

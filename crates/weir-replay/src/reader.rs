@@ -49,6 +49,44 @@ pub struct ReaderOptions {
     pub max_examples: usize,
     /// How far back in time a line may be and still be put in order. Default 10 s.
     pub reorder_window: Duration,
+    /// Counts the bytes read from the files (before gzip decoding), for a
+    /// progress bar against their sizes.
+    pub bytes_read: Option<ByteCount>,
+}
+
+/// A byte counter shared with whoever shows progress; readers add to it
+/// once per read of their file (a 256 KiB buffer), not per line.
+#[derive(Debug, Clone, Default)]
+pub struct ByteCount(pub std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl ByteCount {
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for ByteCount {
+    fn eq(&self, other: &ByteCount) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ByteCount {}
+
+/// A reader that adds what it reads to a [`ByteCount`].
+struct Counted<R> {
+    inner: R,
+    count: ByteCount,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count
+            .0
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
 }
 
 impl Default for ReaderOptions {
@@ -58,6 +96,7 @@ impl Default for ReaderOptions {
             trailing: Vec::new(),
             max_examples: 10,
             reorder_window: Duration::from_secs(10),
+            bytes_read: None,
         }
     }
 }
@@ -87,6 +126,10 @@ pub struct ParseStats {
     pub examples: Vec<MalformedLine>,
     /// Records that came later than the reorder window allowed (see [`OrderedRecords`]).
     pub late: u64,
+    /// The UTC offset (seconds east) the log's first record was written
+    /// in: nginx's `$time_local` carries it (`+0100`); weir's and Caddy's
+    /// JSON logs are in UTC (0). Reports print times in it.
+    pub utc_offset: Option<i64>,
 }
 
 impl ParseStats {
@@ -207,7 +250,11 @@ impl LogReader {
 
     /// Opens a file (plain or gzip).
     pub fn open(path: &Path, options: ReaderOptions) -> io::Result<LogReader> {
-        LogReader::new(File::open(path)?, options)
+        let file = File::open(path)?;
+        match options.bytes_read.clone() {
+            Some(count) => LogReader::new(Counted { inner: file, count }, options),
+            None => LogReader::new(file, options),
+        }
     }
 
     /// The format in use: forced, detected, or `None` before the first non-empty line.
@@ -283,6 +330,9 @@ impl LogReader {
         let lent = match format {
             LogFormat::Combined => {
                 let parsed = combined::parse(text, &self.options.trailing, &mut self.times);
+                if parsed.is_ok() && stats.utc_offset.is_none() {
+                    stats.utc_offset = self.times.offset();
+                }
                 let parsed = match parsed {
                     Ok(ref r) => Ok(Some(r)),
                     Err(e) => Err(e),
@@ -291,6 +341,9 @@ impl LogReader {
             }
             LogFormat::Caddy => {
                 let parsed = json::parse_caddy(text);
+                if matches!(parsed, Ok(Parsed::Record(_))) {
+                    stats.utc_offset.get_or_insert(0);
+                }
                 let parsed = match parsed {
                     Ok(Parsed::Record(ref r)) => Ok(Some(r)),
                     Ok(Parsed::Skip) => Ok(None),
@@ -300,6 +353,9 @@ impl LogReader {
             }
             LogFormat::Weir => {
                 let parsed = json::parse_weir(text);
+                if parsed.is_ok() {
+                    stats.utc_offset.get_or_insert(0);
+                }
                 let parsed = match parsed {
                     Ok(ref r) => Ok(Some(r)),
                     Err(e) => Err(e),

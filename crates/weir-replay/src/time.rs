@@ -28,6 +28,10 @@ impl UnixNanos {
         }
     }
 
+    pub fn saturating_add_secs(self, secs: i64) -> UnixNanos {
+        UnixNanos(self.0.saturating_add(secs.saturating_mul(1_000_000_000)))
+    }
+
     pub fn saturating_sub(self, d: Duration) -> UnixNanos {
         let nanos = i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
         UnixNanos(self.0.saturating_sub(nanos))
@@ -158,6 +162,12 @@ pub struct TimeLocalMemo {
 }
 
 impl TimeLocalMemo {
+    /// The UTC offset (seconds east) of the text parsed last.
+    pub fn offset(&self) -> Option<i64> {
+        self.value?;
+        offset(&self.text[21..26])
+    }
+
     /// [`parse_time_local`], answered from the memo when `s` is the text it
     /// parsed last.
     pub fn parse(&mut self, s: &str) -> Option<UnixNanos> {
