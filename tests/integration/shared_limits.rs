@@ -38,6 +38,26 @@ limits = [{{ per = "ip", rate = 100, window = "1m" }}]
     )
 }
 
+/// The keys `redis-cli --scan` finds for `pattern`.
+fn redis_keys(redis: SocketAddr, pattern: &str) -> Vec<String> {
+    let out = std::process::Command::new("redis-cli")
+        .args([
+            "-h",
+            &redis.ip().to_string(),
+            "-p",
+            &redis.port().to_string(),
+        ])
+        .args(["--scan", "--pattern", pattern])
+        .output()
+        .expect("redis-cli (installed with redis-server)");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 async fn fallback_active(w: &Weir) -> bool {
     let m = HttpRequest::get("/metrics")
         .send(w.admin())
@@ -94,6 +114,15 @@ async fn three_instances_share_one_rate_and_survive_redis_loss() {
         (300..=315).contains(&admitted),
         "admitted {admitted}, want 300 within 5%"
     );
+    // Key names say which rule and level they count for: the site-wide
+    // level is one key, found by the rule's name.
+    let keys = redis_keys(redis_addr, "weir:site:*");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(
+        keys[0].starts_with("weir:site:site:") && keys[0].len() == "weir:site:site:".len() + 33,
+        "{keys:?}"
+    );
+    assert!(redis_keys(redis_addr, "weir:per-ip:ip:*").is_empty());
 
     // Redis dies. Fresh keys need a round trip, which fails, and are decided
     // locally: served, never 5xx, never fail-closed.

@@ -107,6 +107,7 @@ fn checks(quotas: &[Quota; 4], i: u64) -> [RuleCheck<'_>; 4] {
     let ip = 0x0a00_0000 + (i.wrapping_mul(0x9E37_79B1) % ADDRESSES);
     let digests = [ip, ip >> 8, ip >> 16, 0];
     std::array::from_fn(|r| RuleCheck {
+        label: "",
         rule: RULES[r],
         key: key(r as u32, 0, digests[r]),
         quota: &quotas[r],

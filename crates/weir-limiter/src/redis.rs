@@ -1,8 +1,12 @@
 //! GCRA state in Redis, so several weir instances share one set of limits.
 //!
 //! Each key's state is one Redis string, its TAT in nanoseconds since the Unix
-//! epoch, under `{prefix}{rule fingerprint:016x}:{key:016x}` (the same `u64`
-//! keys the local [`ShardedStore`](super::ShardedStore) holds). One Lua script
+//! epoch, under `{prefix}{label}:{rule fingerprint:016x}:{key:016x}`: the
+//! label says which rule and level a key counts for (`weir:anon-expensive:subnet:...`,
+//! [`key_label`]), the fingerprint keeps a changed definition's state apart
+//! from the old one's, and the key is the same `u64` the local
+//! [`ShardedStore`](super::ShardedStore) holds (an address or a prefix is not
+//! written out: a digest is what the logs show for header and cookie keys too). One Lua script
 //! (`redis/gcra.lua`, sent by `EVALSHA`, by `EVAL` when the server answers
 //! `NOSCRIPT`) decides every rule of a request at once, all or nothing: if any
 //! rule rejects, no rule is charged. Its arithmetic is [`Quota::check`]'s
@@ -85,6 +89,9 @@ impl Default for RedisTimeouts {
 #[derive(Debug, Clone, Copy)]
 pub struct RuleCheck<'q> {
     pub rule: RuleFingerprint,
+    /// The readable part of the rule's key names ([`key_label`]); empty for
+    /// none.
+    pub label: &'q str,
     pub key: u64,
     pub quota: &'q Quota,
     pub cost: u32,
@@ -298,9 +305,9 @@ impl RedisLimiter {
         &self.runtime
     }
 
-    /// The Redis key holding `key`'s TAT under `rule`.
-    pub fn key_name(&self, rule: RuleFingerprint, key: u64) -> String {
-        let mut name = rule_prefix(&self.prefix, rule);
+    /// The Redis key holding `key`'s TAT under `rule` (labelled `label`).
+    pub fn key_name(&self, label: &str, rule: RuleFingerprint, key: u64) -> String {
+        let mut name = rule_prefix(&self.prefix, label, rule);
         push_hex(&mut name, key);
         name
     }
@@ -324,6 +331,7 @@ impl RedisLimiter {
         cost: u32,
     ) -> Result<Outcome, RedisCheckError> {
         let checks = [RuleCheck {
+            label: "",
             rule,
             key,
             quota,
@@ -347,7 +355,7 @@ impl RedisLimiter {
         }
         let names: Vec<String> = checks
             .iter()
-            .map(|c| self.key_name(c.rule, c.key))
+            .map(|c| self.key_name(c.label, c.rule, c.key))
             .collect();
         self.run_script(&names, checks, now_unix_ns, self.timeouts.command)
             .await
@@ -399,6 +407,7 @@ impl RedisLimiter {
     pub async fn probe(&self) -> Result<(), RedisCheckError> {
         let quota = probe_quota();
         let check = RuleCheck {
+            label: "",
             rule: RuleFingerprint(0),
             key: 0,
             quota: &quota,
@@ -424,8 +433,12 @@ impl RedisLimiter {
     /// so it never blocks Redis). A start-up check that state is there:
     /// "restored N keys". Approximate while keys are written or expire, and
     /// `SCAN` may return a key twice if Redis resizes its table meanwhile.
-    pub async fn count_keys(&self, rule: RuleFingerprint) -> Result<u64, RedisCheckError> {
-        self.count_matching(&glob_escape(&rule_prefix(&self.prefix, rule)))
+    pub async fn count_keys(
+        &self,
+        label: &str,
+        rule: RuleFingerprint,
+    ) -> Result<u64, RedisCheckError> {
+        self.count_matching(&glob_escape(&rule_prefix(&self.prefix, label, rule)))
             .await
     }
 
@@ -520,14 +533,39 @@ fn outcome_from_reply(check: &RuleCheck<'_>, v: &[i64]) -> Outcome {
     }
 }
 
-/// `{prefix}{fingerprint:016x}:`, the start of every key of one rule: the
-/// one place key names begin, for writing and for counting alike.
-fn rule_prefix(prefix: &str, rule: RuleFingerprint) -> String {
-    let mut name = String::with_capacity(prefix.len() + 34);
+/// `{prefix}{label}:{fingerprint:016x}:`, the start of every key of one
+/// rule level: the one place key names begin, for writing and for counting
+/// alike.
+fn rule_prefix(prefix: &str, label: &str, rule: RuleFingerprint) -> String {
+    let mut name = String::with_capacity(prefix.len() + label.len() + 35);
     name.push_str(prefix);
+    if !label.is_empty() {
+        name.push_str(label);
+        name.push(':');
+    }
     push_hex(&mut name, rule.0);
     name.push(':');
     name
+}
+
+/// The label of a rule level's key names: `{rule}:{level}`, e.g.
+/// `anon-expensive:subnet`, so that `redis-cli --scan --pattern
+/// 'weir:anon-expensive:*'` finds one rule's keys. Characters other than
+/// letters, digits, `-`, `_` and `.` become `_` (`:` separates the parts,
+/// and glob characters would make patterns awkward to write).
+pub fn key_label(rule: &str, level: &str) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    format!("{}:{}", clean(rule), clean(level))
 }
 
 fn push_hex(out: &mut String, x: u64) {

@@ -62,15 +62,15 @@
 //! let redis = RedisLimiter::new("redis://127.0.0.1:6379/", "weir:wiki:", RedisTimeouts::default())?;
 //! let limiter = SharedLimiter::new(redis, local, Arc::new(MonotonicClock));
 //! if limiter.wait_for_redis(Duration::from_secs(1)).await {
-//!     let n = limiter.redis().count_keys(per_24).await?;
+//!     let n = limiter.redis().count_keys("anon:subnet", per_24).await?;
 //!     println!("restored {n} /24 keys from redis");
 //! }
 //! let q24 = Quota::new(300, Duration::from_secs(600), 300)?;
 //! let qsite = Quota::new(1500, Duration::from_secs(600), 1500)?;
 //! let decided = limiter
 //!     .check_all(&[
-//!         RuleCheck { rule: per_24, key: key(0, 1, 0x0a00_01), quota: &q24, cost: 1 },
-//!         RuleCheck { rule: site, key: key(1, 0, 0), quota: &qsite, cost: 1 },
+//!         RuleCheck { rule: per_24, label: "anon:subnet", key: key(0, 1, 0x0a00_01), quota: &q24, cost: 1 },
+//!         RuleCheck { rule: site, label: "anon:site", key: key(1, 0, 0), quota: &qsite, cost: 1 },
 //!     ])
 //!     .await;
 //! let admitted = all_allowed(&decided);
@@ -269,6 +269,7 @@ impl SharedLimiter {
         cost: u32,
     ) -> Decided {
         let checks = [RuleCheck {
+            label: "",
             rule,
             key,
             quota,

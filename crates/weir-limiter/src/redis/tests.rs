@@ -121,6 +121,7 @@ async fn lua_gcra_matches_quota_check_step_by_step() {
         for (step, &(at, cost)) in steps.iter().enumerate() {
             let want = quota.check(&mut tat, mono_start + at, cost);
             let check = RuleCheck {
+                label: "",
                 rule,
                 key: 42,
                 quota: &quota,
@@ -199,6 +200,7 @@ async fn all_or_nothing_across_four_rules() {
     let checks = |n: usize| -> Vec<RuleCheck<'_>> {
         (0..n)
             .map(|i| RuleCheck {
+                label: "",
                 rule: RuleFingerprint(100 + i as u64),
                 key: 0xabc,
                 quota: quotas[i],
@@ -220,7 +222,7 @@ async fn all_or_nothing_across_four_rules() {
     let mut conn = raw(&server).await;
     let names: Vec<String> = checks(4)
         .iter()
-        .map(|c| redis.key_name(c.rule, c.key))
+        .map(|c| redis.key_name("", c.rule, c.key))
         .collect();
     let before: Vec<Option<String>> = conn.mget(&names).await.unwrap();
     assert!(before.iter().all(Option::is_some));
@@ -249,6 +251,7 @@ async fn a_key_checked_twice_in_one_call_counts_twice() {
     let redis = limiter(&server, "weir:test:");
     let quota = Quota::new(2, 100 * S, 2).unwrap();
     let check = RuleCheck {
+        label: "",
         rule: RuleFingerprint(1),
         key: 1,
         quota: &quota,
@@ -269,7 +272,7 @@ async fn keys_expire_when_their_tat_passes_and_rejections_write_nothing() {
     let server = RedisServer::start();
     let redis = limiter(&server, "weir:test:");
     let quota = Quota::new(1, S, 3).unwrap(); // T = 1 s
-    let name = redis.key_name(RuleFingerprint(9), 5);
+    let name = redis.key_name("", RuleFingerprint(9), 5);
     let mut conn = raw(&server).await;
     let before_ns = unix_now_ns();
     redis.check(RuleFingerprint(9), 5, &quota, 3).await.unwrap();
@@ -291,7 +294,7 @@ async fn keys_expire_when_their_tat_passes_and_rejections_write_nothing() {
     // Cost-0 reads of an absent key write nothing either.
     redis.check(RuleFingerprint(9), 6, &quota, 0).await.unwrap();
     let absent: Option<String> = conn
-        .get(redis.key_name(RuleFingerprint(9), 6))
+        .get(redis.key_name("", RuleFingerprint(9), 6))
         .await
         .unwrap();
     assert_eq!(absent, None);
@@ -314,11 +317,11 @@ async fn prefix_round_trip_counts_exactly_what_was_written() {
     }
     // A new instance with the same prefix, as after a blue/green swap.
     let green = limiter(&server, "weir[blue]*:");
-    assert_eq!(green.count_keys(a).await.unwrap(), 25);
-    assert_eq!(green.count_keys(b).await.unwrap(), 7);
+    assert_eq!(green.count_keys("", a).await.unwrap(), 25);
+    assert_eq!(green.count_keys("", b).await.unwrap(), 7);
     assert_eq!(green.count_all_keys().await.unwrap(), 32);
-    assert_eq!(other.count_keys(a).await.unwrap(), 7);
-    assert_eq!(other.count_keys(b).await.unwrap(), 0);
+    assert_eq!(other.count_keys("", a).await.unwrap(), 7);
+    assert_eq!(other.count_keys("", b).await.unwrap(), 0);
     let unrelated = limiter(&server, "weir:");
     assert_eq!(unrelated.count_all_keys().await.unwrap(), 0);
 }
@@ -476,13 +479,23 @@ fn key_names_and_patterns_share_one_prefix() {
     let cases = [
         (
             "weir:",
+            "",
             1,
             2,
             "weir:0000000000000001:0000000000000002",
             "weir:0000000000000001:",
         ),
         (
+            "weir:",
+            "anon-expensive:subnet",
+            1,
+            2,
+            "weir:anon-expensive:subnet:0000000000000001:0000000000000002",
+            "weir:anon\\-expensive:subnet:0000000000000001:",
+        ),
+        (
             "a*b?",
+            "",
             0xff,
             0,
             "a*b?00000000000000ff:0000000000000000",
@@ -490,6 +503,7 @@ fn key_names_and_patterns_share_one_prefix() {
         ),
         (
             "x[1-2]\\",
+            "",
             0,
             0,
             "x[1-2]\\0000000000000000:0000000000000000",
@@ -501,15 +515,27 @@ fn key_names_and_patterns_share_one_prefix() {
         .build()
         .unwrap();
     let _entered = runtime.enter();
-    for (prefix, rule, key, name, pattern) in cases {
+    for (prefix, label, rule, key, name, pattern) in cases {
         let redis =
             RedisLimiter::new("redis://127.0.0.1/", prefix, RedisTimeouts::default()).unwrap();
-        assert_eq!(redis.key_name(RuleFingerprint(rule), key), name);
-        assert_eq!(
-            glob_escape(&rule_prefix(prefix, RuleFingerprint(rule))),
-            pattern
-        );
-        assert!(name.starts_with(&rule_prefix(prefix, RuleFingerprint(rule))));
+        assert_eq!(redis.key_name(label, RuleFingerprint(rule), key), name);
+        let start = rule_prefix(prefix, label, RuleFingerprint(rule));
+        assert_eq!(glob_escape(&start), pattern);
+        assert!(name.starts_with(&start));
+    }
+}
+
+#[test]
+fn key_labels_name_the_rule_and_level_in_safe_characters() {
+    let cases = [
+        ("anon-expensive", "subnet", "anon-expensive:subnet"),
+        ("per ip*", "ip", "per_ip_:ip"),
+        ("a:b[1]", "site", "a_b_1_:site"),
+        ("v2.api_x", "header", "v2.api_x:header"),
+        ("caf\u{e9}", "ip", "caf_:ip"),
+    ];
+    for (rule, level, want) in cases {
+        assert_eq!(key_label(rule, level), want, "{rule}");
     }
 }
 
@@ -517,6 +543,7 @@ fn key_names_and_patterns_share_one_prefix() {
 fn cost_above_burst_is_reported_with_the_check_values() {
     let quota = Quota::new(10, S, 5).unwrap();
     let check = RuleCheck {
+        label: "",
         rule: RuleFingerprint(1),
         key: 1,
         quota: &quota,

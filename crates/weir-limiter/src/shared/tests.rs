@@ -103,7 +103,10 @@ async fn two_instances_admit_exactly_the_quota_together() {
     let (sa, sb) = (a.stats(), b.stats());
     assert_eq!(sa.fallback_decisions + sb.fallback_decisions, 0);
     assert_eq!(sa.redis_errors + sb.redis_errors, 0);
-    assert_eq!(a.redis().count_keys(RuleFingerprint(1)).await.unwrap(), 1);
+    assert_eq!(
+        a.redis().count_keys("", RuleFingerprint(1)).await.unwrap(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -273,6 +276,7 @@ async fn local_path_is_all_or_nothing_across_four_rules() {
     let checks = |n: usize| -> Vec<RuleCheck<'_>> {
         (0..n)
             .map(|i| RuleCheck {
+                label: "",
                 rule: RuleFingerprint(1 + i as u64),
                 key: 0xabc,
                 quota: quotas[i],

@@ -208,6 +208,8 @@ fn attach_state(
                         .filter_map(|l| {
                             let store = rule_stores.by_fingerprint(l.fingerprint)?.clone();
                             Some(RateLevel {
+                                label: weir_limiter::redis::key_label(&d.name, l.key.label())
+                                    .into(),
                                 key: l.key,
                                 quota: l.quota,
                                 store,

@@ -194,6 +194,9 @@ impl std::fmt::Display for KeyName<'_> {
 /// One level of a rate rule.
 #[derive(Debug, Clone)]
 pub struct RateLevel {
+    /// The readable part of the level's shared-limiter key names
+    /// (`rule:level`, `weir_limiter::redis::key_label`).
+    pub label: Arc<str>,
     pub key: KeyKind,
     pub quota: Quota,
     pub store: Arc<ShardedStore>,
@@ -523,6 +526,7 @@ async fn check_rate_shared(
         .iter()
         .map(|(level, (key, _))| RuleCheck {
             rule: level.fingerprint,
+            label: &level.label,
             key: *key,
             quota: &level.quota,
             cost: 1,
@@ -580,6 +584,7 @@ mod tests {
 
     fn level(per: &str, rate: u32, window_s: u64) -> RateLevel {
         RateLevel {
+            label: Arc::from(per),
             key: KeyKind::parse(per).unwrap(),
             quota: Quota::new(rate, Duration::from_secs(window_s), rate).unwrap(),
             store: Arc::new(ShardedStore::new(StoreConfig::with_max_keys(10_000)).unwrap()),
