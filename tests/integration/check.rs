@@ -54,6 +54,22 @@ fn check_refuses_what_run_would_refuse_and_names_the_key() {
             "state.redis_url",
         ),
         (
+            "[state]\nredis_url = \"redis://127.0.0.1/0\"\n[state.redis_sentinel]\nmaster = \"weir\"\nnodes = [\"127.0.0.1:26379\"]\n",
+            "state.redis_sentinel: give redis_url or redis_sentinel, not both",
+        ),
+        (
+            "[state.redis_sentinel]\nmaster = \"weir\"\nnodes = []\n",
+            "state.redis_sentinel.nodes",
+        ),
+        (
+            "[state.redis_sentinel]\nmaster = \"\"\nnodes = [\"127.0.0.1:26379\"]\n",
+            "state.redis_sentinel.master",
+        ),
+        (
+            "[state.redis_sentinel]\nmaster = \"weir\"\nnodes = [\"mysql://127.0.0.1:26379\"]\n",
+            "state.redis_sentinel.nodes",
+        ),
+        (
             "[identity]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.1.2.3/8\"]\n",
             "identity.trusted_proxies[1]: trusted proxy entry #1",
         ),

@@ -244,3 +244,131 @@ async fn instances_share_a_rate_through_redis_over_tls() {
         untrusting.stderr()
     );
 }
+
+/// The primary the sentinel at `sentinel` names for `weir`, by redis-cli.
+fn sentinel_primary(sentinel: SocketAddr) -> Option<u16> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &sentinel.port().to_string()])
+        .args(["sentinel", "get-master-addr-by-name", "weir"])
+        .output()
+        .ok()?;
+    String::from_utf8(out.stdout)
+        .ok()?
+        .lines()
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `[state.redis_sentinel]`: two instances share one rate through the
+/// primary a real Sentinel names; the primary is killed, the sentinel
+/// promotes the replica, and both instances follow it by themselves:
+/// requests answered throughout (local decisions meanwhile, no 5xx), then
+/// shared again, written to the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_follow_a_sentinel_failover() {
+    let app = Upstream::start().await;
+    let primary = Redis::builder().start().await.expect("primary starts");
+    let replica = Redis::builder()
+        .config(format!("replicaof 127.0.0.1 {}", primary.addr().port()))
+        .start()
+        .await
+        .expect("replica starts");
+    let sentinel = Redis::builder()
+        .sentinel()
+        .config(format!(
+            "sentinel monitor weir 127.0.0.1 {} 1\n\
+             sentinel down-after-milliseconds weir 500\n\
+             sentinel failover-timeout weir 2000",
+            primary.addr().port()
+        ))
+        .start()
+        .await
+        .expect("sentinel starts");
+    assert_eq!(
+        sentinel_primary(sentinel.addr()),
+        Some(primary.addr().port())
+    );
+    let cfg = config(app.addr, primary.addr()).replace(
+        &format!("redis_url = \"redis://{}/0\"", primary.addr()),
+        &format!(
+            "[state.redis_sentinel]\nmaster = \"weir\"\nnodes = [\"{}\"]",
+            sentinel.addr()
+        ),
+    );
+    // `[state.redis_sentinel]` must follow the other `[state]` keys.
+    let cfg = cfg
+        .replace("redis_command_timeout = \"100ms\"\n", "")
+        .replace("[state]\n", "[state]\nredis_command_timeout = \"100ms\"\n");
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        instances.push(Weir::builder().config(cfg.clone()).start().await.unwrap());
+    }
+    for w in &instances {
+        assert_eventually_async!(!fallback_active(w).await, "{}", w.stderr());
+    }
+    let mut ok = 0;
+    let started = std::time::Instant::now();
+    for i in 0..400 {
+        let r = HttpRequest::get("/api")
+            .from(IpAddr::V4(Ipv4Addr::new(127, 0, 9, (i % 200) as u8 + 1)))
+            .send(instances[i % 2].listener(0))
+            .await
+            .unwrap();
+        ok += usize::from(r.status == 200);
+    }
+    let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize + 1;
+    assert!(
+        ok >= 300 && ok <= 300 + refilled,
+        "admitted {ok}: one rate through the sentinel's primary"
+    );
+
+    // The primary dies; requests keep being answered while the sentinel
+    // notices (500 ms) and promotes the replica.
+    primary.signal(Signal::Kill).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut n = 0u8;
+    while sentinel_primary(sentinel.addr()) != Some(replica.addr().port()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failover: {}",
+            sentinel.logs()
+        );
+        for w in &instances {
+            n = n.wrapping_add(1);
+            let r = HttpRequest::get("/other")
+                .from(Ipv4Addr::new(127, 0, 10, n.max(1)))
+                .send(w.listener(0))
+                .await
+                .unwrap();
+            assert!(r.status == 200, "answered during the failover: {r}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Both find the new primary by themselves and share through it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for w in &instances {
+        while fallback_active(w).await {
+            assert!(std::time::Instant::now() < deadline, "{}", w.stderr());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let r = HttpRequest::get("/other")
+        .from(Ipv4Addr::new(127, 0, 11, 1))
+        .send(instances[1].listener(0))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    assert!(
+        !redis_keys(replica.addr(), "weir:per-ip:ip:*").is_empty(),
+        "the new primary holds the per-ip rule's keys"
+    );
+    assert!(
+        instances[0]
+            .stderr()
+            .contains("redis sentinel named the primary"),
+        "{}",
+        instances[0].stderr()
+    );
+}

@@ -34,6 +34,12 @@
 //! back to local state, counting and logging outages and probing for recovery
 //! are [`super::shared`]'s. Redis Cluster is not supported (one script call
 //! touches keys of several rules, which need not share a hash slot).
+//!
+//! With Sentinel ([`RedisLimiter::with_sentinel`]) the primary is whatever
+//! the sentinels name: asked before the first probe and again after each
+//! failed one, so a failover (the old primary gone, or back as a read-only
+//! replica) costs the decisions taken locally until the sentinels have
+//! promoted another and one probe has reached it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +56,10 @@ pub(crate) mod testing;
 
 /// The script; its SHA-1 is what `EVALSHA` names.
 const GCRA_SCRIPT: &str = include_str!("redis/gcra.lua");
+
+/// With one URL, after this many failed probes in a row the connection is
+/// rebuilt, in case it is wedged (a half-open socket) while Redis is fine.
+pub const RESET_AFTER_FAILED_PROBES: u32 = 3;
 
 /// Longest key prefix accepted: a prefix is a namespace, not data.
 pub const MAX_PREFIX_BYTES: usize = 128;
@@ -127,6 +137,10 @@ pub enum RedisSetupError {
         "the redis limiter must be created inside a tokio runtime (it connects in the background)"
     )]
     NoRuntime,
+    #[error("redis sentinel nodes are empty: name at least one (three, for a quorum)")]
+    NoSentinels,
+    #[error("redis sentinel master name is empty: give the name of `sentinel monitor NAME ...`")]
+    NoSentinelMaster,
 }
 
 /// What `rediss://` trusts beyond the system's root certificates.
@@ -176,15 +190,7 @@ pub fn check_settings_with(
     prefix: &str,
     tls: &RedisTls,
 ) -> Result<redis::Client, RedisSetupError> {
-    if prefix.is_empty() {
-        return Err(RedisSetupError::EmptyPrefix);
-    }
-    if prefix.len() > MAX_PREFIX_BYTES {
-        return Err(RedisSetupError::PrefixTooLong {
-            prefix: prefix.to_owned(),
-            len: prefix.len(),
-        });
-    }
+    check_prefix(prefix)?;
     let bad_url = |source| RedisSetupError::BadUrl {
         url: redact_url(url),
         source,
@@ -201,6 +207,47 @@ pub fn check_settings_with(
     redis::Client::build_with_tls(info, certs).map_err(RedisSetupError::BadCa)
 }
 
+/// Checks Sentinel settings as [`RedisLimiter::with_sentinel`] does, without
+/// connecting: at least one node, every one a usable address, a master name,
+/// a prefix as for [`check_settings`].
+pub fn check_sentinel_settings(
+    settings: &SentinelSettings,
+    prefix: &str,
+) -> Result<redis::sentinel::Sentinel, RedisSetupError> {
+    check_prefix(prefix)?;
+    if settings.nodes.is_empty() {
+        return Err(RedisSetupError::NoSentinels);
+    }
+    if settings.master.is_empty() {
+        return Err(RedisSetupError::NoSentinelMaster);
+    }
+    for url in settings.urls() {
+        redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(|source| {
+            RedisSetupError::BadUrl {
+                url: redact_url(&url),
+                source,
+            }
+        })?;
+    }
+    redis::sentinel::Sentinel::build(settings.urls()).map_err(|source| RedisSetupError::BadUrl {
+        url: settings.urls().join(","),
+        source,
+    })
+}
+
+fn check_prefix(prefix: &str) -> Result<(), RedisSetupError> {
+    if prefix.is_empty() {
+        return Err(RedisSetupError::EmptyPrefix);
+    }
+    if prefix.len() > MAX_PREFIX_BYTES {
+        return Err(RedisSetupError::PrefixTooLong {
+            prefix: prefix.to_owned(),
+            len: prefix.len(),
+        });
+    }
+    Ok(())
+}
+
 /// A Redis operation that did not produce an answer.
 #[derive(Debug, thiserror::Error)]
 pub enum RedisCheckError {
@@ -210,17 +257,64 @@ pub enum RedisCheckError {
     Redis(#[from] RedisError),
     #[error("redis GCRA script returned {got} values for {checks} checks (expected 4 each)")]
     UnexpectedReply { got: usize, checks: usize },
+    #[error("redis sentinels have not named a primary yet")]
+    NoPrimary,
+}
+
+/// Where the primary is: one URL, or wherever the sentinels say.
+enum Primary {
+    Fixed(redis::Client),
+    Sentinel(SentinelSource),
+}
+
+/// The sentinels of one monitored primary, and how to reach what they name.
+struct SentinelSource {
+    /// `async_master_for` takes `&mut`; asked off the request path only.
+    sentinel: tokio::sync::Mutex<redis::sentinel::Sentinel>,
+    master: String,
+    node: redis::sentinel::SentinelNodeConnectionInfo,
+}
+
+/// The sentinels to ask for the primary: [`RedisLimiter::with_sentinel`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelSettings {
+    /// Sentinel addresses (`host:port`) or URLs (`redis://[:password@]host:port`).
+    pub nodes: Vec<String>,
+    /// The name the sentinels monitor the primary as (`sentinel monitor NAME ...`).
+    pub master: String,
+    /// The database on the primary.
+    pub db: i64,
+    /// The primary's password, if it has one (the sentinels' own goes in
+    /// their URLs).
+    pub password: Option<String>,
+}
+
+impl SentinelSettings {
+    /// The nodes as URLs the client accepts.
+    fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                if n.contains("://") {
+                    n.clone()
+                } else {
+                    format!("redis://{n}")
+                }
+            })
+            .collect()
+    }
 }
 
 /// GCRA decisions made in Redis; shared by every instance using the same
 /// Redis and prefix.
 pub struct RedisLimiter {
-    client: redis::Client,
+    primary: Primary,
     config: ConnectionManagerConfig,
-    /// Swapped for a fresh manager by [`Self::reset_connection`] when the
+    /// Swapped for a fresh manager by [`Self::recover_connection`] when the
     /// current one stays broken (a half-open socket, a failed handshake that
-    /// the manager does not retry).
-    connection: ArcSwap<ConnectionManager>,
+    /// the manager does not retry) or the sentinels name another primary;
+    /// `None` until the sentinels have named one.
+    connection: ArcSwap<Option<ConnectionManager>>,
     prefix: String,
     url: String,
     timeouts: RedisTimeouts,
@@ -259,6 +353,60 @@ impl RedisLimiter {
         tls: &RedisTls,
     ) -> Result<RedisLimiter, RedisSetupError> {
         let client = check_settings_with(url, prefix, tls)?;
+        let limiter = Self::unconnected(Primary::Fixed(client), prefix, redact_url(url), timeouts)?;
+        if let Primary::Fixed(client) = &limiter.primary {
+            let _entered = limiter.runtime.enter();
+            let connection = lazy_manager(client, &limiter.config)?;
+            limiter.connection.store(Arc::new(Some(connection)));
+        }
+        Ok(limiter)
+    }
+
+    /// A limiter on the primary the sentinels `settings.nodes` name as
+    /// `settings.master`. Returns at once: the sentinels are first asked by
+    /// the first probe; until then (and whenever the primary is lost)
+    /// commands fail at once and the caller decides locally.
+    pub fn with_sentinel(
+        settings: &SentinelSettings,
+        prefix: &str,
+        timeouts: RedisTimeouts,
+    ) -> Result<RedisLimiter, RedisSetupError> {
+        let sentinel = check_sentinel_settings(settings, prefix)?;
+        let redis_info = redis::RedisConnectionInfo::default().set_db(settings.db);
+        let redis_info = match &settings.password {
+            Some(p) => redis_info.set_password(p.clone()),
+            None => redis_info,
+        };
+        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(redis_info);
+        let shown = format!(
+            "sentinel {} at {}",
+            settings.master,
+            settings
+                .urls()
+                .iter()
+                .map(|u| redact_url(u))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        Self::unconnected(
+            Primary::Sentinel(SentinelSource {
+                sentinel: tokio::sync::Mutex::new(sentinel),
+                master: settings.master.clone(),
+                node,
+            }),
+            prefix,
+            shown,
+            timeouts,
+        )
+    }
+
+    fn unconnected(
+        primary: Primary,
+        prefix: &str,
+        url: String,
+        timeouts: RedisTimeouts,
+    ) -> Result<RedisLimiter, RedisSetupError> {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RedisSetupError::NoRuntime)?;
         // Few, quick reconnection attempts: an outage is handled by deciding
@@ -271,16 +419,12 @@ impl RedisLimiter {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(timeouts.probe_interval.max(Duration::from_millis(50)));
-        let connection = {
-            let _entered = runtime.enter();
-            lazy_manager(&client, &config)?
-        };
         Ok(RedisLimiter {
-            client,
+            primary,
             config,
-            connection: ArcSwap::from_pointee(connection),
+            connection: ArcSwap::from_pointee(None),
             prefix: prefix.to_owned(),
-            url: redact_url(url),
+            url,
             timeouts,
             script_sha: redis::Script::new(GCRA_SCRIPT).get_hash().to_owned(),
             runtime,
@@ -369,7 +513,7 @@ impl RedisLimiter {
         now_unix_ns: Option<u64>,
         limit: Duration,
     ) -> Result<Vec<Outcome>, RedisCheckError> {
-        let mut connection = ConnectionManager::clone(&self.connection.load());
+        let mut connection = self.current()?;
         let evalsha = script_cmd("EVALSHA", &self.script_sha, names, checks, now_unix_ns);
         let call = async {
             match evalsha.query_async::<Vec<i64>>(&mut connection).await {
@@ -405,6 +549,9 @@ impl RedisLimiter {
     /// would pass where requests fail (a Redis out of memory refuses the
     /// write; one that restarted has lost the script, which this re-sends).
     pub async fn probe(&self) -> Result<(), RedisCheckError> {
+        if self.connection.load().is_none() {
+            self.recover_connection(1).await;
+        }
         let quota = probe_quota();
         let check = RuleCheck {
             label: "",
@@ -420,12 +567,54 @@ impl RedisLimiter {
             .map(drop)
     }
 
-    /// Replaces the connection with a fresh one, connected on first use.
-    /// For a connection that stays broken although Redis may be back.
-    pub fn reset_connection(&self) {
-        let _entered = self.runtime.enter();
-        if let Ok(fresh) = lazy_manager(&self.client, &self.config) {
-            self.connection.store(Arc::new(fresh));
+    /// After `failed_probes` failed probes in a row: with one URL, every
+    /// [`RESET_AFTER_FAILED_PROBES`]th replaces the connection with a fresh
+    /// one, connected on first use (for a connection that stays broken
+    /// although Redis may be back); with Sentinel, every one asks the
+    /// sentinels for the primary and connects to what they name (bounded by
+    /// [`RedisTimeouts::connect`] plus [`RedisTimeouts::admin`]; on failure the
+    /// connection is kept, to be tried again).
+    pub async fn recover_connection(&self, failed_probes: u32) {
+        match &self.primary {
+            Primary::Fixed(client) => {
+                if failed_probes.is_multiple_of(RESET_AFTER_FAILED_PROBES) {
+                    let _entered = self.runtime.enter();
+                    if let Ok(fresh) = lazy_manager(client, &self.config) {
+                        self.connection.store(Arc::new(Some(fresh)));
+                    }
+                }
+            }
+            Primary::Sentinel(source) => {
+                let limit = self.timeouts.connect + self.timeouts.admin;
+                let asked = async {
+                    let mut sentinel = source.sentinel.lock().await;
+                    sentinel
+                        .async_master_for(&source.master, Some(&source.node))
+                        .await
+                };
+                match tokio::time::timeout(limit, asked).await {
+                    Ok(Ok(client)) => {
+                        let _entered = self.runtime.enter();
+                        if let Ok(fresh) = lazy_manager(&client, &self.config) {
+                            tracing::info!(
+                                primary = %client.get_connection_info().addr(),
+                                "redis sentinel named the primary"
+                            );
+                            self.connection.store(Arc::new(Some(fresh)));
+                        }
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "redis sentinel: no primary"),
+                    Err(_) => tracing::debug!("redis sentinel: no answer within {limit:?}"),
+                }
+            }
+        }
+    }
+
+    /// The connection to use now; an error at once while there is none.
+    fn current(&self) -> Result<ConnectionManager, RedisCheckError> {
+        match &**self.connection.load() {
+            Some(c) => Ok(c.clone()),
+            None => Err(RedisCheckError::NoPrimary),
         }
     }
 
@@ -449,7 +638,7 @@ impl RedisLimiter {
 
     async fn count_matching(&self, escaped_prefix: &str) -> Result<u64, RedisCheckError> {
         let pattern = format!("{escaped_prefix}*");
-        let mut connection = ConnectionManager::clone(&self.connection.load());
+        let mut connection = self.current()?;
         let mut cursor: u64 = 0;
         let mut count: u64 = 0;
         loop {

@@ -90,10 +90,6 @@ use super::gcra::{Clock, MonoTime, Outcome, Quota};
 use super::redis::{RedisCheckError, RedisLimiter, RuleCheck};
 use super::store::{RuleFingerprint, RuleStores, ShardedStore};
 
-/// After this many failed probes in a row the connection is rebuilt, in case
-/// it is wedged (a half-open socket) while Redis is fine.
-const RESET_AFTER_FAILED_PROBES: u32 = 3;
-
 /// Where a decision was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Source {
@@ -501,9 +497,7 @@ async fn probe_loop(inner: Weak<Inner>, interval: Duration) {
                     Err(e) => {
                         failures += 1;
                         inner.probe_failed(&e);
-                        if failures.is_multiple_of(RESET_AFTER_FAILED_PROBES) {
-                            inner.redis.reset_connection();
-                        }
+                        inner.redis.recover_connection(failures).await;
                     }
                 }
             } else {

@@ -180,6 +180,7 @@ impl Runtime {
         if next.loaded.config.state.redis_url != current.loaded.config.state.redis_url
             || next.loaded.config.state.redis_prefix != current.loaded.config.state.redis_prefix
             || next.loaded.config.state.redis_ca_file != current.loaded.config.state.redis_ca_file
+            || next.loaded.config.state.redis_sentinel != current.loaded.config.state.redis_sentinel
         {
             restart_needed.push("state.redis_url");
         }

@@ -36,7 +36,7 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("state.redis_url: {0}")]
+    #[error("state.redis_url / redis_sentinel: {0}")]
     Redis(#[from] weir_limiter::redis::RedisSetupError),
     #[error("cannot open the access log `{target}`: {source}")]
     AccessLog {

@@ -285,6 +285,18 @@ pub fn sweep(rt: &Runtime) {
     }
 }
 
+/// The limiter's view of `[state.redis_sentinel]`.
+pub fn sentinel_settings(
+    s: &crate::config::RedisSentinelConfig,
+) -> weir_limiter::redis::SentinelSettings {
+    weir_limiter::redis::SentinelSettings {
+        nodes: s.nodes.clone(),
+        master: s.master.clone(),
+        db: s.db,
+        password: s.password.clone(),
+    }
+}
+
 /// Starts the shared (Redis) limiter when `state.redis_url` is set. It never
 /// blocks: connecting happens in the background, and until Redis answers
 /// (or whenever it stops answering) decisions use the local stores.
@@ -293,16 +305,21 @@ pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetup
     use weir_limiter::shared::SharedLimiter;
     let gw = rt.gateway.load();
     let cfg = &gw.loaded.config.state;
-    let Some(url) = &cfg.redis_url else {
-        return Ok(());
-    };
     let timeouts = RedisTimeouts {
         connect: cfg.redis_connect_timeout.0,
         command: cfg.redis_command_timeout.0,
         ..RedisTimeouts::default()
     };
-    let tls = RedisTls::from_config(cfg.redis_ca_file.as_deref().map(Path::new))?;
-    let redis = RedisLimiter::with_tls(url, &cfg.redis_prefix, timeouts, &tls)?;
+    let redis = match (&cfg.redis_url, &cfg.redis_sentinel) {
+        (Some(url), _) => {
+            let tls = RedisTls::from_config(cfg.redis_ca_file.as_deref().map(Path::new))?;
+            RedisLimiter::with_tls(url, &cfg.redis_prefix, timeouts, &tls)?
+        }
+        (None, Some(s)) => {
+            RedisLimiter::with_sentinel(&sentinel_settings(s), &cfg.redis_prefix, timeouts)?
+        }
+        (None, None) => return Ok(()),
+    };
     tracing::info!(
         url = redis.url(),
         prefix = redis.prefix(),

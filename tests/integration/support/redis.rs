@@ -25,6 +25,7 @@ pub struct RedisBuilder {
     extra: String,
     addr: Option<SocketAddr>,
     tls: bool,
+    sentinel: bool,
 }
 
 impl RedisBuilder {
@@ -38,6 +39,14 @@ impl RedisBuilder {
     /// from a CA of its own ([`Redis::ca_file`]); clients need no certificate.
     pub fn tls(mut self) -> Self {
         self.tls = true;
+        self
+    }
+
+    /// Run as a Sentinel (`redis-server CONF --sentinel`); its `sentinel
+    /// monitor ...` lines go in [`Self::config`]. Sentinel rewrites its
+    /// config file, which lives in the fixture's own dir.
+    pub fn sentinel(mut self) -> Self {
+        self.sentinel = true;
         self
     }
 
@@ -65,6 +74,9 @@ impl RedisBuilder {
             write_file("redis", &conf, &self.render(dir.path(), addr))?;
             let mut command = Command::new(&program);
             command.arg(&conf);
+            if self.sentinel {
+                command.arg("--sentinel");
+            }
             let mut process = ServerProcess::spawn("redis", command, dir.path(), Vec::new())?;
             match process.wait_accepting(&addrs, START_DEADLINE).await {
                 Ok(()) => return Ok(Redis { process, addr, dir }),
@@ -115,6 +127,7 @@ impl Redis {
             extra: String::new(),
             addr: None,
             tls: false,
+            sentinel: false,
         }
     }
 

@@ -189,6 +189,10 @@ pub struct StateConfig {
     /// of the system's roots.
     #[serde(default)]
     pub redis_ca_file: Option<String>,
+    /// Share rate limits through the Redis primary these sentinels name,
+    /// instead of `redis_url` (one or the other).
+    #[serde(default)]
+    pub redis_sentinel: Option<RedisSentinelConfig>,
     /// Prefix of every key weir writes in Redis (one per deployment).
     #[serde(default = "default_redis_prefix")]
     pub redis_prefix: String,
@@ -205,6 +209,22 @@ pub struct StateConfig {
     /// the old generation), or `off`.
     #[serde(default)]
     pub expect_restored: ExpectRestored,
+}
+
+/// `[state.redis_sentinel]`: Redis Sentinel in front of the shared limits.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSentinelConfig {
+    /// The name the sentinels monitor the primary under.
+    pub master: String,
+    /// Sentinel addresses, `host:port` or `redis://[:password@]host:port`.
+    pub nodes: Vec<String>,
+    /// The database on the primary.
+    #[serde(default)]
+    pub db: i64,
+    /// The primary's password (`${WEIR_REDIS_PASSWORD}`), if it has one.
+    #[serde(default)]
+    pub password: Option<String>,
 }
 
 /// How weir reacts to starting without the state it expected.
@@ -224,6 +244,7 @@ impl Default for StateConfig {
             snapshot_interval: default_snapshot_interval(),
             redis_url: None,
             redis_ca_file: None,
+            redis_sentinel: None,
             redis_prefix: default_redis_prefix(),
             redis_command_timeout: default_redis_command_timeout(),
             redis_connect_timeout: default_redis_connect_timeout(),

@@ -114,6 +114,25 @@ pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
             errors.push(loaded.error_at(&at.key(key), e.to_string()));
         }
     }
+    if let Some(sentinel) = &st.redis_sentinel {
+        use weir_limiter::redis::{RedisSetupError, check_sentinel_settings};
+        let at = at.key("redis_sentinel");
+        if st.redis_url.is_some() {
+            errors.push(loaded.error_at(
+                &at,
+                "give redis_url or redis_sentinel, not both".to_string(),
+            ));
+        }
+        let settings = crate::state::sentinel_settings(sentinel);
+        if let Err(e) = check_sentinel_settings(&settings, &st.redis_prefix) {
+            let key = match e {
+                RedisSetupError::NoSentinels | RedisSetupError::BadUrl { .. } => at.key("nodes"),
+                RedisSetupError::NoSentinelMaster => at.key("master"),
+                _ => KeyPath::root().key("state").key("redis_prefix"),
+            };
+            errors.push(loaded.error_at(&key, e.to_string()));
+        }
+    }
 }
 
 /// Settings that work but expose or trust too much.
