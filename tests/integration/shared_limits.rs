@@ -58,6 +58,33 @@ fn redis_keys(redis: SocketAddr, pattern: &str) -> Vec<String> {
         .collect()
 }
 
+/// The site rule admits 300 a minute across two instances (each alone
+/// would admit all 200 it gets): 400 requests split between them, from
+/// `127.0.SUBNET.x`, admit 300 plus the 5 a second refilled meanwhile (a
+/// bound from the time taken, so a slow machine cannot fail it).
+async fn assert_one_shared_rate(instances: &[Weir], subnet: u8, how: &str) {
+    let started = std::time::Instant::now();
+    let mut ok = 0;
+    for i in 0..400 {
+        let r = HttpRequest::get("/api")
+            .from(IpAddr::V4(Ipv4Addr::new(
+                127,
+                0,
+                subnet,
+                (i % 200) as u8 + 1,
+            )))
+            .send(instances[i % 2].listener(0))
+            .await
+            .unwrap();
+        ok += usize::from(r.status == 200);
+    }
+    let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize + 1;
+    assert!(
+        ok >= 300 && ok <= 300 + refilled,
+        "admitted {ok}: one shared rate {how} is 300 plus the {refilled} refilled meanwhile"
+    );
+}
+
 async fn fallback_active(w: &Weir) -> bool {
     let m = HttpRequest::get("/metrics")
         .send(w.admin())
@@ -202,25 +229,7 @@ async fn instances_share_a_rate_through_redis_over_tls() {
     for w in &instances {
         assert_eventually_async!(!fallback_active(w).await, "{}", w.stderr());
     }
-    // The site rule admits 300 a minute across both (each alone would admit
-    // all 200 it gets); 400 requests split between them.
-    let started = std::time::Instant::now();
-    let mut ok = 0;
-    for i in 0..400 {
-        let r = HttpRequest::get("/api")
-            .from(IpAddr::V4(Ipv4Addr::new(127, 0, 7, (i % 200) as u8 + 1)))
-            .send(instances[i % 2].listener(0))
-            .await
-            .unwrap();
-        ok += usize::from(r.status == 200);
-    }
-    // 300 at once, plus 5 a second refilled while the requests ran (a
-    // bound from the time taken, so a slow machine cannot fail it).
-    let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize + 1;
-    assert!(
-        ok >= 300 && ok <= 300 + refilled,
-        "admitted {ok}: one shared rate over TLS is 300 plus the {refilled} refilled meanwhile"
-    );
+    assert_one_shared_rate(&instances, 7, "over TLS").await;
     for w in &instances {
         assert!(!fallback_active(w).await, "{}", w.stderr());
     }
@@ -308,21 +317,7 @@ async fn instances_follow_a_sentinel_failover() {
     for w in &instances {
         assert_eventually_async!(!fallback_active(w).await, "{}", w.stderr());
     }
-    let mut ok = 0;
-    let started = std::time::Instant::now();
-    for i in 0..400 {
-        let r = HttpRequest::get("/api")
-            .from(IpAddr::V4(Ipv4Addr::new(127, 0, 9, (i % 200) as u8 + 1)))
-            .send(instances[i % 2].listener(0))
-            .await
-            .unwrap();
-        ok += usize::from(r.status == 200);
-    }
-    let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize + 1;
-    assert!(
-        ok >= 300 && ok <= 300 + refilled,
-        "admitted {ok}: one rate through the sentinel's primary"
-    );
+    assert_one_shared_rate(&instances, 9, "through the sentinel's primary").await;
 
     // The primary dies; requests keep being answered while the sentinel
     // notices (500 ms) and promotes the replica.
