@@ -126,6 +126,13 @@ fn respond(
     (resp, None)
 }
 
+/// What the site saw, a line per request, for failure messages.
+fn summary(seen: &[Seen]) -> Vec<String> {
+    seen.iter()
+        .map(|s| format!("{} {:?}", s.path, s.events))
+        .collect()
+}
+
 /// Loads `/wiki/Page` and checks that Chromium ends on the original page
 /// with a pass, and that the site saw issue → solve → admit in that order.
 async fn solve_in_chromium(host: &str, extra: &[String]) -> (Vec<Seen>, String) {
@@ -140,10 +147,7 @@ async fn solve_in_chromium(host: &str, extra: &[String]) -> (Vec<Seen>, String) 
         .output()
         .await;
     let seen = site.seen();
-    let summary: Vec<String> = seen
-        .iter()
-        .map(|s| format!("{} {:?}", s.path, s.events))
-        .collect();
+    let summary = summary(&seen);
     assert!(
         dom.contains("<p id=\"ok\">passed</p>") && dom.contains("The original page"),
         "Chromium did not end on the original page with a pass.\nDOM:\n{dom}\nrequests: {summary:#?}"
@@ -249,5 +253,71 @@ async fn challenge_page_screenshot() {
     assert!(
         seen.iter().all(|s| s.counter.is_none()),
         "nothing was solved at 28 bits"
+    );
+}
+
+/// People without JavaScript (issue 19): Chromium with scripting off
+/// follows the page's `<noscript>` meta refresh after the wait and arrives
+/// at the original page with a pass, never having run the proof of work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_without_javascript_follows_the_refresh_to_a_pass() {
+    let site = Site::start(16).await;
+    let chromium = Chromium::run(
+        &[
+            "--blink-settings=scriptEnabled=false".to_string(),
+            "--remote-debugging-port=0".to_string(),
+        ],
+        &site.url("127.0.0.1", "/wiki/Page"),
+    );
+    let mut page = chromium.devtools().await;
+    // The wait is 3 s (the default); the inspector's evaluation runs even
+    // with the page's scripts off.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let body = page
+            .eval("document.body ? document.body.innerHTML : ''")
+            .await;
+        let body = body.as_str().unwrap_or_default().to_owned();
+        if body.contains("<p id=\"ok\">passed</p>") || Instant::now() > deadline {
+            break body;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let seen = site.seen();
+    let summary = summary(&seen);
+    assert!(
+        body.contains("<p id=\"ok\">passed</p>") && body.contains("The original page"),
+        "no pass without JavaScript:\n{body}\n{summary:#?}"
+    );
+    let issued = seen
+        .iter()
+        .find(|s| matches!(s.events.as_slice(), [ChallengeEvent::Issued { .. }]))
+        .map(|s| s.at)
+        .expect("a challenge was issued");
+    let solved = seen
+        .iter()
+        .find(|s| {
+            matches!(
+                s.events.as_slice(),
+                [ChallengeEvent::Solved {
+                    no_script: true,
+                    ..
+                }]
+            )
+        })
+        .unwrap_or_else(|| panic!("not solved by waiting: {summary:#?}"));
+    assert_eq!(solved.path, challenge::REFRESH_PATH);
+    assert!(
+        solved.at.duration_since(issued) >= Duration::from_millis(2500),
+        "the refresh waited: {summary:#?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|s| s.path != challenge::SCRIPT_PATH && s.counter.is_none()),
+        "no script was loaded and no answer posted: {summary:#?}"
+    );
+    eprintln!(
+        "no-JS pass after {:?} from the page",
+        solved.at.duration_since(issued)
     );
 }

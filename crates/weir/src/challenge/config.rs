@@ -60,6 +60,16 @@ pub struct ChallengeConfig {
     /// is not a long-lived currency. Between 10 s and 1 h.
     #[serde(default = "default_solve_ttl")]
     pub solve_ttl: ConfigDuration,
+    /// People without JavaScript get through: the page carries a
+    /// `<noscript>` meta refresh to a signed link that earns the same pass
+    /// once `no_script_delay` has passed (a crawler pays a round trip, the
+    /// wait and a kept cookie). `false`: they are told to enable JavaScript.
+    #[serde(default = "default_true")]
+    pub no_script: bool,
+    /// How long the refresh waits. 3 s: a person barely waits longer than
+    /// a phone takes to hash, a crawler's fetch loop stalls. 1 s ..= 1 min.
+    #[serde(default = "default_no_script_delay")]
+    pub no_script_delay: ConfigDuration,
     /// The pass cookie's name.
     #[serde(default = "default_cookie_name")]
     pub cookie_name: String,
@@ -110,6 +120,8 @@ impl Default for ChallengeConfig {
             keys: Vec::new(),
             pass_ttl: default_pass_ttl(),
             solve_ttl: default_solve_ttl(),
+            no_script: true,
+            no_script_delay: default_no_script_delay(),
             cookie_name: default_cookie_name(),
             difficulty: default_difficulty(),
             max_difficulty: default_max_difficulty(),
@@ -208,8 +220,12 @@ pub struct ChallengeText {
     pub failed: String,
     /// Shown when cookies are disabled (the pass is a cookie).
     pub cookies_needed: String,
-    /// Shown instead of the check when JavaScript is off.
+    /// Shown instead of the check when JavaScript is off and `no_script`
+    /// is `false`.
     pub noscript: String,
+    /// Shown when JavaScript is off and the page continues by itself
+    /// (`no_script`, the default).
+    pub noscript_wait: String,
 }
 
 impl Default for ChallengeText {
@@ -232,6 +248,9 @@ impl Default for ChallengeText {
                 .into(),
             noscript: "This check needs JavaScript. Please enable JavaScript for this site and \
                 reload the page, or come back later when the site is less busy."
+                .into(),
+            noscript_wait: "Your browser is not running JavaScript, so this page continues by \
+                itself in a few seconds. It needs cookies for this site."
                 .into(),
         }
     }
@@ -292,6 +311,12 @@ fn default_pass_ttl() -> ConfigDuration {
 }
 fn default_solve_ttl() -> ConfigDuration {
     ConfigDuration::secs(300)
+}
+fn default_no_script_delay() -> ConfigDuration {
+    ConfigDuration::secs(3)
+}
+fn default_true() -> bool {
+    true
 }
 fn default_cookie_name() -> String {
     "weir_pass".into()

@@ -81,7 +81,7 @@ pub use config::{
     ChallengeConfig, ChallengeConfigError, ChallengeMode, ChallengeText, GoodBotConfig,
     PressureConfig,
 };
-pub use page::{CHALLENGE_HEADER, SCRIPT_PATH, VERIFY_PATH};
+pub use page::{CHALLENGE_HEADER, REFRESH_PATH, SCRIPT_PATH, VERIFY_PATH};
 pub use pow::PowRejection;
 pub use pressure::{Pressure, PressureChange, PressureSettings};
 pub use token::{PassToken, TokenRejection};
@@ -125,10 +125,13 @@ pub enum ChallengeEvent {
     Issued { difficulty: u8 },
     /// A correct answer earned a pass. `time_to_solve` runs from the page
     /// being issued to the answer arriving (includes page load and network).
+    /// `no_script`: earned by waiting, by a browser without JavaScript
+    /// (difficulty 0).
     Solved {
         difficulty: u8,
         time_to_solve: Duration,
         pass_id: u64,
+        no_script: bool,
     },
     /// A wrong, expired, foreign or forged answer.
     Failed(PowRejection),
@@ -143,6 +146,9 @@ impl ChallengeEvent {
     pub fn labels(&self) -> (&'static str, &'static str) {
         match self {
             ChallengeEvent::Issued { .. } => ("issued", ""),
+            ChallengeEvent::Solved {
+                no_script: true, ..
+            } => ("solved", "no_script"),
             ChallengeEvent::Solved { .. } => ("solved", ""),
             ChallengeEvent::Failed(r) => ("failed", r.as_str()),
             ChallengeEvent::PassAdmitted { .. } => ("pass_admitted", ""),
@@ -199,6 +205,8 @@ pub struct Challenger {
     pow_keys: Keyring,
     pass_ttl: Duration,
     solve_ttl: Duration,
+    /// The `<noscript>` refresh's wait; `None` when `no_script` is off.
+    no_script_delay: Option<Duration>,
     cookie_name: String,
     base_difficulty: u8,
     pressure: PressureSettings,
@@ -253,6 +261,13 @@ impl Challenger {
         )?;
         range("pressure.wait", !p.wait.0.is_zero(), secs(&p.wait), "> 0")?;
         range(
+            "no_script_delay",
+            (1..=60).contains(&c.no_script_delay.0.as_secs()),
+            secs(&c.no_script_delay),
+            "1s ..= 1m",
+        )?;
+        let no_script_delay = c.no_script.then_some(c.no_script_delay.0);
+        range(
             "pressure.step_after",
             !p.step_after.0.is_zero(),
             secs(&p.step_after),
@@ -305,6 +320,7 @@ impl Challenger {
             pow_keys: Keyring::new(&c.keys, Purpose::PowChallenge)?,
             pass_ttl: c.pass_ttl.0,
             solve_ttl: c.solve_ttl.0,
+            no_script_delay,
             cookie_name: c.cookie_name.clone(),
             base_difficulty: c.difficulty,
             pressure: PressureSettings::from_config(c),
@@ -313,7 +329,7 @@ impl Challenger {
             exempt_query_keys: c.exempt_query_keys.clone(),
             allow,
             good_bots,
-            template: PageTemplate::new(&c.text),
+            template: PageTemplate::new(&c.text, no_script_delay),
         })
     }
 
@@ -447,11 +463,12 @@ impl Challenger {
     /// Whether `uri` is one of the paths [`Challenger::handle`] serves (so
     /// the caller knows to read up to [`MAX_VERIFY_BODY`] bytes of body).
     pub fn is_challenge_path(&self, path: &str) -> bool {
-        matches!(path, SCRIPT_PATH | VERIFY_PATH)
+        matches!(path, SCRIPT_PATH | VERIFY_PATH | REFRESH_PATH)
     }
 
-    /// Serves `/.weir/challenge.js` and `/.weir/challenge/verify`; `None`
-    /// for every other path. A correct answer gets `303` to where the visitor
+    /// Serves `/.weir/challenge.js`, `/.weir/challenge/verify` and
+    /// `/.weir/challenge/refresh` (the no-script link); `None` for every
+    /// other path. A correct answer gets `303` to where the visitor
     /// was going with the pass cookie (`Secure` when `tls`); a wrong or
     /// expired one a fresh challenge (429), a forged or malformed one a fresh
     /// challenge with 403. Events are in the response's extensions.
@@ -475,6 +492,10 @@ impl Challenger {
                 Some(self.verify(headers, body, client, tls, now))
             }
             VERIFY_PATH => Some(method_not_allowed("POST")),
+            REFRESH_PATH if method == Method::GET || method == Method::HEAD => {
+                Some(self.refresh(target, headers, client, tls, now))
+            }
+            REFRESH_PATH => Some(method_not_allowed("GET, HEAD")),
             _ => None,
         }
     }
@@ -487,6 +508,7 @@ impl Challenger {
         binding: Binding,
         tls: bool,
         now: SystemTime,
+        no_script: bool,
     ) -> Response<Bytes> {
         let cookie = token::issue(&self.token_keys, solved.seed, binding, now, self.pass_ttl);
         let mut set_cookie = format!(
@@ -515,6 +537,7 @@ impl Challenger {
                 difficulty: solved.difficulty,
                 time_to_solve: now.duration_since(solved.issued).unwrap_or_default(),
                 pass_id: solved.seed,
+                no_script,
             }]));
         resp
     }
@@ -543,33 +566,80 @@ impl Challenger {
             None => Err(PowRejection::Malformed),
         };
         match result {
-            Ok(solved) => self.solved(&solved, binding, tls, now),
-            Err(reason) => {
-                // Keep the destination and difficulty only from a nonce we
-                // signed; anything else starts over at `/`.
-                let opened = answer
-                    .as_ref()
-                    .and_then(|(nonce, _)| pow::open(&self.pow_keys, nonce).ok());
-                let (path, bits) = opened.as_ref().map_or(("/", self.base_difficulty), |o| {
-                    (
-                        o.return_path.as_str(),
-                        o.difficulty.max(self.base_difficulty),
-                    )
-                });
-                let status = match reason {
-                    PowRejection::Malformed | PowRejection::BadSignature => StatusCode::FORBIDDEN,
-                    _ => StatusCode::TOO_MANY_REQUESTS,
-                };
-                self.challenge(
-                    binding,
-                    bits,
-                    path,
-                    status,
-                    now,
-                    vec![ChallengeEvent::Failed(reason)],
-                )
-            }
+            Ok(solved) => self.solved(&solved, binding, tls, now, false),
+            Err(reason) => self.failed(
+                answer.as_ref().map(|(n, _)| n.as_str()),
+                reason,
+                binding,
+                now,
+            ),
         }
+    }
+
+    /// `GET /.weir/challenge/refresh?nonce=`: a browser without JavaScript
+    /// that waited `no_script_delay` gets the pass as a solver does; too
+    /// early, expired or foreign, a fresh challenge; with `no_script` off,
+    /// 404 (weir serves no such path then).
+    fn refresh(
+        &self,
+        target: &Target,
+        headers: &HeaderMap,
+        client: &ClientId,
+        tls: bool,
+        now: SystemTime,
+    ) -> Response<Bytes> {
+        let Some(wait) = self.no_script_delay else {
+            let mut resp = Response::new(Bytes::new());
+            *resp.status_mut() = StatusCode::NOT_FOUND;
+            return resp;
+        };
+        let binding = Binding::of(client.client, user_agent(headers));
+        let nonce = target.query().and_then(|q| {
+            q.split('&')
+                .find_map(|kv| kv.strip_prefix("nonce="))
+                .and_then(percent_decode)
+        });
+        let result = match &nonce {
+            Some(nonce) => {
+                pow::verify_waited(&self.pow_keys, nonce, binding, wait, self.solve_ttl, now)
+            }
+            None => Err(PowRejection::Malformed),
+        };
+        match result {
+            Ok(solved) => self.solved(&solved, binding, tls, now, true),
+            Err(reason) => self.failed(nonce.as_deref(), reason, binding, now),
+        }
+    }
+
+    /// A fresh challenge after a refused answer, counted as failed.
+    fn failed(
+        &self,
+        nonce: Option<&str>,
+        reason: PowRejection,
+        binding: Binding,
+        now: SystemTime,
+    ) -> Response<Bytes> {
+        // Keep the destination and difficulty only from a nonce we signed;
+        // anything else starts over at `/`.
+        let opened = nonce.and_then(|nonce| pow::open(&self.pow_keys, nonce).ok());
+        let (path, bits) = opened.as_ref().map_or(("/", self.base_difficulty), |o| {
+            (
+                o.return_path.as_str(),
+                o.difficulty.max(self.base_difficulty),
+            )
+        });
+        let status = match reason {
+            PowRejection::Malformed | PowRejection::BadSignature => StatusCode::FORBIDDEN,
+            _ => StatusCode::TOO_MANY_REQUESTS,
+        };
+        self.challenge(
+            binding,
+            bits,
+            path,
+            status,
+            now,
+            vec![ChallengeEvent::Failed(reason)],
+        )
     }
 }
 

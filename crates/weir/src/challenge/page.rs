@@ -28,6 +28,9 @@ use super::config::ChallengeText;
 pub const SCRIPT_PATH: &str = "/.weir/challenge.js";
 /// Where the page posts its answer.
 pub const VERIFY_PATH: &str = "/.weir/challenge/verify";
+/// Where a browser without JavaScript is sent after the wait
+/// (`?nonce=...`, by the page's `<noscript>` meta refresh).
+pub const REFRESH_PATH: &str = "/.weir/challenge/refresh";
 /// The header that marks a challenge response.
 pub const CHALLENGE_HEADER: &str = "x-weir-challenge";
 
@@ -60,10 +63,13 @@ pub struct PageTemplate {
     /// A short digest of the script: its URL changes when it does, so it can
     /// be cached for long.
     script_version: String,
+    /// The `<noscript>` meta refresh's wait, when people without JavaScript
+    /// are let through (`no_script`).
+    no_script_delay: Option<std::time::Duration>,
 }
 
 impl PageTemplate {
-    pub fn new(text: &ChallengeText) -> PageTemplate {
+    pub fn new(text: &ChallengeText, no_script_delay: Option<std::time::Duration>) -> PageTemplate {
         let style_hash = STANDARD.encode(digest::digest(&digest::SHA256, CSS.as_bytes()));
         let csp = format!(
             "default-src 'none'; script-src 'self'; style-src 'sha256-{style_hash}'; \
@@ -80,6 +86,7 @@ impl PageTemplate {
             csp: HeaderValue::from_str(&csp)
                 .unwrap_or(HeaderValue::from_static("default-src 'none'")),
             script_version,
+            no_script_delay,
         }
     }
 
@@ -87,6 +94,19 @@ impl PageTemplate {
     pub fn render(&self, nonce: &str, difficulty: u8, status: StatusCode) -> Response<Bytes> {
         let t = &self.text;
         let e = escape;
+        // Inside `<noscript>` in the head: only a browser not running the
+        // script follows it (the nonce is base64url, safe in a URL).
+        let (refresh, noscript) = match self.no_script_delay {
+            Some(wait) => (
+                format!(
+                    "<noscript><meta http-equiv=\"refresh\" content=\"{}; url={REFRESH_PATH}?nonce={}\"></noscript>\n",
+                    wait.as_secs().max(1),
+                    e(nonce)
+                ),
+                &t.noscript_wait,
+            ),
+            None => (String::new(), &t.noscript),
+        };
         let html = format!(
             r#"<!doctype html>
 <html lang="{lang}">
@@ -95,7 +115,7 @@ impl PageTemplate {
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="robots" content="noindex, nofollow">
 <title>{title}</title>
-<style>{css}</style>
+{refresh}<style>{css}</style>
 </head>
 <body>
 <main id="weir-challenge" data-bits="{difficulty}" data-text-working="{working}" data-text-done="{done}" data-text-failed="{failed}" data-text-cookies="{cookies}">
@@ -121,7 +141,7 @@ impl PageTemplate {
             cookies = e(&t.cookies_needed),
             heading = e(&t.heading),
             explanation = e(&t.explanation),
-            noscript = e(&t.noscript),
+            noscript = e(noscript),
             verify = VERIFY_PATH,
             nonce = e(nonce),
             script = SCRIPT_PATH,
@@ -194,7 +214,7 @@ mod tests {
     use super::*;
 
     fn page() -> (String, http::HeaderMap) {
-        let resp = PageTemplate::new(&ChallengeText::default()).render(
+        let resp = PageTemplate::new(&ChallengeText::default(), None).render(
             "Tk9OQ0U",
             16,
             StatusCode::TOO_MANY_REQUESTS,
@@ -264,7 +284,7 @@ mod tests {
             lang: "en\" onload=\"x".into(),
             ..ChallengeText::default()
         };
-        let resp = PageTemplate::new(&text).render("n", 1, StatusCode::TOO_MANY_REQUESTS);
+        let resp = PageTemplate::new(&text, None).render("n", 1, StatusCode::TOO_MANY_REQUESTS);
         let html = String::from_utf8(resp.into_body().to_vec()).unwrap();
         assert!(html.contains("<h1>&lt;script&gt;alert(1)&lt;/script&gt;</h1>"));
         assert!(html.contains("lang=\"en&quot; onload=&quot;x\""));
@@ -272,7 +292,7 @@ mod tests {
 
     #[test]
     fn script_is_cacheable_javascript() {
-        let resp = PageTemplate::new(&ChallengeText::default()).script();
+        let resp = PageTemplate::new(&ChallengeText::default(), None).script();
         assert_eq!(
             resp.headers()["content-type"],
             "text/javascript; charset=utf-8"

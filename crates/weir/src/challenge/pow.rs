@@ -75,6 +75,8 @@ pub enum PowRejection {
     OtherAgent,
     #[error("counter does not meet the difficulty")]
     InsufficientWork,
+    #[error("no-script link followed before its wait was over")]
+    TooEarly,
 }
 
 impl PowRejection {
@@ -87,6 +89,7 @@ impl PowRejection {
             PowRejection::OtherPrefix => "other_prefix",
             PowRejection::OtherAgent => "other_agent",
             PowRejection::InsufficientWork => "insufficient_work",
+            PowRejection::TooEarly => "too_early",
         }
     }
 }
@@ -182,6 +185,27 @@ pub fn verify(
     solve_ttl: Duration,
     now: SystemTime,
 ) -> Result<Solved, PowRejection> {
+    let (opened, _) = open_bound(keys, nonce, binding, solve_ttl, now)?;
+    if leading_zero_bits(&hash(nonce, counter)) < u32::from(opened.difficulty) {
+        return Err(PowRejection::InsufficientWork);
+    }
+    Ok(Solved {
+        issued: opened.issued,
+        difficulty: opened.difficulty,
+        seed: opened.seed,
+        return_path: opened.return_path,
+    })
+}
+
+/// Opens `nonce` and checks what every way of answering it shares: not
+/// expired, the same network and agent it was issued to. Also its age.
+fn open_bound(
+    keys: &Keyring,
+    nonce: &str,
+    binding: Binding,
+    solve_ttl: Duration,
+    now: SystemTime,
+) -> Result<(Opened, Duration), PowRejection> {
     let opened = open(keys, nonce)?;
     // A nonce from the future (another instance's clock) counts as new.
     let age = now.duration_since(opened.issued).unwrap_or(Duration::ZERO);
@@ -194,12 +218,31 @@ pub fn verify(
     if opened.binding.agent != binding.agent {
         return Err(PowRejection::OtherAgent);
     }
-    if leading_zero_bits(&hash(nonce, counter)) < u32::from(opened.difficulty) {
-        return Err(PowRejection::InsufficientWork);
+    Ok((opened, age))
+}
+
+/// Checks a challenge followed by a browser without JavaScript
+/// (`/.weir/challenge/refresh?nonce=`): signed, bound to this client's
+/// network and agent like an answer, not expired, and at least `wait` old.
+/// No work is asked: the wait, the round trip and the kept cookie are the
+/// cost.
+pub fn verify_waited(
+    keys: &Keyring,
+    nonce: &str,
+    binding: Binding,
+    wait: Duration,
+    solve_ttl: Duration,
+    now: SystemTime,
+) -> Result<Solved, PowRejection> {
+    let (opened, age) = open_bound(keys, nonce, binding, solve_ttl, now)?;
+    // Browsers fire a meta refresh a little early or late; half a second
+    // of slack keeps a person from bouncing, and a crawler still waits.
+    if age + Duration::from_millis(500) < wait {
+        return Err(PowRejection::TooEarly);
     }
     Ok(Solved {
         issued: opened.issued,
-        difficulty: opened.difficulty,
+        difficulty: 0,
         seed: opened.seed,
         return_path: opened.return_path,
     })

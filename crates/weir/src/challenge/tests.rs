@@ -232,6 +232,7 @@ fn solved_challenge_earns_a_pass() {
             difficulty: 8,
             time_to_solve,
             pass_id,
+            no_script: false,
         },
     ] = events(&resp)
     else {
@@ -488,4 +489,146 @@ fn form_decoding() {
         let got = parse_answer(body.as_bytes());
         assert_eq!(got.as_ref().map(|(n, c)| (n.as_str(), *c)), *want, "{body}");
     }
+}
+
+/// The page's `<noscript>` refresh link (`/.weir/challenge/refresh?nonce=`).
+fn refresh_link(page: &Response<Bytes>) -> String {
+    let html = std::str::from_utf8(page.body()).unwrap();
+    let marker = "url=";
+    let start = html.find("http-equiv=\"refresh\"").expect("a meta refresh");
+    let start = start + html[start..].find(marker).unwrap() + marker.len();
+    let len = html[start..].find('"').unwrap();
+    html[start..start + len].to_string()
+}
+
+#[test]
+fn without_javascript_waiting_earns_the_same_pass() {
+    let ch = challenger();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let page = ch.page(
+        &target("GET", "/wiki/Page?oldid=5"),
+        &client("203.0.113.7"),
+        &h,
+        ch.base_difficulty(),
+        now(),
+    );
+    let html = std::str::from_utf8(page.body()).unwrap();
+    assert!(
+        html.contains("<noscript><meta http-equiv=\"refresh\" content=\"3; url=/.weir/challenge/refresh?nonce="),
+        "{html}"
+    );
+    let link = refresh_link(&page);
+    let follow = |from: &str, ua: &str, after_ms: u64| {
+        let h = headers(&[("accept", NAV), ("user-agent", ua)]);
+        ch.handle(
+            &target("GET", &link),
+            &h,
+            b"",
+            &client(from),
+            true,
+            now() + Duration::from_millis(after_ms),
+        )
+        .unwrap()
+    };
+    // (from, agent, after, status, event): too early, another network or
+    // browser, expired: a fresh challenge; waited: the pass.
+    let cases: [(&str, &str, u64, u16, &str); 5] = [
+        ("203.0.113.7", UA, 1000, 429, "too_early"),
+        ("198.51.100.7", UA, 3000, 429, "other_prefix"),
+        ("203.0.113.7", "curl/8", 3000, 429, "other_agent"),
+        ("203.0.113.7", UA, 301_000, 429, "expired"),
+        ("203.0.113.9", UA, 2600, 303, "solved"),
+    ];
+    for (from, ua, after, status, event) in cases {
+        let resp = follow(from, ua, after);
+        assert_eq!(resp.status().as_u16(), status, "{from} {ua} {after}");
+        let labels = events(&resp)[0].labels();
+        let got = if labels.0 == "solved" {
+            "solved"
+        } else {
+            labels.1
+        };
+        assert_eq!(got, event, "{from} {ua} {after}");
+    }
+    let resp = follow("203.0.113.7", UA, 4000);
+    assert_eq!(resp.headers()["location"], "/wiki/Page?oldid=5");
+    assert!(
+        resp.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .starts_with("weir_pass=")
+    );
+    let [
+        ChallengeEvent::Solved {
+            no_script: true,
+            difficulty: 0,
+            pass_id,
+            ..
+        },
+    ] = events(&resp)
+    else {
+        panic!("{:?}", events(&resp));
+    };
+    assert_eq!(events(&resp)[0].labels(), ("solved", "no_script"));
+    // The pass is as good as a solver's, counted by its id.
+    let mut with = h.clone();
+    with.insert("cookie", cookie_of(&resp).parse().unwrap());
+    match ch.pass(
+        &with,
+        &client("203.0.113.7"),
+        now() + Duration::from_secs(5),
+    ) {
+        PassCheck::Valid(t) => assert_eq!(t.id, *pass_id),
+        other => panic!("{other:?}"),
+    }
+    // A garbled link: 403 and a fresh challenge.
+    let garbled = ch
+        .handle(
+            &target("GET", "/.weir/challenge/refresh?nonce=AAAA"),
+            &h,
+            b"",
+            &client("203.0.113.7"),
+            true,
+            now(),
+        )
+        .unwrap();
+    assert_eq!(garbled.status(), StatusCode::FORBIDDEN);
+}
+
+#[test]
+fn without_no_script_the_page_has_no_refresh_and_the_link_is_gone() {
+    let ch = Challenger::new(&ChallengeConfig {
+        no_script: false,
+        ..config()
+    })
+    .unwrap();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let page = ch.page(
+        &target("GET", "/wiki/Page"),
+        &client("203.0.113.7"),
+        &h,
+        8,
+        now(),
+    );
+    let html = std::str::from_utf8(page.body()).unwrap();
+    assert!(!html.contains("http-equiv"), "{html}");
+    assert!(html.contains("This check needs JavaScript"), "{html}");
+    let resp = ch
+        .handle(
+            &target("GET", "/.weir/challenge/refresh?nonce=x"),
+            &h,
+            b"",
+            &client("203.0.113.7"),
+            false,
+            now(),
+        )
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(
+        Challenger::new(&ChallengeConfig {
+            no_script_delay: crate::config::ConfigDuration::secs(0),
+            ..config()
+        })
+        .is_err()
+    );
 }
