@@ -236,7 +236,7 @@ mod tests {
         let s = PressureSettings::from_config(&ChallengeConfig::default());
         assert_eq!((s.engage_depth, s.calm_depth), (20, 5));
         assert_eq!((s.engage_wait, s.calm_wait), (500 * MS, 125 * MS));
-        assert_eq!(s.max_difficulty, 18);
+        assert_eq!(s.max_difficulty, 14);
     }
 
     #[test]
