@@ -160,9 +160,10 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
-    use std::time::Duration;
+/// A 2-worker app behind weir with one admission slot, a class challenged
+/// `under_pressure` (4 queued requests engage it at once), calm after
+/// `disengage_after`.
+async fn pressure_site(disengage_after: &str) -> (weir_lab::app::SimApp, TestWeir) {
     use weir_lab::app::{AppConfig, SimApp};
     let app = SimApp::start(
         AppConfig {
@@ -194,21 +195,21 @@ difficulty = 8
 [challenge.pressure]
 queue_depth = 4
 engage_after = "0s"
-disengage_after = "300ms"
+disengage_after = "{disengage_after}"
 "#,
         app.addr()
     );
-    let weir = TestWeir::start(&cfg).await;
+    (app, TestWeir::start(&cfg).await)
+}
 
-    // Calm: a navigation goes straight through.
-    assert_eq!(
-        get_from(ip("127.101.0.1"), weir.addr, "/wiki/A", &NAV)
-            .await
-            .0,
-        200
-    );
-
-    // Pressure: the app stalls, requests queue in weir's admission.
+/// Stalls the app and queues 8 API requests (never challenged) in weir's
+/// admission until they are waiting: the pressure. Their statuses, once
+/// the app recovers.
+async fn stall_and_queue(
+    app: &weir_lab::app::SimApp,
+    weir: &TestWeir,
+) -> Vec<tokio::task::JoinHandle<http::StatusCode>> {
+    use std::time::Duration;
     app.stall();
     let mut waiting = Vec::new();
     for i in 0..8u8 {
@@ -224,9 +225,8 @@ disengage_after = "300ms"
             .0
         }));
     }
-    let weir_ref = &weir;
-    // Wait until they queue: a navigation sent before the pressure engages
-    // would itself wait in the queue (until the app recovers).
+    // A navigation sent before the pressure engages would itself wait in
+    // the queue (until the app recovers).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let m = weir.metrics().await;
@@ -236,7 +236,7 @@ disengage_after = "300ms"
             .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
             .sum();
         if queued >= 4.0 {
-            break;
+            return waiting;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -244,6 +244,25 @@ disengage_after = "300ms"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
+    use std::time::Duration;
+    let (app, weir) = pressure_site("300ms").await;
+
+    // Calm: a navigation goes straight through.
+    assert_eq!(
+        get_from(ip("127.101.0.1"), weir.addr, "/wiki/A", &NAV)
+            .await
+            .0,
+        200
+    );
+
+    // Pressure: the app stalls, requests queue in weir's admission; a
+    // navigation finds no room within the pressure wait and is challenged.
+    let waiting = stall_and_queue(&app, &weir).await;
+    let weir_ref = &weir;
     let mut challenged = false;
     for _ in 0..100 {
         let (status, h, _) = get_from(ip("127.101.2.1"), weir_ref.addr, "/wiki/B", &NAV).await;
@@ -274,7 +293,7 @@ disengage_after = "300ms"
     };
 
     // The pressure passes: the app recovers, the queue drains, and after the
-    // calm period navigations are no longer challenged.
+    // calm period the challenge disengages.
     app.unstall();
     for w in waiting {
         assert_eq!(w.await.unwrap(), 200);
@@ -285,17 +304,75 @@ disengage_after = "300ms"
     let mut calm = false;
     for _ in 0..100 {
         let (status, _, _) = get_from(ip("127.101.4.1"), weir_ref.addr, "/wiki/C", &NAV).await;
-        if status == 200 {
+        let m = weir.metrics().await;
+        if status == 200 && metric(&m, "weir_challenge_engaged{pool=\"app\"}") == 0.0 {
             calm = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(calm, "challenges stop after the pressure passes");
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}
+
+/// Issue 19: the challenge is priority, not a gate. While the pressure is
+/// still engaged (the calm period has not passed) but the app has room, a
+/// navigation without a pass is served, not challenged: no app slot stays
+/// free while someone is turned away. Counted as spared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_pressure_a_navigation_is_served_while_the_app_has_room() {
+    use std::time::Duration;
+    let (app, weir) = pressure_site("10m").await;
+    let waiting = stall_and_queue(&app, &weir).await;
+    // Engaged and full: challenged after the pressure wait (500 ms).
+    let started = std::time::Instant::now();
+    let (status, h, _) = get_from(ip("127.102.0.1"), weir.addr, "/wiki/A", &NAV).await;
+    assert_eq!(status, 429);
+    assert!(h.contains_key("x-weir-challenge"));
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "it waited for room first: {:?}",
+        started.elapsed()
+    );
+    // The app recovers; the queue drains; the challenge stays engaged.
+    app.unstall();
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), 200);
+    }
     let m = weir.metrics().await;
     assert_eq!(
         metric(&m, "weir_challenge_engaged{pool=\"app\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "weir_challenge_spared_total{pool=\"app\"}"),
         0.0,
+        "{m}"
+    );
+    for i in 0..3u8 {
+        let (status, h, body) = get_from(
+            format!("127.102.1.{}", i + 1).parse().unwrap(),
+            weir.addr,
+            "/wiki/B",
+            &NAV,
+        )
+        .await;
+        assert_eq!(status, 200, "served while there is room: {body:?}");
+        assert!(!h.contains_key("x-weir-challenge"));
+    }
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(&m, "weir_challenge_engaged{pool=\"app\"}"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "weir_challenge_spared_total{pool=\"app\"}"),
+        3.0,
         "{m}"
     );
     drop(weir);

@@ -338,6 +338,13 @@ impl Challenger {
         self.base_difficulty
     }
 
+    /// How long an unproven navigation under pressure may wait for an
+    /// admission slot before it is challenged instead (`pressure.wait`:
+    /// the wait that counts as pressure).
+    pub fn pressure_wait(&self) -> Duration {
+        self.pressure.engage_wait
+    }
+
     /// A fresh pressure state machine with this config's thresholds. Serve
     /// `pressure.difficulty(challenger.base_difficulty())` while engaged.
     pub fn pressure(&self) -> Pressure {

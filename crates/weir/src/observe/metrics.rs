@@ -178,6 +178,9 @@ impl Metrics {
     /// Creates a pool's error series at 0, so an alert on their increase
     /// sees the first error (called when a configuration names the pool).
     pub fn pool_known(&self, pool: &Arc<str>) {
+        let _ = self
+            .challenge_spared
+            .get_or_create(&PoolLabels { pool: pool.clone() });
         for kind in [
             "connect",
             "timeout",
@@ -307,6 +310,7 @@ pub struct Metrics {
     pub challenge_events: Family<ChallengeLabels, Counter>,
     pub challenge_solve: Histogram,
     pub challenge_engaged: Family<PoolLabels, Gauge>,
+    pub challenge_spared: Family<PoolLabels, Counter>,
     pub admission_limit: Family<PoolLabels, Gauge>,
     pub admission_in_flight: Family<PoolLabels, Gauge>,
     pub admission_queued: Family<LaneLabels, Gauge>,
@@ -375,6 +379,7 @@ impl Metrics {
             challenge_events: Family::default(),
             challenge_solve: Histogram::new(exponential_buckets(0.05, 2.0, 10)),
             challenge_engaged: Family::default(),
+            challenge_spared: Family::default(),
             admission_limit: Family::default(),
             admission_in_flight: Family::default(),
             admission_queued: Family::default(),
@@ -571,6 +576,11 @@ impl Metrics {
             "challenge_engaged",
             "1 while a pool is under pressure and under_pressure classes challenge",
             m.challenge_engaged.clone(),
+        );
+        registry.register(
+            "challenge_spared",
+            "Navigations without a pass served under pressure because the app had room (not challenged)",
+            m.challenge_spared.clone(),
         );
         registry.register(
             "admission_limit",

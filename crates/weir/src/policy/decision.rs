@@ -33,6 +33,12 @@ pub enum Decision {
     /// Forward to the upstream, through admission, with what the request
     /// proved.
     Admit(Proof),
+    /// Forward like `Admit` if admission finds it a slot soon (within the
+    /// challenge's pressure `wait`); else answer with a challenge page of
+    /// `difficulty` bits instead of shedding it. An unproven navigation
+    /// under pressure: the app's free capacity serves it, and only what
+    /// would wait or be shed is asked to prove itself (work-conserving).
+    AdmitOrChallenge { proof: Proof, difficulty: u8 },
     /// Answer now with the reason's response; later stages are skipped.
     Reject(RejectReason),
     /// Answer now with the challenge's page (429 and a proof of work; see
@@ -44,7 +50,7 @@ impl Decision {
     /// A short label for logs and metrics (`admit`, `reject`, `challenge`).
     pub fn as_str(&self) -> &'static str {
         match self {
-            Decision::Admit(_) => "admit",
+            Decision::Admit(_) | Decision::AdmitOrChallenge { .. } => "admit",
             Decision::Reject(_) => "reject",
             Decision::Challenge(_) => "challenge",
         }

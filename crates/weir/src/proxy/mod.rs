@@ -244,8 +244,9 @@ fn serve(
         let session = policy::session(&gw, route, req.headers(), &mut log).await;
         let decision = policy::decide(&view, route, &client, &session, &gw, &mut log).await;
         log.record.decision = decision.as_str();
-        let proof = match decision {
-            Decision::Admit(proof) => proof,
+        let (proof, challenge_instead) = match decision {
+            Decision::Admit(proof) => (proof, None),
+            Decision::AdmitOrChallenge { proof, difficulty } => (proof, Some(difficulty)),
             Decision::Reject(reason) => return log.answer(&reason, accept),
             Decision::Challenge(page) => return policy::challenged(*page, log),
         };
@@ -257,10 +258,33 @@ fn serve(
             other => other.leader(),
         };
         // Admission: a slot in the pool's queue, in the lane the proof buys.
-        if let Err(reason) =
-            admit::admit(&routed.pool, routed.class, proof, &client, &mut log).await
+        // An unproven navigation under pressure waits only briefly, and is
+        // challenged instead of shed.
+        let mut class = routed.class;
+        if challenge_instead.is_some()
+            && let Some(ch) = &gw.challenger
         {
+            let wait = ch.pressure_wait();
+            class.queue_timeout = Some(class.queue_timeout.map_or(wait, |t| t.min(wait)));
+        }
+        if let Err(reason) = admit::admit(&routed.pool, class, proof, &client, &mut log).await {
+            if let (Some(difficulty), Some(ch), RejectReason::Shed { .. }) =
+                (challenge_instead, &gw.challenger, &reason)
+            {
+                let now = std::time::SystemTime::now();
+                let page = ch.page(&target, &client, req.headers(), difficulty, now);
+                return policy::challenged(page, log);
+            }
             return log.answer(&reason, accept);
+        }
+        if challenge_instead.is_some() {
+            conn.rt
+                .metrics
+                .challenge_spared
+                .get_or_create(&crate::observe::metrics::PoolLabels {
+                    pool: routed.pool.name.clone(),
+                })
+                .inc();
         }
         // Upstream: the request as decided, sent with failover.
         let answer = upstream::Answer::of(&mut req, leader);

@@ -79,10 +79,33 @@ pub(super) async fn decide(
         && !proof.verified
     {
         match challenge(ch, view, route, client, gw, log) {
-            Ok(pass) => proof.pass = pass,
-            Err(page) => return Decision::Challenge(page),
+            Challenged::Pass(id) => proof.pass = Some(id),
+            Challenged::NotNow => {}
+            Challenged::Page(page) => return Decision::Challenge(page),
+            Challenged::IfNoRoom(difficulty) => {
+                // The rules still apply; if they admit, admission decides.
+                return match decide_rules(view, route, client, session.user(), proof, gw, log).await
+                {
+                    Decision::Admit(proof) => Decision::AdmitOrChallenge { proof, difficulty },
+                    other => other,
+                };
+            }
         }
     }
+    decide_rules(view, route, client, session.user(), proof, gw, log).await
+}
+
+/// The client's requests in flight, then the class's rules: the second half
+/// of [`decide`].
+async fn decide_rules(
+    view: &RequestView<'_>,
+    route: &Route,
+    client: &ClientId,
+    user: Option<&str>,
+    proof: Proof,
+    gw: &Gateway,
+    log: &mut RequestLog,
+) -> Decision {
     let rt = &log.conn.rt;
     let max = gw.edge.max_in_flight_per_ip;
     let Some(slot) = rt
@@ -95,25 +118,26 @@ pub(super) async fn decide(
     if route.rules.is_empty() {
         return Decision::Admit(proof);
     }
-    match rules(
-        &route.rules,
-        view,
-        client,
-        session.user(),
-        proof.pass,
-        gw,
-        log,
-    )
-    .await
-    {
+    match rules(&route.rules, view, client, user, proof.pass, gw, log).await {
         Some(reason) => Decision::Reject(reason),
         None => Decision::Admit(proof),
     }
 }
 
-/// The challenge for a request of a challenging class: `Ok` with its pass
-/// id when it holds a valid pass (or `None`: not challenged now), `Err`
-/// with the page when it must show it is a browser first.
+/// What the challenge says of a request of a challenging class.
+enum Challenged {
+    /// It holds a valid pass (its id).
+    Pass(u64),
+    /// Not challenged now.
+    NotNow,
+    /// It must show it is a browser first: the page.
+    Page(Box<Response<Bytes>>),
+    /// Under pressure, before a pool with an admission queue: served if a
+    /// slot is free soon, else challenged at this difficulty.
+    IfNoRoom(u8),
+}
+
+/// The challenge for a request of a challenging class (see [`Challenged`]).
 fn challenge(
     ch: &Challenger,
     view: &RequestView<'_>,
@@ -121,7 +145,7 @@ fn challenge(
     client: &ClientId,
     gw: &Gateway,
     log: &mut RequestLog,
-) -> Result<Option<u64>, Box<Response<Bytes>>> {
+) -> Challenged {
     let rt = &log.conn.rt;
     let now = SystemTime::now();
     let check = ch.pass(view.headers, client, now);
@@ -130,7 +154,7 @@ fn challenge(
     }
     if let PassCheck::Valid(t) = check {
         log.record.challenge = Some("pass");
-        return Ok(Some(t.id));
+        return Challenged::Pass(t.id);
     }
     let pool = &gw.pools[route.pool];
     // The queue's depth feeds the hysteresis (the wait threshold is not fed
@@ -150,16 +174,21 @@ fn challenge(
             pool: pool.name.clone(),
         })
         .set(i64::from(engaged));
-    if route.challenge.applies(engaged) && ch.eligible(view.target, view.headers, client) {
-        return Err(Box::new(ch.page(
-            view.target,
-            client,
-            view.headers,
-            difficulty,
-            now,
-        )));
+    if !route.challenge.applies(engaged) || !ch.eligible(view.target, view.headers, client) {
+        return Challenged::NotNow;
     }
-    Ok(None)
+    // `always` challenges every time; pressure only what capacity cannot
+    // serve (pressure engages only on a pool with a queue).
+    if route.challenge == ChallengeMode::UnderPressure && pool.admission.is_some() {
+        return Challenged::IfNoRoom(difficulty);
+    }
+    Challenged::Page(Box::new(ch.page(
+        view.target,
+        client,
+        view.headers,
+        difficulty,
+        now,
+    )))
 }
 
 /// The class's rules (`policy::rules::judge`, the phase `weir replay` runs
