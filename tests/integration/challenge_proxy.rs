@@ -260,7 +260,7 @@ async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
     );
 
     // Pressure: the app stalls, requests queue in weir's admission; a
-    // navigation finds no room within the pressure wait and is challenged.
+    // navigation finds no room and is challenged.
     let waiting = stall_and_queue(&app, &weir).await;
     let weir_ref = &weir;
     let mut challenged = false;
@@ -327,16 +327,10 @@ async fn under_pressure_a_navigation_is_served_while_the_app_has_room() {
     use std::time::Duration;
     let (app, weir) = pressure_site("10m").await;
     let waiting = stall_and_queue(&app, &weir).await;
-    // Engaged and full: challenged after the pressure wait (500 ms).
-    let started = std::time::Instant::now();
+    // Engaged and full: challenged (at once: no wait, no rule charged).
     let (status, h, _) = get_from(ip("127.102.0.1"), weir.addr, "/wiki/A", &NAV).await;
     assert_eq!(status, 429);
     assert!(h.contains_key("x-weir-challenge"));
-    assert!(
-        started.elapsed() >= Duration::from_millis(400),
-        "it waited for room first: {:?}",
-        started.elapsed()
-    );
     // The app recovers; the queue drains; the challenge stays engaged.
     app.unstall();
     for w in waiting {

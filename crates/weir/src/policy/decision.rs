@@ -36,8 +36,8 @@ pub enum Decision {
     /// Forward like `Admit` if admission finds it a slot soon (within the
     /// challenge's pressure `wait`); else answer with a challenge page of
     /// `difficulty` bits instead of shedding it. An unproven navigation
-    /// under pressure: the app's free capacity serves it, and only what
-    /// would wait or be shed is asked to prove itself (work-conserving).
+    /// under pressure while the app has room: free capacity serves it, and
+    /// only what would wait is asked to prove itself (work-conserving).
     AdmitOrChallenge { proof: Proof, difficulty: u8 },
     /// Answer now with the reason's response; later stages are skipped.
     Reject(RejectReason),

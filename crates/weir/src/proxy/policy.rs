@@ -132,8 +132,9 @@ enum Challenged {
     NotNow,
     /// It must show it is a browser first: the page.
     Page(Box<Response<Bytes>>),
-    /// Under pressure, before a pool with an admission queue: served if a
-    /// slot is free soon, else challenged at this difficulty.
+    /// Under pressure, but the pool's queue has a free slot and nobody
+    /// waiting: served, unless admission sheds it after all (a race for the
+    /// slot), then challenged at this difficulty.
     IfNoRoom(u8),
 }
 
@@ -159,7 +160,8 @@ fn challenge(
     let pool = &gw.pools[route.pool];
     // The queue's depth feeds the hysteresis (the wait threshold is not fed
     // yet: depth alone engages); a pool without a queue is never under it.
-    let depth = pool.admission.as_ref().map_or(0, |q| q.snapshot().queued());
+    let snapshot = pool.admission.as_ref().map(|q| q.snapshot());
+    let depth = snapshot.as_ref().map_or(0, |s| s.queued());
     let (engaged, difficulty) = rt.pressure.observe(
         &pool.name,
         &ch.pressure(),
@@ -178,8 +180,11 @@ fn challenge(
         return Challenged::NotNow;
     }
     // `always` challenges every time; pressure only what capacity cannot
-    // serve (pressure engages only on a pool with a queue).
-    if route.challenge == ChallengeMode::UnderPressure && pool.admission.is_some() {
+    // serve now: a free slot with nobody waiting for it serves an unproven
+    // request too. Otherwise the page at once, not after a wait: a person
+    // should not wait twice, nor the rules count one request twice.
+    let room = snapshot.is_some_and(|s| s.in_flight < s.limit && s.queued() == 0);
+    if route.challenge == ChallengeMode::UnderPressure && room {
         return Challenged::IfNoRoom(difficulty);
     }
     Challenged::Page(Box::new(ch.page(
