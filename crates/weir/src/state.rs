@@ -285,18 +285,6 @@ pub fn sweep(rt: &Runtime) {
     }
 }
 
-/// The limiter's view of `[state.redis_sentinel]`.
-pub fn sentinel_settings(
-    s: &crate::config::RedisSentinelConfig,
-) -> weir_limiter::redis::SentinelSettings {
-    weir_limiter::redis::SentinelSettings {
-        nodes: s.nodes.clone(),
-        master: s.master.clone(),
-        db: s.db,
-        password: s.password.clone(),
-    }
-}
-
 /// Starts the shared (Redis) limiter when `state.redis_url` is set. It never
 /// blocks: connecting happens in the background, and until Redis answers
 /// (or whenever it stops answering) decisions use the local stores.
@@ -315,9 +303,7 @@ pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetup
             let tls = RedisTls::from_config(cfg.redis_ca_file.as_deref().map(Path::new))?;
             RedisLimiter::with_tls(url, &cfg.redis_prefix, timeouts, &tls)?
         }
-        (None, Some(s)) => {
-            RedisLimiter::with_sentinel(&sentinel_settings(s), &cfg.redis_prefix, timeouts)?
-        }
+        (None, Some(s)) => RedisLimiter::with_sentinel(&s.settings(), &cfg.redis_prefix, timeouts)?,
         (None, None) => return Ok(()),
     };
     tracing::info!(

@@ -227,6 +227,18 @@ pub struct RedisSentinelConfig {
     pub password: Option<String>,
 }
 
+impl RedisSentinelConfig {
+    /// The limiter's view of these settings.
+    pub fn settings(&self) -> weir_limiter::redis::SentinelSettings {
+        weir_limiter::redis::SentinelSettings {
+            nodes: self.nodes.clone(),
+            master: self.master.clone(),
+            db: self.db,
+            password: self.password.clone(),
+        }
+    }
+}
+
 /// How weir reacts to starting without the state it expected.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

@@ -123,7 +123,7 @@ pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
                 "give redis_url or redis_sentinel, not both".to_string(),
             ));
         }
-        let settings = crate::state::sentinel_settings(sentinel);
+        let settings = sentinel.settings();
         if let Err(e) = check_sentinel_settings(&settings, &st.redis_prefix) {
             let key = match e {
                 RedisSetupError::NoSentinels | RedisSetupError::BadUrl { .. } => at.key("nodes"),
