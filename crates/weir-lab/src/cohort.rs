@@ -622,40 +622,83 @@ async fn exchange(
         *conn = None;
     }
     // A browser (people, and the share of crawlers that run one) solves the
-    // challenge the way the page's script does, then asks again.
-    if challenged
-        && solves
-        && let Some((nonce, bits)) = challenge_of(&body)
-    {
-        let counter =
-            tokio::task::spawn_blocking(move || weir::challenge::pow::solve(&nonce, bits))
-                .await
-                .unwrap_or_default();
-        let nonce = weir::challenge::page_nonce(&body).unwrap_or_default();
-        let form = weir::challenge::answer_form(&nonce, counter);
-        if submit_answer(ctx, cohort, src, jar, form).await == Some(true) {
-            let retry = Box::pin(exchange(
-                ctx,
-                cohort,
-                src,
-                conn,
-                jar,
-                method_again,
-                path,
-                false,
-            ))
-            .await;
-            return Answer {
-                solved_challenge: true,
-                ..retry
-            };
+    // challenge the way the page's script does, or, with scripts off, follows
+    // the page's refresh after its wait; then asks again.
+    let passed = if !challenged || !solves {
+        false
+    } else if cohort.javascript {
+        match challenge_of(&body) {
+            Some((nonce, bits)) => {
+                let counter =
+                    tokio::task::spawn_blocking(move || weir::challenge::pow::solve(&nonce, bits))
+                        .await
+                        .unwrap_or_default();
+                let nonce = weir::challenge::page_nonce(&body).unwrap_or_default();
+                let form = weir::challenge::answer_form(&nonce, counter);
+                submit_answer(ctx, cohort, src, jar, form).await == Some(true)
+            }
+            None => false,
         }
+    } else {
+        follow_refresh(ctx, cohort, src, jar, &body).await == Some(true)
+    };
+    if passed {
+        let retry = Box::pin(exchange(
+            ctx,
+            cohort,
+            src,
+            conn,
+            jar,
+            method_again,
+            path,
+            false,
+        ))
+        .await;
+        return Answer {
+            solved_challenge: true,
+            ..retry
+        };
     }
     Answer {
         outcome: Outcome::of_response(status, challenged),
         reached_app,
         solved_challenge: false,
     }
+}
+
+/// The `<noscript>` meta refresh of a challenge page: its wait and link.
+fn refresh_of(html: &[u8]) -> Option<(Duration, String)> {
+    let text = std::str::from_utf8(html).ok()?;
+    let meta = text.find("http-equiv=\"refresh\"")?;
+    let content = meta + text[meta..].find("content=\"")? + "content=\"".len();
+    let value = &text[content..content + text[content..].find('"')?];
+    let (secs, url) = value.split_once(';')?;
+    let url = url.trim().strip_prefix("url=")?;
+    Some((
+        Duration::from_secs(secs.trim().parse().ok()?),
+        url.replace("&amp;", "&"),
+    ))
+}
+
+/// What a browser with scripts off does on a challenge page: waits as its
+/// refresh says, then follows it on a fresh connection, keeping the pass
+/// cookie; `Some(true)` when that earned a pass (303).
+async fn follow_refresh(
+    ctx: &RunContext,
+    cohort: &Cohort,
+    src: Ipv4Addr,
+    jar: &mut CookieJar,
+    html: &[u8],
+) -> Option<bool> {
+    let (wait, url) = refresh_of(html)?;
+    tokio::time::sleep(wait).await;
+    let req = Request::builder()
+        .method(Method::GET)
+        .uri(url)
+        .header("host", &cohort.host)
+        .header("user-agent", &cohort.user_agent)
+        .header("accept", "text/html");
+    earns_pass(ctx, src, jar, req, Bytes::new()).await
 }
 
 /// Posts a challenge answer on a fresh connection, keeping the pass cookie;
@@ -667,18 +710,30 @@ async fn submit_answer(
     jar: &mut CookieJar,
     form: String,
 ) -> Option<bool> {
-    let mut sender = connect(src, ctx.target).await.ok()?;
-    sender.ready().await.ok()?;
-    let mut req = Request::builder()
+    let req = Request::builder()
         .method(Method::POST)
         .uri("/.weir/challenge/verify")
         .header("host", &cohort.host)
         .header("user-agent", &cohort.user_agent)
         .header("content-type", "application/x-www-form-urlencoded");
+    earns_pass(ctx, src, jar, req, Bytes::from(form)).await
+}
+
+/// Sends `req` with the jar's cookies on a fresh connection and keeps what
+/// it sets; `Some(true)` when weir answered 303 (a pass earned).
+async fn earns_pass(
+    ctx: &RunContext,
+    src: Ipv4Addr,
+    jar: &mut CookieJar,
+    mut req: http::request::Builder,
+    body: Bytes,
+) -> Option<bool> {
+    let mut sender = connect(src, ctx.target).await.ok()?;
+    sender.ready().await.ok()?;
     if let Some(cookies) = jar.header() {
         req = req.header("cookie", cookies);
     }
-    let body = ClientBody::Left(http_body_util::Full::new(Bytes::from(form)));
+    let body = ClientBody::Left(http_body_util::Full::new(body));
     let resp = sender.send_request(req.body(body).ok()?).await.ok()?;
     for v in resp.headers().get_all(SET_COOKIE) {
         jar.set(v);
@@ -787,6 +842,46 @@ mod tests {
     use crate::scenario::Phase;
 
     #[test]
+    fn a_page_without_javascript_is_followed_by_its_refresh() {
+        use weir::challenge::{ChallengeConfig, Challenger};
+        use weir::identity::{AddrSource, ClientAddr, ClientId, PeerAddr};
+        let ch = Challenger::new(&ChallengeConfig {
+            keys: vec!["lab-test-key-0123456789abcdef0123456789".into()],
+            no_script_delay: weir::config::ConfigDuration::secs(4),
+            ..ChallengeConfig::default()
+        })
+        .unwrap();
+        let peer: std::net::SocketAddr = "192.0.2.1:4000".parse().unwrap();
+        let client = ClientId {
+            peer: PeerAddr(peer),
+            client: ClientAddr::new(peer.ip()),
+            source: AddrSource::Peer,
+        };
+        let target = weir_http::target::Target::parse(
+            "GET",
+            "/w/index.php?search=a&fulltext=1",
+            Some("wiki.example.org"),
+            Default::default(),
+        )
+        .unwrap();
+        let page = ch.page(
+            &target,
+            &client,
+            &http::HeaderMap::new(),
+            12,
+            std::time::SystemTime::now(),
+        );
+        let (wait, url) = refresh_of(page.body()).expect("a refresh");
+        assert_eq!(wait, Duration::from_secs(4));
+        let nonce = weir::challenge::page_nonce(page.body()).unwrap();
+        assert_eq!(
+            url,
+            format!("{}?nonce={nonce}", weir::challenge::REFRESH_PATH)
+        );
+        assert_eq!(refresh_of(b"<html>no refresh</html>"), None);
+    }
+
+    #[test]
     fn outcomes_from_statuses() {
         #[rustfmt::skip]
         let cases = [
@@ -886,6 +981,7 @@ mod tests {
             rate,
             requests: Vec::new(),
             login_share: 0.0,
+            javascript: true,
             session_cookie_share: 0.0,
             headless_share: 0.0,
             user_agent: "test".into(),

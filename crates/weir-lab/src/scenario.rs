@@ -175,7 +175,7 @@ impl CohortKind {
 
     /// Keys only a cohort of this kind may have, beyond [`COMMON_COHORT_KEYS`].
     fn own_keys(self) -> &'static [&'static str] {
-        const HUMANS: &[&str] = &["count", "login_share"];
+        const HUMANS: &[&str] = &["count", "login_share", "javascript"];
         const EDITORS: &[&str] = &["count"];
         const CRAWLERS: &[&str] = &["concurrency", "session_cookie_share", "headless_share"];
         const FLOOD: &[&str] = &["connections", "reconnect_delay"];
@@ -259,6 +259,11 @@ pub struct CohortConfig {
     /// it sets is then kept and sent, as a browser does).
     #[serde(default)]
     pub login_share: Option<f64>,
+    /// humans: whether their browsers run JavaScript (default true). Without it, a
+    /// challenge page is answered by following its `<noscript>` refresh after the
+    /// wait, as a browser with scripts off does.
+    #[serde(default)]
+    pub javascript: Option<bool>,
     /// crawlers: share of addresses that fetch the login page first and then send its
     /// session cookie with every request (incident 1: ~1/5).
     #[serde(default)]
@@ -392,6 +397,8 @@ pub struct Cohort {
     pub rate: f64,
     pub requests: Vec<RequestMix>,
     pub login_share: f64,
+    /// humans: browsers that run the challenge's script (else they follow its refresh).
+    pub javascript: bool,
     pub session_cookie_share: f64,
     pub headless_share: f64,
     pub user_agent: String,
@@ -781,6 +788,7 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
             rate: c.rate,
             requests,
             login_share,
+            javascript: c.javascript.unwrap_or(true),
             session_cookie_share,
             headless_share,
             user_agent: c
