@@ -158,6 +158,20 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
         log.iter()
             .any(|l| l["challenge"] == "pass" && l["status"] == 200)
     );
+    // The pass holder the per-pass rule refused is flagged as maybe a person.
+    assert!(
+        log.iter()
+            .any(|l| l["rule"] == "per-pass" && l["collateral"] == "pass"),
+        "{log:?}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "weir_rule_collateral_total{rule=\"per-pass\",signal=\"pass\",enforced=\"yes\"}"
+        ),
+        1.0,
+        "{m}"
+    );
 }
 
 /// A 2-worker app behind weir with one admission slot, a class challenged

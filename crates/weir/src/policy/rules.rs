@@ -372,7 +372,12 @@ pub async fn judge(
     for &(index, result) in &ev.results {
         observer.result(&rules[index], result);
     }
-    let signal = collateral_signal(facts.user.is_some(), facts.headers, low_rate);
+    let signal = collateral_signal(
+        facts.user.is_some(),
+        facts.pass.is_some(),
+        facts.headers,
+        low_rate,
+    );
     for shadow in &ev.shadow {
         observer.rejected(shadow, client, signal, false);
     }
@@ -388,11 +393,14 @@ pub async fn judge(
 }
 
 /// Why a refused client may be a person rather than a crawler, strongest
-/// signal first: a verified session, a low request rate, a browser
-/// navigation. Browser headers can be faked; they are a signal to watch,
-/// not proof.
+/// signal first: a verified session, a valid challenge pass (its browser ran
+/// the challenge's script or waited out its refresh, and kept the cookie), a
+/// low request rate, a browser navigation. A headless crawler can hold a
+/// pass and browser headers can be faked; they are signals to watch, not
+/// proof.
 pub fn collateral_signal(
     verified: bool,
+    pass: bool,
     headers: &HeaderMap,
     low_rate: bool,
 ) -> Option<&'static str> {
@@ -405,6 +413,8 @@ pub fn collateral_signal(
             .is_some_and(|v| v.contains("text/html"));
     if verified {
         Some("verified")
+    } else if pass {
+        Some("pass")
     } else if low_rate {
         Some("low_rate")
     } else if navigates {
@@ -618,6 +628,28 @@ mod tests {
         match fut.poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
             std::task::Poll::Ready(ev) => ev,
             std::task::Poll::Pending => unreachable!("local evaluation does not wait"),
+        }
+    }
+
+    #[test]
+    fn collateral_signals_strongest_first() {
+        let nav = {
+            let mut h = HeaderMap::new();
+            h.insert("sec-fetch-mode", "navigate".parse().unwrap());
+            h
+        };
+        let none = HeaderMap::new();
+        // (verified, pass, headers, low rate, signal)
+        let cases: [(bool, bool, &HeaderMap, bool, Option<&str>); 6] = [
+            (true, true, &nav, true, Some("verified")),
+            (false, true, &nav, true, Some("pass")),
+            (false, true, &none, false, Some("pass")),
+            (false, false, &nav, true, Some("low_rate")),
+            (false, false, &nav, false, Some("browser")),
+            (false, false, &none, false, None),
+        ];
+        for (i, (verified, pass, h, low, want)) in cases.into_iter().enumerate() {
+            assert_eq!(collateral_signal(verified, pass, h, low), want, "case {i}");
         }
     }
 
