@@ -579,6 +579,9 @@ async fn exchange(
             .header("sec-fetch-mode", "navigate")
             .header("sec-fetch-site", "same-origin")
             .header("sec-fetch-dest", "document");
+        if let Some(page) = &jar.last_page {
+            req = req.header("referer", format!("http://{}{page}", cohort.host));
+        }
     } else {
         req = req.header("accept", "*/*");
     }
@@ -605,6 +608,9 @@ async fn exchange(
     let headers = response.headers();
     let challenged = headers.contains_key("x-weir-challenge");
     let reached_app = headers.contains_key("x-app-class");
+    if reached_app && status == 200 && browser {
+        jar.last_page = Some(path.to_owned());
+    }
     let keep = !headers
         .get("connection")
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
@@ -747,6 +753,9 @@ async fn earns_pass(
 #[derive(Debug, Default, Clone)]
 pub struct CookieJar {
     pairs: Vec<(String, String)>,
+    /// The last page the site served (a browser's `Referer` for the next
+    /// navigation, as when following a link).
+    last_page: Option<String>,
 }
 
 impl CookieJar {

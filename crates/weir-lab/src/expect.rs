@@ -8,8 +8,10 @@
 //!
 //! Cohort metrics without `_count` are shares of the cohort's requests (0..1, so
 //! `humans.served >= 0.99` or `>= 99%`); with `_count` they are counts. `rules.NAME.count`
-//! counts rejections by a rule; `rules.NAME.<cohort>` those that hit one cohort, and
-//! `rules.NAME.unknown` those whose client address belongs to no cohort.
+//! counts rejections by a rule; `rules.NAME.<cohort>` those that hit one cohort,
+//! `rules.NAME.unknown` those whose client address belongs to no cohort, and
+//! `rules.NAME.people_precision` / `people_recall` how well weir's people signal
+//! (`verified`, `pass`, `browsing` in the access log) told people from the rest.
 //!
 //! This module parses and compares. It does not know where values come from: the report
 //! ([`crate::report::VariantReport::metric`]) looks them up.
@@ -47,6 +49,11 @@ pub const UPSTREAM_METRICS: &[&str] = &[
 ];
 /// Metrics of the load generator itself.
 pub const GENERATOR_METRICS: &[&str] = &["lag_p50_ms", "lag_p99_ms", "lag_max_ms", "late_share"];
+
+/// Rule metrics that are not cohort names: rejections, and how well weir's
+/// people signal (`verified`, `pass`, `browsing`) told people from crawlers
+/// among them (shares, 1 when there was nothing to tell).
+pub const RULE_METRICS: &[&str] = &["count", UNKNOWN_CLIENT, "people_precision", "people_recall"];
 
 /// The pseudo-cohort of rejected clients whose address belongs to no cohort (a load
 /// balancer weir does not trust): `rules.NAME.unknown`.
@@ -172,9 +179,7 @@ impl Check {
     pub fn cohort_name(&self) -> Option<&str> {
         match &self.subject {
             Subject::Cohort(c) => Some(c),
-            Subject::Rule(_) if self.metric != "count" && self.metric != UNKNOWN_CLIENT => {
-                Some(&self.metric)
-            }
+            Subject::Rule(_) if !RULE_METRICS.contains(&self.metric.as_str()) => Some(&self.metric),
             _ => None,
         }
     }

@@ -113,6 +113,32 @@ pub struct RuleReport {
     /// From the access log, by the cohort owning the client address (`unknown`: an
     /// address of no cohort, e.g. the load balancer's when it is not trusted).
     pub by_cohort: BTreeMap<String, u64>,
+    /// Of those, rejections of people (the humans and editors cohorts).
+    pub people: u64,
+    /// Rejections weir flagged as maybe a person (`verified`, `pass`, `browsing`).
+    pub flagged: u64,
+    /// Flagged rejections that were of people.
+    pub flagged_people: u64,
+}
+
+impl RuleReport {
+    /// Share of flagged rejections that were people (1 when none was flagged).
+    pub fn people_precision(&self) -> f64 {
+        if self.flagged == 0 {
+            1.0
+        } else {
+            self.flagged_people as f64 / self.flagged as f64
+        }
+    }
+
+    /// Share of people's rejections that were flagged (1 when no person was refused).
+    pub fn people_recall(&self) -> f64 {
+        if self.people == 0 {
+            1.0
+        } else {
+            self.flagged_people as f64 / self.people as f64
+        }
+    }
 }
 
 /// Whether the load generator kept up.
@@ -205,6 +231,8 @@ impl VariantReport {
                 let r = self.rules.get(rule);
                 Some(match metric {
                     "count" => r.map_or(0, |r| r.count) as f64,
+                    "people_precision" => r.map_or(1.0, RuleReport::people_precision),
+                    "people_recall" => r.map_or(1.0, RuleReport::people_recall),
                     cohort => r
                         .and_then(|r| r.by_cohort.get(cohort))
                         .copied()
@@ -373,6 +401,17 @@ impl SimReport {
                     .map(|(c, n)| format!("{c} {n}"))
                     .collect();
                 let _ = writeln!(out, "  {}: {rule} hit {}", v.name, parts.join(", "));
+                if r.people > 0 || r.flagged > 0 {
+                    let _ = writeln!(
+                        out,
+                        "  {}: {rule} flagged {} as people ({} were): precision {:.2}, recall {:.2}",
+                        v.name,
+                        r.flagged,
+                        r.flagged_people,
+                        r.people_precision(),
+                        r.people_recall()
+                    );
+                }
             }
         }
         let g = |f: &dyn Fn(&GeneratorReport) -> String| {

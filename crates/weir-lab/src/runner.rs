@@ -251,7 +251,13 @@ pub fn run_variant(
 
     let mut rules = rules_from_metrics(&metrics);
     if meta.access_log {
-        count_log_rejections(&access_log, &owners, &mut rules);
+        let people: std::collections::HashSet<&str> = scenario
+            .cohorts
+            .iter()
+            .filter(|c| matches!(c.kind, CohortKind::Humans | CohortKind::Editors))
+            .map(|c| c.name.as_str())
+            .collect();
+        count_log_rejections(&access_log, &owners, &people, &mut rules);
     }
     let buckets = std::mem::take(&mut *buckets.lock().unwrap_or_else(PoisonError::into_inner));
     Ok(build_report(
@@ -564,10 +570,14 @@ pub fn rules_from_metrics(text: &str) -> BTreeMap<String, RuleReport> {
     out
 }
 
-/// Per-rule, per-cohort rejections from weir's access log.
+/// Per-rule, per-cohort rejections from weir's access log, and how many of
+/// them weir flagged as maybe a person (`collateral`: `verified`, `pass`,
+/// `browsing`, the evidence signals), against the lab's ground truth:
+/// whether the client belongs to one of the `people` cohorts.
 fn count_log_rejections(
     path: &Path,
     owners: &HashMap<IpAddr, String>,
+    people: &std::collections::HashSet<&str>,
     rules: &mut BTreeMap<String, RuleReport>,
 ) {
     let Ok(file) = std::fs::File::open(path) else {
@@ -587,8 +597,16 @@ fn count_log_rejections(
         let cohort = client
             .and_then(|c| owners.get(&c))
             .map_or(super::expect::UNKNOWN_CLIENT, String::as_str);
+        let flagged = v
+            .get("collateral")
+            .and_then(|c| c.as_str())
+            .is_some_and(weir::policy::rules::is_person_evidence);
+        let person = people.contains(cohort);
         let r = rules.entry(rule.to_string()).or_default();
         *r.by_cohort.entry(cohort.to_string()).or_default() += 1;
+        r.people += u64::from(person);
+        r.flagged += u64::from(flagged);
+        r.flagged_people += u64::from(flagged && person);
     }
 }
 

@@ -61,7 +61,8 @@ pub struct RuleReport {
     /// Rejections per minute of log time (`YYYY-MM-DDTHH:MM`, in the
     /// report's `zone`).
     pub per_minute: BTreeMap<String, u64>,
-    /// Rejections per minute that looked like people (a collateral signal).
+    /// Rejections per minute with evidence of a person (`verified`, `pass`,
+    /// `browsing`; not `low_rate` or `browser` alone).
     pub people_per_minute: BTreeMap<String, u64>,
     /// Estimated human collateral, by signal: `low_rate`, `browser`.
     pub collateral: BTreeMap<&'static str, u64>,
@@ -181,6 +182,7 @@ impl HeaderSet {
     const HOST: u8 = 8;
     const SEC_FETCH_MODE: u8 = 16;
     const FORWARDED_FOR: u8 = 32;
+    const REFERER: u8 = 64;
 
     /// The bit of a header name; 0 for a header no record carries.
     fn bit(name: &HeaderName) -> u8 {
@@ -196,6 +198,8 @@ impl HeaderSet {
             Self::SEC_FETCH_MODE
         } else if name == XFF {
             Self::FORWARDED_FOR
+        } else if name == http::header::REFERER {
+            Self::REFERER
         } else {
             0
         }
@@ -204,11 +208,12 @@ impl HeaderSet {
     /// The headers routes and rules read: route header and cookie
     /// conditions, header and cookie rule keys. `X-Forwarded-For` always,
     /// for resolving a chain behind a trusted proxy; `Accept` and
-    /// `Sec-Fetch-Mode` when there are rules, for the collateral signal.
+    /// `Sec-Fetch-Mode` and `Referer` when there are rules, for the
+    /// collateral signals.
     fn read_by(gateway: &Gateway) -> HeaderSet {
         let mut set = Self::FORWARDED_FOR;
         if gateway.routes.routes.iter().any(|r| !r.rules.is_empty()) {
-            set |= Self::ACCEPT | Self::SEC_FETCH_MODE;
+            set |= Self::ACCEPT | Self::SEC_FETCH_MODE | Self::REFERER;
         }
         let mut key = |k: &KeyKind| match k {
             KeyKind::Header(name) => set |= Self::bit(name),
@@ -377,6 +382,7 @@ impl Replay {
             user: None,
             pass: None,
             now,
+            host: target.host(),
         };
         // The live rules phase, on the log's clock.
         let mut observer = Tally {
@@ -499,7 +505,9 @@ impl RuleObserver for Tally<'_> {
             .or_insert(0) += 1;
         if let Some(s) = signal {
             *rr.collateral.entry(s).or_insert(0) += 1;
-            *rr.people_minutes.entry(self.minute).or_insert(0) += 1;
+            if weir::policy::rules::is_person_evidence(s) {
+                *rr.people_minutes.entry(self.minute).or_insert(0) += 1;
+            }
         }
     }
 }
@@ -533,6 +541,7 @@ fn fill_headers(h: &mut HeaderMap, wanted: HeaderSet, rec: &LogRecord<'_>) {
             &rec.sec_fetch_mode,
         ),
         (HeaderSet::FORWARDED_FOR, &XFF, &rec.forwarded_for),
+        (HeaderSet::REFERER, &http::header::REFERER, &rec.referer),
     ];
     // Checked here, not in a helper per header: most records carry none of
     // the headers the configuration reads.
@@ -889,7 +898,7 @@ mod tests {
         for (per, wanted, admits) in cases {
             let mut replay = replay_of(&rule(per));
             // Every case has a rule: the collateral signal reads these too.
-            let signal = HeaderSet::ACCEPT | HeaderSet::SEC_FETCH_MODE;
+            let signal = HeaderSet::ACCEPT | HeaderSet::SEC_FETCH_MODE | HeaderSet::REFERER;
             assert_eq!(replay.wanted, HeaderSet(*wanted | signal), "{per}");
             let got: Vec<bool> = [
                 record(0, "10.0.0.1", "a"),
@@ -1035,6 +1044,7 @@ mod tests {
             ("host", HeaderSet::HOST),
             ("sec-fetch-mode", HeaderSet::SEC_FETCH_MODE),
             ("x-forwarded-for", HeaderSet::FORWARDED_FOR),
+            ("referer", HeaderSet::REFERER),
             ("x-api-key", 0),
         ];
         for (name, bit) in cases {

@@ -235,6 +235,9 @@ pub struct RequestFacts<'a> {
     /// The challenge pass token's id, if the request holds a valid one.
     pub pass: Option<u64>,
     pub now: MonoTime,
+    /// The canonical host the request is for (the target's), when it has
+    /// one: a `Referer` from it is evidence of browsing the site.
+    pub host: Option<&'a str>,
 }
 
 /// Why a rule rejected a request.
@@ -375,6 +378,7 @@ pub async fn judge(
     let signal = collateral_signal(
         facts.user.is_some(),
         facts.pass.is_some(),
+        facts.host,
         facts.headers,
         low_rate,
     );
@@ -394,13 +398,17 @@ pub async fn judge(
 
 /// Why a refused client may be a person rather than a crawler, strongest
 /// signal first: a verified session, a valid challenge pass (its browser ran
-/// the challenge's script or waited out its refresh, and kept the cookie), a
-/// low request rate, a browser navigation. A headless crawler can hold a
-/// pass and browser headers can be faked; they are signals to watch, not
-/// proof.
+/// the challenge's script or waited out its refresh, and kept the cookie),
+/// browsing (a navigation that came from a page of the same site, its
+/// `Referer`), a low request rate, a browser navigation. A headless crawler
+/// can hold a pass and headers can be faked; they are signals to watch, not
+/// proof. `verified`, `pass` and `browsing` are evidence of a person;
+/// `low_rate` is weak (a crawler spread over many addresses sends little
+/// from each), `browser` weaker.
 pub fn collateral_signal(
     verified: bool,
     pass: bool,
+    host: Option<&str>,
     headers: &HeaderMap,
     low_rate: bool,
 ) -> Option<&'static str> {
@@ -415,6 +423,8 @@ pub fn collateral_signal(
         Some("verified")
     } else if pass {
         Some("pass")
+    } else if navigates && host.is_some_and(|h| referer_is_from(headers, h)) {
+        Some("browsing")
     } else if low_rate {
         Some("low_rate")
     } else if navigates {
@@ -422,6 +432,37 @@ pub fn collateral_signal(
     } else {
         None
     }
+}
+
+/// Whether a collateral signal is evidence of a person (`verified`,
+/// `pass`, `browsing`), not only a hint (`low_rate`, `browser`): what the
+/// `WeirRuleHittingPeople` alert, the replay's people line and the lab's
+/// precision count.
+pub fn is_person_evidence(signal: &str) -> bool {
+    matches!(signal, "verified" | "pass" | "browsing")
+}
+
+/// Whether the request's `Referer` is a page of `host` (scheme and port
+/// aside): the visitor came from the site itself.
+fn referer_is_from(headers: &HeaderMap, host: &str) -> bool {
+    let Some(referer) = headers
+        .get(http::header::REFERER)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some((_, rest)) = referer.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    // `[v6]:port` keeps its brackets; `name:port` loses the port.
+    let name = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    !name.is_empty() && name.eq_ignore_ascii_case(host)
 }
 
 /// Evaluates `rules` in order. `global_shadow` puts every rule in shadow mode.
@@ -622,6 +663,7 @@ mod tests {
             user,
             pass: None,
             now,
+            host: None,
         };
         // No shared limiter: evaluation never waits, so a no-op waker suffices.
         let fut = std::pin::pin!(evaluate(rules, &facts, false, None));
@@ -639,18 +681,39 @@ mod tests {
             h
         };
         let none = HeaderMap::new();
+        let from = |referer: &str| {
+            let mut h = nav.clone();
+            h.insert("referer", referer.parse().unwrap());
+            h
+        };
+        let (same, other, ported) = (
+            from("https://Wiki.Example/wiki/Main_Page"),
+            from("https://search.example/?q=wiki.example"),
+            from("http://user@wiki.example:8080/w/index.php?title=X"),
+        );
+        let mut referer_only = none.clone();
+        referer_only.insert("referer", "https://wiki.example/".parse().unwrap());
         // (verified, pass, headers, low rate, signal)
-        let cases: [(bool, bool, &HeaderMap, bool, Option<&str>); 6] = [
-            (true, true, &nav, true, Some("verified")),
-            (false, true, &nav, true, Some("pass")),
+        let cases: [(bool, bool, &HeaderMap, bool, Option<&str>); 10] = [
+            (true, true, &same, true, Some("verified")),
+            (false, true, &same, true, Some("pass")),
             (false, true, &none, false, Some("pass")),
+            (false, false, &same, true, Some("browsing")),
+            (false, false, &ported, false, Some("browsing")),
+            (false, false, &other, true, Some("low_rate")),
+            (false, false, &referer_only, false, None),
             (false, false, &nav, true, Some("low_rate")),
             (false, false, &nav, false, Some("browser")),
             (false, false, &none, false, None),
         ];
         for (i, (verified, pass, h, low, want)) in cases.into_iter().enumerate() {
-            assert_eq!(collateral_signal(verified, pass, h, low), want, "case {i}");
+            let got = collateral_signal(verified, pass, Some("wiki.example"), h, low);
+            assert_eq!(got, want, "case {i}");
         }
+        assert_eq!(
+            collateral_signal(false, false, None, &same, false),
+            Some("browser")
+        );
     }
 
     #[test]
@@ -726,6 +789,7 @@ mod tests {
                 user: None,
                 pass: None,
                 now,
+                host: None,
             })
             .map(|(k, _)| k);
         assert!(levels[0].store.tat(k.unwrap()).is_none());

@@ -218,6 +218,7 @@ async fn rules(
         user,
         pass,
         now: weir_limiter::MonotonicClock.now(),
+        host: view.target.host(),
     };
     let mut observer = Live { rt, gw };
     let judged = judge(
