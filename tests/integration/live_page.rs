@@ -38,9 +38,14 @@ limits = [{{ per = "ip", rate = 1, window = "1m" }}]
 async fn refusals(weir: &Weir, first: u8, n: u8) {
     for i in first..first + n {
         for _ in 0..2 {
+            // A navigation from a page of the site: evidence of a person.
             let _ = HttpRequest::get("/page")
                 .from(IpAddr::from([127, 0, 5, i]))
                 .header("accept", "text/html")
+                .header(
+                    "referer",
+                    &format!("http://{}/wiki/Main_Page", weir.listener(0)),
+                )
                 .send(weir.listener(0))
                 .await;
         }

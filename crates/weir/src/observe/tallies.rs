@@ -30,7 +30,7 @@ struct RuleMinute {
     minute: u64,
     clients: HashSet<IpAddr>,
     rejections: u64,
-    /// Rejections of clients that look like people (a collateral signal).
+    /// Rejections of clients with evidence of a person (verified, pass, browsing).
     looks_human: u64,
     /// Refusals per client prefix: IPv4 /24, IPv6 /48.
     prefixes: HashMap<IpNet, u64>,
@@ -45,7 +45,7 @@ pub struct RuleActivity {
     pub rule: String,
     pub rejections: u64,
     pub distinct_clients: usize,
-    /// Rejections that looked like people (verified, low rate, browser).
+    /// Rejections with evidence of a person (verified, pass, browsing).
     pub looks_human: u64,
     /// The most refused prefixes, most first.
     pub top_prefixes: Vec<(String, u64)>,
@@ -59,8 +59,8 @@ pub struct RejectedClients {
 }
 
 impl RejectedClients {
-    /// Counts `client` as refused by `rule` in `minute` (`looks_human`: a
-    /// collateral signal fired); returns how many distinct clients the rule
+    /// Counts `client` as refused by `rule` in `minute` (`looks_human`:
+    /// evidence of a person); returns how many distinct clients the rule
     /// refused in that minute so far.
     pub fn record(&self, rule: &Arc<str>, client: IpAddr, looks_human: bool, minute: u64) -> usize {
         let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());

@@ -290,10 +290,12 @@ impl RuleObserver for Live<'_> {
                 .inc();
         }
         let minute = self.rt.started.elapsed().as_secs() / 60;
-        let distinct =
-            self.rt
-                .rejected_clients
-                .record(&rejection.rule, client.ip(), signal.is_some(), minute);
+        let distinct = self.rt.rejected_clients.record(
+            &rejection.rule,
+            client.ip(),
+            signal.is_some_and(crate::policy::rules::is_person_evidence),
+            minute,
+        );
         m.rule_rejected_clients
             .get_or_create(&RuleLabels {
                 rule: rejection.rule.clone(),
