@@ -635,10 +635,16 @@ async fn exchange(
     } else if cohort.javascript {
         match challenge_of(&body) {
             Some((nonce, bits)) => {
+                let started = Instant::now();
                 let counter =
                     tokio::task::spawn_blocking(move || weir::challenge::pow::solve(&nonce, bits))
                         .await
                         .unwrap_or_default();
+                // A slower browser: the time its hashes would have taken.
+                if let Some(rate) = cohort.hash_rate {
+                    let at_rate = Duration::from_secs_f64((counter + 1) as f64 / rate);
+                    tokio::time::sleep(at_rate.saturating_sub(started.elapsed())).await;
+                }
                 let nonce = weir::challenge::page_nonce(&body).unwrap_or_default();
                 let form = weir::challenge::answer_form(&nonce, counter);
                 submit_answer(ctx, cohort, src, jar, form).await == Some(true)
@@ -991,6 +997,7 @@ mod tests {
             requests: Vec::new(),
             login_share: 0.0,
             javascript: true,
+            hash_rate: None,
             session_cookie_share: 0.0,
             headless_share: 0.0,
             user_agent: "test".into(),

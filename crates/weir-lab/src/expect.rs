@@ -34,7 +34,10 @@ pub const COHORT_SHARES: &[&str] = &[
     "challenges_solved",
 ];
 /// Other cohort metrics (counts and milliseconds).
-pub const COHORT_VALUES: &[&str] = &["sent", "p50_ms", "p95_ms", "p99_ms"];
+/// `solved_p95_ms`: from sending a request that met a challenge to its
+/// answer after solving (the challenge page, the work or the wait, the
+/// answer and the request again).
+pub const COHORT_VALUES: &[&str] = &["sent", "p50_ms", "p95_ms", "p99_ms", "solved_p95_ms"];
 /// Metrics of the app behind weir.
 pub const UPSTREAM_METRICS: &[&str] = &[
     "workers",

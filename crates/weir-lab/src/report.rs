@@ -266,6 +266,7 @@ fn cohort_metric(c: &CohortReport, metric: &str) -> Option<f64> {
                     "p50_ms" => Some(c.p50_ms),
                     "p95_ms" => Some(c.p95_ms),
                     "p99_ms" => Some(c.p99_ms),
+                    "solved_p95_ms" => Some(c.challenged_p95_ms),
                     _ => None,
                 };
             }

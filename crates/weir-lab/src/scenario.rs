@@ -175,7 +175,7 @@ impl CohortKind {
 
     /// Keys only a cohort of this kind may have, beyond [`COMMON_COHORT_KEYS`].
     fn own_keys(self) -> &'static [&'static str] {
-        const HUMANS: &[&str] = &["count", "login_share", "javascript"];
+        const HUMANS: &[&str] = &["count", "login_share", "javascript", "hash_rate"];
         const EDITORS: &[&str] = &["count"];
         const CRAWLERS: &[&str] = &["concurrency", "session_cookie_share", "headless_share"];
         const FLOOD: &[&str] = &["connections", "reconnect_delay"];
@@ -264,6 +264,11 @@ pub struct CohortConfig {
     /// wait, as a browser with scripts off does.
     #[serde(default)]
     pub javascript: Option<bool>,
+    /// humans: SHA-256 hashes per second their browsers do for the challenge
+    /// (a phone: about 50,000). The lab hashes natively, then waits what
+    /// the rest would have taken at this rate. Default: native speed.
+    #[serde(default)]
+    pub hash_rate: Option<f64>,
     /// crawlers: share of addresses that fetch the login page first and then send its
     /// session cookie with every request (incident 1: ~1/5).
     #[serde(default)]
@@ -399,6 +404,8 @@ pub struct Cohort {
     pub login_share: f64,
     /// humans: browsers that run the challenge's script (else they follow its refresh).
     pub javascript: bool,
+    /// humans: the browser's challenge hashing speed (`None`: native).
+    pub hash_rate: Option<f64>,
     pub session_cookie_share: f64,
     pub headless_share: f64,
     pub user_agent: String,
@@ -789,6 +796,7 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
             requests,
             login_share,
             javascript: c.javascript.unwrap_or(true),
+            hash_rate: c.hash_rate.filter(|r| *r > 0.0),
             session_cookie_share,
             headless_share,
             user_agent: c
