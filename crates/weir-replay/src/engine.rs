@@ -574,7 +574,7 @@ fn poll_now<F: std::future::Future>(fut: F) -> F::Output {
 
 /// Minute number `m` of Unix time as `YYYY-MM-DDTHH:MM` at `utc_offset`
 /// seconds east of UTC.
-fn minute(m: i64, utc_offset: i64) -> String {
+pub(crate) fn minute(m: i64, utc_offset: i64) -> String {
     let t = UnixNanos(m * NANOS_PER_MINUTE).saturating_add_secs(utc_offset);
     let s = humantime::format_rfc3339_seconds(t.to_system_time()).to_string();
     s[..16.min(s.len())].to_string()

@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::engine::{ReplayRun, RuleReport};
+use super::engine::{ReplayRun, RuleReport, minute};
+use weir::challenge::page::escape as esc;
 
 const CHART_W: f64 = 880.0;
 const CHART_H: f64 = 220.0;
@@ -217,9 +218,9 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
         "<text x=\"{LEFT}\" y=\"{}\" font-size=\"11\">{}</text>\
          <text x=\"{CHART_W}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{}</text></svg>",
         CHART_H + 16.0,
-        esc(&stamp_of(first)),
+        esc(&minute(first, 0)),
         CHART_H + 16.0,
-        esc(&stamp_of(last)),
+        esc(&minute(last, 0)),
     );
     s.push_str("<div class=\"legend\">");
     for (ri, name) in rules.keys().enumerate() {
@@ -234,17 +235,4 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
         "<span><i style=\"background:#d62728\"></i>looked like people (estimate)</span></div>",
     );
     s
-}
-
-fn stamp_of(minute: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs((minute.max(0) * 60) as u64);
-    let s = humantime::format_rfc3339_seconds(t).to_string();
-    s[..16.min(s.len())].to_string()
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }

@@ -74,6 +74,7 @@ pub(super) async fn decide(
         verified: session.is_verified(),
         pass: None,
     };
+    let mut challenge_instead = None;
     if let Some(ch) = &gw.challenger
         && route.challenge != ChallengeMode::Off
         && !proof.verified
@@ -82,17 +83,17 @@ pub(super) async fn decide(
             Challenged::Pass(id) => proof.pass = Some(id),
             Challenged::NotNow => {}
             Challenged::Page(page) => return Decision::Challenge(page),
-            Challenged::IfNoRoom(difficulty) => {
-                // The rules still apply; if they admit, admission decides.
-                return match decide_rules(view, route, client, session.user(), proof, gw, log).await
-                {
-                    Decision::Admit(proof) => Decision::AdmitOrChallenge { proof, difficulty },
-                    other => other,
-                };
-            }
+            Challenged::IfNoRoom(difficulty) => challenge_instead = Some(difficulty),
         }
     }
-    decide_rules(view, route, client, session.user(), proof, gw, log).await
+    // The rules apply either way; if they admit, admission decides.
+    match decide_rules(view, route, client, session.user(), proof, gw, log).await {
+        Decision::Admit(proof) => match challenge_instead {
+            Some(difficulty) => Decision::AdmitOrChallenge { proof, difficulty },
+            None => Decision::Admit(proof),
+        },
+        other => other,
+    }
 }
 
 /// The client's requests in flight, then the class's rules: the second half
