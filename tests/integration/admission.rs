@@ -719,3 +719,113 @@ min_per_second = 0
     assert_eq!(ok + bad, 40);
     drop(weir);
 }
+
+/// Issue 19, item 5: with a listener and a pool only, admission is on. The
+/// pool learns from its answers that `?search` is expensive (a shape: path
+/// prefix and query keys) and, in a flood of searches, pages wait in `pass`
+/// ahead of them while searches wait in `anonymous`; the app's backlog never
+/// overflows and nobody gets a 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_config_queues_a_flood_behind_cheap_pages_it_learned() {
+    // 4 workers, a backlog of 64 (php-fpm's is larger still): without weir,
+    // pages would wait in the app's own first-come queue behind searches.
+    let app = app(4, 64, 10.0, 100.0);
+    let weir = TestWeir::start(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n",
+        app.addr()
+    ))
+    .await;
+    // A quiet spell: the app answers both shapes, weir learns which is slow.
+    for i in 0..30u8 {
+        let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
+        assert_eq!(s, 200);
+        for _ in 0..3 {
+            let (s, _, _) = get(weir.addr, &format!("/wiki/Page{i}"), &[]).await;
+            assert_eq!(s, 200);
+        }
+    }
+    let learned = until(Duration::from_secs(2), || async {
+        metric(
+            &weir.metrics().await,
+            "weir_admission_expensive_shapes{pool=\"app\"}",
+        ) == 1.0
+    })
+    .await;
+    assert!(learned.is_some(), "one shape learned expensive");
+
+    // The flood: 24 closed-loop searchers (6x the workers) and 3 readers.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut crawlers = Vec::new();
+    for i in 0..24u8 {
+        crawlers.push(tokio::spawn(client_loop(
+            ip(20, i, 1),
+            weir.addr,
+            "/w/index.php?search=x",
+            String::new(),
+            stop.clone(),
+        )));
+    }
+    let mut readers = Vec::new();
+    for i in 0..3u8 {
+        readers.push(tokio::spawn(client_loop(
+            ip(30, i, 1),
+            weir.addr,
+            "/wiki/Page",
+            String::new(),
+            stop.clone(),
+        )));
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for c in crawlers.into_iter().chain(readers) {
+        answers.extend(c.await.unwrap());
+    }
+    assert!(
+        answers.iter().all(|a| a.0 == 200),
+        "no 5xx, nothing shed: {:?}",
+        answers.iter().filter(|a| a.0 != 200).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        app.snapshot().refused,
+        0,
+        "the app's backlog never overflowed"
+    );
+
+    let log = weir.access_log(120 + answers.len()).await;
+    let flood = &log[120..];
+    let lanes_of = |path: &str| -> Vec<(String, f64)> {
+        flood
+            .iter()
+            .filter(|l| l["path"].as_str().is_some_and(|p| p.starts_with(path)))
+            .map(|l| {
+                (
+                    l["lane"].as_str().unwrap_or("none").to_string(),
+                    l["queue_ms"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect()
+    };
+    let searches = lanes_of("/w/index.php");
+    let pages = lanes_of("/wiki/");
+    assert!(
+        searches.iter().all(|(l, _)| l == "anonymous"),
+        "{searches:?}"
+    );
+    assert!(pages.iter().all(|(l, _)| l == "pass"), "{pages:?}");
+    // Who waits: the searches, in their lane; pages pass them.
+    let median = |v: &[(String, f64)]| {
+        let mut ms: Vec<f64> = v.iter().map(|(_, q)| *q).collect();
+        ms.sort_by(f64::total_cmp);
+        ms[ms.len() / 2]
+    };
+    assert!(
+        median(&pages) < median(&searches),
+        "pages wait less than searches: {} ms against {} ms",
+        median(&pages),
+        median(&searches)
+    );
+    let limit = metric(&weir.metrics().await, "weir_admission_limit{pool=\"app\"}");
+    assert!(limit < 24.0, "the limit was cut below the flood: {limit}");
+    drop(weir);
+}

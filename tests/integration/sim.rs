@@ -156,7 +156,7 @@ fn limit_behind_a_load_balancer_needs_trusted_proxies() {
 #[test]
 fn crawler_flood_reproduces_under_the_incident_configs_and_weir_holds_it() {
     let report = run_file("2026-09-23-crawler-flood.toml");
-    for variant in ["original", "emergency", "recommended"] {
+    for variant in ["original", "emergency", "zero-config", "recommended"] {
         let results = check_results(&report, variant);
         assert!(!results.is_empty(), "{variant} has checks");
         assert!(

@@ -1,25 +1,40 @@
 //! Adaptive concurrency: a latency-gradient limit in the style of Netflix's
 //! Gradient2, for pools whose `max_in_flight` is not configured.
 //!
-//! Once per sample window (at least `window` long and `min_samples` samples)
-//! the limit moves by the ratio of the long-term latency to this window's:
+//! Once per sample window (at least `window` long and `min_samples` samples,
+//! or one dropped request) the limit moves:
 //!
-//! ```text
-//! gradient  = clamp(tolerance × long_rtt / short_rtt, 0.5, 1.0)
-//! candidate = limit × gradient + headroom   // sqrt(limit) when gradient = 1, else 0
-//! limit     = (1 − smoothing) × limit + smoothing × candidate, within [min, max]
-//! ```
+//! - **Congested** (the window's mean latency `short` above `tolerance ×
+//!   long`, the long-term average, and by more than 5 ms of noise): the limit
+//!   is cut *from what was in use* (`base = min(limit, most in flight)`), to
+//!   the smaller of Gradient2's step (`base × (1 − s + s × gradient)`,
+//!   `gradient = clamp(tolerance × long / short, 0.5, 1)`) and Little's
+//!   estimate of what the app served without queueing (`tolerance × mean
+//!   in-flight × long / short`: about `tolerance × W` for an app of W
+//!   workers with a queue in front), but by at most half per window. An app
+//!   whose own backlog fills is relieved in two or three windows, before its
+//!   health checks fail; Gradient2 alone moves at most 10% a window.
+//! - **Every slot used, latency flat**: the limit grows by `s × sqrt(limit)`
+//!   (Gradient2's headroom), or doubles while *probing*: until the first
+//!   congestion, and again after five such windows in a row (demand grew).
+//! - **Fewer than half the slots used**: unchanged (the app-limited rule:
+//!   nothing was learned about more concurrency).
+//! - **A dropped request** (upstream timeout, overload 503, reset):
+//!   `backoff ×` the in-flight count at which the first dropped request
+//!   started, if below the limit (a small backlog overflows long before an
+//!   unused limit is reached).
 //!
-//! Flat latency keeps the gradient at 1 and the limit grows by the headroom;
-//! latency rising by more than the tolerance shrinks it. The long-term average
-//! is an exponential average over `long_window` windows, pulled down quickly
-//! (×0.95 per window) when the short latency falls far below it, so recovery
-//! after a slow spell is not delayed by memory of the spell. A window with a
-//! dropped request (upstream timeout, overload 503, reset) backs off
-//! multiplicatively instead. A window in which fewer than half of the slots
-//! were used cannot show whether more concurrency helps, so it never raises
-//! the limit (the app-limited rule).
-//!
+//! The limit starts open (10,000): weir starts in front of apps it knows
+//! nothing about (admission is on without configuration), and a limit
+//! guessed before the app shows strain would hold back long polls and
+//! streams. The long-term average is a plain mean over the first ten
+//! windows, then exponential over `long_window` windows, pulled down
+//! quickly (×0.95 per window) when the short latency falls far below it, so
+//! recovery after a slow spell is not delayed by memory of the spell. The
+//! queue feeds latencies normalised by request shape
+//! ([`crate::admission::shapes`]), so a flood of slow pages is not read as
+//! queueing.
+
 //! Time is injected (`now` on every sample). This module holds no locks and
 //! knows nothing about queues; [`crate::admission::queue`] feeds it.
 //!
@@ -28,6 +43,13 @@
 //! ceiling (the app's workers minus the health reserve) bounds that.
 
 use std::time::{Duration, Instant};
+
+/// Latency a window must rise by, beyond the tolerance, to count as
+/// congestion: below it is the clock's and a shared machine's noise.
+const CONGESTION_FLOOR_SECS: f64 = 0.005;
+/// Flat windows with every slot used, in a row, before the limit probes
+/// (doubles) again.
+const REPROBE_AFTER: u32 = 5;
 
 /// Parameters of [`GradientLimit`].
 #[derive(Debug, Clone, PartialEq)]
@@ -52,13 +74,17 @@ pub struct GradientConfig {
 
 impl Default for GradientConfig {
     /// Gradient2's published defaults where they apply (smoothing 0.2,
-    /// tolerance 1.5, long window 600); `initial` 4 and `max` 64 suit an app
-    /// with tens of workers, not thousands of threads.
+    /// tolerance 1.5, long window 600). The limit starts *open* (`initial`
+    /// = `max` = 10,000, weir's default connection cap): it binds once
+    /// latency shows queueing, and then falls from what was in use (two or
+    /// three windows to an app's workers). An app of long requests (long
+    /// polls, streams) is never held to a guess before it shows strain. A
+    /// pool's `workers` caps it lower.
     fn default() -> Self {
         GradientConfig {
-            initial: 4,
+            initial: 10_000,
             min: 1,
-            max: 64,
+            max: 10_000,
             smoothing: 0.2,
             tolerance: 1.5,
             long_window: 600,
@@ -128,8 +154,11 @@ struct Window {
     start: Instant,
     count: u32,
     sum_secs: f64,
+    sum_in_flight: f64,
     dropped: bool,
     max_in_flight: usize,
+    /// The fewest in flight at which a dropped request started.
+    min_dropped_in_flight: usize,
 }
 
 impl Window {
@@ -138,8 +167,10 @@ impl Window {
             start,
             count: 0,
             sum_secs: 0.0,
+            sum_in_flight: 0.0,
             dropped: false,
             max_in_flight: 0,
+            min_dropped_in_flight: usize::MAX,
         }
     }
 }
@@ -151,6 +182,10 @@ pub struct GradientLimit {
     limit: f64,
     long_rtt: Option<f64>,
     windows_seen: u32,
+    /// Doubling while saturated: until the first congestion, and again
+    /// after [`REPROBE_AFTER`] flat saturated windows in a row.
+    probing: bool,
+    flat_saturated: u32,
     window: Window,
 }
 
@@ -162,6 +197,8 @@ impl GradientLimit {
             config,
             long_rtt: None,
             windows_seen: 0,
+            probing: true,
+            flat_saturated: 0,
             window: Window::new(now),
         })
     }
@@ -181,7 +218,11 @@ impl GradientLimit {
         let w = &mut self.window;
         w.count += 1;
         w.sum_secs += sample.latency.as_secs_f64();
+        w.sum_in_flight += sample.in_flight as f64;
         w.dropped |= sample.dropped;
+        if sample.dropped {
+            w.min_dropped_in_flight = w.min_dropped_in_flight.min(sample.in_flight);
+        }
         w.max_in_flight = w.max_in_flight.max(sample.in_flight);
         let elapsed = now.saturating_duration_since(w.start);
         if elapsed < self.config.window || (w.count < self.config.min_samples && !w.dropped) {
@@ -195,7 +236,13 @@ impl GradientLimit {
     fn close_window(&mut self, w: &Window) {
         let cfg = &self.config;
         if w.dropped {
-            self.limit = (self.limit * cfg.backoff).max(cfg.min as f64);
+            // The app dropped a request that started with this many in
+            // flight: back off from there, not from a limit far above what
+            // was used (a small backlog overflows long before a limit of 64
+            // is reached, and ×0.9 of 64 would take twenty windows).
+            self.probing = false;
+            let from = self.limit.min(w.min_dropped_in_flight as f64);
+            self.limit = (from * cfg.backoff).max(cfg.min as f64);
             return;
         }
         // A zero-latency window (clock granularity) carries no signal.
@@ -222,22 +269,48 @@ impl GradientLimit {
             }
         };
         self.long_rtt = Some(long);
-        let gradient = (cfg.tolerance * long / short).clamp(0.5, 1.0);
-        // Headroom only while latency is within tolerance: with tens of
-        // workers, a sqrt term added under pressure would pin the limit near 4
-        // however slow the app gets (the fixed point of 0.5·L + sqrt(L)).
-        let headroom = if gradient >= 1.0 {
-            self.limit.sqrt()
-        } else {
-            0.0
-        };
-        let candidate = self.limit * gradient + headroom;
-        let mut next = self.limit * (1.0 - cfg.smoothing) + candidate * cfg.smoothing;
+        // Congestion: latency beyond the tolerance by more than noise (a
+        // 1 ms app answering in 2 ms is not queueing).
+        let congested = short > cfg.tolerance * long && short - long > CONGESTION_FLOOR_SECS;
         let app_limited = (w.max_in_flight as f64) < self.limit / 2.0;
-        if app_limited && next > self.limit {
-            next = self.limit;
-        }
+        let saturated = w.max_in_flight >= self.limit();
+        let next = if congested {
+            self.probing = false;
+            self.flat_saturated = 0;
+            // Cut from what was used, not from a limit far above it.
+            let base = self.limit.min(w.max_in_flight as f64);
+            let gradient = (cfg.tolerance * long / short).clamp(0.5, 1.0);
+            let smoothed = base * (1.0 - cfg.smoothing) + base * gradient * cfg.smoothing;
+            let mean_in_flight = w.sum_in_flight / w.count.max(1) as f64;
+            let unqueued = cfg.tolerance * mean_in_flight * long / short;
+            smoothed.min(unqueued).max(base / 2.0)
+        } else if saturated {
+            // Every slot used and latency flat: the limit, not the app, is
+            // what holds requests back. After a few such windows in a row,
+            // probe again by doubling (demand grew since the last cut).
+            self.flat_saturated = self.flat_saturated.saturating_add(1);
+            if self.flat_saturated >= REPROBE_AFTER {
+                self.probing = true;
+            }
+            if self.probing {
+                self.limit * 2.0
+            } else {
+                self.limit + cfg.smoothing * self.limit.sqrt()
+            }
+        } else {
+            self.flat_saturated = 0;
+            if app_limited {
+                self.limit
+            } else {
+                self.limit + cfg.smoothing * self.limit.sqrt()
+            }
+        };
         self.limit = next.clamp(cfg.min as f64, cfg.max as f64);
+    }
+
+    /// Whether the limit is still in slow start.
+    pub fn probing(&self) -> bool {
+        self.probing
     }
 }
 
@@ -275,10 +348,22 @@ mod tests {
         GradientLimit::new(GradientConfig::default(), now).unwrap()
     }
 
+    /// A limit that starts closed (4, at most 64), as an operator may set.
+    fn small(now: Instant) -> GradientLimit {
+        let cfg = GradientConfig {
+            initial: 4,
+            max: 64,
+            ..GradientConfig::default()
+        };
+        GradientLimit::new(cfg, now).unwrap()
+    }
+
+    const OPEN: usize = 10_000;
+
     #[test]
     fn grows_while_latency_is_flat() {
         let mut now = Instant::now();
-        let mut g = limiter(now);
+        let mut g = small(now);
         drive(&mut g, &mut now, 30, ms(100), None);
         assert!(g.limit() > 10, "limit {}", g.limit());
     }
@@ -310,7 +395,100 @@ mod tests {
         let mut now = Instant::now();
         let mut g = limiter(now);
         drive(&mut g, &mut now, 30, ms(100), Some(1));
+        assert_eq!(g.limit(), OPEN, "open until the app shows strain");
+        assert!(g.probing(), "an idle app ends no slow start");
+        let mut g = small(now);
+        drive(&mut g, &mut now, 30, ms(100), Some(1));
         assert_eq!(g.limit(), 4);
+    }
+
+    #[test]
+    fn slow_start_doubles_while_every_slot_is_used() {
+        let mut now = Instant::now();
+        let mut g = small(now);
+        drive(&mut g, &mut now, 4, ms(1), None);
+        assert_eq!(g.limit(), 64, "four windows: 4 -> 64");
+        assert!(g.probing());
+    }
+
+    #[test]
+    fn probes_again_after_flat_saturated_windows() {
+        let mut now = Instant::now();
+        let mut g = small(now);
+        drive(&mut g, &mut now, 2, ms(100), None);
+        drive(&mut g, &mut now, 1, ms(400), None);
+        assert!(!g.probing());
+        drive(&mut g, &mut now, REPROBE_AFTER - 1, ms(100), None);
+        assert!(!g.probing(), "{}", g.limit());
+        drive(&mut g, &mut now, 1, ms(100), None);
+        assert!(g.probing(), "five flat windows with every slot used");
+    }
+
+    #[test]
+    fn slow_start_ends_when_latency_first_rises() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        drive(&mut g, &mut now, 30, ms(100), Some(10));
+        drive(&mut g, &mut now, 1, ms(400), None);
+        assert!(!g.probing());
+        let after_rise = g.limit();
+        drive(&mut g, &mut now, 1, ms(100), None);
+        assert!(
+            g.limit() < after_rise * 2,
+            "grows by headroom now: {after_rise} -> {}",
+            g.limit()
+        );
+    }
+
+    /// An app of `workers` workers with a queue in front: a request's
+    /// latency is its service time times how many requests share each worker.
+    fn queued_latency(workers: usize, in_flight: usize) -> Duration {
+        ms(400) * (in_flight.max(workers) as u32) / workers as u32
+    }
+
+    #[test]
+    fn cuts_to_what_the_app_serves_without_queueing_within_three_windows() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        // A normal day: 3 of 10 workers busy, the limit untouched (open).
+        drive(&mut g, &mut now, 30, ms(400), Some(3));
+        assert_eq!(g.limit(), OPEN);
+        // The flood: 80 at once, the app's own backlog holding the rest.
+        let flood = |g: &GradientLimit| g.limit().min(80);
+        for _ in 0..3 {
+            let n = flood(&g);
+            drive(&mut g, &mut now, 1, queued_latency(10, n), Some(n));
+        }
+        let limit = g.limit();
+        assert!(
+            (10..=16).contains(&limit),
+            "about tolerance x workers (15), got {limit}"
+        );
+        // And it holds there while the flood lasts.
+        for _ in 0..30 {
+            let n = flood(&g);
+            drive(&mut g, &mut now, 1, queued_latency(10, n), Some(n));
+        }
+        assert!((10..=20).contains(&g.limit()), "held: {}", g.limit());
+    }
+
+    #[test]
+    fn one_slow_window_cuts_at_most_half_of_what_was_in_use() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        drive(&mut g, &mut now, 30, ms(100), Some(40));
+        assert_eq!(g.limit(), OPEN);
+        drive(&mut g, &mut now, 1, ms(1000), Some(40));
+        assert_eq!(g.limit(), 20, "half of the 40 in use");
+    }
+
+    #[test]
+    fn noise_on_a_fast_app_is_not_congestion() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        drive(&mut g, &mut now, 30, ms(1), Some(40));
+        drive(&mut g, &mut now, 1, ms(4), Some(40));
+        assert_eq!(g.limit(), OPEN, "1 ms to 4 ms is under the 5 ms floor");
     }
 
     #[test]
@@ -331,6 +509,22 @@ mod tests {
             after < before && after + 1 >= before * 9 / 10,
             "{before} -> {after}"
         );
+    }
+
+    #[test]
+    fn drops_back_off_from_the_concurrency_that_dropped() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        drive(&mut g, &mut now, 5, ms(100), Some(3));
+        assert_eq!(g.limit(), OPEN);
+        // 4 workers and a backlog of 2: the seventh request is refused.
+        now += ms(1100);
+        let refused = Sample {
+            latency: ms(1),
+            in_flight: 7,
+            dropped: true,
+        };
+        assert_eq!(g.on_sample(now, refused), Some(6), "7 x 0.9");
     }
 
     #[test]
@@ -373,7 +567,7 @@ mod tests {
                 ..GradientConfig::default()
             },
             GradientConfig {
-                initial: 100,
+                initial: 20_000,
                 ..GradientConfig::default()
             },
             GradientConfig {

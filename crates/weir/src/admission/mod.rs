@@ -33,6 +33,7 @@ pub mod coalesce;
 pub mod fair;
 pub mod lanes;
 pub mod queue;
+pub mod shapes;
 
 pub use adaptive::{GradientConfig, GradientLimit};
 pub use coalesce::{CoalesceKey, Coalescer, Role, SharedResponse};
@@ -42,3 +43,4 @@ pub use queue::{
     AdmissionQueue, HealthPermit, LimitConfig, Outcome, Permit, QueueConfig, QueueConfigError,
     QueueSnapshot, Shed, ShedReason,
 };
+pub use shapes::{Shape, ShapeCosts};

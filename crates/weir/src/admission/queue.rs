@@ -41,6 +41,7 @@ use tokio::time::Instant;
 use super::adaptive::{GradientConfig, GradientConfigError, GradientLimit, Sample};
 use super::fair::{FairKey, FairQueue, Ticket};
 use super::lanes::{Lane, Lanes};
+use super::shapes::{Shape, ShapeCosts};
 
 /// Where the traffic limit comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -207,6 +208,8 @@ struct Shared {
     /// `workers - health_reserve`, or unbounded.
     ceiling: usize,
     state: Mutex<State>,
+    /// What each request shape costs, learned from the answers.
+    shapes: ShapeCosts,
 }
 
 struct Grant {
@@ -280,6 +283,7 @@ impl AdmissionQueue {
                     hold_secs: None,
                     capacity: None,
                 }),
+                shapes: ShapeCosts::new(),
                 config,
             }),
         })
@@ -287,6 +291,12 @@ impl AdmissionQueue {
 
     pub fn lanes(&self) -> &Lanes {
         &self.shared.config.lanes
+    }
+
+    /// What this pool's request shapes cost (fed by completed permits that
+    /// carry a shape, see [`Permit::learn`]).
+    pub fn shapes(&self) -> &ShapeCosts {
+        &self.shared.shapes
     }
 
     /// The default deadline for `lane`: `now` plus the lane's `max_wait`.
@@ -670,6 +680,7 @@ pub struct Permit {
     granted_at: Instant,
     in_flight: usize,
     outcome: Outcome,
+    shape: Option<Shape>,
 }
 
 impl std::fmt::Debug for Permit {
@@ -696,7 +707,13 @@ impl Permit {
             granted_at: now,
             in_flight,
             outcome: Outcome::Abandoned,
+            shape: None,
         }
+    }
+
+    /// Has the answer's latency teach the queue what `shape` costs.
+    pub fn learn(&mut self, shape: Shape) {
+        self.shape = Some(shape);
     }
 
     pub fn lane(&self) -> Lane {
@@ -717,10 +734,18 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
+            // The limit sees the latency as if of a typical shape, so a
+            // flood of slow pages is not mistaken for queueing.
+            let outcome = match (self.shape, self.outcome) {
+                (Some(shape), Outcome::Answered(latency)) => {
+                    Outcome::Answered(shared.shapes.record(shape, latency))
+                }
+                (_, outcome) => outcome,
+            };
             shared.release(Released {
                 granted_at: self.granted_at,
                 in_flight: self.in_flight,
-                outcome: self.outcome,
+                outcome,
             });
         }
     }

@@ -696,7 +696,9 @@ pub struct PoolConfig {
     #[serde(default = "default_max_idle_per_server")]
     pub max_idle_per_server: usize,
     /// Admission control: how many requests the app gets at once, and who
-    /// waits. Absent: requests go straight through, as without weir.
+    /// waits. Absent: on, with every setting at its default (the limit
+    /// learned from latency); `enabled = false` sends requests straight
+    /// through, as without weir.
     #[serde(default)]
     pub admission: Option<AdmissionSettings>,
     /// Active health checks. Absent: no checks, and servers are never
@@ -713,6 +715,9 @@ pub struct PoolConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AdmissionSettings {
+    /// `false`: no queue and no limit, every request goes straight to the app.
+    #[serde(default = "yes")]
+    pub enabled: bool,
     /// Requests in flight to the whole pool at once (e.g. the app's worker
     /// count minus one). Absent: learned from latency (Gradient2).
     #[serde(default)]
@@ -734,6 +739,20 @@ pub struct AdmissionSettings {
     /// this long, by what it measurably handles. `"0s"` turns it off.
     #[serde(default = "default_slow_start")]
     pub slow_start: ConfigDuration,
+}
+
+impl Default for AdmissionSettings {
+    /// What a pool without `[pools.NAME.admission]` gets.
+    fn default() -> Self {
+        AdmissionSettings {
+            enabled: true,
+            max_in_flight: None,
+            workers: None,
+            max_queued: default_max_queued(),
+            queue_timeout: default_queue_timeout(),
+            slow_start: default_slow_start(),
+        }
+    }
 }
 
 /// `[pools.NAME.health]`: active checks, which never queue behind traffic.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use weir_http::body::BodyLimits;
 
 use super::{ClassAdmission, Gateway};
-use crate::admission::{Coalescer, Lane, Lanes};
+use crate::admission::{Coalescer, Lanes};
 use crate::config::{ConfigError, KeyPath, LoadedConfig};
 use crate::policy::route::ClassSettings;
 use crate::policy::rules::{self, KeyKind, RateLevel, Rule, RuleBody};
@@ -101,15 +101,15 @@ fn admission(
 ) -> ClassAdmission {
     let root = KeyPath::root();
     let lane = match c.lane.as_deref() {
-        None => Lane::PASS,
+        None => None,
         Some(l) => match Lanes::standard().by_name(l) {
-            Some(lane) => lane,
+            Some(lane) => Some(lane),
             None => {
                 errors.push(loaded.error_at(
                     &root.key("classes").key(name).key("lane"),
                     format!("`{l}` is not a lane (verified, pass, anonymous)"),
                 ));
-                Lane::PASS
+                None
             }
         },
     };

@@ -78,8 +78,11 @@ pub struct Gateway {
 /// How a route class waits in its pool's admission queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClassAdmission {
-    /// Lane of anonymous requests (verified sessions always use the top one).
-    pub lane: Lane,
+    /// Lane of anonymous requests (verified sessions always use the top
+    /// one). `None` (no `lane` configured): `pass`, or `anonymous` for a
+    /// request whose shape the pool learned is expensive
+    /// ([`crate::admission::shapes`]).
+    pub lane: Option<Lane>,
     /// Deadline in the queue; `None` uses the pool's `queue_timeout`.
     pub queue_timeout: Option<Duration>,
     /// Request coalescing: the largest body shared, or `None` (off).
@@ -90,7 +93,7 @@ impl Default for ClassAdmission {
     /// The middle lane: cheap pages from anyone.
     fn default() -> Self {
         ClassAdmission {
-            lane: Lane::PASS,
+            lane: None,
             queue_timeout: None,
             coalesce_max_body: None,
         }

@@ -312,6 +312,7 @@ pub struct Metrics {
     pub challenge_engaged: Family<PoolLabels, Gauge>,
     pub challenge_spared: Family<PoolLabels, Counter>,
     pub admission_limit: Family<PoolLabels, Gauge>,
+    pub admission_expensive_shapes: Family<PoolLabels, Gauge>,
     pub admission_in_flight: Family<PoolLabels, Gauge>,
     pub admission_queued: Family<LaneLabels, Gauge>,
     pub admission_admitted: Family<LaneLabels, Counter>,
@@ -381,6 +382,7 @@ impl Metrics {
             challenge_engaged: Family::default(),
             challenge_spared: Family::default(),
             admission_limit: Family::default(),
+            admission_expensive_shapes: Family::default(),
             admission_in_flight: Family::default(),
             admission_queued: Family::default(),
             admission_admitted: Family::default(),
@@ -586,6 +588,11 @@ impl Metrics {
             "admission_limit",
             "Requests the pool's admission queue lets through at once (fixed, or learned by the adaptive limit)",
             m.admission_limit.clone(),
+        );
+        registry.register(
+            "admission_expensive_shapes",
+            "Request shapes (path prefix and query keys) the pool learned are expensive: classes without a lane send them to the anonymous lane",
+            m.admission_expensive_shapes.clone(),
         );
         registry.register(
             "admission_in_flight",

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
 use weir_http::connections::UpstreamBody;
+use weir_http::target::Target;
 
 use super::log::RequestLog;
 use crate::gateway::ClassAdmission;
@@ -26,19 +27,32 @@ use crate::upstream::{ForwardError, Pool};
 pub(super) async fn admit(
     pool: &Pool,
     class: ClassAdmission,
+    target: &Target,
     proof: Proof,
     client: &ClientId,
     log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
-    use crate::admission::{FairKey, Lane, ShedReason};
+    use crate::admission::{FairKey, Lane, Shape, ShedReason};
     use crate::observe::metrics::{LaneLabels, ShedLabels};
     let Some(queue) = &pool.admission else {
         return Ok(());
     };
+    // Every answer teaches the pool what its shape costs (and lets the
+    // adaptive limit tell a slower mix from queueing); a class without a
+    // configured lane follows what was learned: expensive shapes wait in the
+    // lowest lane, so cheap pages pass them.
+    let shape = Shape::of(target);
+    let class_lane = class.lane.unwrap_or_else(|| {
+        if queue.shapes().is_expensive(shape) {
+            Lane::ANONYMOUS
+        } else {
+            Lane::PASS
+        }
+    });
     let lane = queue.lanes().clamp(Lane::for_request(
         proof.verified,
         proof.pass.is_some(),
-        class.lane,
+        class_lane,
     ));
     let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());
     log.record.lane = Some(lane_name.clone());
@@ -52,7 +66,8 @@ pub(super) async fn admit(
         .acquire(lane, FairKey::of(client.client), deadline)
         .await
     {
-        Ok(permit) => {
+        Ok(mut permit) => {
+            permit.learn(shape);
             let labels = LaneLabels {
                 pool: pool.name.clone(),
                 lane: lane_name,

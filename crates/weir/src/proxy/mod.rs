@@ -267,7 +267,9 @@ fn serve(
             let wait = ch.pressure_wait();
             class.queue_timeout = Some(class.queue_timeout.map_or(wait, |t| t.min(wait)));
         }
-        if let Err(reason) = admit::admit(&routed.pool, class, proof, &client, &mut log).await {
+        if let Err(reason) =
+            admit::admit(&routed.pool, class, &target, proof, &client, &mut log).await
+        {
             if let (Some(difficulty), Some(ch), RejectReason::Shed { .. }) =
                 (challenge_instead, &gw.challenger, &reason)
             {

@@ -75,6 +75,10 @@ pub fn export_gauges(pools: &[Arc<Pool>], metrics: &Metrics, now: Instant) {
                 .get_or_create(&labels)
                 .set(snap.limit as i64);
             metrics
+                .admission_expensive_shapes
+                .get_or_create(&labels)
+                .set(q.shapes().expensive_shapes() as i64);
+            metrics
                 .admission_in_flight
                 .get_or_create(&labels)
                 .set(snap.in_flight as i64);

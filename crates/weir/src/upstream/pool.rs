@@ -242,12 +242,14 @@ impl Pool {
         let kept_queue = previous
             .filter(|p| p.definition.admission == def.admission)
             .and_then(|p| p.admission.clone());
+        // A pool without `[pools.NAME.admission]` gets the defaults: the
+        // limit learned from latency, so an unconfigured weir already keeps
+        // a flooded app within what it serves.
+        let settings = def.admission.clone().unwrap_or_default();
         let admission = match kept_queue {
             Some(q) => Some(q),
-            None => def
-                .admission
-                .as_ref()
-                .and_then(|a| build_admission(a, &mut errors)),
+            None if !settings.enabled => None,
+            None => build_admission(&settings, &mut errors),
         };
         let retry_budget = match RetryBudget::new(
             RetryBudgetConfig {
@@ -263,13 +265,13 @@ impl Pool {
                 None
             }
         };
-        let slow_start = match (&def.admission, &admission) {
-            (Some(a), Some(q)) if !a.slow_start.0.is_zero() => {
+        let slow_start = match &admission {
+            Some(q) if !settings.slow_start.0.is_zero() => {
                 let servers = def.servers.len().max(1);
                 let share = q.limit().div_ceil(servers).max(1);
                 Some(SlowStartConfig {
                     target: u32::try_from(share).unwrap_or(u32::MAX),
-                    min_duration: a.slow_start.0,
+                    min_duration: settings.slow_start.0,
                     ..SlowStartConfig::default()
                 })
             }
@@ -872,6 +874,7 @@ mod tests {
             max_queued: 100,
             queue_timeout: ConfigDuration::secs(10),
             slow_start: ConfigDuration::secs(10),
+            ..AdmissionSettings::default()
         });
         let first = Pool::build("p", &d, None).unwrap();
         let now = Instant::now();

@@ -1,0 +1,402 @@
+//! Learned request shapes: which kinds of request are expensive for the app,
+//! from what their answers took, so that a pool nobody configured still lets
+//! cheap pages pass expensive ones while the app is full.
+//!
+//! A [`Shape`] is what a request's cost usually depends on: its path prefix
+//! (up to two segments, the last segment left out unless it names a script
+//! such as `index.php`, since a leaf is usually a title or an id) and the set
+//! of its query keys. `/wiki/Foo` and `/wiki/Bar` are one shape;
+//! `/w/index.php?title=X` and `/w/index.php?title=X&action=history` are two.
+//! [`ShapeCosts`] keeps per shape (bounded in number) its *floor*, a smoothed
+//! latency that falls quickly and rises slowly (queueing only adds, so the
+//! floor is what the shape costs unqueued, about its 2nd percentile), and
+//! per pool the typical floor (a slow geometric mean of the answers'
+//! floors). A shape is *expensive* once it has enough answers and its floor
+//! is at least [`EXPENSIVE_RATIO`] times the typical one and at least
+//! [`EXPENSIVE_FLOOR`]. Judging by the mean instead would let a flood make
+//! cheap pages look expensive: they queue in the app behind it. A shape not learned yet (new, or past the table's
+//! bound) is judged by its path prefix alone, so random query keys do not
+//! buy a request the cheap lane.
+//!
+//! Only the lane of classes without a configured `lane` follows what is
+//! learned (`proxy::admit`): expensive shapes wait in the lowest lane.
+//!
+//! The shapes also keep the adaptive limit honest about a changing mix
+//! ([`ShapeCosts::record`] returns the latency *as if the request had been
+//! of a typical shape*): a flood of slow searches raises the mean latency
+//! without any queueing, and a limit fed raw latencies would read that as
+//! overload and cut until the app stood idle. Each shape's floor (a smoothed
+//! latency that falls quickly and rises slowly: queueing only adds) is its
+//! unqueued cost; a sample's latency over its shape's floor is how much it
+//! queued.
+//!
+//! This module refuses nothing and queues nothing.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use weir_http::target::{Target, query_keys};
+
+/// How many times the typical unqueued latency an expensive shape takes.
+pub const EXPENSIVE_RATIO: f64 = 3.0;
+/// An expensive shape takes at least this long (a 5 ms API call is not
+/// expensive beside a 1 ms health check).
+pub const EXPENSIVE_FLOOR: Duration = Duration::from_millis(50);
+/// Answers a shape needs before it can be judged.
+pub const MIN_SAMPLES: u32 = 20;
+/// Shapes remembered per pool; past it, the least answered are forgotten.
+pub const MAX_SHAPES: usize = 4096;
+/// Query keys that make a shape; a request with more is its first ones'.
+const MAX_KEYS: usize = 8;
+/// Weight of one answer in the typical latency: a memory of about a
+/// thousand answers, so a flood of expensive requests moves it slowly.
+const BASELINE_ALPHA: f64 = 0.001;
+/// Weights of an answer in its shape's floor: below the floor it pulls
+/// quickly, above it (queueing, or a slower app) slowly.
+const FLOOR_DOWN_ALPHA: f64 = 0.1;
+const FLOOR_UP_ALPHA: f64 = 0.002;
+
+/// A request's shape: its path prefix, with and without its query keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    full: u64,
+    prefix: u64,
+}
+
+impl Shape {
+    /// The shape of a canonical target (no allocation: keys are hashed as
+    /// they are decoded, in a fixed order by their own hash).
+    pub fn of(target: &Target) -> Shape {
+        let prefix_text = path_prefix(target.path());
+        let prefix = hash_one(prefix_text);
+        let mut keys = [0u64; MAX_KEYS];
+        let mut n = 0;
+        if let Some(query) = target.query() {
+            for key in query_keys(query) {
+                let h = hash_one(&*key);
+                if n < MAX_KEYS && !keys[..n].contains(&h) {
+                    keys[n] = h;
+                    n += 1;
+                }
+            }
+        }
+        keys[..n].sort_unstable();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        prefix.hash(&mut hasher);
+        keys[..n].hash(&mut hasher);
+        Shape {
+            full: hasher.finish(),
+            prefix,
+        }
+    }
+}
+
+fn hash_one<T: Hash + ?Sized>(value: &T) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Up to two leading segments; the last segment only if it names a script.
+fn path_prefix(path: &str) -> &str {
+    let mut end = 0;
+    let mut segments = 0;
+    for (i, b) in path.bytes().enumerate().skip(1) {
+        if b == b'/' {
+            end = i;
+            segments += 1;
+            if segments == 2 {
+                return &path[..end];
+            }
+        }
+    }
+    // `path[end..]` is the leaf (after the last `/` seen).
+    let leaf = &path[end..];
+    if is_script(leaf) {
+        path
+    } else {
+        &path[..end.max(1)]
+    }
+}
+
+fn is_script(leaf: &str) -> bool {
+    const SCRIPTS: [&str; 8] = [".php", ".cgi", ".pl", ".py", ".asp", ".aspx", ".jsp", ".do"];
+    SCRIPTS.iter().any(|s| leaf.ends_with(s))
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cost {
+    floor_secs: f64,
+    samples: u32,
+}
+
+impl Cost {
+    fn add(&mut self, secs: f64) {
+        self.samples = self.samples.saturating_add(1);
+        // The first answers are a plain mean, then the asymmetric average.
+        let first = 1.0 / self.samples as f64;
+        let floor_alpha = if secs < self.floor_secs {
+            FLOOR_DOWN_ALPHA
+        } else {
+            FLOOR_UP_ALPHA
+        };
+        self.floor_secs += first.max(floor_alpha) * (secs - self.floor_secs);
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    shapes: HashMap<u64, Cost>,
+    prefixes: HashMap<u64, Cost>,
+    /// Smoothed ln(latency in seconds) over every answer.
+    baseline_ln: Option<f64>,
+    answers: u64,
+}
+
+/// What each shape of a pool's requests costs (see the module doc).
+#[derive(Debug, Default)]
+pub struct ShapeCosts {
+    table: Mutex<Table>,
+}
+
+impl ShapeCosts {
+    pub fn new() -> ShapeCosts {
+        ShapeCosts::default()
+    }
+
+    /// Records one answer of `shape` that took `latency` (to its head), and
+    /// returns the latency the adaptive limit should see: `latency` scaled
+    /// from its shape's floor to the pool's typical latency (unchanged while
+    /// the shape has too few answers).
+    pub fn record(&self, shape: Shape, latency: Duration) -> Duration {
+        let secs = latency.as_secs_f64().max(1e-6);
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let t = &mut *guard;
+        let normalised = match (t.shapes.get(&shape.full), t.baseline_ln) {
+            (Some(c), Some(b)) if c.samples >= MIN_SAMPLES && c.floor_secs > 0.0 => {
+                Duration::from_secs_f64((secs / c.floor_secs * b.exp()).min(3600.0))
+            }
+            _ => latency,
+        };
+        t.answers += 1;
+        for (map, key) in [(&mut t.shapes, shape.full), (&mut t.prefixes, shape.prefix)] {
+            if map.len() >= MAX_SHAPES && !map.contains_key(&key) {
+                forget_least_answered(map);
+            }
+            map.entry(key)
+                .or_insert(Cost {
+                    floor_secs: secs,
+                    samples: 0,
+                })
+                .add(secs);
+        }
+        let floor = t.shapes.get(&shape.full).map_or(secs, |c| c.floor_secs);
+        let alpha = (1.0 / t.answers as f64).max(BASELINE_ALPHA);
+        t.baseline_ln = Some(match t.baseline_ln {
+            None => floor.ln(),
+            Some(b) => b + alpha * (floor.ln() - b),
+        });
+        normalised
+    }
+
+    /// Whether `shape` is expensive: its own cost once learned, else its
+    /// prefix's.
+    pub fn is_expensive(&self, shape: Shape) -> bool {
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(baseline_ln) = t.baseline_ln else {
+            return false;
+        };
+        let cost = t
+            .shapes
+            .get(&shape.full)
+            .filter(|c| c.samples >= MIN_SAMPLES)
+            .or_else(|| t.prefixes.get(&shape.prefix))
+            .filter(|c| c.samples >= MIN_SAMPLES);
+        cost.is_some_and(|c| is_expensive(c.floor_secs, baseline_ln.exp()))
+    }
+
+    /// How many learned shapes are expensive now (for the metric).
+    pub fn expensive_shapes(&self) -> usize {
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(baseline_ln) = t.baseline_ln else {
+            return 0;
+        };
+        let typical = baseline_ln.exp();
+        t.shapes
+            .values()
+            .filter(|c| c.samples >= MIN_SAMPLES && is_expensive(c.floor_secs, typical))
+            .count()
+    }
+}
+
+fn is_expensive(floor_secs: f64, typical_secs: f64) -> bool {
+    floor_secs >= EXPENSIVE_FLOOR.as_secs_f64() && floor_secs >= EXPENSIVE_RATIO * typical_secs
+}
+
+/// Drops the least answered half of a full map (rare: once per
+/// `MAX_SHAPES / 2` new shapes), so a stream of one-off shapes cannot push
+/// out the well-known ones.
+fn forget_least_answered(map: &mut HashMap<u64, Cost>) {
+    let mut counts: Vec<u32> = map.values().map(|c| c.samples).collect();
+    let mid = counts.len() / 2;
+    let (_, median, _) = counts.select_nth_unstable(mid);
+    let median = *median;
+    let mut to_drop = map.len() - mid;
+    map.retain(|_, c| {
+        if to_drop > 0 && c.samples <= median {
+            to_drop -= 1;
+            false
+        } else {
+            true
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(path_and_query: &str) -> Target {
+        use weir_http::target::PathPolicy;
+        Target::parse(
+            "GET",
+            path_and_query,
+            Some("a.example"),
+            PathPolicy::default(),
+        )
+        .unwrap()
+    }
+
+    fn shape(path_and_query: &str) -> Shape {
+        Shape::of(&target(path_and_query))
+    }
+
+    #[test]
+    fn prefixes() {
+        let cases = [
+            ("/", "/"),
+            ("/foo", "/"),
+            ("/wiki/Foo", "/wiki"),
+            ("/wiki/Foo/bar", "/wiki/Foo"),
+            ("/w/index.php", "/w/index.php"),
+            ("/index.php", "/index.php"),
+            ("/api/v1/users/7", "/api/v1"),
+            ("/static/app.css", "/static"),
+        ];
+        for (path, want) in cases {
+            assert_eq!(path_prefix(path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn shapes_group_by_prefix_and_query_keys() {
+        assert_eq!(shape("/wiki/Foo"), shape("/wiki/Bar"));
+        assert_eq!(
+            shape("/w/index.php?search=a&title=b"),
+            shape("/w/index.php?title=x&search=y")
+        );
+        assert_eq!(
+            shape("/w/index.php?%73earch=a"),
+            shape("/w/index.php?search=b")
+        );
+        assert_ne!(
+            shape("/w/index.php?title=X"),
+            shape("/w/index.php?title=X&action=history")
+        );
+        assert_ne!(shape("/w/index.php?search=a"), shape("/w/api.php?search=a"));
+    }
+
+    fn learn(costs: &ShapeCosts, path: &str, ms: u64, n: u32) {
+        for _ in 0..n {
+            costs.record(shape(path), Duration::from_millis(ms));
+        }
+    }
+
+    #[test]
+    fn slow_shapes_become_expensive_cheap_ones_never() {
+        let costs = ShapeCosts::new();
+        learn(&costs, "/wiki/Page", 20, 200);
+        learn(&costs, "/w/index.php?search=a", 400, 30);
+        assert!(costs.is_expensive(shape("/w/index.php?search=other")));
+        assert!(!costs.is_expensive(shape("/wiki/Other")));
+        assert_eq!(costs.expensive_shapes(), 1);
+    }
+
+    #[test]
+    fn a_change_of_mix_is_not_queueing_but_queueing_is() {
+        let costs = ShapeCosts::new();
+        learn(&costs, "/wiki/Page", 60, 300);
+        learn(&costs, "/w/index.php?search=a", 400, 100);
+        let seen = |path: &str, ms: u64| {
+            costs
+                .record(shape(path), Duration::from_millis(ms))
+                .as_secs_f64()
+        };
+        // Unqueued, a search and a page look alike to the limit.
+        let (search, page) = (seen("/w/index.php?search=b", 400), seen("/wiki/P", 60));
+        assert!((search / page - 1.0).abs() < 0.05, "{search} vs {page}");
+        // Queued for as long again, a search looks twice as slow.
+        let queued = seen("/w/index.php?search=c", 800);
+        assert!((queued / search - 2.0).abs() < 0.1, "{queued} vs {search}");
+    }
+
+    #[test]
+    fn pages_queued_behind_a_flood_stay_cheap() {
+        let costs = ShapeCosts::new();
+        learn(&costs, "/wiki/Page", 20, 300);
+        learn(&costs, "/w/index.php?search=a", 200, 50);
+        // The flood: searches, and pages waiting a second in the app's queue.
+        for _ in 0..100 {
+            learn(&costs, "/w/index.php?search=a", 1200, 3);
+            learn(&costs, "/wiki/Page", 1000, 1);
+        }
+        assert!(!costs.is_expensive(shape("/wiki/Other")));
+        assert!(costs.is_expensive(shape("/w/index.php?search=b")));
+    }
+
+    #[test]
+    fn too_few_answers_judge_nothing() {
+        let costs = ShapeCosts::new();
+        learn(&costs, "/wiki/Page", 20, 200);
+        learn(&costs, "/w/index.php?search=a", 400, MIN_SAMPLES - 1);
+        assert!(!costs.is_expensive(shape("/w/index.php?search=a")));
+    }
+
+    #[test]
+    fn a_fast_app_has_no_expensive_shapes() {
+        let costs = ShapeCosts::new();
+        learn(&costs, "/health", 1, 200);
+        learn(&costs, "/api/v1/items", 10, 200);
+        assert!(
+            !costs.is_expensive(shape("/api/v1/items")),
+            "under the floor"
+        );
+    }
+
+    #[test]
+    fn unknown_query_keys_are_judged_by_their_prefix() {
+        let costs = ShapeCosts::new();
+        learn(&costs, "/wiki/Page", 20, 400);
+        learn(&costs, "/w/index.php?search=a", 400, 100);
+        assert!(costs.is_expensive(shape("/w/index.php?search=a&x9f3=1")));
+    }
+
+    #[test]
+    fn the_table_stays_bounded_and_keeps_well_known_shapes() {
+        let costs = ShapeCosts::new();
+        learn(&costs, "/wiki/Page", 20, 400);
+        learn(&costs, "/w/index.php?search=a", 400, 100);
+        for i in 0..MAX_SHAPES * 2 {
+            costs.record(
+                shape(&format!("/w/index.php?k{i}=1")),
+                Duration::from_millis(20),
+            );
+        }
+        let t = costs.table.lock().unwrap();
+        assert!(t.shapes.len() <= MAX_SHAPES);
+        drop(t);
+        assert!(costs.is_expensive(shape("/w/index.php?search=b")));
+    }
+}
