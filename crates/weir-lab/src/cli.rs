@@ -263,6 +263,7 @@ mod demo_tests {
             outcomes: outcomes.iter().map(|(o, n)| (o.to_string(), *n)).collect(),
             reached_app: 0,
             challenges_solved: 0,
+            rechallenged: 0,
             challenged_p50_ms: 0.0,
             challenged_p95_ms: 0.0,
             p50_ms: 0.0,

@@ -167,6 +167,8 @@ pub struct CohortStats {
     lags_us: Mutex<Vec<u32>>,
     /// Requests served after the client solved a challenge.
     challenges_solved: AtomicU64,
+    /// Challenges met by clients that had solved one in their visit.
+    rechallenged: AtomicU64,
     /// Latency of those requests, challenge and retry included, microseconds.
     solved_latencies_us: Mutex<Vec<u32>>,
 }
@@ -184,6 +186,8 @@ pub struct CohortTotals {
     /// Requests answered after the client solved a challenge (counted in
     /// their final outcome, e.g. `served`).
     pub challenges_solved: u64,
+    /// Challenges met by clients that had already solved one in their visit.
+    pub rechallenged: u64,
     /// Latency of served requests that went through a challenge
     /// (page, proof of work, answer, retry), microseconds, sorted.
     pub solved_latencies_us: Vec<u32>,
@@ -210,6 +214,7 @@ impl CohortStats {
             latencies_us: Mutex::new(Vec::new()),
             lags_us: Mutex::new(Vec::new()),
             challenges_solved: AtomicU64::new(0),
+            rechallenged: AtomicU64::new(0),
             solved_latencies_us: Mutex::new(Vec::new()),
         }
     }
@@ -261,6 +266,7 @@ impl CohortStats {
                 .map(|b| std::array::from_fn(|i| b[i].load(Ordering::Relaxed)))
                 .collect(),
             challenges_solved: self.challenges_solved.load(Ordering::Relaxed),
+            rechallenged: self.rechallenged.load(Ordering::Relaxed),
             solved_latencies_us: {
                 let mut v = self
                     .solved_latencies_us
@@ -390,6 +396,9 @@ pub async fn run_client(
             on_connection = 0;
         }
         stats.record(bucket, result.outcome, result.reached_app);
+        if result.rechallenged {
+            stats.rechallenged.fetch_add(1, Ordering::Relaxed);
+        }
         if result.solved_challenge {
             stats.challenges_solved.fetch_add(1, Ordering::Relaxed);
             if result.outcome == Outcome::Served {
@@ -494,6 +503,8 @@ struct Answer {
     reached_app: bool,
     /// The client met a challenge, solved it and then got this outcome.
     solved_challenge: bool,
+    /// The client met a challenge although it had solved one before.
+    rechallenged: bool,
 }
 
 impl Answer {
@@ -502,6 +513,7 @@ impl Answer {
             outcome,
             reached_app: false,
             solved_challenge: false,
+            rechallenged: false,
         }
     }
 }
@@ -607,6 +619,7 @@ async fn exchange(
     let status = response.status().as_u16();
     let headers = response.headers();
     let challenged = headers.contains_key("x-weir-challenge");
+    let rechallenged = challenged && jar.solved;
     let reached_app = headers.contains_key("x-app-class");
     if reached_app && status == 200 && browser {
         jar.last_page = Some(path.to_owned());
@@ -655,6 +668,7 @@ async fn exchange(
         follow_refresh(ctx, cohort, src, jar, &body).await == Some(true)
     };
     if passed {
+        jar.solved = true;
         let retry = Box::pin(exchange(
             ctx,
             cohort,
@@ -668,6 +682,7 @@ async fn exchange(
         .await;
         return Answer {
             solved_challenge: true,
+            rechallenged: rechallenged || retry.rechallenged,
             ..retry
         };
     }
@@ -675,6 +690,7 @@ async fn exchange(
         outcome: Outcome::of_response(status, challenged),
         reached_app,
         solved_challenge: false,
+        rechallenged,
     }
 }
 
@@ -762,6 +778,8 @@ pub struct CookieJar {
     /// The last page the site served (a browser's `Referer` for the next
     /// navigation, as when following a link).
     last_page: Option<String>,
+    /// This client has solved a challenge (earned a pass) in its visit.
+    solved: bool,
 }
 
 impl CookieJar {

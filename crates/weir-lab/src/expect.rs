@@ -32,6 +32,7 @@ pub const COHORT_SHARES: &[&str] = &[
     "failed",
     "reached_app",
     "challenges_solved",
+    "rechallenged",
 ];
 /// Other cohort metrics (counts and milliseconds).
 /// `solved_p95_ms`: from sending a request that met a challenge to its

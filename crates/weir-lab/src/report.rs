@@ -56,6 +56,9 @@ pub struct CohortReport {
     /// Requests answered after the client solved a challenge (already
     /// counted in their outcome: a solved challenge then served is served).
     pub challenges_solved: u64,
+    /// Challenges met by people who had solved one earlier in their visit
+    /// (issue 19: never two challenges in one visit).
+    pub rechallenged: u64,
     /// p50/p95 latency of served requests that solved a challenge first: the
     /// extra a person pays (compare with `p50_ms`/`p95_ms`).
     pub challenged_p50_ms: f64,
@@ -258,6 +261,7 @@ fn cohort_metric(c: &CohortReport, metric: &str) -> Option<f64> {
         "failed" => c.failed(),
         "reached_app" => c.reached_app,
         "challenges_solved" => c.challenges_solved,
+        "rechallenged" => c.rechallenged,
         other => match OUTCOMES.iter().find(|o| o.as_str() == other) {
             Some(o) => c.count(*o),
             None => {
@@ -353,6 +357,11 @@ impl SimReport {
                             c.challenges_solved, c.challenged_p50_ms, c.challenged_p95_ms
                         )
                     }),
+                );
+                row(
+                    &mut out,
+                    "  challenged again in a visit",
+                    cell(&|c| c.rechallenged.to_string()),
                 );
             }
         }

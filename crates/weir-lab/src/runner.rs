@@ -682,6 +682,7 @@ fn build_report(
                     .collect(),
                 reached_app: t.reached_app,
                 challenges_solved: t.challenges_solved,
+                rechallenged: t.rechallenged,
                 challenged_p50_ms: quantile_ms(&t.solved_latencies_us, 0.50),
                 challenged_p95_ms: quantile_ms(&t.solved_latencies_us, 0.95),
                 p50_ms: quantile_ms(&t.latencies_us, 0.50),

@@ -308,7 +308,7 @@ impl GradientLimit {
         self.limit = next.clamp(cfg.min as f64, cfg.max as f64);
     }
 
-    /// Whether the limit is still in slow start.
+    /// Whether the limit is probing: doubling while every slot is used.
     pub fn probing(&self) -> bool {
         self.probing
     }

@@ -9,26 +9,22 @@
 //! `/w/index.php?title=X` and `/w/index.php?title=X&action=history` are two.
 //! [`ShapeCosts`] keeps per shape (bounded in number) its *floor*, a smoothed
 //! latency that falls quickly and rises slowly (queueing only adds, so the
-//! floor is what the shape costs unqueued, about its 2nd percentile), and
-//! per pool the typical floor (a slow geometric mean of the answers'
-//! floors). A shape is *expensive* once it has enough answers and its floor
-//! is at least [`EXPENSIVE_RATIO`] times the typical one and at least
-//! [`EXPENSIVE_FLOOR`]. Judging by the mean instead would let a flood make
-//! cheap pages look expensive: they queue in the app behind it. A shape not learned yet (new, or past the table's
-//! bound) is judged by its path prefix alone, so random query keys do not
-//! buy a request the cheap lane.
+//! floor is what the shape costs unqueued, near its 2nd percentile), and per
+//! pool the typical floor (a slow geometric mean of the answers' floors).
 //!
-//! Only the lane of classes without a configured `lane` follows what is
-//! learned (`proxy::admit`): expensive shapes wait in the lowest lane.
-//!
-//! The shapes also keep the adaptive limit honest about a changing mix
-//! ([`ShapeCosts::record`] returns the latency *as if the request had been
-//! of a typical shape*): a flood of slow searches raises the mean latency
-//! without any queueing, and a limit fed raw latencies would read that as
-//! overload and cut until the app stood idle. Each shape's floor (a smoothed
-//! latency that falls quickly and rises slowly: queueing only adds) is its
-//! unqueued cost; a sample's latency over its shape's floor is how much it
-//! queued.
+//! - A shape is *expensive* once it has [`MIN_SAMPLES`] answers and its
+//!   floor is at least [`EXPENSIVE_RATIO`] times the typical one and at
+//!   least [`EXPENSIVE_FLOOR`]. (Judged by the mean, cheap pages queued in
+//!   the app behind a flood looked expensive too.) A shape not learned yet
+//!   (new, or past the table's bound) is judged by its path prefix alone, so
+//!   random query keys do not buy a request the cheap lane. Only classes
+//!   without a configured `lane` follow it (`proxy::admit`): expensive
+//!   shapes wait in the lowest lane.
+//! - [`ShapeCosts::record`] returns each answer's latency *as if the request
+//!   had been of a typical shape* (scaled from its shape's floor to the
+//!   typical one), for the adaptive limit: a flood of slow searches raises
+//!   the mean latency without any queueing, and a limit fed raw latencies
+//!   reads that as overload and cuts until the app stands idle.
 //!
 //! This module refuses nothing and queues nothing.
 
