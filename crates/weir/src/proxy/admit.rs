@@ -5,13 +5,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use http::{Response, StatusCode};
 use weir_http::connections::UpstreamBody;
 use weir_http::target::Target;
 
 use super::log::RequestLog;
-use crate::gateway::ClassAdmission;
+use super::upstream::Routed;
+use crate::gateway::{ClassAdmission, Gateway};
 use crate::identity::ClientId;
+use crate::policy::route::RequestView;
 use crate::policy::{Proof, RejectReason};
 use crate::respond::Side;
 use crate::upstream::{ForwardError, Pool};
@@ -19,9 +22,11 @@ use crate::upstream::{ForwardError, Pool};
 /// **Admission phase**: after the policy admitted the request (and after
 /// coalescing: a follower never reaches it), before any server is picked.
 /// Whether the request may go to `pool` now, waits for a slot (in the lane
-/// its proof buys, fair by client network), or is shed with `503` +
-/// `Retry-After`; pools without `[pools.NAME.admission]` pass everything at
-/// once. May change: the queue, the log (lane, queue time), metrics.
+/// its proof buys or its learned shape gives, fair by client network), or is
+/// shed with `503` + `Retry-After`; a pool with `admission.enabled = false`
+/// passes everything at once. May change: the queue, what the pool learned
+/// of the request's shape (when its answer ends), the log (lane, queue
+/// time), metrics.
 /// Result: `Ok` holding the slot in the log record until the response body
 /// ends, or the reason to shed it (answered by the rescue).
 pub(super) async fn admit(
@@ -32,8 +37,8 @@ pub(super) async fn admit(
     client: &ClientId,
     log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
-    use crate::admission::{FairKey, Lane, Shape, ShedReason};
-    use crate::observe::metrics::{LaneLabels, ShedLabels};
+    use crate::admission::{FairKey, Lane, Shape};
+    use crate::observe::metrics::LaneLabels;
     let Some(queue) = &pool.admission else {
         return Ok(());
     };
@@ -81,30 +86,99 @@ pub(super) async fn admit(
             log.permit = Some(permit);
             Ok(())
         }
-        Err(shed) => {
-            pool.shed(Instant::now());
-            // A waiter may be shed from its lane to make room above it; the
-            // label names the lane it was in.
-            let shed_lane: Arc<str> = Arc::from(queue.lanes().spec(shed.lane).name.as_str());
-            metrics
-                .admission_shed
-                .get_or_create(&ShedLabels {
-                    pool: pool.name.clone(),
-                    lane: shed_lane,
-                    reason: shed.reason.as_str(),
-                })
-                .inc();
-            log.record.queue_time = shed.waited;
-            let reason = match shed.reason {
-                ShedReason::QueueFull => "admission_queue_full",
-                ShedReason::DeadlineExceeded => "admission_deadline_exceeded",
-                ShedReason::LowerLaneShed => "admission_lower_lane_shed",
+        Err(shed) => Err(shed_reason(pool, queue, &shed, log)),
+    }
+}
+
+/// Records a request the queue shed (metrics, the pool's busy signal, the
+/// log's queue time) and names why, for the rescue's `503`.
+fn shed_reason(
+    pool: &Pool,
+    queue: &crate::admission::AdmissionQueue,
+    shed: &crate::admission::Shed,
+    log: &mut RequestLog,
+) -> RejectReason {
+    use crate::admission::ShedReason;
+    use crate::observe::metrics::ShedLabels;
+    pool.shed(Instant::now());
+    // A waiter may be shed from its lane to make room above it; the label
+    // names the lane it was in.
+    let shed_lane: Arc<str> = Arc::from(queue.lanes().spec(shed.lane).name.as_str());
+    let labels = ShedLabels {
+        pool: pool.name.clone(),
+        lane: shed_lane,
+        reason: shed.reason.as_str(),
+    };
+    log.conn
+        .rt
+        .metrics
+        .admission_shed
+        .get_or_create(&labels)
+        .inc();
+    log.record.queue_time = shed.waited;
+    let reason = match shed.reason {
+        ShedReason::QueueFull => "admission_queue_full",
+        ShedReason::DeadlineExceeded => "admission_deadline_exceeded",
+        ShedReason::LowerLaneShed => "admission_lower_lane_shed",
+    };
+    RejectReason::Shed {
+        reason,
+        retry_after: shed.retry_after,
+    }
+}
+
+/// Why the admission phase did not admit a request.
+pub(super) enum Unadmitted {
+    /// An unproven navigation under pressure that would have been shed: the
+    /// challenge page instead.
+    Challenge(Box<Response<Bytes>>),
+    /// Shed (`503` + `Retry-After`, answered by the rescue).
+    Reject(RejectReason),
+}
+
+/// The admission phase as the request path runs it: [`admit`], where a
+/// navigation the policy spared from the challenge while the app had room
+/// (`challenge_instead`: the difficulty it would get) waits only the
+/// challenge's `pressure_wait` and, if it would be shed, gets the page
+/// instead; admitted, it is counted in `weir_challenge_spared_total`.
+pub(super) async fn admission(
+    routed: &Routed<'_>,
+    view: &RequestView<'_>,
+    proof: Proof,
+    challenge_instead: Option<u8>,
+    client: &ClientId,
+    gw: &Gateway,
+    log: &mut RequestLog,
+) -> Result<(), Unadmitted> {
+    let spared = challenge_instead.zip(gw.challenger.as_ref());
+    let mut class = routed.class;
+    if let Some((_, ch)) = spared {
+        let wait = ch.pressure_wait();
+        class.queue_timeout = Some(class.queue_timeout.map_or(wait, |t| t.min(wait)));
+    }
+    match (
+        admit(&routed.pool, class, view.target, proof, client, log).await,
+        spared,
+    ) {
+        (Ok(()), None) => Ok(()),
+        (Ok(()), Some(_)) => {
+            let labels = crate::observe::metrics::PoolLabels {
+                pool: routed.pool.name.clone(),
             };
-            Err(RejectReason::Shed {
-                reason,
-                retry_after: shed.retry_after,
-            })
+            log.conn
+                .rt
+                .metrics
+                .challenge_spared
+                .get_or_create(&labels)
+                .inc();
+            Ok(())
         }
+        (Err(RejectReason::Shed { .. }), Some((difficulty, ch))) => {
+            let now = std::time::SystemTime::now();
+            let page = ch.page(view.target, client, view.headers, difficulty, now);
+            Err(Unadmitted::Challenge(Box::new(page)))
+        }
+        (Err(reason), _) => Err(Unadmitted::Reject(reason)),
     }
 }
 

@@ -158,6 +158,17 @@ impl RequestLog {
 
     /// Answers with a response weir made without a reason to record (the
     /// challenge's pages, a coalesced copy): `status` as the log's.
+    /// [`RequestLog::answer`] for a request refused before any decision
+    /// (no route, a target not read): logged with `decision: "reject"`.
+    pub(super) fn reject(
+        mut self: Box<Self>,
+        reason: &(impl Reason + ?Sized),
+        accept: Accepts,
+    ) -> Response<ResponseBody> {
+        self.record.decision = "reject";
+        self.answer(reason, accept)
+    }
+
     pub(super) fn answer_with(
         mut self: Box<Self>,
         resp: Response<Bytes>,

@@ -204,20 +204,11 @@ fn serve(
         let client = identify(&req, &conn, &gw, started);
         let mut log = RequestLog::new(&mut req, &client, conn.clone(), started);
         let accept = Accepts::of(req.headers());
-        // Framing the codec left to weir: the same refusals on both
-        // listeners (HTTP/2's header count, codings other than chunked).
-        let hyper_read = conn.edge.tls.is_some() || req.version() == Version::HTTP_2;
-        if let Some(refusal) = hyper_read.then(|| framing(&req, &gw)).flatten() {
-            // The body is not read: the connection cannot carry another request.
-            let mut resp = unread(log, &req, &refusal, accept);
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return resp;
-        }
-        // Target: the one reading of method, authority, path and query.
-        let target = match Target::of(&req, gw.path_policy) {
+        // Target: the framing the codec left to weir, then the one reading
+        // of method, authority, path and query.
+        let target = match read_target(&req, &conn, &gw) {
             Ok(t) => t,
-            Err(e) => return unread(log, &req, &RejectReason::Target(e), accept),
+            Err(why) => return unread(log, &req, why, accept),
         };
         log.set_target(&target, req.uri());
         // weir's own endpoints: the challenge's script and answer.
@@ -235,10 +226,7 @@ fn serve(
         };
         let route = match route(&gw, &view, &req) {
             Ok(r) => r,
-            Err(reason) => {
-                log.record.decision = "reject";
-                return log.answer(&reason, accept);
-            }
+            Err(reason) => return log.reject(&reason, accept),
         };
         // Session, then rules and challenge: the policy's decision.
         let session = policy::session(&gw, route, req.headers(), &mut log).await;
@@ -257,36 +245,22 @@ fn serve(
             Coalesced::Shared(shared) => return upstream::shared_response(&shared, log, &req),
             other => other.leader(),
         };
-        // Admission: a slot in the pool's queue, in the lane the proof buys.
-        // An unproven navigation under pressure waits only briefly, and is
-        // challenged instead of shed.
-        let mut class = routed.class;
-        if challenge_instead.is_some()
-            && let Some(ch) = &gw.challenger
+        // Admission: a slot in the pool's queue, in the lane the proof buys
+        // (an unproven navigation under pressure is challenged, not shed).
+        match admit::admission(
+            &routed,
+            &view,
+            proof,
+            challenge_instead,
+            &client,
+            &gw,
+            &mut log,
+        )
+        .await
         {
-            let wait = ch.pressure_wait();
-            class.queue_timeout = Some(class.queue_timeout.map_or(wait, |t| t.min(wait)));
-        }
-        if let Err(reason) =
-            admit::admit(&routed.pool, class, &target, proof, &client, &mut log).await
-        {
-            if let (Some(difficulty), Some(ch), RejectReason::Shed { .. }) =
-                (challenge_instead, &gw.challenger, &reason)
-            {
-                let now = std::time::SystemTime::now();
-                let page = ch.page(&target, &client, req.headers(), difficulty, now);
-                return policy::challenged(page, log);
-            }
-            return log.answer(&reason, accept);
-        }
-        if challenge_instead.is_some() {
-            conn.rt
-                .metrics
-                .challenge_spared
-                .get_or_create(&crate::observe::metrics::PoolLabels {
-                    pool: routed.pool.name.clone(),
-                })
-                .inc();
+            Ok(()) => {}
+            Err(admit::Unadmitted::Challenge(page)) => return policy::challenged(*page, log),
+            Err(admit::Unadmitted::Reject(reason)) => return log.answer(&reason, accept),
         }
         // Upstream: the request as decided, sent with failover.
         let answer = upstream::Answer::of(&mut req, leader);
@@ -298,17 +272,48 @@ fn serve(
     }
 }
 
+/// Why a request's target was not read.
+enum Unread {
+    /// Framing refused (the body cannot be read either).
+    Framing(ClientError),
+    Target(RejectReason),
+}
+
+/// **Target phase**: after identity. Framing the codec left to weir, with
+/// the same refusals on both listeners (HTTP/2's header count, codings
+/// other than chunked), then the canonical target every later phase reads.
+/// Changes nothing. Result: the target, or why the request is refused.
+fn read_target(
+    req: &Request<RequestBody>,
+    conn: &ConnCtx,
+    gw: &crate::gateway::Gateway,
+) -> Result<Target, Unread> {
+    let hyper_read = conn.edge.tls.is_some() || req.version() == Version::HTTP_2;
+    if let Some(refusal) = hyper_read.then(|| framing(req, gw)).flatten() {
+        return Err(Unread::Framing(refusal));
+    }
+    Target::of(req, gw.path_policy).map_err(|e| Unread::Target(RejectReason::Target(e)))
+}
+
 /// A refusal of a request whose target was not read (its framing, or the
 /// target itself): the log keeps the target as sent.
 fn unread(
     mut log: Box<RequestLog>,
     req: &Request<RequestBody>,
-    reason: &(impl crate::respond::Reason + ?Sized),
+    why: Unread,
     accept: Accepts,
 ) -> Response<ResponseBody> {
-    log.record.decision = "reject";
     log.set_sent(req.uri());
-    log.answer(reason, accept)
+    match why {
+        Unread::Framing(refusal) => {
+            // The body is not read: the connection cannot carry another request.
+            let mut resp = log.reject(&refusal, accept);
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            resp
+        }
+        Unread::Target(reason) => log.reject(&reason, accept),
+    }
 }
 
 /// **Route phase**: after the target. The pool and class the request goes

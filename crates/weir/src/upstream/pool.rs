@@ -146,7 +146,7 @@ pub struct Pool {
     /// The definition this pool was built from: a reload that leaves it
     /// unchanged keeps this pool (and its warm connections).
     pub definition: PoolConfig,
-    /// The admission queue, with `[pools.NAME.admission]`.
+    /// The admission queue: every pool's, unless `admission.enabled = false`.
     pub admission: Option<AdmissionQueue>,
     /// Active checks, with `[pools.NAME.health]`; without them servers are
     /// never marked slow or dead.
