@@ -90,7 +90,8 @@ pub struct ClassAdmission {
 }
 
 impl Default for ClassAdmission {
-    /// The middle lane: cheap pages from anyone.
+    /// No configured lane: `pass` for cheap pages, `anonymous` for shapes
+    /// learned expensive.
     fn default() -> Self {
         ClassAdmission {
             lane: None,
