@@ -424,10 +424,15 @@ impl AdmissionQueue {
     }
 
     /// A slot for a health check, outside the traffic limit; `None` when
-    /// the reserve is in use (a check is still running) or is zero.
+    /// the reserve is in use (a check is still running) or is zero. The
+    /// reserve keeps a known worker count's last worker for checks; with
+    /// `workers` unknown (a pool nobody configured) there is no last worker
+    /// to keep, and checks run as they would without a queue: several
+    /// servers, or a warm-up probe beside the periodic check, at once.
     pub fn try_acquire_health(&self) -> Option<HealthPermit> {
         let mut st = self.shared.lock();
-        if st.health_in_flight >= self.shared.config.health_reserve {
+        let bounded = self.shared.config.workers.is_some();
+        if bounded && st.health_in_flight >= self.shared.config.health_reserve {
             return None;
         }
         st.health_in_flight += 1;

@@ -290,6 +290,18 @@ async fn permit_granted_to_a_departed_waiter_is_not_leaked() {
     assert_eq!(q.snapshot().in_flight, 0);
 }
 
+/// Regression: with admission on by default, a warm-up probe met the
+/// periodic check holding the one reserved slot and reported a healthy pool
+/// as not answering (tests/integration/readiness.rs).
+#[test]
+fn without_a_worker_count_health_checks_are_not_serialised() {
+    let q = AdmissionQueue::new(QueueConfig::fixed(nz(10))).unwrap();
+    let a = q.try_acquire_health();
+    let b = q.try_acquire_health();
+    assert!(a.is_some() && b.is_some(), "no last worker to keep");
+    assert_eq!(q.snapshot().health_in_flight, 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn health_slot_is_outside_traffic_and_bounded() {
     let mut cfg = QueueConfig::fixed(nz(10));
