@@ -9,11 +9,11 @@
 //! `/w/index.php?title=X` and `/w/index.php?title=X&action=history` are two.
 //! [`ShapeCosts`] keeps per shape (bounded in number) its *floor*, a smoothed
 //! latency that falls quickly and rises slowly (queueing only adds, so the
-//! floor is what the shape costs unqueued, near its 2nd percentile), and per
-//! pool the typical floor (a slow geometric mean of the answers' floors).
+//! floor is what the shape costs unqueued, near its lowest percentile), and per
+//! pool the cheapest judged floor.
 //!
 //! - A shape is *expensive* once it has [`MIN_SAMPLES`] answers and its
-//!   floor is at least [`EXPENSIVE_RATIO`] times the typical one and at
+//!   floor is at least [`EXPENSIVE_RATIO`] times the cheapest one and at
 //!   least [`EXPENSIVE_FLOOR`]. (Judged by the mean, cheap pages queued in
 //!   the app behind a flood looked expensive too.) A shape not learned yet
 //!   (new, or past the table's bound) is judged by its path prefix alone, so
@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use weir_http::target::{Target, query_keys};
 
-/// How many times the typical unqueued latency an expensive shape takes.
+/// How many times the cheapest shape's unqueued latency an expensive one takes.
 pub const EXPENSIVE_RATIO: f64 = 3.0;
 /// An expensive shape takes at least this long (a 5 ms API call is not
 /// expensive beside a 1 ms health check).
@@ -44,6 +44,8 @@ pub const EXPENSIVE_FLOOR: Duration = Duration::from_millis(50);
 pub const MIN_SAMPLES: u32 = 20;
 /// Shapes remembered per pool; past it, the least answered are forgotten.
 pub const MAX_SHAPES: usize = 4096;
+/// Answers between two refreshes of the cheapest judged floor.
+const CHEAPEST_EVERY: u64 = 64;
 /// Query keys that make a shape; a request with more is its first ones'.
 const MAX_KEYS: usize = 8;
 /// Weight of one answer in the typical latency: a memory of about a
@@ -52,7 +54,7 @@ const BASELINE_ALPHA: f64 = 0.001;
 /// Weights of an answer in its shape's floor: below the floor it pulls
 /// quickly, above it (queueing, or a slower app) slowly.
 const FLOOR_DOWN_ALPHA: f64 = 0.1;
-const FLOOR_UP_ALPHA: f64 = 0.002;
+const FLOOR_UP_ALPHA: f64 = 0.0005;
 
 /// A request's shape: its path prefix, with and without its query keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -131,14 +133,18 @@ struct Cost {
 impl Cost {
     fn add(&mut self, secs: f64) {
         self.samples = self.samples.saturating_add(1);
-        // The first answers are a plain mean, then the asymmetric average.
-        let first = 1.0 / self.samples as f64;
-        let floor_alpha = if secs < self.floor_secs {
+        // The first answers (until the shape can be judged) are a plain
+        // mean, then the asymmetric average: a plain mean any longer would
+        // let a flood's queueing lift a cheap page's floor within a hundred
+        // answers (seen in CI: pages judged expensive).
+        let floor_alpha = if self.samples <= MIN_SAMPLES {
+            1.0 / self.samples as f64
+        } else if secs < self.floor_secs {
             FLOOR_DOWN_ALPHA
         } else {
             FLOOR_UP_ALPHA
         };
-        self.floor_secs += first.max(floor_alpha) * (secs - self.floor_secs);
+        self.floor_secs += floor_alpha * (secs - self.floor_secs);
     }
 }
 
@@ -148,6 +154,10 @@ struct Table {
     prefixes: HashMap<u64, Cost>,
     /// Smoothed ln(latency in seconds) over every answer.
     baseline_ln: Option<f64>,
+    /// The lowest floor of a judged shape (refreshed every
+    /// [`CHEAPEST_EVERY`] answers): what expensive is measured against. Not
+    /// a mean over answers, which a flood of one shape drags to itself.
+    cheapest_secs: Option<f64>,
     answers: u64,
 }
 
@@ -188,6 +198,12 @@ impl ShapeCosts {
                 })
                 .add(secs);
         }
+        if t.answers % CHEAPEST_EVERY == 1 || t.cheapest_secs.is_none() {
+            t.cheapest_secs = (t.shapes.values())
+                .filter(|c| c.samples >= MIN_SAMPLES)
+                .map(|c| c.floor_secs)
+                .reduce(f64::min);
+        }
         let floor = t.shapes.get(&shape.full).map_or(secs, |c| c.floor_secs);
         let alpha = (1.0 / t.answers as f64).max(BASELINE_ALPHA);
         t.baseline_ln = Some(match t.baseline_ln {
@@ -201,7 +217,7 @@ impl ShapeCosts {
     /// prefix's.
     pub fn is_expensive(&self, shape: Shape) -> bool {
         let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(baseline_ln) = t.baseline_ln else {
+        let Some(cheapest) = t.cheapest_secs else {
             return false;
         };
         let cost = t
@@ -210,16 +226,15 @@ impl ShapeCosts {
             .filter(|c| c.samples >= MIN_SAMPLES)
             .or_else(|| t.prefixes.get(&shape.prefix))
             .filter(|c| c.samples >= MIN_SAMPLES);
-        cost.is_some_and(|c| is_expensive(c.floor_secs, baseline_ln.exp()))
+        cost.is_some_and(|c| is_expensive(c.floor_secs, cheapest))
     }
 
     /// How many learned shapes are expensive now (for the metric).
     pub fn expensive_shapes(&self) -> usize {
         let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(baseline_ln) = t.baseline_ln else {
+        let Some(typical) = t.cheapest_secs else {
             return 0;
         };
-        let typical = baseline_ln.exp();
         t.shapes
             .values()
             .filter(|c| c.samples >= MIN_SAMPLES && is_expensive(c.floor_secs, typical))
@@ -350,6 +365,18 @@ mod tests {
         }
         assert!(!costs.is_expensive(shape("/wiki/Other")));
         assert!(costs.is_expensive(shape("/w/index.php?search=b")));
+    }
+
+    /// Regression: the floor followed a plain mean until 1/n fell below
+    /// its rising weight, so 90 answers at 10 ms then 150 queued at 400 ms
+    /// made a cheap page expensive.
+    #[test]
+    fn a_young_cheap_shape_stays_cheap_when_its_answers_queue() {
+        let costs = ShapeCosts::new();
+        learn(&costs, "/wiki/Page", 10, 90);
+        learn(&costs, "/w/index.php?search=a", 100, 30);
+        learn(&costs, "/wiki/Page", 400, 150);
+        assert!(!costs.is_expensive(shape("/wiki/Other")));
     }
 
     #[test]
