@@ -11,8 +11,7 @@ use weir_http::connections::UpstreamBody;
 use weir_http::target::Target;
 
 use super::log::RequestLog;
-use super::upstream::Routed;
-use crate::gateway::{ClassAdmission, Gateway};
+use crate::gateway::ClassAdmission;
 use crate::identity::ClientId;
 use crate::policy::route::RequestView;
 use crate::policy::{Proof, RejectReason};
@@ -138,32 +137,30 @@ pub(super) enum Unadmitted {
 
 /// The admission phase as the request path runs it: [`admit`], where a
 /// navigation the policy spared from the challenge while the app had room
-/// (`challenge_instead`: the difficulty it would get) waits only the
+/// (`spared`: the difficulty it would get, and the challenge) waits only the
 /// challenge's `pressure_wait` and, if it would be shed, gets the page
 /// instead; admitted, it is counted in `weir_challenge_spared_total`.
 pub(super) async fn admission(
-    routed: &Routed<'_>,
+    pool: &Pool,
+    mut class: ClassAdmission,
     view: &RequestView<'_>,
     proof: Proof,
-    challenge_instead: Option<u8>,
+    spared: Option<(u8, &crate::challenge::Challenger)>,
     client: &ClientId,
-    gw: &Gateway,
     log: &mut RequestLog,
 ) -> Result<(), Unadmitted> {
-    let spared = challenge_instead.zip(gw.challenger.as_ref());
-    let mut class = routed.class;
     if let Some((_, ch)) = spared {
         let wait = ch.pressure_wait();
         class.queue_timeout = Some(class.queue_timeout.map_or(wait, |t| t.min(wait)));
     }
     match (
-        admit(&routed.pool, class, view.target, proof, client, log).await,
+        admit(pool, class, view.target, proof, client, log).await,
         spared,
     ) {
         (Ok(()), None) => Ok(()),
         (Ok(()), Some(_)) => {
             let labels = crate::observe::metrics::PoolLabels {
-                pool: routed.pool.name.clone(),
+                pool: pool.name.clone(),
             };
             log.conn
                 .rt

@@ -247,13 +247,14 @@ fn serve(
         };
         // Admission: a slot in the pool's queue, in the lane the proof buys
         // (an unproven navigation under pressure is challenged, not shed).
+        let spared = challenge_instead.zip(gw.challenger.as_deref());
         match admit::admission(
-            &routed,
+            &routed.pool,
+            routed.class,
             &view,
             proof,
-            challenge_instead,
+            spared,
             &client,
-            &gw,
             &mut log,
         )
         .await
