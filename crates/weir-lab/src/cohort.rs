@@ -238,6 +238,15 @@ impl CohortStats {
         )
     }
 
+    /// Requests weir answered without the app, so far: 429, 503, or a
+    /// challenge page the client did not get past.
+    pub fn turned_away(&self) -> u64 {
+        [Outcome::Rejected429, Outcome::Unavailable503, Outcome::Challenged]
+            .iter()
+            .map(|o| self.counts[*o as usize].load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Requests sent and not yet answered.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)

@@ -50,6 +50,8 @@ pub const UPSTREAM_METRICS: &[&str] = &[
     "health_checks",
     "health_failures",
     "restarts",
+    "demand_samples",
+    "busy_under_demand",
 ];
 /// Metrics of the load generator itself.
 pub const GENERATOR_METRICS: &[&str] = &["lag_p50_ms", "lag_p99_ms", "lag_max_ms", "late_share"];

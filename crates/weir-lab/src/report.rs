@@ -107,6 +107,14 @@ pub struct UpstreamReport {
     pub health_checks: u64,
     pub health_failures: u64,
     pub restarts: u64,
+    /// Samples (every 50 ms) in which demand exceeded capacity: weir had
+    /// requests waiting for the app, or turned some away (429, 503, a
+    /// challenge page) since the last sample.
+    pub demand_samples: u64,
+    /// The app's busy share of its slots (its workers, or weir's admission
+    /// limit when lower) in those samples, on average: 1 when no slot stayed
+    /// free while anyone waited or was turned away; 1 with no such sample.
+    pub busy_under_demand: f64,
 }
 
 /// Rejections by one rule.
@@ -216,6 +224,8 @@ impl VariantReport {
                     "health_checks" => u.health_checks as f64,
                     "health_failures" => u.health_failures as f64,
                     "restarts" => u.restarts as f64,
+                    "demand_samples" => u.demand_samples as f64,
+                    "busy_under_demand" => u.busy_under_demand,
                     _ => return None,
                 })
             }
@@ -391,6 +401,11 @@ impl SimReport {
             up(&|u| format!("{}/{}", u.health_failures, u.health_checks)),
         );
         row(&mut out, "  restarts", up(&|u| u.restarts.to_string()));
+        row(
+            &mut out,
+            "  busy while anyone waited",
+            up(&|u| format!("{:.1}%", u.busy_under_demand * 100.0)),
+        );
         let mut rules: Vec<&String> = self.variants.iter().flat_map(|v| v.rules.keys()).collect();
         rules.sort();
         rules.dedup();

@@ -176,17 +176,23 @@ pub fn run_variant(
             stop_rx.clone(),
         ))
     });
-    let sampler = app_rt.spawn(sample(
-        supervisor.clone(),
-        clock,
-        buckets.clone(),
-        stop_rx.clone(),
-    ));
-
     // The load.
     let stats: Vec<Arc<CohortStats>> = (scenario.cohorts.iter())
         .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
         .collect();
+    let demand = DemandProbe {
+        weir: server.runtime.clone(),
+        stats: stats.clone(),
+        turned_away: 0,
+    };
+    let utilisation = Arc::new(Mutex::new(Utilisation::default()));
+    let sampler = app_rt.spawn(sample(
+        supervisor.clone(),
+        clock,
+        (buckets.clone(), utilisation.clone()),
+        demand,
+        stop_rx.clone(),
+    ));
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let ctx = Arc::new(RunContext {
         target,
@@ -240,6 +246,12 @@ pub fn run_variant(
     drop(server);
     weir_rt.shutdown_timeout(Duration::from_secs(1));
     let upstream = supervisor.totals();
+    let utilisation = *utilisation.lock().unwrap_or_else(PoisonError::into_inner);
+    let upstream = UpstreamReport {
+        demand_samples: utilisation.samples,
+        busy_under_demand: utilisation.share(),
+        ..upstream
+    };
     let restarts = supervisor.restarts.load(Ordering::Relaxed);
     let health = (
         supervisor.health_checks.load(Ordering::Relaxed),
@@ -369,6 +381,8 @@ impl AppSupervisor {
             health_checks: self.health_checks.load(Ordering::Relaxed),
             health_failures: self.health_failures.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),
+            demand_samples: 0,
+            busy_under_demand: 1.0,
         }
     }
 
@@ -419,10 +433,57 @@ struct UpstreamBucket {
     restart: bool,
 }
 
+/// The app's busy share of its slots while demand exceeded capacity (see
+/// [`UpstreamReport::busy_under_demand`]).
+#[derive(Debug, Clone, Copy, Default)]
+struct Utilisation {
+    samples: u64,
+    busy: f64,
+}
+
+impl Utilisation {
+    fn share(&self) -> f64 {
+        if self.samples == 0 {
+            1.0
+        } else {
+            self.busy / self.samples as f64
+        }
+    }
+}
+
+/// Tells, at each sample, whether demand exceeds the app's capacity: weir
+/// has requests waiting in an admission queue, or has turned requests away
+/// since the last sample. Also reads weir's admission limit: the app's
+/// slots are its workers or that limit, whichever is lower.
+struct DemandProbe {
+    weir: Arc<weir::runtime::Runtime>,
+    stats: Vec<Arc<CohortStats>>,
+    turned_away: u64,
+}
+
+impl DemandProbe {
+    /// `Some(slots)` when demand exceeds capacity now.
+    fn exceeded(&mut self, workers: usize) -> Option<usize> {
+        let turned_away = self.stats.iter().map(|s| s.turned_away()).sum();
+        let fresh = turned_away > self.turned_away;
+        self.turned_away = turned_away;
+        let gateway = self.weir.gateway.load();
+        let queues = gateway.pools.iter().filter_map(|p| p.admission.as_ref());
+        let (mut waiting, mut limit) = (0, None::<usize>);
+        for q in queues {
+            let snap = q.snapshot();
+            waiting += snap.queued();
+            limit = Some(limit.unwrap_or(0) + snap.limit);
+        }
+        (fresh || waiting > 0).then(|| limit.map_or(workers, |l| l.min(workers)).max(1))
+    }
+}
+
 async fn sample(
     sup: Arc<AppSupervisor>,
     clock: RunClock,
-    buckets: Arc<Mutex<Vec<UpstreamBucket>>>,
+    (buckets, utilisation): (Arc<Mutex<Vec<UpstreamBucket>>>, Arc<Mutex<Utilisation>>),
+    mut demand: DemandProbe,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
@@ -436,6 +497,13 @@ async fn sample(
             continue;
         }
         let s = sup.snapshot();
+        if now < clock.start + clock.duration
+            && let Some(slots) = demand.exceeded(s.workers)
+        {
+            let mut u = utilisation.lock().unwrap_or_else(PoisonError::into_inner);
+            u.samples += 1;
+            u.busy += (s.in_flight as f64 / slots as f64).min(1.0);
+        }
         let refused_total = s.refused
             + sup
                 .past
