@@ -6,7 +6,6 @@
 use std::net::IpAddr;
 
 use http::Request;
-use weir::challenge::{page_nonce, pow};
 
 use crate::fixtures::*;
 
@@ -36,12 +35,6 @@ difficulty = 10
 "#
     )
 }
-
-const NAV: [(&str, &str); 3] = [
-    ("accept", "text/html,application/xhtml+xml"),
-    ("sec-fetch-mode", "navigate"),
-    ("user-agent", "Mozilla/5.0 test"),
-];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
@@ -79,30 +72,9 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
     assert_eq!(status, 200);
 
     // Solve it as a browser would, natively, with the same algorithm.
-    let nonce = page_nonce(&body).expect("the page carries its challenge");
-    let counter = pow::solve(&nonce, 10);
-    let form = weir::challenge::answer_form(&nonce, counter);
-    let mut c = H1::connect(me, weir.addr).await.unwrap();
-    let (status, h, _) = c
-        .send(
-            Request::post("/.weir/challenge/verify")
-                .header("host", "t")
-                .header("user-agent", "Mozilla/5.0 test")
-                .header("content-type", "application/x-www-form-urlencoded")
-                .body(full(&form))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let (status, h, cookie) = solve_challenge(me, weir.addr, &body, 10, "Mozilla/5.0 test").await;
     assert_eq!(status, 303, "a correct answer redirects back");
     assert_eq!(h["location"], "/wiki/Page?x=1");
-    let cookie = h["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
     assert!(cookie.starts_with("weir_pass="), "{cookie}");
 
     // The pass admits the navigation; its token is a rate-limit key: 5 a minute.
@@ -178,17 +150,7 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
 /// `under_pressure` (4 queued requests engage it at once), calm after
 /// `disengage_after`.
 async fn pressure_site(disengage_after: &str) -> (weir_lab::app::SimApp, TestWeir) {
-    use weir_lab::app::{AppConfig, SimApp};
-    let app = SimApp::start(
-        AppConfig {
-            workers: 2,
-            backlog: 64,
-            time_scale: 0.01,
-            ..Default::default()
-        },
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .unwrap();
+    let app = small_sim_app();
     let cfg = format!(
         r#"[[listeners]]
 address = "127.0.0.1:0"

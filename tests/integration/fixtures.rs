@@ -342,6 +342,63 @@ pub async fn get_from(
     c.send(b.body(full("")).unwrap()).await.unwrap()
 }
 
+/// Solves the challenge `page` (served to `source` with `user_agent`) as a
+/// browser does, natively, and posts the answer; returns the status of
+/// the answer and the `weir_pass=...` cookie it set (empty if none).
+pub async fn solve_challenge(
+    source: IpAddr,
+    to: SocketAddr,
+    page: &[u8],
+    difficulty: u8,
+    user_agent: &str,
+) -> (StatusCode, http::HeaderMap, String) {
+    let nonce = weir::challenge::page_nonce(page).expect("the page carries its challenge");
+    let counter = weir::challenge::pow::solve(&nonce, difficulty);
+    let form = weir::challenge::answer_form(&nonce, counter);
+    let mut c = H1::connect(source, to).await.unwrap();
+    let (status, h, _) = c
+        .send(
+            Request::post("/.weir/challenge/verify")
+                .header("host", "t")
+                .header("user-agent", user_agent)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(full(&form))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let cookie = h
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or("")
+        .to_string();
+    (status, h, cookie)
+}
+
+/// The headers of a browser navigation (what the challenge may ask for
+/// proof).
+pub const NAV: [(&str, &str); 3] = [
+    ("accept", "text/html,application/xhtml+xml"),
+    ("sec-fetch-mode", "navigate"),
+    ("user-agent", "Mozilla/5.0 test"),
+];
+
+/// A simulated app (weir_lab's) with 2 workers answering in a few
+/// milliseconds, on loopback: one that can be stalled.
+pub fn small_sim_app() -> weir_lab::app::SimApp {
+    weir_lab::app::SimApp::start(
+        weir_lab::app::AppConfig {
+            workers: 2,
+            backlog: 64,
+            time_scale: 0.01,
+            ..Default::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap()
+}
+
 /// The upstream's echo document.
 pub fn echo(body: &[u8]) -> serde_json::Value {
     serde_json::from_slice(body)

@@ -45,6 +45,10 @@ mod edge;
 // Reload (admin API, file change) and drain under load.
 mod lifecycle;
 
+// Priority, not gates (issue 19): rules that defer to the lowest lane
+// instead of refusing, navigations challenged instead of refused.
+mod priority;
+
 // Rate and concurrency rules per level, shadow mode, 429 responses, limiter
 // state across restart and reload.
 mod rules;

@@ -219,7 +219,8 @@ async fn the_mediawiki_recipe_verifies_editors_by_their_userinfo() {
     .replace("${WIKI_BACKEND:-127.0.0.1:8081}", &wiki.addr().to_string());
     let weir = TestWeir::start(&example).await;
 
-    // The rule lets 20 anonymous searches from one address through per 10 min.
+    // The rule lets 20 anonymous searches from one address through per 10
+    // min, and defers the rest.
     let editor = "wiki_session=s-alice; wikiUserID=42";
     assert!(
         statuses(&weir, ip("127.71.0.1"), editor, 25)
@@ -231,13 +232,18 @@ async fn the_mediawiki_recipe_verifies_editors_by_their_userinfo() {
     // One sub-request for the whole session (cached for verified_ttl).
     assert_eq!(asked.load(Ordering::SeqCst), 1);
 
-    // A session cookie alone (what the login page gives anyone) is not asked about.
+    // A session cookie alone (what the login page gives anyone) is not asked
+    // about: the 5 searches over the limit are deferred (the example defers:
+    // served here, where the app is idle, from capacity nobody else wants).
+    let deferred = |m: &str| {
+        metric(
+            m,
+            "weir_rule_decisions_total{rule=\"anon-expensive\",result=\"defer\"}",
+        )
+    };
     let visitor = statuses(&weir, ip("127.71.0.2"), "wiki_session=s-crawler", 25).await;
-    assert_eq!(
-        visitor.iter().filter(|&&s| s == 429).count(),
-        5,
-        "{visitor:?}"
-    );
+    assert!(visitor.iter().all(|&s| s == 200), "{visitor:?}");
+    assert_eq!(deferred(&weir.metrics().await), 5.0);
     assert_eq!(
         asked.load(Ordering::SeqCst),
         1,
@@ -252,11 +258,8 @@ async fn the_mediawiki_recipe_verifies_editors_by_their_userinfo() {
         25,
     )
     .await;
-    assert_eq!(
-        forged.iter().filter(|&&s| s == 429).count(),
-        5,
-        "{forged:?}"
-    );
+    assert!(forged.iter().all(|&s| s == 200), "{forged:?}");
+    assert_eq!(deferred(&weir.metrics().await), 10.0);
     assert_eq!(asked.load(Ordering::SeqCst), 2, "one denial, cached");
 }
 

@@ -241,10 +241,14 @@ impl CohortStats {
     /// Requests weir answered without the app, so far: 429, 503, or a
     /// challenge page the client did not get past.
     pub fn turned_away(&self) -> u64 {
-        [Outcome::Rejected429, Outcome::Unavailable503, Outcome::Challenged]
-            .iter()
-            .map(|o| self.counts[*o as usize].load(Ordering::Relaxed))
-            .sum()
+        [
+            Outcome::Rejected429,
+            Outcome::Unavailable503,
+            Outcome::Challenged,
+        ]
+        .iter()
+        .map(|o| self.counts[*o as usize].load(Ordering::Relaxed))
+        .sum()
     }
 
     /// Requests sent and not yet answered.

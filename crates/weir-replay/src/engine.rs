@@ -51,6 +51,8 @@ pub enum Verdict {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RuleReport {
     pub rejections: u64,
+    /// Requests over this rule's limit that it deferred instead of refusing.
+    pub deferrals: u64,
     /// Rejections in shadow mode (would have been refused).
     pub shadow_rejections: u64,
     pub distinct_clients: usize,
@@ -96,6 +98,10 @@ pub struct NotReplayed {
 pub struct ReplayReport {
     pub records: u64,
     pub admitted: u64,
+    /// Of `admitted`, those over a rule with `when_over = "defer"`: live,
+    /// they wait in the lowest lane and are served only with capacity nobody
+    /// else wants (refused if shed there); a log cannot say which.
+    pub deferred: u64,
     pub rejected: u64,
     pub no_route: u64,
     /// Refused before any rule: the target cannot be read one way.
@@ -383,6 +389,8 @@ impl Replay {
             pass: None,
             now,
             host: target.host(),
+            // Replay has no challenge to offer: a refusal stays a refusal.
+            challengeable: false,
         };
         // The live rules phase, on the log's clock.
         let mut observer = Tally {
@@ -400,6 +408,15 @@ impl Replay {
             None,
             &mut observer,
         ));
+        if let Some(d) = &judged.deferral {
+            self.report.deferred += 1;
+            let rr = self
+                .report
+                .rules
+                .entry(d.rejection.rule.to_string())
+                .or_default();
+            rr.deferrals += 1;
+        }
         match judged.rejection {
             None => {
                 self.report.admitted += 1;
@@ -616,6 +633,14 @@ impl std::fmt::Display for ReplayReport {
             self.rejected,
             self.no_route
         )?;
+        if self.deferred > 0 {
+            writeln!(
+                f,
+                "{} of those admitted were over a rule that defers: live, they wait in the lowest lane \
+                 and are served only with capacity nobody else wants (a log cannot tell which would be)",
+                self.deferred
+            )?;
+        }
         if self.invalid > 0 {
             writeln!(
                 f,
@@ -635,9 +660,10 @@ impl std::fmt::Display for ReplayReport {
         for (name, r) in &self.rules {
             writeln!(
                 f,
-                "\nrule {name}: {} rejected ({} shadow) from {} clients in {} /24s and {} /16s",
+                "\nrule {name}: {} rejected ({} shadow, {} deferred) from {} clients in {} /24s and {} /16s",
                 r.rejections,
                 r.shadow_rejections,
+                r.deferrals,
                 r.distinct_clients,
                 r.distinct_subnets,
                 r.distinct_networks
@@ -950,6 +976,28 @@ mod tests {
             replay.activity.store().len()
         );
         assert_eq!(replay.finish().rules["r"].rejections, 1);
+    }
+
+    #[test]
+    fn a_deferring_rule_admits_and_counts_its_deferrals() {
+        let mut replay = replay_of(
+            "[[classes.page.rules]]\nname = \"d\"\nwhen_over = \"defer\"\nlimits = [{ per = \"ip\", rate = 1, window = \"1m\" }]\n",
+        );
+        for t in 0..3 {
+            assert_eq!(replay.decide(&record(t, "10.0.0.1", "ua")), Verdict::Admit);
+        }
+        let report = replay.finish();
+        assert_eq!(
+            (report.admitted, report.deferred, report.rejected),
+            (3, 2, 0)
+        );
+        assert_eq!(report.rules["d"].deferrals, 2);
+        assert_eq!(report.rules["d"].rejections, 0);
+        assert!(
+            report
+                .to_string()
+                .contains("2 of those admitted were over a rule that defers")
+        );
     }
 
     #[test]

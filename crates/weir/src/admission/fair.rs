@@ -47,6 +47,17 @@ impl FairKey {
             address: client.key(Level::Address),
         }
     }
+
+    /// The key of one proven visitor (`id`: a challenge pass), a network of
+    /// its own: however many visitors share an address block (a carrier
+    /// NAT), each gets its own turn.
+    pub fn of_visitor(id: u64) -> FairKey {
+        FairKey {
+            network: PrefixKey::visitor(id, Level::Network),
+            subnet: PrefixKey::visitor(id, Level::Subnet),
+            address: PrefixKey::visitor(id, Level::Address),
+        }
+    }
 }
 
 /// A handle to one queued item, valid until the item leaves the queue.

@@ -3,9 +3,11 @@
 //! A [`Lane`] is an index into an ordered, validated list of [`LaneSpec`]s
 //! ([`Lanes`]); index 0 is the most important. The standard set is
 //! `verified` (a checked login) > `pass` (holders of a pass token, and cheap
-//! pages) > `anonymous` (anonymous expensive requests), but the count, names,
-//! depths and waits are data, so a deployment can add or merge lanes without
-//! code changes.
+//! pages) > `anonymous` (anonymous expensive requests) > `deferred`
+//! (requests over a rule that defers instead of refusing: served only with
+//! capacity nobody else wants, shed first), but the count, names, depths and
+//! waits are data, so a deployment can add or merge lanes without code
+//! changes.
 //!
 //! This module does not choose a request's lane (policy does, from the
 //! verified identity and the route class) and does not queue anything
@@ -24,6 +26,9 @@ impl Lane {
     pub const PASS: Lane = Lane(1);
     /// Anonymous expensive requests, in [`Lanes::standard`].
     pub const ANONYMOUS: Lane = Lane(2);
+    /// Requests over a rule with `when_over = "defer"`, in
+    /// [`Lanes::standard`]: the app's spare capacity, nothing more.
+    pub const DEFERRED: Lane = Lane(3);
 
     /// The lane's position, 0 being the most important.
     pub fn index(self) -> usize {
@@ -36,11 +41,15 @@ impl Lane {
         Lane(i.min(MAX_LANES - 1) as u8)
     }
 
-    /// The lane of one request: verified sessions always use the top lane;
-    /// a pass token lifts a request to at least `pass`; everyone else gets
-    /// the route class's lane. (Indices of [`Lanes::standard`].)
-    pub fn for_request(verified: bool, pass_token: bool, class_lane: Lane) -> Lane {
-        if verified {
+    /// The lane of one request: a request a rule deferred waits in
+    /// `deferred` whatever it proved (the rule judged it; only what the rule
+    /// exempts escapes it); verified sessions use the top lane; a pass token
+    /// lifts a request to at least `pass`; everyone else gets the route
+    /// class's lane. (Indices of [`Lanes::standard`].)
+    pub fn for_request(verified: bool, pass_token: bool, deferred: bool, class_lane: Lane) -> Lane {
+        if deferred {
+            Lane::DEFERRED
+        } else if verified {
             Lane::VERIFIED
         } else if pass_token {
             class_lane.min(Lane::PASS)
@@ -113,9 +122,11 @@ impl Lanes {
         Ok(Lanes { specs })
     }
 
-    /// `verified` > `pass` > `anonymous`, each waiting up to 10 s. Lower
-    /// lanes are shallower: they are shed first anyway, and a deep queue of
-    /// crawler requests only delays the 503 that tells them to back off.
+    /// `verified` > `pass` > `anonymous` > `deferred`, each waiting up to
+    /// 10 s. Lower lanes are shallower: they are shed first anyway, and a
+    /// deep queue of crawler requests only delays the answer that tells them
+    /// to back off. `deferred` holds just enough to keep the app's slots
+    /// busy between two arrivals of anyone else.
     pub fn standard() -> Lanes {
         let wait = Duration::from_secs(10);
         Lanes {
@@ -133,6 +144,11 @@ impl Lanes {
                 LaneSpec {
                     name: "anonymous".into(),
                     max_depth: 512,
+                    max_wait: wait,
+                },
+                LaneSpec {
+                    name: "deferred".into(),
+                    max_depth: 256,
                     max_wait: wait,
                 },
             ],
@@ -223,27 +239,33 @@ mod tests {
         let lanes = Lanes::standard();
         assert_eq!(lanes.by_name("verified"), Some(Lane::VERIFIED));
         assert_eq!(lanes.by_name("anonymous"), Some(Lane::ANONYMOUS));
-        assert_eq!(lanes.lowest(), Lane::ANONYMOUS);
+        assert_eq!(lanes.by_name("deferred"), Some(Lane::DEFERRED));
+        assert_eq!(lanes.lowest(), Lane::DEFERRED);
         assert!(Lane::VERIFIED.outranks(Lane::PASS));
         assert!(!Lane::ANONYMOUS.outranks(Lane::PASS));
+        assert!(Lane::ANONYMOUS.outranks(Lane::DEFERRED));
     }
 
     #[test]
     fn lane_of_a_request() {
         use Lane as L;
+        // (verified, pass, deferred by a rule, class lane) -> lane
         let cases = [
-            (true, false, L::ANONYMOUS, L::VERIFIED),
-            (true, true, L::PASS, L::VERIFIED),
-            (false, true, L::ANONYMOUS, L::PASS),
-            (false, true, L::VERIFIED, L::VERIFIED),
-            (false, false, L::ANONYMOUS, L::ANONYMOUS),
-            (false, false, L::PASS, L::PASS),
+            (true, false, false, L::ANONYMOUS, L::VERIFIED),
+            (true, true, false, L::PASS, L::VERIFIED),
+            (false, true, false, L::ANONYMOUS, L::PASS),
+            (false, true, false, L::VERIFIED, L::VERIFIED),
+            (false, false, false, L::ANONYMOUS, L::ANONYMOUS),
+            (false, false, false, L::PASS, L::PASS),
+            (false, false, true, L::PASS, L::DEFERRED),
+            (false, true, true, L::ANONYMOUS, L::DEFERRED),
+            (true, false, true, L::VERIFIED, L::DEFERRED),
         ];
-        for (verified, pass, class, want) in cases {
+        for (verified, pass, deferred, class, want) in cases {
             assert_eq!(
-                Lane::for_request(verified, pass, class),
+                Lane::for_request(verified, pass, deferred, class),
                 want,
-                "{verified} {pass} {class:?}"
+                "{verified} {pass} {deferred} {class:?}"
             );
         }
     }
@@ -252,7 +274,7 @@ mod tests {
     fn unknown_lane_is_clamped_to_lowest() {
         let lanes = Lanes::new(vec![spec("a"), spec("b")]).unwrap();
         assert_eq!(lanes.clamp(Lane::ANONYMOUS), Lane::PASS);
-        assert_eq!(lanes.spec(Lane::ANONYMOUS).name, "b");
+        assert_eq!(lanes.spec(Lane::DEFERRED).name, "b");
         assert_eq!(lanes.lane(2), None);
     }
 }

@@ -409,6 +409,30 @@ impl AdmissionQueue {
         queued
     }
 
+    /// About how long a request arriving now in `lane` from `key` would wait
+    /// for a slot: zero when a slot is free and nobody waits; otherwise the
+    /// mean time a slot is held, times the turns ahead of it, over the
+    /// limit. The turns ahead are every waiter of a higher lane and, in its
+    /// own lane, one turn of each network already waiting per round its own
+    /// network needs (the round robin puts a newcomer's network behind every
+    /// network waiting, once per request of its own already queued). An
+    /// estimate to choose by (wait, or be asked for proof first), not a
+    /// promise: arrivals in higher lanes meanwhile come first.
+    pub fn expected_wait(&self, lane: Lane, key: &FairKey) -> Duration {
+        let st = self.shared.lock();
+        let limit = self.shared.limit(&st);
+        if st.queued == 0 && st.in_flight < limit {
+            return Duration::ZERO;
+        }
+        let lane = self.shared.config.lanes.clamp(lane).index();
+        let higher: usize = st.lanes[..lane].iter().map(|l| l.queue.len()).sum();
+        let own = &st.lanes[lane].queue;
+        let rounds = own.network_len(&key.network) + 1;
+        let in_lane = (rounds * own.networks()).min(own.len());
+        let hold = st.hold_secs.unwrap_or(1.0);
+        Duration::from_secs_f64(hold * (higher + in_lane + 1) as f64 / limit as f64)
+    }
+
     /// Caps the traffic limit at what the servers can take now (the sum of
     /// their slow-start caps), or lifts the cap with `None`. Raising it
     /// grants waiting requests at once.
@@ -788,6 +812,15 @@ pub struct QueueSnapshot {
 impl QueueSnapshot {
     pub fn queued(&self) -> usize {
         self.lanes.iter().map(|l| l.queued).sum()
+    }
+
+    /// Requests waiting in lanes that outrank `lane`: what a request of
+    /// `lane` waits behind whoever it is.
+    pub fn queued_above(&self, lane: Lane) -> usize {
+        (self.lanes.iter())
+            .filter(|l| l.lane.outranks(lane))
+            .map(|l| l.queued)
+            .sum()
     }
 }
 

@@ -514,7 +514,7 @@ fn without_javascript_waiting_earns_the_same_pass() {
     );
     let html = std::str::from_utf8(page.body()).unwrap();
     assert!(
-        html.contains("<noscript><meta http-equiv=\"refresh\" content=\"3; url=/.weir/challenge/refresh?nonce="),
+        html.contains("<noscript><meta http-equiv=\"refresh\" content=\"1; url=/.weir/challenge/refresh?nonce="),
         "{html}"
     );
     let link = refresh_link(&page);
@@ -533,7 +533,7 @@ fn without_javascript_waiting_earns_the_same_pass() {
     // (from, agent, after, status, event): too early, another network or
     // browser, expired: a fresh challenge; waited: the pass.
     let cases: [(&str, &str, u64, u16, &str); 5] = [
-        ("203.0.113.7", UA, 1000, 429, "too_early"),
+        ("203.0.113.7", UA, 200, 429, "too_early"),
         ("198.51.100.7", UA, 3000, 429, "other_prefix"),
         ("203.0.113.7", "curl/8", 3000, 429, "other_agent"),
         ("203.0.113.7", UA, 301_000, 429, "expired"),

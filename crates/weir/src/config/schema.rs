@@ -299,15 +299,32 @@ pub struct RuleConfig {
     #[serde(default)]
     pub max: Option<u32>,
     /// Who the rule does not apply to: `verified` (a session weir verified:
-    /// signed cookie or auth sub-request). Never a cookie name.
+    /// signed cookie or auth sub-request), `pass` (a valid challenge pass;
+    /// limit passes with a `token` level of their own). Never a cookie name.
     #[serde(default)]
     pub exempt: Vec<String>,
+    /// Rate rules over their limit: `refuse` (429, the default) or `defer`
+    /// (admitted to the lowest admission lane: served with capacity nobody
+    /// else waits for, refused with the rule's 429 only if shed there).
+    #[serde(default)]
+    pub when_over: WhenOver,
     /// Methods the rule applies to; empty means all.
     #[serde(default)]
     pub methods: Vec<String>,
     /// Decide, log and count, but never enforce.
     #[serde(default)]
     pub shadow: bool,
+}
+
+/// What a rate rule does with a request over its limit.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenOver {
+    /// Refuse it (429 with `Retry-After`).
+    #[default]
+    Refuse,
+    /// Admit it to the lowest lane: served only with spare capacity.
+    Defer,
 }
 
 /// The kind of a rule.

@@ -11,7 +11,7 @@ use weir_http::body::BodyLimits;
 
 use super::{ClassAdmission, Gateway};
 use crate::admission::{Coalescer, Lanes};
-use crate::config::{ConfigError, KeyPath, LoadedConfig};
+use crate::config::{ConfigError, KeyPath, LoadedConfig, WhenOver};
 use crate::policy::route::ClassSettings;
 use crate::policy::rules::{self, KeyKind, RateLevel, Rule, RuleBody};
 use weir_limiter::{InflightTable, Quota, RuleFingerprint, RuleStores, StoreConfig};
@@ -222,7 +222,9 @@ fn attach_state(
             compiled.push(Rule {
                 name: Arc::from(d.name.as_str()),
                 body,
-                exempt_verified: d.exempt_verified,
+                exempt_verified: d.exempt.verified,
+                exempt_pass: d.exempt.pass,
+                defer: d.defer,
                 shadow: d.shadow,
                 methods: d.methods,
             });
@@ -237,7 +239,8 @@ struct RuleDef {
     name: String,
     levels: Vec<LevelDef>,
     concurrency: Option<(KeyKind, u32, RuleFingerprint)>,
-    exempt_verified: bool,
+    exempt: Exempt,
+    defer: bool,
     shadow: bool,
     methods: Vec<http::Method>,
 }
@@ -267,28 +270,7 @@ fn compile_rules(
         if d.name.trim().is_empty() {
             errors.push(loaded.error_at(&at.key("name"), "a rule needs a name"));
         }
-        let mut exempt_verified = false;
-        for (j, e) in d.exempt.iter().enumerate() {
-            match e.as_str() {
-                "verified" => {
-                    exempt_verified = true;
-                    let sessions = &loaded.config.sessions;
-                    if sessions.signed_cookie.is_none() && sessions.auth_subrequest.is_none() {
-                        errors.push(loaded.error_at(
-                            &at.key("exempt").index(j),
-                            "`verified` exempts nobody: no [sessions] method is configured \
-                             (sessions.signed_cookie or sessions.auth_subrequest; see docs/sessions.md)",
-                        ));
-                    }
-                }
-                other => errors.push(loaded.error_at(
-                    &at.key("exempt").index(j),
-                    format!(
-                        "`{other}` cannot exempt: only `verified` sessions can (a cookie's name or presence proves nothing; any visitor can get one)"
-                    ),
-                )),
-            }
-        }
+        let exempt = exemptions(loaded, &at, d, errors);
         let mut methods = Vec::new();
         for (j, m) in d.methods.iter().enumerate() {
             match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
@@ -386,11 +368,71 @@ fn compile_rules(
                 name: d.name.clone(),
                 levels,
                 concurrency,
-                exempt_verified,
+                exempt,
+                defer: d.when_over == WhenOver::Defer,
                 shadow: d.shadow,
                 methods,
             });
         }
     }
     out
+}
+
+/// What exempts from a rule (`exempt`): `verified` sessions and, when named,
+/// a valid challenge `pass`; each only if something could grant it.
+/// Also refuses `when_over = "defer"` on a concurrency rule.
+fn exemptions(
+    loaded: &LoadedConfig,
+    at: &KeyPath,
+    d: &crate::config::RuleConfig,
+    errors: &mut Vec<ConfigError>,
+) -> Exempt {
+    let mut exempt = Exempt::default();
+    for (j, e) in d.exempt.iter().enumerate() {
+        let at = at.key("exempt").index(j);
+        match e.as_str() {
+            "verified" => {
+                exempt.verified = true;
+                let sessions = &loaded.config.sessions;
+                if sessions.signed_cookie.is_none() && sessions.auth_subrequest.is_none() {
+                    errors.push(loaded.error_at(
+                        &at,
+                        "`verified` exempts nobody: no [sessions] method is configured \
+                         (sessions.signed_cookie or sessions.auth_subrequest; see docs/sessions.md)",
+                    ));
+                }
+            }
+            "pass" => {
+                exempt.pass = true;
+                if loaded.config.challenge.is_none() {
+                    errors.push(loaded.error_at(
+                        &at,
+                        "`pass` exempts nobody: no [challenge] is configured to grant passes \
+                         (see docs/challenge.md)",
+                    ));
+                }
+            }
+            other => errors.push(loaded.error_at(
+                &at,
+                format!(
+                    "`{other}` cannot exempt: only `verified` sessions and challenge `pass` holders can \
+                     (a cookie's name or presence proves nothing; any visitor can get one)"
+                ),
+            )),
+        }
+    }
+    if d.when_over == WhenOver::Defer && d.kind == crate::config::RuleKind::Concurrency {
+        errors.push(loaded.error_at(
+            &at.key("when_over"),
+            "a concurrency rule cannot defer: its limit is the slots it holds; use a rate rule",
+        ));
+    }
+    exempt
+}
+
+/// Who a rule does not apply to.
+#[derive(Debug, Clone, Copy, Default)]
+struct Exempt {
+    verified: bool,
+    pass: bool,
 }

@@ -136,6 +136,23 @@ impl PrefixKey {
         }
     }
 
+    /// A key that names no address prefix but one visitor (`id`: a
+    /// challenge pass) at `level`, for shares counted per visitor instead of
+    /// per network. Its length (253 to 255 by level) is no prefix's, so it
+    /// never equals one, nor the same visitor's key at another level.
+    pub fn visitor(id: u64, level: Level) -> PrefixKey {
+        let len = match level {
+            Level::Network => 255,
+            Level::Subnet => 254,
+            Level::Address => 253,
+        };
+        PrefixKey {
+            bits: u128::from(id),
+            len,
+            v4: false,
+        }
+    }
+
     /// The network address of the prefix.
     pub fn network(&self) -> IpAddr {
         if self.v4 {

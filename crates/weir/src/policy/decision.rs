@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
-use super::rules::RuleRejection;
+use super::rules::{Deferral, RuleRejection};
 use crate::respond::{Reason, Side};
 use weir_http::target::TargetError;
 
@@ -31,14 +31,8 @@ pub struct Proof {
 #[derive(Debug)]
 pub enum Decision {
     /// Forward to the upstream, through admission, with what the request
-    /// proved.
-    Admit(Proof),
-    /// Forward like `Admit` if admission finds it a slot soon (within the
-    /// challenge's pressure `wait`); else answer with a challenge page of
-    /// `difficulty` bits instead of shedding it. An unproven navigation
-    /// under pressure while the app has room: free capacity serves it, and
-    /// only what would wait is asked to prove itself (work-conserving).
-    AdmitOrChallenge { proof: Proof, difficulty: u8 },
+    /// proved and how admission is to treat it.
+    Admit(Admitted),
     /// Answer now with the reason's response; later stages are skipped.
     Reject(RejectReason),
     /// Answer now with the challenge's page (429 and a proof of work; see
@@ -50,11 +44,48 @@ impl Decision {
     /// A short label for logs and metrics (`admit`, `reject`, `challenge`).
     pub fn as_str(&self) -> &'static str {
         match self {
-            Decision::Admit(_) | Decision::AdmitOrChallenge { .. } => "admit",
+            Decision::Admit(_) => "admit",
             Decision::Reject(_) => "reject",
             Decision::Challenge(_) => "challenge",
         }
     }
+}
+
+/// A request the policy admitted: proof buys priority, not entry.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    /// What it proved: its lane and its share of the lane.
+    pub proof: Proof,
+    /// A deferring rule was over its limit: the request waits in the lowest
+    /// lane, and if shed there is refused with the rule's answer (boxed:
+    /// rare, and large).
+    pub deferred: Option<Box<Deferral>>,
+    /// An unproven browser navigation of a challenging class: if admission
+    /// cannot serve it promptly, it gets the challenge page instead of a
+    /// refusal (see [`ChallengeInstead`]).
+    pub challenge: Option<ChallengeInstead>,
+}
+
+impl Admitted {
+    /// Admitted with `proof`, nothing else to say.
+    pub fn with(proof: Proof) -> Admitted {
+        Admitted {
+            proof,
+            ..Admitted::default()
+        }
+    }
+}
+
+/// When admission answers a navigation with the challenge page instead of
+/// serving or refusing it: the page is how a person earns a better lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChallengeInstead {
+    /// The page's difficulty (pressure adds bits).
+    pub difficulty: u8,
+    /// Pressure is engaged: also when it would wait longer than the
+    /// challenge's `pressure.wait` (expected, or at most twice that
+    /// in fact). Otherwise only when it would be shed.
+    pub on_long_wait: bool,
 }
 
 /// Why a request was not forwarded, and how the client is told.

@@ -7,10 +7,19 @@
 //! evict the few aggregate keys. A concurrency rule counts requests in flight
 //! per key and holds a guard until the response ends.
 //!
-//! Exemptions depend only on a *verified* identity (a signed cookie weir can
-//! check, or the app's own answer to an auth sub-request). A cookie's name or
-//! presence never exempts anything: incident 1's crawlers carried the login
-//! page's session cookie on one request in five.
+//! Exemptions depend only on something weir checked: a *verified* identity (a
+//! signed cookie weir can check, or the app's own answer to an auth
+//! sub-request), or a valid challenge *pass* when the rule names it (a pass
+//! is then limited by its own key, `token`). A cookie's name or presence
+//! never exempts anything: incident 1's crawlers carried the login page's
+//! session cookie on one request in five.
+//!
+//! A rate rule over its limit refuses (429), or, with `when_over = "defer"`,
+//! *defers*: the request is admitted to the lowest admission lane, served
+//! only with capacity nobody else is waiting for, and refused with the
+//! rule's answer only if that lane sheds it. A limit that exists to share
+//! the app then never refuses anyone while the app has room (incident 1's
+//! emergency bucket refused people for hours while workers sat idle).
 //!
 //! Shadow mode decides, logs and counts "would reject" without enforcing.
 //! This module decides; it does not build responses (see `crate::respond`).
@@ -221,6 +230,11 @@ pub struct Rule {
     pub name: Arc<str>,
     pub body: RuleBody,
     pub exempt_verified: bool,
+    /// A valid challenge pass exempts (`exempt = ["pass"]`).
+    pub exempt_pass: bool,
+    /// Over the limit: defer to the lowest lane instead of refusing (rate
+    /// rules only; `when_over = "defer"`).
+    pub defer: bool,
     pub shadow: bool,
     pub methods: Vec<Method>,
 }
@@ -238,6 +252,9 @@ pub struct RequestFacts<'a> {
     /// The canonical host the request is for (the target's), when it has
     /// one: a `Referer` from it is evidence of browsing the site.
     pub host: Option<&'a str>,
+    /// An unproven browser navigation that the challenge may ask for proof:
+    /// a rule a pass exempts then challenges it instead of refusing it.
+    pub challengeable: bool,
 }
 
 /// Why a rule rejected a request.
@@ -260,6 +277,11 @@ pub enum RuleResult {
     Reject,
     ShadowReject,
     Exempt,
+    /// Over the limit of a rule that defers: admitted to the lowest lane.
+    Defer,
+    /// Over the limit of a rule a pass exempts, for a navigation that can
+    /// earn one: the challenge page instead of a refusal.
+    Challenge,
 }
 
 impl RuleResult {
@@ -269,8 +291,22 @@ impl RuleResult {
             RuleResult::Reject => "reject",
             RuleResult::ShadowReject => "shadow_reject",
             RuleResult::Exempt => "exempt",
+            RuleResult::Defer => "defer",
+            RuleResult::Challenge => "challenge",
         }
     }
+}
+
+/// A request a rule deferred: what it is refused with if the lowest lane
+/// sheds it, and what the refusal is then reported as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deferral {
+    pub rejection: RuleRejection,
+    /// Why the client may be a person ([`collateral_signal`]).
+    pub signal: Option<&'static str>,
+    /// Whether a challenge pass would have exempted the request: a
+    /// navigation that can earn one is better challenged than refused.
+    pub pass_exempts: bool,
 }
 
 /// Everything the rules decided for one request.
@@ -278,6 +314,12 @@ impl RuleResult {
 pub struct Evaluation {
     /// The enforced rejection, if any (later rules were not evaluated).
     pub rejection: Option<RuleRejection>,
+    /// The first deferral (a deferring rule over its limit), and whether a
+    /// pass exempts from that rule. Later rules still run: one may refuse.
+    pub deferral: Option<(RuleRejection, bool)>,
+    /// A refusing rule a pass exempts was over its limit for a challengeable
+    /// navigation: it is to be challenged (later rules were not evaluated).
+    pub challenge: Option<RuleRejection>,
     /// Rejections in shadow mode: logged and counted, not enforced.
     pub shadow: Vec<RuleRejection>,
     /// Concurrency slots held until the response ends.
@@ -350,6 +392,11 @@ pub trait RuleObserver {
 pub struct Judgement {
     /// The enforced rejection, if any.
     pub rejection: Option<RuleRejection>,
+    /// Admitted to the lowest lane by a deferring rule (none if rejected).
+    pub deferral: Option<Deferral>,
+    /// To be challenged instead of refused by this rule (see
+    /// [`RuleResult::Challenge`]): not a rejection, so not reported as one.
+    pub challenge: Option<RuleRejection>,
     /// Rejections in shadow mode: logged and counted, not enforced.
     pub shadow: Vec<RuleRejection>,
     /// Concurrency slots held until the response ends.
@@ -388,8 +435,15 @@ pub async fn judge(
     if let Some(r) = &ev.rejection {
         observer.rejected(r, client, signal, true);
     }
+    let deferral = ev.deferral.map(|(rejection, pass_exempts)| Deferral {
+        rejection,
+        signal,
+        pass_exempts,
+    });
     Judgement {
         rejection: ev.rejection,
+        deferral,
+        challenge: ev.challenge,
         shadow: ev.shadow,
         guards: ev.guards,
         signal,
@@ -479,7 +533,9 @@ pub async fn evaluate(
         if !rule.methods.is_empty() && !rule.methods.contains(facts.method) {
             continue;
         }
-        if rule.exempt_verified && facts.user.is_some() {
+        if (rule.exempt_verified && facts.user.is_some())
+            || (rule.exempt_pass && facts.pass.is_some())
+        {
             ev.results.push((index, RuleResult::Exempt));
             continue;
         }
@@ -516,9 +572,23 @@ pub async fn evaluate(
                 ev.results.push((index, RuleResult::ShadowReject));
                 ev.shadow.push(rejection);
             }
+            Err(rejection) if rule.defer => {
+                ev.results.push((index, RuleResult::Defer));
+                if ev.deferral.is_none() {
+                    ev.deferral = Some((rejection, rule.exempt_pass));
+                }
+            }
+            Err(rejection) if rule.exempt_pass && facts.challengeable => {
+                ev.results.push((index, RuleResult::Challenge));
+                ev.challenge = Some(rejection);
+                ev.deferral = None;
+                ev.guards.clear();
+                return ev;
+            }
             Err(rejection) => {
                 ev.results.push((index, RuleResult::Reject));
                 ev.rejection = Some(rejection);
+                ev.deferral = None;
                 // A rejected request holds no slots.
                 ev.guards.clear();
                 return ev;
@@ -648,12 +718,35 @@ mod tests {
             name: Arc::from(name),
             body: RuleBody::Rate(levels),
             exempt_verified: false,
+            exempt_pass: false,
+            defer: false,
             shadow: false,
             methods: vec![],
         }
     }
 
     fn run(rules: &[Rule], ip: &str, user: Option<&str>, now: MonoTime) -> Evaluation {
+        run_with_pass(rules, ip, user, None, now)
+    }
+
+    fn run_with_pass(
+        rules: &[Rule],
+        ip: &str,
+        user: Option<&str>,
+        pass: Option<u64>,
+        now: MonoTime,
+    ) -> Evaluation {
+        run_facts(rules, ip, user, pass, false, now)
+    }
+
+    fn run_facts(
+        rules: &[Rule],
+        ip: &str,
+        user: Option<&str>,
+        pass: Option<u64>,
+        challengeable: bool,
+        now: MonoTime,
+    ) -> Evaluation {
         let c = client(ip);
         let h = HeaderMap::new();
         let facts = RequestFacts {
@@ -661,9 +754,10 @@ mod tests {
             method: &Method::GET,
             headers: &h,
             user,
-            pass: None,
+            pass,
             now,
             host: None,
+            challengeable,
         };
         // No shared limiter: evaluation never waits, so a no-op waker suffices.
         let fut = std::pin::pin!(evaluate(rules, &facts, false, None));
@@ -790,6 +884,7 @@ mod tests {
                 pass: None,
                 now,
                 host: None,
+                challengeable: false,
             })
             .map(|(k, _)| k);
         assert!(levels[0].store.tat(k.unwrap()).is_none());
@@ -838,6 +933,67 @@ mod tests {
     }
 
     #[test]
+    fn a_deferring_rule_defers_and_a_later_refusal_still_refuses() {
+        let mut defer = rate_rule("d", vec![level("site", 1, 60)]);
+        defer.defer = true;
+        defer.exempt_pass = true;
+        let refuse = rate_rule("r", vec![level("ip", 2, 60)]);
+        let rules = [defer, refuse];
+        let now = MonoTime::ZERO;
+        let first = run(&rules, "10.0.0.1", None, now);
+        assert!(first.rejection.is_none() && first.deferral.is_none());
+        // Over `d`: deferred, and `r` still counts it.
+        let second = run(&rules, "10.0.0.1", None, now);
+        let (deferred, pass_exempts) = second.deferral.expect("deferred");
+        assert_eq!((deferred.rule.as_ref(), pass_exempts), ("d", true));
+        assert!(second.rejection.is_none());
+        let results: Vec<_> = second.results.iter().map(|(_, r)| r.as_str()).collect();
+        assert_eq!(results, ["defer", "allow"]);
+        // Over `r` too: refused, not deferred.
+        let third = run(&rules, "10.0.0.1", None, now);
+        assert_eq!(third.rejection.expect("refused").rule.as_ref(), "r");
+        assert!(third.deferral.is_none());
+        // A pass exempts from `d` only.
+        let with_pass = run_with_pass(&rules, "10.0.0.2", None, Some(7), now);
+        let results: Vec<_> = with_pass.results.iter().map(|(_, r)| r.as_str()).collect();
+        assert_eq!(results, ["exempt", "allow"]);
+        assert!(with_pass.deferral.is_none());
+    }
+
+    #[test]
+    fn a_navigation_that_can_earn_a_pass_is_challenged_not_refused() {
+        let mut by_pass = rate_rule("p", vec![level("ip", 1, 60)]);
+        by_pass.exempt_pass = true;
+        let mut deferring = rate_rule("d", vec![level("subnet", 1, 60)]);
+        deferring.exempt_pass = true;
+        deferring.defer = true;
+        let plain = rate_rule("r", vec![level("site", 10, 60)]);
+        let now = MonoTime::ZERO;
+        let rules = [by_pass, plain];
+        assert!(
+            run_facts(&rules, "10.0.0.1", None, None, true, now)
+                .challenge
+                .is_none()
+        );
+        // Over `p`: a navigation is challenged, anything else refused.
+        let nav = run_facts(&rules, "10.0.0.1", None, None, true, now);
+        assert_eq!(nav.challenge.expect("challenged").rule.as_ref(), "p");
+        assert!(nav.rejection.is_none());
+        let other = run_facts(&rules, "10.0.0.1", None, None, false, now);
+        assert_eq!(other.rejection.expect("refused").rule.as_ref(), "p");
+        // A rule no pass exempts refuses a navigation too.
+        let rules = [rate_rule("s", vec![level("ip", 1, 60)])];
+        run_facts(&rules, "10.0.0.9", None, None, true, now);
+        let nav = run_facts(&rules, "10.0.0.9", None, None, true, now);
+        assert!(nav.challenge.is_none() && nav.rejection.is_some());
+        // A deferring rule defers a navigation (admission decides).
+        let rules = [deferring];
+        run_facts(&rules, "10.0.1.1", None, None, true, now);
+        let nav = run_facts(&rules, "10.0.1.2", None, None, true, now);
+        assert!(nav.challenge.is_none() && nav.deferral.is_some());
+    }
+
+    #[test]
     fn concurrency_rule_holds_until_guard_drops() {
         let rules = [Rule {
             name: Arc::from("c"),
@@ -848,6 +1004,8 @@ mod tests {
                 fingerprint: fingerprint(&["c"]),
             },
             exempt_verified: false,
+            exempt_pass: false,
+            defer: false,
             shadow: false,
             methods: vec![],
         }];

@@ -8,44 +8,54 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use weir_http::connections::UpstreamBody;
-use weir_http::target::Target;
 
 use super::log::RequestLog;
+use crate::admission::{AdmissionQueue, Lane};
+use crate::challenge::Challenger;
 use crate::gateway::ClassAdmission;
 use crate::identity::ClientId;
 use crate::policy::route::RequestView;
-use crate::policy::{Proof, RejectReason};
+use crate::policy::{Admitted, ChallengeInstead, RejectReason};
 use crate::respond::Side;
 use crate::upstream::{ForwardError, Pool};
 
 /// **Admission phase**: after the policy admitted the request (and after
 /// coalescing: a follower never reaches it), before any server is picked.
 /// Whether the request may go to `pool` now, waits for a slot (in the lane
-/// its proof buys or its learned shape gives, fair by client network), or is
-/// shed with `503` + `Retry-After`; a pool with `admission.enabled = false`
-/// passes everything at once. May change: the queue, what the pool learned
-/// of the request's shape (when its answer ends), the log (lane, queue
-/// time), metrics.
+/// its proof buys, its learned shape gives, or a deferring rule sent it to;
+/// fair by client network, or by pass for a pass holder), or is shed; a
+/// pool with `admission.enabled = false` passes everything at once. Proof
+/// buys priority, not entry: an unproven navigation the policy marked
+/// ([`ChallengeInstead`]) gets the challenge page where it would be shed,
+/// or, under pressure, where it would wait long; a deferred request shed
+/// from the lowest lane gets its rule's refusal. May change: the queue,
+/// what the pool learned of the request's shape (when its answer ends), the
+/// log (lane, queue time, a deferral's refusal), metrics.
 /// Result: `Ok` holding the slot in the log record until the response body
-/// ends, or the reason to shed it (answered by the rescue).
-pub(super) async fn admit(
+/// ends, or why not (answered by the rescue, or with the page).
+pub(super) async fn admission(
     pool: &Pool,
     class: ClassAdmission,
-    target: &Target,
-    proof: Proof,
+    view: &RequestView<'_>,
+    admitted: Admitted,
+    challenger: Option<&Challenger>,
     client: &ClientId,
     log: &mut RequestLog,
-) -> Result<(), RejectReason> {
-    use crate::admission::{FairKey, Lane, Shape};
-    use crate::observe::metrics::LaneLabels;
+) -> Result<(), Unadmitted> {
+    use crate::admission::{FairKey, Shape};
     let Some(queue) = &pool.admission else {
         return Ok(());
     };
+    let Admitted {
+        proof,
+        deferred,
+        challenge,
+    } = admitted;
     // Every answer teaches the pool what its shape costs (and lets the
     // adaptive limit tell a slower mix from queueing); a class without a
     // configured lane follows what was learned: expensive shapes wait in the
-    // lowest lane, so cheap pages pass them.
-    let shape = Shape::of(target);
+    // lowest lane for the unproven, so cheap pages pass them.
+    let shape = Shape::of(view.target);
     let class_lane = class.lane.unwrap_or_else(|| {
         if queue.shapes().is_expensive(shape) {
             Lane::ANONYMOUS
@@ -56,20 +66,63 @@ pub(super) async fn admit(
     let lane = queue.lanes().clamp(Lane::for_request(
         proof.verified,
         proof.pass.is_some(),
+        deferred.is_some(),
         class_lane,
     ));
-    let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());
-    log.record.lane = Some(lane_name.clone());
+    // A pass holder is a visitor of its own: a hundred people behind one
+    // carrier NAT are a hundred turns, not one (their passes are limited by
+    // their own key); everyone else shares by address prefix.
+    let key = match proof.pass {
+        Some(id) => FairKey::of_visitor(id),
+        None => FairKey::of(client.client),
+    };
     let now = tokio::time::Instant::now();
-    let deadline = match class.queue_timeout {
+    let mut deadline = match class.queue_timeout {
         Some(t) => now + t,
         None => queue.deadline(lane, now),
     };
-    let metrics = &log.conn.rt.metrics;
-    match queue
-        .acquire(lane, FairKey::of(client.client), deadline)
-        .await
+    let ask = challenge.zip(challenger);
+    if let Some((c, ch)) = ask
+        && c.on_long_wait
     {
+        // Under pressure a person should not wait long for what a page
+        // that takes a moment would get them sooner: a better lane.
+        if queue.expected_wait(lane, &key) > ch.pressure_wait() {
+            return Err(challenge_page(ch, c, view, client));
+        }
+        deadline = deadline.min(now + 2 * ch.pressure_wait());
+    }
+    match slot(pool, queue, lane, key, deadline, shape, log).await {
+        Ok(()) => {
+            if ask.is_some_and(|(c, _)| c.on_long_wait) {
+                spared(pool, log);
+            }
+            Ok(())
+        }
+        Err(reason) => Err(match (ask, deferred) {
+            (Some((c, ch)), _) => challenge_page(ch, c, view, client),
+            (None, Some(d)) => Unadmitted::Reject(super::policy::deferral_refused(*d, client, log)),
+            (None, None) => Unadmitted::Reject(reason),
+        }),
+    }
+}
+
+/// Waits for a slot in `lane` and records it (metrics, the log's lane and
+/// queue time, the permit held until the answer ends), or records the shed.
+async fn slot(
+    pool: &Pool,
+    queue: &AdmissionQueue,
+    lane: Lane,
+    key: crate::admission::FairKey,
+    deadline: tokio::time::Instant,
+    shape: crate::admission::Shape,
+    log: &mut RequestLog,
+) -> Result<(), RejectReason> {
+    use crate::observe::metrics::LaneLabels;
+    let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());
+    log.record.lane = Some(lane_name.clone());
+    let metrics = &log.conn.rt.metrics;
+    match queue.acquire(lane, key, deadline).await {
         Ok(mut permit) => {
             permit.learn(shape);
             let labels = LaneLabels {
@@ -87,6 +140,32 @@ pub(super) async fn admit(
         }
         Err(shed) => Err(shed_reason(pool, queue, &shed, log)),
     }
+}
+
+/// The challenge page for a navigation admission would not serve promptly.
+fn challenge_page(
+    ch: &Challenger,
+    c: ChallengeInstead,
+    view: &RequestView<'_>,
+    client: &ClientId,
+) -> Unadmitted {
+    let now = std::time::SystemTime::now();
+    let page = ch.page(view.target, client, view.headers, c.difficulty, now);
+    Unadmitted::Challenge(Box::new(page))
+}
+
+/// Counts a navigation served under pressure without being asked for proof
+/// (`weir_challenge_spared_total`).
+fn spared(pool: &Pool, log: &RequestLog) {
+    let labels = crate::observe::metrics::PoolLabels {
+        pool: pool.name.clone(),
+    };
+    log.conn
+        .rt
+        .metrics
+        .challenge_spared
+        .get_or_create(&labels)
+        .inc();
 }
 
 /// Records a request the queue shed (metrics, the pool's busy signal, the
@@ -128,55 +207,11 @@ fn shed_reason(
 
 /// Why the admission phase did not admit a request.
 pub(super) enum Unadmitted {
-    /// An unproven navigation under pressure that would have been shed: the
+    /// An unproven navigation admission would not serve promptly: the
     /// challenge page instead.
     Challenge(Box<Response<Bytes>>),
     /// Shed (`503` + `Retry-After`, answered by the rescue).
     Reject(RejectReason),
-}
-
-/// The admission phase as the request path runs it: [`admit`], where a
-/// navigation the policy spared from the challenge while the app had room
-/// (`spared`: the difficulty it would get, and the challenge) waits only the
-/// challenge's `pressure_wait` and, if it would be shed, gets the page
-/// instead; admitted, it is counted in `weir_challenge_spared_total`.
-pub(super) async fn admission(
-    pool: &Pool,
-    mut class: ClassAdmission,
-    view: &RequestView<'_>,
-    proof: Proof,
-    spared: Option<(u8, &crate::challenge::Challenger)>,
-    client: &ClientId,
-    log: &mut RequestLog,
-) -> Result<(), Unadmitted> {
-    if let Some((_, ch)) = spared {
-        let wait = ch.pressure_wait();
-        class.queue_timeout = Some(class.queue_timeout.map_or(wait, |t| t.min(wait)));
-    }
-    match (
-        admit(pool, class, view.target, proof, client, log).await,
-        spared,
-    ) {
-        (Ok(()), None) => Ok(()),
-        (Ok(()), Some(_)) => {
-            let labels = crate::observe::metrics::PoolLabels {
-                pool: pool.name.clone(),
-            };
-            log.conn
-                .rt
-                .metrics
-                .challenge_spared
-                .get_or_create(&labels)
-                .inc();
-            Ok(())
-        }
-        (Err(RejectReason::Shed { .. }), Some((difficulty, ch))) => {
-            let now = std::time::SystemTime::now();
-            let page = ch.page(view.target, client, view.headers, difficulty, now);
-            Err(Unadmitted::Challenge(Box::new(page)))
-        }
-        (Err(reason), _) => Err(Unadmitted::Reject(reason)),
-    }
 }
 
 /// What a forwarded request tells the adaptive limit: an answer and its

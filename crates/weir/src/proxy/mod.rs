@@ -232,33 +232,34 @@ fn serve(
         let session = policy::session(&gw, route, req.headers(), &mut log).await;
         let decision = policy::decide(&view, route, &client, &session, &gw, &mut log).await;
         log.record.decision = decision.as_str();
-        let (proof, challenge_instead) = match decision {
-            Decision::Admit(proof) => (proof, None),
-            Decision::AdmitOrChallenge { proof, difficulty } => (proof, Some(difficulty)),
+        let admitted = match decision {
+            Decision::Admit(admitted) => admitted,
             Decision::Reject(reason) => return log.answer(&reason, accept),
             Decision::Challenge(page) => return policy::challenged(*page, log),
         };
         let routed = Routed::new(route, &gw);
         log.record.pool = Some(routed.pool.name.clone());
         // Coalescing: identical anonymous GETs share one upstream request.
-        let leader = match upstream::coalesce(&req, &target, &routed, proof, &gw, &mut log).await {
+        let coalesced =
+            upstream::coalesce(&req, &target, &routed, admitted.proof, &gw, &mut log).await;
+        let leader = match coalesced {
             Coalesced::Shared(shared) => return upstream::shared_response(&shared, log, &req),
             other => other.leader(),
         };
-        // Admission: a slot in the pool's queue, in the lane the proof buys
-        // (an unproven navigation under pressure is challenged, not shed).
-        let spared = challenge_instead.zip(gw.challenger.as_deref());
-        match admit::admission(
+        // Admission: a slot in the pool's queue, in the lane the proof buys;
+        // proof buys priority, not entry (an unproven navigation that would
+        // be refused or wait long is challenged instead).
+        let challenger = gw.challenger.as_deref();
+        let admission = admit::admission(
             &routed.pool,
             routed.class,
             &view,
-            proof,
-            spared,
+            admitted,
+            challenger,
             &client,
             &mut log,
-        )
-        .await
-        {
+        );
+        match admission.await {
             Ok(()) => {}
             Err(admit::Unadmitted::Challenge(page)) => return policy::challenged(*page, log),
             Err(admit::Unadmitted::Reject(reason)) => return log.answer(&reason, accept),

@@ -17,6 +17,7 @@ use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::target::Target;
 
 use super::log::RequestLog;
+use crate::admission::Lane;
 use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck};
 use crate::gateway::Gateway;
 use crate::identity::ClientAddr;
@@ -26,8 +27,10 @@ use crate::observe::metrics::{
     ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels, RuleResultLabels,
 };
 use crate::policy::route::{RequestView, Route};
-use crate::policy::rules::{RequestFacts, Rule, RuleObserver, RuleRejection, RuleResult, judge};
-use crate::policy::{Decision, Proof, RejectReason};
+use crate::policy::rules::{
+    Deferral, RequestFacts, Rule, RuleObserver, RuleRejection, RuleResult, judge,
+};
+use crate::policy::{Admitted, ChallengeInstead, Decision, Proof, RejectReason};
 use crate::respond::Accepts;
 use crate::runtime::Runtime;
 use weir_limiter::MonoTime;
@@ -55,12 +58,16 @@ pub(super) async fn session(
 
 /// **Rules-and-challenge phase**: after the session phase. In order: the
 /// challenge (a browser navigation without a valid pass, when the class
-/// challenges always or while its pool is under pressure, gets the page),
-/// the client's requests in flight (`limits.max_requests_in_flight_per_ip`),
-/// the class's rules. May change: limiter state, the log (class, challenge,
-/// rule fields, the slots the client and the rules hold), metrics. Result:
-/// `Admit` with what the request proved, `Reject` (answered by the rescue,
-/// later phases skipped), or `Challenge` (answered with the page).
+/// challenges always, gets the page; under pressure, it is marked to be
+/// challenged if admission cannot serve it promptly), the client's requests
+/// in flight (`limits.max_requests_in_flight_per_ip`), the class's rules (a
+/// rule a pass exempts challenges such a navigation instead of refusing it;
+/// a deferring rule sends the request to the lowest lane). May change:
+/// limiter state, the log (class, challenge, rule fields, the slots the
+/// client and the rules hold), metrics. Result: `Admit` with what the
+/// request proved and how admission is to treat it, `Reject` (answered by
+/// the rescue, later phases skipped), or `Challenge` (answered with the
+/// page).
 pub(super) async fn decide(
     view: &RequestView<'_>,
     route: &Route,
@@ -74,7 +81,7 @@ pub(super) async fn decide(
         verified: session.is_verified(),
         pass: None,
     };
-    let mut challenge_instead = None;
+    let mut instead = None;
     if let Some(ch) = &gw.challenger
         && route.challenge != ChallengeMode::Off
         && !proof.verified
@@ -83,17 +90,57 @@ pub(super) async fn decide(
             Challenged::Pass(id) => proof.pass = Some(id),
             Challenged::NotNow => {}
             Challenged::Page(page) => return Decision::Challenge(page),
-            Challenged::IfNoRoom(difficulty) => challenge_instead = Some(difficulty),
+            Challenged::Instead(c) => instead = Some(c),
         }
     }
-    // The rules apply either way; if they admit, admission decides.
-    match decide_rules(view, route, client, session.user(), proof, gw, log).await {
-        Decision::Admit(proof) => match challenge_instead {
-            Some(difficulty) => Decision::AdmitOrChallenge { proof, difficulty },
-            None => Decision::Admit(proof),
-        },
-        other => other,
+    let facts = Facts {
+        user: session.user(),
+        proof,
+        challengeable: instead.is_some(),
+    };
+    match decide_rules(view, route, client, facts, gw, log).await {
+        Ruled::Admit(deferred) => {
+            // A pass that would not lift a deferral is not worth asking for.
+            let challenge = instead.filter(|_| deferred.as_ref().is_none_or(|d| d.pass_exempts));
+            Decision::Admit(Admitted {
+                proof,
+                deferred,
+                challenge,
+            })
+        }
+        Ruled::Reject(reason) => Decision::Reject(reason),
+        Ruled::Challenge => {
+            let Some((ch, c)) = gw.challenger.as_ref().zip(instead) else {
+                unreachable!("only a challengeable request is challenged by a rule")
+            };
+            let page = ch.page(
+                view.target,
+                client,
+                view.headers,
+                c.difficulty,
+                SystemTime::now(),
+            );
+            Decision::Challenge(Box::new(page))
+        }
     }
+}
+
+/// What the rules phase reads of the request beyond its target and client.
+#[derive(Clone, Copy)]
+struct Facts<'a> {
+    user: Option<&'a str>,
+    proof: Proof,
+    /// An unproven navigation the challenge may ask for proof.
+    challengeable: bool,
+}
+
+/// What the rules said.
+enum Ruled {
+    /// Admitted; deferred to the lowest lane by a rule over its limit.
+    Admit(Option<Box<Deferral>>),
+    Reject(RejectReason),
+    /// Over a rule a pass exempts: the challenge page instead.
+    Challenge,
 }
 
 /// The client's requests in flight, then the class's rules: the second half
@@ -102,27 +149,23 @@ async fn decide_rules(
     view: &RequestView<'_>,
     route: &Route,
     client: &ClientId,
-    user: Option<&str>,
-    proof: Proof,
+    facts: Facts<'_>,
     gw: &Gateway,
     log: &mut RequestLog,
-) -> Decision {
+) -> Ruled {
     let rt = &log.conn.rt;
     let max = gw.edge.max_in_flight_per_ip;
     let Some(slot) = rt
         .client_in_flight
         .acquire(client.client, max, gw.edge.conn.ipv6_prefix)
     else {
-        return Decision::Reject(RejectReason::ClientInFlight { limit: max });
+        return Ruled::Reject(RejectReason::ClientInFlight { limit: max });
     };
     log.in_flight = Some(slot);
     if route.rules.is_empty() {
-        return Decision::Admit(proof);
+        return Ruled::Admit(None);
     }
-    match rules(&route.rules, view, client, user, proof.pass, gw, log).await {
-        Some(reason) => Decision::Reject(reason),
-        None => Decision::Admit(proof),
-    }
+    rules(&route.rules, view, client, facts, gw, log).await
 }
 
 /// What the challenge says of a request of a challenging class.
@@ -133,10 +176,9 @@ enum Challenged {
     NotNow,
     /// It must show it is a browser first: the page.
     Page(Box<Response<Bytes>>),
-    /// Under pressure, but the pool's queue has a free slot and nobody
-    /// waiting: served, unless admission sheds it after all (a race for the
-    /// slot), then challenged at this difficulty.
-    IfNoRoom(u8),
+    /// An unproven navigation of an `under_pressure` class: challenged if it
+    /// cannot be served promptly (admission's call, or a rule's).
+    Instead(ChallengeInstead),
 }
 
 /// The challenge for a request of a challenging class (see [`Challenged`]).
@@ -159,10 +201,11 @@ fn challenge(
         return Challenged::Pass(t.id);
     }
     let pool = &gw.pools[route.pool];
-    // The queue's depth feeds the hysteresis (the wait threshold is not fed
-    // yet: depth alone engages); a pool without a queue is never under it.
-    let snapshot = pool.admission.as_ref().map(|q| q.snapshot());
-    let depth = snapshot.as_ref().map_or(0, |s| s.queued());
+    // Pressure is what people would wait behind: every lane above
+    // `deferred` (deferred requests only take what nobody else wants). A
+    // pool without a queue is never under it. (The wait threshold is not fed
+    // yet: depth alone engages.)
+    let depth = (pool.admission.as_ref()).map_or(0, |q| q.snapshot().queued_above(Lane::DEFERRED));
     let (engaged, difficulty) = rt.pressure.observe(
         &pool.name,
         &ch.pressure(),
@@ -177,54 +220,54 @@ fn challenge(
             pool: pool.name.clone(),
         })
         .set(i64::from(engaged));
-    if !route.challenge.applies(engaged) || !ch.eligible(view.target, view.headers, client) {
+    if !ch.eligible(view.target, view.headers, client) {
         return Challenged::NotNow;
     }
-    // `always` challenges every time; pressure only what capacity cannot
-    // serve now: a free slot with nobody waiting for it serves an unproven
-    // request too. Otherwise the page at once, not after a wait: a person
-    // should not wait twice, nor the rules count one request twice.
-    let room = snapshot.is_some_and(|s| s.in_flight < s.limit && s.queued() == 0);
-    if route.challenge == ChallengeMode::UnderPressure && room {
-        return Challenged::IfNoRoom(difficulty);
+    match route.challenge {
+        ChallengeMode::Always => Challenged::Page(Box::new(ch.page(
+            view.target,
+            client,
+            view.headers,
+            difficulty,
+            now,
+        ))),
+        // Proof buys priority: the page only where the navigation would
+        // otherwise be refused, or wait long while pressure is on.
+        _ => Challenged::Instead(ChallengeInstead {
+            difficulty,
+            on_long_wait: engaged,
+        }),
     }
-    Challenged::Page(Box::new(ch.page(
-        view.target,
-        client,
-        view.headers,
-        difficulty,
-        now,
-    )))
 }
 
 /// The class's rules (`policy::rules::judge`, the phase `weir replay` runs
 /// too), and what they decided recorded in the log: the slots concurrency
 /// rules hold, shadow rejections, the rejection's level, key and
-/// collateral signal. `Some`: the rejection.
+/// collateral signal.
 async fn rules(
     rules: &[Rule],
     view: &RequestView<'_>,
     client: &ClientId,
-    user: Option<&str>,
-    pass: Option<u64>,
+    facts: Facts<'_>,
     gw: &Gateway,
     log: &mut RequestLog,
-) -> Option<RejectReason> {
+) -> Ruled {
     use weir_limiter::Clock as _;
     let rt = &log.conn.rt;
-    let facts = RequestFacts {
+    let request = RequestFacts {
         client,
         method: view.target.method(),
         headers: view.headers,
-        user,
-        pass,
+        user: facts.user,
+        pass: facts.proof.pass,
         now: weir_limiter::MonotonicClock.now(),
         host: view.target.host(),
+        challengeable: facts.challengeable,
     };
     let mut observer = Live { rt, gw };
     let judged = judge(
         rules,
-        &facts,
+        &request,
         gw.rules_shadow,
         rt.shared_limiter(),
         &mut observer,
@@ -234,11 +277,35 @@ async fn rules(
         log.record.shadow_rules = Some(judged.shadow.iter().map(|r| r.rule.to_string()).collect());
     }
     log.rule_guards = judged.guards;
-    let r = judged.rejection?;
+    if judged.challenge.is_some() {
+        return Ruled::Challenge;
+    }
+    let Some(r) = judged.rejection else {
+        return Ruled::Admit(judged.deferral.map(Box::new));
+    };
+    record_refusal(log, &r, judged.signal);
+    Ruled::Reject(RejectReason::Rule(r))
+}
+
+/// A rule's refusal in the log: its level, key and collateral signal.
+fn record_refusal(log: &mut RequestLog, r: &RuleRejection, signal: Option<&'static str>) {
     log.record.rule_level = Some(r.level);
     log.record.rule_key = Some(r.key.clone());
-    log.record.collateral = judged.signal;
-    Some(RejectReason::Rule(r))
+    log.record.collateral = signal;
+}
+
+/// A deferred request the lowest lane shed: refused with its rule's answer,
+/// reported and logged as that rule's rejection (which it now is).
+pub(super) fn deferral_refused(
+    deferral: Deferral,
+    client: &ClientId,
+    log: &mut RequestLog,
+) -> RejectReason {
+    let rt = log.conn.rt.clone();
+    let gw = rt.gateway.load();
+    Live { rt: &rt, gw: &gw }.rejected(&deferral.rejection, client.client, deferral.signal, true);
+    record_refusal(log, &deferral.rejection, deferral.signal);
+    RejectReason::Rule(deferral.rejection)
 }
 
 /// What the rules phase reports, in the live process: the activity table

@@ -108,7 +108,7 @@ async fn higher_lanes_are_served_first() {
 #[tokio::test(start_paused = true)]
 async fn fair_within_a_lane() {
     let q = queue(1);
-    let mut held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
         .await
         .unwrap();
     let crawlers: Vec<_> = (0..5)
@@ -117,18 +117,29 @@ async fn fair_within_a_lane() {
     settle().await;
     let human = wait(&q, Lane::ANONYMOUS, key(20, 0, 0, 1), secs(10));
     settle().await;
-    let mut order = Vec::new();
     let mut handles: Vec<_> = crawlers.into_iter().map(|h| ("crawler", h)).collect();
     handles.push(("human", human));
-    for _ in 0..2 {
+    let order = serve_order(held, handles, 2).await;
+    assert_eq!(order, vec!["crawler", "human"], "the other network is next");
+}
+
+/// Frees `held`'s slot `n` times, each time to whichever waiter got it;
+/// the labels of the waiters served, in order.
+async fn serve_order(
+    mut held: Permit,
+    mut waiting: Vec<(&'static str, JoinHandle<Result<Permit, Shed>>)>,
+    n: usize,
+) -> Vec<&'static str> {
+    let mut order = Vec::new();
+    for _ in 0..n {
         drop(held);
         settle().await;
-        let i = handles.iter().position(|(_, h)| h.is_finished()).unwrap();
-        let (who, h) = handles.swap_remove(i);
+        let i = waiting.iter().position(|(_, h)| h.is_finished()).unwrap();
+        let (who, h) = waiting.swap_remove(i);
         order.push(who);
         held = h.await.unwrap().unwrap();
     }
-    assert_eq!(order, vec!["crawler", "human"], "the other network is next");
+    order
 }
 
 #[tokio::test(start_paused = true)]
@@ -417,4 +428,95 @@ async fn capacity_caps_the_limit_and_raising_it_grants_waiters() {
     assert_eq!(p2.lane(), Lane::PASS);
     q.set_capacity(None);
     assert_eq!(q.limit(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expected_wait_counts_the_turns_ahead() {
+    let q = queue(2);
+    let newcomer = key(30, 0, 0, 1);
+    assert_eq!(q.expected_wait(Lane::ANONYMOUS, &newcomer), Duration::ZERO);
+    // A slot is held 1 s on average.
+    let p = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    tokio::time::advance(secs(1)).await;
+    drop(p);
+    let _a = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1)).await;
+    let _b = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 2)).await;
+    // Full, nobody waiting: the first slot to free.
+    assert_eq!(q.expected_wait(Lane::ANONYMOUS, &newcomer), secs(1) / 2);
+    // Six waiters of one network in `anonymous`, two in `pass`, three in
+    // `deferred`.
+    let mut waiting: Vec<_> = (0..6)
+        .map(|i| wait(&q, Lane::ANONYMOUS, key(10, 0, 1, i), secs(60)))
+        .collect();
+    waiting.extend((0..2).map(|i| wait(&q, Lane::PASS, key(11, 0, 0, i), secs(60))));
+    waiting.extend((0..3).map(|i| wait(&q, Lane::DEFERRED, key(12, 0, 0, i), secs(60))));
+    settle().await;
+    // Another network in `anonymous` is behind `pass` and one turn of the
+    // network waiting there (round robin), not behind its six.
+    let half = |turns: u32| secs(turns as u64) / 2;
+    assert_eq!(q.expected_wait(Lane::ANONYMOUS, &newcomer), half(2 + 1 + 1));
+    // The waiting network's own next request is behind all its six.
+    assert_eq!(
+        q.expected_wait(Lane::ANONYMOUS, &key(10, 0, 9, 9)),
+        half(2 + 6 + 1)
+    );
+    // `pass` is behind nobody in `anonymous` or `deferred`.
+    assert_eq!(q.expected_wait(Lane::PASS, &newcomer), half(1 + 1));
+    // `deferred` is behind everyone.
+    assert_eq!(
+        q.expected_wait(Lane::DEFERRED, &newcomer),
+        half(2 + 6 + 1 + 1)
+    );
+    let snap = q.snapshot();
+    assert_eq!(snap.queued_above(Lane::DEFERRED), 8);
+    assert_eq!(snap.queued_above(Lane::ANONYMOUS), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn visitors_of_one_network_each_get_a_turn() {
+    // A hundred people behind one carrier NAT, each with a pass, against
+    // one crawler network's backlog in the same lane: keyed by pass, each
+    // person is a flow of its own; keyed by address, all would share one.
+    let q = queue(1);
+    let held = now_acquire(&q, Lane::PASS, key(10, 0, 0, 1)).await.unwrap();
+    let crawler: Vec<_> = (0..4)
+        .map(|i| wait(&q, Lane::PASS, key(10, 0, 0, i), secs(60)))
+        .collect();
+    settle().await;
+    let people: Vec<_> = (0..3)
+        .map(|id| wait(&q, Lane::PASS, FairKey::of_visitor(id), secs(60)))
+        .collect();
+    settle().await;
+    let handles: Vec<_> = (crawler.into_iter().map(|h| ("crawler", h)))
+        .chain(people.into_iter().map(|h| ("person", h)))
+        .collect();
+    let order = serve_order(held, handles, 6).await;
+    assert_eq!(
+        order,
+        [
+            "crawler", "person", "person", "person", "crawler", "crawler"
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn deferred_requests_take_only_what_nobody_else_waits_for() {
+    let q = queue(1);
+    let held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+        .await
+        .unwrap();
+    let deferred = wait(&q, Lane::DEFERRED, key(10, 0, 0, 2), secs(60));
+    settle().await;
+    let anon = wait(&q, Lane::ANONYMOUS, key(20, 0, 0, 1), secs(60));
+    settle().await;
+    drop(held);
+    settle().await;
+    assert!(anon.is_finished() && !deferred.is_finished());
+    drop(anon.await.unwrap().unwrap());
+    settle().await;
+    // Nobody else waits: the free slot is the deferred request's.
+    let got = deferred.await.unwrap().unwrap();
+    assert_eq!(got.lane(), Lane::DEFERRED);
 }

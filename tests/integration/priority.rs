@@ -1,0 +1,212 @@
+//! Issue 19, priority instead of gates: a rule that defers serves what is
+//! over its limit from capacity nobody else waits for, and refuses it only
+//! when the lowest lane sheds it; a navigation over a rule a pass exempts is
+//! challenged instead of refused, and its pass lets it through.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::fixtures::*;
+
+const KEY: &str = "priority-key-for-tests-0123456789abcdef";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferring_rule_serves_from_spare_capacity_and_refuses_when_the_app_is_busy() {
+    let app = small_sim_app();
+    let cfg = format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{}"]
+[pools.app.admission]
+max_in_flight = 1
+workers = 2
+[[routes]]
+pool = "app"
+class = "page"
+[classes.page]
+queue_timeout = "300ms"
+[[classes.page.rules]]
+name = "share"
+when_over = "defer"
+limits = [{{ per = "site", rate = 1, window = "1m" }}]
+"#,
+        app.addr()
+    );
+    let weir = TestWeir::start(&cfg).await;
+    // Within the limit, then over it while the app is idle: both served.
+    for who in ["127.110.0.1", "127.110.0.2"] {
+        let (status, _, _) = get_from(ip(who), weir.addr, "/wiki/A", &[]).await;
+        assert_eq!(status, 200, "{who}");
+    }
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "weir_rule_decisions_total{rule=\"share\",result=\"defer\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "weir_rejections_total{rule=\"share\"}"), 0.0);
+    let log = weir.access_log(2).await;
+    assert_eq!(log[1]["lane"], "deferred", "{log:?}");
+    assert_eq!(log[1]["status"], 200);
+
+    // The app stalls with a deferred request in its one slot: the next
+    // deferred request waits, is shed at its deadline, and is refused with
+    // the rule's answer (429, not the queue's 503).
+    app.stall();
+    let holder = {
+        let addr = weir.addr;
+        tokio::spawn(async move { get_from(ip("127.110.1.1"), addr, "/wiki/B", &[]).await.0 })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(
+        &weir.metrics().await,
+        "weir_admission_in_flight{pool=\"app\"}",
+    ) < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, h, _) = get_from(ip("127.110.2.1"), weir.addr, "/wiki/C", &[]).await;
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-reason"], "share");
+    assert!(h.contains_key("retry-after"));
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(&m, "weir_rejections_total{rule=\"share\"}"),
+        1.0,
+        "{m}"
+    );
+    let refused = weir.access_log(3).await;
+    let refused = refused.last().unwrap();
+    assert_eq!(refused["rule"], "share", "{refused}");
+    assert_eq!(refused["rule_level"], "site");
+    assert_eq!(refused["lane"], "deferred");
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_navigation_over_a_rule_a_pass_exempts_is_challenged_and_its_pass_lets_it_through() {
+    let up = Upstream::start().await;
+    let cfg = format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{}"]
+[[routes]]
+pool = "app"
+class = "page"
+[classes.page]
+challenge = "under_pressure"
+[[classes.page.rules]]
+name = "per-ip"
+exempt = ["pass"]
+limits = [{{ per = "ip", rate = 1, window = "1m" }}]
+[[classes.page.rules]]
+name = "per-pass"
+limits = [{{ per = "token", rate = 3, window = "1m" }}]
+[challenge]
+keys = ["{KEY}"]
+difficulty = 8
+"#,
+        up.addr
+    );
+    let weir = TestWeir::start(&cfg).await;
+    let me = ip("127.111.0.1");
+    assert_eq!(get_from(me, weir.addr, "/wiki/A", &NAV).await.0, 200);
+    // Over `per-ip`: a navigation is asked for proof, not refused...
+    let (status, h, page) = get_from(me, weir.addr, "/wiki/B", &NAV).await;
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-challenge"], "1");
+    // ...anything else is refused.
+    let json = [("accept", "application/json")];
+    let (status, h, _) = get_from(me, weir.addr, "/api/x", &json).await;
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-reason"], "per-ip");
+    assert!(!h.contains_key("x-weir-challenge"));
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "weir_rule_decisions_total{rule=\"per-ip\",result=\"challenge\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    // Only the API request was a refusal.
+    assert_eq!(
+        metric(&m, "weir_rejections_total{rule=\"per-ip\"}"),
+        1.0,
+        "{m}"
+    );
+
+    // The pass exempts from `per-ip`; `per-pass` limits it by its own key.
+    let (status, _, cookie) = solve_challenge(me, weir.addr, &page, 8, "Mozilla/5.0 test").await;
+    assert_eq!(status, 303);
+    let with_pass: Vec<(&str, &str)> = NAV
+        .iter()
+        .copied()
+        .chain([("cookie", cookie.as_str())])
+        .collect();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let (status, h, _) = get_from(me, weir.addr, "/wiki/B", &with_pass).await;
+        assert!(
+            !h.contains_key("x-weir-challenge"),
+            "never a second challenge"
+        );
+        statuses.push(status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+}
+
+#[test]
+fn a_pass_without_a_challenge_and_a_deferring_concurrency_rule_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(
+        &path,
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["127.0.0.1:9"]
+[[routes]]
+pool = "app"
+class = "page"
+[[classes.page.rules]]
+name = "per-ip"
+exempt = ["pass"]
+limits = [{ per = "ip", rate = 1, window = "1m" }]
+[[classes.page.rules]]
+name = "slots"
+type = "concurrency"
+per = "subnet"
+max = 4
+when_over = "defer"
+"#,
+    )
+    .unwrap();
+    let loaded = weir::config::load_file(&path, &weir::config::ProcessEnv).unwrap();
+    let err = weir::gateway::Gateway::build(loaded, None, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("classes.page.rules[0].exempt[0]"), "{err}");
+    assert!(err.contains("no [challenge] is configured"), "{err}");
+    assert!(err.contains("classes.page.rules[1].when_over"), "{err}");
+    assert!(err.contains("a concurrency rule cannot defer"), "{err}");
+}
