@@ -381,6 +381,8 @@ impl Replay {
             headers,
             user: None,
             pass: None,
+            // The log's `bot` is not believed: a replay cannot re-verify it.
+            bot: false,
             now,
             host: target.host(),
         };

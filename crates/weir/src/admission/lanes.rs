@@ -3,9 +3,15 @@
 //! A [`Lane`] is an index into an ordered, validated list of [`LaneSpec`]s
 //! ([`Lanes`]); index 0 is the most important. The standard set is
 //! `verified` (a checked login) > `pass` (holders of a pass token, and cheap
-//! pages) > `anonymous` (anonymous expensive requests), but the count, names,
-//! depths and waits are data, so a deployment can add or merge lanes without
-//! code changes.
+//! pages) > `bots` (crawlers that proved who they are) > `anonymous`
+//! (anonymous expensive requests), but the count, names, depths, waits and
+//! shares are data, so a deployment can add or merge lanes without code
+//! changes.
+//!
+//! A lane may have a guaranteed [`Share`] of slot grants: while it has
+//! waiters it gets at least that share even when higher lanes wait too
+//! (the queue keeps a deficit per lane), and, like any lane, everything
+//! when nobody above waits. Without a share, priority is strict.
 //!
 //! This module does not choose a request's lane (policy does, from the
 //! verified identity and the route class) and does not queue anything
@@ -22,8 +28,10 @@ impl Lane {
     pub const VERIFIED: Lane = Lane(0);
     /// Pass-token holders and cheap pages, in [`Lanes::standard`].
     pub const PASS: Lane = Lane(1);
+    /// Verified crawlers (Web Bot Auth, reverse DNS), in [`Lanes::standard`].
+    pub const BOTS: Lane = Lane(2);
     /// Anonymous expensive requests, in [`Lanes::standard`].
-    pub const ANONYMOUS: Lane = Lane(2);
+    pub const ANONYMOUS: Lane = Lane(3);
 
     /// The lane's position, 0 being the most important.
     pub fn index(self) -> usize {
@@ -37,13 +45,16 @@ impl Lane {
     }
 
     /// The lane of one request: verified sessions always use the top lane;
-    /// a pass token lifts a request to at least `pass`; everyone else gets
-    /// the route class's lane. (Indices of [`Lanes::standard`].)
-    pub fn for_request(verified: bool, pass_token: bool, class_lane: Lane) -> Lane {
+    /// a pass token lifts a request to at least `pass`; a verified crawler
+    /// to at least `bots`; everyone else gets the route class's lane.
+    /// (Indices of [`Lanes::standard`].)
+    pub fn for_request(verified: bool, pass_token: bool, bot: bool, class_lane: Lane) -> Lane {
         if verified {
             Lane::VERIFIED
         } else if pass_token {
             class_lane.min(Lane::PASS)
+        } else if bot {
+            class_lane.min(Lane::BOTS)
         } else {
             class_lane
         }
@@ -65,6 +76,34 @@ pub struct LaneSpec {
     /// Default longest wait in the queue (a route class may pass its own
     /// deadline instead).
     pub max_wait: Duration,
+    /// The least share of slot grants this lane gets while it has waiters,
+    /// even when higher lanes wait ([`Share::ZERO`]: strict priority).
+    pub share: Share,
+}
+
+/// A fraction of slot grants, 0 to 1, in millionths (so lane settings stay
+/// comparable with `Eq`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Share(u32);
+
+impl Share {
+    pub const ZERO: Share = Share(0);
+    const ONE: u32 = 1_000_000;
+
+    /// `fraction` as a share; `None` outside 0..=1 (or NaN).
+    pub fn from_fraction(fraction: f64) -> Option<Share> {
+        (0.0..=1.0)
+            .contains(&fraction)
+            .then(|| Share((fraction * f64::from(Share::ONE)).round() as u32))
+    }
+
+    pub fn fraction(self) -> f64 {
+        f64::from(self.0) / f64::from(Share::ONE)
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// Why a lane list cannot be used.
@@ -79,6 +118,10 @@ pub enum LanesError {
     #[error("admission lane name `{0}` is not [a-z0-9_]+")]
     BadName(String),
 }
+
+/// The `bots` lane's share in [`Lanes::standard`], in millionths: a tenth
+/// of the app while verified crawlers wait (`bots_share = 0.1`).
+pub const DEFAULT_BOTS_SHARE: u32 = 100_000;
 
 /// Most lanes a pool may have: lanes are for a handful of trust levels, not
 /// per-client queues, and metric labels must stay bounded.
@@ -113,9 +156,11 @@ impl Lanes {
         Ok(Lanes { specs })
     }
 
-    /// `verified` > `pass` > `anonymous`, each waiting up to 10 s. Lower
-    /// lanes are shallower: they are shed first anyway, and a deep queue of
-    /// crawler requests only delays the 503 that tells them to back off.
+    /// `verified` > `pass` > `bots` > `anonymous`, each waiting up to 10 s.
+    /// Lower lanes are shallower: they are shed first anyway, and a deep
+    /// queue of crawler requests only delays the 503 that tells them to
+    /// back off. `bots` is guaranteed [`DEFAULT_BOTS_SHARE`] of grants while
+    /// it waits: a verified crawler is slowed by people, never starved.
     pub fn standard() -> Lanes {
         let wait = Duration::from_secs(10);
         Lanes {
@@ -124,16 +169,25 @@ impl Lanes {
                     name: "verified".into(),
                     max_depth: 1024,
                     max_wait: wait,
+                    share: Share::ZERO,
                 },
                 LaneSpec {
                     name: "pass".into(),
                     max_depth: 1024,
                     max_wait: wait,
+                    share: Share::ZERO,
+                },
+                LaneSpec {
+                    name: "bots".into(),
+                    max_depth: 256,
+                    max_wait: wait,
+                    share: Share(DEFAULT_BOTS_SHARE),
                 },
                 LaneSpec {
                     name: "anonymous".into(),
                     max_depth: 512,
                     max_wait: wait,
+                    share: Share::ZERO,
                 },
             ],
         }
@@ -197,6 +251,7 @@ mod tests {
             name: name.into(),
             max_depth: 1,
             max_wait: Duration::from_secs(1),
+            share: Share::ZERO,
         }
     }
 
@@ -222,7 +277,11 @@ mod tests {
     fn standard_order_and_lookup() {
         let lanes = Lanes::standard();
         assert_eq!(lanes.by_name("verified"), Some(Lane::VERIFIED));
+        assert_eq!(lanes.by_name("bots"), Some(Lane::BOTS));
         assert_eq!(lanes.by_name("anonymous"), Some(Lane::ANONYMOUS));
+        assert!(Lane::PASS.outranks(Lane::BOTS) && Lane::BOTS.outranks(Lane::ANONYMOUS));
+        assert_eq!(lanes.spec(Lane::BOTS).share.fraction(), 0.1);
+        assert!(lanes.spec(Lane::ANONYMOUS).share.is_zero());
         assert_eq!(lanes.lowest(), Lane::ANONYMOUS);
         assert!(Lane::VERIFIED.outranks(Lane::PASS));
         assert!(!Lane::ANONYMOUS.outranks(Lane::PASS));
@@ -232,18 +291,41 @@ mod tests {
     fn lane_of_a_request() {
         use Lane as L;
         let cases = [
-            (true, false, L::ANONYMOUS, L::VERIFIED),
-            (true, true, L::PASS, L::VERIFIED),
-            (false, true, L::ANONYMOUS, L::PASS),
-            (false, true, L::VERIFIED, L::VERIFIED),
-            (false, false, L::ANONYMOUS, L::ANONYMOUS),
-            (false, false, L::PASS, L::PASS),
+            // verified, pass, bot, class lane, want
+            (true, false, false, L::ANONYMOUS, L::VERIFIED),
+            (true, true, false, L::PASS, L::VERIFIED),
+            (true, false, true, L::ANONYMOUS, L::VERIFIED),
+            (false, true, false, L::ANONYMOUS, L::PASS),
+            (false, true, false, L::VERIFIED, L::VERIFIED),
+            (false, false, true, L::ANONYMOUS, L::BOTS),
+            (false, false, true, L::PASS, L::PASS),
+            (false, false, false, L::ANONYMOUS, L::ANONYMOUS),
+            (false, false, false, L::PASS, L::PASS),
         ];
-        for (verified, pass, class, want) in cases {
+        for (verified, pass, bot, class, want) in cases {
             assert_eq!(
-                Lane::for_request(verified, pass, class),
+                Lane::for_request(verified, pass, bot, class),
                 want,
-                "{verified} {pass} {class:?}"
+                "{verified} {pass} {bot} {class:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn shares_are_fractions() {
+        let cases = [
+            (0.0, Some(0.0)),
+            (0.1, Some(0.1)),
+            (1.0, Some(1.0)),
+            (-0.1, None),
+            (1.5, None),
+            (f64::NAN, None),
+        ];
+        for (fraction, want) in cases {
+            assert_eq!(
+                Share::from_fraction(fraction).map(Share::fraction),
+                want,
+                "{fraction}"
             );
         }
     }
@@ -251,7 +333,7 @@ mod tests {
     #[test]
     fn unknown_lane_is_clamped_to_lowest() {
         let lanes = Lanes::new(vec![spec("a"), spec("b")]).unwrap();
-        assert_eq!(lanes.clamp(Lane::ANONYMOUS), Lane::PASS);
+        assert_eq!(lanes.clamp(Lane::BOTS), Lane::PASS);
         assert_eq!(lanes.spec(Lane::ANONYMOUS).name, "b");
         assert_eq!(lanes.lane(2), None);
     }

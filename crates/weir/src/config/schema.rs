@@ -66,6 +66,10 @@ pub struct Config {
     /// required when any class sets `challenge`.
     #[serde(default)]
     pub challenge: Option<crate::challenge::ChallengeConfig>,
+    /// Crawlers that prove who they are (Web Bot Auth keys, reverse DNS):
+    /// not challenged, and queued in their own admission lane.
+    #[serde(default)]
+    pub bots: Option<crate::identity::bots::BotsConfig>,
 }
 
 /// Session verification: a signed cookie weir can check, and/or an auth
@@ -739,6 +743,11 @@ pub struct AdmissionSettings {
     /// this long, by what it measurably handles. `"0s"` turns it off.
     #[serde(default = "default_slow_start")]
     pub slow_start: ConfigDuration,
+    /// The least share of the app's slots verified crawlers get while they
+    /// wait, even when people wait too (0 ..= 1; 0 = only what people
+    /// leave). Everything, when nobody else waits.
+    #[serde(default = "default_bots_share")]
+    pub bots_share: f64,
 }
 
 impl Default for AdmissionSettings {
@@ -751,6 +760,7 @@ impl Default for AdmissionSettings {
             max_queued: default_max_queued(),
             queue_timeout: default_queue_timeout(),
             slow_start: default_slow_start(),
+            bots_share: default_bots_share(),
         }
     }
 }
@@ -1055,6 +1065,9 @@ fn default_max_queued() -> usize {
 }
 fn default_queue_timeout() -> ConfigDuration {
     ConfigDuration::secs(10)
+}
+fn default_bots_share() -> f64 {
+    0.1
 }
 fn default_slow_start() -> ConfigDuration {
     ConfigDuration::secs(10)

@@ -107,7 +107,7 @@ fn admission(
             None => {
                 errors.push(loaded.error_at(
                     &root.key("classes").key(name).key("lane"),
-                    format!("`{l}` is not a lane (verified, pass, anonymous)"),
+                    format!("`{l}` is not a lane (verified, pass, bots, anonymous)"),
                 ));
                 None
             }
@@ -223,6 +223,7 @@ fn attach_state(
                 name: Arc::from(d.name.as_str()),
                 body,
                 exempt_verified: d.exempt_verified,
+                exempt_bots: d.exempt_bots,
                 shadow: d.shadow,
                 methods: d.methods,
             });
@@ -238,6 +239,7 @@ struct RuleDef {
     levels: Vec<LevelDef>,
     concurrency: Option<(KeyKind, u32, RuleFingerprint)>,
     exempt_verified: bool,
+    exempt_bots: bool,
     shadow: bool,
     methods: Vec<http::Method>,
 }
@@ -268,6 +270,7 @@ fn compile_rules(
             errors.push(loaded.error_at(&at.key("name"), "a rule needs a name"));
         }
         let mut exempt_verified = false;
+        let mut exempt_bots = false;
         for (j, e) in d.exempt.iter().enumerate() {
             match e.as_str() {
                 "verified" => {
@@ -281,10 +284,21 @@ fn compile_rules(
                         ));
                     }
                 }
+                "verified_bot" => {
+                    exempt_bots = true;
+                    let crawlers = loaded.config.bots.as_ref().map_or(0, |b| b.crawlers.len());
+                    if crawlers == 0 {
+                        errors.push(loaded.error_at(
+                            &at.key("exempt").index(j),
+                            "`verified_bot` exempts nobody: no [[bots.crawlers]] are configured \
+                             (see docs/admission.md, verified bots)",
+                        ));
+                    }
+                }
                 other => errors.push(loaded.error_at(
                     &at.key("exempt").index(j),
                     format!(
-                        "`{other}` cannot exempt: only `verified` sessions can (a cookie's name or presence proves nothing; any visitor can get one)"
+                        "`{other}` cannot exempt: only `verified` sessions and `verified_bot` crawlers can (a cookie's name or presence proves nothing; any visitor can get one)"
                     ),
                 )),
             }
@@ -387,6 +401,7 @@ fn compile_rules(
                 levels,
                 concurrency,
                 exempt_verified,
+                exempt_bots,
                 shadow: d.shadow,
                 methods,
             });

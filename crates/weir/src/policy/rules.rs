@@ -221,6 +221,8 @@ pub struct Rule {
     pub name: Arc<str>,
     pub body: RuleBody,
     pub exempt_verified: bool,
+    /// `exempt = ["verified_bot"]`: crawlers that proved who they are.
+    pub exempt_bots: bool,
     pub shadow: bool,
     pub methods: Vec<Method>,
 }
@@ -234,6 +236,9 @@ pub struct RequestFacts<'a> {
     pub user: Option<&'a str>,
     /// The challenge pass token's id, if the request holds a valid one.
     pub pass: Option<u64>,
+    /// Whether the request proved to be a configured crawler
+    /// (`identity::bots`).
+    pub bot: bool,
     pub now: MonoTime,
     /// The canonical host the request is for (the target's), when it has
     /// one: a `Referer` from it is evidence of browsing the site.
@@ -479,7 +484,9 @@ pub async fn evaluate(
         if !rule.methods.is_empty() && !rule.methods.contains(facts.method) {
             continue;
         }
-        if rule.exempt_verified && facts.user.is_some() {
+        let exempt =
+            (rule.exempt_verified && facts.user.is_some()) || (rule.exempt_bots && facts.bot);
+        if exempt {
             ev.results.push((index, RuleResult::Exempt));
             continue;
         }
@@ -648,12 +655,24 @@ mod tests {
             name: Arc::from(name),
             body: RuleBody::Rate(levels),
             exempt_verified: false,
+            exempt_bots: false,
             shadow: false,
             methods: vec![],
         }
     }
 
     fn run(rules: &[Rule], ip: &str, user: Option<&str>, now: MonoTime) -> Evaluation {
+        run_as(rules, ip, user, false, now)
+    }
+
+    /// [`run`] for a request that did (`bot`) or did not prove to be a crawler.
+    fn run_as(
+        rules: &[Rule],
+        ip: &str,
+        user: Option<&str>,
+        bot: bool,
+        now: MonoTime,
+    ) -> Evaluation {
         let c = client(ip);
         let h = HeaderMap::new();
         let facts = RequestFacts {
@@ -662,6 +681,7 @@ mod tests {
             headers: &h,
             user,
             pass: None,
+            bot,
             now,
             host: None,
         };
@@ -788,6 +808,7 @@ mod tests {
                 headers: &HeaderMap::new(),
                 user: None,
                 pass: None,
+                bot: false,
                 now,
                 host: None,
             })
@@ -837,6 +858,46 @@ mod tests {
         );
     }
 
+    /// `exempt = ["verified_bot"]` lets a proven crawler past the rule, and
+    /// only the rule that says so; `verified` alone does not.
+    #[test]
+    fn verified_bots_are_exempt_where_the_rule_says() {
+        let mut for_bots = rate_rule("b", vec![level("site", 1, 60)]);
+        for_bots.exempt_bots = true;
+        let mut for_users = rate_rule("u", vec![level("site", 1, 60)]);
+        for_users.exempt_verified = true;
+        let now = MonoTime::ZERO;
+        let cases: [(&[Rule], bool, &[&str]); 4] = [
+            (
+                std::slice::from_ref(&for_bots),
+                true,
+                &["exempt", "exempt", "exempt"],
+            ),
+            (
+                std::slice::from_ref(&for_bots),
+                false,
+                &["allow", "reject", "reject"],
+            ),
+            (
+                std::slice::from_ref(&for_users),
+                true,
+                &["allow", "reject", "reject"],
+            ),
+            (
+                std::slice::from_ref(&for_users),
+                false,
+                &["reject", "reject", "reject"],
+            ),
+        ];
+        for (rules, bot, want) in cases {
+            let got: Vec<&str> = (1..=3)
+                .map(|i| run_as(rules, &format!("10.9.0.{i}"), None, bot, now))
+                .map(|ev| ev.results[0].1.as_str())
+                .collect();
+            assert_eq!(got, want, "{} bot={bot}", rules[0].name);
+        }
+    }
+
     #[test]
     fn concurrency_rule_holds_until_guard_drops() {
         let rules = [Rule {
@@ -848,6 +909,7 @@ mod tests {
                 fingerprint: fingerprint(&["c"]),
             },
             exempt_verified: false,
+            exempt_bots: false,
             shadow: false,
             methods: vec![],
         }];

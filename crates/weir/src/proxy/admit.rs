@@ -56,6 +56,7 @@ pub(super) async fn admit(
     let lane = queue.lanes().clamp(Lane::for_request(
         proof.verified,
         proof.pass.is_some(),
+        proof.bot.is_some(),
         class_lane,
     ));
     let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());

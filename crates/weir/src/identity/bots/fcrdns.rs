@@ -7,7 +7,8 @@
 //! address again. A PTR record alone proves nothing: whoever owns an
 //! address range writes its PTR names, so a spoofer can point its own
 //! address at `googlebot.com`; only the forward lookup, answered by the
-//! crawler's own zone, confirms it.
+//! crawler's own zone, confirms it (A records for an IPv4 client, AAAA
+//! for an IPv6 one).
 //!
 //! Lookups go through `hickory-resolver` to the configured name servers
 //! (or resolv.conf's). Results are remembered per (address, crawler) in a
@@ -154,10 +155,7 @@ impl Fcrdns {
                     cache.put((ip, bot), Entry::Pending(rx.clone()));
                     let task = Arc::clone(shared);
                     let domains = Arc::clone(domains);
-                    tokio::spawn(async move {
-                        task.run(ip, bot, &domains, tx).await;
-                        drop(permit);
-                    });
+                    tokio::spawn(async move { task.run(ip, bot, &domains, tx, permit).await });
                     rx
                 }
             }
@@ -192,10 +190,14 @@ impl Shared {
         bot: usize,
         domains: &[String],
         tx: watch::Sender<Option<Outcome>>,
+        permit: tokio::sync::OwnedSemaphorePermit,
     ) {
         let outcome = tokio::time::timeout(self.settings.timeout, self.confirm(ip, domains))
             .await
             .unwrap_or(Outcome::Failed);
+        // Free before the outcome is seen: whoever reads it may start the
+        // next lookup at once.
+        drop(permit);
         let ttl = match outcome {
             Outcome::Confirmed => self.settings.verified_ttl,
             Outcome::NotConfirmed => self.settings.negative_ttl,
@@ -224,7 +226,10 @@ impl Shared {
                 .take(MAX_PTR_NAMES)
                 .collect::<Vec<_>>(),
             Err(e) if e.is_no_records_found() => return Outcome::NotConfirmed,
-            Err(_) => return Outcome::Failed,
+            Err(e) => {
+                tracing::debug!(%ip, error = %e, "crawler reverse lookup failed");
+                return Outcome::Failed;
+            }
         };
         let mut failed = false;
         for name in names {
@@ -232,12 +237,23 @@ impl Shared {
             if !in_domains(&name, domains) {
                 continue;
             }
-            // Fully qualified: no search domain is tried.
-            match self.resolver.lookup_ip(format!("{name}.")).await {
-                Ok(ips) if ips.iter().any(|a| a == ip) => return Outcome::Confirmed,
+            // Fully qualified (no search domain is tried), and only the
+            // client's own family: A for IPv4, AAAA for IPv6.
+            let fqdn = format!("{name}.");
+            let forward = match ip {
+                IpAddr::V4(_) => self.resolver.ipv4_lookup(fqdn).await,
+                IpAddr::V6(_) => self.resolver.ipv6_lookup(fqdn).await,
+            };
+            match forward {
+                Ok(lookup) if lookup.answers().iter().any(|r| holds(&r.data, ip)) => {
+                    return Outcome::Confirmed;
+                }
                 Ok(_) => {}
                 Err(e) if e.is_no_records_found() => {}
-                Err(_) => failed = true,
+                Err(e) => {
+                    tracing::debug!(%ip, name, error = %e, "crawler forward lookup failed");
+                    failed = true;
+                }
             }
         }
         if failed {
@@ -245,6 +261,15 @@ impl Shared {
         } else {
             Outcome::NotConfirmed
         }
+    }
+}
+
+/// Whether a forward answer's record is the address `ip`.
+fn holds(data: &RData, ip: IpAddr) -> bool {
+    match (data, ip) {
+        (RData::A(a), IpAddr::V4(v4)) => a.0 == v4,
+        (RData::AAAA(a), IpAddr::V6(v6)) => a.0 == v6,
+        _ => false,
     }
 }
 
