@@ -14,11 +14,11 @@ use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{NameServerConfig, ResolveHosts, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 
-use crate::config::{ConfigError, KeyPath, LoadedConfig};
+use crate::config::{BotsConfig, ConfigError, CrawlerConfig, KeyPath, LoadedConfig};
 use crate::identity::bots::fcrdns::{Fcrdns, Settings};
 use crate::identity::bots::jwk::{self, PublicKey};
 use crate::identity::bots::signature::Keyring;
-use crate::identity::bots::{BotVerifier, BotsConfig, Crawler, CrawlerConfig, MAX_CRAWLERS};
+use crate::identity::bots::{BotVerifier, Crawler, MAX_CRAWLERS};
 use crate::identity::session::SystemWallClock;
 
 /// The longest `max_skew`: a signature's lifetime is minutes; a larger

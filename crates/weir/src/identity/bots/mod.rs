@@ -33,20 +33,20 @@
 //! assert_eq!(check.attempts[0].result, "verified");
 //!
 //! // Claiming the name proves nothing.
-//! headers.clear();
-//! headers.insert("user-agent", "examplebot/1.0".parse().unwrap());
-//! let req = weir::identity::bots::signature::SignedRequest { headers: &headers, ..req };
+//! let mut claim = http::HeaderMap::new();
+//! claim.insert("user-agent", "examplebot/1.0".parse().unwrap());
+//! let req = weir::identity::bots::signature::SignedRequest { headers: &claim, ..req };
 //! assert_eq!(verifier.check(&req, "192.0.2.1".parse().unwrap()).await.bot, None);
 //! # }
 //! ```
 //!
-//! Owns: the [`BotVerifier`] (which checks a request needs, in which order)
-//! and the `[bots]` schema ([`config`]). Does not: decide what a verified
-//! bot gets (the policy and admission stages read [`crate::policy::Proof`]'s
+//! Owns: the [`BotVerifier`] (which checks a request needs, in which
+//! order). Does not: read the `[bots]` schema (`config::BotsConfig`,
+//! compiled by `gateway`), decide what a verified
+//! bot gets (the policy and admission stages read `policy::Proof`'s
 //! `bot`), record metrics (it returns what it tried), or fetch key
 //! directories over the network (operators keep the directory in a file).
 
-pub mod config;
 pub mod fcrdns;
 pub mod jwk;
 pub mod signature;
@@ -57,7 +57,6 @@ use std::sync::Arc;
 use http::HeaderMap;
 use smallvec::SmallVec;
 
-pub use config::{BotsConfig, CrawlerConfig};
 use fcrdns::{Answer, Fcrdns, Outcome};
 use signature::{Keyring, Rejection, SignedRequest};
 
