@@ -98,6 +98,14 @@ corpora = {
         b"not-a-token",
         b"",
     ],
+    "web_bot_auth": [
+        b'sig1=("@authority");created=1735689600;keyid="poqkLGiymh_W0uP6PZFw-dvez3QJT5SolqXBCW38r0U";alg="ed25519";expires=1735693200;nonce="mYotfW3CUjI68sbGw6oKd7kyXqPjZEtU8xFPGWFrqOAf5qC6MDe3pys3SWWCudB0MvwslHy32WXUpkR7u0lt/w==";tag="web-bot-auth"\n'
+        b'sig1=:+NA/cssf4Y2bQTMTkyvTGRCaVzp9quyUevdwwMtMOWhhOOZ2T1subBj0BtvdnrpDEuwSAbiTeElXDzHL3WWKCw==:',
+        b'sig2=("@authority" "signature-agent");created=1735689600;keyid="poqkLGiymh_W0uP6PZFw-dvez3QJT5SolqXBCW38r0U";alg="ed25519";expires=1735693200;nonce="e8N7S2MFd/qrd6T2R3tdfAuuANngKI7LFtKYI/vowzk4lAZYadIX6wW25MwG7DCT9RUKAJ0qVkU0mEeLElW1qg==";tag="web-bot-auth"\n'
+        b'sig2=:jdq0SqOwHdyHr9+r5jw3iYZH6aNGKijYp/EstF4RQTQdi5N5YYKrD+mCT1HA1nZDsi6nJKuHxUi/5Syp3rLWBA==:\n"https://signature-agent.test"',
+        b'sig1=("@authority" "signature-agent";key="a" "@path" "x");created=1;expires=2;keyid="k";tag="web-bot-auth"\nsig1=:AAAA:\na="b"',
+        b'sig1=(\nsig1=:\n',
+    ],
     "replay_line": [
         b'203.0.113.9 - - [10/Oct/2026:13:55:36 +0900] "GET /w/index.php?title=A&diff=2 HTTP/1.1" 200 512 "https://ref/" "Mozilla/5.0 (X11)"',
         b'203.0.113.9 - - [10/Oct/2026:13:55:36 +0900] "GET /a HTTP/1.1" 200 5 "-" "say \\"hi\\""',

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages weir's tests and benchmarks run against, and only
 # those that are missing: nginx, haproxy, wrk, redis-server, chromium,
-# prometheus (for promtool).
+# prometheus (for promtool), dnsmasq-base (a DNS server for the crawler
+# reverse-DNS tests: the binary only, no service).
 #
 # Usage: scripts/install-test-deps.sh [PACKAGE...]   (default: all of the above)
 #
@@ -15,7 +16,7 @@
 # anything but Debian/Ubuntu (it says so and fails instead).
 set -euo pipefail
 
-ALL_PACKAGES=(nginx haproxy wrk redis-server chromium prometheus)
+ALL_PACKAGES=(nginx haproxy wrk redis-server chromium prometheus dnsmasq-base)
 if [[ $# -gt 0 ]]; then
     wanted=("$@")
 else

@@ -150,6 +150,16 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
 /// `under_pressure` (4 queued requests engage it at once), calm after
 /// `disengage_after`.
 async fn pressure_site(disengage_after: &str) -> (weir_lab::app::SimApp, TestWeir) {
+    pressure_site_with(disengage_after, "", "").await
+}
+
+/// [`pressure_site`] with lines added to `[classes.page]` (`page`) and
+/// tables after the rest (`tables`): the verified-bots tests' site.
+pub(crate) async fn pressure_site_with(
+    disengage_after: &str,
+    page: &str,
+    tables: &str,
+) -> (weir_lab::app::SimApp, TestWeir) {
     let app = small_sim_app();
     let cfg = format!(
         r#"[[listeners]]
@@ -165,6 +175,7 @@ pool = "app"
 class = "page"
 [classes.page]
 challenge = "under_pressure"
+{page}
 [challenge]
 keys = ["{KEY}"]
 difficulty = 8
@@ -172,6 +183,7 @@ difficulty = 8
 queue_depth = 4
 engage_after = "0s"
 disengage_after = "{disengage_after}"
+{tables}
 "#,
         app.addr()
     );
@@ -181,7 +193,7 @@ disengage_after = "{disengage_after}"
 /// Stalls the app and queues 8 API requests (never challenged) in weir's
 /// admission until they are waiting: the pressure. Their statuses, once
 /// the app recovers.
-async fn stall_and_queue(
+pub(crate) async fn stall_and_queue(
     app: &weir_lab::app::SimApp,
     weir: &TestWeir,
 ) -> Vec<tokio::task::JoinHandle<http::StatusCode>> {

@@ -73,6 +73,20 @@ fn check_refuses_what_run_would_refuse_and_names_the_key() {
             "[identity]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.1.2.3/8\"]\n",
             "identity.trusted_proxies[1]: trusted proxy entry #1",
         ),
+        // Verified bots (issue 19 item 4): a key file that is no key file,
+        // an empty domain list, a share outside 0..1; each with its line.
+        (
+            "[[bots.crawlers]]\nname = \"examplebot\"\nkeys_file = \"/etc/hostname\"\n",
+            ":9: bots.crawlers[0].keys_file: /etc/hostname: not a JWK or a JWK Set",
+        ),
+        (
+            "[[bots.crawlers]]\nname = \"googlebot\"\nuser_agent = \"Googlebot\"\ndomains = []\n",
+            ":10: bots.crawlers[0].domains: is empty",
+        ),
+        (
+            "[pools.app.admission]\nbots_share = 1.5\n",
+            ":8: pools.app.admission.bots_share: admission.bots_share = 1.5 is not a share",
+        ),
     ];
     for (extra, names) in cases {
         let (code, stderr) = check(extra);

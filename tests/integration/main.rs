@@ -87,6 +87,11 @@ mod challenge;
 // The challenge in weir's request path: navigations only, passes, token keys.
 mod challenge_proxy;
 
+// Verified crawlers: Web Bot Auth signatures and forward-confirmed reverse
+// DNS (a real dnsmasq) buy the bots lane instead of the challenge; claims
+// alone buy nothing.
+mod bots;
+
 // In-place upgrades under load (fd hand-off and limiter state), failed
 // upgrades, SIGTERM/SIGQUIT, socket activation, start-up budget.
 mod upgrade;

@@ -43,6 +43,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("cookies", cookies),
     ("challenge_answer", challenge_answer),
     ("pass_token", pass_token),
+    ("web_bot_auth", web_bot_auth),
     ("config_toml", config_toml),
     ("replay_line", replay_line),
     ("snapshot_file", snapshot_file),
@@ -276,6 +277,57 @@ pub fn pass_token(data: &[u8]) {
         !matches!(check, weir::challenge::PassCheck::Valid(_)),
         "a token nobody signed passed"
     );
+}
+
+/// The Web Bot Auth test vectors' signatures (RFC 9421's Ed25519 test key
+/// over `example.com`): the only ones [`web_bot_auth`] may see verify.
+const WEB_BOT_AUTH_SIGNATURES: [&str; 2] = [
+    "+NA/cssf4Y2bQTMTkyvTGRCaVzp9quyUevdwwMtMOWhhOOZ2T1subBj0BtvdnrpDEuwSAbiTeElXDzHL3WWKCw==",
+    "jdq0SqOwHdyHr9+r5jw3iYZH6aNGKijYp/EstF4RQTQdi5N5YYKrD+mCT1HA1nZDsi6nJKuHxUi/5Syp3rLWBA==",
+];
+
+/// A Web Bot Auth request: its `Signature-Input`, `Signature` and
+/// `Signature-Agent` fields (the input's first three lines), checked
+/// against RFC 9421's Ed25519 test key at the vectors' time. A signature
+/// that key never made (here: any but the published vectors') never
+/// verifies.
+pub fn web_bot_auth(data: &[u8]) {
+    use weir::identity::bots::jwk::PublicKey;
+    use weir::identity::bots::signature::{Keyring, SignedRequest, verify};
+    static KEYS: OnceLock<Keyring> = OnceLock::new();
+    let keys = KEYS.get_or_init(|| {
+        let mut keys = Keyring::default();
+        let key = PublicKey::from_x("JrQLj5P_89iXES9-vFgrIy29clF9CC_oPPsw3c5D0bs")
+            .expect("RFC 9421's test key");
+        keys.insert(&key, 0);
+        keys
+    });
+    let mut headers = HeaderMap::new();
+    let names = ["signature-input", "signature", "signature-agent"];
+    for (name, line) in names.iter().zip(data.splitn(3, |b| *b == b'\n')) {
+        let Ok(value) = HeaderValue::from_bytes(line) else {
+            return;
+        };
+        headers.insert(*name, value);
+    }
+    let req = SignedRequest {
+        method: "GET",
+        scheme: "https",
+        authority: "example.com",
+        path: "/path/to/resource",
+        query: None,
+        headers: &headers,
+    };
+    if verify(&req, keys, 1_735_689_600, 60).is_ok() {
+        let signature = headers
+            .get("signature")
+            .map(HeaderValue::as_bytes)
+            .unwrap_or_default();
+        let published = WEB_BOT_AUTH_SIGNATURES
+            .iter()
+            .any(|s| signature.windows(s.len()).any(|w| w == s.as_bytes()));
+        assert!(published, "a signature nobody made verified");
+    }
 }
 
 /// A configuration file: loaded and built, or refused with errors that

@@ -387,6 +387,8 @@ impl Replay {
             headers,
             user: None,
             pass: None,
+            // The log's `bot` is not believed: a replay cannot re-verify it.
+            bot: false,
             now,
             host: target.host(),
             // Replay has no challenge to offer: a refusal stays a refusal.

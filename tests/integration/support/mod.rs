@@ -3,6 +3,7 @@
 //!
 //! - [`process`]: the spawned-process guard every server fixture is built on
 //!   (own process group, logs to files, kill + reap on drop).
+//! - [`dnsmasq`]: a DNS server answering only a test's records.
 //! - [`nginx`], [`haproxy`], [`redis`]: real servers from a config string in
 //!   a fresh temp dir on OS-chosen 127.0.0.1 ports (the load balancer in
 //!   front of weir, or the state store behind it).
@@ -20,6 +21,7 @@
 
 pub mod chromium;
 pub mod client;
+pub mod dnsmasq;
 #[macro_use]
 pub mod eventually;
 pub mod haproxy;

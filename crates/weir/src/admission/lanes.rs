@@ -3,11 +3,16 @@
 //! A [`Lane`] is an index into an ordered, validated list of [`LaneSpec`]s
 //! ([`Lanes`]); index 0 is the most important. The standard set is
 //! `verified` (a checked login) > `pass` (holders of a pass token, and cheap
-//! pages) > `anonymous` (anonymous expensive requests) > `deferred`
-//! (requests over a rule that defers instead of refusing: served only with
-//! capacity nobody else wants, shed first), but the count, names, depths and
-//! waits are data, so a deployment can add or merge lanes without code
-//! changes.
+//! pages) > `bots` (crawlers that proved who they are) > `anonymous`
+//! (anonymous expensive requests) > `deferred` (requests over a rule that
+//! defers instead of refusing: served only with capacity nobody else wants,
+//! shed first), but the count, names, depths, waits and shares are data, so
+//! a deployment can add or merge lanes without code changes.
+//!
+//! A lane may have a guaranteed [`Share`] of slot grants: while it has
+//! waiters it gets at least that share even when higher lanes wait too
+//! (the queue keeps a deficit per lane), and, like any lane, everything
+//! when nobody above waits. Without a share, priority is strict.
 //!
 //! This module does not choose a request's lane (policy does, from the
 //! verified identity and the route class) and does not queue anything
@@ -19,16 +24,32 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Lane(u8);
 
+/// What a request proved, and whether a rule deferred it: all its lane
+/// depends on besides its route class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// A checked login.
+    pub verified: bool,
+    /// A valid pass token.
+    pub pass: bool,
+    /// A verified crawler (Web Bot Auth or reverse DNS).
+    pub bot: bool,
+    /// Over a rule with `when_over = "defer"`.
+    pub deferred: bool,
+}
+
 impl Lane {
     /// Verified sessions, in [`Lanes::standard`].
     pub const VERIFIED: Lane = Lane(0);
     /// Pass-token holders and cheap pages, in [`Lanes::standard`].
     pub const PASS: Lane = Lane(1);
+    /// Verified crawlers (Web Bot Auth, reverse DNS), in [`Lanes::standard`].
+    pub const BOTS: Lane = Lane(2);
     /// Anonymous expensive requests, in [`Lanes::standard`].
-    pub const ANONYMOUS: Lane = Lane(2);
+    pub const ANONYMOUS: Lane = Lane(3);
     /// Requests over a rule with `when_over = "defer"`, in
     /// [`Lanes::standard`]: the app's spare capacity, nothing more.
-    pub const DEFERRED: Lane = Lane(3);
+    pub const DEFERRED: Lane = Lane(4);
 
     /// The lane's position, 0 being the most important.
     pub fn index(self) -> usize {
@@ -44,15 +65,18 @@ impl Lane {
     /// The lane of one request: a request a rule deferred waits in
     /// `deferred` whatever it proved (the rule judged it; only what the rule
     /// exempts escapes it); verified sessions use the top lane; a pass token
-    /// lifts a request to at least `pass`; everyone else gets the route
-    /// class's lane. (Indices of [`Lanes::standard`].)
-    pub fn for_request(verified: bool, pass_token: bool, deferred: bool, class_lane: Lane) -> Lane {
-        if deferred {
+    /// lifts a request to at least `pass`; a verified crawler to at least
+    /// `bots`; everyone else gets the route class's lane. (Indices of
+    /// [`Lanes::standard`].)
+    pub fn for_request(standing: Standing, class_lane: Lane) -> Lane {
+        if standing.deferred {
             Lane::DEFERRED
-        } else if verified {
+        } else if standing.verified {
             Lane::VERIFIED
-        } else if pass_token {
+        } else if standing.pass {
             class_lane.min(Lane::PASS)
+        } else if standing.bot {
+            class_lane.min(Lane::BOTS)
         } else {
             class_lane
         }
@@ -74,6 +98,34 @@ pub struct LaneSpec {
     /// Default longest wait in the queue (a route class may pass its own
     /// deadline instead).
     pub max_wait: Duration,
+    /// The least share of slot grants this lane gets while it has waiters,
+    /// even when higher lanes wait ([`Share::ZERO`]: strict priority).
+    pub share: Share,
+}
+
+/// A fraction of slot grants, 0 to 1, in millionths (so lane settings stay
+/// comparable with `Eq`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Share(u32);
+
+impl Share {
+    pub const ZERO: Share = Share(0);
+    const ONE: u32 = 1_000_000;
+
+    /// `fraction` as a share; `None` outside 0..=1 (or NaN).
+    pub fn from_fraction(fraction: f64) -> Option<Share> {
+        (0.0..=1.0)
+            .contains(&fraction)
+            .then(|| Share((fraction * f64::from(Share::ONE)).round() as u32))
+    }
+
+    pub fn fraction(self) -> f64 {
+        f64::from(self.0) / f64::from(Share::ONE)
+    }
+
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// Why a lane list cannot be used.
@@ -88,6 +140,10 @@ pub enum LanesError {
     #[error("admission lane name `{0}` is not [a-z0-9_]+")]
     BadName(String),
 }
+
+/// The `bots` lane's share in [`Lanes::standard`], in millionths: a tenth
+/// of the app while verified crawlers wait (`bots_share = 0.1`).
+pub const DEFAULT_BOTS_SHARE: u32 = 100_000;
 
 /// Most lanes a pool may have: lanes are for a handful of trust levels, not
 /// per-client queues, and metric labels must stay bounded.
@@ -122,11 +178,13 @@ impl Lanes {
         Ok(Lanes { specs })
     }
 
-    /// `verified` > `pass` > `anonymous` > `deferred`, each waiting up to
-    /// 10 s. Lower lanes are shallower: they are shed first anyway, and a
-    /// deep queue of crawler requests only delays the answer that tells them
-    /// to back off. `deferred` holds just enough to keep the app's slots
-    /// busy between two arrivals of anyone else.
+    /// `verified` > `pass` > `bots` > `anonymous` > `deferred`, each waiting
+    /// up to 10 s. Lower lanes are shallower: they are shed first anyway, and
+    /// a deep queue of crawler requests only delays the answer that tells
+    /// them to back off. `bots` is guaranteed [`DEFAULT_BOTS_SHARE`] of
+    /// grants while it waits: a verified crawler is slowed by people, never
+    /// starved. `deferred` holds just enough to keep the app's slots busy
+    /// between two arrivals of anyone else.
     pub fn standard() -> Lanes {
         let wait = Duration::from_secs(10);
         Lanes {
@@ -135,21 +193,31 @@ impl Lanes {
                     name: "verified".into(),
                     max_depth: 1024,
                     max_wait: wait,
+                    share: Share::ZERO,
                 },
                 LaneSpec {
                     name: "pass".into(),
                     max_depth: 1024,
                     max_wait: wait,
+                    share: Share::ZERO,
+                },
+                LaneSpec {
+                    name: "bots".into(),
+                    max_depth: 256,
+                    max_wait: wait,
+                    share: Share(DEFAULT_BOTS_SHARE),
                 },
                 LaneSpec {
                     name: "anonymous".into(),
                     max_depth: 512,
                     max_wait: wait,
+                    share: Share::ZERO,
                 },
                 LaneSpec {
                     name: "deferred".into(),
                     max_depth: 256,
                     max_wait: wait,
+                    share: Share::ZERO,
                 },
             ],
         }
@@ -213,6 +281,7 @@ mod tests {
             name: name.into(),
             max_depth: 1,
             max_wait: Duration::from_secs(1),
+            share: Share::ZERO,
         }
     }
 
@@ -238,9 +307,14 @@ mod tests {
     fn standard_order_and_lookup() {
         let lanes = Lanes::standard();
         assert_eq!(lanes.by_name("verified"), Some(Lane::VERIFIED));
+        assert_eq!(lanes.by_name("bots"), Some(Lane::BOTS));
         assert_eq!(lanes.by_name("anonymous"), Some(Lane::ANONYMOUS));
         assert_eq!(lanes.by_name("deferred"), Some(Lane::DEFERRED));
         assert_eq!(lanes.lowest(), Lane::DEFERRED);
+        assert!(Lane::PASS.outranks(Lane::BOTS) && Lane::BOTS.outranks(Lane::ANONYMOUS));
+        assert_eq!(lanes.spec(Lane::BOTS).share.fraction(), 0.1);
+        assert!(lanes.spec(Lane::ANONYMOUS).share.is_zero());
+        assert!(lanes.spec(Lane::DEFERRED).share.is_zero());
         assert!(Lane::VERIFIED.outranks(Lane::PASS));
         assert!(!Lane::ANONYMOUS.outranks(Lane::PASS));
         assert!(Lane::ANONYMOUS.outranks(Lane::DEFERRED));
@@ -251,21 +325,46 @@ mod tests {
         use Lane as L;
         // (verified, pass, deferred by a rule, class lane) -> lane
         let cases = [
-            (true, false, false, L::ANONYMOUS, L::VERIFIED),
-            (true, true, false, L::PASS, L::VERIFIED),
-            (false, true, false, L::ANONYMOUS, L::PASS),
-            (false, true, false, L::VERIFIED, L::VERIFIED),
-            (false, false, false, L::ANONYMOUS, L::ANONYMOUS),
-            (false, false, false, L::PASS, L::PASS),
-            (false, false, true, L::PASS, L::DEFERRED),
-            (false, true, true, L::ANONYMOUS, L::DEFERRED),
-            (true, false, true, L::VERIFIED, L::DEFERRED),
+            // verified, pass, bot, deferred by a rule, class lane, want
+            (true, false, false, false, L::ANONYMOUS, L::VERIFIED),
+            (true, true, false, false, L::PASS, L::VERIFIED),
+            (true, false, true, false, L::ANONYMOUS, L::VERIFIED),
+            (false, true, false, false, L::ANONYMOUS, L::PASS),
+            (false, true, false, false, L::VERIFIED, L::VERIFIED),
+            (false, false, true, false, L::ANONYMOUS, L::BOTS),
+            (false, false, true, false, L::PASS, L::PASS),
+            (false, false, false, false, L::ANONYMOUS, L::ANONYMOUS),
+            (false, false, false, false, L::PASS, L::PASS),
+            (false, false, false, true, L::PASS, L::DEFERRED),
+            (false, true, false, true, L::ANONYMOUS, L::DEFERRED),
+            (false, false, true, true, L::ANONYMOUS, L::DEFERRED),
+            (true, false, false, true, L::VERIFIED, L::DEFERRED),
         ];
-        for (verified, pass, deferred, class, want) in cases {
+        for (verified, pass, bot, deferred, class, want) in cases {
+            let standing = Standing { verified, pass, bot, deferred };
             assert_eq!(
-                Lane::for_request(verified, pass, deferred, class),
+                Lane::for_request(standing, class),
                 want,
-                "{verified} {pass} {deferred} {class:?}"
+                "{standing:?} {class:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn shares_are_fractions() {
+        let cases = [
+            (0.0, Some(0.0)),
+            (0.1, Some(0.1)),
+            (1.0, Some(1.0)),
+            (-0.1, None),
+            (1.5, None),
+            (f64::NAN, None),
+        ];
+        for (fraction, want) in cases {
+            assert_eq!(
+                Share::from_fraction(fraction).map(Share::fraction),
+                want,
+                "{fraction}"
             );
         }
     }

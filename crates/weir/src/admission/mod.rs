@@ -38,7 +38,7 @@ pub mod shapes;
 pub use adaptive::{GradientConfig, GradientLimit};
 pub use coalesce::{CoalesceKey, Coalescer, Role, SharedResponse};
 pub use fair::{FairKey, FairQueue};
-pub use lanes::{Lane, LaneSpec, Lanes};
+pub use lanes::{Lane, LaneSpec, Lanes, Share, Standing};
 pub use queue::{
     AdmissionQueue, HealthPermit, LimitConfig, Outcome, Permit, QueueConfig, QueueConfigError,
     QueueSnapshot, Shed, ShedReason,

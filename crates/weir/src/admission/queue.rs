@@ -5,8 +5,9 @@
 //! A request calls [`AdmissionQueue::acquire`] and gets a [`Permit`] (a guard:
 //! dropping it frees the slot and hands it straight to the next waiter) or a
 //! [`Shed`] saying why not and when to come back. Waiters are served highest
-//! lane first, and within a lane by [`FairQueue`]'s round robin over networks,
-//! subnets and addresses.
+//! lane first (except that a lane with a guaranteed share, owed a grant,
+//! goes ahead: [`Shared::next_lane`]), and within a lane by [`FairQueue`]'s
+//! round robin over networks, subnets and addresses.
 //!
 //! When there is no room to wait (lane at `max_depth`, or the pool at
 //! `max_queued`):
@@ -189,6 +190,10 @@ struct LaneCounters {
 struct LaneState {
     queue: FairQueue<Waiter>,
     counters: LaneCounters,
+    /// Grants owed to a lane with a [`super::lanes::Share`]: grows by its
+    /// share with every grant that goes to a higher lane while it waits,
+    /// up to one; a whole grant owed is served ahead of priority.
+    deficit: f64,
 }
 
 struct State {
@@ -269,6 +274,7 @@ impl AdmissionQueue {
             .map(|_| LaneState {
                 queue: FairQueue::new(),
                 counters: LaneCounters::default(),
+                deficit: 0.0,
             })
             .collect();
         Ok(AdmissionQueue {
@@ -579,17 +585,46 @@ impl Shared {
         Ok(())
     }
 
-    /// Pops waiters into free slots, highest lane first.
+    /// The lane the next free slot goes to: the highest lane with waiters,
+    /// unless a lower one with a share is owed a whole grant (deficit round
+    /// robin between priority and the shares). Work-conserving either way:
+    /// `None` only when nobody waits.
+    fn next_lane(&self, st: &mut State) -> Option<usize> {
+        let highest = st.lanes.iter().position(|l| !l.queue.is_empty())?;
+        let mut owed = None;
+        for (i, (lane, (_, spec))) in st
+            .lanes
+            .iter_mut()
+            .zip(self.config.lanes.iter())
+            .enumerate()
+            .skip(highest + 1)
+        {
+            if spec.share.is_zero() || lane.queue.is_empty() {
+                continue;
+            }
+            // Capped at one grant: a lane banks no credit for a burst later.
+            lane.deficit = (lane.deficit + spec.share.fraction()).min(1.0);
+            if owed.is_none() && lane.deficit >= 1.0 - 1e-9 {
+                owed = Some(i);
+            }
+        }
+        let chosen = owed.unwrap_or(highest);
+        if owed.is_some() {
+            st.lanes[chosen].deficit = 0.0;
+        }
+        Some(chosen)
+    }
+
+    /// Pops waiters into free slots, highest lane first (but for a lane
+    /// owed its share, [`Shared::next_lane`]).
     fn take_grants(&self, st: &mut State, now: Instant) -> Vec<Grant> {
         let mut grants = Vec::new();
         let limit = self.limit(st);
         while st.in_flight < limit && st.queued > 0 {
-            let Some((i, waiter)) = st
-                .lanes
-                .iter_mut()
-                .enumerate()
-                .find_map(|(i, l)| l.queue.pop().map(|(_, w)| (i, w)))
-            else {
+            let Some(i) = self.next_lane(st) else {
+                break;
+            };
+            let Some((_, waiter)) = st.lanes[i].queue.pop() else {
                 break;
             };
             st.queued -= 1;

@@ -66,6 +66,10 @@ pub struct Config {
     /// required when any class sets `challenge`.
     #[serde(default)]
     pub challenge: Option<crate::challenge::ChallengeConfig>,
+    /// Crawlers that prove who they are (Web Bot Auth keys, reverse DNS):
+    /// not challenged, and queued in their own admission lane.
+    #[serde(default)]
+    pub bots: Option<BotsConfig>,
 }
 
 /// Session verification: a signed cookie weir can check, and/or an auth
@@ -756,6 +760,11 @@ pub struct AdmissionSettings {
     /// this long, by what it measurably handles. `"0s"` turns it off.
     #[serde(default = "default_slow_start")]
     pub slow_start: ConfigDuration,
+    /// The least share of the app's slots verified crawlers get while they
+    /// wait, even when people wait too (0 ..= 1; 0 = only what people
+    /// leave). Everything, when nobody else waits.
+    #[serde(default = "default_bots_share")]
+    pub bots_share: f64,
 }
 
 impl Default for AdmissionSettings {
@@ -768,6 +777,7 @@ impl Default for AdmissionSettings {
             max_queued: default_max_queued(),
             queue_timeout: default_queue_timeout(),
             slow_start: default_slow_start(),
+            bots_share: default_bots_share(),
         }
     }
 }
@@ -1073,6 +1083,9 @@ fn default_max_queued() -> usize {
 fn default_queue_timeout() -> ConfigDuration {
     ConfigDuration::secs(10)
 }
+fn default_bots_share() -> f64 {
+    0.1
+}
 fn default_slow_start() -> ConfigDuration {
     ConfigDuration::secs(10)
 }
@@ -1108,4 +1121,111 @@ fn default_retry_window() -> ConfigDuration {
 }
 fn default_class() -> String {
     "default".into()
+}
+
+/// `[bots]`: crawlers that prove who they are, and how they are checked.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BotsConfig {
+    /// Clock difference allowed on a Web Bot Auth signature's `created`
+    /// and `expires`. 60 s: crawlers run NTP, and a signature lives minutes.
+    #[serde(default = "default_bots_max_skew")]
+    pub max_skew: ConfigDuration,
+    /// Name servers for reverse DNS, `ip` or `ip:port` (port 53 when
+    /// absent). Empty: the system's (`/etc/resolv.conf`).
+    #[serde(default)]
+    pub dns_servers: Vec<String>,
+    /// The longest a request waits for a reverse-DNS check. 200 ms: the
+    /// first request of a crawler's address pays it once; a check still
+    /// running then finishes in the background and the next request gets
+    /// its answer.
+    #[serde(default = "default_bots_dns_wait")]
+    pub dns_wait: ConfigDuration,
+    /// The longest one check (PTR, then A/AAAA) may take before it counts
+    /// as failed. 2 s.
+    #[serde(default = "default_bots_dns_timeout")]
+    pub dns_timeout: ConfigDuration,
+    /// How long a confirmed address is believed. 1 h: crawler address
+    /// ranges change over weeks.
+    #[serde(default = "default_bots_verified_ttl")]
+    pub dns_verified_ttl: ConfigDuration,
+    /// How long an address that did not confirm is remembered as such (a
+    /// failed lookup: at most 30 s). 10 min: a spoofer's every request
+    /// should not cost a lookup.
+    #[serde(default = "default_bots_negative_ttl")]
+    pub dns_negative_ttl: ConfigDuration,
+    /// (address, crawler) pairs remembered (about 100 bytes each).
+    #[serde(default = "default_bots_cache_size")]
+    pub dns_cache_size: usize,
+    /// Reverse-DNS checks running at once; a claim beyond them is not
+    /// checked (not proven) rather than queued.
+    #[serde(default = "default_bots_max_lookups")]
+    pub dns_max_lookups: usize,
+    /// The crawlers that may prove themselves.
+    #[serde(default)]
+    pub crawlers: Vec<CrawlerConfig>,
+}
+
+impl Default for BotsConfig {
+    fn default() -> Self {
+        BotsConfig {
+            max_skew: default_bots_max_skew(),
+            dns_servers: Vec::new(),
+            dns_wait: default_bots_dns_wait(),
+            dns_timeout: default_bots_dns_timeout(),
+            dns_verified_ttl: default_bots_verified_ttl(),
+            dns_negative_ttl: default_bots_negative_ttl(),
+            dns_cache_size: default_bots_cache_size(),
+            dns_max_lookups: default_bots_max_lookups(),
+            crawlers: Vec::new(),
+        }
+    }
+}
+
+/// `[[bots.crawlers]]`: one crawler and how it proves itself: Web Bot Auth
+/// keys, forward-confirmed reverse DNS, or both.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CrawlerConfig {
+    /// The name in logs and metrics (`bot`), `[a-z0-9_-]`, unique.
+    pub name: String,
+    /// Reverse DNS: the User-Agent substring (case-sensitive) by which a
+    /// request claims to be this crawler, e.g. `Googlebot`.
+    #[serde(default)]
+    pub user_agent: Option<String>,
+    /// Reverse DNS: the domains the crawler's PTR names end in, e.g.
+    /// `["googlebot.com", "google.com"]`.
+    #[serde(default)]
+    pub domains: Option<Vec<String>>,
+    /// Web Bot Auth: a file of the crawler's Ed25519 public keys, as its
+    /// `/.well-known/http-message-signatures-directory` serves them (a JWK
+    /// Set) or one JWK. Read at start and on every reload.
+    #[serde(default)]
+    pub keys_file: Option<String>,
+    /// Web Bot Auth: Ed25519 public keys written inline, each a JWK's `x`
+    /// (base64url of the 32 key bytes).
+    #[serde(default)]
+    pub keys: Vec<String>,
+}
+
+fn default_bots_max_skew() -> ConfigDuration {
+    ConfigDuration::secs(60)
+}
+fn default_bots_dns_wait() -> ConfigDuration {
+    ConfigDuration(Duration::from_millis(200))
+}
+fn default_bots_dns_timeout() -> ConfigDuration {
+    ConfigDuration::secs(2)
+}
+fn default_bots_verified_ttl() -> ConfigDuration {
+    ConfigDuration::secs(3600)
+}
+fn default_bots_negative_ttl() -> ConfigDuration {
+    ConfigDuration::secs(600)
+}
+fn default_bots_cache_size() -> usize {
+    10_000
+}
+fn default_bots_max_lookups() -> usize {
+    16
 }

@@ -107,7 +107,7 @@ fn admission(
             None => {
                 errors.push(loaded.error_at(
                     &root.key("classes").key(name).key("lane"),
-                    format!("`{l}` is not a lane (verified, pass, anonymous)"),
+                    format!("`{l}` is not a lane (verified, pass, bots, anonymous)"),
                 ));
                 None
             }
@@ -224,6 +224,7 @@ fn attach_state(
                 body,
                 exempt_verified: d.exempt.verified,
                 exempt_pass: d.exempt.pass,
+                exempt_bots: d.exempt.bots,
                 defer: d.defer,
                 shadow: d.shadow,
                 methods: d.methods,
@@ -402,6 +403,16 @@ fn exemptions(
                     ));
                 }
             }
+            "verified_bot" => {
+                exempt.bots = true;
+                if loaded.config.bots.as_ref().is_none_or(|b| b.crawlers.is_empty()) {
+                    errors.push(loaded.error_at(
+                        &at,
+                        "`verified_bot` exempts nobody: no [[bots.crawlers]] are configured \
+                         (see docs/admission.md, verified bots)",
+                    ));
+                }
+            }
             "pass" => {
                 exempt.pass = true;
                 if loaded.config.challenge.is_none() {
@@ -415,8 +426,9 @@ fn exemptions(
             other => errors.push(loaded.error_at(
                 &at,
                 format!(
-                    "`{other}` cannot exempt: only `verified` sessions and challenge `pass` holders can \
-                     (a cookie's name or presence proves nothing; any visitor can get one)"
+                    "`{other}` cannot exempt: only `verified` sessions, challenge `pass` holders and \
+                     `verified_bot` crawlers can (a cookie's name or presence proves nothing; any \
+                     visitor can get one)"
                 ),
             )),
         }
@@ -435,4 +447,5 @@ fn exemptions(
 struct Exempt {
     verified: bool,
     pass: bool,
+    bots: bool,
 }

@@ -5,6 +5,7 @@
 //! whose definition did not change are carried over, with their warm
 //! connections and state.
 
+mod bots;
 mod classes;
 mod edge;
 mod pools;
@@ -67,6 +68,8 @@ pub struct Gateway {
     pub sessions: Option<Arc<SessionVerifier>>,
     /// The browser challenge, if configured.
     pub challenger: Option<Arc<crate::challenge::Challenger>>,
+    /// Crawlers that may prove who they are (`[bots]`), if configured.
+    pub bots: Option<Arc<crate::identity::bots::BotVerifier>>,
     /// Admission lane and queue deadline per route class (classes not
     /// listed use [`ClassAdmission::default`]).
     pub class_admission: HashMap<String, ClassAdmission>,
@@ -133,6 +136,7 @@ impl Gateway {
         let routes = routes::routes(&loaded, &pool_index, &classes, e);
         let sessions = sessions::sessions(&loaded, previous, &pools, e);
         let challenger = sessions::challenger(&loaded, e);
+        let bots = bots::bots(&loaded, e);
         let low_rate = sessions::low_rate(&loaded, e);
         drop(pool_index);
         let cfg = &loaded.config;
@@ -173,6 +177,7 @@ impl Gateway {
             low_rate,
             sessions,
             challenger,
+            bots,
             class_admission: classes.admission,
             coalescers: classes.coalescers,
             loaded,

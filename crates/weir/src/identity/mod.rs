@@ -25,6 +25,7 @@
 //! client. Sessions (verified users, pass tokens) are added by later stages.
 
 mod addr;
+pub mod bots;
 pub mod dominance;
 pub mod forwarded;
 pub mod session;

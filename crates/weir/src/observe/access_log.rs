@@ -62,6 +62,10 @@ pub struct AccessRecord {
     /// The session: `anonymous`, `verified`, or `unverified` (a session
     /// cookie that failed its check).
     pub session: &'static str,
+    /// The verified crawler (`[[bots.crawlers]]` name) the request proved
+    /// to be, by Web Bot Auth or reverse DNS; `null` otherwise (a crawler
+    /// name in the User-Agent alone is not one).
+    pub bot: Option<Arc<str>>,
     /// Challenge outcome: `issued` (page served), `solved`, `failed`,
     /// `pass` (a valid pass token admitted the request).
     pub challenge: Option<&'static str>,
@@ -136,6 +140,7 @@ impl AccessRecord {
         w.string(key!("class"), &self.class);
         w.token(key!("decision"), self.decision);
         w.token(key!("session"), self.session);
+        w.opt_string(key!("bot"), self.bot.as_deref());
         w.opt_token(key!("challenge"), self.challenge);
         w.opt_string(key!("rule"), self.rule.as_deref());
         w.opt_token(key!("rule_level"), self.rule_level);
@@ -601,6 +606,7 @@ mod tests {
             class: Arc::from("page"),
             decision: "reject",
             session: "anonymous",
+            bot: Some(Arc::from("googlebot")),
             challenge: None,
             rule: Some("per-ip".into()),
             rule_level: Some("ip"),
@@ -645,6 +651,7 @@ mod tests {
             "class": "page",
             "decision": "reject",
             "session": "anonymous",
+            "bot": "googlebot",
             "challenge": null,
             "rule": "per-ip",
             "rule_level": "ip",

@@ -63,6 +63,15 @@ pub struct ChallengeLabels {
     pub reason: &'static str,
 }
 
+/// `weir_bot_verifications_total`: how a crawler tried to prove itself
+/// (`web_bot_auth`, `fcrdns`) and the result (`verified`, or a bounded
+/// reason it was not).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BotLabels {
+    pub method: &'static str,
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
@@ -311,6 +320,7 @@ pub struct Metrics {
     pub challenge_solve: Histogram,
     pub challenge_engaged: Family<PoolLabels, Gauge>,
     pub challenge_spared: Family<PoolLabels, Counter>,
+    pub bot_verifications: Family<BotLabels, Counter>,
     pub admission_limit: Family<PoolLabels, Gauge>,
     pub admission_expensive_shapes: Family<PoolLabels, Gauge>,
     pub admission_in_flight: Family<PoolLabels, Gauge>,
@@ -381,6 +391,7 @@ impl Metrics {
             challenge_solve: Histogram::new(exponential_buckets(0.05, 2.0, 10)),
             challenge_engaged: Family::default(),
             challenge_spared: Family::default(),
+            bot_verifications: Family::default(),
             admission_limit: Family::default(),
             admission_expensive_shapes: Family::default(),
             admission_in_flight: Family::default(),
@@ -583,6 +594,11 @@ impl Metrics {
             "challenge_spared",
             "Navigations without a pass served under pressure because the app had room (not challenged)",
             m.challenge_spared.clone(),
+        );
+        registry.register(
+            "bot_verifications",
+            "Crawlers' attempts to prove who they are, by method (web_bot_auth, fcrdns) and result (verified, or why not)",
+            m.bot_verifications.clone(),
         );
         registry.register(
             "admission_limit",

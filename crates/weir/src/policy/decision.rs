@@ -25,6 +25,10 @@ pub struct Proof {
     pub verified: bool,
     /// The id of a valid challenge pass.
     pub pass: Option<u64>,
+    /// A crawler that proved who it is (Web Bot Auth, reverse DNS): not
+    /// challenged, exempt from rules that say `verified_bot`, queued in
+    /// the `bots` lane.
+    pub bot: Option<crate::identity::bots::BotId>,
 }
 
 /// What happens to a request after the policy stage.

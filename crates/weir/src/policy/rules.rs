@@ -235,6 +235,8 @@ pub struct Rule {
     /// Over the limit: defer to the lowest lane instead of refusing (rate
     /// rules only; `when_over = "defer"`).
     pub defer: bool,
+    /// `exempt = ["verified_bot"]`: crawlers that proved who they are.
+    pub exempt_bots: bool,
     pub shadow: bool,
     pub methods: Vec<Method>,
 }
@@ -248,6 +250,9 @@ pub struct RequestFacts<'a> {
     pub user: Option<&'a str>,
     /// The challenge pass token's id, if the request holds a valid one.
     pub pass: Option<u64>,
+    /// Whether the request proved to be a configured crawler
+    /// (`identity::bots`).
+    pub bot: bool,
     pub now: MonoTime,
     /// The canonical host the request is for (the target's), when it has
     /// one: a `Referer` from it is evidence of browsing the site.
@@ -533,9 +538,10 @@ pub async fn evaluate(
         if !rule.methods.is_empty() && !rule.methods.contains(facts.method) {
             continue;
         }
-        if (rule.exempt_verified && facts.user.is_some())
+        let exempt = (rule.exempt_verified && facts.user.is_some())
             || (rule.exempt_pass && facts.pass.is_some())
-        {
+            || (rule.exempt_bots && facts.bot);
+        if exempt {
             ev.results.push((index, RuleResult::Exempt));
             continue;
         }
@@ -720,13 +726,25 @@ mod tests {
             exempt_verified: false,
             exempt_pass: false,
             defer: false,
+            exempt_bots: false,
             shadow: false,
             methods: vec![],
         }
     }
 
     fn run(rules: &[Rule], ip: &str, user: Option<&str>, now: MonoTime) -> Evaluation {
-        run_with_pass(rules, ip, user, None, now)
+        run_facts(rules, ip, user, None, false, false, now)
+    }
+
+    /// [`run`] for a request that did (`bot`) or did not prove to be a crawler.
+    fn run_as(
+        rules: &[Rule],
+        ip: &str,
+        user: Option<&str>,
+        bot: bool,
+        now: MonoTime,
+    ) -> Evaluation {
+        run_facts(rules, ip, user, None, false, bot, now)
     }
 
     fn run_with_pass(
@@ -736,7 +754,7 @@ mod tests {
         pass: Option<u64>,
         now: MonoTime,
     ) -> Evaluation {
-        run_facts(rules, ip, user, pass, false, now)
+        run_facts(rules, ip, user, pass, false, false, now)
     }
 
     fn run_facts(
@@ -745,6 +763,7 @@ mod tests {
         user: Option<&str>,
         pass: Option<u64>,
         challengeable: bool,
+        bot: bool,
         now: MonoTime,
     ) -> Evaluation {
         let c = client(ip);
@@ -755,6 +774,7 @@ mod tests {
             headers: &h,
             user,
             pass,
+            bot,
             now,
             host: None,
             challengeable,
@@ -882,6 +902,7 @@ mod tests {
                 headers: &HeaderMap::new(),
                 user: None,
                 pass: None,
+                bot: false,
                 now,
                 host: None,
                 challengeable: false,
@@ -932,6 +953,46 @@ mod tests {
         );
     }
 
+    /// `exempt = ["verified_bot"]` lets a proven crawler past the rule, and
+    /// only the rule that says so; `verified` alone does not.
+    #[test]
+    fn verified_bots_are_exempt_where_the_rule_says() {
+        let mut for_bots = rate_rule("b", vec![level("site", 1, 60)]);
+        for_bots.exempt_bots = true;
+        let mut for_users = rate_rule("u", vec![level("site", 1, 60)]);
+        for_users.exempt_verified = true;
+        let now = MonoTime::ZERO;
+        let cases: [(&[Rule], bool, &[&str]); 4] = [
+            (
+                std::slice::from_ref(&for_bots),
+                true,
+                &["exempt", "exempt", "exempt"],
+            ),
+            (
+                std::slice::from_ref(&for_bots),
+                false,
+                &["allow", "reject", "reject"],
+            ),
+            (
+                std::slice::from_ref(&for_users),
+                true,
+                &["allow", "reject", "reject"],
+            ),
+            (
+                std::slice::from_ref(&for_users),
+                false,
+                &["reject", "reject", "reject"],
+            ),
+        ];
+        for (rules, bot, want) in cases {
+            let got: Vec<&str> = (1..=3)
+                .map(|i| run_as(rules, &format!("10.9.0.{i}"), None, bot, now))
+                .map(|ev| ev.results[0].1.as_str())
+                .collect();
+            assert_eq!(got, want, "{} bot={bot}", rules[0].name);
+        }
+    }
+
     #[test]
     fn a_deferring_rule_defers_and_a_later_refusal_still_refuses() {
         let mut defer = rate_rule("d", vec![level("site", 1, 60)]);
@@ -971,25 +1032,25 @@ mod tests {
         let now = MonoTime::ZERO;
         let rules = [by_pass, plain];
         assert!(
-            run_facts(&rules, "10.0.0.1", None, None, true, now)
+            run_facts(&rules, "10.0.0.1", None, None, true, false, now)
                 .challenge
                 .is_none()
         );
         // Over `p`: a navigation is challenged, anything else refused.
-        let nav = run_facts(&rules, "10.0.0.1", None, None, true, now);
+        let nav = run_facts(&rules, "10.0.0.1", None, None, true, false, now);
         assert_eq!(nav.challenge.expect("challenged").rule.as_ref(), "p");
         assert!(nav.rejection.is_none());
-        let other = run_facts(&rules, "10.0.0.1", None, None, false, now);
+        let other = run_facts(&rules, "10.0.0.1", None, None, false, false, now);
         assert_eq!(other.rejection.expect("refused").rule.as_ref(), "p");
         // A rule no pass exempts refuses a navigation too.
         let rules = [rate_rule("s", vec![level("ip", 1, 60)])];
-        run_facts(&rules, "10.0.0.9", None, None, true, now);
-        let nav = run_facts(&rules, "10.0.0.9", None, None, true, now);
+        run_facts(&rules, "10.0.0.9", None, None, true, false, now);
+        let nav = run_facts(&rules, "10.0.0.9", None, None, true, false, now);
         assert!(nav.challenge.is_none() && nav.rejection.is_some());
         // A deferring rule defers a navigation (admission decides).
         let rules = [deferring];
-        run_facts(&rules, "10.0.1.1", None, None, true, now);
-        let nav = run_facts(&rules, "10.0.1.2", None, None, true, now);
+        run_facts(&rules, "10.0.1.1", None, None, true, false, now);
+        let nav = run_facts(&rules, "10.0.1.2", None, None, true, false, now);
         assert!(nav.challenge.is_none() && nav.deferral.is_some());
     }
 
@@ -1006,6 +1067,7 @@ mod tests {
             exempt_verified: false,
             exempt_pass: false,
             defer: false,
+            exempt_bots: false,
             shadow: false,
             methods: vec![],
         }];

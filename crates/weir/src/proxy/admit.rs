@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 use weir_http::connections::UpstreamBody;
 
 use super::log::RequestLog;
-use crate::admission::{AdmissionQueue, Lane};
+use crate::admission::{AdmissionQueue, Lane, Standing};
 use crate::challenge::Challenger;
 use crate::gateway::ClassAdmission;
 use crate::identity::ClientId;
@@ -63,12 +63,13 @@ pub(super) async fn admission(
             Lane::PASS
         }
     });
-    let lane = queue.lanes().clamp(Lane::for_request(
-        proof.verified,
-        proof.pass.is_some(),
-        deferred.is_some(),
-        class_lane,
-    ));
+    let standing = Standing {
+        verified: proof.verified,
+        pass: proof.pass.is_some(),
+        bot: proof.bot.is_some(),
+        deferred: deferred.is_some(),
+    };
+    let lane = queue.lanes().clamp(Lane::for_request(standing, class_lane));
     // A pass holder is a visitor of its own: a hundred people behind one
     // carrier NAT are a hundred turns, not one (their passes are limited by
     // their own key); everyone else shares by address prefix.

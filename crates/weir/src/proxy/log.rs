@@ -75,6 +75,7 @@ impl RequestLog {
                 class: unrouted(),
                 decision: "admit",
                 session: "anonymous",
+                bot: None,
                 challenge: None,
                 rule: None,
                 rule_level: None,

@@ -1,16 +1,16 @@
 //! The request path: the phases a request passes, composed in [`serve`].
 //!
 //! ```text
-//! identity ─► target ─► route ─► session ─► rules+challenge ─► coalesce ─► admission ─► upstream ─► respond
-//! ClientId    Target    Route    Session    Decision            leader /    Permit        response    response
-//!                                           (Admit, Reject,     follower                   or error    + log on
-//!                                            Challenge)                                                 body end
+//! identity ─► target ─► route ─► session ─► bots ─► rules+challenge ─► coalesce ─► admission ─► upstream ─► respond
+//! ClientId    Target    Route    Session    BotId?  Decision            leader /    Permit        response    response
+//!                                                   (Admit, Reject,     follower                   or error    + log on
+//!                                                    Challenge)                                                 body end
 //! ```
 //!
 //! - [`serve`]: the composition, one comment per phase, and the identity
 //!   phase; the target phase is `weir_http::target::Target::of`, the route
 //!   phase `policy::route::RouteTable::find`.
-//! - [`policy`](self::policy): session, rules and challenge, weir's own
+//! - [`policy`](self::policy): session, verified bots, rules and challenge, weir's own
 //!   challenge endpoints.
 //! - [`admit`](self::admit): admission.
 //! - [`upstream`](self::upstream): coalescing, forwarding, the response.
@@ -228,9 +228,11 @@ fn serve(
             Ok(r) => r,
             Err(reason) => return log.reject(&reason, accept),
         };
-        // Session, then rules and challenge: the policy's decision.
+        // Session, verified crawler, then rules and challenge: the
+        // policy's decision.
         let session = policy::session(&gw, route, req.headers(), &mut log).await;
-        let decision = policy::decide(&view, route, &client, &session, &gw, &mut log).await;
+        let bot = policy::bot(&gw, &view, &client, &mut log).await;
+        let decision = policy::decide(&view, route, &client, &session, bot, &gw, &mut log).await;
         log.record.decision = decision.as_str();
         let admitted = match decision {
             Decision::Admit(admitted) => admitted,

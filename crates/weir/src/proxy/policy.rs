@@ -1,6 +1,6 @@
-//! The policy phases of a routed request: its session, then the challenge
-//! and the rules, ending in the request's [`Decision`]; and weir's own
-//! challenge endpoints.
+//! The policy phases of a routed request: its session, whether it is a
+//! verified crawler, then the challenge and the rules, ending in the
+//! request's [`Decision`]; and weir's own challenge endpoints.
 //!
 //! The stages decide (`identity::session`, `challenge`, `policy::rules`);
 //! these phases give them the request's facts, and record what they said
@@ -22,9 +22,12 @@ use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck};
 use crate::gateway::Gateway;
 use crate::identity::ClientAddr;
 use crate::identity::ClientId;
+use crate::identity::bots::BotId;
+use crate::identity::bots::signature::SignedRequest;
 use crate::identity::session::SessionState;
 use crate::observe::metrics::{
-    ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels, RuleResultLabels,
+    BotLabels, ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels,
+    RuleResultLabels,
 };
 use crate::policy::route::{RequestView, Route};
 use crate::policy::rules::{
@@ -56,13 +59,63 @@ pub(super) async fn session(
     session
 }
 
-/// **Rules-and-challenge phase**: after the session phase. In order: the
+/// **Bots phase**: after the session phase, for a routed request, when
+/// `[bots]` lists crawlers and the request signs (Web Bot Auth) or claims a
+/// crawler checked by reverse DNS. Checks the signature, then the claim
+/// (waiting at most `bots.dns_wait` for a lookup). May change: the
+/// reverse-DNS cache, `weir_bot_verifications_total`, the log's `bot`.
+/// Result: the crawler the request proved to be; `None` leaves it
+/// anonymous, like any request (a name in the User-Agent buys nothing).
+pub(super) async fn bot(
+    gw: &Gateway,
+    view: &RequestView<'_>,
+    client: &ClientId,
+    log: &mut RequestLog,
+) -> Option<BotId> {
+    let verifier = gw.bots.as_deref()?;
+    if !verifier.wants(view.headers) {
+        return None;
+    }
+    let target = view.target;
+    let req = SignedRequest {
+        method: target.method().as_str(),
+        scheme: if log.conn.edge.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
+        authority: target.authority().map_or("", |a| a.as_str()),
+        path: target.path(),
+        query: target.query(),
+        headers: view.headers,
+    };
+    // Boxed: rare, and a lookup's state would enlarge every request's future.
+    let check = Box::pin(verifier.check(&req, client.client.ip())).await;
+    for a in &check.attempts {
+        let labels = BotLabels {
+            method: a.method.as_str(),
+            result: a.result,
+        };
+        log.conn
+            .rt
+            .metrics
+            .bot_verifications
+            .get_or_create(&labels)
+            .inc();
+    }
+    let bot = check.bot?;
+    log.record.bot = verifier.label(bot);
+    Some(bot)
+}
+
+/// **Rules-and-challenge phase**: after the bots phase. In order: the
 /// challenge (a browser navigation without a valid pass, when the class
 /// challenges always, gets the page; under pressure, it is marked to be
-/// challenged if admission cannot serve it promptly), the client's requests
-/// in flight (`limits.max_requests_in_flight_per_ip`), the class's rules (a
-/// rule a pass exempts challenges such a navigation instead of refusing it;
-/// a deferring rule sends the request to the lowest lane). May change:
+/// challenged if admission cannot serve it promptly; never a verified
+/// session or a verified crawler), the client's requests in flight
+/// (`limits.max_requests_in_flight_per_ip`), the class's rules (a rule a
+/// pass exempts challenges such a navigation instead of refusing it; a
+/// deferring rule sends the request to the lowest lane). May change:
 /// limiter state, the log (class, challenge, rule fields, the slots the
 /// client and the rules hold), metrics. Result: `Admit` with what the
 /// request proved and how admission is to treat it, `Reject` (answered by
@@ -73,6 +126,7 @@ pub(super) async fn decide(
     route: &Route,
     client: &ClientId,
     session: &SessionState,
+    bot: Option<BotId>,
     gw: &Gateway,
     log: &mut RequestLog,
 ) -> Decision {
@@ -80,11 +134,13 @@ pub(super) async fn decide(
     let mut proof = Proof {
         verified: session.is_verified(),
         pass: None,
+        bot,
     };
     let mut instead = None;
     if let Some(ch) = &gw.challenger
         && route.challenge != ChallengeMode::Off
         && !proof.verified
+        && proof.bot.is_none()
     {
         match challenge(ch, view, route, client, gw, log) {
             Challenged::Pass(id) => proof.pass = Some(id),
@@ -260,6 +316,7 @@ async fn rules(
         headers: view.headers,
         user: facts.user,
         pass: facts.proof.pass,
+        bot: facts.proof.bot.is_some(),
         now: weir_limiter::MonotonicClock.now(),
         host: view.target.host(),
         challengeable: facts.challengeable,

@@ -21,7 +21,9 @@ use super::health::{
 };
 use super::retry_budget::{RetryBudget, RetryBudgetConfig};
 use super::slow_start::{Completion, SlowStart, SlowStartConfig};
-use crate::admission::{AdmissionQueue, GradientConfig, LaneSpec, Lanes, LimitConfig, QueueConfig};
+use crate::admission::{
+    AdmissionQueue, GradientConfig, Lane, LaneSpec, Lanes, LimitConfig, QueueConfig, Share,
+};
 use crate::config::{AdmissionSettings, Balance, HealthCheckSettings, PoolConfig};
 use weir_http::connections::{ConnSettings, ServerConnections};
 
@@ -196,6 +198,8 @@ pub enum PoolError {
     RetryBudget(#[from] super::retry_budget::RetryBudgetError),
     #[error("{0}")]
     Admission(#[from] crate::admission::QueueConfigError),
+    #[error("admission.bots_share = {0} is not a share: write 0 ..= 1 (0.1 = a tenth of the app)")]
+    Share(f64),
 }
 
 impl PoolError {
@@ -208,6 +212,7 @@ impl PoolError {
             PoolError::HealthPath(_) => Some(&["health", "path"]),
             PoolError::RetryBudget(_) => Some(&["retry_budget"]),
             PoolError::Admission(_) => Some(&["admission"]),
+            PoolError::Share(_) => Some(&["admission", "bots_share"]),
         }
     }
 }
@@ -704,6 +709,10 @@ fn build_admission(
             },
         ));
     }
+    let bots_share = Share::from_fraction(a.bots_share).unwrap_or_else(|| {
+        errors.push((0, PoolError::Share(a.bots_share)));
+        Share::ZERO
+    });
     if errors.len() > before {
         return None;
     }
@@ -711,10 +720,15 @@ fn build_admission(
     let lanes = Lanes::new(
         standard
             .iter()
-            .map(|(_, spec)| LaneSpec {
+            .map(|(lane, spec)| LaneSpec {
                 name: spec.name.clone(),
                 max_depth: spec.max_depth.min(a.max_queued),
                 max_wait: a.queue_timeout.0,
+                share: if lane == Lane::BOTS {
+                    bots_share
+                } else {
+                    spec.share
+                },
             })
             .collect(),
     )

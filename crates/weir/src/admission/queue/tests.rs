@@ -204,6 +204,7 @@ fn one_lane(max_depth: usize) -> AdmissionQueue {
         name: "all".into(),
         max_depth,
         max_wait: secs(10),
+        share: crate::admission::Share::ZERO,
     }])
     .unwrap();
     AdmissionQueue::new(cfg).unwrap()
@@ -281,7 +282,13 @@ async fn client_leaving_frees_its_place() {
     w.abort();
     settle().await;
     let snap = q.snapshot();
-    assert_eq!((snap.queued(), snap.lanes[2].abandoned_total), (0, 1));
+    assert_eq!(
+        (
+            snap.queued(),
+            snap.lanes[Lane::ANONYMOUS.index()].abandoned_total
+        ),
+        (0, 1)
+    );
     drop(held);
     assert_eq!(q.snapshot().in_flight, 0);
 }
@@ -519,4 +526,78 @@ async fn deferred_requests_take_only_what_nobody_else_waits_for() {
     // Nobody else waits: the free slot is the deferred request's.
     let got = deferred.await.unwrap().unwrap();
     assert_eq!(got.lane(), Lane::DEFERRED);
+}
+
+/// A queue of one slot whose `bots` lane has `share`.
+fn queue_with_bots_share(share: f64) -> AdmissionQueue {
+    let mut cfg = QueueConfig::fixed(nz(1));
+    let specs = Lanes::standard()
+        .iter()
+        .map(|(lane, spec)| LaneSpec {
+            share: if lane == Lane::BOTS {
+                crate::admission::Share::from_fraction(share).unwrap()
+            } else {
+                spec.share
+            },
+            ..spec.clone()
+        })
+        .collect();
+    cfg.lanes = Lanes::new(specs).unwrap();
+    AdmissionQueue::new(cfg).unwrap()
+}
+
+/// The `bots` lane's share (issue 19, item 4): while people wait in a
+/// higher lane, crawlers still get `share` of the grants (not strict
+/// priority); when nobody above waits, they get every slot
+/// (work-conserving); with no share, strict priority.
+#[tokio::test(start_paused = true)]
+async fn bots_lane_gets_its_share_while_people_wait_and_everything_after() {
+    // share, which of the first 20 grants go to bots (1-based)
+    let cases: [(f64, &[usize]); 4] = [
+        (0.1, &[10, 20]),
+        (0.25, &[4, 8, 12, 16, 20]),
+        (0.5, &[2, 4, 6, 8, 10, 12, 14, 16, 18, 20]),
+        (0.0, &[]),
+    ];
+    for (share, want) in cases {
+        let q = queue_with_bots_share(share);
+        let mut held = now_acquire(&q, Lane::ANONYMOUS, key(10, 0, 0, 1))
+            .await
+            .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let spawn = |lane: Lane, k: FairKey| {
+            let (q, tx) = (q.clone(), tx.clone());
+            tokio::spawn(async move {
+                let permit = q.acquire(lane, k, Instant::now() + secs(1000)).await;
+                let _ = tx.send((lane, permit));
+            });
+        };
+        for i in 0..30u8 {
+            spawn(Lane::PASS, key(20, i, 0, 1));
+        }
+        for i in 0..12u8 {
+            spawn(Lane::BOTS, key(66, 249, i, 1));
+        }
+        settle().await;
+        assert_eq!(q.snapshot().queued(), 42);
+        let mut bots_at = Vec::new();
+        let mut order = Vec::new();
+        for grant in 1..=42 {
+            drop(held);
+            let (lane, permit) = rx.recv().await.unwrap();
+            held = permit.unwrap();
+            order.push(lane);
+            if lane == Lane::BOTS && grant <= 20 {
+                bots_at.push(grant);
+            }
+        }
+        assert_eq!(bots_at, want, "share {share}");
+        // Work-conserving: once the people are served, the crawlers take
+        // every slot; nobody is left waiting.
+        let last_pass = order.iter().rposition(|l| *l == Lane::PASS).unwrap();
+        assert!(order[last_pass + 1..].iter().all(|l| *l == Lane::BOTS));
+        assert_eq!(order.iter().filter(|l| **l == Lane::BOTS).count(), 12);
+        assert_eq!(q.snapshot().queued(), 0);
+        drop(held);
+    }
 }
