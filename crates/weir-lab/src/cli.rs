@@ -262,6 +262,8 @@ mod demo_tests {
             sent: outcomes.iter().map(|(_, n)| n).sum(),
             outcomes: outcomes.iter().map(|(o, n)| (o.to_string(), *n)).collect(),
             reached_app: 0,
+            reached_app_share: 0.0,
+            served_2s: 0,
             challenges_solved: 0,
             rechallenged: 0,
             challenged_p50_ms: 0.0,

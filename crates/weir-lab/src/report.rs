@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::cohort::{OUTCOMES, Outcome};
 use super::expect::{Check, Subject};
-use super::scenario::CohortKind;
+use super::scenario::{CohortKind, GatewayKind};
 
 /// A whole run: every variant, every check.
 #[derive(Debug, Clone, Serialize)]
@@ -30,15 +30,79 @@ pub struct SimReport {
 pub struct VariantReport {
     pub name: String,
     pub description: String,
-    /// `nginx` when a load balancer stood in front of weir.
+    /// What ran as the gateway: weir, or a rival nginx or HAProxy.
+    pub gateway: GatewayKind,
+    /// `nginx` when a load balancer stood in front of the gateway.
     pub load_balancer: Option<String>,
     pub cohorts: Vec<CohortReport>,
     pub upstream: UpstreamReport,
     /// Rejections by rule: request rules from `weir_rejections_total`, connection refusals
     /// from `weir_connections_refused_total`; per cohort from the access log.
     pub rules: BTreeMap<String, RuleReport>,
+    /// The alert replay over weir's metrics (weir variants of a scenario with
+    /// `[alerts]`).
+    pub alerts: Option<AlertReport>,
     pub generator: GeneratorReport,
     pub timeline: Timeline,
+}
+
+/// When alerts fired in the replay of weir's metrics, in story minutes.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AlertReport {
+    /// Alert name to the story minute (from the run's start) it first fired.
+    pub fired_at_min: BTreeMap<String, f64>,
+    /// The story minute a person was first turned away, if one was.
+    pub first_person_refused_min: Option<f64>,
+}
+
+impl AlertReport {
+    /// From the replay's firings (story time) and the run time a person was first
+    /// refused.
+    pub fn new(
+        firings: &super::alerts::Firings,
+        first_person_refused: Option<std::time::Duration>,
+        compression: f64,
+    ) -> AlertReport {
+        AlertReport {
+            fired_at_min: firings
+                .iter()
+                .map(|(name, at)| (name.clone(), at.as_secs_f64() / 60.0))
+                .collect(),
+            first_person_refused_min: first_person_refused
+                .map(|at| at.as_secs_f64() * compression / 60.0),
+        }
+    }
+
+    /// One line: when a person was first refused and when each alert fired.
+    pub fn summary(&self) -> String {
+        let person = self
+            .first_person_refused_min
+            .map_or("no person refused".to_string(), |m| {
+                format!("a person first refused at story minute {m:.1}")
+            });
+        let fired: Vec<String> = (self.fired_at_min.iter())
+            .map(|(name, at)| format!("{name} at {at:.0}"))
+            .collect();
+        if fired.is_empty() {
+            format!("{person}; no alert fired")
+        } else {
+            format!(
+                "{person}; alerts fired (story minute): {}",
+                fired.join(", ")
+            )
+        }
+    }
+
+    /// `fired`, `fired_at_min`, `fired_after_min` of one alert.
+    fn metric(&self, alert: &str, metric: &str) -> Option<f64> {
+        let at = self.fired_at_min.get(alert).copied();
+        match metric {
+            "fired" => Some(if at.is_some() { 1.0 } else { 0.0 }),
+            "fired_at_min" => at,
+            "fired_after_min" => Some(at? - self.first_person_refused_min?),
+            _ => None,
+        }
+    }
 }
 
 /// One cohort's outcomes.
@@ -53,6 +117,11 @@ pub struct CohortReport {
     pub outcomes: BTreeMap<String, u64>,
     /// Responses that came from the app (carried `x-app-class`).
     pub reached_app: u64,
+    /// This cohort's share of the requests that reached the app from any cohort
+    /// (a connection flood's share of the app; health checks not counted).
+    pub reached_app_share: f64,
+    /// Served within 2 s of the first send (a challenged page: to its final answer).
+    pub served_2s: u64,
     /// Requests answered after the client solved a challenge (already
     /// counted in their outcome: a solved challenge then served is served).
     pub challenges_solved: u64,
@@ -239,6 +308,7 @@ impl VariantReport {
                     _ => return None,
                 })
             }
+            Subject::Alert(alert) => self.alerts.as_ref()?.metric(alert, metric),
             // A rule that never fired has no entry: it counts 0.
             Subject::Rule(rule) => {
                 let r = self.rules.get(rule);
@@ -270,6 +340,7 @@ fn cohort_metric(c: &CohortReport, metric: &str) -> Option<f64> {
     let n = match name {
         "failed" => c.failed(),
         "reached_app" => c.reached_app,
+        "served_2s" => c.served_2s,
         "challenges_solved" => c.challenges_solved,
         "rechallenged" => c.rechallenged,
         other => match OUTCOMES.iter().find(|o| o.as_str() == other) {
@@ -281,6 +352,7 @@ fn cohort_metric(c: &CohortReport, metric: &str) -> Option<f64> {
                     "p95_ms" => Some(c.p95_ms),
                     "p99_ms" => Some(c.p99_ms),
                     "solved_p95_ms" => Some(c.challenged_p95_ms),
+                    "reached_app_share" => Some(c.reached_app_share),
                     _ => None,
                 };
             }
@@ -322,6 +394,16 @@ impl SimReport {
             out.push('\n');
         };
         row(&mut out, "", names.iter().map(|n| n.to_string()).collect());
+        row(
+            &mut out,
+            "gateway",
+            (self.variants.iter())
+                .map(|v| match &v.load_balancer {
+                    Some(lb) => format!("{} behind {lb}", v.gateway.as_str()),
+                    None => v.gateway.as_str().to_string(),
+                })
+                .collect(),
+        );
         let cohort_names: Vec<String> = (self.variants.first())
             .map(|v| v.cohorts.iter().map(|c| c.name.clone()).collect())
             .unwrap_or_default();
@@ -349,8 +431,18 @@ impl SimReport {
             }
             row(
                 &mut out,
+                "  served within 2 s",
+                cell(&|c| pct_count(c, c.served_2s)),
+            );
+            row(
+                &mut out,
                 "  reached app",
                 cell(&|c| pct_count(c, c.reached_app)),
+            );
+            row(
+                &mut out,
+                "  share of the app's requests",
+                cell(&|c| format!("{:.1}%", c.reached_app_share * 100.0)),
             );
             row(
                 &mut out,
@@ -437,6 +529,11 @@ impl SimReport {
                         r.people_recall()
                     );
                 }
+            }
+        }
+        for v in &self.variants {
+            if let Some(a) = &v.alerts {
+                let _ = writeln!(out, "  {}: {}", v.name, a.summary());
             }
         }
         let g = |f: &dyn Fn(&GeneratorReport) -> String| {
