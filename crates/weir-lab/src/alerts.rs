@@ -259,11 +259,13 @@ pub fn alert_names(rules: &str) -> Vec<String> {
 pub type Firings = BTreeMap<String, Duration>;
 
 /// Replays `cfg`'s rules over `recorded` with promtool: the story's series (see the
-/// module doc), one expectation of "no alert" per alert per evaluation.
+/// module doc), one expectation of "no alert" per alert per evaluation. The test file
+/// is written to `keep` when given (and left there), else to a temp dir.
 pub fn replay(
     recorded: &MetricsRecorder,
     cfg: &AlertReplay,
     compression: f64,
+    keep: Option<&Path>,
 ) -> Result<Firings, AlertError> {
     let rules_text = std::fs::read_to_string(&cfg.rules).map_err(|source| AlertError::Rules {
         path: cfg.rules.display().to_string(),
@@ -308,7 +310,7 @@ pub fn replay(
         }],
     });
     let dir = tempfile::tempdir()?;
-    let file = dir.path().join("replay.yml");
+    let file = keep.map_or_else(|| dir.path().join("replay.yml"), Path::to_path_buf);
     std::fs::write(&file, serde_json::to_string(&test).unwrap_or_default())?;
     let out = Command::new(&binary)
         .arg("test")
@@ -537,7 +539,9 @@ mod tests {
             story_interval: Duration::from_secs(60),
             evaluation_interval: Duration::from_secs(60),
         };
-        let firings = replay(&rec, &cfg, 60.0).expect("replay");
+        let kept = dir.path().join("kept.yml");
+        let firings = replay(&rec, &cfg, 60.0, Some(&kept)).expect("replay");
+        assert!(kept.is_file(), "the test file is kept when asked");
         // Rising from story minute 10 at 2/s: rate() over 5m (a window still partly
         // flat before) passes 1/s at minute 13 (360 in 300 s), pending 2 minutes:
         // firing at 15.

@@ -169,11 +169,13 @@ impl Gateway {
     }
 }
 
-/// Runs one variant of `scenario`. `progress` prints a status line on stderr each second.
+/// Runs one variant of `scenario`. `progress` prints a status line on stderr each second;
+/// `alert_series` keeps the alert replay's promtool file there (see [`crate::alerts`]).
 pub fn run_variant(
     scenario: &Scenario,
     variant: &Variant,
     progress: bool,
+    alert_series: Option<&Path>,
 ) -> Result<VariantReport, RunError> {
     let meta = &scenario.file.scenario;
     let dir = tempfile::tempdir().map_err(RunError::Setup)?;
@@ -258,12 +260,12 @@ pub fn run_variant(
         clock,
     );
     if let (Some(cfg), Some(recorded)) = (&scenario.alerts, &observed.metrics) {
-        let firings = super::alerts::replay(recorded, cfg, meta.compression).map_err(|source| {
-            RunError::Alerts {
+        let keep = alert_series.map(|d| d.join(format!("{}.yml", variant.name)));
+        let firings = super::alerts::replay(recorded, cfg, meta.compression, keep.as_deref())
+            .map_err(|source| RunError::Alerts {
                 variant: variant.name.clone(),
                 source,
-            }
-        })?;
+            })?;
         report.alerts = Some(AlertReport::new(
             &firings,
             first_person_refused(scenario, &stats),
