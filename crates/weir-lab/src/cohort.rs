@@ -241,13 +241,29 @@ impl CohortStats {
         }
     }
 
-    fn record(&self, bucket: usize, outcome: Outcome, reached_app: bool) {
+    /// Counts one answer sent in `bucket`, which took `took` from its first send
+    /// and came `at` into the run.
+    fn record(&self, bucket: usize, answer: &Answer, took: Duration, at: Duration) {
+        let outcome = answer.outcome;
         self.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
-        if reached_app {
+        if answer.reached_app {
             self.reached_app.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(b) = self.timeline.get(bucket) {
             b[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        if TURNED_AWAY.contains(&outcome) {
+            let us = at.as_micros().min(u128::from(u64::MAX - 1)) as u64;
+            self.first_turned_away_us.fetch_min(us, Ordering::Relaxed);
+        }
+        if answer.rechallenged {
+            self.rechallenged.fetch_add(1, Ordering::Relaxed);
+        }
+        if answer.solved_challenge {
+            self.challenges_solved.fetch_add(1, Ordering::Relaxed);
+        }
+        if outcome == Outcome::Served && took <= SERVED_FAST {
+            self.served_fast.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -436,27 +452,15 @@ pub async fn run_client(
             conn = None;
             on_connection = 0;
         }
-        stats.record(bucket, result.outcome, result.reached_app);
-        if TURNED_AWAY.contains(&result.outcome) {
-            let at = Instant::now().saturating_duration_since(clock.start);
-            let us = at.as_micros().min(u128::from(u64::MAX - 1)) as u64;
-            stats.first_turned_away_us.fetch_min(us, Ordering::Relaxed);
-        }
-        if result.rechallenged {
-            stats.rechallenged.fetch_add(1, Ordering::Relaxed);
-        }
-        if result.solved_challenge {
-            stats.challenges_solved.fetch_add(1, Ordering::Relaxed);
-            if result.outcome == Outcome::Served {
-                solved_latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
-            }
-        }
+        // From the first send: a challenged page counts its challenge.
+        let took = sent_at.elapsed();
+        let at = Instant::now().saturating_duration_since(clock.start);
+        stats.record(bucket, &result, took, at);
         if result.outcome == Outcome::Served {
-            // From the first send: a challenged page counts its challenge.
-            let took = sent_at.elapsed();
-            latencies.push(took.as_micros().min(u32::MAX as u128) as u32);
-            if took <= SERVED_FAST {
-                stats.served_fast.fetch_add(1, Ordering::Relaxed);
+            let us = took.as_micros().min(u32::MAX as u128) as u32;
+            latencies.push(us);
+            if result.solved_challenge {
+                solved_latencies.push(us);
             }
         }
         if result.outcome == Outcome::Unfinished {

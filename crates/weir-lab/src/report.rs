@@ -378,24 +378,14 @@ impl SimReport {
 
     /// The side-by-side terminal table and the check list.
     pub fn to_text(&self) -> String {
-        let mut out = String::new();
+        let mut t = TextTable::new(&self.variants);
         let _ = writeln!(
-            out,
+            t.out,
             "scenario: {} ({}s per variant)",
             self.scenario, self.duration_s
         );
-        let names: Vec<&str> = self.variants.iter().map(|v| v.name.as_str()).collect();
-        let width = names.iter().map(|n| n.len()).max().unwrap_or(0).max(14);
-        let row = |out: &mut String, label: &str, cells: Vec<String>| {
-            let _ = write!(out, "{label:<30}");
-            for c in cells {
-                let _ = write!(out, " {c:>width$}");
-            }
-            out.push('\n');
-        };
-        row(&mut out, "", names.iter().map(|n| n.to_string()).collect());
-        row(
-            &mut out,
+        t.row("", self.variants.iter().map(|v| v.name.clone()).collect());
+        t.row(
             "gateway",
             (self.variants.iter())
                 .map(|v| match &v.load_balancer {
@@ -408,108 +398,116 @@ impl SimReport {
             .map(|v| v.cohorts.iter().map(|c| c.name.clone()).collect())
             .unwrap_or_default();
         for name in &cohort_names {
-            let cohorts: Vec<Option<&CohortReport>> = (self.variants.iter())
-                .map(|v| v.cohorts.iter().find(|c| &c.name == name))
-                .collect();
-            let cell = |f: &dyn Fn(&CohortReport) -> String| -> Vec<String> {
-                cohorts.iter().map(|c| c.map_or("-".into(), f)).collect()
+            self.cohort_rows(&mut t, name);
+        }
+        self.upstream_rows(&mut t);
+        self.rule_lines(&mut t);
+        self.generator_rows(&mut t);
+        let mut out = t.out;
+        if !self.checks.is_empty() {
+            out.push_str("\nchecks:\n");
+        }
+        for c in &self.checks {
+            let verdict = match (c.passed, &c.pending) {
+                (true, _) => "pass".to_string(),
+                (false, Some(why)) => format!("PENDING ({why})"),
+                (false, None) => "FAIL".to_string(),
             };
-            row(
-                &mut out,
-                &format!("{name}: sent"),
-                cell(&|c| c.sent.to_string()),
+            let value = c.value.map_or("missing".to_string(), fmt_value);
+            let line = c.line.map_or(String::new(), |l| format!(" [line {l}]"));
+            let _ = writeln!(
+                out,
+                "  {verdict:<22} {:<12} {}  (value {value}){line}",
+                c.variant, c.check
             );
-            for o in OUTCOMES {
-                let any = cohorts.iter().flatten().any(|c| c.count(o) > 0);
-                if o == Outcome::Served || any {
-                    row(
-                        &mut out,
-                        &format!("  {}", o.as_str()),
-                        cell(&|c| pct_count(c, c.count(o))),
-                    );
-                }
-            }
-            row(
-                &mut out,
-                "  served within 2 s",
-                cell(&|c| pct_count(c, c.served_2s)),
-            );
-            row(
-                &mut out,
-                "  reached app",
-                cell(&|c| pct_count(c, c.reached_app)),
-            );
-            row(
-                &mut out,
-                "  share of the app's requests",
-                cell(&|c| format!("{:.1}%", c.reached_app_share * 100.0)),
-            );
-            row(
-                &mut out,
-                "  p50/p95/p99 ms",
-                cell(&|c| format!("{:.0}/{:.0}/{:.0}", c.p50_ms, c.p95_ms, c.p99_ms)),
-            );
-            if cohorts.iter().flatten().any(|c| c.challenges_solved > 0) {
-                row(
-                    &mut out,
-                    "  solved challenges, p50/p95 ms",
-                    cell(&|c| {
-                        format!(
-                            "{} {:.0}/{:.0}",
-                            c.challenges_solved, c.challenged_p50_ms, c.challenged_p95_ms
-                        )
-                    }),
-                );
-                row(
-                    &mut out,
-                    "  challenged again in a visit",
-                    cell(&|c| c.rechallenged.to_string()),
+        }
+        out
+    }
+
+    /// One cohort's rows: outcomes, latency, challenges.
+    fn cohort_rows(&self, t: &mut TextTable, name: &str) {
+        let cohorts: Vec<Option<&CohortReport>> = (self.variants.iter())
+            .map(|v| v.cohorts.iter().find(|c| c.name == name))
+            .collect();
+        let cell = |f: &dyn Fn(&CohortReport) -> String| -> Vec<String> {
+            cohorts.iter().map(|c| c.map_or("-".into(), f)).collect()
+        };
+        t.row(&format!("{name}: sent"), cell(&|c| c.sent.to_string()));
+        for o in OUTCOMES {
+            let any = cohorts.iter().flatten().any(|c| c.count(o) > 0);
+            if o == Outcome::Served || any {
+                t.row(
+                    &format!("  {}", o.as_str()),
+                    cell(&|c| pct_count(c, c.count(o))),
                 );
             }
         }
+        t.row("  served within 2 s", cell(&|c| pct_count(c, c.served_2s)));
+        t.row("  reached app", cell(&|c| pct_count(c, c.reached_app)));
+        t.row(
+            "  share of the app's requests",
+            cell(&|c| format!("{:.1}%", c.reached_app_share * 100.0)),
+        );
+        t.row(
+            "  p50/p95/p99 ms",
+            cell(&|c| format!("{:.0}/{:.0}/{:.0}", c.p50_ms, c.p95_ms, c.p99_ms)),
+        );
+        if cohorts.iter().flatten().any(|c| c.challenges_solved > 0) {
+            t.row(
+                "  solved challenges, p50/p95 ms",
+                cell(&|c| {
+                    format!(
+                        "{} {:.0}/{:.0}",
+                        c.challenges_solved, c.challenged_p50_ms, c.challenged_p95_ms
+                    )
+                }),
+            );
+            t.row(
+                "  challenged again in a visit",
+                cell(&|c| c.rechallenged.to_string()),
+            );
+        }
+    }
+
+    /// The app's rows.
+    fn upstream_rows(&self, t: &mut TextTable) {
         let up = |f: &dyn Fn(&UpstreamReport) -> String| {
             self.variants.iter().map(|v| f(&v.upstream)).collect()
         };
-        row(
-            &mut out,
+        t.row(
             "upstream: max in-flight / W",
             up(&|u| format!("{}/{}", u.max_in_flight, u.workers)),
         );
-        row(&mut out, "  max queued", up(&|u| u.max_queued.to_string()));
-        row(&mut out, "  served", up(&|u| u.served.to_string()));
-        row(
-            &mut out,
-            "  refused (backlog full)",
-            up(&|u| u.refused.to_string()),
-        );
-        row(
-            &mut out,
-            "  cut (abandoned)",
-            up(&|u| u.abandoned.to_string()),
-        );
-        row(
-            &mut out,
+        t.row("  max queued", up(&|u| u.max_queued.to_string()));
+        t.row("  served", up(&|u| u.served.to_string()));
+        t.row("  refused (backlog full)", up(&|u| u.refused.to_string()));
+        t.row("  cut (abandoned)", up(&|u| u.abandoned.to_string()));
+        t.row(
             "  health failed / checks",
             up(&|u| format!("{}/{}", u.health_failures, u.health_checks)),
         );
-        row(&mut out, "  restarts", up(&|u| u.restarts.to_string()));
-        row(
-            &mut out,
+        t.row("  restarts", up(&|u| u.restarts.to_string()));
+        t.row(
             "  busy while anyone waited",
             up(&|u| format!("{:.1}%", u.busy_under_demand * 100.0)),
         );
+    }
+
+    /// Rejections per rule, who they hit, how well weir's people signal told, and
+    /// the alert replay.
+    fn rule_lines(&self, t: &mut TextTable) {
         let mut rules: Vec<&String> = self.variants.iter().flat_map(|v| v.rules.keys()).collect();
         rules.sort();
         rules.dedup();
         for rule in rules {
-            row(
-                &mut out,
+            t.row(
                 &format!("rule {rule}"),
                 (self.variants.iter())
                     .map(|v| v.rules.get(rule).map_or(0, |r| r.count).to_string())
                     .collect(),
             );
         }
+        let out = &mut t.out;
         for v in &self.variants {
             for (rule, r) in v.rules.iter().filter(|(_, r)| !r.by_cohort.is_empty()) {
                 let parts: Vec<String> = r
@@ -536,18 +534,25 @@ impl SimReport {
                 let _ = writeln!(out, "  {}: {}", v.name, a.summary());
             }
         }
-        let g = |f: &dyn Fn(&GeneratorReport) -> String| {
-            self.variants.iter().map(|v| f(&v.generator)).collect()
-        };
-        row(
-            &mut out,
+    }
+
+    /// The generator's lag, and a warning for each variant it limited.
+    fn generator_rows(&self, t: &mut TextTable) {
+        t.row(
             "generator lag p99 / max ms",
-            g(&|g| format!("{:.1}/{:.0}", g.lag_p99_ms, g.lag_max_ms)),
+            (self.variants.iter())
+                .map(|v| {
+                    format!(
+                        "{:.1}/{:.0}",
+                        v.generator.lag_p99_ms, v.generator.lag_max_ms
+                    )
+                })
+                .collect(),
         );
         for v in &self.variants {
             if v.generator.bottleneck {
                 let _ = writeln!(
-                    out,
+                    t.out,
                     "WARNING: {}: the load generator fell behind (lag p99 {:.1} ms, {:.1}% of sends \
                      >10 ms late): the machine, not weir, limited the load",
                     v.name,
@@ -556,24 +561,6 @@ impl SimReport {
                 );
             }
         }
-        if !self.checks.is_empty() {
-            out.push_str("\nchecks:\n");
-        }
-        for c in &self.checks {
-            let verdict = match (c.passed, &c.pending) {
-                (true, _) => "pass".to_string(),
-                (false, Some(why)) => format!("PENDING ({why})"),
-                (false, None) => "FAIL".to_string(),
-            };
-            let value = c.value.map_or("missing".to_string(), fmt_value);
-            let line = c.line.map_or(String::new(), |l| format!(" [line {l}]"));
-            let _ = writeln!(
-                out,
-                "  {verdict:<22} {:<12} {}  (value {value}){line}",
-                c.variant, c.check
-            );
-        }
-        out
     }
 
     /// A self-contained HTML page.
@@ -653,6 +640,35 @@ impl SimReport {
         }
         h.push_str("</table></body></html>\n");
         h
+    }
+}
+
+/// The terminal table: a label column, then one column per variant.
+struct TextTable {
+    out: String,
+    width: usize,
+}
+
+impl TextTable {
+    fn new(variants: &[VariantReport]) -> TextTable {
+        let width = variants
+            .iter()
+            .map(|v| v.name.len())
+            .max()
+            .unwrap_or(0)
+            .max(14);
+        TextTable {
+            out: String::new(),
+            width,
+        }
+    }
+
+    fn row(&mut self, label: &str, cells: Vec<String>) {
+        let _ = write!(self.out, "{label:<30}");
+        for c in cells {
+            let _ = write!(self.out, " {c:>width$}", width = self.width);
+        }
+        self.out.push('\n');
     }
 }
 

@@ -259,20 +259,37 @@ pub fn run_variant(
         observed.buckets,
         clock,
     );
-    if let (Some(cfg), Some(recorded)) = (&scenario.alerts, &observed.metrics) {
-        let keep = alert_series.map(|d| d.join(format!("{}.yml", variant.name)));
-        let firings = super::alerts::replay(recorded, cfg, meta.compression, keep.as_deref())
-            .map_err(|source| RunError::Alerts {
-                variant: variant.name.clone(),
-                source,
-            })?;
-        report.alerts = Some(AlertReport::new(
-            &firings,
-            first_person_refused(scenario, &stats),
-            meta.compression,
-        ));
+    if let Some(recorded) = &observed.metrics {
+        report.alerts = replay_alerts(scenario, variant, recorded, &stats, alert_series)?;
     }
     Ok(report)
+}
+
+/// The alert replay of a weir variant's metrics, when the scenario has `[alerts]`.
+fn replay_alerts(
+    scenario: &Scenario,
+    variant: &Variant,
+    recorded: &MetricsRecorder,
+    stats: &[Arc<CohortStats>],
+    alert_series: Option<&Path>,
+) -> Result<Option<AlertReport>, RunError> {
+    let Some(cfg) = &scenario.alerts else {
+        return Ok(None);
+    };
+    let compression = scenario.file.scenario.compression;
+    let keep = alert_series.map(|d| d.join(format!("{}.yml", variant.name)));
+    let firings =
+        super::alerts::replay(recorded, cfg, compression, keep.as_deref()).map_err(|source| {
+            RunError::Alerts {
+                variant: variant.name.clone(),
+                source,
+            }
+        })?;
+    Ok(Some(AlertReport::new(
+        &firings,
+        first_person_refused(scenario, stats),
+        compression,
+    )))
 }
 
 /// Names of the cohorts that are people (humans, editors): the lab's ground truth.
