@@ -75,18 +75,7 @@ pub fn sim(path: &Path, options: &SimOptions) -> Result<SimReport, SimError> {
 
 /// `weir demo`: the crawler-flood scenario, every variant, HTML to `html`.
 pub fn demo(html: Option<PathBuf>, progress: bool) -> Result<SimReport, SimError> {
-    let mut scenario = load_scenario_str(
-        DEMO_SCENARIO,
-        Some(Path::new("2026-09-23-crawler-flood.toml")),
-    )
-    .map_err(SimError::Scenario)?;
-    // The demo is weir alone, wherever the binary is: the rivals need nginx and
-    // HAProxy installed, the alert replay promtool and docs/alerts.yml beside it.
-    scenario.variants.retain(|v| v.gateway == GatewayKind::Weir);
-    scenario.alerts = None;
-    scenario
-        .checks
-        .retain(|c| !matches!(c.check.subject, super::expect::Subject::Alert(_)));
+    let scenario = demo_scenario()?;
     let options = SimOptions {
         variants: Vec::new(),
         json: None,
@@ -103,6 +92,23 @@ pub fn demo(html: Option<PathBuf>, progress: bool) -> Result<SimReport, SimError
         println!("\nwrote {}", p.display());
     }
     Ok(report)
+}
+
+/// The demo's scenario: the crawler flood built into the binary, weir alone, wherever
+/// the binary is: the rivals need nginx and HAProxy installed, the alert replay
+/// promtool and docs/alerts.yml beside it.
+fn demo_scenario() -> Result<Scenario, SimError> {
+    let mut scenario = load_scenario_str(
+        DEMO_SCENARIO,
+        Some(Path::new("2026-09-23-crawler-flood.toml")),
+    )
+    .map_err(SimError::Scenario)?;
+    scenario.variants.retain(|v| v.gateway == GatewayKind::Weir);
+    scenario.alerts = None;
+    scenario
+        .checks
+        .retain(|c| !matches!(c.check.subject, super::expect::Subject::Alert(_)));
+    Ok(scenario)
 }
 
 /// Runs the selected variants and evaluates every check that applies to them.
@@ -325,6 +331,23 @@ mod demo_tests {
             p95_ms: 0.0,
             p99_ms: 0.0,
         }
+    }
+
+    /// The demo runs weir's variants of the built-in scenario and needs neither
+    /// nginx, HAProxy nor promtool.
+    #[test]
+    fn the_demo_is_weir_alone() {
+        let s = demo_scenario().expect("the built-in scenario loads");
+        let names: Vec<&str> = s.variants.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["original", "emergency", "recommended", "zero-config"]
+        );
+        assert!(s.alerts.is_none());
+        let alert_checks = (s.checks.iter())
+            .filter(|c| matches!(c.check.subject, crate::expect::Subject::Alert(_)))
+            .count();
+        assert_eq!(alert_checks, 0);
     }
 
     /// Regression: the demo counted every request not served as "refused",

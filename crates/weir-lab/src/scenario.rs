@@ -1158,6 +1158,7 @@ rate = 1.0
             ("[weir.s]\ngateway = \"squid\"\n", 13, "squid"),
             ("[[expect]]\ncheck = \"alerts.A.fired == 1\"\n", 13, "need an [alerts] table"),
             ("[alerts]\nrules = \"Cargo.toml\"\nscrape_interval = \"10ms\"\n", 14, "the lab scrapes at most every 50ms"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"c\"\ncount = 9\nrate = 1\nnetworks = [{ share = 1.0, prefixes = 3, len = 24, within = 28 }]\n", 17, "within = 28 must be between 16 and 24"),
         ];
         for (extra, line, needle) in cases {
             let text = format!("{BASE}{extra}");
@@ -1191,6 +1192,30 @@ rate = 1.0
         assert_eq!(alerts.scrape_every, Duration::from_secs(60));
         assert_eq!(alerts.evaluation_interval, Duration::from_secs(60));
         assert_eq!(s.checks.len(), 2);
+    }
+
+    /// A carrier NAT: 100 people over 16 /24s of one /16 (issue 19), from a file.
+    #[test]
+    fn a_carrier_cohort_loads_and_packs_into_one_16() {
+        let text = format!(
+            "{BASE}[[cohorts]]\nkind = \"humans\"\nname = \"carrier\"\ncount = 100\nrate = 0.4\n\
+             networks = [{{ share = 1.0, prefixes = 16, len = 24, within = 16 }}]\n"
+        );
+        let s = load_scenario_str(&text, None).unwrap_or_else(|e| panic!("{e}"));
+        let carrier = &s.cohorts[1];
+        assert_eq!(carrier.networks[0].within, Some(16));
+        let addrs = crate::addresses::AddressSpace::new(s.file.scenario.seed)
+            .allocate(&carrier.networks, carrier.addresses)
+            .expect("fits");
+        let sixteens: BTreeSet<u8> = addrs.iter().map(|a| a.octets()[1]).collect();
+        let twenty_fours: BTreeSet<[u8; 2]> = addrs
+            .iter()
+            .map(|a| [a.octets()[1], a.octets()[2]])
+            .collect();
+        assert_eq!(
+            (addrs.len(), sixteens.len(), twenty_fours.len()),
+            (100, 1, 16)
+        );
     }
 
     #[test]
