@@ -340,8 +340,8 @@ fn millis(d: Duration) -> String {
     format!("{}ms", d.as_millis())
 }
 
-/// From promtool's failures (`alertname: NAME, time: 5m0s,` each), the first time each
-/// alert fired.
+/// From promtool's failures (`alertname: NAME, time: 3h55m,` each), the first time
+/// each alert fired.
 fn first_firings(output: &str) -> Firings {
     let mut out = Firings::new();
     for line in output.lines() {
@@ -351,7 +351,7 @@ fn first_firings(output: &str) -> Firings {
         let Some((name, rest)) = rest.split_once(", time: ") else {
             continue;
         };
-        let Some(at) = rest.split(',').next().and_then(go_duration) else {
+        let Some(at) = rest.split(',').next().and_then(promtool_duration) else {
             continue;
         };
         out.entry(name.to_string())
@@ -361,8 +361,10 @@ fn first_firings(output: &str) -> Firings {
     out
 }
 
-/// A Go `time.Duration` as its `String()` writes it: `1h2m3.5s`, `5m0s`, `250ms`, `0s`.
-fn go_duration(text: &str) -> Option<Duration> {
+/// An evaluation time as promtool prints it: Prometheus's own duration format
+/// (`3h55m`, `1d2h`, `1w`, `250ms`, `0s`), or Go's (`1h2m3.5s`), which differs only
+/// in spelling out zero units and in never using days.
+fn promtool_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     if text == "0s" {
         return Some(Duration::ZERO);
@@ -379,6 +381,9 @@ fn go_duration(text: &str) -> Option<Duration> {
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(rest.len());
         let seconds = match &rest[..unit_len] {
+            "y" => 365.0 * 86_400.0,
+            "w" => 7.0 * 86_400.0,
+            "d" => 86_400.0,
             "h" => 3600.0,
             "m" => 60.0,
             "s" => 1.0,
@@ -417,16 +422,17 @@ mod tests {
     }
 
     #[test]
-    fn go_durations_read_as_promtool_prints_them() {
+    fn durations_read_as_promtool_prints_them() {
         #[rustfmt::skip]
         let cases: &[(&str, Option<f64>)] = &[
-            ("0s", Some(0.0)), ("5m0s", Some(300.0)), ("1h2m3.5s", Some(3723.5)),
-            ("250ms", Some(0.25)), ("7h30m0s", Some(27000.0)), ("", Some(0.0)),
+            ("0s", Some(0.0)), ("3h55m", Some(14100.0)), ("1d2h", Some(93600.0)),
+            ("1w", Some(604800.0)), ("1y", Some(31536000.0)), ("250ms", Some(0.25)),
+            ("5m0s", Some(300.0)), ("1h2m3.5s", Some(3723.5)), ("", Some(0.0)),
             ("5x", None), ("m", None),
         ];
         for (text, want) in cases {
             assert_eq!(
-                go_duration(text).map(|d| d.as_secs_f64()),
+                promtool_duration(text).map(|d| d.as_secs_f64()),
                 *want,
                 "{text:?}"
             );
@@ -505,11 +511,11 @@ mod tests {
 
     #[test]
     fn firings_are_read_from_promtools_failures() {
-        let out = "Unit Testing:  /tmp/x.yml\n  FAILED:\n    alertname: A, time: 7m0s, \n        exp:[], \n        got:[...]\n\
-                   \x20   alertname: A, time: 6m0s, \n    alertname: B, time: 1h0m0s, \n";
+        let out = "Unit Testing:  /tmp/x.yml\n  FAILED:\n    alertname: A, time: 7m, \n        exp:[], \n        got:[...]\n\
+                   \x20   alertname: A, time: 6m, \n    alertname: B, time: 1d1h, \n";
         let f = first_firings(out);
         assert_eq!(f.get("A"), Some(&Duration::from_secs(360)));
-        assert_eq!(f.get("B"), Some(&Duration::from_secs(3600)));
+        assert_eq!(f.get("B"), Some(&Duration::from_secs(25 * 3600)));
         assert_eq!(f.len(), 2);
     }
 

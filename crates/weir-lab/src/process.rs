@@ -258,3 +258,54 @@ fn free_port() -> std::io::Result<SocketAddr> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     l.local_addr()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program that is not there, with an environment variable no one sets.
+    fn absent() -> Program {
+        Program {
+            name: "absent",
+            binary: "/nonexistent/weir-lab-absent",
+            env: "WEIR_LAB_TEST_NEVER_SET",
+            package: "absent-package",
+        }
+    }
+
+    #[test]
+    fn a_missing_program_says_how_to_get_it() {
+        let err = ServerDir::new(absent(), "a variant with gateway = \"absent\"").unwrap_err();
+        let text = err.to_string();
+        for needle in [
+            "gateway = \"absent\"",
+            "/nonexistent/weir-lab-absent",
+            "apt-get install absent-package",
+            "WEIR_LAB_TEST_NEVER_SET",
+        ] {
+            assert!(text.contains(needle), "{needle:?} in {text}");
+        }
+    }
+
+    /// A server that exits at start is reported with what it said, not waited for.
+    #[test]
+    fn a_server_that_exits_at_start_is_reported_with_its_output() {
+        let sh = Program {
+            name: "sh",
+            binary: "/bin/sh",
+            ..absent()
+        };
+        let dir = ServerDir::new(sh, "a test").expect("sh exists");
+        let started = Instant::now();
+        let err = ServerProcess::start(
+            dir,
+            &["-c".as_ref(), "echo bad config line 3 >&2; exit 1".as_ref()],
+        )
+        .unwrap_err();
+        assert!(started.elapsed() < START_DEADLINE, "not waited out");
+        match err {
+            ProcessError::Exited { log, .. } => assert!(log.contains("bad config line 3"), "{log}"),
+            other => panic!("{other}"),
+        }
+    }
+}
