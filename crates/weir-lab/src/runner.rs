@@ -607,13 +607,15 @@ impl AppSupervisor {
         self.stats.load().snapshot()
     }
 
+    /// The current instance's counters and those of the instances before it, read
+    /// under the lock a restart swaps them under: one instance is never in both.
+    fn current_and_past(&self) -> (AppSnapshot, AppSnapshot) {
+        let past = self.past.lock().unwrap_or_else(PoisonError::into_inner);
+        (self.snapshot(), past.clone())
+    }
+
     fn totals(&self) -> UpstreamReport {
-        let now = self.snapshot();
-        let past = self
-            .past
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let (now, past) = self.current_and_past();
         UpstreamReport {
             workers: self.cfg.workers,
             max_in_flight: now.max_in_flight.max(past.max_in_flight),
@@ -631,23 +633,27 @@ impl AppSupervisor {
 
     /// Kills the app (cutting every request in it), leaves nothing listening for `down`,
     /// then starts a fresh one on the same address.
+    ///
+    /// The killed instance's counters stay the current ones until its replacement
+    /// runs; then they move to `past` and the new ones become current under one lock,
+    /// so a reader never counts an instance twice (before, a report taken during the
+    /// `down` time counted the killed instance twice).
     async fn restart(&self, down: Duration) {
         let mut current = self.current.lock().await;
         if let Some(app) = current.take() {
-            let stats = app.stats();
             app.kill().await;
-            let s = stats.snapshot();
-            let mut past = self.past.lock().unwrap_or_else(PoisonError::into_inner);
-            past.served += s.served;
-            past.refused += s.refused;
-            past.abandoned += s.abandoned;
-            past.max_in_flight = past.max_in_flight.max(s.max_in_flight);
-            past.max_queued = past.max_queued.max(s.max_queued);
         }
         self.restarts.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(down).await;
         match SimApp::start(self.cfg.clone(), self.addr) {
             Ok(app) => {
+                let mut past = self.past.lock().unwrap_or_else(PoisonError::into_inner);
+                let s = self.snapshot();
+                past.served += s.served;
+                past.refused += s.refused;
+                past.abandoned += s.abandoned;
+                past.max_in_flight = past.max_in_flight.max(s.max_in_flight);
+                past.max_queued = past.max_queued.max(s.max_queued);
                 self.stats.store(app.stats());
                 *current = Some(app);
             }
@@ -745,7 +751,7 @@ async fn sample(
         if now < clock.start {
             continue;
         }
-        let s = sup.snapshot();
+        let (s, past) = sup.current_and_past();
         if now < clock.start + clock.duration
             && let Some(slots) = demand.exceeded(s.workers, s.queued)
         {
@@ -753,12 +759,7 @@ async fn sample(
             u.samples += 1;
             u.busy += (s.in_flight as f64 / slots as f64).min(1.0);
         }
-        let refused_total = s.refused
-            + sup
-                .past
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .refused;
+        let refused_total = s.refused + past.refused;
         let mut b = buckets.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(b) = b.get_mut(clock.bucket(now)) {
             b.in_flight = b.in_flight.max(s.in_flight as u32);
@@ -1071,6 +1072,35 @@ fn build_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a report taken while autoheal's restart left nothing listening
+    /// counted the killed instance twice (nginx-best's app "served" 2,294 requests
+    /// for 1,147 in one crawler-flood run).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_never_counts_the_killed_instance_twice() {
+        let cfg = AppConfig::default();
+        let app = SimApp::start(cfg.clone(), "127.0.0.1:0".parse().expect("literal"))
+            .expect("app starts");
+        let sup = Arc::new(AppSupervisor::new(cfg, app));
+        for _ in 0..3 {
+            let (status, _) = http_get(sup.addr, "/wiki/Page").await.expect("served");
+            assert_eq!(status, 200);
+        }
+        assert_eq!(sup.totals().served, 3);
+        let restart = tokio::spawn({
+            let sup = sup.clone();
+            async move { sup.restart(Duration::from_secs(1)).await }
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sup.restarts.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(sup.totals().served, 3, "while nothing listens");
+        restart.await.expect("restart");
+        assert_eq!(sup.totals().served, 3, "after the restart");
+        http_get(sup.addr, "/wiki/Page").await.expect("the new app");
+        assert_eq!(sup.totals().served, 4);
+    }
 
     #[test]
     fn rules_come_from_both_metric_families() {
