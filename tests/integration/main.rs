@@ -60,8 +60,9 @@ mod topology;
 // Operator docs kept true: config keys, metrics, alert runbooks.
 mod docs;
 
-// The lab end to end: a tiny scenario's report against the app's own counts,
-// and incidents 3 and 4 (original config fails, recommended passes).
+// The lab end to end: a tiny scenario's report against the app's own counts
+// (weir, and nginx and HAProxy as rival gateways), the incidents (original
+// config fails, recommended passes), the alert replay, a connection flood.
 mod sim;
 
 // Exemption only for verified sessions (signed cookie, auth sub-request).

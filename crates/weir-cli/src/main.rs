@@ -106,6 +106,10 @@ enum Command {
         /// (e.g. `20s` for a quick look; at most 10m).
         #[arg(long, value_parser = humantime::parse_duration)]
         duration: Option<Duration>,
+        /// Keep each weir variant's alert replay (a `promtool test rules` file of
+        /// weir's series on the story's clock) in this directory, as VARIANT.yml.
+        #[arg(long)]
+        alert_series: Option<PathBuf>,
     },
     /// Replay access logs through a configuration, offline: who would it have
     /// rejected? (nginx/Apache combined, Caddy JSON, weir JSON; gzip too.)
@@ -229,6 +233,7 @@ fn main() -> ExitCode {
             json,
             html,
             duration,
+            alert_series,
         } => {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             let options = weir_lab::cli::SimOptions {
@@ -237,6 +242,7 @@ fn main() -> ExitCode {
                 html,
                 progress,
                 duration,
+                alert_series,
             };
             weir_lab::cli::sim(&scenario, &options)
                 .map(|r| {

@@ -7,6 +7,8 @@
 //! (never `127.0.0.0/16`, where `127.0.0.1` and the lab's listeners live), so cohorts never
 //! share a network unless a scenario says so; addresses are spread evenly over a group's
 //! prefixes and, inside a prefix, over its /24s, as a crawler spread over many networks is.
+//! A group with `within` packs its prefixes into as few networks of that length as hold
+//! them instead: a carrier's NAT pool is many people over a few /24s of ONE /16.
 //!
 //! It does not bind anything and does not model IPv6 (loopback has only `::1`).
 
@@ -28,6 +30,11 @@ pub struct NetworkGroup {
     pub prefixes: usize,
     /// Prefix length, 16..=32 (the lab's address space is 127.0.0.0/8).
     pub len: u8,
+    /// Pack the prefixes into as few networks of this length (16..=24, shorter than
+    /// `len`) as hold them, e.g. 16 /24s `within = 16`: one /16, as behind a carrier
+    /// NAT. Default: every prefix in a /16 of its own while /16s last.
+    #[serde(default)]
+    pub within: Option<u8>,
 }
 
 /// /16s of 127.0.0.0/8 available to clients: `127.1` .. `127.255`.
@@ -43,6 +50,10 @@ pub enum AddressError {
     Length { index: usize, len: u8 },
     #[error("networks[{index}]: prefixes must be at least 1")]
     NoPrefixes { index: usize },
+    #[error(
+        "networks[{index}]: within = {within} must be between 16 and 24 and shorter than len = {len}"
+    )]
+    Within { index: usize, within: u8, len: u8 },
     #[error("networks[{index}]: {prefixes} /{len}s do not fit in the lab's /16s")]
     TooManyPrefixes {
         index: usize,
@@ -76,14 +87,35 @@ fn split(groups: &[NetworkGroup], total: usize) -> Vec<usize> {
     out
 }
 
-/// /16s a group uses: one per prefix, or fewer (packed) when prefixes are longer than /16
-/// and there are more of them than /16s.
-fn slash16s_of(g: &NetworkGroup) -> usize {
-    if g.len == 16 {
-        g.prefixes
-    } else {
-        g.prefixes.min(SLASH16_AVAILABLE)
+/// The networks a group's prefixes are placed in: the prefixes themselves, or with
+/// `within`, as few networks of that length as hold them.
+fn outer_networks(g: &NetworkGroup) -> (usize, u8) {
+    match g.within {
+        None => (g.prefixes, g.len),
+        Some(w) => (g.prefixes.div_ceil(prefixes_per_block(g.len, w)), w),
     }
+}
+
+/// Prefixes of length `len` that one network of length `within` holds (longer
+/// prefixes than /24 take a /24 each, as in [`slots_per_16`]).
+fn prefixes_per_block(len: u8, within: u8) -> usize {
+    1usize << (len.min(24).saturating_sub(within))
+}
+
+/// /16s `prefixes` networks of length `len` use: one each, or fewer (packed) when they
+/// are longer than /16 and there are more of them than /16s.
+fn slash16s_for(prefixes: usize, len: u8) -> usize {
+    if len == 16 {
+        prefixes
+    } else {
+        prefixes.min(SLASH16_AVAILABLE)
+    }
+}
+
+/// /16s a group uses.
+fn slash16s_of(g: &NetworkGroup) -> usize {
+    let (n, len) = outer_networks(g);
+    slash16s_for(n, len)
 }
 
 /// Total /16s a set of groups needs.
@@ -104,9 +136,19 @@ pub fn check_groups(groups: &[NetworkGroup], addresses: usize) -> Result<(), Add
         if g.prefixes == 0 {
             return Err(AddressError::NoPrefixes { index });
         }
-        let per_16 = slots_per_16(g.len) as usize;
+        if let Some(within) = g.within
+            && (!(16..=24).contains(&within) || within >= g.len)
+        {
+            return Err(AddressError::Within {
+                index,
+                within,
+                len: g.len,
+            });
+        }
+        let (outer, outer_len) = outer_networks(g);
+        let per_16 = slots_per_16(outer_len) as usize;
         let sixteens = slash16s_of(g);
-        if sixteens > SLASH16_AVAILABLE || g.prefixes.div_ceil(sixteens) > per_16 {
+        if sixteens > SLASH16_AVAILABLE || outer.div_ceil(sixteens) > per_16 {
             return Err(AddressError::TooManyPrefixes {
                 index,
                 prefixes: g.prefixes,
@@ -168,19 +210,9 @@ impl AddressSpace {
         check_groups(groups, total)?;
         let mut out = Vec::with_capacity(total);
         for (g, n) in groups.iter().zip(split(groups, total)) {
-            let sixteens: Vec<u8> = (0..slash16s_of(g))
-                .map(|_| self.take())
-                .collect::<Result<_, _>>()?;
-            let per_16 = g.prefixes.div_ceil(sixteens.len());
-            // Prefix j: in /16 number j % m, the (j / m)-th of `per_16` spread across it.
-            let stride = slots_per_16(g.len) / per_16 as u32;
-            let prefix_base = |j: usize| -> u32 {
-                let b = sixteens[j % sixteens.len()] as u32;
-                let sub = (j / sixteens.len()) as u32 * stride;
-                (127 << 24) | (b << 16) | (sub << (32 - g.len.min(24)))
-            };
+            let bases = self.prefix_bases(g)?;
             for i in 0..n {
-                let base = prefix_base(i % g.prefixes);
+                let base = bases[i % g.prefixes];
                 let q = (i / g.prefixes) as u32;
                 let addr = if g.len <= 24 {
                     let n24 = 1u32 << (24 - g.len);
@@ -192,6 +224,38 @@ impl AddressSpace {
             }
         }
         Ok(out)
+    }
+
+    /// The base address of each of a group's prefixes, in prefix order. With `within`,
+    /// prefix `j` is the `j / blocks`-th of its block `j % blocks`, packed from the
+    /// block's start, so a carrier's /24s sit side by side in one /16.
+    fn prefix_bases(&mut self, g: &NetworkGroup) -> Result<Vec<u32>, AddressError> {
+        let Some(within) = g.within else {
+            return self.spread(g.prefixes, g.len);
+        };
+        let (blocks, _) = outer_networks(g);
+        let block_bases = self.spread(blocks, within)?;
+        let shift = 32 - u32::from(g.len.min(24));
+        Ok((0..g.prefixes)
+            .map(|j| block_bases[j % blocks] | (((j / blocks) as u32) << shift))
+            .collect())
+    }
+
+    /// Base addresses of `prefixes` networks of length `len` over fresh /16s: prefix
+    /// `j` in /16 number `j % m`, the `(j / m)`-th of those spread evenly across it.
+    fn spread(&mut self, prefixes: usize, len: u8) -> Result<Vec<u32>, AddressError> {
+        let sixteens: Vec<u8> = (0..slash16s_for(prefixes, len))
+            .map(|_| self.take())
+            .collect::<Result<_, _>>()?;
+        let per_16 = prefixes.div_ceil(sixteens.len());
+        let stride = slots_per_16(len) / per_16 as u32;
+        Ok((0..prefixes)
+            .map(|j| {
+                let b = sixteens[j % sixteens.len()] as u32;
+                let sub = (j / sixteens.len()) as u32 * stride;
+                (127 << 24) | (b << 16) | (sub << (32 - len.min(24)))
+            })
+            .collect())
     }
 }
 
@@ -205,6 +269,14 @@ mod tests {
             share,
             prefixes,
             len,
+            within: None,
+        }
+    }
+
+    fn packed(prefixes: usize, len: u8, within: u8) -> NetworkGroup {
+        NetworkGroup {
+            within: Some(within),
+            ..group(1.0, prefixes, len)
         }
     }
 
@@ -229,6 +301,12 @@ mod tests {
             (vec![group(1.0, 1, 24)], 100, 1, 1, 1),
             (vec![group(1.0, 10, 16)], 10, 10, 10, 10),
             (vec![group(0.5, 1, 20), group(0.5, 1, 20)], 64, 2, 2, 32),
+            // A carrier NAT: 100 people over 16 /24s of ONE /16.
+            (vec![packed(16, 24, 16)], 100, 1, 1, 16),
+            // 300 /24s packed into /16s: two /16s, 150 /24s side by side in each.
+            (vec![packed(300, 24, 16)], 300, 2, 20, 300),
+            // 8 /24s packed into one /20 (of one /16).
+            (vec![packed(8, 24, 20)], 40, 1, 1, 8),
         ];
         for (groups, total, s16, s20, s24) in cases {
             let addrs = AddressSpace::new(7).allocate(&groups, total).expect("fits");
@@ -251,6 +329,26 @@ mod tests {
                 assert!(o[3] != 0 && o[3] != 255, "{a}");
             }
         }
+    }
+
+    #[test]
+    fn a_carrier_nat_packs_its_24s_side_by_side_in_one_16() {
+        let mut space = AddressSpace::new(5);
+        let carrier = space.allocate(&[packed(16, 24, 16)], 100).expect("fits");
+        let b = carrier[0].octets()[1];
+        // 100 people over 127.b.0.0/24 .. 127.b.15.0/24, 6 or 7 per /24.
+        let mut per_24 = std::collections::BTreeMap::new();
+        for a in &carrier {
+            let [_, x, c, d] = a.octets();
+            assert_eq!(x, b, "{a} outside the carrier's /16");
+            assert!(c < 16 && (1..=7).contains(&d), "{a}");
+            *per_24.entry(c).or_insert(0) += 1;
+        }
+        assert_eq!(per_24.len(), 16);
+        assert!(per_24.values().all(|n| *n == 6 || *n == 7), "{per_24:?}");
+        // The next cohort still gets /16s of its own.
+        let other = space.allocate(&[group(1.0, 10, 16)], 10).expect("fits");
+        assert!(other.iter().all(|a| a.octets()[1] != b));
     }
 
     #[test]
@@ -280,6 +378,9 @@ mod tests {
             (vec![group(1.0, 300, 16)], 300, AddressError::TooManyPrefixes { index: 0, prefixes: 300, len: 16 }),
             (vec![group(1.0, 1, 32)], 2, AddressError::TooManyAddresses { index: 0, addresses: 2, prefixes: 1, len: 32 }),
             (vec![group(1.0, 1, 24)], 255, AddressError::TooManyAddresses { index: 0, addresses: 255, prefixes: 1, len: 24 }),
+            (vec![packed(4, 24, 24)], 4, AddressError::Within { index: 0, within: 24, len: 24 }),
+            (vec![packed(4, 28, 12)], 4, AddressError::Within { index: 0, within: 12, len: 28 }),
+            (vec![packed(256 * 256, 24, 16)], 256 * 256, AddressError::TooManyPrefixes { index: 0, prefixes: 65536, len: 24 }),
         ];
         for (groups, total, want) in cases {
             assert_eq!(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::report::{CheckResult, SimReport};
 use super::runner::{RunError, run_variant};
-use super::scenario::{Scenario, load_scenario_file, load_scenario_str};
+use super::scenario::{GatewayKind, Scenario, load_scenario_file, load_scenario_str};
 use weir::config::ConfigErrors;
 
 /// The scenario `weir demo` runs, built into the binary.
@@ -30,6 +30,8 @@ pub enum SimError {
     },
     #[error(transparent)]
     Run(#[from] RunError),
+    #[error("[alerts] rules = {path}: {problem}")]
+    AlertRules { path: PathBuf, problem: String },
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -49,6 +51,10 @@ pub struct SimOptions {
     /// Run each variant this long instead of the scenario's
     /// `scenario.duration` (a quick look, or a longer soak).
     pub duration: Option<std::time::Duration>,
+    /// Keep each weir variant's alert replay (`VARIANT.yml`, a `promtool test
+    /// rules` file of weir's series on the story's clock) in this directory, to
+    /// tune alert rules against the run offline.
+    pub alert_series: Option<PathBuf>,
 }
 
 /// `weir sim SCENARIO.toml`: runs, prints the table to stdout, writes files.
@@ -69,17 +75,14 @@ pub fn sim(path: &Path, options: &SimOptions) -> Result<SimReport, SimError> {
 
 /// `weir demo`: the crawler-flood scenario, every variant, HTML to `html`.
 pub fn demo(html: Option<PathBuf>, progress: bool) -> Result<SimReport, SimError> {
-    let scenario = load_scenario_str(
-        DEMO_SCENARIO,
-        Some(Path::new("2026-09-23-crawler-flood.toml")),
-    )
-    .map_err(SimError::Scenario)?;
+    let scenario = demo_scenario()?;
     let options = SimOptions {
         variants: Vec::new(),
         json: None,
         html: Some(html.unwrap_or_else(|| PathBuf::from(DEMO_HTML))),
         progress,
         duration: None,
+        alert_series: None,
     };
     println!("{}\n", scenario.file.scenario.description.trim());
     let report = run_scenario(&scenario, &options)?;
@@ -89,6 +92,23 @@ pub fn demo(html: Option<PathBuf>, progress: bool) -> Result<SimReport, SimError
         println!("\nwrote {}", p.display());
     }
     Ok(report)
+}
+
+/// The demo's scenario: the crawler flood built into the binary, weir alone, wherever
+/// the binary is: the rivals need nginx and HAProxy installed, the alert replay
+/// promtool and docs/alerts.yml beside it.
+fn demo_scenario() -> Result<Scenario, SimError> {
+    let mut scenario = load_scenario_str(
+        DEMO_SCENARIO,
+        Some(Path::new("2026-09-23-crawler-flood.toml")),
+    )
+    .map_err(SimError::Scenario)?;
+    scenario.variants.retain(|v| v.gateway == GatewayKind::Weir);
+    scenario.alerts = None;
+    scenario
+        .checks
+        .retain(|c| !matches!(c.check.subject, super::expect::Subject::Alert(_)));
+    Ok(scenario)
 }
 
 /// Runs the selected variants and evaluates every check that applies to them.
@@ -115,9 +135,25 @@ pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimRepo
             })
             .collect::<Result<_, _>>()?
     };
+    if let Some(alerts) = &scenario.alerts
+        && selected.iter().any(|v| v.gateway == GatewayKind::Weir)
+    {
+        ready_to_replay(&alerts.rules)?;
+    }
+    if let Some(dir) = &options.alert_series {
+        std::fs::create_dir_all(dir).map_err(|source| SimError::Write {
+            path: dir.clone(),
+            source,
+        })?;
+    }
     let mut variants = Vec::new();
     for v in selected {
-        variants.push(run_variant(scenario, v, options.progress)?);
+        variants.push(run_variant(
+            scenario,
+            v,
+            options.progress,
+            options.alert_series.as_deref(),
+        )?);
     }
     let mut checks = Vec::new();
     for e in &scenario.checks {
@@ -146,6 +182,29 @@ pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimRepo
         variants,
         checks,
     })
+}
+
+/// Before any variant runs: the alert replay will find its rules file and promtool.
+fn ready_to_replay(rules: &Path) -> Result<(), SimError> {
+    let problem = if !rules.is_file() {
+        Some("not a file".to_string())
+    } else if !Path::new(&super::alerts::PROMTOOL.path()).exists() {
+        Some(format!(
+            "replaying alerts needs promtool ({}); install it (apt-get install prometheus, \
+             or scripts/install-test-deps.sh) or set {}",
+            super::alerts::PROMTOOL.binary,
+            super::alerts::PROMTOOL.env
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(SimError::AlertRules {
+            path: rules.to_path_buf(),
+            problem,
+        }),
+        None => Ok(()),
+    }
 }
 
 fn write_outputs(report: &SimReport, options: &SimOptions) -> Result<(), SimError> {
@@ -262,6 +321,8 @@ mod demo_tests {
             sent: outcomes.iter().map(|(_, n)| n).sum(),
             outcomes: outcomes.iter().map(|(o, n)| (o.to_string(), *n)).collect(),
             reached_app: 0,
+            reached_app_share: 0.0,
+            served_2s: 0,
             challenges_solved: 0,
             rechallenged: 0,
             challenged_p50_ms: 0.0,
@@ -270,6 +331,23 @@ mod demo_tests {
             p95_ms: 0.0,
             p99_ms: 0.0,
         }
+    }
+
+    /// The demo runs weir's variants of the built-in scenario and needs neither
+    /// nginx, HAProxy nor promtool.
+    #[test]
+    fn the_demo_is_weir_alone() {
+        let s = demo_scenario().expect("the built-in scenario loads");
+        let names: Vec<&str> = s.variants.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["original", "emergency", "recommended", "zero-config"]
+        );
+        assert!(s.alerts.is_none());
+        let alert_checks = (s.checks.iter())
+            .filter(|c| matches!(c.check.subject, crate::expect::Subject::Alert(_)))
+            .count();
+        assert_eq!(alert_checks, 0);
     }
 
     /// Regression: the demo counted every request not served as "refused",

@@ -114,8 +114,21 @@ impl Outcome {
     }
 }
 
+/// What the gateway answers instead of the app when it turns a request away: a
+/// refusal, a shed, or a challenge page the client did not get past.
+const TURNED_AWAY: [Outcome; 3] = [
+    Outcome::Rejected429,
+    Outcome::Unavailable503,
+    Outcome::Challenged,
+];
+
 /// Sends later than this after their intended time count as late.
 pub const LATE: Duration = Duration::from_millis(10);
+
+/// A served request answered within this (from its first send, a challenge
+/// solved on the way included) counts in `served_2s`: issue 19's "a person's
+/// page within 2 s".
+pub const SERVED_FAST: Duration = Duration::from_secs(2);
 
 /// The run's clock: where the run starts, how long it lasts, and its 1 s buckets.
 #[derive(Debug, Clone, Copy)]
@@ -160,6 +173,11 @@ pub struct CohortStats {
     pub kind: CohortKind,
     counts: [AtomicU64; OUTCOMES.len()],
     reached_app: AtomicU64,
+    /// Served within [`SERVED_FAST`] of the first send.
+    served_fast: AtomicU64,
+    /// When a client was first turned away (429, 503, an unsolved challenge):
+    /// microseconds since the run's start; `u64::MAX` while none was.
+    first_turned_away_us: AtomicU64,
     in_flight: AtomicU64,
     /// Per 1 s bucket (by send time), per outcome.
     timeline: Vec<[AtomicU32; OUTCOMES.len()]>,
@@ -178,6 +196,8 @@ pub struct CohortStats {
 pub struct CohortTotals {
     pub counts: [u64; OUTCOMES.len()],
     pub reached_app: u64,
+    /// Served within [`SERVED_FAST`] of their first send, challenge included.
+    pub served_fast: u64,
     /// Latency of served requests, microseconds, sorted.
     pub latencies_us: Vec<u32>,
     /// Scheduling lag of sends, microseconds, sorted.
@@ -209,6 +229,8 @@ impl CohortStats {
             kind,
             counts: Default::default(),
             reached_app: AtomicU64::new(0),
+            served_fast: AtomicU64::new(0),
+            first_turned_away_us: AtomicU64::new(u64::MAX),
             in_flight: AtomicU64::new(0),
             timeline: (0..buckets).map(|_| Default::default()).collect(),
             latencies_us: Mutex::new(Vec::new()),
@@ -219,13 +241,29 @@ impl CohortStats {
         }
     }
 
-    fn record(&self, bucket: usize, outcome: Outcome, reached_app: bool) {
+    /// Counts one answer sent in `bucket`, which took `took` from its first send
+    /// and came `at` into the run.
+    fn record(&self, bucket: usize, answer: &Answer, took: Duration, at: Duration) {
+        let outcome = answer.outcome;
         self.counts[outcome as usize].fetch_add(1, Ordering::Relaxed);
-        if reached_app {
+        if answer.reached_app {
             self.reached_app.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(b) = self.timeline.get(bucket) {
             b[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        if TURNED_AWAY.contains(&outcome) {
+            let us = at.as_micros().min(u128::from(u64::MAX - 1)) as u64;
+            self.first_turned_away_us.fetch_min(us, Ordering::Relaxed);
+        }
+        if answer.rechallenged {
+            self.rechallenged.fetch_add(1, Ordering::Relaxed);
+        }
+        if answer.solved_challenge {
+            self.challenges_solved.fetch_add(1, Ordering::Relaxed);
+        }
+        if outcome == Outcome::Served && took <= SERVED_FAST {
+            self.served_fast.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -241,14 +279,19 @@ impl CohortStats {
     /// Requests weir answered without the app, so far: 429, 503, or a
     /// challenge page the client did not get past.
     pub fn turned_away(&self) -> u64 {
-        [
-            Outcome::Rejected429,
-            Outcome::Unavailable503,
-            Outcome::Challenged,
-        ]
-        .iter()
-        .map(|o| self.counts[*o as usize].load(Ordering::Relaxed))
-        .sum()
+        TURNED_AWAY
+            .iter()
+            .map(|o| self.counts[*o as usize].load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// When a client of this cohort was first turned away (429, 503, a challenge
+    /// not got past), run time since the start.
+    pub fn first_turned_away(&self) -> Option<Duration> {
+        match self.first_turned_away_us.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            us => Some(Duration::from_micros(us)),
+        }
     }
 
     /// Requests sent and not yet answered.
@@ -273,6 +316,7 @@ impl CohortStats {
         CohortTotals {
             counts: std::array::from_fn(|i| self.counts[i].load(Ordering::Relaxed)),
             reached_app: self.reached_app.load(Ordering::Relaxed),
+            served_fast: self.served_fast.load(Ordering::Relaxed),
             latencies_us,
             lags_us,
             timeline: (self.timeline.iter())
@@ -408,18 +452,16 @@ pub async fn run_client(
             conn = None;
             on_connection = 0;
         }
-        stats.record(bucket, result.outcome, result.reached_app);
-        if result.rechallenged {
-            stats.rechallenged.fetch_add(1, Ordering::Relaxed);
-        }
-        if result.solved_challenge {
-            stats.challenges_solved.fetch_add(1, Ordering::Relaxed);
-            if result.outcome == Outcome::Served {
-                solved_latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
-            }
-        }
+        // From the first send: a challenged page counts its challenge.
+        let took = sent_at.elapsed();
+        let at = Instant::now().saturating_duration_since(clock.start);
+        stats.record(bucket, &result, took, at);
         if result.outcome == Outcome::Served {
-            latencies.push(sent_at.elapsed().as_micros().min(u32::MAX as u128) as u32);
+            let us = took.as_micros().min(u32::MAX as u128) as u32;
+            latencies.push(us);
+            if result.solved_challenge {
+                solved_latencies.push(us);
+            }
         }
         if result.outcome == Outcome::Unfinished {
             break;

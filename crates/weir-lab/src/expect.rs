@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! check   = subject "." metric op number ["%"]
-//! subject = COHORT | "upstream" | "generator" | "rules." RULE
+//! subject = COHORT | "upstream" | "generator" | "rules." RULE | "alerts." ALERT
 //! op      = "<" | "<=" | ">" | ">=" | "==" | "!="
 //! ```
 //!
@@ -12,6 +12,10 @@
 //! `rules.NAME.unknown` those whose client address belongs to no cohort, and
 //! `rules.NAME.people_precision` / `people_recall` how well weir's people signal
 //! (`verified`, `pass`, `browsing` in the access log) told people from the rest.
+//! `alerts.ALERT.fired` is 1 when the alert fired in the replay of weir's metrics,
+//! `fired_at_min` when (story minutes from the run's start) and `fired_after_min` how
+//! long after the first refusal of a person. `rules.*` and `alerts.*` exist only for
+//! weir variants.
 //!
 //! This module parses and compares. It does not know where values come from: the report
 //! ([`crate::report::VariantReport::metric`]) looks them up.
@@ -31,14 +35,23 @@ pub const COHORT_SHARES: &[&str] = &[
     "unfinished",
     "failed",
     "reached_app",
+    "served_2s",
     "challenges_solved",
     "rechallenged",
 ];
-/// Other cohort metrics (counts and milliseconds).
+/// Other cohort metrics (counts, milliseconds, and one share of the app).
 /// `solved_p95_ms`: from sending a request that met a challenge to its
 /// answer after solving (the challenge page, the work or the wait, the
-/// answer and the request again).
-pub const COHORT_VALUES: &[&str] = &["sent", "p50_ms", "p95_ms", "p99_ms", "solved_p95_ms"];
+/// answer and the request again). `reached_app_share`: of the requests that
+/// reached the app from any cohort, the share that were this cohort's.
+pub const COHORT_VALUES: &[&str] = &[
+    "sent",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "solved_p95_ms",
+    "reached_app_share",
+];
 /// Metrics of the app behind weir.
 pub const UPSTREAM_METRICS: &[&str] = &[
     "workers",
@@ -61,6 +74,11 @@ pub const GENERATOR_METRICS: &[&str] = &["lag_p50_ms", "lag_p99_ms", "lag_max_ms
 /// among them (shares, 1 when there was nothing to tell).
 pub const RULE_METRICS: &[&str] = &["count", UNKNOWN_CLIENT, "people_precision", "people_recall"];
 
+/// Metrics of an alert replayed over weir's metrics: whether it fired (0/1), when
+/// (story minutes from the run's start) and how long after the first refusal of a
+/// person (story minutes; negative when it fired before any).
+pub const ALERT_METRICS: &[&str] = &["fired", "fired_at_min", "fired_after_min"];
+
 /// The pseudo-cohort of rejected clients whose address belongs to no cohort (a load
 /// balancer weir does not trust): `rules.NAME.unknown`.
 pub const UNKNOWN_CLIENT: &str = "unknown";
@@ -72,6 +90,15 @@ pub enum Subject {
     Upstream,
     Generator,
     Rule(String),
+    Alert(String),
+}
+
+impl Subject {
+    /// Whether the subject reads weir's own metrics or access log, which a rival
+    /// gateway does not have.
+    pub fn weir_only(&self) -> bool {
+        matches!(self, Subject::Rule(_) | Subject::Alert(_))
+    }
 }
 
 /// A comparison.
@@ -135,7 +162,8 @@ pub enum CheckError {
     #[error("{0:?} is not a number")]
     BadNumber(String),
     #[error(
-        "{0:?} is not `<subject>.<metric>` (subject: a cohort, upstream, generator or rules.NAME)"
+        "{0:?} is not `<subject>.<metric>` (subject: a cohort, upstream, generator, \
+         rules.NAME or alerts.NAME)"
     )]
     BadTarget(String),
     #[error("{subject} has no metric {metric:?}; it has: {known}")]
@@ -222,6 +250,8 @@ fn parse_target(target: &str) -> Result<(Subject, String), CheckError> {
     match parts.as_slice() {
         ["rules", rule, metric] => Ok((Subject::Rule((*rule).into()), (*metric).into())),
         ["rules", ..] => Err(bad()),
+        ["alerts", alert, metric] => Ok((Subject::Alert((*alert).into()), (*metric).into())),
+        ["alerts", ..] => Err(bad()),
         ["upstream", metric] => Ok((Subject::Upstream, (*metric).into())),
         ["generator", metric] => Ok((Subject::Generator, (*metric).into())),
         [cohort, metric] => Ok((Subject::Cohort((*cohort).into()), (*metric).into())),
@@ -246,6 +276,10 @@ fn check_metric(subject: &Subject, metric: &str) -> Result<(), CheckError> {
         Subject::Generator => (
             "generator".into(),
             GENERATOR_METRICS.iter().map(|m| m.to_string()).collect(),
+        ),
+        Subject::Alert(a) => (
+            format!("alert {a:?}"),
+            ALERT_METRICS.iter().map(|m| m.to_string()).collect(),
         ),
         // `rules.NAME.<cohort>` is checked against the cohorts when the scenario loads.
         Subject::Rule(_) => return Ok(()),
@@ -335,6 +369,19 @@ mod tests {
             ("a.b.c >= 1", Err(CheckError::BadTarget("a.b.c".into()))),
             ("rules.x >= 1", Err(CheckError::BadTarget("rules.x".into()))),
             (
+                "alerts.WeirRuleHittingPeople.fired_after_min <= 5",
+                Ok((
+                    Subject::Alert("WeirRuleHittingPeople".into()),
+                    "fired_after_min".into(),
+                    Op::Le,
+                    5.0,
+                )),
+            ),
+            (
+                "alerts.X >= 1",
+                Err(CheckError::BadTarget("alerts.X".into())),
+            ),
+            (
                 "humans..served >= 1",
                 Err(CheckError::BadTarget("humans..served".into())),
             ),
@@ -354,6 +401,8 @@ mod tests {
         );
         let err = Check::parse("humans.servd >= 1").unwrap_err();
         assert!(err.to_string().contains("served_count"), "{err}");
+        let err = Check::parse("alerts.A.fird == 1").unwrap_err();
+        assert!(err.to_string().contains("fired_after_min"), "{err}");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!   that only a real login yields.
 //! - [`scenario`]: scenario files (`weir sim SCENARIO.toml`): app, weir variants, cohorts,
 //!   checks; [`expect`]: the check grammar; [`addresses`]: client networks in 127/8.
-//! - [`cohort`]: the load generator; [`nginx`]: a real nginx in front, for incident 4;
+//! - [`cohort`]: the load generator; [`nginx`] and [`haproxy`]: real rivals as the
+//!   gateway (and nginx as the load balancer in front of weir, for incident 4), run by
+//!   [`process`]; [`alerts`]: alert rules replayed over weir's metrics with promtool;
 //!   [`runner`]: one variant's run; [`report`]: tables, JSON and HTML; [`cli`]: `weir sim`
 //!   and `weir demo`.
 //!
@@ -28,11 +30,14 @@
 //! ```
 
 pub mod addresses;
+pub mod alerts;
 pub mod app;
 pub mod cli;
 pub mod cohort;
 pub mod expect;
+pub mod haproxy;
 pub mod nginx;
+pub mod process;
 pub mod report;
 pub mod runner;
 pub mod scenario;

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::cohort::{OUTCOMES, Outcome};
 use super::expect::{Check, Subject};
-use super::scenario::CohortKind;
+use super::scenario::{CohortKind, GatewayKind};
 
 /// A whole run: every variant, every check.
 #[derive(Debug, Clone, Serialize)]
@@ -30,15 +30,79 @@ pub struct SimReport {
 pub struct VariantReport {
     pub name: String,
     pub description: String,
-    /// `nginx` when a load balancer stood in front of weir.
+    /// What ran as the gateway: weir, or a rival nginx or HAProxy.
+    pub gateway: GatewayKind,
+    /// `nginx` when a load balancer stood in front of the gateway.
     pub load_balancer: Option<String>,
     pub cohorts: Vec<CohortReport>,
     pub upstream: UpstreamReport,
     /// Rejections by rule: request rules from `weir_rejections_total`, connection refusals
     /// from `weir_connections_refused_total`; per cohort from the access log.
     pub rules: BTreeMap<String, RuleReport>,
+    /// The alert replay over weir's metrics (weir variants of a scenario with
+    /// `[alerts]`).
+    pub alerts: Option<AlertReport>,
     pub generator: GeneratorReport,
     pub timeline: Timeline,
+}
+
+/// When alerts fired in the replay of weir's metrics, in story minutes.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AlertReport {
+    /// Alert name to the story minute (from the run's start) it first fired.
+    pub fired_at_min: BTreeMap<String, f64>,
+    /// The story minute a person was first turned away, if one was.
+    pub first_person_refused_min: Option<f64>,
+}
+
+impl AlertReport {
+    /// From the replay's firings (story time) and the run time a person was first
+    /// refused.
+    pub fn new(
+        firings: &super::alerts::Firings,
+        first_person_refused: Option<std::time::Duration>,
+        compression: f64,
+    ) -> AlertReport {
+        AlertReport {
+            fired_at_min: firings
+                .iter()
+                .map(|(name, at)| (name.clone(), at.as_secs_f64() / 60.0))
+                .collect(),
+            first_person_refused_min: first_person_refused
+                .map(|at| at.as_secs_f64() * compression / 60.0),
+        }
+    }
+
+    /// One line: when a person was first refused and when each alert fired.
+    pub fn summary(&self) -> String {
+        let person = self
+            .first_person_refused_min
+            .map_or("no person refused".to_string(), |m| {
+                format!("a person first refused at story minute {m:.1}")
+            });
+        let fired: Vec<String> = (self.fired_at_min.iter())
+            .map(|(name, at)| format!("{name} at {at:.0}"))
+            .collect();
+        if fired.is_empty() {
+            format!("{person}; no alert fired")
+        } else {
+            format!(
+                "{person}; alerts fired (story minute): {}",
+                fired.join(", ")
+            )
+        }
+    }
+
+    /// `fired`, `fired_at_min`, `fired_after_min` of one alert.
+    fn metric(&self, alert: &str, metric: &str) -> Option<f64> {
+        let at = self.fired_at_min.get(alert).copied();
+        match metric {
+            "fired" => Some(if at.is_some() { 1.0 } else { 0.0 }),
+            "fired_at_min" => at,
+            "fired_after_min" => Some(at? - self.first_person_refused_min?),
+            _ => None,
+        }
+    }
 }
 
 /// One cohort's outcomes.
@@ -53,6 +117,11 @@ pub struct CohortReport {
     pub outcomes: BTreeMap<String, u64>,
     /// Responses that came from the app (carried `x-app-class`).
     pub reached_app: u64,
+    /// This cohort's share of the requests that reached the app from any cohort
+    /// (a connection flood's share of the app; health checks not counted).
+    pub reached_app_share: f64,
+    /// Served within 2 s of the first send (a challenged page: to its final answer).
+    pub served_2s: u64,
     /// Requests answered after the client solved a challenge (already
     /// counted in their outcome: a solved challenge then served is served).
     pub challenges_solved: u64,
@@ -239,6 +308,7 @@ impl VariantReport {
                     _ => return None,
                 })
             }
+            Subject::Alert(alert) => self.alerts.as_ref()?.metric(alert, metric),
             // A rule that never fired has no entry: it counts 0.
             Subject::Rule(rule) => {
                 let r = self.rules.get(rule);
@@ -270,6 +340,7 @@ fn cohort_metric(c: &CohortReport, metric: &str) -> Option<f64> {
     let n = match name {
         "failed" => c.failed(),
         "reached_app" => c.reached_app,
+        "served_2s" => c.served_2s,
         "challenges_solved" => c.challenges_solved,
         "rechallenged" => c.rechallenged,
         other => match OUTCOMES.iter().find(|o| o.as_str() == other) {
@@ -281,6 +352,7 @@ fn cohort_metric(c: &CohortReport, metric: &str) -> Option<f64> {
                     "p95_ms" => Some(c.p95_ms),
                     "p99_ms" => Some(c.p99_ms),
                     "solved_p95_ms" => Some(c.challenged_p95_ms),
+                    "reached_app_share" => Some(c.reached_app_share),
                     _ => None,
                 };
             }
@@ -306,118 +378,136 @@ impl SimReport {
 
     /// The side-by-side terminal table and the check list.
     pub fn to_text(&self) -> String {
-        let mut out = String::new();
+        let mut t = TextTable::new(&self.variants);
         let _ = writeln!(
-            out,
+            t.out,
             "scenario: {} ({}s per variant)",
             self.scenario, self.duration_s
         );
-        let names: Vec<&str> = self.variants.iter().map(|v| v.name.as_str()).collect();
-        let width = names.iter().map(|n| n.len()).max().unwrap_or(0).max(14);
-        let row = |out: &mut String, label: &str, cells: Vec<String>| {
-            let _ = write!(out, "{label:<30}");
-            for c in cells {
-                let _ = write!(out, " {c:>width$}");
-            }
-            out.push('\n');
-        };
-        row(&mut out, "", names.iter().map(|n| n.to_string()).collect());
+        t.row("", self.variants.iter().map(|v| v.name.clone()).collect());
+        t.row(
+            "gateway",
+            (self.variants.iter())
+                .map(|v| match &v.load_balancer {
+                    Some(lb) => format!("{} behind {lb}", v.gateway.as_str()),
+                    None => v.gateway.as_str().to_string(),
+                })
+                .collect(),
+        );
         let cohort_names: Vec<String> = (self.variants.first())
             .map(|v| v.cohorts.iter().map(|c| c.name.clone()).collect())
             .unwrap_or_default();
         for name in &cohort_names {
-            let cohorts: Vec<Option<&CohortReport>> = (self.variants.iter())
-                .map(|v| v.cohorts.iter().find(|c| &c.name == name))
-                .collect();
-            let cell = |f: &dyn Fn(&CohortReport) -> String| -> Vec<String> {
-                cohorts.iter().map(|c| c.map_or("-".into(), f)).collect()
+            self.cohort_rows(&mut t, name);
+        }
+        self.upstream_rows(&mut t);
+        self.rule_lines(&mut t);
+        self.generator_rows(&mut t);
+        let mut out = t.out;
+        if !self.checks.is_empty() {
+            out.push_str("\nchecks:\n");
+        }
+        for c in &self.checks {
+            let verdict = match (c.passed, &c.pending) {
+                (true, _) => "pass".to_string(),
+                (false, Some(why)) => format!("PENDING ({why})"),
+                (false, None) => "FAIL".to_string(),
             };
-            row(
-                &mut out,
-                &format!("{name}: sent"),
-                cell(&|c| c.sent.to_string()),
+            let value = c.value.map_or("missing".to_string(), fmt_value);
+            let line = c.line.map_or(String::new(), |l| format!(" [line {l}]"));
+            let _ = writeln!(
+                out,
+                "  {verdict:<22} {:<12} {}  (value {value}){line}",
+                c.variant, c.check
             );
-            for o in OUTCOMES {
-                let any = cohorts.iter().flatten().any(|c| c.count(o) > 0);
-                if o == Outcome::Served || any {
-                    row(
-                        &mut out,
-                        &format!("  {}", o.as_str()),
-                        cell(&|c| pct_count(c, c.count(o))),
-                    );
-                }
-            }
-            row(
-                &mut out,
-                "  reached app",
-                cell(&|c| pct_count(c, c.reached_app)),
-            );
-            row(
-                &mut out,
-                "  p50/p95/p99 ms",
-                cell(&|c| format!("{:.0}/{:.0}/{:.0}", c.p50_ms, c.p95_ms, c.p99_ms)),
-            );
-            if cohorts.iter().flatten().any(|c| c.challenges_solved > 0) {
-                row(
-                    &mut out,
-                    "  solved challenges, p50/p95 ms",
-                    cell(&|c| {
-                        format!(
-                            "{} {:.0}/{:.0}",
-                            c.challenges_solved, c.challenged_p50_ms, c.challenged_p95_ms
-                        )
-                    }),
-                );
-                row(
-                    &mut out,
-                    "  challenged again in a visit",
-                    cell(&|c| c.rechallenged.to_string()),
+        }
+        out
+    }
+
+    /// One cohort's rows: outcomes, latency, challenges.
+    fn cohort_rows(&self, t: &mut TextTable, name: &str) {
+        let cohorts: Vec<Option<&CohortReport>> = (self.variants.iter())
+            .map(|v| v.cohorts.iter().find(|c| c.name == name))
+            .collect();
+        let cell = |f: &dyn Fn(&CohortReport) -> String| -> Vec<String> {
+            cohorts.iter().map(|c| c.map_or("-".into(), f)).collect()
+        };
+        t.row(&format!("{name}: sent"), cell(&|c| c.sent.to_string()));
+        for o in OUTCOMES {
+            let any = cohorts.iter().flatten().any(|c| c.count(o) > 0);
+            if o == Outcome::Served || any {
+                t.row(
+                    &format!("  {}", o.as_str()),
+                    cell(&|c| pct_count(c, c.count(o))),
                 );
             }
         }
+        t.row("  served within 2 s", cell(&|c| pct_count(c, c.served_2s)));
+        t.row("  reached app", cell(&|c| pct_count(c, c.reached_app)));
+        t.row(
+            "  share of the app's requests",
+            cell(&|c| format!("{:.1}%", c.reached_app_share * 100.0)),
+        );
+        t.row(
+            "  p50/p95/p99 ms",
+            cell(&|c| format!("{:.0}/{:.0}/{:.0}", c.p50_ms, c.p95_ms, c.p99_ms)),
+        );
+        if cohorts.iter().flatten().any(|c| c.challenges_solved > 0) {
+            t.row(
+                "  solved challenges, p50/p95 ms",
+                cell(&|c| {
+                    format!(
+                        "{} {:.0}/{:.0}",
+                        c.challenges_solved, c.challenged_p50_ms, c.challenged_p95_ms
+                    )
+                }),
+            );
+            t.row(
+                "  challenged again in a visit",
+                cell(&|c| c.rechallenged.to_string()),
+            );
+        }
+    }
+
+    /// The app's rows.
+    fn upstream_rows(&self, t: &mut TextTable) {
         let up = |f: &dyn Fn(&UpstreamReport) -> String| {
             self.variants.iter().map(|v| f(&v.upstream)).collect()
         };
-        row(
-            &mut out,
+        t.row(
             "upstream: max in-flight / W",
             up(&|u| format!("{}/{}", u.max_in_flight, u.workers)),
         );
-        row(&mut out, "  max queued", up(&|u| u.max_queued.to_string()));
-        row(&mut out, "  served", up(&|u| u.served.to_string()));
-        row(
-            &mut out,
-            "  refused (backlog full)",
-            up(&|u| u.refused.to_string()),
-        );
-        row(
-            &mut out,
-            "  cut (abandoned)",
-            up(&|u| u.abandoned.to_string()),
-        );
-        row(
-            &mut out,
+        t.row("  max queued", up(&|u| u.max_queued.to_string()));
+        t.row("  served", up(&|u| u.served.to_string()));
+        t.row("  refused (backlog full)", up(&|u| u.refused.to_string()));
+        t.row("  cut (abandoned)", up(&|u| u.abandoned.to_string()));
+        t.row(
             "  health failed / checks",
             up(&|u| format!("{}/{}", u.health_failures, u.health_checks)),
         );
-        row(&mut out, "  restarts", up(&|u| u.restarts.to_string()));
-        row(
-            &mut out,
+        t.row("  restarts", up(&|u| u.restarts.to_string()));
+        t.row(
             "  busy while anyone waited",
             up(&|u| format!("{:.1}%", u.busy_under_demand * 100.0)),
         );
+    }
+
+    /// Rejections per rule, who they hit, how well weir's people signal told, and
+    /// the alert replay.
+    fn rule_lines(&self, t: &mut TextTable) {
         let mut rules: Vec<&String> = self.variants.iter().flat_map(|v| v.rules.keys()).collect();
         rules.sort();
         rules.dedup();
         for rule in rules {
-            row(
-                &mut out,
+            t.row(
                 &format!("rule {rule}"),
                 (self.variants.iter())
                     .map(|v| v.rules.get(rule).map_or(0, |r| r.count).to_string())
                     .collect(),
             );
         }
+        let out = &mut t.out;
         for v in &self.variants {
             for (rule, r) in v.rules.iter().filter(|(_, r)| !r.by_cohort.is_empty()) {
                 let parts: Vec<String> = r
@@ -439,18 +529,30 @@ impl SimReport {
                 }
             }
         }
-        let g = |f: &dyn Fn(&GeneratorReport) -> String| {
-            self.variants.iter().map(|v| f(&v.generator)).collect()
-        };
-        row(
-            &mut out,
+        for v in &self.variants {
+            if let Some(a) = &v.alerts {
+                let _ = writeln!(out, "  {}: {}", v.name, a.summary());
+            }
+        }
+    }
+
+    /// The generator's lag, and a warning for each variant it limited.
+    fn generator_rows(&self, t: &mut TextTable) {
+        t.row(
             "generator lag p99 / max ms",
-            g(&|g| format!("{:.1}/{:.0}", g.lag_p99_ms, g.lag_max_ms)),
+            (self.variants.iter())
+                .map(|v| {
+                    format!(
+                        "{:.1}/{:.0}",
+                        v.generator.lag_p99_ms, v.generator.lag_max_ms
+                    )
+                })
+                .collect(),
         );
         for v in &self.variants {
             if v.generator.bottleneck {
                 let _ = writeln!(
-                    out,
+                    t.out,
                     "WARNING: {}: the load generator fell behind (lag p99 {:.1} ms, {:.1}% of sends \
                      >10 ms late): the machine, not weir, limited the load",
                     v.name,
@@ -459,24 +561,6 @@ impl SimReport {
                 );
             }
         }
-        if !self.checks.is_empty() {
-            out.push_str("\nchecks:\n");
-        }
-        for c in &self.checks {
-            let verdict = match (c.passed, &c.pending) {
-                (true, _) => "pass".to_string(),
-                (false, Some(why)) => format!("PENDING ({why})"),
-                (false, None) => "FAIL".to_string(),
-            };
-            let value = c.value.map_or("missing".to_string(), fmt_value);
-            let line = c.line.map_or(String::new(), |l| format!(" [line {l}]"));
-            let _ = writeln!(
-                out,
-                "  {verdict:<22} {:<12} {}  (value {value}){line}",
-                c.variant, c.check
-            );
-        }
-        out
     }
 
     /// A self-contained HTML page.
@@ -556,6 +640,35 @@ impl SimReport {
         }
         h.push_str("</table></body></html>\n");
         h
+    }
+}
+
+/// The terminal table: a label column, then one column per variant.
+struct TextTable {
+    out: String,
+    width: usize,
+}
+
+impl TextTable {
+    fn new(variants: &[VariantReport]) -> TextTable {
+        let width = variants
+            .iter()
+            .map(|v| v.name.len())
+            .max()
+            .unwrap_or(0)
+            .max(14);
+        TextTable {
+            out: String::new(),
+            width,
+        }
+    }
+
+    fn row(&mut self, label: &str, cells: Vec<String>) {
+        let _ = write!(self.out, "{label:<30}");
+        for c in cells {
+            let _ = write!(self.out, " {c:>width$}", width = self.width);
+        }
+        self.out.push('\n');
     }
 }
 

@@ -1,17 +1,19 @@
-//! One variant's run: start the app, weir (and nginx), the health check and the cohorts,
-//! each in its own tokio runtime so the generator's lag measures the generator; then
-//! collect what every side counted into a [`VariantReport`].
+//! One variant's run: start the app, the gateway (weir, or a rival nginx or HAProxy),
+//! the load balancer when the topology has one, the health check and the cohorts, each
+//! in its own tokio runtime so the generator's lag measures the generator; then collect
+//! what every side counted into a [`VariantReport`].
 //!
-//! Threads: the app (and its health checker, autoheal and sampler) on one runtime, weir
-//! on another with two workers, the load generator on a third. On a 2-core machine they
-//! still share cores, which is why the generator reports its own scheduling lag.
+//! Threads: the app (and its health checker, autoheal, sampler and, with `[alerts]`,
+//! the scraper of weir's metrics) on one runtime, weir on another with two workers (a
+//! rival runs as its own process), the load generator on a third. On a 2-core machine
+//! they still share cores, which is why the generator reports its own scheduling lag.
 //!
 //! It does not judge results (checks are evaluated in [`crate::cli`]) and does not
 //! print anything except the optional progress line on stderr.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, Write as _};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,13 +27,15 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::addresses::{AddressError, AddressSpace};
+use super::alerts::{AlertError, MetricsRecorder};
 use super::app::{AppConfig, AppSnapshot, AppStats, SimApp};
 use super::cohort::{ClientPlan, CohortStats, OUTCOMES, RunClock, RunContext, run_client};
-use super::nginx::{NginxError, NginxProxy};
+use super::process::{ProcessError, ServerProcess};
 use super::report::{
-    CohortReport, GeneratorReport, RuleReport, Timeline, UpstreamReport, VariantReport, quantile_ms,
+    AlertReport, CohortReport, GeneratorReport, RuleReport, Timeline, UpstreamReport,
+    VariantReport, quantile_ms,
 };
-use super::scenario::{CohortKind, HealthConfig, LoadBalancer, Scenario, Variant};
+use super::scenario::{CohortKind, GatewayKind, HealthConfig, LoadBalancer, Scenario, Variant};
 use weir::config::{ConfigErrors, ProcessEnv, load_str};
 use weir::server::{Server, StartError};
 
@@ -52,84 +56,281 @@ pub enum RunError {
     #[error("variant {0:?}: weir's config has no listener")]
     NoListener(String),
     #[error(transparent)]
-    Nginx(#[from] NginxError),
+    Process(#[from] ProcessError),
     #[error("cohort {cohort:?}: {source}")]
     Addresses {
         cohort: String,
         source: AddressError,
     },
+    #[error("variant {variant:?}: the alert replay failed: {source}")]
+    Alerts { variant: String, source: AlertError },
 }
 
 /// Lead time between starting the clients and the run's time zero.
 const LEAD: Duration = Duration::from_millis(300);
 /// How often the app's counters are sampled for the timeline.
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
+/// A scrape of weir's metrics for the alert replay not answered within this is
+/// missing from the series, as a failed scrape is in Prometheus.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Runs one variant of `scenario`. `progress` prints a status line on stderr each second.
+/// The three runtimes of a run (see the module doc).
+struct Runtimes {
+    app: tokio::runtime::Runtime,
+    weir: tokio::runtime::Runtime,
+    load: tokio::runtime::Runtime,
+}
+
+/// The gateway in front of the app: weir in-process, or a rival's process.
+enum Gateway {
+    Weir {
+        server: Server,
+        addr: SocketAddr,
+        admin: Option<SocketAddr>,
+    },
+    Rival(ServerProcess),
+}
+
+impl Gateway {
+    /// Starts the variant's gateway in front of the app at `app`; weir's access log
+    /// goes to `access_log` unless its config says otherwise.
+    fn start(
+        variant: &Variant,
+        app: SocketAddr,
+        dir: &Path,
+        (access_log, log_on): (&Path, bool),
+        weir_rt: &tokio::runtime::Runtime,
+    ) -> Result<Gateway, RunError> {
+        match variant.gateway {
+            GatewayKind::Nginx => Ok(Gateway::Rival(super::nginx::start_gateway(
+                &variant.config_text,
+                app,
+            )?)),
+            GatewayKind::Haproxy => Ok(Gateway::Rival(super::haproxy::start_gateway(
+                &variant.config_text,
+                app,
+            )?)),
+            GatewayKind::Weir => {
+                let text = weir_config_text(variant, app, dir, access_log, log_on);
+                let loaded = load_str(&text, variant.config_path.as_deref(), &ProcessEnv).map_err(
+                    |errors| RunError::WeirConfig {
+                        variant: variant.name.clone(),
+                        errors,
+                    },
+                )?;
+                let server = weir_rt
+                    .block_on(Server::start(loaded, None, Box::new(ProcessEnv)))
+                    .map_err(|source| RunError::WeirStart {
+                        variant: variant.name.clone(),
+                        source,
+                    })?;
+                let addr = *server
+                    .listeners
+                    .first()
+                    .ok_or_else(|| RunError::NoListener(variant.name.clone()))?;
+                let admin = server.admin;
+                Ok(Gateway::Weir {
+                    server,
+                    addr,
+                    admin,
+                })
+            }
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Gateway::Weir { addr, .. } => *addr,
+            Gateway::Rival(p) => p.addr,
+        }
+    }
+
+    /// weir's process state (admission queues), for the demand probe.
+    fn weir_runtime(&self) -> Option<Arc<weir::runtime::Runtime>> {
+        match self {
+            Gateway::Weir { server, .. } => Some(server.runtime.clone()),
+            Gateway::Rival(_) => None,
+        }
+    }
+
+    fn admin(&self) -> Option<SocketAddr> {
+        match self {
+            Gateway::Weir { admin, .. } => *admin,
+            Gateway::Rival(_) => None,
+        }
+    }
+
+    /// Stops the gateway: weir's tasks are aborted, a rival is stopped and reaped.
+    fn stop(self) {
+        match self {
+            Gateway::Weir { server, .. } => server.abort(),
+            Gateway::Rival(mut p) => p.stop(),
+        }
+    }
+}
+
+/// Runs one variant of `scenario`. `progress` prints a status line on stderr each second;
+/// `alert_series` keeps the alert replay's promtool file there (see [`crate::alerts`]).
 pub fn run_variant(
     scenario: &Scenario,
     variant: &Variant,
     progress: bool,
+    alert_series: Option<&Path>,
 ) -> Result<VariantReport, RunError> {
     let meta = &scenario.file.scenario;
     let dir = tempfile::tempdir().map_err(RunError::Setup)?;
-    let app_rt = runtime("weir-lab-app", 1)?;
-    let weir_rt = runtime("weir-lab-weir", 2)?;
-    let load_rt = runtime("weir-lab-load", 1)?;
+    let rts = Runtimes {
+        app: runtime("weir-lab-app", 1)?,
+        weir: runtime("weir-lab-weir", 2)?,
+        load: runtime("weir-lab-load", 1)?,
+    };
 
     // The app, and the supervisor that restarts it like autoheal did.
     let supervisor = {
-        let _entered = app_rt.enter();
+        let _entered = rts.app.enter();
         let bind: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
         let app = SimApp::start(scenario.file.app.clone(), bind).map_err(RunError::App)?;
         Arc::new(AppSupervisor::new(scenario.file.app.clone(), app))
     };
 
-    // weir.
+    // The gateway, and the load balancer in front of it.
     let access_log = dir.path().join("access.log");
-    let text = weir_config_text(
+    let gateway = Gateway::start(
         variant,
         supervisor.addr,
         dir.path(),
-        &access_log,
-        meta.access_log,
-    );
-    let loaded =
-        load_str(&text, variant.config_path.as_deref(), &ProcessEnv).map_err(|errors| {
-            RunError::WeirConfig {
-                variant: variant.name.clone(),
-                errors,
-            }
-        })?;
-    let server = weir_rt
-        .block_on(Server::start(loaded, None, Box::new(ProcessEnv)))
-        .map_err(|source| RunError::WeirStart {
-            variant: variant.name.clone(),
-            source,
-        })?;
-    let weir_addr = *server
-        .listeners
-        .first()
-        .ok_or_else(|| RunError::NoListener(variant.name.clone()))?;
-    let admin = server.admin;
-
+        (&access_log, meta.access_log),
+        &rts.weir,
+    )?;
     let lb = match scenario.file.topology.load_balancer {
-        Some(LoadBalancer::Nginx) => Some(NginxProxy::start(weir_addr)?),
+        Some(LoadBalancer::Nginx) => Some(super::nginx::start_load_balancer(gateway.addr())?),
         None => None,
     };
-    let target = lb.as_ref().map_or(weir_addr, |n| n.addr);
+    let target = lb.as_ref().map_or(gateway.addr(), |n| n.addr);
+    let (plans, owners) = plan_clients(scenario)?;
 
-    // Clients and their addresses.
-    let mut space = AddressSpace::new(meta.seed);
-    let mut owners: HashMap<IpAddr, String> = HashMap::new();
+    let duration = meta.duration.0;
+    let clock = RunClock::new(Instant::now() + LEAD, duration, meta.grace.0);
+    let stats: Vec<Arc<CohortStats>> = (scenario.cohorts.iter())
+        .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
+        .collect();
+    let observers = Observers::start(scenario, &rts.app, &supervisor, &gateway, &stats, clock);
+    drive_load(
+        scenario,
+        &rts.load,
+        plans,
+        &stats,
+        (target, clock),
+        (progress, &variant.name, &supervisor),
+    );
+    let observed = observers.finish(&rts.app);
+
+    // What weir counted, then stop everything.
+    let metrics = gateway
+        .admin()
+        .map(|a| rts.weir.block_on(scrape(a)))
+        .unwrap_or_default();
+    drop(lb);
+    let is_weir = variant.gateway == GatewayKind::Weir;
+    gateway.stop();
+    let Runtimes { app, weir, load } = rts;
+    weir.shutdown_timeout(Duration::from_secs(1));
+    let upstream = UpstreamReport {
+        demand_samples: observed.utilisation.samples,
+        busy_under_demand: observed.utilisation.share(),
+        ..supervisor.totals()
+    };
+    drop(supervisor);
+    load.shutdown_timeout(Duration::from_secs(1));
+    app.shutdown_timeout(Duration::from_secs(1));
+
+    let mut rules = rules_from_metrics(&metrics);
+    if meta.access_log && is_weir {
+        let people = people_cohorts(scenario);
+        count_log_rejections(&access_log, &owners, &people, &mut rules);
+    }
+    let mut report = build_report(
+        scenario,
+        variant,
+        lb_name(scenario),
+        &stats,
+        upstream,
+        rules,
+        observed.buckets,
+        clock,
+    );
+    if let Some(recorded) = &observed.metrics {
+        report.alerts = replay_alerts(scenario, variant, recorded, &stats, alert_series)?;
+    }
+    Ok(report)
+}
+
+/// The alert replay of a weir variant's metrics, when the scenario has `[alerts]`.
+fn replay_alerts(
+    scenario: &Scenario,
+    variant: &Variant,
+    recorded: &MetricsRecorder,
+    stats: &[Arc<CohortStats>],
+    alert_series: Option<&Path>,
+) -> Result<Option<AlertReport>, RunError> {
+    let Some(cfg) = &scenario.alerts else {
+        return Ok(None);
+    };
+    let compression = scenario.file.scenario.compression;
+    let keep = alert_series.map(|d| d.join(format!("{}.yml", variant.name)));
+    let firings =
+        super::alerts::replay(recorded, cfg, compression, keep.as_deref()).map_err(|source| {
+            RunError::Alerts {
+                variant: variant.name.clone(),
+                source,
+            }
+        })?;
+    Ok(Some(AlertReport::new(
+        &firings,
+        first_person_refused(scenario, stats),
+        compression,
+    )))
+}
+
+/// Names of the cohorts that are people (humans, editors): the lab's ground truth.
+fn people_cohorts(scenario: &Scenario) -> std::collections::HashSet<&str> {
+    scenario
+        .cohorts
+        .iter()
+        .filter(|c| matches!(c.kind, CohortKind::Humans | CohortKind::Editors))
+        .map(|c| c.name.as_str())
+        .collect()
+}
+
+/// When a person was first turned away (429, 503, a challenge not got past), run time
+/// since the start, over the people cohorts.
+fn first_person_refused(scenario: &Scenario, stats: &[Arc<CohortStats>]) -> Option<Duration> {
+    let people = people_cohorts(scenario);
+    stats
+        .iter()
+        .filter(|s| people.contains(s.name.as_str()))
+        .filter_map(|s| s.first_turned_away())
+        .min()
+}
+
+/// Which cohort owns each client address: the lab's ground truth for the access log.
+type Owners = HashMap<IpAddr, String>;
+
+/// Each cohort's clients (source address, seed, start offset) and which cohort owns
+/// each address.
+fn plan_clients(scenario: &Scenario) -> Result<(Vec<Vec<ClientPlan>>, Owners), RunError> {
+    let seed = scenario.file.scenario.seed;
+    let mut space = AddressSpace::new(seed);
+    let mut owners = Owners::new();
     let mut plans = Vec::new();
     for (ci, cohort) in scenario.cohorts.iter().enumerate() {
-        let addrs = space
-            .allocate(&cohort.networks, cohort.addresses)
-            .map_err(|source| RunError::Addresses {
-                cohort: cohort.name.clone(),
-                source,
-            })?;
+        let addrs: Vec<Ipv4Addr> =
+            space
+                .allocate(&cohort.networks, cohort.addresses)
+                .map_err(|source| RunError::Addresses {
+                    cohort: cohort.name.clone(),
+                    source,
+                })?;
         for a in &addrs {
             owners.insert(IpAddr::V4(*a), cohort.name.clone());
         }
@@ -146,8 +347,7 @@ pub fn run_variant(
             // The same even spread, offset so it does not coincide with the cookie one.
             let hs = cohort.headless_share;
             let headless = ((a + 2) as f64 * hs).floor() > ((a + 1) as f64 * hs).floor();
-            let seed =
-                meta.seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let seed = seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let offset = cohort.ramp.mul_f64(i as f64 / cohort.clients.max(1) as f64);
             clients.push(ClientPlan {
                 src: addrs[a.min(addrs.len() - 1)],
@@ -159,40 +359,108 @@ pub fn run_variant(
         }
         plans.push(clients);
     }
+    Ok((plans, owners))
+}
 
-    let duration = meta.duration.0;
-    let grace = meta.grace.0;
-    let clock = RunClock::new(Instant::now() + LEAD, duration, grace);
-    let buckets = Arc::new(Mutex::new(vec![UpstreamBucket::default(); clock.buckets]));
-    let (stop_tx, stop_rx) = watch::channel(false);
+/// What watches the run beside the load: health checks (and autoheal), the app's
+/// sampler, and with `[alerts]` the scraper of weir's metrics.
+struct Observers {
+    stop: watch::Sender<bool>,
+    health: Option<tokio::task::JoinHandle<()>>,
+    sampler: tokio::task::JoinHandle<()>,
+    scraper: Option<tokio::task::JoinHandle<MetricsRecorder>>,
+    buckets: Arc<Mutex<Vec<UpstreamBucket>>>,
+    utilisation: Arc<Mutex<Utilisation>>,
+}
 
-    // Health checks, autoheal and sampling run beside the app.
-    let health_task = scenario.file.health.enabled.then(|| {
-        app_rt.spawn(health_checks(
+/// What the observers saw.
+struct Observed {
+    buckets: Vec<UpstreamBucket>,
+    utilisation: Utilisation,
+    metrics: Option<MetricsRecorder>,
+}
+
+impl Observers {
+    fn start(
+        scenario: &Scenario,
+        app_rt: &tokio::runtime::Runtime,
+        supervisor: &Arc<AppSupervisor>,
+        gateway: &Gateway,
+        stats: &[Arc<CohortStats>],
+        clock: RunClock,
+    ) -> Observers {
+        let buckets = Arc::new(Mutex::new(vec![UpstreamBucket::default(); clock.buckets]));
+        let utilisation = Arc::new(Mutex::new(Utilisation::default()));
+        let (stop, stop_rx) = watch::channel(false);
+        let health = scenario.file.health.enabled.then(|| {
+            app_rt.spawn(health_checks(
+                supervisor.clone(),
+                scenario.file.health.clone(),
+                clock,
+                buckets.clone(),
+                stop_rx.clone(),
+            ))
+        });
+        let demand = DemandProbe {
+            weir: gateway.weir_runtime(),
+            stats: stats.to_vec(),
+            turned_away: 0,
+        };
+        let sampler = app_rt.spawn(sample(
             supervisor.clone(),
-            scenario.file.health.clone(),
             clock,
-            buckets.clone(),
+            (buckets.clone(), utilisation.clone()),
+            demand,
             stop_rx.clone(),
-        ))
-    });
-    // The load.
-    let stats: Vec<Arc<CohortStats>> = (scenario.cohorts.iter())
-        .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
-        .collect();
-    let demand = DemandProbe {
-        weir: server.runtime.clone(),
-        stats: stats.clone(),
-        turned_away: 0,
-    };
-    let utilisation = Arc::new(Mutex::new(Utilisation::default()));
-    let sampler = app_rt.spawn(sample(
-        supervisor.clone(),
-        clock,
-        (buckets.clone(), utilisation.clone()),
-        demand,
-        stop_rx.clone(),
-    ));
+        ));
+        let scraper = match (&scenario.alerts, gateway.admin()) {
+            (Some(cfg), Some(admin)) => {
+                Some(app_rt.spawn(record_metrics(admin, clock, cfg.scrape_every, stop_rx)))
+            }
+            _ => None,
+        };
+        Observers {
+            stop,
+            health,
+            sampler,
+            scraper,
+            buckets,
+            utilisation,
+        }
+    }
+
+    /// Stops every observer and hands over what they saw.
+    fn finish(self, app_rt: &tokio::runtime::Runtime) -> Observed {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.health {
+            let _ = app_rt.block_on(t);
+        }
+        let _ = app_rt.block_on(self.sampler);
+        let metrics = self.scraper.and_then(|t| app_rt.block_on(t).ok());
+        let buckets =
+            std::mem::take(&mut *self.buckets.lock().unwrap_or_else(PoisonError::into_inner));
+        let utilisation = *self
+            .utilisation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Observed {
+            buckets,
+            utilisation,
+            metrics,
+        }
+    }
+}
+
+/// Runs every client until the run and its grace are over; `progress` prints a line on
+/// stderr each second.
+fn drive_load(
+    scenario: &Scenario,
+    load_rt: &tokio::runtime::Runtime,
+    plans: Vec<Vec<ClientPlan>>,
+    stats: &[Arc<CohortStats>],
+    (target, clock): (SocketAddr, RunClock),
+    (progress, label, supervisor): (bool, &str, &AppSupervisor),
+) {
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let ctx = Arc::new(RunContext {
         target,
@@ -200,17 +468,16 @@ pub fn run_variant(
         login_path: scenario.file.app.login_path.clone(),
         cancel: cancel_rx,
     });
-    let label = variant.name.clone();
     let workers = scenario.file.app.workers;
+    let end = clock.start + clock.duration + scenario.file.scenario.grace.0;
     load_rt.block_on(async {
         let mut clients = tokio::task::JoinSet::new();
-        for ((cohort, plans), stats) in scenario.cohorts.iter().zip(plans).zip(&stats) {
+        for ((cohort, plans), stats) in scenario.cohorts.iter().zip(plans).zip(stats) {
             let cohort = Arc::new(cohort.clone());
             for plan in plans {
                 clients.spawn(run_client(ctx.clone(), cohort.clone(), stats.clone(), plan));
             }
         }
-        let end = clock.start + duration;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut cancelled = false;
         loop {
@@ -218,9 +485,9 @@ pub fn run_variant(
                 joined = clients.join_next() => if joined.is_none() { break },
                 _ = tick.tick() => {
                     if progress {
-                        print_progress(&label, &clock, &stats, &supervisor, workers);
+                        print_progress(label, &clock, stats, supervisor, workers);
                     }
-                    if !cancelled && Instant::now() >= end + grace {
+                    if !cancelled && Instant::now() >= end {
                         cancelled = true;
                         let _ = cancel_tx.send(true);
                     }
@@ -231,59 +498,35 @@ pub fn run_variant(
             eprintln!();
         }
     });
-    let _ = stop_tx.send(true);
-    if let Some(t) = health_task {
-        let _ = app_rt.block_on(t);
-    }
-    let _ = app_rt.block_on(sampler);
+}
 
-    // What weir counted, then stop everything.
-    let metrics = admin
-        .map(|a| weir_rt.block_on(scrape(a)))
-        .unwrap_or_default();
-    drop(lb);
-    server.abort();
-    drop(server);
-    weir_rt.shutdown_timeout(Duration::from_secs(1));
-    let upstream = supervisor.totals();
-    let utilisation = *utilisation.lock().unwrap_or_else(PoisonError::into_inner);
-    let upstream = UpstreamReport {
-        demand_samples: utilisation.samples,
-        busy_under_demand: utilisation.share(),
-        ..upstream
-    };
-    let restarts = supervisor.restarts.load(Ordering::Relaxed);
-    let health = (
-        supervisor.health_checks.load(Ordering::Relaxed),
-        supervisor.health_failures.load(Ordering::Relaxed),
-    );
-    drop(supervisor);
-    load_rt.shutdown_timeout(Duration::from_secs(1));
-    app_rt.shutdown_timeout(Duration::from_secs(1));
-
-    let mut rules = rules_from_metrics(&metrics);
-    if meta.access_log {
-        let people: std::collections::HashSet<&str> = scenario
-            .cohorts
-            .iter()
-            .filter(|c| matches!(c.kind, CohortKind::Humans | CohortKind::Editors))
-            .map(|c| c.name.as_str())
-            .collect();
-        count_log_rejections(&access_log, &owners, &people, &mut rules);
+/// Scrapes weir's `/metrics` every `every` of the run (not its grace) for the alert
+/// replay; a scrape that fails or takes longer than the interval is skipped, as
+/// Prometheus marks a failed scrape.
+async fn record_metrics(
+    admin: SocketAddr,
+    clock: RunClock,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> MetricsRecorder {
+    let mut recorded = MetricsRecorder::default();
+    let mut tick = tokio::time::interval_at(clock.start, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => break,
+        }
+        let at = Instant::now();
+        if at > clock.start + clock.duration {
+            break;
+        }
+        let scrape = http_get(admin, "/metrics");
+        if let Ok(Ok((200, body))) = tokio::time::timeout(SCRAPE_TIMEOUT, scrape).await {
+            recorded.record(at - clock.start, &String::from_utf8_lossy(&body));
+        }
     }
-    let buckets = std::mem::take(&mut *buckets.lock().unwrap_or_else(PoisonError::into_inner));
-    Ok(build_report(
-        scenario,
-        variant,
-        lb_name(scenario),
-        &stats,
-        upstream,
-        restarts,
-        health,
-        rules,
-        buckets,
-        clock,
-    ))
+    recorded
 }
 
 fn lb_name(scenario: &Scenario) -> Option<String> {
@@ -364,13 +607,15 @@ impl AppSupervisor {
         self.stats.load().snapshot()
     }
 
+    /// The current instance's counters and those of the instances before it, read
+    /// under the lock a restart swaps them under: one instance is never in both.
+    fn current_and_past(&self) -> (AppSnapshot, AppSnapshot) {
+        let past = self.past.lock().unwrap_or_else(PoisonError::into_inner);
+        (self.snapshot(), past.clone())
+    }
+
     fn totals(&self) -> UpstreamReport {
-        let now = self.snapshot();
-        let past = self
-            .past
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let (now, past) = self.current_and_past();
         UpstreamReport {
             workers: self.cfg.workers,
             max_in_flight: now.max_in_flight.max(past.max_in_flight),
@@ -388,23 +633,27 @@ impl AppSupervisor {
 
     /// Kills the app (cutting every request in it), leaves nothing listening for `down`,
     /// then starts a fresh one on the same address.
+    ///
+    /// The killed instance's counters stay the current ones until its replacement
+    /// runs; then they move to `past` and the new ones become current under one lock,
+    /// so a reader never counts an instance twice (before, a report taken during the
+    /// `down` time counted the killed instance twice).
     async fn restart(&self, down: Duration) {
         let mut current = self.current.lock().await;
         if let Some(app) = current.take() {
-            let stats = app.stats();
             app.kill().await;
-            let s = stats.snapshot();
-            let mut past = self.past.lock().unwrap_or_else(PoisonError::into_inner);
-            past.served += s.served;
-            past.refused += s.refused;
-            past.abandoned += s.abandoned;
-            past.max_in_flight = past.max_in_flight.max(s.max_in_flight);
-            past.max_queued = past.max_queued.max(s.max_queued);
         }
         self.restarts.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(down).await;
         match SimApp::start(self.cfg.clone(), self.addr) {
             Ok(app) => {
+                let mut past = self.past.lock().unwrap_or_else(PoisonError::into_inner);
+                let s = self.snapshot();
+                past.served += s.served;
+                past.refused += s.refused;
+                past.abandoned += s.abandoned;
+                past.max_in_flight = past.max_in_flight.max(s.max_in_flight);
+                past.max_queued = past.max_queued.max(s.max_queued);
                 self.stats.store(app.stats());
                 *current = Some(app);
             }
@@ -451,23 +700,29 @@ impl Utilisation {
     }
 }
 
-/// Tells, at each sample, whether demand exceeds the app's capacity: weir
-/// has requests waiting in an admission queue, or has turned requests away
-/// since the last sample. Also reads weir's admission limit: the app's
-/// slots are its workers or that limit, whichever is lower.
+/// Tells, at each sample, whether demand exceeds the app's capacity: the
+/// gateway has turned requests away since the last sample, or requests
+/// wait (in weir's admission queues; behind a rival, which has no queue of
+/// its own the lab can see, in the app's backlog). Also reads weir's
+/// admission limit: the app's slots are its workers or that limit, whichever
+/// is lower.
 struct DemandProbe {
-    weir: Arc<weir::runtime::Runtime>,
+    /// weir's state; `None` for a rival gateway.
+    weir: Option<Arc<weir::runtime::Runtime>>,
     stats: Vec<Arc<CohortStats>>,
     turned_away: u64,
 }
 
 impl DemandProbe {
     /// `Some(slots)` when demand exceeds capacity now.
-    fn exceeded(&mut self, workers: usize) -> Option<usize> {
+    fn exceeded(&mut self, workers: usize, app_queued: usize) -> Option<usize> {
         let turned_away = self.stats.iter().map(|s| s.turned_away()).sum();
         let fresh = turned_away > self.turned_away;
         self.turned_away = turned_away;
-        let gateway = self.weir.gateway.load();
+        let Some(weir) = &self.weir else {
+            return (fresh || app_queued > 0).then_some(workers.max(1));
+        };
+        let gateway = weir.gateway.load();
         let queues = gateway.pools.iter().filter_map(|p| p.admission.as_ref());
         let (mut waiting, mut limit) = (0, None::<usize>);
         for q in queues {
@@ -496,20 +751,15 @@ async fn sample(
         if now < clock.start {
             continue;
         }
-        let s = sup.snapshot();
+        let (s, past) = sup.current_and_past();
         if now < clock.start + clock.duration
-            && let Some(slots) = demand.exceeded(s.workers)
+            && let Some(slots) = demand.exceeded(s.workers, s.queued)
         {
             let mut u = utilisation.lock().unwrap_or_else(PoisonError::into_inner);
             u.samples += 1;
             u.busy += (s.in_flight as f64 / slots as f64).min(1.0);
         }
-        let refused_total = s.refused
-            + sup
-                .past
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .refused;
+        let refused_total = s.refused + past.refused;
         let mut b = buckets.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(b) = b.get_mut(clock.bucket(now)) {
             b.in_flight = b.in_flight.max(s.in_flight as u32);
@@ -715,8 +965,6 @@ fn build_report(
     load_balancer: Option<String>,
     stats: &[Arc<CohortStats>],
     upstream: UpstreamReport,
-    restarts: u64,
-    (health_checks, health_failures): (u64, u64),
     rules: BTreeMap<String, RuleReport>,
     buckets: Vec<UpstreamBucket>,
     clock: RunClock,
@@ -726,9 +974,10 @@ fn build_report(
         seconds: clock.buckets,
         ..Timeline::default()
     };
-    let cohorts = (scenario.cohorts.iter().zip(stats))
-        .map(|(c, s)| {
-            let t = s.totals();
+    let totals: Vec<_> = stats.iter().map(|s| s.totals()).collect();
+    let app_total: u64 = totals.iter().map(|t| t.reached_app).sum();
+    let cohorts = (scenario.cohorts.iter().zip(totals))
+        .map(|(c, t)| {
             all_lags.extend_from_slice(&t.lags_us);
             let mut series = BTreeMap::new();
             for o in OUTCOMES {
@@ -749,6 +998,12 @@ fn build_report(
                     .map(|o| (o.as_str().to_string(), t.count(*o)))
                     .collect(),
                 reached_app: t.reached_app,
+                reached_app_share: if app_total == 0 {
+                    0.0
+                } else {
+                    t.reached_app as f64 / app_total as f64
+                },
+                served_2s: t.served_fast,
                 challenges_solved: t.challenges_solved,
                 rechallenged: t.rechallenged,
                 challenged_p50_ms: quantile_ms(&t.solved_latencies_us, 0.50),
@@ -803,15 +1058,12 @@ fn build_report(
     VariantReport {
         name: variant.name.clone(),
         description: variant.description.clone(),
+        gateway: variant.gateway,
         load_balancer,
         cohorts,
-        upstream: UpstreamReport {
-            restarts,
-            health_checks,
-            health_failures,
-            ..upstream
-        },
+        upstream,
         rules,
+        alerts: None,
         generator,
         timeline,
     }
@@ -820,6 +1072,35 @@ fn build_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a report taken while autoheal's restart left nothing listening
+    /// counted the killed instance twice (nginx-best's app "served" 2,294 requests
+    /// for 1,147 in one crawler-flood run).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_never_counts_the_killed_instance_twice() {
+        let cfg = AppConfig::default();
+        let app = SimApp::start(cfg.clone(), "127.0.0.1:0".parse().expect("literal"))
+            .expect("app starts");
+        let sup = Arc::new(AppSupervisor::new(cfg, app));
+        for _ in 0..3 {
+            let (status, _) = http_get(sup.addr, "/wiki/Page").await.expect("served");
+            assert_eq!(status, 200);
+        }
+        assert_eq!(sup.totals().served, 3);
+        let restart = tokio::spawn({
+            let sup = sup.clone();
+            async move { sup.restart(Duration::from_secs(1)).await }
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sup.restarts.load(Ordering::Relaxed) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(sup.totals().served, 3, "while nothing listens");
+        restart.await.expect("restart");
+        assert_eq!(sup.totals().served, 3, "after the restart");
+        http_get(sup.addr, "/wiki/Page").await.expect("the new app");
+        assert_eq!(sup.totals().served, 4);
+    }
 
     #[test]
     fn rules_come_from_both_metric_families() {
@@ -837,6 +1118,7 @@ mod tests {
         let v = Variant {
             name: "x".into(),
             description: String::new(),
+            gateway: GatewayKind::Weir,
             config_text: "[pools.app]\nservers = [\"{{app}}\"]\n".into(),
             config_path: None,
         };

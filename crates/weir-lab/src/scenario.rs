@@ -1,9 +1,11 @@
 //! Scenario files for `weir sim`: the schema, loading with errors that name the line and
 //! key (the same [`ConfigError`] weir's own config uses), and validation.
 //!
-//! A scenario is one incident in miniature: an app ([`AppConfig`]), one or more weir
-//! configurations to compare (`[weir.<variant>]`), traffic cohorts (`[[cohorts]]`) and the
-//! checks each variant must pass (`[[expect]]`). See `docs/lab.md` for the format.
+//! A scenario is one incident in miniature: an app ([`AppConfig`]), one or more gateway
+//! configurations to compare (`[weir.<variant>]`: weir, or a rival nginx or HAProxy with
+//! `gateway = "nginx"`), traffic cohorts (`[[cohorts]]`), the alert rules to replay over
+//! weir's metrics (`[alerts]`) and the checks each variant must pass (`[[expect]]`). See
+//! `docs/lab.md` for the format.
 //!
 //! This module only reads and checks files. It does not start anything (see
 //! [`crate::runner`]), and it does not check the embedded weir configs beyond their
@@ -17,7 +19,7 @@ use serde::Deserialize;
 
 pub use super::addresses::NetworkGroup;
 use super::app::AppConfig;
-use super::expect::Check;
+use super::expect::{Check, Subject};
 use weir::config::{ConfigDuration, ConfigError, ConfigErrors, KeyPath, TomlLocator, line_of};
 
 /// Longest scenario the lab runs: CI runs every scenario, and a laptop demo must stay short.
@@ -41,8 +43,28 @@ pub struct ScenarioFile {
     pub weir: std::collections::BTreeMap<String, WeirVariantConfig>,
     #[serde(default)]
     pub cohorts: Vec<CohortConfig>,
+    /// Prometheus alert rules evaluated over weir's metrics after each weir variant.
+    #[serde(default)]
+    pub alerts: Option<AlertsConfig>,
     #[serde(default)]
     pub expect: Vec<ExpectConfig>,
+}
+
+/// `[alerts]`: alert rules replayed with `promtool test rules` over the metrics
+/// scraped from weir during each weir variant, on the story's clock (see
+/// [`crate::alerts`]).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// The rules file, relative to the scenario file (e.g. `../docs/alerts.yml`).
+    pub rules: String,
+    /// Prometheus's scrape interval in story time; the lab scrapes weir every
+    /// `scrape_interval / compression` of run time (at least 50 ms). Default 1m.
+    #[serde(default = "default_scrape_interval")]
+    pub scrape_interval: ConfigDuration,
+    /// How often rules are evaluated, in story time. Default: the scrape interval.
+    #[serde(default)]
+    pub evaluation_interval: Option<ConfigDuration>,
 }
 
 /// `[scenario]`: name and timing.
@@ -126,22 +148,55 @@ pub enum LoadBalancer {
     Nginx,
 }
 
-/// `[weir.<variant>]`: one weir configuration, inline or from a file.
+/// `[weir.<variant>]`: one gateway configuration, inline or from a file.
 ///
 /// In the text, `{{app}}` is replaced by the app's address and `{{dir}}` by the run's
-/// temp dir. Listeners should use port 0. Without `[admin]` the admin API binds
-/// `127.0.0.1:0`; without `[access_log]` the log goes to a temp file the lab reads.
+/// temp dir. weir: listeners should use port 0; without `[admin]` the admin API binds
+/// `127.0.0.1:0`; without `[access_log]` the log goes to a temp file the lab reads. A
+/// rival (`gateway = "nginx"` or `"haproxy"`) listens on `{{listen}}`, a free loopback
+/// address the lab picks.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WeirVariantConfig {
     #[serde(default)]
     pub description: String,
-    /// The weir config as TOML text.
+    /// What runs as the gateway: weir (default), or a rival to measure it against.
+    #[serde(default)]
+    pub gateway: GatewayKind,
+    /// The config as text: weir's TOML; for nginx the contents of its `http` block;
+    /// for HAProxy everything after its `global` section.
     #[serde(default)]
     pub config: Option<String>,
     /// A weir config file, relative to the scenario file.
     #[serde(default)]
     pub file: Option<String>,
+}
+
+/// The gateway a variant runs in front of the app.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GatewayKind {
+    /// weir itself, started in-process.
+    #[default]
+    Weir,
+    /// A real nginx (`/usr/sbin/nginx` or `$WEIR_LAB_NGINX`), configured by the variant.
+    Nginx,
+    /// A real HAProxy (`/usr/sbin/haproxy` or `$WEIR_LAB_HAPROXY`), configured by the
+    /// variant.
+    Haproxy,
+}
+
+impl GatewayKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GatewayKind::Weir => "weir",
+            GatewayKind::Nginx => "nginx",
+            GatewayKind::Haproxy => "haproxy",
+        }
+    }
+
+    /// A rival's listen placeholder: it must appear in the variant's config.
+    pub const LISTEN: &'static str = "{{listen}}";
 }
 
 /// What a cohort is.
@@ -365,6 +420,13 @@ fn default_restart_time() -> ConfigDuration {
 fn default_method() -> String {
     "GET".into()
 }
+fn default_scrape_interval() -> ConfigDuration {
+    ConfigDuration::secs(60)
+}
+
+/// The lab scrapes weir's metrics at most this often (run time): each scrape renders
+/// every series, on the same two cores as the run.
+pub const MIN_SCRAPE_EVERY: Duration = Duration::from_millis(50);
 
 /// A loaded, checked scenario.
 #[derive(Debug, Clone)]
@@ -376,15 +438,30 @@ pub struct Scenario {
     pub cohorts: Vec<Cohort>,
     /// Parsed checks, in file order.
     pub checks: Vec<Expectation>,
+    /// Alert rules to replay over weir's metrics, when `[alerts]` is set.
+    pub alerts: Option<AlertReplay>,
     /// The file, when loaded from one.
     pub path: Option<PathBuf>,
 }
 
-/// One weir variant, its config text read.
+/// `[alerts]`, resolved: the rules file's path and the two clocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AlertReplay {
+    pub rules: PathBuf,
+    /// Run time between two scrapes of weir's metrics.
+    pub scrape_every: Duration,
+    /// The same in story time (the series' interval in the promtool test).
+    pub story_interval: Duration,
+    /// Story time between two rule evaluations.
+    pub evaluation_interval: Duration,
+}
+
+/// One variant, its config text read.
 #[derive(Debug, Clone)]
 pub struct Variant {
     pub name: String,
     pub description: String,
+    pub gateway: GatewayKind,
     pub config_text: String,
     /// Where the text came from (for weir's error messages).
     pub config_path: Option<PathBuf>,
@@ -510,11 +587,42 @@ pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, Co
 
     let variants = variants(&file, &at, path, &mut errors);
     let cohorts = cohorts(&file, &at, &mut errors);
-    let names: BTreeSet<&str> = cohorts.iter().map(|c| c.name.as_str()).collect();
+    let alerts = alert_replay(&file, &at, path, &mut errors);
+    let checks = expectations(
+        &file,
+        &at,
+        (&variants, &cohorts),
+        alerts.is_some(),
+        &mut errors,
+    );
+    if errors.is_empty() {
+        Ok(Scenario {
+            file,
+            variants,
+            cohorts,
+            checks,
+            alerts,
+            path: path.map(Path::to_path_buf),
+        })
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
 
+/// The `[[expect]]` checks, each checked against the variants, cohorts and `[alerts]`
+/// it names: `rules.*` and `alerts.*` read weir's own metrics and log, so a check that
+/// applies to a rival variant is an error, not a silent "missing".
+fn expectations(
+    file: &ScenarioFile,
+    at: &Locator<'_>,
+    (variants, cohorts): (&[Variant], &[Cohort]),
+    has_alerts: bool,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<Expectation> {
+    let names: BTreeSet<&str> = cohorts.iter().map(|c| c.name.as_str()).collect();
     let mut checks = Vec::new();
     for (i, e) in file.expect.iter().enumerate() {
-        let key = root.key("expect").index(i);
+        let key = KeyPath::root().key("expect").index(i);
         if let Some(v) = &e.variant
             && !variants.iter().any(|x| &x.name == v)
         {
@@ -522,46 +630,95 @@ pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, Co
                 &key.key("variant"),
                 format!(
                     "no variant {v:?}; the scenario has {}",
-                    variant_list(&variants)
+                    variant_list(variants)
                 ),
             ));
         }
         let line = at.line(&key.key("check"));
-        match Check::parse(&e.check) {
-            Ok(check) => {
-                if let Some(cohort) = check.cohort_name()
-                    && !names.contains(cohort)
-                {
-                    errors.push(at.error(
-                        &key.key("check"),
-                        format!(
-                            "{:?}: no cohort named {cohort:?} (cohorts: {})",
-                            e.check,
-                            names.iter().copied().collect::<Vec<_>>().join(", ")
-                        ),
-                    ));
-                }
-                checks.push(Expectation {
-                    variant: e.variant.clone(),
-                    check,
-                    pending: e.pending.clone(),
-                    line,
-                });
+        let check = match Check::parse(&e.check) {
+            Ok(check) => check,
+            Err(err) => {
+                errors.push(at.error(&key.key("check"), format!("{:?}: {err}", e.check)));
+                continue;
             }
-            Err(err) => errors.push(at.error(&key.key("check"), format!("{:?}: {err}", e.check))),
+        };
+        let mut problem = |message: String| errors.push(at.error(&key.key("check"), message));
+        if let Some(cohort) = check.cohort_name()
+            && !names.contains(cohort)
+        {
+            problem(format!(
+                "{:?}: no cohort named {cohort:?} (cohorts: {})",
+                e.check,
+                names.iter().copied().collect::<Vec<_>>().join(", ")
+            ));
         }
+        if matches!(check.subject, Subject::Alert(_)) && !has_alerts {
+            problem(format!(
+                "{:?}: alerts.* checks need an [alerts] table naming the rules file",
+                e.check
+            ));
+        }
+        if check.subject.weir_only() {
+            let rivals = variants.iter().filter(|v| {
+                v.gateway != GatewayKind::Weir && e.variant.as_ref().is_none_or(|n| n == &v.name)
+            });
+            for v in rivals {
+                problem(format!(
+                    "{:?} reads weir's own metrics and log, but variant {:?} runs {} \
+                     (set `variant` to a weir variant)",
+                    e.check,
+                    v.name,
+                    v.gateway.as_str()
+                ));
+            }
+        }
+        checks.push(Expectation {
+            variant: e.variant.clone(),
+            check,
+            pending: e.pending.clone(),
+            line,
+        });
     }
-    if errors.is_empty() {
-        Ok(Scenario {
-            file,
-            variants,
-            cohorts,
-            checks,
-            path: path.map(Path::to_path_buf),
-        })
-    } else {
-        Err(ConfigErrors(errors))
+    checks
+}
+
+/// `[alerts]`, resolved against the scenario's file and compression.
+fn alert_replay(
+    file: &ScenarioFile,
+    at: &Locator<'_>,
+    path: Option<&Path>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<AlertReplay> {
+    let a = file.alerts.as_ref()?;
+    let key = KeyPath::root().key("alerts");
+    // Whether the file exists is checked before a run (crate::cli), not here: the
+    // demo loads this scenario from inside the binary, with no docs/ beside it.
+    let rules = path
+        .and_then(Path::parent)
+        .map_or_else(|| PathBuf::from(&a.rules), |dir| dir.join(&a.rules));
+    let compression = file.scenario.compression;
+    let story_interval = a.scrape_interval.0;
+    let scrape_every = Duration::try_from_secs_f64(story_interval.as_secs_f64() / compression)
+        .unwrap_or(Duration::ZERO);
+    if scrape_every < MIN_SCRAPE_EVERY {
+        errors.push(at.error(
+            &key.key("scrape_interval"),
+            format!(
+                "{story_interval:?} of story time is {scrape_every:?} of run time at \
+                 compression {compression}; the lab scrapes at most every {MIN_SCRAPE_EVERY:?}"
+            ),
+        ));
     }
+    let evaluation_interval = a.evaluation_interval.map_or(story_interval, |d| d.0);
+    if evaluation_interval.is_zero() {
+        errors.push(at.error(&key.key("evaluation_interval"), "must be more than 0"));
+    }
+    Some(AlertReplay {
+        rules,
+        scrape_every,
+        story_interval,
+        evaluation_interval,
+    })
 }
 
 fn variant_list(variants: &[Variant]) -> String {
@@ -617,9 +774,21 @@ fn variants(
             }
         };
         if let Some((config_text, config_path)) = text {
+            if v.gateway != GatewayKind::Weir && !config_text.contains(GatewayKind::LISTEN) {
+                let field = if v.config.is_some() { "config" } else { "file" };
+                errors.push(at.error(
+                    &key.key(field),
+                    format!(
+                        "a {} variant must listen on {} (the lab's free loopback address)",
+                        v.gateway.as_str(),
+                        GatewayKind::LISTEN
+                    ),
+                ));
+            }
             out.push(Variant {
                 name: name.clone(),
                 description: v.description.clone(),
+                gateway: v.gateway,
                 config_text,
                 config_path,
             });
@@ -740,6 +909,7 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
                 share: 1.0,
                 prefixes: addresses.max(1),
                 len: 24,
+                within: None,
             }]
         } else {
             c.networks.clone()
@@ -982,6 +1152,13 @@ rate = 1.0
             ("[weir.two]\n", 12, "needs exactly one of `config`"),
             ("[weir.three]\nfile = \"does-not-exist.toml\"\n", 13, "cannot read"),
             ("unknown = 1\n", 12, "unknown field"),
+            ("[weir.n]\ngateway = \"nginx\"\nconfig = \"server {}\"\n", 14, "must listen on {{listen}}"),
+            ("[weir.h]\ngateway = \"haproxy\"\nconfig = \"bind {{listen}}\"\n[[expect]]\ncheck = \"rules.x.count == 0\"\n", 16, "variant \"h\" runs haproxy"),
+            ("[weir.h]\ngateway = \"haproxy\"\nconfig = \"bind {{listen}}\"\n[[expect]]\nvariant = \"h\"\ncheck = \"alerts.A.fired == 1\"\n", 17, "need an [alerts] table"),
+            ("[weir.s]\ngateway = \"squid\"\n", 13, "squid"),
+            ("[[expect]]\ncheck = \"alerts.A.fired == 1\"\n", 13, "need an [alerts] table"),
+            ("[alerts]\nrules = \"Cargo.toml\"\nscrape_interval = \"10ms\"\n", 14, "the lab scrapes at most every 50ms"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"c\"\ncount = 9\nrate = 1\nnetworks = [{ share = 1.0, prefixes = 3, len = 24, within = 28 }]\n", 17, "within = 28 must be between 16 and 24"),
         ];
         for (extra, line, needle) in cases {
             let text = format!("{BASE}{extra}");
@@ -996,6 +1173,49 @@ rate = 1.0
                 "{errs:#?}"
             );
         }
+    }
+
+    #[test]
+    fn rival_variants_and_alerts_load() {
+        let text = format!(
+            "{BASE}[weir.nginx-best]\ngateway = \"nginx\"\nconfig = \"server {{ listen {{{{listen}}}}; }}\"\n\
+             [alerts]\nrules = \"Cargo.toml\"\n\
+             [[expect]]\nvariant = \"only\"\ncheck = \"alerts.A.fired == 1\"\n\
+             [[expect]]\ncheck = \"humans.served_2s >= 0.99\"\n"
+        );
+        let s =
+            load_scenario_str(&text, Some(Path::new("s.toml"))).unwrap_or_else(|e| panic!("{e}"));
+        let kinds: Vec<GatewayKind> = s.variants.iter().map(|v| v.gateway).collect();
+        assert_eq!(kinds, [GatewayKind::Weir, GatewayKind::Nginx]);
+        let alerts = s.alerts.expect("[alerts]");
+        // compression 1: story and run clocks are the same.
+        assert_eq!(alerts.scrape_every, Duration::from_secs(60));
+        assert_eq!(alerts.evaluation_interval, Duration::from_secs(60));
+        assert_eq!(s.checks.len(), 2);
+    }
+
+    /// A carrier NAT: 100 people over 16 /24s of one /16 (issue 19), from a file.
+    #[test]
+    fn a_carrier_cohort_loads_and_packs_into_one_16() {
+        let text = format!(
+            "{BASE}[[cohorts]]\nkind = \"humans\"\nname = \"carrier\"\ncount = 100\nrate = 0.4\n\
+             networks = [{{ share = 1.0, prefixes = 16, len = 24, within = 16 }}]\n"
+        );
+        let s = load_scenario_str(&text, None).unwrap_or_else(|e| panic!("{e}"));
+        let carrier = &s.cohorts[1];
+        assert_eq!(carrier.networks[0].within, Some(16));
+        let addrs = crate::addresses::AddressSpace::new(s.file.scenario.seed)
+            .allocate(&carrier.networks, carrier.addresses)
+            .expect("fits");
+        let sixteens: BTreeSet<u8> = addrs.iter().map(|a| a.octets()[1]).collect();
+        let twenty_fours: BTreeSet<[u8; 2]> = addrs
+            .iter()
+            .map(|a| [a.octets()[1], a.octets()[2]])
+            .collect();
+        assert_eq!(
+            (addrs.len(), sixteens.len(), twenty_fours.len()),
+            (100, 1, 16)
+        );
     }
 
     #[test]
@@ -1043,6 +1263,6 @@ rate = 1.0
                 n += 1;
             }
         }
-        assert_eq!(n, 4);
+        assert_eq!(n, 5);
     }
 }
