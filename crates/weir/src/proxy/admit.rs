@@ -37,7 +37,6 @@ pub(super) async fn admit(
     log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
     use crate::admission::{FairKey, Lane, Shape};
-    use crate::observe::metrics::LaneLabels;
     let Some(queue) = &pool.admission else {
         return Ok(());
     };
@@ -58,29 +57,22 @@ pub(super) async fn admit(
         proof.pass.is_some(),
         class_lane,
     ));
-    let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());
-    log.record.lane = Some(lane_name.clone());
+    let metrics = &log.conn.rt.metrics;
+    let series = metrics.admitted(&pool.name, &queue.lanes().spec(lane).name);
+    log.record.lane = Some(series.lane.clone());
     let now = tokio::time::Instant::now();
     let deadline = match class.queue_timeout {
         Some(t) => now + t,
         None => queue.deadline(lane, now),
     };
-    let metrics = &log.conn.rt.metrics;
     match queue
         .acquire(lane, FairKey::of(client.client), deadline)
         .await
     {
         Ok(mut permit) => {
             permit.learn(shape);
-            let labels = LaneLabels {
-                pool: pool.name.clone(),
-                lane: lane_name,
-            };
-            metrics.admission_admitted.get_or_create(&labels).inc();
-            metrics
-                .admission_queue_wait
-                .get_or_create(&labels)
-                .observe(permit.waited().as_secs_f64());
+            series.admitted.inc();
+            series.wait.observe(permit.waited().as_secs_f64());
             log.record.queue_time = permit.waited();
             log.permit = Some(permit);
             Ok(())

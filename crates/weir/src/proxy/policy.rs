@@ -23,7 +23,7 @@ use crate::identity::ClientAddr;
 use crate::identity::ClientId;
 use crate::identity::session::SessionState;
 use crate::observe::metrics::{
-    ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels, RuleResultLabels,
+    ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels,
 };
 use crate::policy::route::{RequestView, Route};
 use crate::policy::rules::{RequestFacts, Rule, RuleObserver, RuleRejection, RuleResult, judge};
@@ -255,14 +255,7 @@ impl RuleObserver for Live<'_> {
     }
 
     fn result(&mut self, rule: &Rule, result: RuleResult) {
-        self.rt
-            .metrics
-            .rule_decisions
-            .get_or_create(&RuleResultLabels {
-                rule: rule.name.clone(),
-                result: result.as_str(),
-            })
-            .inc();
+        self.rt.metrics.rule_result(&rule.name, result.as_str());
     }
 
     fn rejected(
