@@ -12,7 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-test-deps.sh nginx haproxy wrk
+# nghttp2-client: h2load, for the HTTP/2 targets and bench/callgrind.py (the
+# bench only: CI does not install it).
+scripts/install-test-deps.sh nginx haproxy wrk nghttp2-client
 if ! command -v python3 >/dev/null 2>&1; then
     scripts/install-test-deps.sh python3
 fi

@@ -172,19 +172,35 @@ def start_upstream(workdir, pin):
     return start_nginx("upstream", conf, workdir, port, pin)
 
 
-def start_nginx_proxy(workdir, upstream_port, pin):
+def start_nginx_proxy(workdir, upstream_port, pin, name="nginx", workers=1, tls=None):
+    """nginx in front of the upstream: `workers` worker processes; with
+    `tls` = (cert, key), HTTPS (OpenSSL) with HTTP/2 offered by ALPN."""
     port = free_port()
+    listen = f"listen 127.0.0.1:{port} backlog=4096"
+    if tls:
+        listen += (f" ssl http2; ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};\n"
+                   "  ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:tls:10m")
     def conf(d):
-        # 1 worker; enough connections for 10,000 idle clients + upstream.
-        return nginx_main(d, 1, 19000) + (
+        # Enough connections for 10,000 idle clients + upstream.
+        return nginx_main(d, workers, 19000) + (
             "http {\n" + nginx_http_common(d) + "access_log /dev/null;\n"
             f"upstream app {{ server 127.0.0.1:{upstream_port}; keepalive 1024; }}\n"
-            f"server {{ listen 127.0.0.1:{port} backlog=4096;\n"
+            f"server {{ {listen};\n"
             "  location / { proxy_pass http://app; proxy_http_version 1.1;\n"
             "    proxy_set_header Connection \"\";\n"
             "    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; } }\n}\n"
         )
-    return start_nginx("nginx", conf, workdir, port, pin)
+    return start_nginx(name, conf, workdir, port, pin)
+
+
+def self_signed(workdir):
+    """A self-signed certificate and key (P-256) for the TLS targets."""
+    cert, key = os.path.join(workdir, "cert.pem"), os.path.join(workdir, "key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=localhost"],
+        check=True, capture_output=True, timeout=60)
+    return cert, key
 
 
 def start_haproxy(workdir, upstream_port, pin):
@@ -209,12 +225,24 @@ def start_haproxy(workdir, upstream_port, pin):
 
 
 PAGE_ROUTE = '[[routes]]\npool = "app"\nclass = "page"\n\n'
+# Issue 21: the bench runs weir with every protection on. A rule at three
+# levels (address, /24, /16) that never refuses: every request is charged at
+# each level, as on a protected site, and none is turned away.
+BENCH_ROUTES = PAGE_ROUTE + (
+    '[[classes.page.rules]]\nname = "page-rate"\nlimits = [\n'
+    '  { per = "ip", rate = 100000000, window = "1m" },\n'
+    '  { per = "subnet", rate = 100000000, window = "1m" },\n'
+    '  { per = "network", rate = 100000000, window = "1m" },\n]\n\n'
+)
 
 
-def weir_config(upstream_port, admission=False, tls=None, routes=PAGE_ROUTE):
-    """The benchmark's weir config: proxying only, logging and metrics on.
-    (bench/pgo_train.py adds a TLS listener, `tls` = (cert, key), and its
-    own `routes` and classes.)"""
+def weir_config(upstream_port, admission=False, tls=None, routes=BENCH_ROUTES, workers=1):
+    """The benchmark's weir config, every protection on as issue 21 asks:
+    the access log (to /dev/null), metrics, a three-level rate rule that
+    never refuses (`BENCH_ROUTES`) and admission (on for every pool by
+    default: a queue whose limit is learned from latency). (bench/pgo_train.py
+    adds a TLS listener, `tls` = (cert, key), and its own `routes` and
+    classes.)"""
     listeners = '[[listeners]]\naddress = "127.0.0.1:0"\n\n'
     if tls:
         listeners += ('[[listeners]]\naddress = "127.0.0.1:0"\n'
@@ -234,8 +262,9 @@ def weir_config(upstream_port, admission=False, tls=None, routes=PAGE_ROUTE):
         # per-address defaults (256 connections, 128 in flight) would
         # rightly treat it as a flood. The bench measures proxying.
         + '[limits]\nmax_connections_per_ip = 20000\nmax_requests_in_flight_per_ip = 20000\n\n'
-        # One worker thread, as nginx (1 worker) and HAProxy (1 thread).
-        '[process]\nworkers = 1\n'
+        # One worker thread, as nginx (1 worker) and HAProxy (1 thread);
+        # the `-w2` targets run two, against nginx with two workers.
+        f'[process]\nworkers = {workers}\n'
     )
 
 
@@ -308,12 +337,57 @@ def parse_wrk(out):
     return res
 
 
-def run_wrk(port, conns, duration, pin):
+def run_wrk(port, conns, duration, pin, scheme="http"):
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", "--timeout", "5s",
-            f"http://127.0.0.1:{port}/"]
+            f"{scheme}://127.0.0.1:{port}/"]
     if pin is not None:
         argv = ["taskset", "-c", pin] + argv
     return subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60).stdout
+
+
+def run_h2load(port, conns, duration, pin, streams):
+    """HTTP/2 over TLS (ALPN h2): `conns` connections, `streams` requests in
+    flight on each, one thread, for `duration` seconds."""
+    argv = ["h2load", "-t1", f"-c{conns}", f"-m{streams}", f"-D{duration}",
+            f"https://127.0.0.1:{port}/"]
+    if pin is not None:
+        argv = ["taskset", "-c", pin] + argv
+    return subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60).stdout
+
+
+def parse_h2load(out):
+    """wrk's fields from h2load's report (h2load gives no percentiles: the
+    latency columns are its mean request time for p50, NaN for p99)."""
+    res = {"requests": 0, "seconds": float("nan"), "rps": 0.0, "p50_ms": float("nan"),
+           "p99_ms": float("nan"), "socket_errors": 0, "non_2xx": 0}
+    m = re.search(r"finished in ([\d.]+)(us|ms|s|m), ([\d.]+) req/s", out)
+    if m:
+        res["seconds"] = parse_duration_ms(m.group(1) + m.group(2)) / 1000
+        res["rps"] = float(m.group(3))
+    m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, "
+                  r"(\d+) failed, (\d+) errored, (\d+) timeout", out)
+    if m:
+        res["requests"] = int(m.group(2))
+        res["socket_errors"] = int(m.group(4)) + int(m.group(5))
+    m = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+    if m:
+        res["non_2xx"] = int(m.group(3)) + int(m.group(4))
+    m = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)", out)
+    if m:
+        res["p50_ms"] = parse_duration_ms(m.group(1))
+    return res
+
+
+# Targets whose ratios are taken against another nginx than the 1-worker
+# plain one: the same protocol and worker count on both sides.
+BASELINE = {"weir-w2": "nginx-w2", "weir-tls": "nginx-tls", "weir-h2": "nginx-h2"}
+# Targets loaded with h2load (HTTP/2) instead of wrk; https for wrk.
+H2_TARGETS = {"nginx-h2", "weir-h2"}
+TLS_TARGETS = {"nginx-tls", "weir-tls"}
+
+
+def baseline_of(target):
+    return BASELINE.get(target, "nginx")
 
 
 def idle_memory(target, server, n, here):
@@ -350,11 +424,13 @@ def idle_memory(target, server, n, here):
 
 
 def paired_ratio(rows, target, conns, key):
-    """Median over rounds of target's `key` divided by nginx's in that round."""
+    """Median over rounds of target's `key` divided by its nginx's (see
+    `BASELINE`) in that round."""
     ratios = []
+    base = baseline_of(target)
     for r in {x["round"] for x in rows}:
         a = [x[key] for x in rows if (x["round"], x["target"], x["conns"]) == (r, target, conns)]
-        b = [x[key] for x in rows if (x["round"], x["target"], x["conns"]) == (r, "nginx", conns)]
+        b = [x[key] for x in rows if (x["round"], x["target"], x["conns"]) == (r, base, conns)]
         if a and b and isinstance(a[0], (int, float)) and isinstance(b[0], (int, float)) and b[0]:
             ratios.append(a[0] / b[0])
     return round(statistics.median(ratios), 3) if ratios else float("nan")
@@ -369,7 +445,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--conns", default="50,1000")
-    ap.add_argument("--targets", default="direct,nginx,haproxy,weir,weir-pgo")
+    ap.add_argument("--targets", default="direct,nginx,haproxy,weir,weir-pgo,"
+                    "nginx-w2,weir-w2,nginx-tls,weir-tls,nginx-h2,weir-h2",
+                    help="-w2: two workers each; -tls: HTTPS (wrk); -h2: HTTP/2 over TLS "
+                         "(h2load); their ratios are against the nginx of the same kind")
+    ap.add_argument("--h2-streams", type=int, default=10,
+                    help="requests in flight per HTTP/2 connection (h2load -m)")
     ap.add_argument("--idle-conns", type=int, default=10000)
     ap.add_argument("--idle-targets", default="nginx,weir")
     ap.add_argument("--weir-bin", default="target/release/weir")
@@ -395,9 +476,27 @@ def main():
 
     servers, skipped = {}, {}
     upstream = start_upstream(work, pin_other)
+    tls = self_signed(work) if any(t in TLS_TARGETS | H2_TARGETS for t in wanted) else None
+
+    def weir_tls(name, cfg_workers=1):
+        """weir with a TLS listener (HTTP/2 and HTTP/1.1 by ALPN): its port."""
+        s = start_weir(work, name, weir_config(upstream.port, tls=tls, workers=cfg_workers),
+                       args.weir_bin, pin_proxy)
+        s.port = s.ports[1]
+        return s
+
     try:
         starters = {
             "nginx": lambda: start_nginx_proxy(work, upstream.port, pin_proxy),
+            "nginx-w2": lambda: start_nginx_proxy(work, upstream.port, pin_proxy, "nginx-w2", 2),
+            "nginx-tls": lambda: start_nginx_proxy(work, upstream.port, pin_proxy, "nginx-tls",
+                                                   tls=tls),
+            "nginx-h2": lambda: start_nginx_proxy(work, upstream.port, pin_proxy, "nginx-h2",
+                                                  tls=tls),
+            "weir-w2": lambda: start_weir(work, "weir-w2", weir_config(upstream.port, workers=2),
+                                          args.weir_bin, pin_proxy),
+            "weir-tls": lambda: weir_tls("weir-tls"),
+            "weir-h2": lambda: weir_tls("weir-h2"),
             "haproxy": lambda: start_haproxy(work, upstream.port, pin_proxy),
             "weir": lambda: start_weir(work, "weir", weir_config(upstream.port),
                                        args.weir_bin, pin_proxy),
@@ -442,12 +541,17 @@ def main():
                     proxy_pids = servers[t].pids() if t in servers else []
                     up_pids = upstream.pids()
                     (pu0, ps0), u0 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
-                    text = run_wrk(port_of[t], c, args.duration, pin_other)
+                    if t in H2_TARGETS:
+                        text = run_h2load(port_of[t], c, args.duration, pin_other,
+                                          args.h2_streams)
+                    else:
+                        text = run_wrk(port_of[t], c, args.duration, pin_other,
+                                       "https" if t in TLS_TARGETS else "http")
                     (pu1, ps1), u1 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
                     p0, p1 = pu0 + ps0, pu1 + ps1
                     with open(os.path.join(out, "wrk", f"r{r + 1}-{t}-c{c}.txt"), "w") as f:
                         f.write(text)
-                    w = parse_wrk(text)
+                    w = parse_h2load(text) if t in H2_TARGETS else parse_wrk(text)
                     req = w["requests"] or 1
                     row = {"round": r + 1, "target": t, "conns": c, **w,
                            "proxy_cpu_s": (p1 - p0) / CLK_TCK if proxy_pids else "",
@@ -456,7 +560,7 @@ def main():
                            "proxy_sys_us_per_req": round((ps1 - ps0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
                            "upstream_cpu_us_per_req": round((u1 - u0) / CLK_TCK * 1e6 / req, 2)}
                     rows.append(row)
-                    print(f"  round {r + 1} c={c:<5} {t:<8} {w['rps']:>10.0f} req/s  "
+                    print(f"  round {r + 1} c={c:<5} {t:<9} {w['rps']:>10.0f} req/s  "
                           f"p50 {fmt(w['p50_ms'], '.2f')} ms  p99 {fmt(w['p99_ms'], '.2f')} ms  "
                           f"cpu {fmt(row['proxy_cpu_us_per_req'] or None, '.1f')} us/req"
                           + (f"  ERRORS {w['socket_errors']} non2xx {w['non_2xx']}"
@@ -473,6 +577,8 @@ def main():
             base = {}
             for t in targets:
                 rs = [x for x in rows if x["target"] == t and x["conns"] == c]
+                if not rs:  # --rounds 0: idle memory only
+                    continue
                 base[t] = {
                     "target": t, "conns": c, "rounds": len(rs),
                     "rps_median": round(med([x["rps"] for x in rs])),
@@ -487,12 +593,13 @@ def main():
                     "upstream_cpu_us_per_req": round(med([x["upstream_cpu_us_per_req"] for x in rs]), 2),
                     "errors": sum(x["socket_errors"] + x["non_2xx"] for x in rs),
                 }
-            for t in targets:
+            for t in base:
                 s = base[t]
                 s["vs_direct"] = round(s["rps_median"] / base["direct"]["rps_median"], 3) \
                     if "direct" in base and base["direct"]["rps_median"] else float("nan")
-                s["vs_nginx"] = round(s["rps_median"] / base["nginx"]["rps_median"], 3) \
-                    if "nginx" in base and base["nginx"]["rps_median"] else float("nan")
+                b = baseline_of(t)
+                s["vs_nginx"] = round(s["rps_median"] / base[b]["rps_median"], 3) \
+                    if b in base and base[b]["rps_median"] else float("nan")
                 # Paired: the median of each round's ratio to nginx in the same
                 # round. Neighbouring runs share the machine's state, so this
                 # moves less with the machine than a ratio of medians does.
@@ -540,27 +647,29 @@ def main():
                         dst.write(src.read())
 
         print()
-        print(f"wrk -t1, {args.rounds} interleaved rounds x {args.duration}s, medians of rounds; "
-              f"cpu = proxy processes' user+sys CPU per request")
-        hdr = f"{'target':<8} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} " \
+        print(f"wrk -t1 (h2load -t1 -m{args.h2_streams} for -h2), {args.rounds} interleaved "
+              f"rounds x {args.duration}s, medians of rounds; cpu = proxy processes' user+sys "
+              f"CPU per request; x nginx: against the nginx of the same kind (-w2, -tls, -h2); "
+              f"h2load gives no p99, its p50 is the mean")
+        hdr = f"{'target':<9} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} " \
               f"{'vs direct':>9} {'vs nginx':>8} {'cpu us/req':>10} {'errors':>6}"
         print(hdr)
         print("-" * len(hdr))
         for s in summary:
-            print(f"{s['target']:<8} {s['conns']:>5} {s['rps_median']:>9} {fmt(s['p50_ms'], '.2f'):>8} "
+            print(f"{s['target']:<9} {s['conns']:>5} {s['rps_median']:>9} {fmt(s['p50_ms'], '.2f'):>8} "
                   f"{fmt(s['p99_ms'], '.2f'):>8} {fmt(s['vs_direct'], '.2f'):>9} "
                   f"{fmt(s['vs_nginx'], '.2f'):>8} {fmt(s['proxy_cpu_us_per_req'], '.1f'):>10} "
                   f"{s['errors']:>6}")
         print()
         print("proxy CPU split (medians, us/req) and paired ratios to nginx "
               "(median of each round's ratio)")
-        hdr = f"{'target':<8} {'conns':>5} {'user':>6} {'sys':>6} {'cpu x nginx':>11} {'p99 x nginx':>11}"
+        hdr = f"{'target':<9} {'conns':>5} {'user':>6} {'sys':>6} {'cpu x nginx':>11} {'p99 x nginx':>11}"
         print(hdr)
         print("-" * len(hdr))
         for s in summary:
             if s["target"] not in servers:
                 continue
-            print(f"{s['target']:<8} {s['conns']:>5} {fmt(s['proxy_user_us_per_req'], '.1f'):>6} "
+            print(f"{s['target']:<9} {s['conns']:>5} {fmt(s['proxy_user_us_per_req'], '.1f'):>6} "
                   f"{fmt(s['proxy_sys_us_per_req'], '.1f'):>6} "
                   f"{fmt(s['cpu_vs_nginx_paired'], '.2f'):>11} {fmt(s['p99_vs_nginx_paired'], '.2f'):>11}")
         # Admission's own cost: the same weir with a queue that never fills.

@@ -352,3 +352,115 @@ async fn a_malformed_upstream_answer_is_a_502_and_a_bad_body_is_cut_short() {
         "a cut-short body must not look whole"
     );
 }
+
+/// A keep-alive upstream that answers every request on a connection, each
+/// answer `head` then `body` (a `Content-Length` of `body`'s length) with a
+/// pause before the head and another after `split` body bytes; counts
+/// connections, request heads read and answers written.
+struct PausingUpstream {
+    addr: SocketAddr,
+    conns: Arc<AtomicUsize>,
+    heads: Arc<AtomicUsize>,
+    answered: Arc<AtomicUsize>,
+}
+
+impl PausingUpstream {
+    async fn start(before_head: Duration, body: usize, split: usize, mid_body: Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let counts = [(); 3].map(|()| Arc::new(AtomicUsize::new(0)));
+        let [conns, heads, answered] = counts.clone();
+        let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {body}\r\n\r\n").into_bytes();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                conns.fetch_add(1, Ordering::Relaxed);
+                let (heads, answered, answer) = (heads.clone(), answered.clone(), answer.clone());
+                tokio::spawn(async move {
+                    let payload = vec![b'x'; body];
+                    while read_head(&mut s).await {
+                        heads.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(before_head).await;
+                        let first = [&answer[..], &payload[..split]].concat();
+                        if s.write_all(&first).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(mid_body).await;
+                        if s.write_all(&payload[split..]).await.is_err() {
+                            return;
+                        }
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        let [conns, heads, answered] = counts;
+        PausingUpstream {
+            addr,
+            conns,
+            heads,
+            answered,
+        }
+    }
+
+    fn count(&self, which: &AtomicUsize) -> usize {
+        which.load(Ordering::Relaxed)
+    }
+}
+
+/// Clients that leave mid-request, `aborts` times one after another: each
+/// sends a GET, waits until the upstream has the request (and, with
+/// `after_head`, until the client has the response head), then resets its
+/// connection. Then as many GETs that finish. Returns the upstream
+/// connections opened from the first abort on.
+async fn connections_after_aborts(up: &PausingUpstream, after_head: bool, aborts: usize) -> usize {
+    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    for i in 0..3 {
+        assert_eq!(get(weir.addr, "/", &[]).await.0, 200, "warm-up {i}");
+    }
+    let before = up.count(&up.conns);
+    for i in 0..aborts {
+        let mut client = RawConn::connect(weir.addr).await;
+        client.write(GET).await;
+        let heads = i + 4;
+        assert_eventually_async!(up.count(&up.heads) >= heads, "abort {i}: request upstream");
+        if after_head {
+            client.fill("a response head").await;
+        }
+        // A reset, as a load generator stopping: nothing more is read.
+        client.s.set_zero_linger().unwrap();
+        drop(client);
+        // The abandoned exchange ends upstream before the next one starts.
+        assert_eventually_async!(up.count(&up.answered) >= heads, "abort {i}: answered");
+    }
+    for i in 0..aborts {
+        assert_eq!(
+            get(weir.addr, "/", &[]).await.0,
+            200,
+            "after the aborts {i}"
+        );
+    }
+    up.count(&up.conns) - before
+}
+
+/// Issue 21: weir opened hundreds of upstream connections at 1,000 client
+/// connections where nginx opened none, because a client that left
+/// mid-request took its upstream connection with it. Now the exchange is
+/// finished in the background and the connection kept: six aborts, then
+/// six requests, open no connection (one is allowed for the race between a
+/// connection's return and the next request; before, each abort cost one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_request_costs_no_upstream_connection() {
+    let up = PausingUpstream::start(Duration::from_millis(150), 2, 2, Duration::ZERO).await;
+    let opened = connections_after_aborts(&up, false, 6).await;
+    assert!(opened <= 1, "{opened} upstream connections opened");
+}
+
+/// The same when the client leaves during the response body: the rest of
+/// the body (within the bound) is read and dropped, and the connection kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_body_costs_no_upstream_connection() {
+    let up =
+        PausingUpstream::start(Duration::ZERO, 40_000, 1_000, Duration::from_millis(150)).await;
+    let opened = connections_after_aborts(&up, true, 6).await;
+    assert!(opened <= 1, "{opened} upstream connections opened");
+}

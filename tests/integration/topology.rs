@@ -461,3 +461,86 @@ async fn blue_green_behind_nginx_keeps_the_old_generations_limits() {
         green.stdout()
     );
 }
+
+/// Each thread of a `weir run` process named `weir-worker`, with its read
+/// system calls so far (`/proc/PID/task/TID/io`).
+fn worker_reads(pid: u32) -> Vec<(String, u64)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let dir = task.expect("task").path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim() != "weir-worker" {
+            continue;
+        }
+        let io = std::fs::read_to_string(dir.join("io")).unwrap_or_default();
+        let reads = io
+            .lines()
+            .find_map(|l| l.strip_prefix("syscr: "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        threads.push((dir.display().to_string(), reads));
+    }
+    threads
+}
+
+/// `process.workers = 2`: two threads, each with a scheduler of its own,
+/// both accepting and serving connections (issue 21: tokio's multi-threaded
+/// scheduler gave two workers a p99 nine times nginx's), and a drain that
+/// ends cleanly with connections on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_each_accept_and_serve_connections() {
+    let app = Upstream::start().await;
+    let mut weir = Weir::builder()
+        .config(format!(
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
+             [pools.app]\nservers = [\"{}\"]\n[[routes]]\npool = \"app\"\nclass = \"page\"\n\
+             [process]\nworkers = 2\n",
+            app.addr
+        ))
+        .start()
+        .await
+        .expect("weir starts");
+    let pid = weir.child_pid();
+    let before = worker_reads(pid);
+    assert_eq!(before.len(), 2, "worker threads: {before:?}");
+    // Connections one at a time, each with a few requests, until both
+    // threads have read from one (the kernel wakes both accepting threads
+    // and the quicker takes the connection), within a bound.
+    let mut kept = Vec::new();
+    for n in 0.. {
+        let mut c = crate::support::KeepAliveClient::connect(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            weir.listener(0),
+        )
+        .await
+        .expect("connects");
+        for _ in 0..3 {
+            assert_eq!(c.get("/").await.expect("answered").status, 200);
+        }
+        kept.push(c);
+        let grew = worker_reads(pid)
+            .iter()
+            .zip(&before)
+            .filter(|((_, now), (_, then))| now > then)
+            .count();
+        if grew == 2 {
+            break;
+        }
+        assert!(
+            n < 200,
+            "one thread served all {n} connections: {:?}",
+            worker_reads(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    weir.signal(Signal::Term).expect("SIGTERM");
+    drop(kept);
+    assert!(
+        weir.wait_exit(Duration::from_secs(15))
+            .await
+            .expect("exits")
+            .success(),
+        "{}",
+        weir.stderr()
+    );
+}

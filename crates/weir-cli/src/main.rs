@@ -367,18 +367,13 @@ fn run(opts: &RunOptions) -> anyhow::Result<ExitCode> {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    // One worker: tokio's single-threaded scheduler. It runs woken tasks in
-    // order; the multi-threaded one, even with one thread, runs the task
-    // woken last first (its LIFO slot), which under 1,000 busy connections
-    // served some quickly and left others waiting (p99 5x nginx's).
-    let mut builder = if workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(workers);
-        b
-    };
-    let rt = builder
+    // Each worker is a thread with tokio's single-threaded scheduler (this
+    // one, and `workers - 1` more started by the server, each accepting on
+    // every listener). It runs woken tasks in order; the multi-threaded
+    // one runs the task woken last first (its LIFO slot), which under
+    // 1,000 busy connections served some quickly and left others waiting
+    // (p99 5x nginx's with one thread, 9x with two).
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("weir-worker")
         .build()
@@ -411,11 +406,12 @@ fn run(opts: &RunOptions) -> anyhow::Result<ExitCode> {
             }
         };
         let from_generation = inherited.from_generation;
-        let server = Server::start_with(
+        let server = Server::start_workers(
             loaded,
             Some(path.to_path_buf()),
             Box::new(ProcessEnv),
             inherited,
+            workers - 1,
         )
         .await?;
         let drain_timeout = server.runtime.gateway.load().drain_timeout;

@@ -168,24 +168,43 @@ impl UpstreamConnection {
         &mut self,
         req: &mut Request<B>,
     ) -> Result<ResponseHead, Failure> {
+        match self.send_request(req).await? {
+            Some(head) => Ok(head),
+            None => self
+                .read_response(req.method() == Method::HEAD)
+                .await
+                .map_err(Failure::Sent),
+        }
+    }
+
+    /// The first half of [`UpstreamConnection::exchange`]: sends `req`'s
+    /// head and body. `Some`: the server answered before the body ended (the
+    /// rest was not sent, and the connection is not to be reused).
+    pub async fn send_request<B: SendBody>(
+        &mut self,
+        req: &mut Request<B>,
+    ) -> Result<Option<ResponseHead>, Failure> {
         let framing = request_framing(req);
         encode_head(&mut self.write_buf, req, framing);
         if let Err(e) = self.io.write_all(&self.write_buf).await {
             return Err(Failure::Unsent(e.into()));
         }
         let head_request = req.method() == Method::HEAD;
-        let early = match framing {
+        match framing {
             RequestFraming::None => Ok(None),
             RequestFraming::Length(_) => self.send_body(req.body_mut(), false, head_request).await,
             RequestFraming::Chunked => self.send_body(req.body_mut(), true, head_request).await,
         }
-        .map_err(Failure::Sent)?;
-        match early {
-            Some(head) => Ok(head),
-            None => read_head(&mut self.io, &mut self.read_buf, head_request)
-                .await
-                .map_err(Failure::Sent),
-        }
+        .map_err(Failure::Sent)
+    }
+
+    /// The second half: reads the final response head to a request sent
+    /// whole (`head_request`: it was a `HEAD`, so no body follows).
+    pub async fn read_response(
+        &mut self,
+        head_request: bool,
+    ) -> Result<ResponseHead, ExchangeError> {
+        read_head(&mut self.io, &mut self.read_buf, head_request).await
     }
 
     /// Streams the request body, watching for a response that comes before
@@ -395,7 +414,6 @@ pub fn parse_head(
     }
 }
 
-/// Each field's name, and where its value lies in `head`: names are taken
 /// How a response's body is delimited (RFC 9112 §6.3), and whether its
 /// connection may be reused after it.
 fn response_framing(
@@ -434,6 +452,7 @@ fn response_framing(
     (framing, keep_alive)
 }
 
+/// Each field's name, and where its value lies in `head`: names are taken
 /// before the head is frozen, values cut from it after, without a copy.
 fn names(head: &[u8], fields: &[httparse::Header<'_>]) -> Result<NamedFields, ExchangeError> {
     let base = head.as_ptr() as usize;

@@ -129,8 +129,8 @@ impl ServerConnections {
             if idle_for > settings.idle_timeout || !conn.is_reusable() {
                 continue;
             }
-            match conn.exchange(req).await {
-                Ok(head) => return Ok(self.wrap(head, conn, settings)),
+            match self.exchange(conn, req, settings).await {
+                Ok((head, conn)) => return Ok(self.wrap(head, conn, settings)),
                 Err(Failure::Unsent(_)) => continue,
                 Err(Failure::Sent(e @ ExchangeError::NoResponse(_))) => {
                     if !(resendable && idle_for >= MAY_BE_CLOSED_AFTER) {
@@ -142,11 +142,44 @@ impl ServerConnections {
                 Err(Failure::Sent(e)) => return Err(SendError::Exchange(e)),
             }
         }
-        let mut conn = connect(addr, settings.connect_timeout).await?;
-        match conn.exchange(req).await {
-            Ok(head) => Ok(self.wrap(head, conn, settings)),
+        let conn = connect(addr, settings.connect_timeout).await?;
+        match self.exchange(conn, req, settings).await {
+            Ok((head, conn)) => Ok(self.wrap(head, conn, settings)),
             Err(Failure::Unsent(e) | Failure::Sent(e)) => Err(SendError::Exchange(e)),
         }
+    }
+
+    /// [`UpstreamConnection::exchange`] on `conn`, which is not lost if
+    /// the caller stops waiting once the request is sent whole (its client
+    /// went away, or the response timeout passed): the response is then read
+    /// and dropped in the background and the connection comes back to the
+    /// idle stack ([`finish_abandoned`]). A client that disconnected
+    /// mid-request cost an upstream connection each time: about a hundred
+    /// new ones whenever a load generator stopped (issue 21).
+    async fn exchange<B: SendBody>(
+        self: &Arc<Self>,
+        conn: UpstreamConnection,
+        req: &mut Request<B>,
+        settings: &ConnSettings,
+    ) -> Result<(ResponseHead, UpstreamConnection), Failure> {
+        let mut waiting = Abandonable {
+            conn: Some(conn),
+            sent: false,
+            home: self,
+            settings,
+            head_request: req.method() == Method::HEAD,
+        };
+        let early = waiting.conn().send_request(req).await?;
+        let head = match early {
+            Some(head) => Ok(head),
+            None => {
+                waiting.sent = true;
+                let head_request = waiting.head_request;
+                waiting.conn().read_response(head_request).await
+            }
+        };
+        let conn = waiting.settle();
+        head.map(|h| (h, conn)).map_err(Failure::Sent)
     }
 
     fn wrap(
@@ -179,6 +212,126 @@ impl ServerConnections {
     }
 }
 
+/// How long a connection whose exchange was abandoned may take to finish
+/// its response in the background before it is closed after all: a fast
+/// app's answer arrives well within it, a slow one's costs a new connection
+/// later, as before.
+const FINISH_WITHIN: Duration = Duration::from_secs(1);
+/// Most response body bytes read and dropped to save a connection; a longer
+/// body is cheaper to cut (a new connection is a round trip and a few
+/// hundred bytes of kernel state).
+const FINISH_MAX_BYTES: usize = 64 * 1024;
+
+/// A connection during an exchange. Dropped with its request sent whole
+/// and the response head not read yet, it finishes the exchange in the
+/// background; dropped earlier (the request cut short), the connection is
+/// closed: the server is waiting for the rest of a request.
+struct Abandonable<'a> {
+    conn: Option<UpstreamConnection>,
+    /// The request was sent whole.
+    sent: bool,
+    home: &'a Arc<ServerConnections>,
+    settings: &'a ConnSettings,
+    head_request: bool,
+}
+
+impl Abandonable<'_> {
+    fn conn(&mut self) -> &mut UpstreamConnection {
+        self.conn.as_mut().expect("held until settled")
+    }
+
+    /// The exchange is over (a head, or an error): the connection back.
+    fn settle(mut self) -> UpstreamConnection {
+        self.conn.take().expect("held until settled")
+    }
+}
+
+impl Drop for Abandonable<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && self.sent
+        {
+            finish_abandoned(
+                conn,
+                None,
+                self.home.clone(),
+                *self.settings,
+                self.head_request,
+            );
+        }
+    }
+}
+
+/// Reads what is left of an abandoned exchange's response (its head, unless
+/// `framing` says the head was read and how the rest is framed) and drops
+/// it, then returns the connection to `home`'s idle stack; within
+/// [`FINISH_WITHIN`] and [`FINISH_MAX_BYTES`], else the connection is
+/// closed. A body already whole in the buffer is finished at once, without
+/// a task.
+fn finish_abandoned(
+    mut conn: UpstreamConnection,
+    framing: Option<Framing>,
+    home: Arc<ServerConnections>,
+    settings: ConnSettings,
+    head_request: bool,
+) {
+    if let Some(mut framing) = framing {
+        let mut budget = FINISH_MAX_BYTES;
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match drain(&mut conn, &mut framing, &mut budget, &mut cx) {
+            Poll::Ready(true) => return home.push(conn, &settings),
+            Poll::Ready(false) => return,
+            Poll::Pending => {}
+        }
+    }
+    // Outside a runtime (a test's own thread) there is no task to finish it.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let finished = tokio::time::timeout(FINISH_WITHIN, async {
+            let mut framing = match framing {
+                Some(framing) => framing,
+                None => match conn.read_response(head_request).await {
+                    Ok(head)
+                        if head.keep_alive && head.status != StatusCode::SWITCHING_PROTOCOLS =>
+                    {
+                        head.framing
+                    }
+                    _ => return false,
+                },
+            };
+            let mut budget = FINISH_MAX_BYTES;
+            std::future::poll_fn(|cx| drain(&mut conn, &mut framing, &mut budget, cx)).await
+        })
+        .await;
+        if finished == Ok(true) {
+            home.push(conn, &settings);
+        }
+    });
+}
+
+/// Reads and drops a response body framed as `framing`, at most `budget`
+/// bytes more. `Ready(true)`: it ended cleanly and the connection may be
+/// reused; `Ready(false)`: it failed, or was too long.
+fn drain(
+    conn: &mut UpstreamConnection,
+    framing: &mut Framing,
+    budget: &mut usize,
+    cx: &mut Context<'_>,
+) -> Poll<bool> {
+    loop {
+        match std::task::ready!(conn.poll_body(framing, cx)) {
+            None => return Poll::Ready(!conn.has_leftover()),
+            Some(Ok(data)) => match budget.checked_sub(data.len()) {
+                Some(left) => *budget = left,
+                None => return Poll::Ready(false),
+            },
+            Some(Err(_)) => return Poll::Ready(false),
+        }
+    }
+}
+
 /// Opens a connection.
 async fn connect(addr: SocketAddr, timeout: Duration) -> Result<UpstreamConnection, ConnectError> {
     let stream = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
@@ -197,8 +350,8 @@ struct Return {
 
 /// A response body from an upstream server, read from its connection by
 /// whoever polls it. When it ends cleanly the connection goes back to the
-/// server's idle stack; dropped early, the connection is closed (the rest of
-/// the body would have to be read first).
+/// server's idle stack; dropped early (the client went away), the rest is
+/// read and dropped first, within bounds ([`finish_abandoned`]).
 pub struct UpstreamBody {
     conn: Option<UpstreamConnection>,
     framing: Framing,
@@ -242,6 +395,17 @@ impl UpstreamBody {
             return None;
         }
         self.conn.take().map(UpstreamConnection::into_tunnel)
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        if self.tunnel {
+            return;
+        }
+        if let (Some(conn), Some(back)) = (self.conn.take(), self.back.take()) {
+            finish_abandoned(conn, Some(self.framing), back.home, back.settings, false);
+        }
     }
 }
 

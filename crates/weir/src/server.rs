@@ -19,6 +19,7 @@ use crate::edge::Acceptor;
 use crate::edge::{listener, serve};
 use crate::gateway::Gateway;
 use crate::lifecycle::warmup::{self, Phase};
+use crate::lifecycle::workers::Workers;
 use crate::lifecycle::{Inherited, ListeningSocket, SocketRole, upgrade};
 use crate::observe::access_log::LogTarget;
 use crate::observe::{AccessLog, Metrics};
@@ -43,6 +44,8 @@ pub enum StartError {
         target: String,
         source: std::io::Error,
     },
+    #[error("cannot start process.workers' threads: {0}")]
+    Workers(std::io::Error),
 }
 
 /// A running instance.
@@ -62,6 +65,9 @@ pub struct Server {
     /// The client accept loops, joined when a drain begins.
     accepting: Vec<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
+    /// The worker threads beyond the caller's (stopped when the server is
+    /// dropped, after its drain).
+    _workers: Workers,
 }
 
 /// How a drain ended.
@@ -101,7 +107,21 @@ impl Server {
         loaded: LoadedConfig,
         config_path: Option<PathBuf>,
         env: Box<dyn Env + Send + Sync>,
+        inherited: Inherited,
+    ) -> Result<Server, StartError> {
+        Server::start_workers(loaded, config_path, env, inherited, 0).await
+    }
+
+    /// Like [`Server::start_with`], with `extra_workers` threads beside the
+    /// caller's, each accepting on every client listener with a scheduler
+    /// of its own ([`Workers`]). Meant for a caller on a single-threaded
+    /// scheduler (`weir run`, for `process.workers` above 1).
+    pub async fn start_workers(
+        loaded: LoadedConfig,
+        config_path: Option<PathBuf>,
+        env: Box<dyn Env + Send + Sync>,
         mut inherited: Inherited,
+        extra_workers: usize,
     ) -> Result<Server, StartError> {
         let (host, _) = crate::gateway::process::host(&loaded, true);
         if !host.is_empty() {
@@ -170,6 +190,7 @@ impl Server {
             ));
         }
 
+        let workers = Workers::start(extra_workers).map_err(StartError::Workers)?;
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
         let mut accepting = Vec::new();
@@ -196,8 +217,17 @@ impl Server {
             });
             Ok::<_, StartError>(std_listener)
         };
+        let mut copies = Vec::new();
         for spec in &specs {
             let std_listener = open(SocketRole::Client, spec.address, spec.reuse_port)?;
+            copies.push(
+                std_listener
+                    .try_clone()
+                    .map_err(|source| StartError::Bind {
+                        addr: spec.address,
+                        source,
+                    })?,
+            );
             let tokio_listener =
                 tokio::net::TcpListener::from_std(std_listener).map_err(|source| {
                     StartError::Bind {
@@ -224,7 +254,11 @@ impl Server {
             service: Proxy::new(runtime.clone()),
         });
         let edge = runtime.gateway.load().edge;
-        for (index, (l, spec)) in bound.into_iter().zip(specs).enumerate() {
+        for (index, ((l, copy), spec)) in bound.into_iter().zip(copies).zip(specs).enumerate() {
+            let on_workers = workers.accept_on(&copy, |l| {
+                serve::accept_loop(l, index, spec.clone(), edge, acceptor.clone(), stop.clone())
+            });
+            accepting.extend(on_workers.map_err(StartError::Workers)?);
             accepting.push(tokio::spawn(serve::accept_loop(
                 l,
                 index,
@@ -296,6 +330,7 @@ impl Server {
             stop,
             accepting,
             tasks,
+            _workers: workers,
             restored,
             inherited_listeners,
             sockets,

@@ -564,7 +564,8 @@ where
 
 /// Every open connection's task holds this future, idle or not: 10,000
 /// idle connections cost ten thousand of it. (A 4 KiB scratch array held
-/// across an await in `close` once made it 6.8 KB here.)
+/// across an await in `close` once made it 6.8 KB here; the request head
+/// kept across the handling's awaits, 1.9 KB.)
 /// A handler that answers every request with an empty 200.
 struct Empty;
 
@@ -583,5 +584,5 @@ impl Handler for Empty {
 #[test]
 fn a_connection_s_future_stays_small() {
     let size = returned_size(serve::<Empty>);
-    assert!(size <= 3 * 1024, "serve's future is {size} bytes");
+    assert!(size <= 1024, "serve's future is {size} bytes");
 }

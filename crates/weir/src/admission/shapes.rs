@@ -148,10 +148,16 @@ impl Cost {
     }
 }
 
+/// Costs by shape hash. Looked up four or five times per answer: foldhash,
+/// seeded per process, instead of SipHash (~110 instructions a lookup); the
+/// keys are SipHash values of what clients sent, and the seed keeps which
+/// of them share a bucket unpredictable.
+type Costs = HashMap<u64, Cost, foldhash::fast::RandomState>;
+
 #[derive(Debug, Default)]
 struct Table {
-    shapes: HashMap<u64, Cost>,
-    prefixes: HashMap<u64, Cost>,
+    shapes: Costs,
+    prefixes: Costs,
     /// Smoothed ln(latency in seconds) over every answer.
     baseline_ln: Option<f64>,
     /// The lowest floor of a judged shape (refreshed every
@@ -249,7 +255,7 @@ fn is_expensive(floor_secs: f64, typical_secs: f64) -> bool {
 /// Drops the least answered half of a full map (rare: once per
 /// `MAX_SHAPES / 2` new shapes), so a stream of one-off shapes cannot push
 /// out the well-known ones.
-fn forget_least_answered(map: &mut HashMap<u64, Cost>) {
+fn forget_least_answered(map: &mut Costs) {
     let mut counts: Vec<u32> = map.values().map(|c| c.samples).collect();
     let mid = counts.len() / 2;
     let (_, median, _) = counts.select_nth_unstable(mid);

@@ -247,9 +247,15 @@ fn admit<S: Service>(
         .filter(|(l, _)| l.address == spec.address)
         .unwrap_or_else(|| (spec.clone(), edge));
     let acceptor = acceptor.clone();
-    tokio::spawn(async move {
-        serve_connection(stream, peer, peer_trusted, spec, edge, guard, &acceptor).await;
-    });
+    tokio::spawn(serve_connection(
+        stream,
+        peer,
+        peer_trusted,
+        spec,
+        edge,
+        guard,
+        acceptor,
+    ));
 }
 
 /// Answers a refused connection as cheaply as possible and closes it.
@@ -263,90 +269,103 @@ fn refuse(stream: TcpStream, refusal: Refusal, plain: bool, metrics: &Metrics) {
     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
 }
 
-async fn serve_connection<S: Service>(
+/// A connection's task, from its PROXY header (if any) and TLS handshake to
+/// its close. Every open connection holds this future, idle or not, so its
+/// size is memory per connection: an `async` block rather than an
+/// `async fn` (which keeps a second copy of its arguments), the rare states
+/// boxed (bench/README.md, "Idle memory").
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps a second copy of its arguments"
+)]
+fn serve_connection<S: Service>(
     stream: TcpStream,
     peer: PeerAddr,
     peer_trusted: bool,
     spec: ListenerSpec,
     edge: EdgeSettings,
     mut guard: ConnGuard,
-    acceptor: &Acceptor<S>,
-) {
-    let metrics = &acceptor.metrics;
-    let mut proxy_source: Option<IpAddr> = None;
-    if spec.proxy_protocol {
-        match proxy_protocol::read_header(&stream, edge.handshake_timeout).await {
-            Ok(h) => {
-                if peer_trusted {
-                    proxy_source = h
-                        .source
-                        .map(|s| crate::identity::ClientAddr::new(s.ip()).ip());
-                } else {
-                    metrics.forwarding_warning("untrusted_proxy_protocol");
+    acceptor: Arc<Acceptor<S>>,
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let metrics = &acceptor.metrics;
+        let mut proxy_source: Option<IpAddr> = None;
+        if spec.proxy_protocol {
+            // Boxed: its read buffer would otherwise be in every connection's
+            // task for as long as it is open.
+            match Box::pin(proxy_protocol::read_header(&stream, edge.handshake_timeout)).await {
+                Ok(h) => {
+                    if peer_trusted {
+                        proxy_source = h
+                            .source
+                            .map(|s| crate::identity::ClientAddr::new(s.ip()).ip());
+                    } else {
+                        metrics.forwarding_warning("untrusted_proxy_protocol");
+                    }
+                }
+                Err(e) => {
+                    metrics.connection_error("proxy_protocol");
+                    tracing::debug!(peer = %peer.0, error = %e, "bad PROXY protocol header");
+                    return;
                 }
             }
-            Err(e) => {
-                metrics.connection_error("proxy_protocol");
-                tracing::debug!(peer = %peer.0, error = %e, "bad PROXY protocol header");
+            if let Some(ip) = proxy_source
+                && let Err(refusal) = guard.count_ip(ip)
+            {
+                refuse(stream, refusal, spec.tls.is_none(), metrics);
                 return;
             }
         }
-        if let Some(ip) = proxy_source
-            && let Err(refusal) = guard.count_ip(ip)
-        {
-            refuse(stream, refusal, spec.tls.is_none(), metrics);
-            return;
+        let state = guard.state.clone();
+        let guard = Arc::new(guard);
+        let conn = |tls| Connection {
+            peer,
+            peer_trusted,
+            proxy_source,
+            tls,
+            state: state.clone(),
+            guard: guard.clone(),
+        };
+        let result: Result<(), BoxError> = match &spec.tls {
+            // Boxed: a task is as large as its largest state, and most
+            // connections are plain.
+            Some(tls) => {
+                let stream = match Box::pin(tls_handshake(stream, tls, &edge, &state)).await {
+                    Handshake::Done(stream) => stream,
+                    Handshake::Failed => {
+                        metrics.connection_error("tls_handshake");
+                        return;
+                    }
+                    // Nothing to count.
+                    Handshake::Stopped => return,
+                };
+                let session = TlsSession::of(stream.get_ref().1);
+                let handler = acceptor.service.connection(conn(Some(session)));
+                Box::pin(serve_tls(
+                    stream,
+                    session,
+                    &edge,
+                    hyper_service(handler),
+                    &state,
+                ))
+                .await
+            }
+            None => {
+                stream.set_nodelay(true).ok();
+                let handler = acceptor.service.connection(conn(None));
+                serve_plain(stream, spec.http2, &edge, handler, &state).await
+            }
+        };
+        if let Some(reason) = state.close_reason() {
+            metrics.closed(reason);
         }
-    }
-    let state = guard.state.clone();
-    let guard = Arc::new(guard);
-    let conn = |tls| Connection {
-        peer,
-        peer_trusted,
-        proxy_source,
-        tls,
-        state: state.clone(),
-        guard: guard.clone(),
-    };
-    let result: Result<(), BoxError> = match &spec.tls {
-        // Boxed: a task is as large as its largest state, and most
-        // connections are plain.
-        Some(tls) => {
-            let stream = match Box::pin(tls_handshake(stream, tls, &edge, &state)).await {
-                Handshake::Done(stream) => stream,
-                Handshake::Failed => {
-                    metrics.connection_error("tls_handshake");
-                    return;
-                }
-                // Nothing to count.
-                Handshake::Stopped => return,
-            };
-            let session = TlsSession::of(stream.get_ref().1);
-            let handler = acceptor.service.connection(conn(Some(session)));
-            Box::pin(serve_tls(
-                stream,
-                session,
-                &edge,
-                hyper_service(handler),
-                &state,
-            ))
-            .await
+        if let Err(e) = result {
+            metrics.connection_error(classify(&*e));
         }
-        None => {
-            stream.set_nodelay(true).ok();
-            let handler = acceptor.service.connection(conn(None));
-            serve_plain(stream, spec.http2, &edge, handler, &state).await
-        }
-    };
-    if let Some(reason) = state.close_reason() {
-        metrics.closed(reason);
+        // The guard is released when the last request on this connection (or an
+        // upgraded tunnel) lets go of it.
+        drop(guard);
     }
-    if let Err(e) = result {
-        metrics.connection_error(classify(&*e));
-    }
-    // The guard is released when the last request on this connection (or an
-    // upgraded tunnel) lets go of it.
-    drop(guard);
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -563,4 +582,26 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
         cur = err.source();
     }
     "other"
+}
+
+#[cfg(test)]
+mod tests {
+    /// The size of what `f` returns, without calling it.
+    fn returned_size<F, A, B, C, D, E, G, H, R>(_: F) -> usize
+    where
+        F: FnOnce(A, B, C, D, E, G, H) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// Every open connection's task is this future, idle or not: 10,000
+    /// idle keep-alive connections hold ten thousand of it. It was 2.8 KB
+    /// (the arguments kept twice, the PROXY header's buffer and the HTTP/1
+    /// codec's request head inline); 1.4 KB since (bench/README.md, "Idle
+    /// memory").
+    #[test]
+    fn a_connection_s_task_stays_small() {
+        let size = returned_size(super::serve_connection::<crate::proxy::Proxy>);
+        assert!(size <= 1536, "serve_connection's future is {size} bytes");
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use weir_http::body::BodyLimits;
 
-use super::{ClassAdmission, Gateway};
+use super::{ByClass, ClassAdmission, Gateway};
 use crate::admission::{Coalescer, Lanes};
 use crate::config::{ConfigError, KeyPath, LoadedConfig, WhenOver};
 use crate::policy::route::ClassSettings;
@@ -24,8 +24,8 @@ const COALESCE_MAX_BODY_LIMIT: usize = 64 << 20;
 /// The classes, compiled.
 pub(super) struct Classes {
     pub settings: HashMap<String, ClassSettings>,
-    pub admission: HashMap<String, ClassAdmission>,
-    pub coalescers: HashMap<String, Coalescer>,
+    pub admission: ByClass<ClassAdmission>,
+    pub coalescers: ByClass<Coalescer>,
     pub rules: HashMap<String, Arc<[Rule]>>,
     pub rule_stores: RuleStores,
     pub inflight_tables: HashMap<RuleFingerprint, Arc<InflightTable>>,
@@ -42,8 +42,8 @@ pub(super) fn classes(
     let root = KeyPath::root();
     let lim = &cfg.limits;
     let mut classes = HashMap::new();
-    let mut class_admission = HashMap::new();
-    let mut coalescers = HashMap::new();
+    let mut class_admission = ByClass::default();
+    let mut coalescers = ByClass::default();
     let mut rule_defs = Vec::new();
     for (name, c) in &cfg.classes {
         let admission = admission(loaded, name, c, errors);

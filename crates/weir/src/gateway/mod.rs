@@ -72,11 +72,16 @@ pub struct Gateway {
     pub bots: Option<Arc<crate::identity::bots::BotVerifier>>,
     /// Admission lane and queue deadline per route class (classes not
     /// listed use [`ClassAdmission::default`]).
-    pub class_admission: HashMap<String, ClassAdmission>,
+    pub class_admission: ByClass<ClassAdmission>,
     /// In-flight leaders of each class with `coalesce = true`; carried
     /// across reloads so a reload does not split a group in flight.
-    pub coalescers: HashMap<String, Coalescer>,
+    pub coalescers: ByClass<Coalescer>,
 }
+
+/// A map by class name, looked up on every request: foldhash instead of
+/// SipHash (~400 instructions a lookup, two lookups a request; the names are
+/// the configuration's, so no client chooses what is hashed).
+pub type ByClass<V> = HashMap<String, V, foldhash::fast::RandomState>;
 
 /// How a route class waits in its pool's admission queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,6 +12,8 @@
 //! - [`signals`]: the signal table.
 //! - [`warmup`]: when a starting generation may call itself ready (its
 //!   pools and Redis answer, bounded by a timeout).
+//! - [`workers`]: the worker threads beyond the first, each accepting with
+//!   a single-threaded scheduler of its own.
 //!
 //! Operators' view (and the PID 1 story): `docs/operations.md`. Serving and
 //! draining themselves are `server`.
@@ -22,6 +24,7 @@ pub mod signals;
 pub mod systemd;
 pub mod upgrade;
 pub mod warmup;
+pub mod workers;
 
 pub use inherit::{Inherited, InheritedListener, ListeningSocket, SocketRole};
 pub use upgrade::{Taken, UpgradeError, UpgradeSocket, Upgrader};

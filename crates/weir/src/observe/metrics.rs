@@ -90,13 +90,43 @@ pub struct PoolHandles {
     pub duration: prometheus_client::metrics::histogram::Histogram,
 }
 
-/// The request counter's and duration histogram's recently used children,
-/// found by comparing pointers instead of hashing the labels (which a family
-/// does, with SipHash under a lock, once per request). A handful of label
-/// sets covers nearly all requests: a few classes, statuses and decisions.
-#[derive(Debug, Default)]
-struct RecentRequestCounters {
-    entries: std::sync::Mutex<Vec<(RequestLabels, RequestSeries)>>,
+/// Recently used children of a family, found by comparing the caller's
+/// labels cheaply (an `Arc`'s pointer, a short string) instead of through
+/// the family, whose lookup hashes the labels with SipHash under a lock: a
+/// few hundred instructions per lookup, several lookups per request
+/// (bench/README.md, "Where a request's instructions go"). A handful of
+/// label sets covers nearly all requests (a few classes, pools, lanes,
+/// rules, statuses); the oldest entry makes room for a new one. An entry
+/// keeps its labels' `Arc`s, so a pointer match can never be a different
+/// (freed and reallocated) name.
+#[derive(Debug)]
+struct Recent<L, S> {
+    entries: std::sync::Mutex<Vec<(L, S)>>,
+    capacity: usize,
+}
+
+impl<L, S: Clone> Recent<L, S> {
+    fn new(capacity: usize) -> Self {
+        Recent {
+            entries: std::sync::Mutex::new(Vec::with_capacity(capacity)),
+            capacity,
+        }
+    }
+
+    /// The children of the first entry whose labels `matches`, or of the
+    /// label set `make` looks up (then kept).
+    fn get(&self, matches: impl Fn(&L) -> bool, make: impl FnOnce() -> (L, S)) -> S {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, series)) = entries.iter().find(|(l, _)| matches(l)) {
+            return series.clone();
+        }
+        let (labels, series) = make();
+        if entries.len() >= self.capacity {
+            entries.remove(0);
+        }
+        entries.push((labels, series.clone()));
+        series
+    }
 }
 
 /// One label set's children: its count, and its class and decision's
@@ -107,33 +137,18 @@ struct RequestSeries {
     duration: Histogram,
 }
 
-/// How many label sets [`RecentRequestCounters`] keeps.
-const RECENT_REQUEST_COUNTERS: usize = 16;
-
-impl RecentRequestCounters {
-    /// The cached child for these labels. The class's `Arc` is kept in the
-    /// entry, so a pointer match can never be a different (freed and
-    /// reallocated) class.
-    fn get(&self, class: &Arc<str>, status: u16, decision: &'static str) -> Option<RequestSeries> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries
-            .iter()
-            .find(|(l, _)| {
-                Arc::ptr_eq(&l.class, class)
-                    && l.status == status
-                    && std::ptr::eq(l.decision, decision)
-            })
-            .map(|(_, c)| c.clone())
-    }
-
-    fn insert(&self, labels: RequestLabels, series: RequestSeries) {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= RECENT_REQUEST_COUNTERS {
-            entries.remove(0);
-        }
-        entries.push((labels, series));
-    }
+/// A pool and lane's admission children, and the lane's name as the
+/// access log records it (shared, not allocated per request).
+#[derive(Debug, Clone)]
+pub struct AdmittedSeries {
+    pub lane: Arc<str>,
+    pub admitted: Counter,
+    pub wait: Histogram,
 }
+
+/// How many label sets each [`Recent`] keeps: more than a configuration's
+/// classes x statuses x decisions seen at once, or its rules x results.
+const RECENT_SERIES: usize = 32;
 
 impl Metrics {
     /// Counts one finished request in `requests` and its time from the
@@ -145,9 +160,9 @@ impl Metrics {
         decision: &'static str,
         duration: std::time::Duration,
     ) {
-        let series = match self.recent_requests.get(class, status, decision) {
-            Some(series) => series,
-            None => {
+        let series = self.recent_requests.get(
+            |l| Arc::ptr_eq(&l.class, class) && l.status == status && l.decision == decision,
+            || {
                 let labels = RequestLabels {
                     class: class.clone(),
                     status,
@@ -163,12 +178,49 @@ impl Metrics {
                         })
                         .clone(),
                 };
-                self.recent_requests.insert(labels, series.clone());
-                series
-            }
-        };
+                (labels, series)
+            },
+        );
         series.count.inc();
         series.duration.observe(duration.as_secs_f64());
+    }
+
+    /// The admission children of `pool`'s lane named `lane`
+    /// (`weir_admission_admitted_total`, `weir_admission_queue_wait_seconds`),
+    /// with the lane's shared name.
+    pub fn admitted(&self, pool: &Arc<str>, lane: &str) -> AdmittedSeries {
+        self.recent_admitted.get(
+            |l| Arc::ptr_eq(&l.pool, pool) && &*l.lane == lane,
+            || {
+                let labels = LaneLabels {
+                    pool: pool.clone(),
+                    lane: Arc::from(lane),
+                };
+                let series = AdmittedSeries {
+                    lane: labels.lane.clone(),
+                    admitted: self.admission_admitted.get_or_create(&labels).clone(),
+                    wait: self.admission_queue_wait.get_or_create(&labels).clone(),
+                };
+                (labels, series)
+            },
+        )
+    }
+
+    /// Counts one rule's result for a request (`weir_rule_decisions_total`).
+    pub fn rule_result(&self, rule: &Arc<str>, result: &'static str) {
+        self.recent_rule_results
+            .get(
+                |l| Arc::ptr_eq(&l.rule, rule) && l.result == result,
+                || {
+                    let labels = RuleResultLabels {
+                        rule: rule.clone(),
+                        result,
+                    };
+                    let counter = self.rule_decisions.get_or_create(&labels).clone();
+                    (labels, counter)
+                },
+            )
+            .inc();
     }
 
     /// Counts the limiter stores' evictions since the last call, from their
@@ -282,7 +334,9 @@ pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: HistogramFamily<DecisionLabels>,
-    recent_requests: RecentRequestCounters,
+    recent_requests: Recent<RequestLabels, RequestSeries>,
+    recent_admitted: Recent<LaneLabels, AdmittedSeries>,
+    recent_rule_results: Recent<RuleResultLabels, Counter>,
     pub rejections: Family<RuleLabels, Counter>,
     pub connections_open: Gauge,
     pub connections_accepted: Counter,
@@ -354,7 +408,9 @@ impl Metrics {
         let m = Metrics {
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
-            recent_requests: RecentRequestCounters::default(),
+            recent_requests: Recent::new(RECENT_SERIES),
+            recent_admitted: Recent::new(RECENT_SERIES),
+            recent_rule_results: Recent::new(RECENT_SERIES),
             rejections: Family::default(),
             connections_open: Gauge::default(),
             connections_accepted: Counter::default(),

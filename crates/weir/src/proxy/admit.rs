@@ -119,22 +119,14 @@ async fn slot(
     shape: crate::admission::Shape,
     log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
-    use crate::observe::metrics::LaneLabels;
-    let lane_name: Arc<str> = Arc::from(queue.lanes().spec(lane).name.as_str());
-    log.record.lane = Some(lane_name.clone());
     let metrics = &log.conn.rt.metrics;
+    let series = metrics.admitted(&pool.name, &queue.lanes().spec(lane).name);
+    log.record.lane = Some(series.lane.clone());
     match queue.acquire(lane, key, deadline).await {
         Ok(mut permit) => {
             permit.learn(shape);
-            let labels = LaneLabels {
-                pool: pool.name.clone(),
-                lane: lane_name,
-            };
-            metrics.admission_admitted.get_or_create(&labels).inc();
-            metrics
-                .admission_queue_wait
-                .get_or_create(&labels)
-                .observe(permit.waited().as_secs_f64());
+            series.admitted.inc();
+            series.wait.observe(permit.waited().as_secs_f64());
             log.record.queue_time = permit.waited();
             log.permit = Some(permit);
             Ok(())

@@ -27,7 +27,6 @@ use crate::identity::bots::signature::SignedRequest;
 use crate::identity::session::SessionState;
 use crate::observe::metrics::{
     BotLabels, ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels,
-    RuleResultLabels,
 };
 use crate::policy::route::{RequestView, Route};
 use crate::policy::rules::{
@@ -379,14 +378,7 @@ impl RuleObserver for Live<'_> {
     }
 
     fn result(&mut self, rule: &Rule, result: RuleResult) {
-        self.rt
-            .metrics
-            .rule_decisions
-            .get_or_create(&RuleResultLabels {
-                rule: rule.name.clone(),
-                result: result.as_str(),
-            })
-            .inc();
+        self.rt.metrics.rule_result(&rule.name, result.as_str());
     }
 
     fn rejected(
