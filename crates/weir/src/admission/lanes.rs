@@ -341,7 +341,12 @@ mod tests {
             (true, false, false, true, L::VERIFIED, L::DEFERRED),
         ];
         for (verified, pass, bot, deferred, class, want) in cases {
-            let standing = Standing { verified, pass, bot, deferred };
+            let standing = Standing {
+                verified,
+                pass,
+                bot,
+                deferred,
+            };
             assert_eq!(
                 Lane::for_request(standing, class),
                 want,
