@@ -184,13 +184,20 @@ async fn three_instances_share_one_rate_and_survive_redis_loss() {
         .expect("redis restarts");
     for w in &instances {
         assert_eventually_async!(!fallback_active(w).await);
-        // A fresh Redis has no state: the shared budget starts again.
-        let r = HttpRequest::get("/api")
-            .from(Ipv4Addr::new(127, 82, 0, 1))
-            .send(w.listener(0))
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{r}");
+        // A fresh Redis has no state: the shared budget starts again. The
+        // mirror still counts what this instance admitted alone during the
+        // outage (by design, for at most the rule's burst): one refill later
+        // the request is admitted. Under load that can take a few tries
+        // (CI once saw one 429 from the mirror right after the switch back).
+        assert_eventually_async!(
+            HttpRequest::get("/api")
+                .from(Ipv4Addr::new(127, 82, 0, 1))
+                .send(w.listener(0))
+                .await
+                .unwrap()
+                .status
+                == 200
+        );
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
 }

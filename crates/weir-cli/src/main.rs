@@ -375,7 +375,9 @@ fn run(opts: &RunOptions) -> anyhow::Result<ExitCode> {
     // (p99 5x nginx's with one thread, 9x with two).
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .thread_name("weir-worker")
+        // Names its blocking pool's threads: the first worker is this
+        // (the main) thread, the others `weir-worker` (lifecycle::workers).
+        .thread_name("weir-blocking")
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
