@@ -175,6 +175,105 @@ difficulty = 8
     assert_eq!(statuses, [200, 200, 200, 429]);
 }
 
+/// A carrier NAT's person over their /16's share is deferred to the lowest
+/// lane; while pressure (which counts the lanes above it) is off, they were
+/// asked for proof only when shed, after waiting out the class's whole
+/// deadline behind whatever else was deferred. A deferred navigation a pass
+/// would exempt gets the page as soon as its wait is expected to be long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_navigation_a_pass_exempts_is_challenged_on_a_long_wait_without_pressure() {
+    let app = small_sim_app();
+    let cfg = format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{}"]
+[pools.app.admission]
+max_in_flight = 1
+workers = 2
+[[routes]]
+pool = "app"
+class = "page"
+[classes.page]
+challenge = "under_pressure"
+queue_timeout = "30s"
+[[classes.page.rules]]
+name = "per-16"
+exempt = ["pass"]
+when_over = "defer"
+limits = [{{ per = "network", rate = 1, window = "1m" }}]
+[challenge]
+keys = ["{KEY}"]
+difficulty = 8
+"#,
+        app.addr()
+    );
+    let weir = TestWeir::start(&cfg).await;
+    // The /16's share, then the app stalls with one request in its one slot.
+    assert_eq!(
+        get_from(ip("127.112.0.1"), weir.addr, "/wiki/A", &NAV)
+            .await
+            .0,
+        200
+    );
+    app.stall();
+    let holder = {
+        let addr = weir.addr;
+        tokio::spawn(async move { get_from(ip("127.113.0.1"), addr, "/wiki/B", &[]).await.0 })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(
+        &weir.metrics().await,
+        "weir_admission_in_flight{pool=\"app\"}",
+    ) < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another person of the same /16: over its share, deferred, nothing
+    // queued above the deferred lane (no pressure). The page, not a wait
+    // of the class's 30 s.
+    let neighbour = ip("127.112.5.1");
+    let (status, h, page) = tokio::time::timeout(
+        Duration::from_secs(10),
+        get_from(neighbour, weir.addr, "/wiki/C", &NAV),
+    )
+    .await
+    .expect("a deferred navigation waited instead of being offered the challenge");
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-challenge"], "1");
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "weir_rule_decisions_total{rule=\"per-16\",result=\"defer\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "weir_rejections_total{rule=\"per-16\"}"), 0.0);
+    // Its pass exempts from the /16's share: served once the app is back.
+    let (status, _, cookie) =
+        solve_challenge(neighbour, weir.addr, &page, 8, "Mozilla/5.0 test").await;
+    assert_eq!(status, 303);
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
+    let with_pass: Vec<(&str, &str)> = NAV
+        .iter()
+        .copied()
+        .chain([("cookie", cookie.as_str())])
+        .collect();
+    let (status, h, _) = get_from(neighbour, weir.addr, "/wiki/C", &with_pass).await;
+    assert_eq!(status, 200, "{h:?}");
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}
+
 #[test]
 fn a_pass_without_a_challenge_and_a_deferring_concurrency_rule_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();

@@ -1263,6 +1263,6 @@ rate = 1.0
                 n += 1;
             }
         }
-        assert_eq!(n, 5);
+        assert_eq!(n, 6);
     }
 }

@@ -83,11 +83,17 @@ pub(super) async fn admission(
         None => queue.deadline(lane, now),
     };
     let ask = challenge.zip(challenger);
+    // Under pressure a person should not wait long for what a page that
+    // takes a moment would get them sooner: a better lane. A navigation a
+    // rule deferred (and a pass would exempt: else no `challenge`) waits
+    // for capacity nobody else wants, which a flood the pressure does not
+    // count may never leave: it is offered the page on a long wait too
+    // (people behind a carrier NAT, over their /16's share, had waited out
+    // their own timeout in the lowest lane behind the crawlers).
+    let long_wait_asks = ask.is_some_and(|(c, _)| c.on_long_wait || deferred.is_some());
     if let Some((c, ch)) = ask
-        && c.on_long_wait
+        && long_wait_asks
     {
-        // Under pressure a person should not wait long for what a page
-        // that takes a moment would get them sooner: a better lane.
         if queue.expected_wait(lane, &key) > ch.pressure_wait() {
             return Err(challenge_page(ch, c, view, client));
         }
