@@ -163,8 +163,12 @@ def start_nginx(name, conf_text, workdir, port, pin):
 
 def start_upstream(workdir, pin):
     port = free_port()
+    # As many connections as the proxies may open: HTTP/2 at 1,000
+    # connections x 10 streams puts 10,000 requests in flight, each on an
+    # upstream connection of its own beyond the idle pool (4,096 had made
+    # both nginx and weir answer errors for the upstream's refusals).
     def conf(d):
-        return nginx_main(d, 1, 4096) + (
+        return nginx_main(d, 1, 19000) + (
             "http {\n" + nginx_http_common(d) + "access_log off;\n"
             f"server {{ listen 127.0.0.1:{port} backlog=4096; default_type text/plain;\n"
             f"  location / {{ return 200 \"{BODY.strip()}\\n\"; }} }}\n}}\n"
