@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # ~100 bytes: a small page or API answer, so proxy overhead dominates.
@@ -171,9 +172,24 @@ def start_upstream(workdir, pin):
         return nginx_main(d, 1, 19000) + (
             "http {\n" + nginx_http_common(d) + "access_log off;\n"
             f"server {{ listen 127.0.0.1:{port} backlog=4096; default_type text/plain;\n"
-            f"  location / {{ return 200 \"{BODY.strip()}\\n\"; }} }}\n}}\n"
+            f"  location / {{ return 200 \"{BODY.strip()}\\n\"; }}\n"
+            # Connections the upstream accepted: a proxy that reuses its
+            # upstream connections opens none after its first round.
+            f"  location = {UPSTREAM_STATUS} {{ stub_status; }} }}\n}}\n"
         )
     return start_nginx("upstream", conf, workdir, port, pin)
+
+
+UPSTREAM_STATUS = "/weir-bench-upstream-status"
+
+
+def upstream_accepts(port):
+    """Connections the upstream nginx has accepted so far, not counting the
+    one this reading opens (stub_status counts it)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{UPSTREAM_STATUS}", timeout=5) as r:
+        text = r.read().decode()
+    # "Active connections: N \nserver accepts handled requests\n A H R \n..."
+    return int(text.splitlines()[2].split()[0]) - 1
 
 
 def start_nginx_proxy(workdir, upstream_port, pin, name="nginx", workers=1, tls=None):
@@ -545,6 +561,7 @@ def main():
                     proxy_pids = servers[t].pids() if t in servers else []
                     up_pids = upstream.pids()
                     (pu0, ps0), u0 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
+                    a0 = upstream_accepts(upstream.port)
                     if t in H2_TARGETS:
                         text = run_h2load(port_of[t], c, args.duration, pin_other,
                                           args.h2_streams)
@@ -552,6 +569,8 @@ def main():
                         text = run_wrk(port_of[t], c, args.duration, pin_other,
                                        "https" if t in TLS_TARGETS else "http")
                     (pu1, ps1), u1 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
+                    # Minus the reading of a0's own connection.
+                    opened = upstream_accepts(upstream.port) - a0 - 1
                     p0, p1 = pu0 + ps0, pu1 + ps1
                     with open(os.path.join(out, "wrk", f"r{r + 1}-{t}-c{c}.txt"), "w") as f:
                         f.write(text)
@@ -562,11 +581,13 @@ def main():
                            "proxy_cpu_us_per_req": round((p1 - p0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
                            "proxy_user_us_per_req": round((pu1 - pu0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
                            "proxy_sys_us_per_req": round((ps1 - ps0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
-                           "upstream_cpu_us_per_req": round((u1 - u0) / CLK_TCK * 1e6 / req, 2)}
+                           "upstream_cpu_us_per_req": round((u1 - u0) / CLK_TCK * 1e6 / req, 2),
+                           "upstream_conns_opened": opened}
                     rows.append(row)
                     print(f"  round {r + 1} c={c:<5} {t:<9} {w['rps']:>10.0f} req/s  "
                           f"p50 {fmt(w['p50_ms'], '.2f')} ms  p99 {fmt(w['p99_ms'], '.2f')} ms  "
-                          f"cpu {fmt(row['proxy_cpu_us_per_req'] or None, '.1f')} us/req"
+                          f"cpu {fmt(row['proxy_cpu_us_per_req'] or None, '.1f')} us/req  "
+                          f"upstream +{opened} conns"
                           + (f"  ERRORS {w['socket_errors']} non2xx {w['non_2xx']}"
                              if w["socket_errors"] or w["non_2xx"] else ""), flush=True)
 
@@ -596,6 +617,9 @@ def main():
                     if t in servers else float("nan"),
                     "upstream_cpu_us_per_req": round(med([x["upstream_cpu_us_per_req"] for x in rs]), 2),
                     "errors": sum(x["socket_errors"] + x["non_2xx"] for x in rs),
+                    # After warm-up: every round but the target's first at
+                    # this connection count (the pool fills in that one).
+                    "upstream_conns_after_warmup": sum(x["upstream_conns_opened"] for x in rs[1:]),
                 }
             for t in base:
                 s = base[t]
@@ -656,14 +680,15 @@ def main():
               f"CPU per request; x nginx: against the nginx of the same kind (-w2, -tls, -h2); "
               f"h2load gives no p99, its p50 is the mean")
         hdr = f"{'target':<9} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} " \
-              f"{'vs direct':>9} {'vs nginx':>8} {'cpu us/req':>10} {'errors':>6}"
+              f"{'vs direct':>9} {'vs nginx':>8} {'cpu us/req':>10} {'errors':>6} {'reconn':>6}"
         print(hdr)
         print("-" * len(hdr))
         for s in summary:
             print(f"{s['target']:<9} {s['conns']:>5} {s['rps_median']:>9} {fmt(s['p50_ms'], '.2f'):>8} "
                   f"{fmt(s['p99_ms'], '.2f'):>8} {fmt(s['vs_direct'], '.2f'):>9} "
                   f"{fmt(s['vs_nginx'], '.2f'):>8} {fmt(s['proxy_cpu_us_per_req'], '.1f'):>10} "
-                  f"{s['errors']:>6}")
+                  f"{s['errors']:>6} {s['upstream_conns_after_warmup']:>6}")
+        print("reconn: upstream connections opened after the first round (for direct: wrk's own)")
         print()
         print("proxy CPU split (medians, us/req) and paired ratios to nginx "
               "(median of each round's ratio)")
