@@ -14,6 +14,32 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// Stalls the app, then sends a request from `from` and waits until it holds
+/// the app's one admission slot; the handle gives its status once the app
+/// resumes.
+async fn stall_with_the_slot_held(
+    app: &weir_lab::app::SimApp,
+    weir: &TestWeir,
+    from: IpAddr,
+) -> tokio::task::JoinHandle<http::StatusCode> {
+    app.stall();
+    let addr = weir.addr;
+    let holder = tokio::spawn(async move { get_from(from, addr, "/wiki/B", &[]).await.0 });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(
+        &weir.metrics().await,
+        "weir_admission_in_flight{pool=\"app\"}",
+    ) < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferring_rule_serves_from_spare_capacity_and_refuses_when_the_app_is_busy() {
     let app = small_sim_app();
@@ -60,23 +86,7 @@ limits = [{{ per = "site", rate = 1, window = "1m" }}]
     // The app stalls with a deferred request in its one slot: the next
     // deferred request waits, is shed at its deadline, and is refused with
     // the rule's answer (429, not the queue's 503).
-    app.stall();
-    let holder = {
-        let addr = weir.addr;
-        tokio::spawn(async move { get_from(ip("127.110.1.1"), addr, "/wiki/B", &[]).await.0 })
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(
-        &weir.metrics().await,
-        "weir_admission_in_flight{pool=\"app\"}",
-    ) < 1.0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never taken"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.110.1.1")).await;
     let (status, h, _) = get_from(ip("127.110.2.1"), weir.addr, "/wiki/C", &[]).await;
     assert_eq!(status, 429);
     assert_eq!(h["x-weir-reason"], "share");
@@ -216,23 +226,7 @@ difficulty = 8
             .0,
         200
     );
-    app.stall();
-    let holder = {
-        let addr = weir.addr;
-        tokio::spawn(async move { get_from(ip("127.113.0.1"), addr, "/wiki/B", &[]).await.0 })
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(
-        &weir.metrics().await,
-        "weir_admission_in_flight{pool=\"app\"}",
-    ) < 1.0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never taken"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.113.0.1")).await;
     // Another person of the same /16: over its share, deferred, nothing
     // queued above the deferred lane (no pressure). The page, not a wait
     // of the class's 30 s.

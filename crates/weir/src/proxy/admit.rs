@@ -90,9 +90,8 @@ pub(super) async fn admission(
     // count may never leave: it is offered the page on a long wait too
     // (people behind a carrier NAT, over their /16's share, had waited out
     // their own timeout in the lowest lane behind the crawlers).
-    let long_wait_asks = ask.is_some_and(|(c, _)| c.on_long_wait || deferred.is_some());
     if let Some((c, ch)) = ask
-        && long_wait_asks
+        && (c.on_long_wait || deferred.is_some())
     {
         if queue.expected_wait(lane, &key) > ch.pressure_wait() {
             return Err(challenge_page(ch, c, view, client));
