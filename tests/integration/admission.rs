@@ -20,6 +20,13 @@
 //!   2 workers and grows one per second is never sent more than it can take.
 //! - `retry_budget_caps_retries`: with half the connects refused, retries stay
 //!   within 20% of requests and the rest fail fast.
+//! - `zero_config_queues_a_flood_behind_cheap_pages_it_learned`: the shapes
+//!   weir learns to be expensive wait behind cheap pages, with no config.
+//! - `zero_config_backs_off_from_an_app_that_resets_when_full`: resets are
+//!   overload; the learned limit backs off at once and stays below them.
+//! - `zero_config_gives_people_behind_one_network_a_turn_each`: addresses
+//!   that browse (mostly cheap pages) share as networks of their own, so
+//!   twelve readers of one /16 are not one turn against a crawler's /16s.
 //!
 //! Timing is loose on purpose (a shared 2-core machine): every test bounds
 //! its own run time and asserts counts, not latencies, except the verified
@@ -827,5 +834,183 @@ async fn zero_config_queues_a_flood_behind_cheap_pages_it_learned() {
     );
     let limit = metric(&weir.metrics().await, "weir_admission_limit{pool=\"app\"}");
     assert!(limit < 24.0, "the limit was cut below the flood: {limit}");
+    drop(weir);
+}
+
+/// An app that resets past its workers (no backlog, so its latency never
+/// rises) tells weir's defaults it is full only by those resets: the
+/// adaptive limit backs off to what the app takes and stays there, and the
+/// app stops refusing. Regressions: a reset on a kept-alive connection once
+/// told the limit nothing (it stayed above the app's workers), and a drop
+/// cut the limit only when its one-second window ended (the app refused
+/// 18,000 requests in that second, each a 502).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_config_backs_off_from_an_app_that_resets_when_full() {
+    let app = app(4, 0, 20.0, 20.0);
+    let weir = TestWeir::start(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n",
+        app.addr()
+    ))
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for i in 0..16u8 {
+        clients.push(tokio::spawn(client_loop(
+            ip(40, i, 1),
+            weir.addr,
+            "/api/tile",
+            String::new(),
+            stop.clone(),
+        )));
+    }
+    // The limit learns within a few one-second windows.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let refused_before = app.snapshot().refused;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refused_after = app.snapshot().refused;
+    stop.store(true, Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for c in clients {
+        answers.extend(c.await.unwrap());
+    }
+    assert!(refused_before > 0, "the flood overflowed the app at first");
+    assert!(
+        refused_before < 100,
+        "the first refusals cut the limit at once: {refused_before}"
+    );
+    assert!(
+        refused_after - refused_before < 10,
+        "the app stopped refusing once the limit backed off: {} refusals in 2 s \
+         (of {refused_after})",
+        refused_after - refused_before
+    );
+    let limit = metric(&weir.metrics().await, "weir_admission_limit{pool=\"app\"}");
+    assert!(
+        limit <= 4.0,
+        "the limit holds at most the app's 4 workers: {limit}"
+    );
+    let served = answers.iter().filter(|a| a.0 == 200).count();
+    let mut statuses = std::collections::BTreeMap::new();
+    for a in &answers {
+        *statuses.entry((a.0, a.2.clone())).or_insert(0) += 1;
+    }
+    assert!(
+        served * 2 > answers.len(),
+        "most answers served: {served} of {}: {statuses:?}",
+        answers.len()
+    );
+    drop(weir);
+}
+
+/// Reads 4 pages, then one search, over and over from `source` until `stop`;
+/// returns the requests answered.
+async fn browse_loop(source: IpAddr, to: SocketAddr, stop: Arc<AtomicBool>) -> usize {
+    let Ok(mut c) = H1::connect(source, to).await else {
+        return 0;
+    };
+    let mut answered = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let path = if answered % 5 == 4 {
+            format!("/w/index.php?search=q{answered}")
+        } else {
+            format!("/wiki/Page{answered}")
+        };
+        let req = Request::get(path).header("host", "wiki.test");
+        if c.send(req.body(full("")).unwrap()).await.is_err() {
+            break;
+        }
+        answered += 1;
+    }
+    answered
+}
+
+/// weir's defaults with twelve people in one /16 reading pages and now and
+/// then searching, against six crawler addresses in six /16s asking for
+/// nothing but searches: the app (4 workers) is full of searches. Without
+/// browsing evidence the twelve people are one network's turn, and their
+/// searches wait about five times as long as a crawler's (two runs: 4.8x,
+/// 5.0x); browsing (four pages per search), each is a turn of their own
+/// (three runs: 0.7x to 1.0x).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_config_gives_people_behind_one_network_a_turn_each() {
+    let app = app(4, 64, 2.0, 100.0);
+    let weir = TestWeir::start(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n",
+        app.addr()
+    ))
+    .await;
+    // A quiet spell: weir learns that searches are the expensive shape.
+    for i in 0..30u8 {
+        let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
+        assert_eq!(s, 200);
+        for _ in 0..3 {
+            let (s, _, _) = get(weir.addr, &format!("/wiki/Page{i}"), &[]).await;
+            assert_eq!(s, 200);
+        }
+    }
+    let learned = until(Duration::from_secs(2), || async {
+        metric(
+            &weir.metrics().await,
+            "weir_admission_expensive_shapes{pool=\"app\"}",
+        ) == 1.0
+    })
+    .await;
+    assert!(learned.is_some(), "searches learned expensive");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let crawlers: Vec<_> = (0..6u8)
+        .map(|i| {
+            tokio::spawn(client_loop(
+                ip(50 + i, 0, 1),
+                weir.addr,
+                "/w/index.php?search=x",
+                String::new(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let people: Vec<_> = (0..12u8)
+        .map(|i| tokio::spawn(browse_loop(ip(70, i, 1), weir.addr, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut answered = 120;
+    for c in crawlers {
+        answered += c.await.unwrap().len();
+    }
+    for p in people {
+        answered += p.await.unwrap();
+    }
+    // How long each side's searches waited for a slot.
+    let log = weir.access_log(answered).await;
+    let median_wait = |client_prefix: &str| {
+        let mut waits: Vec<f64> = (log[120..].iter())
+            .filter(|l| l["path"].as_str().is_some_and(|p| p.contains("search")))
+            .filter(|l| {
+                l["client"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with(client_prefix))
+            })
+            .map(|l| l["queue_ms"].as_f64().unwrap_or(0.0))
+            .collect();
+        assert!(
+            waits.len() >= 10,
+            "{client_prefix}: {} searches",
+            waits.len()
+        );
+        waits.sort_by(f64::total_cmp);
+        waits[waits.len() / 2]
+    };
+    let people_wait = median_wait("127.70.");
+    let crawler_wait = median_wait("127.5");
+    assert!(
+        crawler_wait >= 100.0,
+        "the crawlers kept the app full: their searches waited {crawler_wait} ms"
+    );
+    assert!(
+        people_wait <= 2.0 * crawler_wait,
+        "each person's search waited about a crawler's turn: {people_wait} ms against \
+         {crawler_wait} ms"
+    );
     drop(weir);
 }

@@ -2,7 +2,7 @@
 //! Gradient2, for pools whose `max_in_flight` is not configured.
 //!
 //! Once per sample window (at least `window` long and `min_samples` samples,
-//! or one dropped request) the limit moves:
+//! or at once on a dropped request) the limit moves:
 //!
 //! - **Congested** (the window's mean latency `short` above `tolerance ×
 //!   long`, the long-term average, and by more than 5 ms of noise): the limit
@@ -20,9 +20,17 @@
 //! - **Fewer than half the slots used**: unchanged (the app-limited rule:
 //!   nothing was learned about more concurrency).
 //! - **A dropped request** (upstream timeout, overload 503, reset):
-//!   `backoff ×` the in-flight count at which the first dropped request
-//!   started, if below the limit (a small backlog overflows long before an
-//!   unused limit is reached).
+//!   at once (an overflowing backlog refuses thousands a second, and a
+//!   window waited out lets them all through), `backoff ×` the in-flight
+//!   count at which the first dropped request started, if below the limit (a small backlog overflows long before an
+//!   unused limit is reached). A second such cut within [`CEILING_HOLD`]
+//!   windows makes its limit a *ceiling* for as long: growth stops there,
+//!   where a limit that grew back at once would overflow the same backlog
+//!   again and again (a backlog does not grow by itself; an app that gained
+//!   workers is found again when the ceiling lapses). One drop alone (an
+//!   app's own `503` for a reason of its own) sets none. A request dropped that started with
+//!   more in flight than the limit now allows was answered by an earlier
+//!   cut (TCP's one cut per loss episode): it cuts nothing.
 //!
 //! The limit starts open (10,000): weir starts in front of apps it knows
 //! nothing about (admission is on without configuration), and a limit
@@ -50,6 +58,9 @@ const CONGESTION_FLOOR_SECS: f64 = 0.005;
 /// Flat windows with every slot used, in a row, before the limit probes
 /// (doubles) again.
 const REPROBE_AFTER: u32 = 5;
+/// Windows without a dropped request before a drop is forgotten: the
+/// ceiling a second one set lapses.
+const CEILING_HOLD: u32 = 60;
 
 /// Parameters of [`GradientLimit`].
 #[derive(Debug, Clone, PartialEq)]
@@ -186,6 +197,12 @@ pub struct GradientLimit {
     /// after [`REPROBE_AFTER`] flat saturated windows in a row.
     probing: bool,
     flat_saturated: u32,
+    /// Windows since the last cut for a dropped request, while remembered
+    /// (for [`CEILING_HOLD`] windows).
+    since_drop: Option<u32>,
+    /// The limit a repeated drop set, which growth does not pass while the
+    /// drop is remembered.
+    ceiling: Option<f64>,
     window: Window,
 }
 
@@ -199,6 +216,8 @@ impl GradientLimit {
             windows_seen: 0,
             probing: true,
             flat_saturated: 0,
+            since_drop: None,
+            ceiling: None,
             window: Window::new(now),
         })
     }
@@ -215,17 +234,19 @@ impl GradientLimit {
 
     /// Records a completed request; returns the new limit when a window closed.
     pub fn on_sample(&mut self, now: Instant, sample: Sample) -> Option<usize> {
+        // Dropped, but started before the last cut: that cut answered it.
+        let dropped = sample.dropped && sample.in_flight <= self.limit();
         let w = &mut self.window;
         w.count += 1;
         w.sum_secs += sample.latency.as_secs_f64();
         w.sum_in_flight += sample.in_flight as f64;
-        w.dropped |= sample.dropped;
-        if sample.dropped {
+        w.dropped |= dropped;
+        if dropped {
             w.min_dropped_in_flight = w.min_dropped_in_flight.min(sample.in_flight);
         }
         w.max_in_flight = w.max_in_flight.max(sample.in_flight);
         let elapsed = now.saturating_duration_since(w.start);
-        if elapsed < self.config.window || (w.count < self.config.min_samples && !w.dropped) {
+        if !dropped && (elapsed < self.config.window || w.count < self.config.min_samples) {
             return None;
         }
         let closed = std::mem::replace(&mut self.window, Window::new(now));
@@ -243,7 +264,15 @@ impl GradientLimit {
             self.probing = false;
             let from = self.limit.min(w.min_dropped_in_flight as f64);
             self.limit = (from * cfg.backoff).max(cfg.min as f64);
+            if self.since_drop.is_some() {
+                self.ceiling = Some(self.limit);
+            }
+            self.since_drop = Some(0);
             return;
+        }
+        self.since_drop = self.since_drop.map(|n| n + 1).filter(|&n| n < CEILING_HOLD);
+        if self.since_drop.is_none() {
+            self.ceiling = None;
         }
         // A zero-latency window (clock granularity) carries no signal.
         let short = w.sum_secs / w.count.max(1) as f64;
@@ -304,6 +333,10 @@ impl GradientLimit {
             } else {
                 self.limit + cfg.smoothing * self.limit.sqrt()
             }
+        };
+        let next = match self.ceiling {
+            Some(at) => next.min(at),
+            None => next,
         };
         self.limit = next.clamp(cfg.min as f64, cfg.max as f64);
     }
@@ -525,6 +558,55 @@ mod tests {
             dropped: true,
         };
         assert_eq!(g.on_sample(now, refused), Some(6), "7 x 0.9");
+    }
+
+    #[test]
+    fn a_drop_cuts_at_once_and_drops_from_before_the_cut_do_not_cut_again() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        now += ms(10);
+        let dropped = |in_flight| Sample {
+            latency: ms(1),
+            in_flight,
+            dropped: true,
+        };
+        // Within the first window: 80 requests in flight, the app takes 40.
+        assert_eq!(g.on_sample(now, dropped(41)), Some(36), "41 x 0.9, at once");
+        for in_flight in 42..=80 {
+            assert_eq!(g.on_sample(now, dropped(in_flight)), None, "{in_flight}");
+        }
+        assert_eq!(g.limit(), 36, "one cut for the burst");
+        assert_eq!(
+            g.on_sample(now, dropped(36)),
+            Some(32),
+            "a drop under the new limit"
+        );
+    }
+
+    #[test]
+    fn a_drop_is_a_ceiling_until_it_lapses() {
+        let mut now = Instant::now();
+        let mut g = small(now);
+        drive(&mut g, &mut now, 3, ms(100), None);
+        assert_eq!(g.limit(), 32, "probing: 4 -> 32");
+        // The app's backlog overflows at 20 in flight; its latency stays
+        // flat (a full backlog refuses, it does not queue).
+        now += ms(1100);
+        let refused = Sample {
+            latency: ms(1),
+            in_flight: 20,
+            dropped: true,
+        };
+        assert_eq!(g.on_sample(now, refused), Some(18), "20 x 0.9");
+        drive(&mut g, &mut now, 3, ms(100), None);
+        assert!(g.limit() > 18, "one drop sets no ceiling: {}", g.limit());
+        // Again at 20: a backlog that overflows where it did before.
+        now += ms(1100);
+        assert_eq!(g.on_sample(now, refused), Some(18));
+        drive(&mut g, &mut now, CEILING_HOLD - 2, ms(100), None);
+        assert_eq!(g.limit(), 18, "every slot used and flat, yet held");
+        drive(&mut g, &mut now, 10, ms(100), None);
+        assert!(g.limit() > 18, "the ceiling lapsed: {}", g.limit());
     }
 
     #[test]

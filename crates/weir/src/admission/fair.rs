@@ -58,6 +58,18 @@ impl FairKey {
             address: PrefixKey::visitor(id, Level::Address),
         }
     }
+
+    /// The key of an address that browses like a person
+    /// ([`crate::admission::browsing`]), a network of its own: people
+    /// behind one carrier NAT who read pages each get a turn, without a
+    /// pass.
+    pub fn of_browser(client: ClientAddr) -> FairKey {
+        FairKey {
+            network: PrefixKey::browser(client.ip(), Level::Network),
+            subnet: PrefixKey::browser(client.ip(), Level::Subnet),
+            address: PrefixKey::browser(client.ip(), Level::Address),
+        }
+    }
 }
 
 /// A handle to one queued item, valid until the item leaves the queue.
@@ -589,6 +601,28 @@ mod tests {
             KeyHashing::new().hash_one(key(10, 0, 0, 1).address),
             "seeded"
         );
+    }
+
+    #[test]
+    fn browsing_addresses_are_networks_of_their_own() {
+        // Three people of one carrier /16 browse; a crawler /16 queues more.
+        let mut q = FairQueue::new();
+        for d in 1..=6 {
+            q.push(key(30, 0, 0, d), "crawler");
+        }
+        for d in 1..=3 {
+            let person = ClientAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 1, d)));
+            q.push(FairKey::of_browser(person), "person");
+        }
+        // The same address without the evidence is another node, not the
+        // browser's (the index holds every level's keys in one map).
+        q.push(key(10, 0, 1, 1), "unproven");
+        let first: Vec<_> = (0..6).map(|_| q.pop().map(|(_, v)| v).unwrap()).collect();
+        let people = first.iter().filter(|v| **v == "person").count();
+        assert_eq!(people, 3, "each person a turn of their own: {first:?}");
+        assert!(first.contains(&"unproven"), "{first:?}");
+        let rest = std::iter::from_fn(|| q.pop().map(|(_, v)| v)).count();
+        assert_eq!(rest, 4);
     }
 
     #[test]

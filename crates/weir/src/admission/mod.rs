@@ -29,6 +29,7 @@
 //! are explained in `docs/admission.md`.
 
 pub mod adaptive;
+pub mod browsing;
 pub mod coalesce;
 pub mod fair;
 pub mod lanes;
@@ -36,6 +37,7 @@ pub mod queue;
 pub mod shapes;
 
 pub use adaptive::{GradientConfig, GradientLimit};
+pub use browsing::BrowsingEvidence;
 pub use coalesce::{CoalesceKey, Coalescer, Role, SharedResponse};
 pub use fair::{FairKey, FairQueue};
 pub use lanes::{Lane, LaneSpec, Lanes, Share, Standing};

@@ -153,6 +153,22 @@ impl PrefixKey {
         }
     }
 
+    /// A key that names one address as a share of its own at `level` (a
+    /// browsing address, see `admission::browsing`), apart from the keys of
+    /// the same address inside its network. Its length (250 to 252 by
+    /// level) is no prefix's and no visitor's.
+    pub fn browser(ip: IpAddr, level: Level) -> PrefixKey {
+        let len = match level {
+            Level::Network => 252,
+            Level::Subnet => 251,
+            Level::Address => 250,
+        };
+        PrefixKey {
+            len,
+            ..PrefixKey::of(ip, Level::Address)
+        }
+    }
+
     /// The network address of the prefix.
     pub fn network(&self) -> IpAddr {
         if self.v4 {

@@ -72,12 +72,16 @@ pub(super) async fn admission(
     let lane = queue.lanes().clamp(Lane::for_request(standing, class_lane));
     // A pass holder is a visitor of its own: a hundred people behind one
     // carrier NAT are a hundred turns, not one (their passes are limited by
-    // their own key); everyone else shares by address prefix.
+    // their own key). So is an address that browses like a person (mostly
+    // cheap pages), for weir's defaults have no challenge; everyone else
+    // shares by address prefix.
+    let now = tokio::time::Instant::now();
+    let browsing = (queue.browsing()).record(client.client, class_lane < Lane::ANONYMOUS, now);
     let key = match proof.pass {
         Some(id) => FairKey::of_visitor(id),
+        None if browsing => FairKey::of_browser(client.client),
         None => FairKey::of(client.client),
     };
-    let now = tokio::time::Instant::now();
     let mut deadline = match class.queue_timeout {
         Some(t) => now + t,
         None => queue.deadline(lane, now),
@@ -215,6 +219,11 @@ pub(super) enum Unadmitted {
 /// What a forwarded request tells the adaptive limit: an answer and its
 /// latency, or overload (timeout, reset, `503`), or nothing (no server, or
 /// the client's own upload failed: that says nothing about the app's load).
+/// A kept-alive connection closed on a request without an answer is
+/// overload: it is what an app whose backlog is full does (php-fpm resets
+/// past `listen.backlog`), and it came with no latency to show queueing.
+/// (It once said nothing, and weir's defaults kept a limit the app's
+/// backlog overflowed at, its refusals 502s to people.)
 pub(super) fn admission_outcome(
     result: &Result<Response<UpstreamBody>, ForwardError>,
     upstream_time: Option<Duration>,
@@ -225,7 +234,11 @@ pub(super) fn admission_outcome(
         Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => Outcome::Overloaded,
         Ok(_) => Outcome::Answered(upstream_time.unwrap_or_default()),
         Err(e) if e.side() == Side::Client => Outcome::Abandoned,
-        Err(ForwardError::Timeout { .. } | ForwardError::Exchange { .. }) => Outcome::Overloaded,
+        Err(
+            ForwardError::Timeout { .. }
+            | ForwardError::Exchange { .. }
+            | ForwardError::Closed { .. },
+        ) => Outcome::Overloaded,
         Err(_) => Outcome::Abandoned,
     }
 }
