@@ -9,11 +9,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
 
-use weir::config::{ProcessEnv, load_file};
+use weir::config::{LoadedConfig, ProcessEnv, load_file};
 use weir::gateway::Gateway;
 use weir::lifecycle::signals::{Request, Signals};
-use weir::lifecycle::upgrade::{self, Taken, UpgradeSocket, Upgrader};
-use weir::lifecycle::{Inherited, systemd};
+use weir::lifecycle::upgrade::{self, Handover, Taken, UpgradeSocket, Upgrader};
+use weir::lifecycle::{Inherited, InheritedListener, systemd};
 use weir::server::Server;
 
 mod generate;
@@ -380,141 +380,218 @@ fn run(opts: &RunOptions) -> anyhow::Result<ExitCode> {
         .thread_name("weir-blocking")
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(async move {
-        // First, so a signal right after readiness is never fatal.
-        let mut signals = Signals::install().context("installing signal handlers")?;
-        let (inherited, taken_over, upgrade_socket) = match &opts.inherit {
-            Some(from) => {
-                let mut taken = Taken::connect(from, opts.upgrade_timeout)
-                    .await
-                    .with_context(|| format!("taking over from {}", from.display()))?;
-                let inherited = std::mem::take(&mut taken.inherited);
-                let socket = taken.upgrade_socket.take();
-                (inherited, Some(taken), socket)
-            }
-            None => {
-                let socket = match UpgradeSocket::bind(&opts.upgrade_socket) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        tracing::error!(error = %e, "in-place upgrades are disabled");
-                        None
-                    }
-                };
-                let inherited = Inherited {
-                    listeners: activated,
-                    ..Inherited::default()
-                };
-                (inherited, None, socket)
-            }
-        };
-        let from_generation = inherited.from_generation;
-        let server = Server::start_workers(
-            loaded,
-            Some(path.to_path_buf()),
-            Box::new(ProcessEnv),
-            inherited,
-            workers - 1,
-        )
-        .await?;
-        let drain_timeout = server.runtime.gateway.load().drain_timeout;
-        if let Some(generation) = from_generation {
-            tracing::info!(
-                "inherited {} listeners and {} limiter keys from generation {generation}",
-                server.inherited_listeners,
-                server.restored.keys()
-            );
-        }
-        if let Some(taken) = taken_over {
-            // Ready only once the old process has stopped accepting: then a
-            // next upgrade can never reach it instead of us.
-            let last = taken
-                .report_ready(
-                    server.listeners.len() + usize::from(server.admin.is_some()),
-                    server.restored.keys(),
-                    opts.upgrade_timeout,
-                )
-                .await
-                .context("reporting ready to the previous process")?;
-            let runtime = server.runtime.clone();
-            let wait = drain_timeout + Duration::from_secs(10);
-            tokio::spawn(async move {
-                match last.merge_into(&runtime, wait).await {
-                    Ok(Some(report)) => tracing::info!(
-                        keys = report.restored(),
-                        "merged the previous process's final limiter state"
-                    ),
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(error = %e, "no final limiter state from the previous process"),
-                }
-            });
-        }
-        tracing::info!(listeners = ?server.listeners, admin = ?server.admin, "weir is serving");
-        if let Some(file) = &opts.ready_file {
-            write_ready_file(file, &server).context("writing the ready file")?;
-        }
-        systemd::notify_ready();
-        let mut upgrader = Upgrader::start(upgrade_socket, opts.upgrade_timeout);
+    rt.block_on(serve_until_done(opts, loaded, activated, workers))
+}
 
-        // Serve until told to stop or an upgrade hands over.
-        let handover = loop {
-            let (request, operator) = tokio::select! {
-                r = signals.next() => (r, None),
-                op = upgrader.requested() => (Request::Upgrade, Some(op)),
-            };
-            match request {
-                Request::Drain => break None,
-                Request::StopNow => {
-                    tracing::warn!("SIGQUIT: stopping now");
-                    let report = server.drain_unless(Duration::ZERO, async {}).await;
-                    if let Some(s) = upgrader.socket() {
-                        s.remove();
-                    }
-                    tracing::info!(forced = report.forced, "stopped");
-                    return Ok(ExitCode::SUCCESS);
-                }
-                Request::Reload => {
-                    let rt = server.runtime.clone();
-                    let _ = tokio::task::spawn_blocking(move || rt.reload(true)).await;
-                }
-                Request::ReopenLogs => match server.runtime.access_log.reopen() {
-                    Ok(true) => tracing::info!("SIGUSR1: access log reopened"),
-                    Ok(false) => tracing::info!("SIGUSR1: the access log is not a file"),
-                    Err(e) => {
-                        tracing::error!(error = %e, "SIGUSR1: cannot reopen the access log; writing on to the old file")
-                    }
-                },
-                Request::Upgrade => {
-                    let outcome = upgrader.upgrade(&server.runtime, server.sockets()).await;
-                    let reply = outcome.as_ref().map(|h| h.pid).map_err(|e| e.to_string());
-                    if let Some(op) = operator {
-                        op.reply(reply).await;
-                    }
-                    if let Ok(handover) = outcome {
-                        break Some(handover);
-                    }
-                }
-            }
-        };
-        let runtime = server.runtime.clone();
-        if handover.is_none() {
-            systemd::notify_stopping();
+/// `weir run` once its runtime is up: starts the server on `workers`
+/// threads (on sockets taken over in an upgrade, else `activated` or bound),
+/// announces it, serves until a signal or an upgrade ends it, then drains.
+async fn serve_until_done(
+    opts: &RunOptions,
+    loaded: LoadedConfig,
+    activated: Vec<InheritedListener>,
+    workers: usize,
+) -> anyhow::Result<ExitCode> {
+    // First, so a signal right after readiness is never fatal.
+    let mut signals = Signals::install().context("installing signal handlers")?;
+    let (inherited, taken_over, upgrade_socket) = take_over_or_listen(opts, activated).await?;
+    let from_generation = inherited.from_generation;
+    let server = Server::start_workers(
+        loaded,
+        Some(opts.config.clone()),
+        Box::new(ProcessEnv),
+        inherited,
+        workers - 1,
+    )
+    .await?;
+    let drain_timeout = server.runtime.gateway.load().drain_timeout;
+    if let Some(generation) = from_generation {
+        tracing::info!(
+            "inherited {} listeners and {} limiter keys from generation {generation}",
+            server.inherited_listeners,
+            server.restored.keys()
+        );
+    }
+    if let Some(taken) = taken_over {
+        complete_take_over(taken, &server, opts.upgrade_timeout, drain_timeout).await?;
+    }
+    tracing::info!(listeners = ?server.listeners, admin = ?server.admin, "weir is serving");
+    if let Some(file) = &opts.ready_file {
+        write_ready_file(file, &server).context("writing the ready file")?;
+    }
+    systemd::notify_ready();
+    let mut upgrader = Upgrader::start(upgrade_socket, opts.upgrade_timeout);
+
+    let handover = match serve_until_stopped(&server, &mut signals, &mut upgrader).await {
+        Ending::Drain => None,
+        Ending::HandedOver(handover) => Some(handover),
+        Ending::StopNow => {
+            tracing::warn!("SIGQUIT: stopping now");
+            let report = server.drain_unless(Duration::ZERO, async {}).await;
             if let Some(s) = upgrader.socket() {
                 s.remove();
             }
+            tracing::info!(forced = report.forced, "stopped");
+            return Ok(ExitCode::SUCCESS);
         }
-        tracing::info!(?drain_timeout, "draining: finishing in-flight requests");
-        let report = server
-            .drain_unless(drain_timeout, async {
-                signals.stop_now().await;
-                tracing::warn!("second signal: stopping now");
-            })
-            .await;
-        tracing::info!(forced = report.forced, took = ?report.took, "drained; exiting");
-        if let Some(handover) = handover {
-            handover.finish(&runtime).await;
+    };
+    drain(server, &mut signals, &upgrader, handover, drain_timeout).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `weir run` starts from: with `--inherit` (an upgrade), the previous
+/// process's listeners and limiter state, the channel to report ready on
+/// and the upgrade socket it passes on; otherwise the `activated` systemd
+/// listeners and a freshly bound upgrade socket (none if that fails, which
+/// disables upgrades but not serving).
+async fn take_over_or_listen(
+    opts: &RunOptions,
+    activated: Vec<InheritedListener>,
+) -> anyhow::Result<(Inherited, Option<Taken>, Option<UpgradeSocket>)> {
+    Ok(match &opts.inherit {
+        Some(from) => {
+            let mut taken = Taken::connect(from, opts.upgrade_timeout)
+                .await
+                .with_context(|| format!("taking over from {}", from.display()))?;
+            let inherited = std::mem::take(&mut taken.inherited);
+            let socket = taken.upgrade_socket.take();
+            (inherited, Some(taken), socket)
         }
-        Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
+        None => {
+            let socket = match UpgradeSocket::bind(&opts.upgrade_socket) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::error!(error = %e, "in-place upgrades are disabled");
+                    None
+                }
+            };
+            let inherited = Inherited {
+                listeners: activated,
+                ..Inherited::default()
+            };
+            (inherited, None, socket)
+        }
     })
+}
+
+/// The new process's side of an upgrade once it serves: reports ready to
+/// the previous process, then merges (in the background) the final limiter
+/// state that process sends once it has drained.
+async fn complete_take_over(
+    taken: Taken,
+    server: &Server,
+    upgrade_timeout: Duration,
+    drain_timeout: Duration,
+) -> anyhow::Result<()> {
+    // Ready only once the old process has stopped accepting: then a
+    // next upgrade can never reach it instead of us.
+    let last = taken
+        .report_ready(
+            server.listeners.len() + usize::from(server.admin.is_some()),
+            server.restored.keys(),
+            upgrade_timeout,
+        )
+        .await
+        .context("reporting ready to the previous process")?;
+    let runtime = server.runtime.clone();
+    let wait = drain_timeout + Duration::from_secs(10);
+    tokio::spawn(async move {
+        match last.merge_into(&runtime, wait).await {
+            Ok(Some(report)) => tracing::info!(
+                keys = report.restored(),
+                "merged the previous process's final limiter state"
+            ),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "no final limiter state from the previous process")
+            }
+        }
+    });
+    Ok(())
+}
+
+/// How serving ended.
+// One value, once per process: boxing the handover would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Ending {
+    /// SIGTERM or SIGINT: drain, then exit.
+    Drain,
+    /// SIGQUIT: close every connection now.
+    StopNow,
+    /// A new process serves: drain, then hand it the final limiter state.
+    HandedOver(Handover),
+}
+
+/// Answers signals and `weir upgrade` requests while serving: reloads,
+/// reopens the access log, and tries upgrades (a failed one serves on),
+/// until one of them ends serving.
+async fn serve_until_stopped(
+    server: &Server,
+    signals: &mut Signals,
+    upgrader: &mut Upgrader,
+) -> Ending {
+    loop {
+        let (request, operator) = tokio::select! {
+            r = signals.next() => (r, None),
+            op = upgrader.requested() => (Request::Upgrade, Some(op)),
+        };
+        match request {
+            Request::Drain => return Ending::Drain,
+            Request::StopNow => return Ending::StopNow,
+            Request::Reload => {
+                let rt = server.runtime.clone();
+                let _ = tokio::task::spawn_blocking(move || rt.reload(true)).await;
+            }
+            Request::ReopenLogs => match server.runtime.access_log.reopen() {
+                Ok(true) => tracing::info!("SIGUSR1: access log reopened"),
+                Ok(false) => tracing::info!("SIGUSR1: the access log is not a file"),
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGUSR1: cannot reopen the access log; writing on to the old file")
+                }
+            },
+            Request::Upgrade => {
+                let outcome = upgrader.upgrade(&server.runtime, server.sockets()).await;
+                let reply = outcome.as_ref().map(|h| h.pid).map_err(|e| e.to_string());
+                if let Some(op) = operator {
+                    op.reply(reply).await;
+                }
+                if let Ok(handover) = outcome {
+                    return Ending::HandedOver(handover);
+                }
+            }
+        }
+    }
+}
+
+/// Finishes in-flight requests for up to `drain_timeout` (a second signal
+/// cuts it short). Without a `handover` this process is the last: systemd
+/// hears it stopping and the upgrade socket goes. With one, the new
+/// process gets the final limiter state once the drain is done.
+async fn drain(
+    server: Server,
+    signals: &mut Signals,
+    upgrader: &Upgrader,
+    handover: Option<Handover>,
+    drain_timeout: Duration,
+) {
+    let runtime = server.runtime.clone();
+    if handover.is_none() {
+        systemd::notify_stopping();
+        if let Some(s) = upgrader.socket() {
+            s.remove();
+        }
+    }
+    tracing::info!(?drain_timeout, "draining: finishing in-flight requests");
+    let report = server
+        .drain_unless(drain_timeout, async {
+            signals.stop_now().await;
+            tracing::warn!("second signal: stopping now");
+        })
+        .await;
+    tracing::info!(forced = report.forced, took = ?report.took, "drained; exiting");
+    if let Some(handover) = handover {
+        handover.finish(&runtime).await;
+    }
 }
 
 fn request_upgrade(socket: &Path, timeout: Duration) -> anyhow::Result<ExitCode> {

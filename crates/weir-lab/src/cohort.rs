@@ -610,58 +610,11 @@ async fn exchange(
     solves: bool,
 ) -> Answer {
     let method_again = method.clone();
-    if conn.as_ref().is_some_and(|c| c.is_closed()) {
-        *conn = None;
-    }
-    let sender = match conn {
-        Some(s) => s,
-        None => match connect(src, ctx.target).await {
-            Ok(s) => conn.insert(s),
-            Err(_) => return Answer::failed(Outcome::ConnError),
-        },
-    };
-    if sender.ready().await.is_err() {
-        *conn = None;
+    let Some(sender) = ready_connection(ctx, src, conn).await else {
         return Answer::failed(Outcome::ConnError);
-    }
-    let upload = cohort.kind == CohortKind::Uploads && method == Method::POST;
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", &cohort.host);
-    req = req.header("user-agent", &cohort.user_agent);
-    // A headless-browser crawler (it solves challenges) sends what a browser sends.
-    let browser = match cohort.kind {
-        CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => true,
-        CohortKind::Crawlers => solves,
-        CohortKind::Flood => false,
     };
-    if browser {
-        req = req
-            .header(
-                "accept",
-                "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
-            )
-            .header("accept-language", "ko-KR,ko;q=0.9,en;q=0.8")
-            .header("sec-fetch-mode", "navigate")
-            .header("sec-fetch-site", "same-origin")
-            .header("sec-fetch-dest", "document");
-        if let Some(page) = &jar.last_page {
-            req = req.header("referer", format!("http://{}{page}", cohort.host));
-        }
-    } else {
-        req = req.header("accept", "*/*");
-    }
-    if let Some(cookies) = jar.header() {
-        req = req.header("cookie", cookies);
-    }
-    let body = if upload {
-        req = req.header("content-length", cohort.upload_bytes);
-        ClientBody::Right(TrickleBody::new(cohort.upload_bytes, cohort.upload_rate))
-    } else {
-        ClientBody::Left(http_body_util::Full::new(Bytes::new()))
-    };
-    let Ok(request) = req.body(body) else {
+    let browser = sends_as_browser(cohort.kind, solves);
+    let Ok(request) = build_request(cohort, jar, method, path, browser) else {
         return Answer::failed(Outcome::Other);
     };
     let response = match sender.send_request(request).await {
@@ -695,33 +648,7 @@ async fn exchange(
     if !keep {
         *conn = None;
     }
-    // A browser (people, and the share of crawlers that run one) solves the
-    // challenge the way the page's script does, or, with scripts off, follows
-    // the page's refresh after its wait; then asks again.
-    let passed = if !challenged || !solves {
-        false
-    } else if cohort.javascript {
-        match challenge_of(&body) {
-            Some((nonce, bits)) => {
-                let started = Instant::now();
-                let counter =
-                    tokio::task::spawn_blocking(move || weir::challenge::pow::solve(&nonce, bits))
-                        .await
-                        .unwrap_or_default();
-                // A slower browser: the time its hashes would have taken.
-                if let Some(rate) = cohort.hash_rate {
-                    let at_rate = Duration::from_secs_f64((counter + 1) as f64 / rate);
-                    tokio::time::sleep(at_rate.saturating_sub(started.elapsed())).await;
-                }
-                let nonce = weir::challenge::page_nonce(&body).unwrap_or_default();
-                let form = weir::challenge::answer_form(&nonce, counter);
-                submit_answer(ctx, cohort, src, jar, form).await == Some(true)
-            }
-            None => false,
-        }
-    } else {
-        follow_refresh(ctx, cohort, src, jar, &body).await == Some(true)
-    };
+    let passed = challenged && solves && pass_challenge(ctx, cohort, src, jar, &body).await;
     if passed {
         jar.solved = true;
         let retry = Box::pin(exchange(
@@ -747,6 +674,114 @@ async fn exchange(
         solved_challenge: false,
         rechallenged,
     }
+}
+
+/// The client's connection, ready to send on: `conn` if it is still open,
+/// else a new one from `src` (kept in `conn`). `None`, and no connection
+/// kept, when connecting fails or the connection will not take a request.
+async fn ready_connection<'c>(
+    ctx: &RunContext,
+    src: Ipv4Addr,
+    conn: &'c mut Option<SendRequest<ClientBody>>,
+) -> Option<&'c mut SendRequest<ClientBody>> {
+    if conn.as_ref().is_some_and(|c| c.is_closed()) {
+        *conn = None;
+    }
+    let sender = match conn {
+        Some(s) => s,
+        None => conn.insert(connect(src, ctx.target).await.ok()?),
+    };
+    if sender.ready().await.is_err() {
+        *conn = None;
+        return None;
+    }
+    conn.as_mut()
+}
+
+/// Whether a cohort's client sends what a browser sends (navigation
+/// headers, a referer): people do, and so does a headless-browser crawler
+/// (one that `solves` challenges); floods never.
+fn sends_as_browser(kind: CohortKind, solves: bool) -> bool {
+    match kind {
+        CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => true,
+        CohortKind::Crawlers => solves,
+        CohortKind::Flood => false,
+    }
+}
+
+/// The request a cohort's client sends for `method` and `path`: its host and
+/// user agent, a browser's headers if it is one, the jar's cookies, and for
+/// an upload's POST a body trickled at the cohort's upload rate.
+fn build_request(
+    cohort: &Cohort,
+    jar: &CookieJar,
+    method: Method,
+    path: &str,
+    browser: bool,
+) -> http::Result<Request<ClientBody>> {
+    let upload = cohort.kind == CohortKind::Uploads && method == Method::POST;
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", &cohort.host);
+    req = req.header("user-agent", &cohort.user_agent);
+    if browser {
+        req = req
+            .header(
+                "accept",
+                "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8",
+            )
+            .header("accept-language", "ko-KR,ko;q=0.9,en;q=0.8")
+            .header("sec-fetch-mode", "navigate")
+            .header("sec-fetch-site", "same-origin")
+            .header("sec-fetch-dest", "document");
+        if let Some(page) = &jar.last_page {
+            req = req.header("referer", format!("http://{}{page}", cohort.host));
+        }
+    } else {
+        req = req.header("accept", "*/*");
+    }
+    if let Some(cookies) = jar.header() {
+        req = req.header("cookie", cookies);
+    }
+    let body = if upload {
+        req = req.header("content-length", cohort.upload_bytes);
+        ClientBody::Right(TrickleBody::new(cohort.upload_bytes, cohort.upload_rate))
+    } else {
+        ClientBody::Left(http_body_util::Full::new(Bytes::new()))
+    };
+    req.body(body)
+}
+
+/// Passes the challenge page `body` as a browser would (people, and the
+/// share of crawlers that run one): solves it the way the page's script
+/// does, or, with scripts off, follows the page's refresh after its wait.
+/// True once weir accepted the pass.
+async fn pass_challenge(
+    ctx: &RunContext,
+    cohort: &Cohort,
+    src: Ipv4Addr,
+    jar: &mut CookieJar,
+    body: &[u8],
+) -> bool {
+    if !cohort.javascript {
+        return follow_refresh(ctx, cohort, src, jar, body).await == Some(true);
+    }
+    let Some((nonce, bits)) = challenge_of(body) else {
+        return false;
+    };
+    let started = Instant::now();
+    let counter = tokio::task::spawn_blocking(move || weir::challenge::pow::solve(&nonce, bits))
+        .await
+        .unwrap_or_default();
+    // A slower browser: the time its hashes would have taken.
+    if let Some(rate) = cohort.hash_rate {
+        let at_rate = Duration::from_secs_f64((counter + 1) as f64 / rate);
+        tokio::time::sleep(at_rate.saturating_sub(started.elapsed())).await;
+    }
+    let nonce = weir::challenge::page_nonce(body).unwrap_or_default();
+    let form = weir::challenge::answer_form(&nonce, counter);
+    submit_answer(ctx, cohort, src, jar, form).await == Some(true)
 }
 
 /// The `<noscript>` meta refresh of a challenge page: its wait and link.

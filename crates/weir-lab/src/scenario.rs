@@ -802,221 +802,307 @@ fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>)
     let mut out: Vec<Cohort> = Vec::new();
     let mut connections = 0usize;
     for (i, c) in file.cohorts.iter().enumerate() {
-        let key = root.key("cohorts").index(i);
         let before = errors.len();
-        for k in at.keys_of(&key) {
-            if !c.kind.is_allowed(&k) {
-                errors.push(at.error(
-                    &key.key(&k),
-                    format!("not a key of a `{}` cohort", c.kind.as_str()),
-                ));
-            }
-        }
-        let name = c
-            .name
-            .clone()
-            .unwrap_or_else(|| c.kind.as_str().to_string());
-        if !valid_name(&name) {
-            errors.push(at.error(
-                &key.key("name"),
-                format!("{name:?}: use letters, digits, `_` or `-`"),
-            ));
-        } else if ["upstream", "rules", "generator"].contains(&name.as_str()) {
-            errors.push(at.error(&key.key("name"), format!("{name:?} is reserved in checks")));
-        } else if out.iter().any(|o| o.name == name) {
-            errors.push(at.error(
-                &key.key("name"),
-                format!("{name:?} names two cohorts; set `name`"),
-            ));
-        }
-        let fraction =
-            |v: Option<f64>, default: f64, field: &str, errors: &mut Vec<ConfigError>| {
-                let v = v.unwrap_or(default);
-                if !(0.0..=1.0).contains(&v) {
-                    errors.push(at.error(&key.key(field), format!("{v} must be between 0 and 1")));
-                }
-                v
-            };
-        if !(c.rate.is_finite() && c.rate > 0.0) {
-            errors.push(at.error(&key.key("rate"), format!("{} must be a number > 0", c.rate)));
-        }
-        let start = fraction(c.start, 0.0, "start", errors);
-        let stop = fraction(c.stop, 1.0, "stop", errors);
-        if start >= stop {
-            errors.push(at.error(
-                &key.key("stop"),
-                format!("stop = {stop} is not after start = {start}"),
-            ));
-        }
-        let login_share = fraction(c.login_share, 0.0, "login_share", errors);
-        let session_cookie_share =
-            fraction(c.session_cookie_share, 0.0, "session_cookie_share", errors);
-        let headless_share = fraction(c.headless_share, 0.0, "headless_share", errors);
-        for (j, p) in c.phases.iter().enumerate() {
-            if !((0.0..=1.0).contains(&p.at) && p.factor.is_finite() && p.factor >= 0.0) {
-                errors.push(at.error(
-                    &key.key("phases").index(j),
-                    "`at` must be between 0 and 1 and `factor` a number >= 0",
-                ));
-            }
-        }
-        if c.phases.windows(2).any(|w| w[0].at > w[1].at) {
-            errors.push(at.error(&key.key("phases"), "phases must be in order of `at`"));
-        }
-        let required = |v: Option<usize>, field: &str, errors: &mut Vec<ConfigError>| match v {
-            Some(n) if n > 0 => n,
-            Some(_) => {
-                errors.push(at.error(&key.key(field), "must be at least 1"));
-                0
-            }
-            None => {
-                errors.push(at.error(
-                    &key,
-                    format!("a `{}` cohort needs `{field}`", c.kind.as_str()),
-                ));
-                0
-            }
+        let mut problems = CohortProblems {
+            at,
+            key: root.key("cohorts").index(i),
+            errors: &mut *errors,
         };
-        let (clients, addresses) = match c.kind {
-            CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => {
-                let count = required(c.count, "count", errors);
-                let addresses = c.addresses.unwrap_or(count);
-                if addresses == 0 || addresses > count {
-                    errors.push(at.error(
-                        &key.key("addresses"),
-                        format!("{addresses} must be between 1 and count = {count}"),
-                    ));
-                }
-                (count, addresses)
-            }
-            CohortKind::Crawlers => {
-                let addresses = required(c.addresses, "addresses", errors);
-                let per = c.concurrency.unwrap_or(1);
-                if per == 0 {
-                    errors.push(at.error(&key.key("concurrency"), "must be at least 1"));
-                }
-                (addresses.saturating_mul(per), addresses)
-            }
-            CohortKind::Flood => {
-                let conns = required(c.connections, "connections", errors);
-                let addresses = required(c.addresses, "addresses", errors);
-                (conns, addresses)
-            }
-        };
-        connections = connections.saturating_add(clients);
-        let networks = if c.networks.is_empty() {
-            vec![NetworkGroup {
-                share: 1.0,
-                prefixes: addresses.max(1),
-                len: 24,
-                within: None,
-            }]
-        } else {
-            c.networks.clone()
-        };
-        if let Err(e) = super::addresses::check_groups(&networks, addresses) {
-            errors.push(at.error(&key.key("networks"), e.to_string()));
-        }
-        let requests = if c.requests.is_empty() {
-            default_requests(c.kind)
-        } else {
-            c.requests.clone()
-        };
-        for (j, r) in requests.iter().enumerate() {
-            if !r.path.starts_with('/') {
-                errors.push(at.error(
-                    &key.key("requests").index(j).key("path"),
-                    format!("{:?} must start with '/'", r.path),
-                ));
-            }
-            if !(r.weight.is_finite() && r.weight >= 0.0) {
-                errors.push(at.error(
-                    &key.key("requests").index(j).key("weight"),
-                    "must be a number >= 0",
-                ));
-            }
-            if http::Method::from_bytes(r.method.as_bytes()).is_err() {
-                errors.push(at.error(
-                    &key.key("requests").index(j).key("method"),
-                    format!("{:?} is not an HTTP method", r.method),
-                ));
-            }
-        }
-        if requests.iter().map(|r| r.weight).sum::<f64>() <= 0.0 {
-            errors.push(at.error(&key.key("requests"), "weights sum to 0"));
-        }
-        let timeout = c.timeout.map_or(Duration::from_secs(10), |d| d.0);
-        if timeout.is_zero() {
-            errors.push(at.error(&key.key("timeout"), "must be more than 0"));
-        }
-        let upload_rate = c.upload_rate.unwrap_or(64 * 1024);
-        if upload_rate == 0 {
-            errors.push(at.error(&key.key("upload_rate"), "must be more than 0"));
-        }
+        let cohort = cohort(c, &out, &mut problems);
+        connections = connections.saturating_add(cohort.clients);
         if errors.len() > before {
             continue;
         }
-        out.push(Cohort {
-            name,
-            kind: c.kind,
-            clients,
-            addresses,
-            networks,
-            rate: c.rate,
-            requests,
-            login_share,
-            javascript: c.javascript.unwrap_or(true),
-            hash_rate: c.hash_rate.filter(|r| *r > 0.0),
-            session_cookie_share,
-            headless_share,
-            user_agent: c
-                .user_agent
-                .clone()
-                .unwrap_or_else(|| default_user_agent(c.kind).into()),
-            host: c.host.clone().unwrap_or_else(|| "wiki.example.org".into()),
-            timeout,
-            start,
-            stop,
-            phases: c.phases.clone(),
-            reconnect_delay: c
-                .reconnect_delay
-                .map_or(Duration::from_millis(500), |d| d.0),
-            upload_bytes: c.upload_bytes.unwrap_or(1 << 20),
-            upload_rate,
-            requests_per_connection: c.requests_per_connection.unwrap_or(match c.kind {
-                CohortKind::Humans | CohortKind::Editors => 5,
-                _ => 0,
-            }),
-            ramp: c.ramp.map_or(
-                if c.kind == CohortKind::Flood {
-                    Duration::from_secs(1)
-                } else {
-                    Duration::ZERO
-                },
-                |d| d.0,
-            ),
-        });
+        out.push(cohort);
     }
+    check_lab_capacity(connections, &out, &root.key("cohorts"), at, errors);
+    out
+}
+
+/// Where the problems of one `[[cohorts]]` entry go: each at its key within
+/// the entry, with the line the key is on.
+struct CohortProblems<'a, 'l> {
+    at: &'a Locator<'l>,
+    /// The entry's own key, `cohorts[i]`.
+    key: KeyPath,
+    errors: &'a mut Vec<ConfigError>,
+}
+
+impl CohortProblems<'_, '_> {
+    /// Records a problem at `key`.
+    fn report(&mut self, key: &KeyPath, message: impl Into<String>) {
+        self.errors.push(self.at.error(key, message));
+    }
+
+    /// Records a problem at the entry's `field`.
+    fn report_field(&mut self, field: &str, message: impl Into<String>) {
+        let key = self.key.key(field);
+        self.report(&key, message);
+    }
+
+    /// A share, `default` when unset; outside 0..=1 is a problem at `field`.
+    fn fraction(&mut self, v: Option<f64>, default: f64, field: &str) -> f64 {
+        let v = v.unwrap_or(default);
+        if !(0.0..=1.0).contains(&v) {
+            self.report_field(field, format!("{v} must be between 0 and 1"));
+        }
+        v
+    }
+
+    /// A count a `kind` cohort must set to at least 1 (0 when it is a
+    /// problem, reported at `field`, or at the entry when unset).
+    fn required(&mut self, kind: CohortKind, v: Option<usize>, field: &str) -> usize {
+        match v {
+            Some(n) if n > 0 => n,
+            Some(_) => {
+                self.report_field(field, "must be at least 1");
+                0
+            }
+            None => {
+                let message = format!("a `{}` cohort needs `{field}`", kind.as_str());
+                self.errors.push(self.at.error(&self.key, message));
+                0
+            }
+        }
+    }
+}
+
+/// One `[[cohorts]]` entry, checked and with its defaults filled in. Its
+/// problems go to `problems` (the cohort is returned anyway, for the count
+/// of connections); `accepted` are the entries before it that had none.
+fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'_, '_>) -> Cohort {
+    for k in problems.at.keys_of(&problems.key) {
+        if !c.kind.is_allowed(&k) {
+            problems.report_field(&k, format!("not a key of a `{}` cohort", c.kind.as_str()));
+        }
+    }
+    let name = cohort_name(c, accepted, problems);
+    if !(c.rate.is_finite() && c.rate > 0.0) {
+        problems.report_field("rate", format!("{} must be a number > 0", c.rate));
+    }
+    let start = problems.fraction(c.start, 0.0, "start");
+    let stop = problems.fraction(c.stop, 1.0, "stop");
+    if start >= stop {
+        problems.report_field(
+            "stop",
+            format!("stop = {stop} is not after start = {start}"),
+        );
+    }
+    let login_share = problems.fraction(c.login_share, 0.0, "login_share");
+    let session_cookie_share =
+        problems.fraction(c.session_cookie_share, 0.0, "session_cookie_share");
+    let headless_share = problems.fraction(c.headless_share, 0.0, "headless_share");
+    check_phases(&c.phases, problems);
+    let (clients, addresses) = cohort_size(c, problems);
+    let networks = cohort_networks(c, addresses, problems);
+    let requests = cohort_requests(c, problems);
+    let timeout = c.timeout.map_or(Duration::from_secs(10), |d| d.0);
+    if timeout.is_zero() {
+        problems.report_field("timeout", "must be more than 0");
+    }
+    let upload_rate = c.upload_rate.unwrap_or(64 * 1024);
+    if upload_rate == 0 {
+        problems.report_field("upload_rate", "must be more than 0");
+    }
+    Cohort {
+        name,
+        kind: c.kind,
+        clients,
+        addresses,
+        networks,
+        rate: c.rate,
+        requests,
+        login_share,
+        javascript: c.javascript.unwrap_or(true),
+        hash_rate: c.hash_rate.filter(|r| *r > 0.0),
+        session_cookie_share,
+        headless_share,
+        user_agent: c
+            .user_agent
+            .clone()
+            .unwrap_or_else(|| default_user_agent(c.kind).into()),
+        host: c.host.clone().unwrap_or_else(|| "wiki.example.org".into()),
+        timeout,
+        start,
+        stop,
+        phases: c.phases.clone(),
+        reconnect_delay: c
+            .reconnect_delay
+            .map_or(Duration::from_millis(500), |d| d.0),
+        upload_bytes: c.upload_bytes.unwrap_or(1 << 20),
+        upload_rate,
+        requests_per_connection: c.requests_per_connection.unwrap_or(match c.kind {
+            CohortKind::Humans | CohortKind::Editors => 5,
+            _ => 0,
+        }),
+        ramp: c.ramp.map_or(
+            if c.kind == CohortKind::Flood {
+                Duration::from_secs(1)
+            } else {
+                Duration::ZERO
+            },
+            |d| d.0,
+        ),
+    }
+}
+
+/// The cohort's name (default: its kind), which checks refer to it by: it
+/// must be a plain word, not one the checks reserve, and not one of the
+/// `accepted` cohorts' names.
+fn cohort_name(
+    c: &CohortConfig,
+    accepted: &[Cohort],
+    problems: &mut CohortProblems<'_, '_>,
+) -> String {
+    let name = c
+        .name
+        .clone()
+        .unwrap_or_else(|| c.kind.as_str().to_string());
+    if !valid_name(&name) {
+        problems.report_field("name", format!("{name:?}: use letters, digits, `_` or `-`"));
+    } else if ["upstream", "rules", "generator"].contains(&name.as_str()) {
+        problems.report_field("name", format!("{name:?} is reserved in checks"));
+    } else if accepted.iter().any(|o| o.name == name) {
+        problems.report_field("name", format!("{name:?} names two cohorts; set `name`"));
+    }
+    name
+}
+
+/// Each phase must start within the run (`at` in 0..=1) with a usable
+/// factor, and the phases must come in order.
+fn check_phases(phases: &[Phase], problems: &mut CohortProblems<'_, '_>) {
+    for (j, p) in phases.iter().enumerate() {
+        if !((0.0..=1.0).contains(&p.at) && p.factor.is_finite() && p.factor >= 0.0) {
+            let key = problems.key.key("phases").index(j);
+            problems.report(
+                &key,
+                "`at` must be between 0 and 1 and `factor` a number >= 0",
+            );
+        }
+    }
+    if phases.windows(2).any(|w| w[0].at > w[1].at) {
+        problems.report_field("phases", "phases must be in order of `at`");
+    }
+}
+
+/// How many client connections the cohort opens and from how many
+/// addresses, from the fields its kind sizes itself by: people by `count`
+/// (sharing `addresses`), crawlers by `addresses` times `concurrency`,
+/// floods by `connections` over `addresses`.
+fn cohort_size(c: &CohortConfig, problems: &mut CohortProblems<'_, '_>) -> (usize, usize) {
+    match c.kind {
+        CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => {
+            let count = problems.required(c.kind, c.count, "count");
+            let addresses = c.addresses.unwrap_or(count);
+            if addresses == 0 || addresses > count {
+                problems.report_field(
+                    "addresses",
+                    format!("{addresses} must be between 1 and count = {count}"),
+                );
+            }
+            (count, addresses)
+        }
+        CohortKind::Crawlers => {
+            let addresses = problems.required(c.kind, c.addresses, "addresses");
+            let per = c.concurrency.unwrap_or(1);
+            if per == 0 {
+                problems.report_field("concurrency", "must be at least 1");
+            }
+            (addresses.saturating_mul(per), addresses)
+        }
+        CohortKind::Flood => {
+            let conns = problems.required(c.kind, c.connections, "connections");
+            let addresses = problems.required(c.kind, c.addresses, "addresses");
+            (conns, addresses)
+        }
+    }
+}
+
+/// The networks the cohort's `addresses` are drawn from (default: one /24
+/// per address), which must be able to hold them.
+fn cohort_networks(
+    c: &CohortConfig,
+    addresses: usize,
+    problems: &mut CohortProblems<'_, '_>,
+) -> Vec<NetworkGroup> {
+    let networks = if c.networks.is_empty() {
+        vec![NetworkGroup {
+            share: 1.0,
+            prefixes: addresses.max(1),
+            len: 24,
+            within: None,
+        }]
+    } else {
+        c.networks.clone()
+    };
+    if let Err(e) = super::addresses::check_groups(&networks, addresses) {
+        problems.report_field("networks", e.to_string());
+    }
+    networks
+}
+
+/// The cohort's request mix (default: its kind's, [`default_requests`]):
+/// absolute paths, HTTP methods, weights >= 0 that do not all sum to 0.
+fn cohort_requests(c: &CohortConfig, problems: &mut CohortProblems<'_, '_>) -> Vec<RequestMix> {
+    let requests = if c.requests.is_empty() {
+        default_requests(c.kind)
+    } else {
+        c.requests.clone()
+    };
+    for (j, r) in requests.iter().enumerate() {
+        let key = problems.key.key("requests").index(j);
+        if !r.path.starts_with('/') {
+            problems.report(
+                &key.key("path"),
+                format!("{:?} must start with '/'", r.path),
+            );
+        }
+        if !(r.weight.is_finite() && r.weight >= 0.0) {
+            problems.report(&key.key("weight"), "must be a number >= 0");
+        }
+        if http::Method::from_bytes(r.method.as_bytes()).is_err() {
+            problems.report(
+                &key.key("method"),
+                format!("{:?} is not an HTTP method", r.method),
+            );
+        }
+    }
+    if requests.iter().map(|r| r.weight).sum::<f64>() <= 0.0 {
+        problems.report_field("requests", "weights sum to 0");
+    }
+    requests
+}
+
+/// What the lab can run at once, over all the accepted cohorts (problems
+/// reported at `key`, the cohorts' array): at most
+/// [`MAX_CLIENT_CONNECTIONS`] client connections, and networks that fit in
+/// the /16s of 127.0.0.0/8 left for clients.
+fn check_lab_capacity(
+    connections: usize,
+    cohorts: &[Cohort],
+    key: &KeyPath,
+    at: &Locator<'_>,
+    errors: &mut Vec<ConfigError>,
+) {
     if connections > MAX_CLIENT_CONNECTIONS {
         errors.push(at.error(
-            &root.key("cohorts"),
+            key,
             format!(
                 "{connections} client connections in all; the lab holds at most \
                  {MAX_CLIENT_CONNECTIONS} (each also costs weir a descriptor)"
             ),
         ));
     }
-    let used = super::addresses::slash16_needed(out.iter().flat_map(|c| c.networks.iter()));
+    let used = super::addresses::slash16_needed(cohorts.iter().flat_map(|c| c.networks.iter()));
     if used > super::addresses::SLASH16_AVAILABLE {
         errors.push(at.error(
-            &root.key("cohorts"),
+            key,
             format!(
                 "the networks need {used} /16s; 127.0.0.0/8 has {} for clients",
                 super::addresses::SLASH16_AVAILABLE
             ),
         ));
     }
-    out
 }
 
 fn valid_name(name: &str) -> bool {

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use weir_limiter::Snapshot;
 
 use crate::admin;
-use crate::config::{ConfigErrors, Env, LoadedConfig};
-use crate::edge::Acceptor;
+use crate::config::{ConfigErrors, Env, LifecycleConfig, LoadedConfig};
+use crate::edge::{Acceptor, ListenerSpec};
 use crate::edge::{listener, serve};
 use crate::gateway::Gateway;
 use crate::lifecycle::warmup::{self, Phase};
@@ -131,17 +132,8 @@ impl Server {
         for w in &gateway.warnings {
             tracing::warn!("configuration: {w}");
         }
-        let target = gateway.loaded.config.access_log.target.clone();
-        let access_log = AccessLog::start(&LogTarget::parse(&target)).map_err(|source| {
-            StartError::AccessLog {
-                target: target.clone(),
-                source,
-            }
-        })?;
-        let mut metrics = Metrics::new();
-        let warm_up_metrics = warmup::WarmUpMetrics::default();
-        warm_up_metrics.register(metrics.weir_registry());
-        let metrics = Arc::new(metrics);
+        let access_log = open_access_log(&gateway)?;
+        let (metrics, warm_up_metrics) = metrics_with_warm_up();
         let lifecycle = gateway.loaded.config.lifecycle.clone();
         let specs = gateway.listeners.clone();
         let admin_addr = gateway.admin_address;
@@ -157,17 +149,7 @@ impl Server {
         // the previous process had reached. The file is looked at before it
         // is read, so a later write by the previous process is merged.
         let watch = state::snapshot_path(&runtime).map(|p| state::SnapshotWatch::new(&p));
-        let restored = match inherited.snapshot.take() {
-            Some(snapshot) => {
-                let report = upgrade::restore(&runtime, &snapshot);
-                runtime
-                    .metrics
-                    .state_restored_keys
-                    .set(report.restored() as i64);
-                state::Restored::Loaded(report)
-            }
-            None => state::restore(&runtime),
-        };
+        let restored = restore_state(&runtime, inherited.snapshot.take());
         runtime.readiness.set_restored(restored.label());
         state::connect_redis(&runtime)?;
         // Close the warm-up gate before the admin API answers `/readyz`. In
@@ -175,153 +157,27 @@ impl Server {
         let ready_by = inherited.ready_by;
         let warm_up_started = Instant::now();
         if lifecycle.ready_requires_upstream {
-            let mut deadline = warm_up_started + lifecycle.ready_upstream_timeout.0;
-            if let Some(by) = ready_by.filter(|by| *by < deadline) {
-                tracing::info!(
-                    "warm-up in an upgrade is bounded by three quarters of --upgrade-timeout, \
-                     shorter than lifecycle.ready_upstream_timeout"
-                );
-                deadline = by;
-            }
-            runtime.readiness.begin(warmup::Phase::start(
-                warm_up_started,
-                deadline,
-                warmup::awaited(&runtime.gateway.load().pools, runtime.shared_limiter()),
-            ));
+            begin_warm_up(&runtime, &lifecycle, warm_up_started, ready_by);
         }
 
         let workers = Workers::start(extra_workers).map_err(StartError::Workers)?;
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
-        let mut accepting = Vec::new();
-        let mut listeners = Vec::new();
-        let mut bound = Vec::new();
-        let mut sockets = Vec::new();
-        let mut inherited_listeners = 0;
-        let mut open = |role: SocketRole, addr: SocketAddr, reuse_port: bool| {
-            let bind_err = |source| StartError::Bind { addr, source };
-            let std_listener = match inherited.take(role, addr) {
-                Some(l) => {
-                    inherited_listeners += 1;
-                    // Non-blocking is a property of the shared socket; set it
-                    // anyway (systemd may pass blocking sockets).
-                    l.set_nonblocking(true).map_err(bind_err)?;
-                    l
-                }
-                None => listener::bind(addr, reuse_port).map_err(bind_err)?,
-            };
-            sockets.push(ListeningSocket {
-                role,
-                configured: addr,
-                socket: std_listener.try_clone().map_err(bind_err)?,
-            });
-            Ok::<_, StartError>(std_listener)
-        };
-        let mut copies = Vec::new();
-        for spec in &specs {
-            let std_listener = open(SocketRole::Client, spec.address, spec.reuse_port)?;
-            copies.push(
-                std_listener
-                    .try_clone()
-                    .map_err(|source| StartError::Bind {
-                        addr: spec.address,
-                        source,
-                    })?,
-            );
-            let tokio_listener =
-                tokio::net::TcpListener::from_std(std_listener).map_err(|source| {
-                    StartError::Bind {
-                        addr: spec.address,
-                        source,
-                    }
-                })?;
-            listeners.push(tokio_listener.local_addr().unwrap_or(spec.address));
-            bound.push(tokio_listener);
-        }
-        let admin = match admin_addr {
-            None => None,
-            Some(addr) => {
-                let l = tokio::net::TcpListener::from_std(open(SocketRole::Admin, addr, false)?)
-                    .map_err(|source| StartError::Bind { addr, source })?;
-                let local = l.local_addr().unwrap_or(addr);
-                tasks.push(tokio::spawn(admin::serve(l, runtime.clone(), stop.clone())));
-                Some(local)
-            }
-        };
-        let acceptor = Arc::new(Acceptor {
-            tracker: runtime.tracker.clone(),
-            metrics: runtime.metrics.clone(),
-            service: Proxy::new(runtime.clone()),
+        let bound = BoundListeners::bind(&specs, admin_addr, &mut inherited)?;
+        let listeners = bound.clients.iter().map(|c| c.local).collect();
+        let admin = bound.admin.map(|(l, local)| {
+            tasks.push(tokio::spawn(admin::serve(l, runtime.clone(), stop.clone())));
+            local
         });
-        let edge = runtime.gateway.load().edge;
-        for (index, ((l, copy), spec)) in bound.into_iter().zip(copies).zip(specs).enumerate() {
-            let on_workers = workers.accept_on(&copy, |l| {
-                serve::accept_loop(l, index, spec.clone(), edge, acceptor.clone(), stop.clone())
-            });
-            accepting.extend(on_workers.map_err(StartError::Workers)?);
-            accepting.push(tokio::spawn(serve::accept_loop(
-                l,
-                index,
-                spec,
-                edge,
-                acceptor.clone(),
-                stop.clone(),
-            )));
-        }
-        tasks.push(tokio::spawn(sweep(runtime.clone(), stop.clone())));
-        if let Some(every) = watch_interval {
-            tasks.push(tokio::spawn(watch_config(
-                runtime.clone(),
-                every,
-                stop.clone(),
-            )));
-        }
-        tasks.push(tokio::spawn(maintain_upstreams(
-            runtime.clone(),
-            stop.clone(),
-        )));
-        let warm_up = runtime.readiness.phase();
-        if !warm_up.settled() {
-            let probes = warmup::WarmUp {
-                readiness: runtime.readiness.clone(),
-                pools: runtime.gateway.load().pools.to_vec(),
-                shared: runtime.shared_limiter_handle(),
-                metrics: warm_up_metrics,
-            };
-            tasks.push(tokio::spawn(warmup::run(probes, stop.clone())));
-        }
-        tasks.push(tokio::spawn(maintain_state(
-            runtime.clone(),
-            watch,
-            stop.clone(),
-        )));
+        let accepting = spawn_accept_loops(bound.clients, specs, &runtime, &workers, &stop)?;
+        let (background, warm_up) =
+            spawn_background_tasks(&runtime, watch_interval, watch, warm_up_metrics, &stop);
+        tasks.extend(background);
         // Sockets inherited but no longer configured close here; the
         // previous process still holds its copies until it exits.
         drop(inherited);
         if let Phase::Waiting { deadline, .. } = warm_up {
-            // An upgrade: `Ready` (sent once this returns) tells the previous
-            // process to stop, so wait for the gate to open. A fresh start
-            // returns after the first probe round (a deployment whose app is
-            // up is ready at once) and leaves the rest to `/readyz`.
-            let upgrade = ready_by.is_some();
-            let waited = if upgrade {
-                deadline + SETTLE_SLACK
-            } else {
-                deadline.min(warm_up_started + FIRST_ROUND_GRACE)
-            };
-            let phase = runtime
-                .readiness
-                .wait(
-                    |p| {
-                        p.settled()
-                            || (!upgrade && matches!(p, Phase::Waiting { probed: true, .. }))
-                    },
-                    waited,
-                )
-                .await;
-            if let Some(reason) = phase.not_ready_reason(Instant::now()) {
-                tracing::warn!(%reason, "serving before every pool answered");
-            }
+            await_warm_up(&runtime, deadline, ready_by.is_some(), warm_up_started).await;
         }
         Ok(Server {
             runtime,
@@ -332,8 +188,8 @@ impl Server {
             tasks,
             _workers: workers,
             restored,
-            inherited_listeners,
-            sockets,
+            inherited_listeners: bound.inherited,
+            sockets: bound.sockets,
         })
     }
 
@@ -454,6 +310,256 @@ const SETTLE_SLACK: Duration = Duration::from_millis(250);
 fn connection_ceiling() -> usize {
     let limit = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024);
     (limit.saturating_sub(FD_RESERVE)).max(64) as usize
+}
+
+/// Opens `access_log.target` (a file, a stream or off) for the instance.
+fn open_access_log(gateway: &Gateway) -> Result<AccessLog, StartError> {
+    let target = gateway.loaded.config.access_log.target.clone();
+    AccessLog::start(&LogTarget::parse(&target)).map_err(|source| StartError::AccessLog {
+        target: target.clone(),
+        source,
+    })
+}
+
+/// The instance's metrics, with the warm-up probes' counters registered in
+/// them; the counters go on to the warm-up task.
+fn metrics_with_warm_up() -> (Arc<Metrics>, warmup::WarmUpMetrics) {
+    let mut metrics = Metrics::new();
+    let warm_up_metrics = warmup::WarmUpMetrics::default();
+    warm_up_metrics.register(metrics.weir_registry());
+    (Arc::new(metrics), warm_up_metrics)
+}
+
+/// Restores limiter state: from the previous process's `snapshot` in an
+/// upgrade (counted in `state_restored_keys`), else from the snapshot file.
+fn restore_state(runtime: &Runtime, snapshot: Option<Snapshot>) -> state::Restored {
+    match snapshot {
+        Some(snapshot) => {
+            let report = upgrade::restore(runtime, &snapshot);
+            runtime
+                .metrics
+                .state_restored_keys
+                .set(report.restored() as i64);
+            state::Restored::Loaded(report)
+        }
+        None => state::restore(runtime),
+    }
+}
+
+/// Closes the warm-up gate until the awaited pools (and the shared limiter)
+/// answer or `lifecycle.ready_upstream_timeout` passes; in an upgrade,
+/// `ready_by` bounds it too, so the gate opens before the previous process
+/// gives up.
+fn begin_warm_up(
+    runtime: &Runtime,
+    lifecycle: &LifecycleConfig,
+    started: Instant,
+    ready_by: Option<Instant>,
+) {
+    let mut deadline = started + lifecycle.ready_upstream_timeout.0;
+    if let Some(by) = ready_by.filter(|by| *by < deadline) {
+        tracing::info!(
+            "warm-up in an upgrade is bounded by three quarters of --upgrade-timeout, \
+             shorter than lifecycle.ready_upstream_timeout"
+        );
+        deadline = by;
+    }
+    runtime.readiness.begin(warmup::Phase::start(
+        started,
+        deadline,
+        warmup::awaited(&runtime.gateway.load().pools, runtime.shared_limiter()),
+    ));
+}
+
+/// The listening sockets of a starting instance, bound or taken over from
+/// the previous process (or systemd).
+struct BoundListeners {
+    /// One per configured client listener, in configuration order.
+    clients: Vec<ClientListener>,
+    /// The admin listener and its bound address, if enabled.
+    admin: Option<(tokio::net::TcpListener, SocketAddr)>,
+    /// Copies of all of them (client listeners, then admin), kept to hand
+    /// on in an upgrade.
+    sockets: Vec<ListeningSocket>,
+    /// How many were taken over instead of bound.
+    inherited: usize,
+}
+
+/// A client listener, ready for its accept loops.
+struct ClientListener {
+    /// Registered with the caller's scheduler.
+    listener: tokio::net::TcpListener,
+    /// A copy for the extra workers to register with theirs.
+    copy: std::net::TcpListener,
+    /// The bound address (the configured one if it cannot be read).
+    local: SocketAddr,
+}
+
+impl BoundListeners {
+    /// Binds, or takes over from `inherited`, every client listener in
+    /// `specs`, then the admin listener at `admin_addr` if there is one.
+    fn bind(
+        specs: &[ListenerSpec],
+        admin_addr: Option<SocketAddr>,
+        inherited: &mut Inherited,
+    ) -> Result<BoundListeners, StartError> {
+        let mut bound = BoundListeners {
+            clients: Vec::with_capacity(specs.len()),
+            admin: None,
+            sockets: Vec::new(),
+            inherited: 0,
+        };
+        for spec in specs {
+            let std_listener =
+                bound.open(inherited, SocketRole::Client, spec.address, spec.reuse_port)?;
+            let bind_err = |source| StartError::Bind {
+                addr: spec.address,
+                source,
+            };
+            let copy = std_listener.try_clone().map_err(bind_err)?;
+            let listener = tokio::net::TcpListener::from_std(std_listener).map_err(bind_err)?;
+            let local = listener.local_addr().unwrap_or(spec.address);
+            bound.clients.push(ClientListener {
+                listener,
+                copy,
+                local,
+            });
+        }
+        if let Some(addr) = admin_addr {
+            let std_listener = bound.open(inherited, SocketRole::Admin, addr, false)?;
+            let listener = tokio::net::TcpListener::from_std(std_listener)
+                .map_err(|source| StartError::Bind { addr, source })?;
+            let local = listener.local_addr().unwrap_or(addr);
+            bound.admin = Some((listener, local));
+        }
+        Ok(bound)
+    }
+
+    /// The socket for `role` at `addr`: taken over from `inherited` when it
+    /// holds one, else bound. A copy is kept in `sockets` to hand on.
+    fn open(
+        &mut self,
+        inherited: &mut Inherited,
+        role: SocketRole,
+        addr: SocketAddr,
+        reuse_port: bool,
+    ) -> Result<std::net::TcpListener, StartError> {
+        let bind_err = |source| StartError::Bind { addr, source };
+        let std_listener = match inherited.take(role, addr) {
+            Some(l) => {
+                self.inherited += 1;
+                // Non-blocking is a property of the shared socket; set it
+                // anyway (systemd may pass blocking sockets).
+                l.set_nonblocking(true).map_err(bind_err)?;
+                l
+            }
+            None => listener::bind(addr, reuse_port).map_err(bind_err)?,
+        };
+        self.sockets.push(ListeningSocket {
+            role,
+            configured: addr,
+            socket: std_listener.try_clone().map_err(bind_err)?,
+        });
+        Ok(std_listener)
+    }
+}
+
+/// Spawns the accept loops: for each client listener, one on the caller's
+/// scheduler and one on each extra worker thread, all serving through one
+/// shared [`Acceptor`].
+fn spawn_accept_loops(
+    clients: Vec<ClientListener>,
+    specs: Vec<ListenerSpec>,
+    runtime: &Arc<Runtime>,
+    workers: &Workers,
+    stop: &CancellationToken,
+) -> Result<Vec<JoinHandle<()>>, StartError> {
+    let acceptor = Arc::new(Acceptor {
+        tracker: runtime.tracker.clone(),
+        metrics: runtime.metrics.clone(),
+        service: Proxy::new(runtime.clone()),
+    });
+    let edge = runtime.gateway.load().edge;
+    let mut accepting = Vec::new();
+    for (index, (client, spec)) in clients.into_iter().zip(specs).enumerate() {
+        let on_workers = workers.accept_on(&client.copy, |l| {
+            serve::accept_loop(l, index, spec.clone(), edge, acceptor.clone(), stop.clone())
+        });
+        accepting.extend(on_workers.map_err(StartError::Workers)?);
+        accepting.push(tokio::spawn(serve::accept_loop(
+            client.listener,
+            index,
+            spec,
+            edge,
+            acceptor.clone(),
+            stop.clone(),
+        )));
+    }
+    Ok(accepting)
+}
+
+/// Spawns the instance's background tasks: the connection sweep, the config
+/// watcher (when `watch_interval` is set), upstream upkeep, the warm-up
+/// probes (while the gate is closed) and limiter-state upkeep. Returns them
+/// with the warm-up phase as it stood when the probes were spawned.
+fn spawn_background_tasks(
+    runtime: &Arc<Runtime>,
+    watch_interval: Option<Duration>,
+    watch: Option<state::SnapshotWatch>,
+    warm_up_metrics: warmup::WarmUpMetrics,
+    stop: &CancellationToken,
+) -> (Vec<JoinHandle<()>>, Phase) {
+    let mut tasks = vec![tokio::spawn(sweep(runtime.clone(), stop.clone()))];
+    if let Some(every) = watch_interval {
+        tasks.push(tokio::spawn(watch_config(
+            runtime.clone(),
+            every,
+            stop.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(maintain_upstreams(
+        runtime.clone(),
+        stop.clone(),
+    )));
+    let warm_up = runtime.readiness.phase();
+    if !warm_up.settled() {
+        let probes = warmup::WarmUp {
+            readiness: runtime.readiness.clone(),
+            pools: runtime.gateway.load().pools.to_vec(),
+            shared: runtime.shared_limiter_handle(),
+            metrics: warm_up_metrics,
+        };
+        tasks.push(tokio::spawn(warmup::run(probes, stop.clone())));
+    }
+    tasks.push(tokio::spawn(maintain_state(
+        runtime.clone(),
+        watch,
+        stop.clone(),
+    )));
+    (tasks, warm_up)
+}
+
+/// Holds the start back while the warm-up gate is closed, at most until
+/// `deadline`. In an upgrade `Ready` (sent once the start returns) tells the
+/// previous process to stop, so it waits for the gate to open. A fresh start
+/// returns after the first probe round (a deployment whose app is up is
+/// ready at once) and leaves the rest to `/readyz`.
+async fn await_warm_up(runtime: &Runtime, deadline: Instant, upgrade: bool, started: Instant) {
+    let waited = if upgrade {
+        deadline + SETTLE_SLACK
+    } else {
+        deadline.min(started + FIRST_ROUND_GRACE)
+    };
+    let phase = runtime
+        .readiness
+        .wait(
+            |p| p.settled() || (!upgrade && matches!(p, Phase::Waiting { probed: true, .. })),
+            waited,
+        )
+        .await;
+    if let Some(reason) = phase.not_ready_reason(Instant::now()) {
+        tracing::warn!(%reason, "serving before every pool answered");
+    }
 }
 
 async fn sweep(rt: Arc<Runtime>, stop: CancellationToken) {

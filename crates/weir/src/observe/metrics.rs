@@ -462,269 +462,338 @@ impl Metrics {
             coalesced_requests: Family::default(),
             registry: Registry::default(),
         };
+        m.register_request_metrics(registry);
+        m.register_connection_metrics(registry);
+        m.register_upstream_metrics(registry);
+        m.register_operation_metrics(registry);
+        m.register_rule_metrics(registry);
+        m.register_state_metrics(registry);
+        m.register_process_metrics(registry);
+        m.register_redis_metrics(registry);
+        m.register_challenge_metrics(registry);
+        m.register_admission_metrics(registry);
+        m.register_health_metrics(registry);
+        m.create_alerted_series();
+        m.record_process_identity();
+        root.register_collector(Box::new(super::process::ProcessCollector));
+        Metrics {
+            registry: root,
+            ..m
+        }
+    }
+
+    /// Requests: answered, how long they took, rejected before an upstream.
+    fn register_request_metrics(&self, registry: &mut Registry) {
         registry.register(
             "requests",
             "Requests answered, by route class, status and decision",
-            m.requests.clone(),
+            self.requests.clone(),
         );
         registry.register_with_unit(
             "request_duration",
             "Time from a request's head arriving to its answer's last byte sent, by route class and decision",
             Unit::Seconds,
-            m.request_duration.clone(),
+            self.request_duration.clone(),
         );
         registry.register(
             "rejections",
             "Requests rejected before reaching an upstream, by rule",
-            m.rejections.clone(),
+            self.rejections.clone(),
         );
+    }
+
+    /// Client connections: open, accepted, refused, closed by weir, failed.
+    fn register_connection_metrics(&self, registry: &mut Registry) {
         registry.register(
             "connections_open",
             "Client connections currently open",
-            m.connections_open.clone(),
+            self.connections_open.clone(),
         );
         registry.register(
             "connections_accepted",
             "Client connections accepted",
-            m.connections_accepted.clone(),
+            self.connections_accepted.clone(),
         );
         registry.register(
             "connection_buffers_released",
             "Times an idle HTTP/1 client connection gave its read buffer back",
-            m.connection_buffers_released.clone(),
+            self.connection_buffers_released.clone(),
         );
         registry.register(
             "connections_refused",
             "Client connections refused at accept, by reason",
-            m.connections_refused.clone(),
+            self.connections_refused.clone(),
         );
         registry.register(
             "connections_closed",
             "Client connections closed by weir before the client closed them, by reason",
-            m.connections_closed.clone(),
+            self.connections_closed.clone(),
         );
         registry.register(
             "connection_errors",
             "Client connections that ended in a protocol or I/O error, by kind",
-            m.connection_errors.clone(),
+            self.connection_errors.clone(),
         );
+    }
+
+    /// Requests sent to the pools: in flight, response time, failures, retries.
+    fn register_upstream_metrics(&self, registry: &mut Registry) {
         registry.register(
             "upstream_in_flight",
             "Requests in flight to each pool",
-            m.upstream_in_flight.clone(),
+            self.upstream_in_flight.clone(),
         );
         registry.register_with_unit(
             "upstream_response_duration",
             "Time from sending a request upstream to its response headers, by pool",
             Unit::Seconds,
-            m.upstream_duration.clone(),
+            self.upstream_duration.clone(),
         );
         registry.register(
             "upstream_errors",
             "Upstream failures by pool and kind (connect, timeout, reset)",
-            m.upstream_errors.clone(),
+            self.upstream_errors.clone(),
         );
         registry.register(
             "upstream_retries",
             "Requests re-sent to another server after a connect failure, by pool",
-            m.upstream_retries.clone(),
+            self.upstream_retries.clone(),
         );
+    }
+
+    /// Running the instance: configuration reloads and version, forwarding
+    /// headers ignored, the dominant peer, access-log lines dropped.
+    fn register_operation_metrics(&self, registry: &mut Registry) {
         registry.register(
             "reloads",
             "Configuration reloads by result (ok, invalid)",
-            m.reloads.clone(),
+            self.reloads.clone(),
         );
         registry.register(
             "config_version",
             "Version of the running configuration (1 at start, +1 per successful reload)",
-            m.config_version.clone(),
+            self.config_version.clone(),
         );
         registry.register(
             "forwarding_header_warnings",
             "Forwarding information ignored or suspicious, by kind (untrusted_peer, malformed, dominant_peer)",
-            m.forwarding_warnings.clone(),
+            self.forwarding_warnings.clone(),
         );
         registry.register(
             "dominant_peer_share",
             "Share of requests from the busiest peer address in the last window, while no trusted proxy is configured",
-            m.dominant_peer_share.clone(),
+            self.dominant_peer_share.clone(),
         );
         registry.register(
             "access_log_dropped",
             "Access-log lines dropped because the writer could not keep up",
-            m.access_log_dropped.clone(),
+            self.access_log_dropped.clone(),
         );
+    }
+
+    /// Rate-limit rules: outcomes, collateral, the levels that refused, clients
+    /// refused.
+    fn register_rule_metrics(&self, registry: &mut Registry) {
         registry.register(
             "rule_decisions",
             "Rule outcomes by rule and result (allow, reject, shadow_reject, exempt)",
-            m.rule_decisions.clone(),
+            self.rule_decisions.clone(),
         );
         registry.register(
             "rule_collateral",
             "Rejections (enforced or shadow) of clients that look human: low_rate (few requests before), verified (holds a verified session), browser (sends navigation headers)",
-            m.rule_collateral.clone(),
+            self.rule_collateral.clone(),
         );
         registry.register(
             "rule_rejections",
             "Rule rejections (enforced or shadow) by rule and the level that refused: ip, subnet, network, site, ...",
-            m.rule_rejections.clone(),
+            self.rule_rejections.clone(),
         );
         registry.register(
             "rule_rejected_clients",
             "Distinct client addresses rejected by a rule in the current minute",
-            m.rule_rejected_clients.clone(),
+            self.rule_rejected_clients.clone(),
         );
+    }
+
+    /// Limiter state: snapshots restored, written and merged, keys evicted.
+    fn register_state_metrics(&self, registry: &mut Registry) {
         registry.register(
             "state_restored_keys",
             "Limiter keys restored from the snapshot at start (0 after a restart means state was lost)",
-            m.state_restored_keys.clone(),
+            self.state_restored_keys.clone(),
         );
         registry.register(
             "state_snapshot_keys",
             "Limiter keys written in the last snapshot",
-            m.state_snapshot_keys.clone(),
+            self.state_snapshot_keys.clone(),
         );
         registry.register(
             "state_snapshots",
             "Snapshot writes by result (ok, error)",
-            m.state_snapshots.clone(),
+            self.state_snapshots.clone(),
         );
         registry.register(
             "state_merged_keys",
             "Limiter keys merged from snapshots another weir process wrote while this one ran",
-            m.state_merged_keys.clone(),
+            self.state_merged_keys.clone(),
         );
         registry.register(
             "limiter_evicted_keys",
             "Live limiter keys evicted because a level reached rules.max_keys_per_level",
-            m.limiter_evicted_keys.clone(),
+            self.limiter_evicted_keys.clone(),
         );
+    }
+
+    /// This process: when it started and which build it is.
+    fn register_process_metrics(&self, registry: &mut Registry) {
         registry.register_with_unit(
             "process_start_time",
             "Unix time this weir process started",
             Unit::Seconds,
-            m.process_start_time.clone(),
+            self.process_start_time.clone(),
         );
         registry.register(
             "build_info",
             "Always 1; the labels say which weir this is (version, git commit, build date)",
-            m.build_info.clone(),
+            self.build_info.clone(),
         );
+    }
+
+    /// Shared limits in Redis: round trips, and the local fallback when Redis is
+    /// lost.
+    fn register_redis_metrics(&self, registry: &mut Registry) {
         registry.register(
             "redis_round_trips",
             "Round trips to Redis for shared limits, by result (ok, error)",
-            m.redis_round_trips.clone(),
+            self.redis_round_trips.clone(),
         );
         registry.register(
             "redis_fallback_decisions",
             "Rate decisions taken with local state because Redis was unreachable or slow",
-            m.redis_fallback_decisions.clone(),
+            self.redis_fallback_decisions.clone(),
         );
         registry.register(
             "redis_outages",
             "Times weir lost Redis and switched to local limits",
-            m.redis_outages.clone(),
+            self.redis_outages.clone(),
         );
         registry.register(
             "redis_fallback_active",
             "1 while Redis is unreachable and limits are enforced per instance",
-            m.redis_fallback_active.clone(),
+            self.redis_fallback_active.clone(),
         );
+    }
+
+    /// Browser challenges, and crawlers' attempts to prove who they are.
+    fn register_challenge_metrics(&self, registry: &mut Registry) {
         registry.register(
             "challenge_events",
             "Browser challenge events: issued, solved, failed (by reason), pass_admitted, pass_rejected (by reason)",
-            m.challenge_events.clone(),
+            self.challenge_events.clone(),
         );
         registry.register_with_unit(
             "challenge_solve_duration",
             "Time from a challenge page being served to its answer arriving",
             Unit::Seconds,
-            m.challenge_solve.clone(),
+            self.challenge_solve.clone(),
         );
         registry.register(
             "challenge_engaged",
             "1 while a pool is under pressure and under_pressure classes challenge",
-            m.challenge_engaged.clone(),
+            self.challenge_engaged.clone(),
         );
         registry.register(
             "challenge_spared",
             "Navigations without a pass served under pressure because the app had room (not challenged)",
-            m.challenge_spared.clone(),
+            self.challenge_spared.clone(),
         );
         registry.register(
             "bot_verifications",
             "Crawlers' attempts to prove who they are, by method (web_bot_auth, fcrdns) and result (verified, or why not)",
-            m.bot_verifications.clone(),
+            self.bot_verifications.clone(),
         );
+    }
+
+    /// Admission queues (limits, slots, waits, shedding) and request
+    /// coalescing.
+    fn register_admission_metrics(&self, registry: &mut Registry) {
         registry.register(
             "admission_limit",
             "Requests the pool's admission queue lets through at once (fixed, or learned by the adaptive limit)",
-            m.admission_limit.clone(),
+            self.admission_limit.clone(),
         );
         registry.register(
             "admission_expensive_shapes",
             "Request shapes (path prefix and query keys) the pool learned are expensive: classes without a lane send them to the anonymous lane",
-            m.admission_expensive_shapes.clone(),
+            self.admission_expensive_shapes.clone(),
         );
         registry.register(
             "admission_in_flight",
             "Requests holding an admission slot, by pool",
-            m.admission_in_flight.clone(),
+            self.admission_in_flight.clone(),
         );
         registry.register(
             "admission_queued",
             "Requests waiting for an admission slot, by pool and lane",
-            m.admission_queued.clone(),
+            self.admission_queued.clone(),
         );
         registry.register(
             "admission_admitted",
             "Requests given an admission slot, by pool and lane",
-            m.admission_admitted.clone(),
+            self.admission_admitted.clone(),
         );
         registry.register(
             "admission_shed",
             "Requests refused 503 by the admission queue, by pool, lane and reason (queue_full, deadline_exceeded, lower_lane_shed)",
-            m.admission_shed.clone(),
+            self.admission_shed.clone(),
         );
         registry.register(
             "coalesced_requests",
             "Requests answered with a copy of an identical request's upstream response (request coalescing), by route class",
-            m.coalesced_requests.clone(),
+            self.coalesced_requests.clone(),
         );
         registry.register_with_unit(
             "admission_queue_wait",
             "Time admitted requests waited for a slot, by pool and lane",
             Unit::Seconds,
-            m.admission_queue_wait.clone(),
+            self.admission_queue_wait.clone(),
         );
+    }
+
+    /// Pool and server health, and retries the retry budget denied.
+    fn register_health_metrics(&self, registry: &mut Registry) {
         registry.register(
             "pool_state",
             "1 for the pool's current signal (ready, busy, down), 0 for the others: busy means saturated or slow, do not restart",
-            m.pool_state.clone(),
+            self.pool_state.clone(),
         );
         registry.register(
             "upstream_health",
             "1 for each server's current health state (healthy, slow, dead), 0 for the others",
-            m.upstream_health.clone(),
+            self.upstream_health.clone(),
         );
         registry.register(
             "health_checks",
             "Active health checks by pool and result (ok, failed, timeout, refused, skipped)",
-            m.health_checks.clone(),
+            self.health_checks.clone(),
         );
         registry.register(
             "upstream_retries_denied",
             "Retries not sent because the pool's retry budget was spent, by pool",
-            m.upstream_retries_denied.clone(),
+            self.upstream_retries_denied.clone(),
         );
-        // Series an alert watches with `increase(...) > 0` exist at 0 from
-        // the start: a series born with its first event has no earlier
-        // value, so that first event never shows as an increase.
+    }
+
+    /// Creates at 0 the series an alert watches with `increase(...) > 0`: a
+    /// series born with its first event has no earlier value, so that first
+    /// event would never show as an increase.
+    fn create_alerted_series(&self) {
         for result in ["ok", "invalid"] {
-            let _ = m.reloads.get_or_create(&ResultLabels { result });
+            let _ = self.reloads.get_or_create(&ResultLabels { result });
         }
         for reason in ["global_cap", "per_ip_cap", "accept_error"] {
-            let _ = m
+            let _ = self
                 .connections_refused
                 .get_or_create(&ReasonLabels { reason });
         }
@@ -734,25 +803,24 @@ impl Metrics {
             "malformed",
             "missing_from_trusted_peer",
         ] {
-            let _ = m.forwarding_warnings.get_or_create(&KindLabels { kind });
+            let _ = self.forwarding_warnings.get_or_create(&KindLabels { kind });
         }
-        m.build_info
+    }
+
+    /// Records which weir this is (`build_info`) and when it started.
+    fn record_process_identity(&self) {
+        self.build_info
             .get_or_create(&BuildLabels {
                 version: crate::build_info::VERSION,
                 commit: crate::build_info::COMMIT,
                 build_date: crate::build_info::BUILD_DATE,
             })
             .set(1);
-        m.process_start_time.set(
+        self.process_start_time.set(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64),
         );
-        root.register_collector(Box::new(super::process::ProcessCollector));
-        Metrics {
-            registry: root,
-            ..m
-        }
     }
 
     /// Where a stage registers metrics of its own: names get the `weir_` prefix.
