@@ -498,7 +498,8 @@ fn spawn_accept_loops(
     Ok(accepting)
 }
 
-/// Spawns the instance's background tasks: the connection sweep, the config
+/// Spawns the instance's background tasks: the connection sweep, the
+/// scheduler-lag probe, the config
 /// watcher (when `watch_interval` is set), upstream upkeep, the warm-up
 /// probes (while the gate is closed) and limiter-state upkeep. Returns them
 /// with the warm-up phase as it stood when the probes were spawned.
@@ -510,6 +511,15 @@ fn spawn_background_tasks(
     stop: &CancellationToken,
 ) -> (Vec<JoinHandle<()>>, Phase) {
     let mut tasks = vec![tokio::spawn(sweep(runtime.clone(), stop.clone()))];
+    // This thread's scheduler lag, for the adaptive limit (each worker
+    // thread measures its own).
+    let probe_stop = stop.clone();
+    tasks.push(tokio::spawn(async move {
+        tokio::select! {
+            () = probe_stop.cancelled() => {}
+            () = crate::admission::lag::probe() => {}
+        }
+    }));
     if let Some(every) = watch_interval {
         tasks.push(tokio::spawn(watch_config(
             runtime.clone(),

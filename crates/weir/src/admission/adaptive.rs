@@ -14,6 +14,10 @@
 //!   workers with a queue in front), but by at most half per window. An app
 //!   whose own backlog fills is relieved in two or three windows, before its
 //!   health checks fail; Gradient2 alone moves at most 10% a window.
+//!   Latency that weir's own scheduler lag explains (twice the lag, see
+//!   [`crate::admission::lag`]) is not congestion: on a saturated core the
+//!   answers wait for weir, not the app, and a cut would shed requests the
+//!   app could serve.
 //! - **Every slot used, latency flat**: the limit grows by `s × sqrt(limit)`
 //!   (Gradient2's headroom), or doubles while *probing*: until the first
 //!   congestion, and again after five such windows in a row (demand grew).
@@ -55,6 +59,9 @@ use std::time::{Duration, Instant};
 /// Latency a window must rise by, beyond the tolerance, to count as
 /// congestion: below it is the clock's and a shared machine's noise.
 const CONGESTION_FLOOR_SECS: f64 = 0.005;
+/// Polls an answer may wait for when weir's scheduler lags: latency up to
+/// this many times the lag is weir's, not the app's.
+const OWN_LAG_POLLS: f64 = 2.0;
 /// Flat windows with every slot used, in a row, before the limit probes
 /// (doubles) again.
 const REPROBE_AFTER: u32 = 5;
@@ -158,6 +165,10 @@ pub struct Sample {
     pub in_flight: usize,
     /// The upstream shed or lost the request (timeout, 503 overload, reset).
     pub dropped: bool,
+    /// How late weir's own scheduler was polling ready tasks when the
+    /// answer was read ([`crate::admission::lag`]): latency it explains is
+    /// weir's, not the app's.
+    pub own_lag: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -166,6 +177,7 @@ struct Window {
     count: u32,
     sum_secs: f64,
     sum_in_flight: f64,
+    sum_own_lag_secs: f64,
     dropped: bool,
     max_in_flight: usize,
     /// The fewest in flight at which a dropped request started.
@@ -179,6 +191,7 @@ impl Window {
             count: 0,
             sum_secs: 0.0,
             sum_in_flight: 0.0,
+            sum_own_lag_secs: 0.0,
             dropped: false,
             max_in_flight: 0,
             min_dropped_in_flight: usize::MAX,
@@ -240,6 +253,7 @@ impl GradientLimit {
         w.count += 1;
         w.sum_secs += sample.latency.as_secs_f64();
         w.sum_in_flight += sample.in_flight as f64;
+        w.sum_own_lag_secs += sample.own_lag.as_secs_f64();
         w.dropped |= dropped;
         if dropped {
             w.min_dropped_in_flight = w.min_dropped_in_flight.min(sample.in_flight);
@@ -299,8 +313,12 @@ impl GradientLimit {
         };
         self.long_rtt = Some(long);
         // Congestion: latency beyond the tolerance by more than noise (a
-        // 1 ms app answering in 2 ms is not queueing).
-        let congested = short > cfg.tolerance * long && short - long > CONGESTION_FLOOR_SECS;
+        // 1 ms app answering in 2 ms is not queueing) and by more than
+        // weir's own scheduler lag explains (an answer waits up to twice
+        // for a poll: the connection's task, then the request's).
+        let own_lag = w.sum_own_lag_secs / w.count.max(1) as f64;
+        let congested = short > cfg.tolerance * long
+            && short - long > CONGESTION_FLOOR_SECS + OWN_LAG_POLLS * own_lag;
         let app_limited = (w.max_in_flight as f64) < self.limit / 2.0;
         let saturated = w.max_in_flight >= self.limit();
         let next = if congested {
@@ -371,6 +389,7 @@ mod tests {
                     latency,
                     in_flight: in_flight.unwrap_or(g.limit()),
                     dropped: false,
+                    own_lag: Duration::ZERO,
                 };
                 g.on_sample(*now, sample);
             }
@@ -524,6 +543,33 @@ mod tests {
         assert_eq!(g.limit(), OPEN, "1 ms to 4 ms is under the 5 ms floor");
     }
 
+    /// Answers from a 1 ms app read 100 ms late: with weir's scheduler 60 ms
+    /// behind (two polls explain 120 ms) that is weir's saturation, and the
+    /// limit stays; with no lag it is the app's queueing, and it is cut.
+    #[test]
+    fn latency_weirs_own_lag_explains_is_not_congestion() {
+        let run = |own_lag: Duration| {
+            let mut now = Instant::now();
+            let mut g = limiter(now);
+            drive(&mut g, &mut now, 30, ms(1), Some(4000));
+            for _ in 0..3 {
+                for _ in 0..20 {
+                    now += ms(50);
+                    let sample = Sample {
+                        latency: ms(100),
+                        in_flight: 4000,
+                        dropped: false,
+                        own_lag,
+                    };
+                    g.on_sample(now, sample);
+                }
+            }
+            g.limit()
+        };
+        assert_eq!(run(ms(60)), OPEN, "weir's own lag");
+        assert!(run(Duration::ZERO) < OPEN / 2, "the app's queueing");
+    }
+
     #[test]
     fn drops_back_off() {
         let mut now = Instant::now();
@@ -535,6 +581,7 @@ mod tests {
             latency: ms(100),
             in_flight: before,
             dropped: true,
+            own_lag: Duration::ZERO,
         };
         let after = g.on_sample(now, sample).unwrap_or(usize::MAX);
         // ×0.9 of the unrounded limit: within one of ×0.9 of the rounded one.
@@ -556,6 +603,7 @@ mod tests {
             latency: ms(1),
             in_flight: 7,
             dropped: true,
+            own_lag: Duration::ZERO,
         };
         assert_eq!(g.on_sample(now, refused), Some(6), "7 x 0.9");
     }
@@ -569,6 +617,7 @@ mod tests {
             latency: ms(1),
             in_flight,
             dropped: true,
+            own_lag: Duration::ZERO,
         };
         // Within the first window: 80 requests in flight, the app takes 40.
         assert_eq!(g.on_sample(now, dropped(41)), Some(36), "41 x 0.9, at once");
@@ -596,6 +645,7 @@ mod tests {
             latency: ms(1),
             in_flight: 20,
             dropped: true,
+            own_lag: Duration::ZERO,
         };
         assert_eq!(g.on_sample(now, refused), Some(18), "20 x 0.9");
         drive(&mut g, &mut now, 3, ms(100), None);
@@ -633,6 +683,7 @@ mod tests {
             latency: ms(100),
             in_flight: 4,
             dropped: false,
+            own_lag: Duration::ZERO,
         };
         assert_eq!(g.on_sample(now + ms(100), s), None, "too early");
         for _ in 0..5 {

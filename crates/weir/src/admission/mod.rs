@@ -32,6 +32,7 @@ pub mod adaptive;
 pub mod browsing;
 pub mod coalesce;
 pub mod fair;
+pub mod lag;
 pub mod lanes;
 pub mod queue;
 pub mod shapes;

@@ -693,16 +693,20 @@ impl Shared {
             Some(avg) => avg + 0.1 * (held - avg),
         });
         if let Limiter::Adaptive(g) = &mut st.limiter {
+            // Read where the answer is recorded: the thread that served it.
+            let own_lag = super::lag::this_thread();
             let sample = match done.outcome {
                 Outcome::Answered(latency) => Sample {
                     latency,
                     in_flight: done.in_flight,
                     dropped: false,
+                    own_lag,
                 },
                 Outcome::Overloaded => Sample {
                     latency: Duration::from_secs_f64(held),
                     in_flight: done.in_flight,
                     dropped: true,
+                    own_lag,
                 },
                 Outcome::Abandoned => return,
             };

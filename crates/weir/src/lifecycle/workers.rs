@@ -51,7 +51,12 @@ impl Workers {
                 .spawn(move || {
                     scheduler.block_on(async {
                         // Err: the sender was dropped, which is the signal.
-                        let _ = stopped.await;
+                        // Meanwhile the thread's lag is measured for the
+                        // adaptive limit.
+                        tokio::select! {
+                            _ = stopped => {}
+                            () = crate::admission::lag::probe() => {}
+                        }
                     });
                 })?;
             workers.push(Worker {
