@@ -40,6 +40,9 @@ pub struct Runtime {
     pub rejected_clients: RejectedClients,
     /// The challenge's: each pool's pressure (kept across reloads).
     pub pressure: PressureTable,
+    /// Admission's: which addresses browse like people, across every pool
+    /// (kept across reloads).
+    pub browsing: crate::admission::BrowsingEvidence,
     /// Warnings logged at most once a minute per kind.
     pub warnings: Warnings,
     /// The last reload's outcome (the live page shows it).
@@ -124,6 +127,7 @@ impl Runtime {
             rejected_clients: RejectedClients::default(),
             last_reload: Mutex::new(None),
             pressure: PressureTable::default(),
+            browsing: crate::admission::BrowsingEvidence::new(),
             warnings: Warnings::new(WARN_INTERVAL),
             state_missing: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::OnceLock::new(),

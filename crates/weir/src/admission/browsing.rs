@@ -18,8 +18,10 @@
 //! cheap pages for every expensive one from every address, which is what
 //! browsing costs a person. Its reward is a person's turn, no more.
 //!
-//! Bounded: a fixed table of [`SLOTS`] entries, direct-mapped by a seeded
-//! hash of the address. An address that lands on another's slot takes it
+//! One table for the process (`Runtime::browsing`): how an address browses
+//! is the client's, whichever pool its pages come from. Bounded: a fixed
+//! table of [`SLOTS`] entries, direct-mapped by a seeded hash of the
+//! address. An address that lands on another's slot takes it
 //! over; the table forgets, it never grows, and an address forgotten only
 //! shares by its network again until it has browsed anew.
 //!
@@ -42,9 +44,9 @@ pub const MIN_PAGES: f32 = 3.0;
 /// Cheap requests a browsing address makes for each expensive one (people on
 /// the 2026-09-23 wiki: about 6; its crawlers: 0.25).
 pub const PAGES_PER_EXPENSIVE: f32 = 3.0;
-/// Addresses remembered: 16 shards of 1,024 (24 bytes each, 384 KiB a pool).
+/// Addresses remembered: 64 shards of 1,024 (24 bytes each, 1.5 MiB).
 pub const SLOTS: usize = SHARDS * PER_SHARD;
-const SHARDS: usize = 16;
+const SHARDS: usize = 64;
 const PER_SHARD: usize = 1024;
 
 /// One address's decayed counts, as of `at` (milliseconds since the table's
@@ -88,8 +90,9 @@ impl BrowsingEvidence {
     pub fn record(&self, client: ClientAddr, cheap: bool, now: Instant) -> bool {
         // Never 0: that marks an empty slot.
         let tag = self.hashing.hash_one(client.key(Level::Address)) | 1;
-        let shard = (tag >> 59) as usize % SHARDS;
-        let slot = (tag >> 7) as usize % PER_SHARD;
+        // Apart bits of a seeded hash for the shard and the slot in it.
+        let shard = (tag >> 40) as usize % SHARDS;
+        let slot = (tag >> 8) as usize % PER_SHARD;
         let at_ms = now.saturating_duration_since(self.start).as_millis() as u64;
         let mut entries = self.shards[shard]
             .lock()

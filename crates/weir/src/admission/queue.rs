@@ -40,7 +40,6 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::adaptive::{GradientConfig, GradientConfigError, GradientLimit, Sample};
-use super::browsing::BrowsingEvidence;
 use super::fair::{FairKey, FairQueue, Ticket};
 use super::lanes::{Lane, Lanes};
 use super::shapes::{Shape, ShapeCosts};
@@ -216,8 +215,6 @@ struct Shared {
     state: Mutex<State>,
     /// What each request shape costs, learned from the answers.
     shapes: ShapeCosts,
-    /// Which client addresses browse like people, from their requests.
-    browsing: BrowsingEvidence,
 }
 
 struct Grant {
@@ -293,7 +290,6 @@ impl AdmissionQueue {
                     capacity: None,
                 }),
                 shapes: ShapeCosts::new(),
-                browsing: BrowsingEvidence::new(),
                 config,
             }),
         })
@@ -307,12 +303,6 @@ impl AdmissionQueue {
     /// carry a shape, see [`Permit::learn`]).
     pub fn shapes(&self) -> &ShapeCosts {
         &self.shared.shapes
-    }
-
-    /// Which client addresses browse like people (fed by the admission
-    /// phase with every request's lane, see [`BrowsingEvidence::record`]).
-    pub fn browsing(&self) -> &BrowsingEvidence {
-        &self.shared.browsing
     }
 
     /// The default deadline for `lane`: `now` plus the lane's `max_wait`.

@@ -76,7 +76,7 @@ pub(super) async fn admission(
     // cheap pages), for weir's defaults have no challenge; everyone else
     // shares by address prefix.
     let now = tokio::time::Instant::now();
-    let browsing = (queue.browsing()).record(client.client, class_lane < Lane::ANONYMOUS, now);
+    let browsing = (log.conn.rt.browsing).record(client.client, class_lane < Lane::ANONYMOUS, now);
     let key = match proof.pass {
         Some(id) => FairKey::of_visitor(id),
         None if browsing => FairKey::of_browser(client.client),
