@@ -16,6 +16,7 @@ use weir_limiter::Snapshot;
 
 use crate::admin;
 use crate::config::{ConfigErrors, Env, LifecycleConfig, LoadedConfig};
+use crate::edge::balance::AcceptBalance;
 use crate::edge::{Acceptor, ListenerSpec};
 use crate::edge::{listener, serve};
 use crate::gateway::Gateway;
@@ -465,8 +466,9 @@ impl BoundListeners {
 }
 
 /// Spawns the accept loops: for each client listener, one on the caller's
-/// scheduler and one on each extra worker thread, all serving through one
-/// shared [`Acceptor`].
+/// scheduler (thread 0) and one on each extra worker thread (1, 2, ...),
+/// all serving through one shared [`Acceptor`], which shares the
+/// connections out between the threads.
 fn spawn_accept_loops(
     clients: Vec<ClientListener>,
     specs: Vec<ListenerSpec>,
@@ -478,16 +480,21 @@ fn spawn_accept_loops(
         tracker: runtime.tracker.clone(),
         metrics: runtime.metrics.clone(),
         service: Proxy::new(runtime.clone()),
+        balance: Arc::new(AcceptBalance::new(1 + workers.len())),
     });
     let edge = runtime.gateway.load().edge;
     let mut accepting = Vec::new();
     for (index, (client, spec)) in clients.into_iter().zip(specs).enumerate() {
+        let mut thread = 0;
         let on_workers = workers.accept_on(&client.copy, |l| {
-            serve::accept_loop(l, index, spec.clone(), edge, acceptor.clone(), stop.clone())
+            thread += 1;
+            let (spec, acceptor, stop) = (spec.clone(), acceptor.clone(), stop.clone());
+            serve::accept_loop(l, thread, index, spec, edge, acceptor, stop)
         });
         accepting.extend(on_workers.map_err(StartError::Workers)?);
         accepting.push(tokio::spawn(serve::accept_loop(
             client.listener,
+            0,
             index,
             spec,
             edge,

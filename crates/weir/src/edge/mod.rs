@@ -8,6 +8,7 @@
 //! slow headers and idle keep-alive connections are enforced by the tracker's
 //! sweep. Draining stops accepting and lets in-flight requests finish.
 
+pub mod balance;
 pub mod conn;
 pub mod inflight;
 pub mod io;

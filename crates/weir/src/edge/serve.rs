@@ -22,6 +22,7 @@ use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::proxy_protocol;
 use weir_http::server::Handler;
 
+use super::balance::AcceptBalance;
 use super::conn::{Command, ConnGuard, ConnState, ConnTracker, Refusal};
 use super::io::TrackedIo;
 use super::listener::{EdgeSettings, ListenerSpec};
@@ -103,6 +104,8 @@ pub struct Acceptor<S> {
     pub tracker: Arc<ConnTracker>,
     pub metrics: Arc<Metrics>,
     pub service: S,
+    /// Open connections per accepting thread, to share them out.
+    pub balance: Arc<AcceptBalance>,
 }
 
 /// Polls a pinned hyper connection until it ends, obeying tracker commands:
@@ -160,6 +163,7 @@ macro_rules! drive {
 /// configuration, started as `spec` with `edge`) until `stop` is cancelled.
 pub async fn accept_loop<S: Service>(
     listener: TcpListener,
+    thread: usize,
     index: usize,
     spec: ListenerSpec,
     edge: EdgeSettings,
@@ -167,13 +171,18 @@ pub async fn accept_loop<S: Service>(
     stop: CancellationToken,
 ) {
     loop {
+        // A thread over its share of the connections lets the others take
+        // the next ones (for a few milliseconds at most).
         let accepted = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            a = listener.accept() => a,
+            a = async {
+                acceptor.balance.hold_off(thread).await;
+                listener.accept().await
+            } => a,
         };
         match accepted {
-            Ok((stream, peer)) => admit(stream, peer, index, &spec, edge, &acceptor),
+            Ok((stream, peer)) => admit(stream, peer, thread, index, &spec, edge, &acceptor),
             Err(e) => {
                 // EMFILE/ENFILE: out of descriptors. Back off briefly instead of
                 // spinning; the connection stays in the backlog until then.
@@ -183,7 +192,7 @@ pub async fn accept_loop<S: Service>(
             }
         }
     }
-    take_backlog(listener, index, &spec, edge, &acceptor);
+    take_backlog(listener, thread, index, &spec, edge, &acceptor);
 }
 
 /// Stopping: connections the kernel has completed wait in this socket's
@@ -193,6 +202,7 @@ pub async fn accept_loop<S: Service>(
 /// the caller then closes the socket.
 fn take_backlog<S: Service>(
     listener: TcpListener,
+    thread: usize,
     index: usize,
     spec: &ListenerSpec,
     edge: EdgeSettings,
@@ -210,7 +220,7 @@ fn take_backlog<S: Service>(
             Ok(s) => s,
             Err(_) => continue,
         };
-        admit(stream, peer, index, spec, edge, acceptor);
+        admit(stream, peer, thread, index, spec, edge, acceptor);
         taken += 1;
     }
     if taken > 0 {
@@ -223,6 +233,7 @@ fn take_backlog<S: Service>(
 fn admit<S: Service>(
     stream: TcpStream,
     peer: std::net::SocketAddr,
+    thread: usize,
     index: usize,
     spec: &ListenerSpec,
     edge: EdgeSettings,
@@ -247,15 +258,11 @@ fn admit<S: Service>(
         .filter(|(l, _)| l.address == spec.address)
         .unwrap_or_else(|| (spec.clone(), edge));
     let acceptor = acceptor.clone();
-    tokio::spawn(serve_connection(
-        stream,
-        peer,
-        peer_trusted,
-        spec,
-        edge,
-        guard,
-        acceptor,
-    ));
+    let share = acceptor.balance.opened(thread);
+    tokio::spawn(async move {
+        serve_connection(stream, peer, peer_trusted, spec, edge, guard, acceptor).await;
+        drop(share);
+    });
 }
 
 /// Answers a refused connection as cheaply as possible and closes it.

@@ -67,6 +67,16 @@ impl Workers {
         Ok(Workers { workers })
     }
 
+    /// How many extra threads there are.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether there are none (one thread serves everything).
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
     /// Runs `accept(listener)` on every extra thread, each on its own copy
     /// of `listener` registered with that thread's scheduler. The handles
     /// can be awaited from any thread.
