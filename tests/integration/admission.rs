@@ -727,6 +727,35 @@ min_per_second = 0
     drop(weir);
 }
 
+/// weir with a listener and a pool in front of `app`, nothing else.
+async fn zero_config(app: &SimApp) -> TestWeir {
+    TestWeir::start(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n",
+        app.addr()
+    ))
+    .await
+}
+
+/// Sends 30 searches and 90 pages one at a time, then waits (up to 2 s)
+/// until the pool counts one expensive shape; returns how long that took.
+async fn learn_that_searches_are_expensive(weir: &TestWeir) -> Option<Duration> {
+    for i in 0..30u8 {
+        let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
+        assert_eq!(s, 200);
+        for _ in 0..3 {
+            let (s, _, _) = get(weir.addr, &format!("/wiki/Page{i}"), &[]).await;
+            assert_eq!(s, 200);
+        }
+    }
+    until(Duration::from_secs(2), || async {
+        metric(
+            &weir.metrics().await,
+            "weir_admission_expensive_shapes{pool=\"app\"}",
+        ) == 1.0
+    })
+    .await
+}
+
 /// Issue 19, item 5: with a listener and a pool only, admission is on. The
 /// pool learns from its answers that `?search` is expensive (a shape: path
 /// prefix and query keys) and, in a flood of searches, pages wait in `pass`
@@ -737,27 +766,9 @@ async fn zero_config_queues_a_flood_behind_cheap_pages_it_learned() {
     // 4 workers, a backlog of 64 (php-fpm's is larger still): without weir,
     // pages would wait in the app's own first-come queue behind searches.
     let app = app(4, 64, 10.0, 100.0);
-    let weir = TestWeir::start(&format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n",
-        app.addr()
-    ))
-    .await;
+    let weir = zero_config(&app).await;
     // A quiet spell: the app answers both shapes, weir learns which is slow.
-    for i in 0..30u8 {
-        let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
-        assert_eq!(s, 200);
-        for _ in 0..3 {
-            let (s, _, _) = get(weir.addr, &format!("/wiki/Page{i}"), &[]).await;
-            assert_eq!(s, 200);
-        }
-    }
-    let learned = until(Duration::from_secs(2), || async {
-        metric(
-            &weir.metrics().await,
-            "weir_admission_expensive_shapes{pool=\"app\"}",
-        ) == 1.0
-    })
-    .await;
+    let learned = learn_that_searches_are_expensive(&weir).await;
     assert!(learned.is_some(), "one shape learned expensive");
 
     // The flood: 24 closed-loop searchers (6x the workers) and 3 readers.
@@ -847,11 +858,7 @@ async fn zero_config_queues_a_flood_behind_cheap_pages_it_learned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_config_backs_off_from_an_app_that_resets_when_full() {
     let app = app(4, 0, 20.0, 20.0);
-    let weir = TestWeir::start(&format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n",
-        app.addr()
-    ))
-    .await;
+    let weir = zero_config(&app).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::new();
     for i in 0..16u8 {
@@ -934,27 +941,9 @@ async fn browse_loop(source: IpAddr, to: SocketAddr, stop: Arc<AtomicBool>) -> u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_config_gives_people_behind_one_network_a_turn_each() {
     let app = app(4, 64, 2.0, 100.0);
-    let weir = TestWeir::start(&format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n",
-        app.addr()
-    ))
-    .await;
+    let weir = zero_config(&app).await;
     // A quiet spell: weir learns that searches are the expensive shape.
-    for i in 0..30u8 {
-        let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
-        assert_eq!(s, 200);
-        for _ in 0..3 {
-            let (s, _, _) = get(weir.addr, &format!("/wiki/Page{i}"), &[]).await;
-            assert_eq!(s, 200);
-        }
-    }
-    let learned = until(Duration::from_secs(2), || async {
-        metric(
-            &weir.metrics().await,
-            "weir_admission_expensive_shapes{pool=\"app\"}",
-        ) == 1.0
-    })
-    .await;
+    let learned = learn_that_searches_are_expensive(&weir).await;
     assert!(learned.is_some(), "searches learned expensive");
 
     let stop = Arc::new(AtomicBool::new(false));
