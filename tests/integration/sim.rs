@@ -248,6 +248,25 @@ fn connection_flood_with_defaults_keeps_people_served() {
     assert!(flood.sent > 1000, "the flood ran: {}", report.to_text());
 }
 
+/// The connection flood against an app it fills (4 workers, 40 ms): with
+/// weir's defaults people, logins and uploads are all served, the app stays
+/// busy, and the flood gets what people leave (max-min fair), not its
+/// share of the demand. Regression for two bugs it found: the adaptive
+/// limit learned the flood's queueing as normal when it began during
+/// warm-up (people waited in the app's backlog), and a flood of cheap
+/// requests starved every expensive one (logins, uploads: 503 after 10 s).
+#[test]
+fn connection_flood_that_fills_the_app_gets_only_what_people_leave() {
+    let report = run_variants("connection-flood-app-full.toml", &["zero-config"]);
+    let results = check_results(&report, "zero-config");
+    assert!(results.len() >= 8, "{results:?}");
+    assert!(
+        results.iter().all(|(_, passed)| *passed),
+        "{results:?}\n{}",
+        report.to_text()
+    );
+}
+
 /// A 3 s scenario's head: an app of 8 workers answering in 5 ms, no health check.
 fn quick_scenario(name: &str, rest: &str) -> String {
     format!(

@@ -80,6 +80,7 @@ fn deep_config(limit: usize) -> QueueConfig {
         max_depth: 2 * WAITING,
         max_wait: Duration::from_secs(3600),
         share: weir::admission::Share::ZERO,
+        yields_to_proof: false,
     };
     cfg.lanes = Lanes::new(vec![spec("verified"), spec("pass"), spec("anonymous")]).expect("lanes");
     cfg.max_queued = 4 * WAITING;

@@ -40,7 +40,7 @@
 //! nothing about (admission is on without configuration), and a limit
 //! guessed before the app shows strain would hold back long polls and
 //! streams. The long-term average is a plain mean over the first ten
-//! windows, then exponential over `long_window` windows, pulled down
+//! calm windows (the limit not reached, no queueing), then exponential over `long_window` windows, pulled down
 //! quickly (×0.95 per window) when the short latency falls far below it, so
 //! recovery after a slow spell is not delayed by memory of the spell. The
 //! queue feeds latencies normalised by request shape
@@ -65,6 +65,9 @@ const OWN_LAG_POLLS: f64 = 2.0;
 /// Flat windows with every slot used, in a row, before the limit probes
 /// (doubles) again.
 const REPROBE_AFTER: u32 = 5;
+/// Windows averaged plainly before the long-term latency becomes an
+/// exponential average.
+const WARM_UP_WINDOWS: u32 = 10;
 /// Windows without a dropped request before a drop is forgotten: the
 /// ceiling a second one set lapses.
 const CEILING_HOLD: u32 = 60;
@@ -293,13 +296,25 @@ impl GradientLimit {
         if short <= 0.0 {
             return;
         }
-        self.windows_seen = self.windows_seen.saturating_add(1);
         let long = match self.long_rtt {
-            None => short,
+            None => {
+                self.windows_seen = 1;
+                short
+            }
             Some(long) => {
                 // Plain mean while warming up, then an exponential average.
+                // Only a window the limit did not hold back, and that did
+                // not queue beyond the tolerance, enters the warm-up's
+                // mean: a flood that begins in weir's first seconds would
+                // otherwise be learned as the app's normal, and the app's
+                // own backlog kept full behind it. Other windows move the
+                // average at the slow rate, as after warm-up.
+                let calm = short <= cfg.tolerance * long && w.max_in_flight < self.limit();
+                if calm || self.windows_seen > WARM_UP_WINDOWS {
+                    self.windows_seen = self.windows_seen.saturating_add(1);
+                }
                 let n = self.windows_seen.min(cfg.long_window) as f64;
-                let alpha = if self.windows_seen <= 10 {
+                let alpha = if self.windows_seen <= WARM_UP_WINDOWS && calm {
                     1.0 / n
                 } else {
                     2.0 / (cfg.long_window as f64 + 1.0)
@@ -522,6 +537,26 @@ mod tests {
             drive(&mut g, &mut now, 1, queued_latency(10, n), Some(n));
         }
         assert!((10..=20).contains(&g.limit()), "held: {}", g.limit());
+    }
+
+    /// Regression (connection-flood-app-full.toml): a flood that began two
+    /// seconds after weir started filled the warm-up's plain mean with its
+    /// queueing, so the app's backlog (64 deep) stayed full and people
+    /// waited in it behind the flood.
+    #[test]
+    fn a_flood_during_warm_up_is_not_learned_as_normal() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        drive(&mut g, &mut now, 2, ms(400), Some(3));
+        for _ in 0..12 {
+            let n = g.limit().min(80);
+            drive(&mut g, &mut now, 1, queued_latency(10, n), Some(n));
+        }
+        assert!(
+            (10..=20).contains(&g.limit()),
+            "about tolerance x workers (15), got {}",
+            g.limit()
+        );
     }
 
     #[test]

@@ -101,6 +101,11 @@ pub struct LaneSpec {
     /// The least share of slot grants this lane gets while it has waiters,
     /// even when higher lanes wait ([`Share::ZERO`]: strict priority).
     pub share: Share,
+    /// The share is taken only from grants above to unproven requests
+    /// (there by weir's guess about their cost) of a network that holds a
+    /// backlog there; never from people who proved who they are, nor from
+    /// networks that wait a turn at a time: they keep strict priority.
+    pub yields_to_proof: bool,
 }
 
 /// A fraction of slot grants, 0 to 1, in millionths (so lane settings stay
@@ -145,6 +150,13 @@ pub enum LanesError {
 /// of the app while verified crawlers wait (`bots_share = 0.1`).
 pub const DEFAULT_BOTS_SHARE: u32 = 100_000;
 
+/// The `anonymous` lane's share in [`Lanes::standard`], in millionths: one
+/// grant in twenty while unproven expensive requests wait
+/// (`anonymous_share = 0.05`). Without it a flood of cheap requests from a
+/// few addresses, each a turn in a higher lane, starved every expensive
+/// one (a person's login or upload) for as long as the flood lasted.
+pub const DEFAULT_ANONYMOUS_SHARE: u32 = 50_000;
+
 /// Most lanes a pool may have: lanes are for a handful of trust levels, not
 /// per-client queues, and metric labels must stay bounded.
 pub const MAX_LANES: usize = 8;
@@ -183,7 +195,8 @@ impl Lanes {
     /// a deep queue of crawler requests only delays the answer that tells
     /// them to back off. `bots` is guaranteed [`DEFAULT_BOTS_SHARE`] of
     /// grants while it waits: a verified crawler is slowed by people, never
-    /// starved. `deferred` holds just enough to keep the app's slots busy
+    /// starved; `anonymous` [`DEFAULT_ANONYMOUS_SHARE`], so a flood of cheap
+    /// requests does not starve every expensive one. `deferred` holds just enough to keep the app's slots busy
     /// between two arrivals of anyone else.
     pub fn standard() -> Lanes {
         let wait = Duration::from_secs(10);
@@ -194,30 +207,35 @@ impl Lanes {
                     max_depth: 1024,
                     max_wait: wait,
                     share: Share::ZERO,
+                    yields_to_proof: false,
                 },
                 LaneSpec {
                     name: "pass".into(),
                     max_depth: 1024,
                     max_wait: wait,
                     share: Share::ZERO,
+                    yields_to_proof: false,
                 },
                 LaneSpec {
                     name: "bots".into(),
                     max_depth: 256,
                     max_wait: wait,
                     share: Share(DEFAULT_BOTS_SHARE),
+                    yields_to_proof: false,
                 },
                 LaneSpec {
                     name: "anonymous".into(),
                     max_depth: 512,
                     max_wait: wait,
-                    share: Share::ZERO,
+                    share: Share(DEFAULT_ANONYMOUS_SHARE),
+                    yields_to_proof: true,
                 },
                 LaneSpec {
                     name: "deferred".into(),
                     max_depth: 256,
                     max_wait: wait,
                     share: Share::ZERO,
+                    yields_to_proof: false,
                 },
             ],
         }
@@ -282,6 +300,7 @@ mod tests {
             max_depth: 1,
             max_wait: Duration::from_secs(1),
             share: Share::ZERO,
+            yields_to_proof: false,
         }
     }
 
@@ -313,7 +332,7 @@ mod tests {
         assert_eq!(lanes.lowest(), Lane::DEFERRED);
         assert!(Lane::PASS.outranks(Lane::BOTS) && Lane::BOTS.outranks(Lane::ANONYMOUS));
         assert_eq!(lanes.spec(Lane::BOTS).share.fraction(), 0.1);
-        assert!(lanes.spec(Lane::ANONYMOUS).share.is_zero());
+        assert_eq!(lanes.spec(Lane::ANONYMOUS).share.fraction(), 0.05);
         assert!(lanes.spec(Lane::DEFERRED).share.is_zero());
         assert!(Lane::VERIFIED.outranks(Lane::PASS));
         assert!(!Lane::ANONYMOUS.outranks(Lane::PASS));

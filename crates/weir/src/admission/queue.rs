@@ -43,6 +43,7 @@ use super::adaptive::{GradientConfig, GradientConfigError, GradientLimit, Sample
 use super::fair::{FairKey, FairQueue, Ticket};
 use super::lanes::{Lane, Lanes};
 use super::shapes::{Shape, ShapeCosts};
+use crate::identity::PrefixKey;
 
 /// Where the traffic limit comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,6 +157,12 @@ enum Limiter {
     Adaptive(GradientLimit),
 }
 
+/// Requests a network must still have waiting in its lane, after one of its
+/// own was granted, for that grant to count towards a lower lane's share
+/// that yields to proof: a network with a backlog of its own is using more
+/// than a turn; people's pages arrive a few at a time.
+const BACKLOG: usize = 8;
+
 impl Limiter {
     fn limit(&self) -> usize {
         match self {
@@ -168,6 +175,13 @@ impl Limiter {
 struct Waiter {
     tx: oneshot::Sender<Result<Permit, Shed>>,
     enqueued: Instant,
+    /// A verified session, a pass or a verified crawler; else the request
+    /// is in its lane by weir's guess about its cost (see
+    /// [`crate::admission::LaneSpec::yields_to_proof`]).
+    proven: bool,
+    /// Its network's key in the fair queue, to tell after the pop whether
+    /// the network still holds a backlog there.
+    network: PrefixKey,
 }
 
 /// How a request entered the queue.
@@ -316,17 +330,31 @@ impl AdmissionQueue {
         self.shared.limit(&st)
     }
 
-    /// Waits for a slot until `deadline`. A lane beyond this pool's lanes is
-    /// treated as the lowest lane.
+    /// Waits for a slot until `deadline`, for a request that proved
+    /// nothing (see [`AdmissionQueue::acquire_proven`]). A lane beyond this
+    /// pool's lanes is treated as the lowest lane.
     pub async fn acquire(
         &self,
         lane: Lane,
         key: FairKey,
         deadline: Instant,
     ) -> Result<Permit, Shed> {
+        self.acquire_proven(lane, key, false, deadline).await
+    }
+
+    /// Waits for a slot until `deadline`. `proven`: the request holds a
+    /// verified session, a pass or a verified crawler's proof; a lane whose
+    /// share yields to proof takes its share only from unproven grants.
+    pub async fn acquire_proven(
+        &self,
+        lane: Lane,
+        key: FairKey,
+        proven: bool,
+        deadline: Instant,
+    ) -> Result<Permit, Shed> {
         let shared = &self.shared;
         let lane = shared.config.lanes.clamp(lane);
-        let (mut rx, ticket) = match self.enqueue(lane, key, deadline)? {
+        let (mut rx, ticket) = match self.enqueue(lane, key, proven, deadline)? {
             Queued::Admitted(permit) => return Ok(permit),
             Queued::Waiting(rx, ticket) => (rx, ticket),
         };
@@ -372,7 +400,13 @@ impl AdmissionQueue {
     /// Admits at once when a slot is free and no one waits; else makes room
     /// in `lane` (evicting lower lanes' waiters, who are told) and queues,
     /// or sheds.
-    fn enqueue(&self, lane: Lane, key: FairKey, deadline: Instant) -> Result<Queued, Shed> {
+    fn enqueue(
+        &self,
+        lane: Lane,
+        key: FairKey,
+        proven: bool,
+        deadline: Instant,
+    ) -> Result<Queued, Shed> {
         let shared = &self.shared;
         let now = Instant::now();
         let mut evicted = Vec::new();
@@ -400,9 +434,15 @@ impl AdmissionQueue {
                 Err(reason) => Err(shared.count_shed(&mut st, lane, reason, Duration::ZERO)),
                 Ok(()) => {
                     let (tx, rx) = oneshot::channel();
-                    let ticket = st.lanes[lane.index()]
-                        .queue
-                        .push(key, Waiter { tx, enqueued: now });
+                    let ticket = st.lanes[lane.index()].queue.push(
+                        key,
+                        Waiter {
+                            tx,
+                            enqueued: now,
+                            proven,
+                            network: key.network,
+                        },
+                    );
                     st.queued += 1;
                     Ok(Queued::Waiting(rx, ticket))
                 }
@@ -585,34 +625,45 @@ impl Shared {
         Ok(())
     }
 
-    /// The lane the next free slot goes to: the highest lane with waiters,
-    /// unless a lower one with a share is owed a whole grant (deficit round
-    /// robin between priority and the shares). Work-conserving either way:
-    /// `None` only when nobody waits.
-    fn next_lane(&self, st: &mut State) -> Option<usize> {
+    /// The lane the next free slot goes to, and whether a share is what
+    /// chose it: a lower lane owed a whole grant (deficit round robin
+    /// between priority and the shares), else the highest lane with
+    /// waiters. Work-conserving either way: `None` only when nobody waits.
+    fn next_lane(&self, st: &mut State) -> Option<(usize, bool)> {
         let highest = st.lanes.iter().position(|l| !l.queue.is_empty())?;
-        let mut owed = None;
-        for (i, (lane, (_, spec))) in st
+        let owed = st
             .lanes
-            .iter_mut()
-            .zip(self.config.lanes.iter())
+            .iter()
             .enumerate()
             .skip(highest + 1)
-        {
-            if spec.share.is_zero() || lane.queue.is_empty() {
+            .find(|(_, l)| !l.queue.is_empty() && l.deficit >= 1.0 - 1e-9)
+            .map(|(i, _)| i);
+        match owed {
+            Some(i) => {
+                st.lanes[i].deficit = 0.0;
+                Some((i, true))
+            }
+            None => Some((highest, false)),
+        }
+    }
+
+    /// After a slot went by priority to lane `granted`: every lower lane
+    /// with waiters and a share is owed that much more of a grant (a share
+    /// `s` is one grant after every `(1 − s) / s` others, so `s` of all).
+    /// A lane whose share yields to proof counts only grants that did not
+    /// (`yields`: the request proved who it is, or its network holds no
+    /// backlog in its lane).
+    fn accrue_shares(&self, st: &mut State, granted: usize, yields: bool) {
+        let specs = self.config.lanes.iter().map(|(_, spec)| spec);
+        for (lane, spec) in st.lanes.iter_mut().zip(specs).skip(granted + 1) {
+            if spec.share.is_zero() || lane.queue.is_empty() || (yields && spec.yields_to_proof) {
                 continue;
             }
+            let s = spec.share.fraction();
+            let per_grant = if s >= 1.0 { 1.0 } else { s / (1.0 - s) };
             // Capped at one grant: a lane banks no credit for a burst later.
-            lane.deficit = (lane.deficit + spec.share.fraction()).min(1.0);
-            if owed.is_none() && lane.deficit >= 1.0 - 1e-9 {
-                owed = Some(i);
-            }
+            lane.deficit = (lane.deficit + per_grant).min(1.0);
         }
-        let chosen = owed.unwrap_or(highest);
-        if owed.is_some() {
-            st.lanes[chosen].deficit = 0.0;
-        }
-        Some(chosen)
     }
 
     /// Pops waiters into free slots, highest lane first (but for a lane
@@ -621,12 +672,18 @@ impl Shared {
         let mut grants = Vec::new();
         let limit = self.limit(st);
         while st.in_flight < limit && st.queued > 0 {
-            let Some(i) = self.next_lane(st) else {
+            let Some((i, by_share)) = self.next_lane(st) else {
                 break;
             };
             let Some((_, waiter)) = st.lanes[i].queue.pop() else {
                 break;
             };
+            if !by_share {
+                // A guess (no proof) that keeps a backlog of its own: a
+                // network using more than a turn, whom a share may pass.
+                let backlogged = st.lanes[i].queue.network_len(&waiter.network) >= BACKLOG;
+                self.accrue_shares(st, i, waiter.proven || !backlogged);
+            }
             st.queued -= 1;
             st.in_flight += 1;
             let waited = now.saturating_duration_since(waiter.enqueued);

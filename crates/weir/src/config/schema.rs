@@ -765,6 +765,12 @@ pub struct AdmissionSettings {
     /// leave). Everything, when nobody else waits.
     #[serde(default = "default_bots_share")]
     pub bots_share: f64,
+    /// The least share of the app's slots the `anonymous` lane gets while
+    /// it waits, even when higher lanes wait too (0 ..= 1; 0 = strict
+    /// priority). Keeps a flood of cheap requests from starving every
+    /// expensive one (a login, an upload) for as long as it lasts.
+    #[serde(default = "default_anonymous_share")]
+    pub anonymous_share: f64,
 }
 
 impl Default for AdmissionSettings {
@@ -778,6 +784,7 @@ impl Default for AdmissionSettings {
             queue_timeout: default_queue_timeout(),
             slow_start: default_slow_start(),
             bots_share: default_bots_share(),
+            anonymous_share: default_anonymous_share(),
         }
     }
 }
@@ -1085,6 +1092,9 @@ fn default_queue_timeout() -> ConfigDuration {
 }
 fn default_bots_share() -> f64 {
     0.1
+}
+fn default_anonymous_share() -> f64 {
+    0.05
 }
 fn default_slow_start() -> ConfigDuration {
     ConfigDuration::secs(10)

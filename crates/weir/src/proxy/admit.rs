@@ -102,7 +102,9 @@ pub(super) async fn admission(
         }
         deadline = deadline.min(now + 2 * ch.pressure_wait());
     }
-    match slot(pool, queue, lane, key, deadline, shape, log).await {
+    let proven = standing.verified || standing.pass || standing.bot;
+    let place = Place { lane, key, proven };
+    match slot(pool, queue, place, deadline, shape, log).await {
         Ok(()) => {
             if ask.is_some_and(|(c, _)| c.on_long_wait) {
                 spared(pool, log);
@@ -117,21 +119,29 @@ pub(super) async fn admission(
     }
 }
 
-/// Waits for a slot in `lane` and records it (metrics, the log's lane and
+/// Where a request waits: its lane, its turn's key, and whether it proved
+/// who it is (a lane's share that yields to proof never takes its slot).
+struct Place {
+    lane: Lane,
+    key: crate::admission::FairKey,
+    proven: bool,
+}
+
+/// Waits for a slot in `place`'s lane and records it (metrics, the log's lane and
 /// queue time, the permit held until the answer ends), or records the shed.
 async fn slot(
     pool: &Pool,
     queue: &AdmissionQueue,
-    lane: Lane,
-    key: crate::admission::FairKey,
+    place: Place,
     deadline: tokio::time::Instant,
     shape: crate::admission::Shape,
     log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
     let metrics = &log.conn.rt.metrics;
+    let Place { lane, key, proven } = place;
     let series = metrics.admitted(&pool.name, &queue.lanes().spec(lane).name);
     log.record.lane = Some(series.lane.clone());
-    match queue.acquire(lane, key, deadline).await {
+    match queue.acquire_proven(lane, key, proven, deadline).await {
         Ok(mut permit) => {
             permit.learn(shape);
             series.admitted.inc();

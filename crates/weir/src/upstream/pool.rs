@@ -198,8 +198,8 @@ pub enum PoolError {
     RetryBudget(#[from] super::retry_budget::RetryBudgetError),
     #[error("{0}")]
     Admission(#[from] crate::admission::QueueConfigError),
-    #[error("admission.bots_share = {0} is not a share: write 0 ..= 1 (0.1 = a tenth of the app)")]
-    Share(f64),
+    #[error("admission.{key} = {value} is not a share: write 0 ..= 1 (0.1 = a tenth of the app)")]
+    Share { key: &'static str, value: f64 },
 }
 
 impl PoolError {
@@ -212,7 +212,11 @@ impl PoolError {
             PoolError::HealthPath(_) => Some(&["health", "path"]),
             PoolError::RetryBudget(_) => Some(&["retry_budget"]),
             PoolError::Admission(_) => Some(&["admission"]),
-            PoolError::Share(_) => Some(&["admission", "bots_share"]),
+            PoolError::Share {
+                key: "anonymous_share",
+                ..
+            } => Some(&["admission", "anonymous_share"]),
+            PoolError::Share { .. } => Some(&["admission", "bots_share"]),
         }
     }
 }
@@ -709,10 +713,14 @@ fn build_admission(
             },
         ));
     }
-    let bots_share = Share::from_fraction(a.bots_share).unwrap_or_else(|| {
-        errors.push((0, PoolError::Share(a.bots_share)));
-        Share::ZERO
-    });
+    let mut share = |key: &'static str, value: f64| {
+        Share::from_fraction(value).unwrap_or_else(|| {
+            errors.push((0, PoolError::Share { key, value }));
+            Share::ZERO
+        })
+    };
+    let bots_share = share("bots_share", a.bots_share);
+    let anonymous_share = share("anonymous_share", a.anonymous_share);
     if errors.len() > before {
         return None;
     }
@@ -724,11 +732,12 @@ fn build_admission(
                 name: spec.name.clone(),
                 max_depth: spec.max_depth.min(a.max_queued),
                 max_wait: a.queue_timeout.0,
-                share: if lane == Lane::BOTS {
-                    bots_share
-                } else {
-                    spec.share
+                share: match lane {
+                    Lane::BOTS => bots_share,
+                    Lane::ANONYMOUS => anonymous_share,
+                    _ => spec.share,
                 },
+                yields_to_proof: spec.yields_to_proof,
             })
             .collect(),
     )

@@ -205,6 +205,7 @@ fn one_lane(max_depth: usize) -> AdmissionQueue {
         max_depth,
         max_wait: secs(10),
         share: crate::admission::Share::ZERO,
+        yields_to_proof: false,
     }])
     .unwrap();
     AdmissionQueue::new(cfg).unwrap()
@@ -600,4 +601,62 @@ async fn bots_lane_gets_its_share_while_people_wait_and_everything_after() {
         assert_eq!(q.snapshot().queued(), 0);
         drop(held);
     }
+}
+
+/// Grants of a one-slot queue with the standard lanes to 40 waiters in
+/// `pass` (`flood`: from 3 addresses of one network, else from 40
+/// networks; `proven`: pass holders) and 3 in `anonymous` (from 3 other
+/// networks): the 1-based grants that went to `anonymous`.
+async fn anonymous_grants_behind(flood: bool, proven: bool) -> Vec<usize> {
+    let q = AdmissionQueue::new(QueueConfig::fixed(nz(1))).unwrap();
+    let mut held = now_acquire(&q, Lane::PASS, key(10, 0, 0, 1)).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let spawn = |lane: Lane, k: FairKey, proven: bool| {
+        let (q, tx) = (q.clone(), tx.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + secs(1000);
+            let permit = q.acquire_proven(lane, k, proven, deadline).await;
+            let _ = tx.send((lane, permit));
+        });
+    };
+    for i in 0..40u8 {
+        let k = if flood {
+            key(190, 0, 0, 1 + i % 3)
+        } else {
+            key(100 + i, 0, 0, 1)
+        };
+        spawn(Lane::PASS, k, proven);
+    }
+    for i in 0..3u8 {
+        spawn(Lane::ANONYMOUS, key(17 + i, 0, 0, 1), false);
+    }
+    settle().await;
+    let mut anonymous_at = Vec::new();
+    for grant in 1..=43 {
+        drop(held);
+        let (lane, permit) = rx.recv().await.unwrap();
+        held = permit.unwrap();
+        if lane == Lane::ANONYMOUS {
+            anonymous_at.push(grant);
+        }
+    }
+    drop(held);
+    anonymous_at
+}
+
+/// Regression (connection-flood-app-full.toml): a flood of cheap requests
+/// from a few addresses kept the `pass` lane full, and every request of an
+/// expensive shape (people's logins and uploads, in `anonymous`) waited out
+/// its deadline. With the standard lanes `anonymous` gets one grant in
+/// twenty of those that go to a network with a backlog of its own (8 or
+/// more still waiting) and no proof, and every slot after; but nothing
+/// while people with proof wait, or networks that wait a turn at a time
+/// (strict priority).
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_cheap_requests_does_not_starve_the_anonymous_lane() {
+    // The flood's 3 addresses: one share grant while it holds 8 or more.
+    assert_eq!(anonymous_grants_behind(true, false).await, [20, 42, 43]);
+    // Pass holders, and 40 networks a request each: strict priority.
+    assert_eq!(anonymous_grants_behind(true, true).await, [41, 42, 43]);
+    assert_eq!(anonymous_grants_behind(false, false).await, [41, 42, 43]);
 }
