@@ -376,16 +376,12 @@ pub async fn run_client(
     let stop_at = clock.at(cohort.stop);
     let weights: Vec<f64> = cohort.requests.iter().map(|r| r.weight).collect();
     let total_weight: f64 = weights.iter().sum();
-    let mut conn: Option<SendRequest<ClientBody>> = None;
-    let mut jar = CookieJar::default();
+    let mut session = ClientSession::default();
     let mut first = true;
-    let mut latencies = Vec::new();
-    let mut solved_latencies = Vec::new();
-    let mut lags = Vec::new();
+    let mut samples = ClientSamples::default();
     let mut cancel = ctx.cancel.clone();
 
     let mut next = clock.at(cohort.start) + plan.offset;
-    let mut on_connection = 0u32;
     match next_send(&cohort, &clock, next, &mut rng) {
         Some(t) => next = t,
         None => return,
@@ -400,68 +396,33 @@ pub async fn run_client(
                 _ = tokio::time::sleep_until(next) => {}
                 _ = cancel.changed() => break,
             }
-            let lag = Instant::now().saturating_duration_since(next);
-            lags.push(lag.as_micros().min(u32::MAX as u128) as u32);
+            samples.lag(Instant::now().saturating_duration_since(next));
         }
         let sent_at = Instant::now();
         let bucket = clock.bucket(sent_at);
-
-        // What to send: kind-specific first steps, then the weighted mix.
-        let (method, path) = if first && cohort.kind == CohortKind::Editors {
-            (Method::POST, ctx.login_path.clone())
-        } else if (first && plan.session_cookie)
-            || (cohort.kind == CohortKind::Humans && rng.random_bool(cohort.login_share))
-        {
-            // The login page: it hands out the session cookie the jar then keeps.
-            (Method::GET, ctx.login_path.clone())
-        } else {
-            let mix = &cohort.requests[pick(&weights, total_weight, &mut rng)];
-            let method = Method::from_bytes(mix.method.as_bytes()).unwrap_or(Method::GET);
-            (method, fill_numbers(&mix.path, &mut rng))
-        };
+        let (method, path) = pick_request(
+            &ctx,
+            &cohort,
+            &plan,
+            first,
+            &weights,
+            total_weight,
+            &mut rng,
+        );
         first = false;
 
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let solves = match cohort.kind {
-            CohortKind::Humans | CohortKind::Editors => true,
-            CohortKind::Crawlers => plan.headless,
-            _ => false,
-        };
-        let exchange = exchange(
-            &ctx, &cohort, plan.src, &mut conn, &mut jar, method, &path, solves,
-        );
-        let result = tokio::select! {
-            r = tokio::time::timeout(cohort.timeout, exchange) => match r {
-                Ok(r) => r,
-                Err(_) => {
-                    conn = None;
-                    Answer::failed(Outcome::Timeout)
-                }
-            },
-            _ = wait_true(&mut cancel) => {
-                conn = None;
-                Answer::failed(Outcome::Unfinished)
-            }
-        };
+        let result = session
+            .exchange_in_time(&ctx, &cohort, &plan, method, &path, &mut cancel)
+            .await;
         stats.in_flight.fetch_sub(1, Ordering::Relaxed);
-        on_connection += 1;
-        if conn.is_none()
-            || (cohort.requests_per_connection > 0
-                && on_connection >= cohort.requests_per_connection)
-        {
-            conn = None;
-            on_connection = 0;
-        }
+        session.count_request(&cohort);
         // From the first send: a challenged page counts its challenge.
         let took = sent_at.elapsed();
         let at = Instant::now().saturating_duration_since(clock.start);
         stats.record(bucket, &result, took, at);
         if result.outcome == Outcome::Served {
-            let us = took.as_micros().min(u32::MAX as u128) as u32;
-            latencies.push(us);
-            if result.solved_challenge {
-                solved_latencies.push(us);
-            }
+            samples.served(took, result.solved_challenge);
         }
         if result.outcome == Outcome::Unfinished {
             break;
@@ -479,12 +440,142 @@ pub async fn run_client(
             None => break,
         }
     }
-    let lock = |m: &Mutex<Vec<u32>>, v: Vec<u32>| {
-        m.lock().unwrap_or_else(PoisonError::into_inner).extend(v)
-    };
-    lock(&stats.latencies_us, latencies);
-    lock(&stats.solved_latencies_us, solved_latencies);
-    lock(&stats.lags_us, lags);
+    samples.merge_into(&stats);
+}
+
+/// What a client sends next: kind-specific first steps (an editor logs in, a
+/// crawler with a session cookie fetches the login page), people's
+/// occasional visit to the login page, else a pick from the cohort's
+/// weighted mix.
+fn pick_request(
+    ctx: &RunContext,
+    cohort: &Cohort,
+    plan: &ClientPlan,
+    first: bool,
+    weights: &[f64],
+    total_weight: f64,
+    rng: &mut SmallRng,
+) -> (Method, String) {
+    if first && cohort.kind == CohortKind::Editors {
+        (Method::POST, ctx.login_path.clone())
+    } else if (first && plan.session_cookie)
+        || (cohort.kind == CohortKind::Humans && rng.random_bool(cohort.login_share))
+    {
+        // The login page: it hands out the session cookie the jar then keeps.
+        (Method::GET, ctx.login_path.clone())
+    } else {
+        let mix = &cohort.requests[pick(weights, total_weight, rng)];
+        let method = Method::from_bytes(mix.method.as_bytes()).unwrap_or(Method::GET);
+        (method, fill_numbers(&mix.path, rng))
+    }
+}
+
+/// Whether a cohort's client solves the challenges it meets: people do, a
+/// crawler only if it runs a headless browser.
+fn solves_challenges(kind: CohortKind, plan: &ClientPlan) -> bool {
+    match kind {
+        CohortKind::Humans | CohortKind::Editors => true,
+        CohortKind::Crawlers => plan.headless,
+        _ => false,
+    }
+}
+
+/// What a client keeps from one request to the next: its connection (and
+/// how many requests that has carried) and its cookies.
+#[derive(Default)]
+struct ClientSession {
+    conn: Option<SendRequest<ClientBody>>,
+    on_connection: u32,
+    jar: CookieJar,
+}
+
+impl ClientSession {
+    /// Sends one request and reads its answer, giving up at the cohort's
+    /// timeout or at the end of grace (then dropping the connection, which
+    /// may still carry the abandoned answer).
+    async fn exchange_in_time(
+        &mut self,
+        ctx: &RunContext,
+        cohort: &Cohort,
+        plan: &ClientPlan,
+        method: Method,
+        path: &str,
+        cancel: &mut watch::Receiver<bool>,
+    ) -> Answer {
+        let solves = solves_challenges(cohort.kind, plan);
+        let exchange = exchange(
+            ctx,
+            cohort,
+            plan.src,
+            &mut self.conn,
+            &mut self.jar,
+            method,
+            path,
+            solves,
+        );
+        tokio::select! {
+            r = tokio::time::timeout(cohort.timeout, exchange) => match r {
+                Ok(r) => r,
+                Err(_) => {
+                    self.conn = None;
+                    Answer::failed(Outcome::Timeout)
+                }
+            },
+            _ = wait_true(cancel) => {
+                self.conn = None;
+                Answer::failed(Outcome::Unfinished)
+            }
+        }
+    }
+
+    /// Counts a request on the connection, and lets the connection go when
+    /// it broke or has carried the cohort's `requests_per_connection`.
+    fn count_request(&mut self, cohort: &Cohort) {
+        self.on_connection += 1;
+        if self.conn.is_none()
+            || (cohort.requests_per_connection > 0
+                && self.on_connection >= cohort.requests_per_connection)
+        {
+            self.conn = None;
+            self.on_connection = 0;
+        }
+    }
+}
+
+/// The timings one client collects while it runs (in µs), merged into its
+/// cohort's stats once at the end rather than locked for on every request.
+#[derive(Default)]
+struct ClientSamples {
+    latencies: Vec<u32>,
+    solved_latencies: Vec<u32>,
+    lags: Vec<u32>,
+}
+
+impl ClientSamples {
+    /// Keeps how late the client woke for a send it was waiting for.
+    fn lag(&mut self, lag: Duration) {
+        self.lags.push(lag.as_micros().min(u32::MAX as u128) as u32);
+    }
+
+    /// Keeps a served request's latency (also among the solved ones when it
+    /// passed a challenge on the way).
+    fn served(&mut self, took: Duration, solved_challenge: bool) {
+        let us = took.as_micros().min(u32::MAX as u128) as u32;
+        self.latencies.push(us);
+        if solved_challenge {
+            self.solved_latencies.push(us);
+        }
+    }
+
+    /// Adds everything collected to the cohort's stats.
+    fn merge_into(self, stats: &CohortStats) {
+        let lock = |m: &Mutex<Vec<u32>>, v: Vec<u32>| {
+            m.lock().unwrap_or_else(PoisonError::into_inner).extend(v)
+        };
+        lock(&stats.latencies_us, self.latencies);
+        lock(&stats.solved_latencies_us, self.solved_latencies);
+        lock(&stats.lags_us, self.lags);
+    }
 }
 
 async fn wait_true(rx: &mut watch::Receiver<bool>) {

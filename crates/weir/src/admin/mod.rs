@@ -68,99 +68,14 @@ async fn route(
     rt: &Arc<Runtime>,
     stop: CancellationToken,
 ) -> Response<AdminBody> {
-    if let Err(refusal) = rt
-        .gateway
-        .load()
-        .admin_guard
-        .check(req.method(), req.headers())
-    {
-        let mut resp = json_response(
-            refusal.status(),
-            json!({"result": "refused", "reason": refusal.as_str()}),
-        );
-        if refusal.status() == StatusCode::UNAUTHORIZED {
-            resp.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                http::HeaderValue::from_static("Bearer realm=\"weir admin\""),
-            );
-        }
-        return resp;
+    if let Some(refused) = guard_refusal(&req, rt) {
+        return refused;
     }
     match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => {
-            rt.export_shared_stats();
-            crate::state::export_evictions(rt);
-            crate::upstream::checks::export_gauges(
-                &rt.gateway.load().pools,
-                &rt.metrics,
-                std::time::Instant::now(),
-            );
-            let format = crate::observe::metrics::Exposition::negotiate(
-                req.headers()
-                    .get(header::ACCEPT)
-                    .and_then(|v| v.to_str().ok()),
-            );
-            text(
-                StatusCode::OK,
-                format.content_type(),
-                rt.metrics.encode_as(format),
-            )
-        }
+        (&Method::GET, "/metrics") => metrics(&req, rt),
         (&Method::GET, "/livez") => text(StatusCode::OK, "text/plain", "ok\n".into()),
-        (&Method::GET, "/readyz") => {
-            let pools = pool_lines(rt);
-            let warm_up = rt.readiness.phase();
-            if rt.tracker.is_draining() {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!("draining\n{pools}"),
-                )
-            } else if rt.state_missing.load(std::sync::atomic::Ordering::Relaxed) {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!(
-                        "limiter state expected but not restored (state.expect_restored = \"not_ready\")\n{pools}"
-                    ),
-                )
-            } else if let Some(reason) = warm_up.not_ready_reason(std::time::Instant::now()) {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!("{reason}\n{pools}"),
-                )
-            } else {
-                let note = warm_up.ready_note().map(|n| n + "\n").unwrap_or_default();
-                text(
-                    StatusCode::OK,
-                    "text/plain",
-                    format!("ready\n{note}{pools}"),
-                )
-            }
-        }
-        (&Method::GET, path) if pool_probe(path).is_some() => {
-            let Some((live, name)) = pool_probe(path) else {
-                return text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into());
-            };
-            let gw = rt.gateway.load();
-            match gw.pools.iter().find(|p| &*p.name == name) {
-                None => text(
-                    StatusCode::NOT_FOUND,
-                    "text/plain",
-                    format!("no pool named `{name}`\n"),
-                ),
-                Some(pool) => {
-                    let signal = pool.signal(std::time::Instant::now());
-                    let status = if live {
-                        signal.livez_status()
-                    } else {
-                        signal.readyz_status()
-                    };
-                    text(status, "text/plain", format!("{}\n", signal.as_str()))
-                }
-            }
-        }
+        (&Method::GET, "/readyz") => readyz(rt),
+        (&Method::GET, path) if pool_probe(path).is_some() => pool_probe_answer(path, rt),
         (&Method::GET, "/ui/events") => ui::events(rt, stop),
         (&Method::GET, path) if path.starts_with("/ui") => {
             ui::asset(path).unwrap_or_else(not_found)
@@ -168,35 +83,149 @@ async fn route(
         (&Method::GET, "/status") => {
             text(StatusCode::OK, "application/json", status(rt).to_string())
         }
-        (&Method::POST, "/reload") => {
-            let rt = rt.clone();
-            // Building a gateway reads files and resolves names: off the loop.
-            let outcome = tokio::task::spawn_blocking(move || rt.reload(true)).await;
-            match outcome {
-                Ok(Ok(ReloadOutcome::Applied {
-                    version,
-                    restart_needed,
-                })) => json_response(
-                    StatusCode::OK,
-                    json!({"result": "ok", "version": version, "restart_needed": restart_needed}),
-                ),
-                Ok(Ok(ReloadOutcome::Unchanged)) => {
-                    json_response(StatusCode::OK, json!({"result": "unchanged"}))
-                }
-                Ok(Err(errors)) => json_response(
-                    StatusCode::BAD_REQUEST,
-                    json!({
-                        "result": "invalid",
-                        "errors": errors.0.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-                    }),
-                ),
-                Err(_) => json_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    json!({"result": "error"}),
-                ),
-            }
-        }
+        (&Method::POST, "/reload") => reload(rt).await,
         _ => not_found(),
+    }
+}
+
+/// The answer to a request `admin_guard` refuses (401 with a
+/// `WWW-Authenticate` challenge when a token is missing), or `None` when the
+/// request may go on.
+fn guard_refusal(req: &Request<Incoming>, rt: &Runtime) -> Option<Response<AdminBody>> {
+    let Err(refusal) = rt
+        .gateway
+        .load()
+        .admin_guard
+        .check(req.method(), req.headers())
+    else {
+        return None;
+    };
+    let mut resp = json_response(
+        refusal.status(),
+        json!({"result": "refused", "reason": refusal.as_str()}),
+    );
+    if refusal.status() == StatusCode::UNAUTHORIZED {
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer realm=\"weir admin\""),
+        );
+    }
+    Some(resp)
+}
+
+/// `GET /metrics`: refreshes the gauges that are sampled rather than
+/// counted (shared-limiter stats, evictions, pool health), then encodes
+/// every metric in the format the `Accept` header asks for.
+fn metrics(req: &Request<Incoming>, rt: &Runtime) -> Response<AdminBody> {
+    rt.export_shared_stats();
+    crate::state::export_evictions(rt);
+    crate::upstream::checks::export_gauges(
+        &rt.gateway.load().pools,
+        &rt.metrics,
+        std::time::Instant::now(),
+    );
+    let format = crate::observe::metrics::Exposition::negotiate(
+        req.headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    text(
+        StatusCode::OK,
+        format.content_type(),
+        rt.metrics.encode_as(format),
+    )
+}
+
+/// `GET /readyz`: 503 while draining, while expected limiter state is
+/// missing, or while the warm-up waits; 200 otherwise. Either way the body
+/// ends with each pool's signal.
+fn readyz(rt: &Runtime) -> Response<AdminBody> {
+    let pools = pool_lines(rt);
+    let warm_up = rt.readiness.phase();
+    if rt.tracker.is_draining() {
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("draining\n{pools}"),
+        )
+    } else if rt.state_missing.load(std::sync::atomic::Ordering::Relaxed) {
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!(
+                "limiter state expected but not restored (state.expect_restored = \"not_ready\")\n{pools}"
+            ),
+        )
+    } else if let Some(reason) = warm_up.not_ready_reason(std::time::Instant::now()) {
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            format!("{reason}\n{pools}"),
+        )
+    } else {
+        let note = warm_up.ready_note().map(|n| n + "\n").unwrap_or_default();
+        text(
+            StatusCode::OK,
+            "text/plain",
+            format!("ready\n{note}{pools}"),
+        )
+    }
+}
+
+/// `GET /livez/pools/NAME` and `GET /readyz/pools/NAME`: the pool's signal,
+/// with the status code of the liveness or readiness view of it (404 for an
+/// unknown pool).
+fn pool_probe_answer(path: &str, rt: &Runtime) -> Response<AdminBody> {
+    let Some((live, name)) = pool_probe(path) else {
+        return text(StatusCode::NOT_FOUND, "text/plain", "not found\n".into());
+    };
+    let gw = rt.gateway.load();
+    match gw.pools.iter().find(|p| &*p.name == name) {
+        None => text(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("no pool named `{name}`\n"),
+        ),
+        Some(pool) => {
+            let signal = pool.signal(std::time::Instant::now());
+            let status = if live {
+                signal.livez_status()
+            } else {
+                signal.readyz_status()
+            };
+            text(status, "text/plain", format!("{}\n", signal.as_str()))
+        }
+    }
+}
+
+/// `POST /reload`: rebuilds the gateway from its configuration and answers
+/// with the outcome (applied, unchanged, or the configuration's errors).
+async fn reload(rt: &Arc<Runtime>) -> Response<AdminBody> {
+    let rt = rt.clone();
+    // Building a gateway reads files and resolves names: off the loop.
+    let outcome = tokio::task::spawn_blocking(move || rt.reload(true)).await;
+    match outcome {
+        Ok(Ok(ReloadOutcome::Applied {
+            version,
+            restart_needed,
+        })) => json_response(
+            StatusCode::OK,
+            json!({"result": "ok", "version": version, "restart_needed": restart_needed}),
+        ),
+        Ok(Ok(ReloadOutcome::Unchanged)) => {
+            json_response(StatusCode::OK, json!({"result": "unchanged"}))
+        }
+        Ok(Err(errors)) => json_response(
+            StatusCode::BAD_REQUEST,
+            json!({
+                "result": "invalid",
+                "errors": errors.0.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            }),
+        ),
+        Err(_) => json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"result": "error"}),
+        ),
     }
 }
 

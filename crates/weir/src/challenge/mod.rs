@@ -219,102 +219,19 @@ pub struct Challenger {
 }
 
 impl Challenger {
+    /// Validates `c` and builds the challenge from it; the first invalid
+    /// setting is the error.
     pub fn new(c: &ChallengeConfig) -> Result<Challenger, ChallengeConfigError> {
-        let range = |key, ok: bool, value: String, range| {
-            if ok {
-                Ok(())
-            } else {
-                Err(ChallengeConfigError::OutOfRange { key, value, range })
-            }
-        };
-        let secs = |d: &crate::config::ConfigDuration| format!("{d:?}");
-        range(
-            "pass_ttl",
-            (60..=7 * 86400).contains(&c.pass_ttl.0.as_secs()),
-            secs(&c.pass_ttl),
-            "1m ..= 7days",
-        )?;
-        range(
-            "solve_ttl",
-            (10..=3600).contains(&c.solve_ttl.0.as_secs()),
-            secs(&c.solve_ttl),
-            "10s ..= 1h",
-        )?;
-        range(
-            "difficulty",
-            (8..=pow::MAX_BITS).contains(&c.difficulty),
-            c.difficulty.to_string(),
-            "8 ..= 28",
-        )?;
-        range(
-            "max_difficulty",
-            (c.difficulty..=pow::MAX_BITS).contains(&c.max_difficulty),
-            c.max_difficulty.to_string(),
-            "difficulty ..= 28",
-        )?;
-        let p = &c.pressure;
-        range(
-            "pressure.queue_depth",
-            p.queue_depth >= 4,
-            p.queue_depth.to_string(),
-            ">= 4 (disengage is below a quarter of it)",
-        )?;
-        range("pressure.wait", !p.wait.0.is_zero(), secs(&p.wait), "> 0")?;
-        range(
-            "no_script_delay",
-            (1..=60).contains(&c.no_script_delay.0.as_secs()),
-            secs(&c.no_script_delay),
-            "1s ..= 1m",
-        )?;
+        check_ranges(c)?;
         let no_script_delay = c.no_script.then_some(c.no_script_delay.0);
-        range(
-            "pressure.step_after",
-            !p.step_after.0.is_zero(),
-            secs(&p.step_after),
-            "> 0",
-        )?;
-        let name_ok = !c.cookie_name.is_empty()
-            && c.cookie_name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !name_ok {
-            return Err(ChallengeConfigError::CookieName(c.cookie_name.clone()));
-        }
-        check_paths("exempt_paths", &c.exempt_paths, true)?;
-        check_paths("exempt_prefixes", &c.exempt_prefixes, true)?;
-        if c.exempt_suffixes.is_some() {
-            return Err(ChallengeConfigError::SuffixesRemoved);
-        }
-        check_paths("exempt_query_keys", &c.exempt_query_keys, false)?;
+        check_cookie_name(&c.cookie_name)?;
+        check_exemptions(c)?;
         let allow =
             TrustedProxies::parse(&c.allow_cidrs).map_err(|source| ChallengeConfigError::Cidr {
                 key: "allow_cidrs".into(),
                 source,
             })?;
-        let mut good_bots = Vec::with_capacity(c.good_bots.len());
-        for (i, bot) in c.good_bots.iter().enumerate() {
-            if bot.user_agent.trim().len() < 3 {
-                return Err(ChallengeConfigError::BotUserAgent {
-                    index: i,
-                    value: bot.user_agent.clone(),
-                });
-            }
-            let networks = if bot.cidrs.is_empty() {
-                None
-            } else {
-                Some(TrustedProxies::parse(&bot.cidrs).map_err(|source| {
-                    ChallengeConfigError::Cidr {
-                        key: format!("good_bots[{i}].cidrs"),
-                        source,
-                    }
-                })?)
-            };
-            good_bots.push(GoodBot {
-                name: bot.name.clone(),
-                user_agent: bot.user_agent.clone(),
-                networks,
-            });
-        }
+        let good_bots = parse_good_bots(c)?;
         Ok(Challenger {
             token_keys: Keyring::new(&c.keys, Purpose::PassToken)?,
             pow_keys: Keyring::new(&c.keys, Purpose::PowChallenge)?,
@@ -781,6 +698,118 @@ fn check_paths(
         }
     }
     Ok(())
+}
+
+/// Checks that the challenge's durations, difficulties and pressure
+/// settings are within their ranges; the first one out of range is the
+/// error.
+fn check_ranges(c: &ChallengeConfig) -> Result<(), ChallengeConfigError> {
+    let range = |key, ok: bool, value: String, range| {
+        if ok {
+            Ok(())
+        } else {
+            Err(ChallengeConfigError::OutOfRange { key, value, range })
+        }
+    };
+    let secs = |d: &crate::config::ConfigDuration| format!("{d:?}");
+    range(
+        "pass_ttl",
+        (60..=7 * 86400).contains(&c.pass_ttl.0.as_secs()),
+        secs(&c.pass_ttl),
+        "1m ..= 7days",
+    )?;
+    range(
+        "solve_ttl",
+        (10..=3600).contains(&c.solve_ttl.0.as_secs()),
+        secs(&c.solve_ttl),
+        "10s ..= 1h",
+    )?;
+    range(
+        "difficulty",
+        (8..=pow::MAX_BITS).contains(&c.difficulty),
+        c.difficulty.to_string(),
+        "8 ..= 28",
+    )?;
+    range(
+        "max_difficulty",
+        (c.difficulty..=pow::MAX_BITS).contains(&c.max_difficulty),
+        c.max_difficulty.to_string(),
+        "difficulty ..= 28",
+    )?;
+    let p = &c.pressure;
+    range(
+        "pressure.queue_depth",
+        p.queue_depth >= 4,
+        p.queue_depth.to_string(),
+        ">= 4 (disengage is below a quarter of it)",
+    )?;
+    range("pressure.wait", !p.wait.0.is_zero(), secs(&p.wait), "> 0")?;
+    range(
+        "no_script_delay",
+        (1..=60).contains(&c.no_script_delay.0.as_secs()),
+        secs(&c.no_script_delay),
+        "1s ..= 1m",
+    )?;
+    range(
+        "pressure.step_after",
+        !p.step_after.0.is_zero(),
+        secs(&p.step_after),
+        "> 0",
+    )
+}
+
+/// A cookie name weir can set without quoting: non-empty ASCII letters,
+/// digits, `_` and `-`.
+fn check_cookie_name(name: &str) -> Result<(), ChallengeConfigError> {
+    let name_ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !name_ok {
+        return Err(ChallengeConfigError::CookieName(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// Checks the exempt paths, prefixes and query keys, and refuses the
+/// removed `exempt_suffixes`.
+fn check_exemptions(c: &ChallengeConfig) -> Result<(), ChallengeConfigError> {
+    check_paths("exempt_paths", &c.exempt_paths, true)?;
+    check_paths("exempt_prefixes", &c.exempt_prefixes, true)?;
+    if c.exempt_suffixes.is_some() {
+        return Err(ChallengeConfigError::SuffixesRemoved);
+    }
+    check_paths("exempt_query_keys", &c.exempt_query_keys, false)
+}
+
+/// The `good_bots` entries: each needs a User-Agent of at least three
+/// characters, and its `cidrs` (when given) must parse.
+fn parse_good_bots(c: &ChallengeConfig) -> Result<Vec<GoodBot>, ChallengeConfigError> {
+    let mut good_bots = Vec::with_capacity(c.good_bots.len());
+    for (i, bot) in c.good_bots.iter().enumerate() {
+        if bot.user_agent.trim().len() < 3 {
+            return Err(ChallengeConfigError::BotUserAgent {
+                index: i,
+                value: bot.user_agent.clone(),
+            });
+        }
+        let networks = if bot.cidrs.is_empty() {
+            None
+        } else {
+            Some(TrustedProxies::parse(&bot.cidrs).map_err(|source| {
+                ChallengeConfigError::Cidr {
+                    key: format!("good_bots[{i}].cidrs"),
+                    source,
+                }
+            })?)
+        };
+        good_bots.push(GoodBot {
+            name: bot.name.clone(),
+            user_agent: bot.user_agent.clone(),
+            networks,
+        });
+    }
+    Ok(good_bots)
 }
 
 #[cfg(test)]

@@ -272,98 +272,11 @@ fn compile_rules(
             errors.push(loaded.error_at(&at.key("name"), "a rule needs a name"));
         }
         let exempt = exemptions(loaded, &at, d, errors);
-        let mut methods = Vec::new();
-        for (j, m) in d.methods.iter().enumerate() {
-            match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
-                Ok(m) => methods.push(m),
-                Err(_) => errors.push(loaded.error_at(
-                    &at.key("methods").index(j),
-                    format!("`{m}` is not an HTTP method"),
-                )),
-            }
-        }
-        let mut levels = Vec::new();
-        let mut concurrency = None;
-        match d.kind {
-            RuleKind::Rate => {
-                if d.limits.is_empty() {
-                    errors.push(loaded.error_at(
-                        &at.key("limits"),
-                        "a rate rule needs at least one entry in `limits`",
-                    ));
-                }
-                if d.limits.len() > rules::MAX_LEVELS {
-                    errors.push(loaded.error_at(
-                        &at.key("limits"),
-                        format!("at most {} levels per rule", rules::MAX_LEVELS),
-                    ));
-                }
-                if d.per.is_some() || d.max.is_some() {
-                    errors.push(loaded.error_at(
-                        &at.key("type"),
-                        "`per` and `max` belong to concurrency rules; rate rules use `limits`",
-                    ));
-                }
-                for (j, l) in d.limits.iter().enumerate() {
-                    let lat = at.key("limits").index(j);
-                    let key = match KeyKind::parse(&l.per) {
-                        Ok(k) => k,
-                        Err(e) => {
-                            errors.push(loaded.error_at(&lat.key("per"), e));
-                            continue;
-                        }
-                    };
-                    if l.window.0 > MAX_WINDOW {
-                        errors.push(loaded.error_at(
-                            &lat.key("window"),
-                            format!("{:?} is longer than a day", l.window),
-                        ));
-                        continue;
-                    }
-                    let burst = l.burst.unwrap_or(l.rate);
-                    match Quota::new(l.rate, l.window.0, burst) {
-                        Ok(quota) => levels.push(LevelDef {
-                            fingerprint: rules::fingerprint(&[
-                                class,
-                                &d.name,
-                                &l.per,
-                                &l.rate.to_string(),
-                                &l.window.0.as_nanos().to_string(),
-                                &burst.to_string(),
-                            ]),
-                            key,
-                            quota,
-                        }),
-                        Err(e) => errors.push(loaded.error_at(&lat, e.to_string())),
-                    }
-                }
-            }
-            RuleKind::Concurrency => {
-                if !d.limits.is_empty() {
-                    errors.push(loaded.error_at(
-                        &at.key("limits"),
-                        "concurrency rules use `per` and `max`, not `limits`",
-                    ));
-                }
-                match (&d.per, d.max) {
-                    (Some(per), Some(max)) if max > 0 => match KeyKind::parse(per) {
-                        Ok(k) => {
-                            concurrency = Some((
-                                k,
-                                max,
-                                rules::fingerprint(&[class, &d.name, per, "concurrency"]),
-                            ))
-                        }
-                        Err(e) => errors.push(loaded.error_at(&at.key("per"), e)),
-                    },
-                    (_, Some(0)) => {
-                        errors.push(loaded.error_at(&at.key("max"), "must be at least 1"))
-                    }
-                    _ => errors
-                        .push(loaded.error_at(&at, "a concurrency rule needs `per` and `max`")),
-                }
-            }
-        }
+        let methods = rule_methods(loaded, &at, d, errors);
+        let (levels, concurrency) = match d.kind {
+            RuleKind::Rate => (rate_levels(loaded, &at, class, d, errors), None),
+            RuleKind::Concurrency => (Vec::new(), concurrency_limit(loaded, &at, class, d, errors)),
+        };
         if errors.len() == before {
             out.push(RuleDef {
                 name: d.name.clone(),
@@ -377,6 +290,126 @@ fn compile_rules(
         }
     }
     out
+}
+
+/// The rule's `methods`, upper-cased and parsed; each one that is not an
+/// HTTP method is an error (and left out).
+fn rule_methods(
+    loaded: &LoadedConfig,
+    at: &KeyPath,
+    d: &crate::config::RuleConfig,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<http::Method> {
+    let mut methods = Vec::new();
+    for (j, m) in d.methods.iter().enumerate() {
+        match http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+            Ok(m) => methods.push(m),
+            Err(_) => errors.push(loaded.error_at(
+                &at.key("methods").index(j),
+                format!("`{m}` is not an HTTP method"),
+            )),
+        }
+    }
+    methods
+}
+
+/// A rate rule's levels from its `limits` (at least one, at most
+/// `rules::MAX_LEVELS`, no window over a day), each with the fingerprint
+/// that ties its state to this class, rule and quota; a level with an
+/// error is reported and left out.
+fn rate_levels(
+    loaded: &LoadedConfig,
+    at: &KeyPath,
+    class: &str,
+    d: &crate::config::RuleConfig,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<LevelDef> {
+    if d.limits.is_empty() {
+        errors.push(loaded.error_at(
+            &at.key("limits"),
+            "a rate rule needs at least one entry in `limits`",
+        ));
+    }
+    if d.limits.len() > rules::MAX_LEVELS {
+        errors.push(loaded.error_at(
+            &at.key("limits"),
+            format!("at most {} levels per rule", rules::MAX_LEVELS),
+        ));
+    }
+    if d.per.is_some() || d.max.is_some() {
+        errors.push(loaded.error_at(
+            &at.key("type"),
+            "`per` and `max` belong to concurrency rules; rate rules use `limits`",
+        ));
+    }
+    let mut levels = Vec::new();
+    for (j, l) in d.limits.iter().enumerate() {
+        let lat = at.key("limits").index(j);
+        let key = match KeyKind::parse(&l.per) {
+            Ok(k) => k,
+            Err(e) => {
+                errors.push(loaded.error_at(&lat.key("per"), e));
+                continue;
+            }
+        };
+        if l.window.0 > MAX_WINDOW {
+            errors.push(loaded.error_at(
+                &lat.key("window"),
+                format!("{:?} is longer than a day", l.window),
+            ));
+            continue;
+        }
+        let burst = l.burst.unwrap_or(l.rate);
+        match Quota::new(l.rate, l.window.0, burst) {
+            Ok(quota) => levels.push(LevelDef {
+                fingerprint: rules::fingerprint(&[
+                    class,
+                    &d.name,
+                    &l.per,
+                    &l.rate.to_string(),
+                    &l.window.0.as_nanos().to_string(),
+                    &burst.to_string(),
+                ]),
+                key,
+                quota,
+            }),
+            Err(e) => errors.push(loaded.error_at(&lat, e.to_string())),
+        }
+    }
+    levels
+}
+
+/// A concurrency rule's key, `max` (at least 1) and fingerprint, from its
+/// `per` and `max`; `None` (with the errors reported) when they are missing
+/// or invalid.
+fn concurrency_limit(
+    loaded: &LoadedConfig,
+    at: &KeyPath,
+    class: &str,
+    d: &crate::config::RuleConfig,
+    errors: &mut Vec<ConfigError>,
+) -> Option<(KeyKind, u32, RuleFingerprint)> {
+    if !d.limits.is_empty() {
+        errors.push(loaded.error_at(
+            &at.key("limits"),
+            "concurrency rules use `per` and `max`, not `limits`",
+        ));
+    }
+    match (&d.per, d.max) {
+        (Some(per), Some(max)) if max > 0 => match KeyKind::parse(per) {
+            Ok(k) => {
+                return Some((
+                    k,
+                    max,
+                    rules::fingerprint(&[class, &d.name, per, "concurrency"]),
+                ));
+            }
+            Err(e) => errors.push(loaded.error_at(&at.key("per"), e)),
+        },
+        (_, Some(0)) => errors.push(loaded.error_at(&at.key("max"), "must be at least 1")),
+        _ => errors.push(loaded.error_at(at, "a concurrency rule needs `per` and `max`")),
+    }
+    None
 }
 
 /// What exempts from a rule (`exempt`): `verified` sessions and, when named,

@@ -245,80 +245,21 @@ impl Pool {
         if let Some(h) = &def.health {
             check_health(h, &mut errors);
         }
-        // An unchanged queue is kept: its in-flight count and waiters stay
-        // true across the reload (a new one would let the app get twice the
-        // limit while old requests finish).
-        let kept_queue = previous
-            .filter(|p| p.definition.admission == def.admission)
-            .and_then(|p| p.admission.clone());
         // A pool without `[pools.NAME.admission]` gets the defaults: the
         // limit learned from latency, so an unconfigured weir already keeps
         // a flooded app within what it serves.
         let settings = def.admission.clone().unwrap_or_default();
-        let admission = match kept_queue {
-            Some(q) => Some(q),
-            None if !settings.enabled => None,
-            None => build_admission(&settings, &mut errors),
-        };
-        let retry_budget = match RetryBudget::new(
-            RetryBudgetConfig {
-                ratio: def.retry_budget.ratio,
-                min_per_second: def.retry_budget.min_per_second,
-                window: def.retry_budget.window.0,
-            },
+        let admission = admission_queue(def, &settings, previous, &mut errors);
+        let retry_budget = build_retry_budget(def, now, &mut errors);
+        let slow_start = slow_start_config(def, &settings, admission.as_ref());
+        let servers = build_servers(
+            def,
+            previous,
+            &health_config,
+            slow_start.as_ref(),
             now,
-        ) {
-            Ok(b) => Some(b),
-            Err(e) => {
-                errors.push((0, e.into()));
-                None
-            }
-        };
-        let slow_start = match &admission {
-            Some(q) if !settings.slow_start.0.is_zero() => {
-                let servers = def.servers.len().max(1);
-                let share = q.limit().div_ceil(servers).max(1);
-                Some(SlowStartConfig {
-                    target: u32::try_from(share).unwrap_or(u32::MAX),
-                    min_duration: settings.slow_start.0,
-                    ..SlowStartConfig::default()
-                })
-            }
-            _ => None,
-        };
-        let mut servers = Vec::new();
-        for (i, s) in def.servers.iter().enumerate() {
-            match resolve(s) {
-                Ok(addr) => match Authority::try_from(addr.to_string()) {
-                    Ok(authority) => {
-                        let kept = previous.and_then(|p| {
-                            (p.definition.health == def.health)
-                                .then(|| p.servers.iter().find(|o| o.addr == addr).cloned())
-                                .flatten()
-                        });
-                        let server = match kept {
-                            Some(s) => s,
-                            None => {
-                                let server =
-                                    Server::new(addr, authority, health_config.clone(), now);
-                                // A server added by a reload is new to traffic:
-                                // ramp it in. At start-up the app is assumed warm.
-                                if previous.is_some()
-                                    && let Some(cfg) = &slow_start
-                                {
-                                    server.lock().slow_start =
-                                        SlowStart::new(cfg.clone(), now).ok();
-                                }
-                                Arc::new(server)
-                            }
-                        };
-                        servers.push(server);
-                    }
-                    Err(_) => errors.push((i, PoolError::BadServer(s.clone()))),
-                },
-                Err(e) => errors.push((i, e)),
-            }
-        }
+            &mut errors,
+        );
         let Some(retry_budget) = retry_budget else {
             return Err(errors);
         };
@@ -620,6 +561,118 @@ impl Pool {
         }
         q.set_capacity(capped.then_some(total.max(1)));
     }
+}
+
+/// The pool's admission queue: `previous`'s when its `[admission]` is
+/// unchanged, none when `settings` disable it, else a new one.
+fn admission_queue(
+    def: &PoolConfig,
+    settings: &AdmissionSettings,
+    previous: Option<&Pool>,
+    errors: &mut Vec<(usize, PoolError)>,
+) -> Option<AdmissionQueue> {
+    // An unchanged queue is kept: its in-flight count and waiters stay
+    // true across the reload (a new one would let the app get twice the
+    // limit while old requests finish).
+    let kept_queue = previous
+        .filter(|p| p.definition.admission == def.admission)
+        .and_then(|p| p.admission.clone());
+    match kept_queue {
+        Some(q) => Some(q),
+        None if !settings.enabled => None,
+        None => build_admission(settings, errors),
+    }
+}
+
+/// The pool's retry budget from `[retry_budget]`; `None` (with the error
+/// reported) when its settings are invalid.
+fn build_retry_budget(
+    def: &PoolConfig,
+    now: Instant,
+    errors: &mut Vec<(usize, PoolError)>,
+) -> Option<RetryBudget> {
+    match RetryBudget::new(
+        RetryBudgetConfig {
+            ratio: def.retry_budget.ratio,
+            min_per_second: def.retry_budget.min_per_second,
+            window: def.retry_budget.window.0,
+        },
+        now,
+    ) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            errors.push((0, e.into()));
+            None
+        }
+    }
+}
+
+/// How servers new to a pool ramp in: up to each server's share of the
+/// admission limit over `admission.slow_start`. `None` without an
+/// admission queue or with a zero `slow_start`.
+fn slow_start_config(
+    def: &PoolConfig,
+    settings: &AdmissionSettings,
+    admission: Option<&AdmissionQueue>,
+) -> Option<SlowStartConfig> {
+    match admission {
+        Some(q) if !settings.slow_start.0.is_zero() => {
+            let servers = def.servers.len().max(1);
+            let share = q.limit().div_ceil(servers).max(1);
+            Some(SlowStartConfig {
+                target: u32::try_from(share).unwrap_or(u32::MAX),
+                min_duration: settings.slow_start.0,
+                ..SlowStartConfig::default()
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The pool's servers, each resolved: `previous`'s own server for an
+/// address it already had (when its health checks are unchanged), else a
+/// new one, which ramps in with `slow_start` when a reload adds it. A
+/// server that does not resolve is reported with its index.
+fn build_servers(
+    def: &PoolConfig,
+    previous: Option<&Pool>,
+    health_config: &HealthConfig,
+    slow_start: Option<&SlowStartConfig>,
+    now: Instant,
+    errors: &mut Vec<(usize, PoolError)>,
+) -> Vec<Arc<Server>> {
+    let mut servers = Vec::new();
+    for (i, s) in def.servers.iter().enumerate() {
+        match resolve(s) {
+            Ok(addr) => match Authority::try_from(addr.to_string()) {
+                Ok(authority) => {
+                    let kept = previous.and_then(|p| {
+                        (p.definition.health == def.health)
+                            .then(|| p.servers.iter().find(|o| o.addr == addr).cloned())
+                            .flatten()
+                    });
+                    let server = match kept {
+                        Some(s) => s,
+                        None => {
+                            let server = Server::new(addr, authority, health_config.clone(), now);
+                            // A server added by a reload is new to traffic:
+                            // ramp it in. At start-up the app is assumed warm.
+                            if previous.is_some()
+                                && let Some(cfg) = slow_start
+                            {
+                                server.lock().slow_start = SlowStart::new(cfg.clone(), now).ok();
+                            }
+                            Arc::new(server)
+                        }
+                    };
+                    servers.push(server);
+                }
+                Err(_) => errors.push((i, PoolError::BadServer(s.clone()))),
+            },
+            Err(e) => errors.push((i, e)),
+        }
+    }
+    servers
 }
 
 fn health_config(h: &HealthCheckSettings) -> HealthConfig {
