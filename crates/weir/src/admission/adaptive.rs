@@ -296,37 +296,8 @@ impl GradientLimit {
         if short <= 0.0 {
             return;
         }
-        let long = match self.long_rtt {
-            None => {
-                self.windows_seen = 1;
-                short
-            }
-            Some(long) => {
-                // Plain mean while warming up, then an exponential average.
-                // Only a window the limit did not hold back, and that did
-                // not queue beyond the tolerance, enters the warm-up's
-                // mean: a flood that begins in weir's first seconds would
-                // otherwise be learned as the app's normal, and the app's
-                // own backlog kept full behind it. Other windows move the
-                // average at the slow rate, as after warm-up.
-                let calm = short <= cfg.tolerance * long && w.max_in_flight < self.limit();
-                if calm || self.windows_seen > WARM_UP_WINDOWS {
-                    self.windows_seen = self.windows_seen.saturating_add(1);
-                }
-                let n = self.windows_seen.min(cfg.long_window) as f64;
-                let alpha = if self.windows_seen <= WARM_UP_WINDOWS && calm {
-                    1.0 / n
-                } else {
-                    2.0 / (cfg.long_window as f64 + 1.0)
-                };
-                let mut long = long + alpha * (short - long);
-                if long / short > 2.0 {
-                    long *= 0.95;
-                }
-                long
-            }
-        };
-        self.long_rtt = Some(long);
+        let long = self.update_long(w, short);
+        let cfg = &self.config;
         // Congestion: latency beyond the tolerance by more than noise (a
         // 1 ms app answering in 2 ms is not queueing) and by more than
         // weir's own scheduler lag explains (an answer waits up to twice
@@ -372,6 +343,44 @@ impl GradientLimit {
             None => next,
         };
         self.limit = next.clamp(cfg.min as f64, cfg.max as f64);
+    }
+
+    /// Moves the long-term latency by a closed window's mean `short`, and
+    /// returns it.
+    fn update_long(&mut self, w: &Window, short: f64) -> f64 {
+        let cfg = &self.config;
+        let long = match self.long_rtt {
+            None => {
+                self.windows_seen = 1;
+                short
+            }
+            Some(long) => {
+                // Plain mean while warming up, then an exponential average.
+                // Only a window the limit did not hold back, and that did
+                // not queue beyond the tolerance, enters the warm-up's
+                // mean: a flood that begins in weir's first seconds would
+                // otherwise be learned as the app's normal, and the app's
+                // own backlog kept full behind it. Other windows move the
+                // average at the slow rate, as after warm-up.
+                let calm = short <= cfg.tolerance * long && w.max_in_flight < self.limit();
+                if calm || self.windows_seen > WARM_UP_WINDOWS {
+                    self.windows_seen = self.windows_seen.saturating_add(1);
+                }
+                let n = self.windows_seen.min(cfg.long_window) as f64;
+                let alpha = if self.windows_seen <= WARM_UP_WINDOWS && calm {
+                    1.0 / n
+                } else {
+                    2.0 / (cfg.long_window as f64 + 1.0)
+                };
+                let mut long = long + alpha * (short - long);
+                if long / short > 2.0 {
+                    long *= 0.95;
+                }
+                long
+            }
+        };
+        self.long_rtt = Some(long);
+        long
     }
 
     /// Whether the limit is probing: doubling while every slot is used.
