@@ -707,6 +707,23 @@ fn check_health(h: &HealthCheckSettings, errors: &mut Vec<(usize, PoolError)>) {
     }
 }
 
+/// The standard lanes with a pool's depths, wait and shares.
+fn pool_lanes(a: &AdmissionSettings, bots_share: Share, anonymous_share: Share) -> Lanes {
+    let standard = Lanes::standard();
+    let specs = standard.iter().map(|(lane, spec)| LaneSpec {
+        name: spec.name.clone(),
+        max_depth: spec.max_depth.min(a.max_queued),
+        max_wait: a.queue_timeout.0,
+        share: match lane {
+            Lane::BOTS => bots_share,
+            Lane::ANONYMOUS => anonymous_share,
+            _ => spec.share,
+        },
+        yields_to_proof: spec.yields_to_proof,
+    });
+    Lanes::new(specs.collect()).unwrap_or(standard)
+}
+
 fn build_admission(
     a: &AdmissionSettings,
     errors: &mut Vec<(usize, PoolError)>,
@@ -777,24 +794,7 @@ fn build_admission(
     if errors.len() > before {
         return None;
     }
-    let standard = Lanes::standard();
-    let lanes = Lanes::new(
-        standard
-            .iter()
-            .map(|(lane, spec)| LaneSpec {
-                name: spec.name.clone(),
-                max_depth: spec.max_depth.min(a.max_queued),
-                max_wait: a.queue_timeout.0,
-                share: match lane {
-                    Lane::BOTS => bots_share,
-                    Lane::ANONYMOUS => anonymous_share,
-                    _ => spec.share,
-                },
-                yields_to_proof: spec.yields_to_proof,
-            })
-            .collect(),
-    )
-    .unwrap_or(standard);
+    let lanes = pool_lanes(a, bots_share, anonymous_share);
     let config = QueueConfig {
         lanes,
         limit,
