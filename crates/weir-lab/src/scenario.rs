@@ -1349,6 +1349,6 @@ rate = 1.0
                 n += 1;
             }
         }
-        assert_eq!(n, 6);
+        assert_eq!(n, 7);
     }
 }
