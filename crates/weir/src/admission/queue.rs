@@ -233,9 +233,20 @@ struct Shared {
 
 struct Grant {
     tx: oneshot::Sender<Result<Permit, Shed>>,
+    granted: Granted,
+}
+
+/// How a slot was granted: what its permit reports when it ends.
+#[derive(Debug, Clone, Copy)]
+struct Granted {
     lane: Lane,
     waited: Duration,
+    /// Requests in flight with this one.
     in_flight: usize,
+    /// Whether this one took the limit's last slot (or a waiter's turn):
+    /// the app then holds all weir lets it have, and may be queueing, so
+    /// the answer's latency is no measure of what its shape costs unqueued.
+    at_limit: bool,
 }
 
 struct Evicted {
@@ -412,17 +423,21 @@ impl AdmissionQueue {
         let mut evicted = Vec::new();
         let queued = {
             let mut st = shared.lock();
-            if st.queued == 0 && st.in_flight < shared.limit(&st) {
+            let limit = shared.limit(&st);
+            if st.queued == 0 && st.in_flight < limit {
                 st.in_flight += 1;
                 st.lanes[lane.index()].counters.admitted += 1;
                 let in_flight = st.in_flight;
                 drop(st);
                 return Ok(Queued::Admitted(Permit::new(
                     shared.clone(),
-                    lane,
-                    Duration::ZERO,
+                    Granted {
+                        lane,
+                        waited: Duration::ZERO,
+                        in_flight,
+                        at_limit: in_flight >= limit,
+                    },
                     now,
-                    in_flight,
                 )));
             }
             let refused = if deadline <= now {
@@ -691,9 +706,12 @@ impl Shared {
             st.lanes[i].counters.waited += waited;
             grants.push(Grant {
                 tx: waiter.tx,
-                lane: Lane::from_index(i),
-                waited,
-                in_flight: st.in_flight,
+                granted: Granted {
+                    lane: Lane::from_index(i),
+                    waited,
+                    in_flight: st.in_flight,
+                    at_limit: true,
+                },
             });
         }
         grants
@@ -719,7 +737,7 @@ impl Shared {
                 self.take_grants(&mut st, now)
             };
             for g in grants {
-                let permit = Permit::new(self.clone(), g.lane, g.waited, now, g.in_flight);
+                let permit = Permit::new(self.clone(), g.granted, now);
                 if let Err(Ok(mut unsent)) = g.tx.send(Ok(permit)) {
                     // The waiter left between being popped and told: take the
                     // slot back here rather than recursing through Drop.
@@ -800,10 +818,8 @@ struct Released {
 #[must_use = "dropping a permit frees its slot at once"]
 pub struct Permit {
     shared: Option<Arc<Shared>>,
-    lane: Lane,
-    waited: Duration,
+    granted: Granted,
     granted_at: Instant,
-    in_flight: usize,
     outcome: Outcome,
     shape: Option<Shape>,
 }
@@ -811,26 +827,18 @@ pub struct Permit {
 impl std::fmt::Debug for Permit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Permit")
-            .field("lane", &self.lane)
-            .field("waited", &self.waited)
+            .field("lane", &self.granted.lane)
+            .field("waited", &self.granted.waited)
             .finish()
     }
 }
 
 impl Permit {
-    fn new(
-        shared: Arc<Shared>,
-        lane: Lane,
-        waited: Duration,
-        now: Instant,
-        in_flight: usize,
-    ) -> Permit {
+    fn new(shared: Arc<Shared>, granted: Granted, now: Instant) -> Permit {
         Permit {
             shared: Some(shared),
-            lane,
-            waited,
+            granted,
             granted_at: now,
-            in_flight,
             outcome: Outcome::Abandoned,
             shape: None,
         }
@@ -842,12 +850,12 @@ impl Permit {
     }
 
     pub fn lane(&self) -> Lane {
-        self.lane
+        self.granted.lane
     }
 
     /// Time spent in the queue before the slot was granted (zero if none).
     pub fn waited(&self) -> Duration {
-        self.waited
+        self.granted.waited
     }
 
     /// Frees the slot, telling the adaptive limit how the request went.
@@ -863,13 +871,14 @@ impl Drop for Permit {
             // flood of slow pages is not mistaken for queueing.
             let outcome = match (self.shape, self.outcome) {
                 (Some(shape), Outcome::Answered(latency)) => {
-                    Outcome::Answered(shared.shapes.record(shape, latency))
+                    let queued = self.granted.at_limit;
+                    Outcome::Answered(shared.shapes.record(shape, latency, queued))
                 }
                 (_, outcome) => outcome,
             };
             shared.release(Released {
                 granted_at: self.granted_at,
-                in_flight: self.in_flight,
+                in_flight: self.granted.in_flight,
                 outcome,
             });
         }

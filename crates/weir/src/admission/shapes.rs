@@ -131,8 +131,13 @@ struct Cost {
 }
 
 impl Cost {
-    fn add(&mut self, secs: f64) {
+    /// Counts one answer of `secs`; `at_limit`: it was sent while the app
+    /// held all weir lets it have (see [`ShapeCosts::record`]).
+    fn add(&mut self, secs: f64, at_limit: bool) {
         self.samples = self.samples.saturating_add(1);
+        if at_limit && self.samples > MIN_SAMPLES && secs > self.floor_secs {
+            return;
+        }
         // The first answers (until the shape can be judged) are a plain
         // mean, then the asymmetric average: a plain mean any longer would
         // let a flood's queueing lift a cheap page's floor within a hundred
@@ -182,7 +187,16 @@ impl ShapeCosts {
     /// returns the latency the adaptive limit should see: `latency` scaled
     /// from its shape's floor to the pool's typical latency (unchanged while
     /// the shape has too few answers).
-    pub fn record(&self, shape: Shape, latency: Duration) -> Duration {
+    ///
+    /// `at_limit`: the request was sent at the admission limit, so it may
+    /// have queued in the app. Such an answer may lower a judged shape's
+    /// floor, never raise it: a flood keeps the app at its limit for as
+    /// long as it lasts, and the pages answered all that while (the
+    /// shape answered most) crept up by their queueing until they were
+    /// judged expensive, while a shape answered rarely kept its floor
+    /// (seen in the 2026-09-23 replay: pages from 33 ms to 50 ms in nine
+    /// seconds, and a carrier's people behind the crawlers).
+    pub fn record(&self, shape: Shape, latency: Duration, at_limit: bool) -> Duration {
         let secs = latency.as_secs_f64().max(1e-6);
         let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let t = &mut *guard;
@@ -202,7 +216,7 @@ impl ShapeCosts {
                     floor_secs: secs,
                     samples: 0,
                 })
-                .add(secs);
+                .add(secs, at_limit);
         }
         if t.answers % CHEAPEST_EVERY == 1 || t.cheapest_secs.is_none() {
             t.cheapest_secs = (t.shapes.values())
@@ -327,7 +341,7 @@ mod tests {
 
     fn learn(costs: &ShapeCosts, path: &str, ms: u64, n: u32) {
         for _ in 0..n {
-            costs.record(shape(path), Duration::from_millis(ms));
+            costs.record(shape(path), Duration::from_millis(ms), false);
         }
     }
 
@@ -348,7 +362,7 @@ mod tests {
         learn(&costs, "/w/index.php?search=a", 400, 100);
         let seen = |path: &str, ms: u64| {
             costs
-                .record(shape(path), Duration::from_millis(ms))
+                .record(shape(path), Duration::from_millis(ms), false)
                 .as_secs_f64()
         };
         // Unqueued, a search and a page look alike to the limit.
@@ -383,6 +397,36 @@ mod tests {
         learn(&costs, "/w/index.php?search=a", 100, 30);
         learn(&costs, "/wiki/Page", 400, 150);
         assert!(!costs.is_expensive(shape("/wiki/Other")));
+    }
+
+    /// Regression (2026-09-23 replay, weir's defaults): through the flood
+    /// the app was always at weir's limit, so every page waited a little in
+    /// its backlog. The pages (most answers) crept up from 33 ms until they
+    /// were judged expensive beside a login answered rarely at 6 ms, and
+    /// waited behind the crawlers; a carrier's people timed out.
+    #[test]
+    fn answers_at_the_limit_never_raise_a_floor() {
+        let run = |at_limit: bool| {
+            let costs = ShapeCosts::new();
+            learn(&costs, "/wiki/Page", 35, 300);
+            learn(&costs, "/w/index.php?title=Special:UserLogin", 6, 30);
+            learn(&costs, "/w/index.php?search=a", 250, 50);
+            for _ in 0..1500 {
+                let page = shape("/wiki/Page");
+                costs.record(page, Duration::from_millis(100), at_limit);
+            }
+            let search = shape("/w/index.php?search=b");
+            (
+                costs.is_expensive(shape("/wiki/Other")),
+                costs.is_expensive(search),
+            )
+        };
+        assert_eq!(run(true), (false, true), "the flood's queueing ignored");
+        assert_eq!(
+            run(false),
+            (true, true),
+            "unqueued, a slower page is learned"
+        );
     }
 
     #[test]
@@ -421,6 +465,7 @@ mod tests {
             costs.record(
                 shape(&format!("/w/index.php?k{i}=1")),
                 Duration::from_millis(20),
+                false,
             );
         }
         let t = costs.table.lock().unwrap();

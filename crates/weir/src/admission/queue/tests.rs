@@ -660,3 +660,48 @@ async fn a_flood_of_cheap_requests_does_not_starve_the_anonymous_lane() {
     assert_eq!(anonymous_grants_behind(true, true).await, [41, 42, 43]);
     assert_eq!(anonymous_grants_behind(false, false).await, [41, 42, 43]);
 }
+
+/// A page answered in 100 ms while another request holds the limit's other
+/// slot was granted at the limit: its queueing in the app must not raise
+/// the pages' floor (the 2026-09-23 replay's pages, judged expensive). The
+/// same answers with a slot to spare teach the pages their new cost.
+#[tokio::test(start_paused = true)]
+async fn answers_granted_at_the_limit_do_not_raise_a_shapes_floor() {
+    use weir_http::target::{PathPolicy, Target};
+    let shape = |path: &str| {
+        let target = Target::parse("GET", path, Some("a.example"), PathPolicy::default());
+        Shape::of(&target.unwrap())
+    };
+    let answer = async |q: &AdmissionQueue, path: &str, ms: u64| {
+        let mut p = now_acquire(q, Lane::PASS, key(10, 0, 0, 1)).await.unwrap();
+        p.learn(shape(path));
+        p.complete(Outcome::Answered(Duration::from_millis(ms)));
+    };
+    let page_after_flood = async |at_limit: bool| {
+        let q = queue(2);
+        for _ in 0..300 {
+            answer(&q, "/wiki/Page", 35).await;
+        }
+        for _ in 0..30 {
+            answer(&q, "/login", 6).await;
+        }
+        // The other slot, held through the flood (or not).
+        let held = at_limit.then(|| now_acquire(&q, Lane::PASS, key(10, 0, 0, 2)));
+        let _held = match held {
+            Some(h) => Some(h.await.unwrap()),
+            None => None,
+        };
+        for _ in 0..1500 {
+            answer(&q, "/wiki/Page", 100).await;
+        }
+        q.shapes().is_expensive(shape("/wiki/Other"))
+    };
+    assert!(
+        !page_after_flood(true).await,
+        "queueing at the limit ignored"
+    );
+    assert!(
+        page_after_flood(false).await,
+        "a slower page, with room, learned"
+    );
+}
