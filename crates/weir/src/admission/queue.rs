@@ -208,6 +208,26 @@ struct LaneState {
     /// share with every grant that goes to a higher lane while it waits,
     /// up to one; a whole grant owed is served ahead of priority.
     deficit: f64,
+    /// Recent grants that went to this lane, as a fraction of all grants
+    /// (an exponential average, [`GRANT_SHARE_ALPHA`]): how much of the
+    /// slots a lane below it can expect to lose to arrivals here while it
+    /// waits ([`AdmissionQueue::expected_wait`]).
+    grant_share: f64,
+}
+
+/// Weight of one grant in the lanes' grant shares: a memory of about a
+/// hundred grants.
+const GRANT_SHARE_ALPHA: f64 = 0.01;
+
+impl State {
+    /// Counts one grant to lane `index`.
+    fn count_grant(&mut self, index: usize) {
+        self.lanes[index].counters.admitted += 1;
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            let to_it = if i == index { 1.0 } else { 0.0 };
+            lane.grant_share += GRANT_SHARE_ALPHA * (to_it - lane.grant_share);
+        }
+    }
 }
 
 struct State {
@@ -300,6 +320,7 @@ impl AdmissionQueue {
                 queue: FairQueue::new(),
                 counters: LaneCounters::default(),
                 deficit: 0.0,
+                grant_share: 0.0,
             })
             .collect();
         Ok(AdmissionQueue {
@@ -426,7 +447,7 @@ impl AdmissionQueue {
             let limit = shared.limit(&st);
             if st.queued == 0 && st.in_flight < limit {
                 st.in_flight += 1;
-                st.lanes[lane.index()].counters.admitted += 1;
+                st.count_grant(lane.index());
                 let in_flight = st.in_flight;
                 drop(st);
                 return Ok(Queued::Admitted(Permit::new(
@@ -476,9 +497,15 @@ impl AdmissionQueue {
     /// limit. The turns ahead are every waiter of a higher lane and, in its
     /// own lane, one turn of each network already waiting per round its own
     /// network needs (the round robin puts a newcomer's network behind every
-    /// network waiting, once per request of its own already queued). An
-    /// estimate to choose by (wait, or be asked for proof first), not a
-    /// promise: arrivals in higher lanes meanwhile come first.
+    /// network waiting, once per request of its own already queued). Those
+    /// own-lane turns are stretched by the arrivals in higher lanes that
+    /// will come first meanwhile: at the recent share of grants the higher
+    /// lanes took, `h`, the lane gets `1 - h` of the slots. (Without it the
+    /// estimate was half the wait or less under a flood, when cheap pages
+    /// take most grants: in the 2026-09-23 replay 37% of the challenges
+    /// came only after a person had waited out twice the pressure's wait.)
+    /// An estimate to choose by (wait, or be asked for proof first), not a
+    /// promise.
     pub fn expected_wait(&self, lane: Lane, key: &FairKey) -> Duration {
         let st = self.shared.lock();
         let limit = self.shared.limit(&st);
@@ -487,11 +514,16 @@ impl AdmissionQueue {
         }
         let lane = self.shared.config.lanes.clamp(lane).index();
         let higher: usize = st.lanes[..lane].iter().map(|l| l.queue.len()).sum();
+        let higher_share: f64 = st.lanes[..lane].iter().map(|l| l.grant_share).sum();
         let own = &st.lanes[lane].queue;
         let rounds = own.network_len(&key.network) + 1;
         let in_lane = (rounds * own.networks()).min(own.len());
+        // At least a twentieth of the slots: the lane's share, if any,
+        // and the deadline bound it anyway.
+        let own_share = (1.0 - higher_share).max(0.05);
+        let turns = higher as f64 + (in_lane + 1) as f64 / own_share;
         let hold = st.hold_secs.unwrap_or(1.0);
-        Duration::from_secs_f64(hold * (higher + in_lane + 1) as f64 / limit as f64)
+        Duration::from_secs_f64(hold * turns / limit as f64)
     }
 
     /// Caps the traffic limit at what the servers can take now (the sum of
@@ -702,7 +734,7 @@ impl Shared {
             st.queued -= 1;
             st.in_flight += 1;
             let waited = now.saturating_duration_since(waiter.enqueued);
-            st.lanes[i].counters.admitted += 1;
+            st.count_grant(i);
             st.lanes[i].counters.waited += waited;
             grants.push(Grant {
                 tx: waiter.tx,
