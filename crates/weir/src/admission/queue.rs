@@ -698,17 +698,29 @@ impl Shared {
     /// with waiters and a share is owed that much more of a grant (a share
     /// `s` is one grant after every `(1 − s) / s` others, so `s` of all).
     /// A lane whose share yields to proof counts only grants that did not
-    /// (`yields`: the request proved who it is, or its network holds no
-    /// backlog in its lane).
-    fn accrue_shares(&self, st: &mut State, granted: usize, yields: bool) {
-        let specs = self.config.lanes.iter().map(|(_, spec)| spec);
-        for (lane, spec) in st.lanes.iter_mut().zip(specs).skip(granted + 1) {
-            if spec.share.is_zero() || lane.queue.is_empty() || (yields && spec.yields_to_proof) {
+    /// (the request proved who it is, or its network holds no backlog in
+    /// its lane; looked up only when such a lane has waiters).
+    fn accrue_shares(&self, st: &mut State, granted: usize, waiter: &Waiter) {
+        let mut yields = None;
+        for (i, (_, spec)) in self.config.lanes.iter().enumerate().skip(granted + 1) {
+            if spec.share.is_zero() || st.lanes[i].queue.is_empty() {
                 continue;
+            }
+            if spec.yields_to_proof {
+                // A guess (no proof) that keeps a backlog of its own: a
+                // network using more than a turn, whom a share may pass.
+                let own = &st.lanes[granted].queue;
+                let yielded = *yields.get_or_insert_with(|| {
+                    waiter.proven || own.network_len(&waiter.network) < BACKLOG
+                });
+                if yielded {
+                    continue;
+                }
             }
             let s = spec.share.fraction();
             let per_grant = if s >= 1.0 { 1.0 } else { s / (1.0 - s) };
             // Capped at one grant: a lane banks no credit for a burst later.
+            let lane = &mut st.lanes[i];
             lane.deficit = (lane.deficit + per_grant).min(1.0);
         }
     }
@@ -726,10 +738,7 @@ impl Shared {
                 break;
             };
             if !by_share {
-                // A guess (no proof) that keeps a backlog of its own: a
-                // network using more than a turn, whom a share may pass.
-                let backlogged = st.lanes[i].queue.network_len(&waiter.network) >= BACKLOG;
-                self.accrue_shares(st, i, waiter.proven || !backlogged);
+                self.accrue_shares(st, i, &waiter);
             }
             st.queued -= 1;
             st.in_flight += 1;
