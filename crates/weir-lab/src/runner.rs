@@ -29,13 +29,17 @@ use tokio::time::Instant;
 use super::addresses::{AddressError, AddressSpace};
 use super::alerts::{AlertError, MetricsRecorder};
 use super::app::{AppConfig, AppSnapshot, AppStats, SimApp};
-use super::cohort::{ClientPlan, CohortStats, OUTCOMES, RunClock, RunContext, run_client};
+use super::cohort::{
+    ClientPlan, CohortStats, CohortTotals, OUTCOMES, RunClock, RunContext, run_client,
+};
 use super::process::{ProcessError, ServerProcess};
 use super::report::{
     AlertReport, CohortReport, GeneratorReport, RuleReport, Timeline, UpstreamReport,
     VariantReport, quantile_ms,
 };
-use super::scenario::{CohortKind, GatewayKind, HealthConfig, LoadBalancer, Scenario, Variant};
+use super::scenario::{
+    Cohort, CohortKind, GatewayKind, HealthConfig, LoadBalancer, Scenario, Variant,
+};
 use weir::config::{ConfigErrors, ProcessEnv, load_str};
 use weir::server::{Server, StartError};
 
@@ -979,41 +983,70 @@ fn build_report(
     let cohorts = (scenario.cohorts.iter().zip(totals))
         .map(|(c, t)| {
             all_lags.extend_from_slice(&t.lags_us);
-            let mut series = BTreeMap::new();
-            for o in OUTCOMES {
-                let v: Vec<u32> = t.timeline.iter().map(|b| b[o as usize]).collect();
-                if v.iter().any(|n| *n > 0) {
-                    series.insert(o.as_str().to_string(), v);
-                }
-            }
-            timeline.cohorts.insert(c.name.clone(), series);
-            CohortReport {
-                name: c.name.clone(),
-                kind: c.kind,
-                clients: c.clients,
-                addresses: c.addresses,
-                sent: t.sent(),
-                outcomes: OUTCOMES
-                    .iter()
-                    .map(|o| (o.as_str().to_string(), t.count(*o)))
-                    .collect(),
-                reached_app: t.reached_app,
-                reached_app_share: if app_total == 0 {
-                    0.0
-                } else {
-                    t.reached_app as f64 / app_total as f64
-                },
-                served_2s: t.served_fast,
-                challenges_solved: t.challenges_solved,
-                rechallenged: t.rechallenged,
-                challenged_p50_ms: quantile_ms(&t.solved_latencies_us, 0.50),
-                challenged_p95_ms: quantile_ms(&t.solved_latencies_us, 0.95),
-                p50_ms: quantile_ms(&t.latencies_us, 0.50),
-                p95_ms: quantile_ms(&t.latencies_us, 0.95),
-                p99_ms: quantile_ms(&t.latencies_us, 0.99),
-            }
+            timeline.cohorts.insert(c.name.clone(), outcome_series(&t));
+            cohort_report(c, &t, app_total)
         })
         .collect();
+    upstream_timeline(&mut timeline, &buckets);
+    VariantReport {
+        name: variant.name.clone(),
+        description: variant.description.clone(),
+        gateway: variant.gateway,
+        load_balancer,
+        cohorts,
+        upstream,
+        rules,
+        alerts: None,
+        generator: generator_report(all_lags),
+        timeline,
+    }
+}
+
+/// One cohort's outcomes per second of the run, for the outcomes it had.
+fn outcome_series(t: &CohortTotals) -> BTreeMap<String, Vec<u32>> {
+    let mut series = BTreeMap::new();
+    for o in OUTCOMES {
+        let v: Vec<u32> = t.timeline.iter().map(|b| b[o as usize]).collect();
+        if v.iter().any(|n| *n > 0) {
+            series.insert(o.as_str().to_string(), v);
+        }
+    }
+    series
+}
+
+/// One cohort's line of the report; `app_total`: requests of every cohort
+/// that reached the app.
+fn cohort_report(c: &Cohort, t: &CohortTotals, app_total: u64) -> CohortReport {
+    CohortReport {
+        name: c.name.clone(),
+        kind: c.kind,
+        clients: c.clients,
+        addresses: c.addresses,
+        sent: t.sent(),
+        outcomes: OUTCOMES
+            .iter()
+            .map(|o| (o.as_str().to_string(), t.count(*o)))
+            .collect(),
+        reached_app: t.reached_app,
+        reached_app_share: if app_total == 0 {
+            0.0
+        } else {
+            t.reached_app as f64 / app_total as f64
+        },
+        served_2s: t.served_fast,
+        challenges_solved: t.challenges_solved,
+        rechallenged: t.rechallenged,
+        challenged_p50_ms: quantile_ms(&t.solved_latencies_us, 0.50),
+        challenged_p95_ms: quantile_ms(&t.solved_latencies_us, 0.95),
+        p50_ms: quantile_ms(&t.latencies_us, 0.50),
+        p95_ms: quantile_ms(&t.latencies_us, 0.95),
+        p99_ms: quantile_ms(&t.latencies_us, 0.99),
+    }
+}
+
+/// How late the load generator sent, from every cohort's lags (µs), and
+/// whether it was the run's bottleneck.
+fn generator_report(mut all_lags: Vec<u32>) -> GeneratorReport {
     all_lags.sort_unstable();
     let late = all_lags
         .iter()
@@ -1025,14 +1058,19 @@ fn build_report(
         late as f64 / all_lags.len() as f64
     };
     let lag_p99_ms = quantile_ms(&all_lags, 0.99);
-    let generator = GeneratorReport {
+    GeneratorReport {
         timed_sends: all_lags.len() as u64,
         lag_p50_ms: quantile_ms(&all_lags, 0.5),
         lag_p99_ms,
         lag_max_ms: all_lags.last().map_or(0.0, |l| *l as f64 / 1000.0),
         late_share,
         bottleneck: lag_p99_ms > 50.0 || late_share > 0.05,
-    };
+    }
+}
+
+/// The app's side of the timeline, one entry per second: in flight,
+/// queued, workers, refusals that second, health failures, restarts.
+fn upstream_timeline(timeline: &mut Timeline, buckets: &[UpstreamBucket]) {
     let mut prev_refused = 0;
     let mut last_workers = 0;
     for (s, b) in buckets.iter().enumerate() {
@@ -1054,18 +1092,6 @@ fn build_report(
         if b.restart {
             timeline.restarts.push(s);
         }
-    }
-    VariantReport {
-        name: variant.name.clone(),
-        description: variant.description.clone(),
-        gateway: variant.gateway,
-        load_balancer,
-        cohorts,
-        upstream,
-        rules,
-        alerts: None,
-        generator,
-        timeline,
     }
 }
 
