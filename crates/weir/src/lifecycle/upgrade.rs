@@ -290,6 +290,11 @@ impl Upgrader {
         }
     }
 
+    /// Hands this process's listeners and limiter state to the child `pid`
+    /// and waits until it says it serves: the child connects to the
+    /// upgrade socket, receives the sockets and the state, and answers
+    /// `Ready`, all before `deadline`. Its result is the channel, kept
+    /// open until this process has drained.
     async fn hand_over(
         &mut self,
         child: &mut Child,
@@ -298,24 +303,59 @@ impl Upgrader {
         runtime: &Runtime,
         sockets: &[ListeningSocket],
     ) -> Result<Channel, UpgradeError> {
+        let mut channel = self.child_channel(child, pid, deadline).await?;
+        self.send_sockets_and_state(&mut channel, pid, runtime, sockets)
+            .await?;
         let timeout = UpgradeError::Timeout {
             pid,
             after: self.ready_timeout,
         };
-        // 1. Wait for the child to connect (or die, or run out of time).
-        let mut channel = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ready = tokio::select! {
+            status = child.wait() => return Err(child_exited(pid, status)),
+            m = channel.recv_message("ready", left) => m,
+        };
+        match ready {
+            Ok(Message::Ready {
+                listeners, keys, ..
+            }) => {
+                tracing::info!(pid, listeners, keys, "upgrade: the new process is ready");
+                Ok(channel)
+            }
+            Ok(other) => Err(UpgradeError::Handoff {
+                pid,
+                source: HandoffError::Unexpected {
+                    expected: "ready",
+                    got: format!("{other:?}"),
+                },
+            }),
+            Err(HandoffError::Timeout { .. }) => Err(timeout),
+            Err(source) => Err(UpgradeError::Handoff { pid, source }),
+        }
+    }
+
+    /// Waits for the child `pid` to connect to the upgrade socket (or die,
+    /// or run out of time); anyone else who connects meanwhile is refused,
+    /// and an operator asking for another upgrade is told one is running.
+    async fn child_channel(
+        &mut self,
+        child: &mut Child,
+        pid: u32,
+        deadline: Instant,
+    ) -> Result<Channel, UpgradeError> {
+        loop {
             let next = tokio::select! {
-                status = child.wait() => {
-                    return Err(match status {
-                        Ok(status) => UpgradeError::ChildExited { pid, status },
-                        Err(e) => UpgradeError::Spawn { program: "wait".into(), source: e },
+                status = child.wait() => return Err(child_exited(pid, status)),
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    return Err(UpgradeError::Timeout {
+                        pid,
+                        after: self.ready_timeout,
                     });
                 }
-                _ = tokio::time::sleep_until(deadline.into()) => return Err(timeout),
                 next = self.incoming.recv() => next,
             };
             match next {
-                Some(Incoming::Take { channel, pid: from }) if from == pid => break channel,
+                Some(Incoming::Take { channel, pid: from }) if from == pid => return Ok(channel),
                 Some(Incoming::Take { channel, pid: from }) => {
                     tracing::warn!(
                         from,
@@ -328,10 +368,19 @@ impl Upgrader {
                 }
                 None => return Err(UpgradeError::NoSocket),
             }
-        };
-        let handoff = |source| UpgradeError::Handoff { pid, source };
+        }
+    }
 
-        // 2. Sockets (with descriptors), then limiter state.
+    /// Sends the listening sockets (their descriptors, and the upgrade
+    /// socket's own) and then the limiter state to the child `pid`.
+    async fn send_sockets_and_state(
+        &self,
+        channel: &mut Channel,
+        pid: u32,
+        runtime: &Runtime,
+        sockets: &[ListeningSocket],
+    ) -> Result<(), UpgradeError> {
+        let handoff = |source| UpgradeError::Handoff { pid, source };
         let mut metas = Vec::new();
         let mut fds: Vec<BorrowedFd<'_>> = Vec::new();
         for s in sockets {
@@ -363,33 +412,19 @@ impl Upgrader {
             .await
             .map_err(handoff)?;
         let state = capture_bytes(runtime).await;
-        channel.send_blob(&state).await.map_err(handoff)?;
+        channel.send_blob(&state).await.map_err(handoff)
+    }
+}
 
-        // 3. Wait for Ready.
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ready = tokio::select! {
-            status = child.wait() => {
-                return Err(match status {
-                    Ok(status) => UpgradeError::ChildExited { pid, status },
-                    Err(e) => UpgradeError::Spawn { program: "wait".into(), source: e },
-                });
-            }
-            m = channel.recv_message("ready", left) => m,
-        };
-        match ready {
-            Ok(Message::Ready {
-                listeners, keys, ..
-            }) => {
-                tracing::info!(pid, listeners, keys, "upgrade: the new process is ready");
-                Ok(channel)
-            }
-            Ok(other) => Err(handoff(HandoffError::Unexpected {
-                expected: "ready",
-                got: format!("{other:?}"),
-            })),
-            Err(HandoffError::Timeout { .. }) => Err(timeout),
-            Err(e) => Err(handoff(e)),
-        }
+/// Why an upgrade failed when its child ended first (or could not be
+/// waited for).
+fn child_exited(pid: u32, status: std::io::Result<ExitStatus>) -> UpgradeError {
+    match status {
+        Ok(status) => UpgradeError::ChildExited { pid, status },
+        Err(e) => UpgradeError::Spawn {
+            program: "wait".into(),
+            source: e,
+        },
     }
 }
 
