@@ -219,17 +219,6 @@ struct LaneState {
 /// hundred grants.
 const GRANT_SHARE_ALPHA: f64 = 0.01;
 
-impl State {
-    /// Counts one grant to lane `index`.
-    fn count_grant(&mut self, index: usize) {
-        self.lanes[index].counters.admitted += 1;
-        for (i, lane) in self.lanes.iter_mut().enumerate() {
-            let to_it = if i == index { 1.0 } else { 0.0 };
-            lane.grant_share += GRANT_SHARE_ALPHA * (to_it - lane.grant_share);
-        }
-    }
-}
-
 struct State {
     in_flight: usize,
     health_in_flight: usize,
@@ -240,6 +229,17 @@ struct State {
     hold_secs: Option<f64>,
     /// What the servers can take right now (slow start), if less than the limit.
     capacity: Option<usize>,
+}
+
+impl State {
+    /// Counts one grant to lane `index`.
+    fn count_grant(&mut self, index: usize) {
+        self.lanes[index].counters.admitted += 1;
+        for (i, lane) in self.lanes.iter_mut().enumerate() {
+            let to_it = if i == index { 1.0 } else { 0.0 };
+            lane.grant_share += GRANT_SHARE_ALPHA * (to_it - lane.grant_share);
+        }
+    }
 }
 
 struct Shared {
@@ -912,8 +912,8 @@ impl Drop for Permit {
             // flood of slow pages is not mistaken for queueing.
             let outcome = match (self.shape, self.outcome) {
                 (Some(shape), Outcome::Answered(latency)) => {
-                    let queued = self.granted.at_limit;
-                    Outcome::Answered(shared.shapes.record(shape, latency, queued))
+                    let at_limit = self.granted.at_limit;
+                    Outcome::Answered(shared.shapes.record(shape, latency, at_limit))
                 }
                 (_, outcome) => outcome,
             };
