@@ -518,11 +518,7 @@ impl Challenger {
             return resp;
         };
         let binding = Binding::of(client.client, user_agent(headers));
-        let nonce = target.query().and_then(|q| {
-            q.split('&')
-                .find_map(|kv| kv.strip_prefix("nonce="))
-                .and_then(percent_decode)
-        });
+        let nonce = refresh_nonce(target);
         let result = match &nonce {
             Some(nonce) => {
                 pow::verify_waited(&self.pow_keys, nonce, binding, wait, self.solve_ttl, now)
@@ -533,6 +529,36 @@ impl Challenger {
             Ok(solved) => self.solved(&solved, binding, tls, now, true),
             Err(reason) => self.failed(nonce.as_deref(), reason, binding, now),
         }
+    }
+
+    /// How long to hold a `/.weir/challenge/refresh` link that came before
+    /// `no_script_delay` was over, before [`Challenger::handle`] answers it;
+    /// `None` for anything else (another path, a link already old enough,
+    /// or one that would be refused anyway: it is answered at once).
+    ///
+    /// Why hold rather than refuse: a meta refresh counts whole seconds
+    /// only, so the page tells the browser the delay's whole seconds (0 for
+    /// the default 500 ms) and weir waits out the rest. The wait is the
+    /// same for a person and a crawler; the person does not pay the round
+    /// up to a whole second. The caller holds the request under the
+    /// address's in-flight cap, so a crawler holds no more than any client.
+    pub fn refresh_hold(
+        &self,
+        target: &Target,
+        headers: &HeaderMap,
+        client: &ClientId,
+        now: SystemTime,
+    ) -> Option<Duration> {
+        let wait = self.no_script_delay?;
+        let method = target.method();
+        if target.path() != REFRESH_PATH || !(method == Method::GET || method == Method::HEAD) {
+            return None;
+        }
+        let nonce = refresh_nonce(target)?;
+        let binding = Binding::of(client.client, user_agent(headers));
+        pow::wait_left(&self.pow_keys, &nonce, binding, wait, self.solve_ttl, now)
+            .ok()
+            .filter(|left| !left.is_zero())
     }
 
     /// A fresh challenge after a refused answer, counted as failed.
@@ -565,6 +591,15 @@ impl Challenger {
             vec![ChallengeEvent::Failed(reason)],
         )
     }
+}
+
+/// The `nonce` of a `/.weir/challenge/refresh?nonce=` link, decoded.
+fn refresh_nonce(target: &Target) -> Option<String> {
+    target.query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("nonce="))
+            .and_then(percent_decode)
+    })
 }
 
 /// The nonce embedded in a challenge page's HTML (for tests and the lab's
@@ -746,9 +781,9 @@ fn check_ranges(c: &ChallengeConfig) -> Result<(), ChallengeConfigError> {
     range("pressure.wait", !p.wait.0.is_zero(), secs(&p.wait), "> 0")?;
     range(
         "no_script_delay",
-        (1..=60).contains(&c.no_script_delay.0.as_secs()),
+        (Duration::from_millis(100)..=Duration::from_secs(60)).contains(&c.no_script_delay.0),
         secs(&c.no_script_delay),
-        "1s ..= 1m",
+        "100ms ..= 1m",
     )?;
     range(
         "pressure.step_after",

@@ -100,7 +100,10 @@ impl PageTemplate {
             Some(wait) => (
                 format!(
                     "<noscript><meta http-equiv=\"refresh\" content=\"{}; url={REFRESH_PATH}?nonce={}\"></noscript>\n",
-                    wait.as_secs().max(1),
+                    // Whole seconds only (HTML ignores a fraction): 0
+                    // for the default 500 ms; weir holds the link for
+                    // the rest (`Challenger::refresh_hold`).
+                    wait.as_secs(),
                     e(nonce)
                 ),
                 &t.noscript_wait,

@@ -235,9 +235,7 @@ pub fn verify_waited(
     now: SystemTime,
 ) -> Result<Solved, PowRejection> {
     let (opened, age) = open_bound(keys, nonce, binding, solve_ttl, now)?;
-    // Browsers fire a meta refresh a little early or late; half a second
-    // of slack keeps a person from bouncing, and a crawler still waits.
-    if age + Duration::from_millis(500) < wait {
+    if age < wait {
         return Err(PowRejection::TooEarly);
     }
     Ok(Solved {
@@ -246,6 +244,22 @@ pub fn verify_waited(
         seed: opened.seed,
         return_path: opened.return_path,
     })
+}
+
+/// How much of `wait` a no-script link still has to wait before
+/// [`verify_waited`] accepts it: zero once it is old enough. The same
+/// refusals as [`verify_waited`] otherwise, so only a link that would earn a
+/// pass is ever held (see `Challenger::refresh_hold`).
+pub fn wait_left(
+    keys: &Keyring,
+    nonce: &str,
+    binding: Binding,
+    wait: Duration,
+    solve_ttl: Duration,
+    now: SystemTime,
+) -> Result<Duration, PowRejection> {
+    let (_, age) = open_bound(keys, nonce, binding, solve_ttl, now)?;
+    Ok(wait.saturating_sub(age))
 }
 
 /// Finds the smallest counter meeting `difficulty`, exactly as the page's

@@ -514,7 +514,7 @@ fn without_javascript_waiting_earns_the_same_pass() {
     );
     let html = std::str::from_utf8(page.body()).unwrap();
     assert!(
-        html.contains("<noscript><meta http-equiv=\"refresh\" content=\"1; url=/.weir/challenge/refresh?nonce="),
+        html.contains("<noscript><meta http-equiv=\"refresh\" content=\"0; url=/.weir/challenge/refresh?nonce="),
         "{html}"
     );
     let link = refresh_link(&page);
@@ -530,14 +530,49 @@ fn without_javascript_waiting_earns_the_same_pass() {
         )
         .unwrap()
     };
+    // The page says 0 s (the default 500 ms has no whole second): weir
+    // holds a link that comes early for the rest of the delay, and only a
+    // link that would earn a pass.
+    let hold = |from: &str, ua: &str, after_ms: u64, link: &str| {
+        let h = headers(&[("accept", NAV), ("user-agent", ua)]);
+        ch.refresh_hold(
+            &target("GET", link),
+            &h,
+            &client(from),
+            now() + Duration::from_millis(after_ms),
+        )
+    };
+    assert_eq!(
+        hold("203.0.113.7", UA, 0, &link),
+        Some(Duration::from_millis(500))
+    );
+    assert_eq!(
+        hold("203.0.113.9", UA, 200, &link),
+        Some(Duration::from_millis(300))
+    );
+    for (from, ua, after, what) in [
+        ("203.0.113.7", UA, 500, "old enough"),
+        ("198.51.100.7", UA, 0, "another network"),
+        ("203.0.113.7", "curl/8", 0, "another browser"),
+        ("203.0.113.7", UA, 301_000, "expired"),
+    ] {
+        assert_eq!(hold(from, ua, after, &link), None, "{what}");
+    }
+    let garbled = "/.weir/challenge/refresh?nonce=AAAA";
+    assert_eq!(hold("203.0.113.7", UA, 0, garbled), None, "garbled");
+    assert_eq!(
+        hold("203.0.113.7", UA, 0, "/wiki/Page"),
+        None,
+        "another path"
+    );
     // (from, agent, after, status, event): too early, another network or
     // browser, expired: a fresh challenge; waited: the pass.
     let cases: [(&str, &str, u64, u16, &str); 5] = [
-        ("203.0.113.7", UA, 200, 429, "too_early"),
+        ("203.0.113.7", UA, 499, 429, "too_early"),
         ("198.51.100.7", UA, 3000, 429, "other_prefix"),
         ("203.0.113.7", "curl/8", 3000, 429, "other_agent"),
         ("203.0.113.7", UA, 301_000, 429, "expired"),
-        ("203.0.113.9", UA, 2600, 303, "solved"),
+        ("203.0.113.9", UA, 500, 303, "solved"),
     ];
     for (from, ua, after, status, event) in cases {
         let resp = follow(from, ua, after);
@@ -624,11 +659,52 @@ fn without_no_script_the_page_has_no_refresh_and_the_link_is_gone() {
         )
         .unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
-    assert!(
-        Challenger::new(&ChallengeConfig {
-            no_script_delay: crate::config::ConfigDuration::secs(0),
-            ..config()
-        })
-        .is_err()
+    assert_eq!(
+        ch.refresh_hold(
+            &target("GET", "/.weir/challenge/refresh?nonce=x"),
+            &h,
+            &client("203.0.113.7"),
+            now()
+        ),
+        None
     );
+    for ms in [0, 99, 60_001] {
+        let delay = crate::config::ConfigDuration(Duration::from_millis(ms));
+        let built = Challenger::new(&ChallengeConfig {
+            no_script_delay: delay,
+            ..config()
+        });
+        assert!(built.is_err(), "{ms} ms");
+    }
+}
+
+#[test]
+fn a_delay_past_whole_seconds_is_asked_of_the_browser_and_held_for_the_rest() {
+    let ch = Challenger::new(&ChallengeConfig {
+        no_script_delay: crate::config::ConfigDuration(Duration::from_millis(2_500)),
+        ..config()
+    })
+    .unwrap();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let page = ch.page(
+        &target("GET", "/wiki/Page"),
+        &client("203.0.113.7"),
+        &h,
+        8,
+        now(),
+    );
+    let html = std::str::from_utf8(page.body()).unwrap();
+    assert!(
+        html.contains("http-equiv=\"refresh\" content=\"2; url="),
+        "{html}"
+    );
+    let link = refresh_link(&page);
+    // A browser that followed the 2 s is held for the last half second.
+    let left = ch.refresh_hold(
+        &target("GET", &link),
+        &h,
+        &client("203.0.113.7"),
+        now() + Duration::from_millis(2_000),
+    );
+    assert_eq!(left, Some(Duration::from_millis(500)));
 }

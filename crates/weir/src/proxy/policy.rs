@@ -441,7 +441,8 @@ fn challenge_event(rt: &Runtime, e: &ChallengeEvent) {
 /// phase. Reads at most `challenge::MAX_VERIFY_BODY` of the answer, under
 /// the per-address in-flight cap and `[limits]`' body timeouts like any
 /// body (a verify that sent 6 of its 1,000 bytes once stayed open for
-/// good). Result: the script, a redirect with a pass, or a fresh challenge.
+/// good). A no-script refresh link that came early is held until its delay
+/// is over. Result: the script, a redirect with a pass, or a fresh challenge.
 pub(super) async fn challenge_endpoint(
     ch: &Challenger,
     req: Request<RequestBody>,
@@ -482,6 +483,12 @@ pub(super) async fn challenge_endpoint(
             return log.answer(&reason, accept);
         }
     };
+    // A no-script link that came before its delay (the page asks for whole
+    // seconds only) waits out the rest here, under the address's in-flight
+    // slot, instead of bouncing to a fresh challenge.
+    if let Some(left) = ch.refresh_hold(target, &parts.headers, client, SystemTime::now()) {
+        tokio::time::sleep(left).await;
+    }
     let tls = log.conn.edge.tls.is_some();
     match ch.handle(
         target,
