@@ -315,8 +315,13 @@ async fn chromium_without_javascript_follows_the_refresh_to_a_pass() {
         })
         .unwrap_or_else(|| panic!("not solved by waiting: {summary:#?}"));
     assert_eq!(solved.path, challenge::REFRESH_PATH);
+    // Counted from the nonce's own time, as the hold is: the site's note of
+    // the page comes a little after the nonce was made.
+    let [ChallengeEvent::Solved { time_to_solve, .. }] = solved.events.as_slice() else {
+        unreachable!("matched above");
+    };
     assert!(
-        solved.at.duration_since(issued) >= Duration::from_millis(500),
+        *time_to_solve >= Duration::from_millis(500),
         "the refresh waited: {summary:#?}"
     );
     assert!(
