@@ -29,8 +29,8 @@ use weir::identity::forwarded::resolve;
 use weir::identity::{AddrSource, ClientAddr, ClientId, Level, PeerAddr, PrefixKey};
 use weir::policy::route::RequestView;
 use weir::policy::rules::{
-    Activity, KeyKind, RequestFacts, Rule, RuleBody, RuleObserver, RuleRejection, RuleResult,
-    activity_key, judge,
+    Activity, Judgement, KeyKind, RequestFacts, Rule, RuleBody, RuleObserver, RuleRejection,
+    RuleResult, activity_key, judge,
 };
 use weir_http::target::{Target, TargetError};
 use weir_limiter::{MonoTime, ShardedStore};
@@ -331,32 +331,11 @@ impl Replay {
 
     /// Decides one record (records must come in log-time order).
     pub fn decide(&mut self, rec: &LogRecord<'_>) -> Verdict {
-        let start = *self.start.get_or_insert(rec.time.0);
-        // The limiter clock is the log's clock, from the first record.
-        let now = MonoTime::from_nanos(u64::try_from(rec.time.0 - start).unwrap_or(0));
-        self.report.records += 1;
-        if now >= self.next_sweep {
-            self.sweep(now);
-        }
-        // Minutes are numbers until `finish` formats them in the log's zone.
-        let minute_number = rec.time.0.div_euclid(NANOS_PER_MINUTE);
-        self.report.first_minute.get_or_insert(minute_number);
-        self.report.last_minute = Some(minute_number);
-
+        let (now, minute_number) = self.tick(rec);
         fill_headers(&mut self.headers, self.wanted, rec);
         let headers = &self.headers;
         let gw = &self.gateway;
-        let peer = PeerAddr(std::net::SocketAddr::new(rec.peer.unwrap_or(rec.client), 0));
-        // A log written behind a trusted proxy may carry the chain.
-        let client = if rec.forwarded_for.is_some() && gw.trusted.contains(peer.ip()) {
-            resolve(peer, None, headers, &gw.trusted, gw.client_header).client
-        } else {
-            ClientId {
-                peer,
-                client: ClientAddr::new(rec.client),
-                source: AddrSource::Peer,
-            }
-        };
+        let client = client_of(gw, headers, rec);
         // The live path's reading of the request line and host.
         let target = match Target::parse(
             &rec.method,
@@ -410,6 +389,28 @@ impl Replay {
             None,
             &mut observer,
         ));
+        self.count(judged)
+    }
+
+    /// Moves the replay's clock to `rec`'s time: counts the record, sweeps
+    /// when due, and notes its minute. Returns the limiter's time (the
+    /// log's clock from the first record) and the minute's number (a
+    /// number until `finish` formats it in the log's zone).
+    fn tick(&mut self, rec: &LogRecord<'_>) -> (MonoTime, i64) {
+        let start = *self.start.get_or_insert(rec.time.0);
+        let now = MonoTime::from_nanos(u64::try_from(rec.time.0 - start).unwrap_or(0));
+        self.report.records += 1;
+        if now >= self.next_sweep {
+            self.sweep(now);
+        }
+        let minute_number = rec.time.0.div_euclid(NANOS_PER_MINUTE);
+        self.report.first_minute.get_or_insert(minute_number);
+        self.report.last_minute = Some(minute_number);
+        (now, minute_number)
+    }
+
+    /// Counts what the rules phase judged: a deferral, then the verdict.
+    fn count(&mut self, judged: Judgement) -> Verdict {
         if let Some(d) = &judged.deferral {
             self.report.deferred += 1;
             let rr = self
@@ -537,6 +538,21 @@ fn rule_report<'a>(rules: &'a mut BTreeMap<String, RuleReport>, name: &str) -> &
         rules.insert(name.to_string(), RuleReport::default());
     }
     rules.get_mut(name).expect("inserted above")
+}
+
+/// The client of a record: its address, or, for a log written behind a
+/// trusted proxy, the client its forwarding chain names.
+fn client_of(gw: &Gateway, headers: &HeaderMap, rec: &LogRecord<'_>) -> ClientId {
+    let peer = PeerAddr(std::net::SocketAddr::new(rec.peer.unwrap_or(rec.client), 0));
+    if rec.forwarded_for.is_some() && gw.trusted.contains(peer.ip()) {
+        resolve(peer, None, headers, &gw.trusted, gw.client_header).client
+    } else {
+        ClientId {
+            peer,
+            client: ClientAddr::new(rec.client),
+            source: AddrSource::Peer,
+        }
+    }
 }
 
 /// Fills `h` with the headers of `rec` that rules and routes look at

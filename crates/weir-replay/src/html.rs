@@ -136,6 +136,42 @@ fn minute_number(stamp: &str) -> Option<i64> {
     Some(secs as i64 / 60)
 }
 
+/// The chart's minutes: the first one's number and how many.
+struct MinuteAxis {
+    first: i64,
+    minutes: usize,
+}
+
+impl MinuteAxis {
+    /// The bar of `stamp`, when it is within the chart.
+    fn index(&self, stamp: &str) -> Option<usize> {
+        minute_number(stamp)
+            .map(|m| m - self.first)
+            .filter(|i| (0..self.minutes as i64).contains(i))
+            .map(|i| i as usize)
+    }
+
+    /// Rejections per minute, of every rule, and of those the people
+    /// estimate.
+    fn totals(&self, rules: &BTreeMap<String, RuleReport>) -> (Vec<u64>, Vec<u64>) {
+        let mut stacks = vec![0u64; self.minutes];
+        let mut people = vec![0u64; self.minutes];
+        for r in rules.values() {
+            for (to, per_minute) in [
+                (&mut stacks, &r.per_minute),
+                (&mut people, &r.people_per_minute),
+            ] {
+                for (m, n) in per_minute {
+                    if let Some(i) = self.index(m) {
+                        to[i] += n;
+                    }
+                }
+            }
+        }
+        (stacks, people)
+    }
+}
+
 /// Stacked bars per minute (one colour per rule) and a line of the
 /// rejections that looked like people.
 fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleReport>) -> String {
@@ -143,29 +179,13 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
     else {
         return "<p>No records.</p>".into();
     };
-    let minutes = (last - first + 1).clamp(1, 60 * 24 * 31) as usize;
-    let mut stacks = vec![0u64; minutes];
-    let mut people = vec![0u64; minutes];
-    let index = |stamp: &str| {
-        minute_number(stamp)
-            .map(|m| m - first)
-            .filter(|i| (0..minutes as i64).contains(i))
-            .map(|i| i as usize)
+    let axis = MinuteAxis {
+        first,
+        minutes: (last - first + 1).clamp(1, 60 * 24 * 31) as usize,
     };
-    for r in rules.values() {
-        for (m, n) in &r.per_minute {
-            if let Some(i) = index(m) {
-                stacks[i] += n;
-            }
-        }
-        for (m, n) in &r.people_per_minute {
-            if let Some(i) = index(m) {
-                people[i] += n;
-            }
-        }
-    }
+    let (stacks, people) = axis.totals(rules);
     let max = stacks.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let bar = (CHART_W - LEFT) / minutes as f64;
+    let bar = (CHART_W - LEFT) / axis.minutes as f64;
     let y = |n: f64| CHART_H - n / max * (CHART_H - 10.0);
     let mut s = String::new();
     let _ = write!(
@@ -180,11 +200,11 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
          <text x=\"0\" y=\"{CHART_H}\" font-size=\"11\">0</text>\
          <line x1=\"{LEFT}\" y1=\"{CHART_H}\" x2=\"{CHART_W}\" y2=\"{CHART_H}\" stroke=\"#999\"/>"
     );
-    let mut base = vec![0u64; minutes];
+    let mut base = vec![0u64; axis.minutes];
     for (ri, (name, r)) in rules.iter().enumerate() {
         let color = COLORS[ri % COLORS.len()];
         for (m, n) in &r.per_minute {
-            let Some(i) = index(m) else { continue };
+            let Some(i) = axis.index(m) else { continue };
             let (lo, hi) = (base[i], base[i] + n);
             base[i] = hi;
             let _ = write!(
@@ -222,6 +242,12 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
         CHART_H + 16.0,
         esc(&minute(last, 0)),
     );
+    legend(&mut s, rules);
+    s
+}
+
+/// The chart's legend: a colour per rule, and the people line's.
+fn legend(s: &mut String, rules: &BTreeMap<String, RuleReport>) {
     s.push_str("<div class=\"legend\">");
     for (ri, name) in rules.keys().enumerate() {
         let _ = write!(
@@ -234,5 +260,4 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
     s.push_str(
         "<span><i style=\"background:#d62728\"></i>looked like people (estimate)</span></div>",
     );
-    s
 }
