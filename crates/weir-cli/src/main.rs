@@ -234,26 +234,17 @@ fn main() -> ExitCode {
             html,
             duration,
             alert_series,
-        } => {
-            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let options = weir_lab::cli::SimOptions {
+        } => sim(
+            &scenario,
+            weir_lab::cli::SimOptions {
                 variants,
                 json,
                 html,
-                progress,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 duration,
                 alert_series,
-            };
-            weir_lab::cli::sim(&scenario, &options)
-                .map(|r| {
-                    if r.passed() {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
-                    }
-                })
-                .map_err(anyhow::Error::from)
-        }
+            },
+        ),
         Command::Replay {
             config,
             logs,
@@ -288,6 +279,16 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `weir sim`: runs a scenario's variants; exit 1 when a check failed.
+fn sim(scenario: &Path, options: weir_lab::cli::SimOptions) -> anyhow::Result<ExitCode> {
+    let report = weir_lab::cli::sim(scenario, &options)?;
+    Ok(if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn generated(what: Generated) -> anyhow::Result<ExitCode> {

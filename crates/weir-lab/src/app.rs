@@ -1028,9 +1028,25 @@ async fn handle(
     tokio::time::sleep(scaled(service_ms, plan.time_scale)).await;
 
     let user = shared.sessions.user_of(req.headers());
-    let mut response = match endpoint {
+    let mut response = answer(&shared, endpoint, user);
+    // The worker is free once the response is built; it goes to the next waiter now.
+    drop(worker);
+
+    let class = plan.class_of(endpoint);
+    annotate(&mut response, plan, class, peer, req.headers(), user);
+    ledger.stage = Stage::Done;
+    AppStats::bump(&stats.served);
+    if let Some(count) = stats.class_counts.get(class) {
+        AppStats::bump(count);
+    }
+    Ok(response)
+}
+
+/// What an endpoint answers, once its worker has done the work (the sleep).
+fn answer(shared: &Shared, endpoint: Endpoint, user: Option<u64>) -> AppResponse {
+    match endpoint {
         Endpoint::Health => {
-            AppStats::bump(&stats.health_ok);
+            AppStats::bump(&shared.stats.health_ok);
             text(StatusCode::OK, "ok\n")
         }
         Endpoint::LoginPage => {
@@ -1057,21 +1073,10 @@ async fn handle(
             None => text(StatusCode::UNAUTHORIZED, "not logged in\n"),
         },
         Endpoint::Page { class, .. } => {
-            let body = plan.bodies.get(class).cloned().unwrap_or_default();
+            let body = shared.plan.bodies.get(class).cloned().unwrap_or_default();
             html(StatusCode::OK, body)
         }
-    };
-    // The worker is free once the response is built; it goes to the next waiter now.
-    drop(worker);
-
-    let class = plan.class_of(endpoint);
-    annotate(&mut response, plan, class, peer, req.headers(), user);
-    ledger.stage = Stage::Done;
-    AppStats::bump(&stats.served);
-    if let Some(count) = stats.class_counts.get(class) {
-        AppStats::bump(count);
     }
-    Ok(response)
 }
 
 const LOGIN_FORM: &[u8] = b"<!doctype html><title>login</title>\

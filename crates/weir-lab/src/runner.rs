@@ -189,13 +189,7 @@ pub fn run_variant(
         load: runtime("weir-lab-load", 1)?,
     };
 
-    // The app, and the supervisor that restarts it like autoheal did.
-    let supervisor = {
-        let _entered = rts.app.enter();
-        let bind: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
-        let app = SimApp::start(scenario.file.app.clone(), bind).map_err(RunError::App)?;
-        Arc::new(AppSupervisor::new(scenario.file.app.clone(), app))
-    };
+    let supervisor = start_app(scenario, &rts.app)?;
 
     // The gateway, and the load balancer in front of it.
     let access_log = dir.path().join("access.log");
@@ -229,24 +223,8 @@ pub fn run_variant(
     );
     let observed = observers.finish(&rts.app);
 
-    // What weir counted, then stop everything.
-    let metrics = gateway
-        .admin()
-        .map(|a| rts.weir.block_on(scrape(a)))
-        .unwrap_or_default();
-    drop(lb);
     let is_weir = variant.gateway == GatewayKind::Weir;
-    gateway.stop();
-    let Runtimes { app, weir, load } = rts;
-    weir.shutdown_timeout(Duration::from_secs(1));
-    let upstream = UpstreamReport {
-        demand_samples: observed.utilisation.samples,
-        busy_under_demand: observed.utilisation.share(),
-        ..supervisor.totals()
-    };
-    drop(supervisor);
-    load.shutdown_timeout(Duration::from_secs(1));
-    app.shutdown_timeout(Duration::from_secs(1));
+    let (metrics, upstream) = stop_all(rts, gateway, lb, supervisor, &observed.utilisation);
 
     let mut rules = rules_from_metrics(&metrics);
     if meta.access_log && is_weir {
@@ -267,6 +245,45 @@ pub fn run_variant(
         report.alerts = replay_alerts(scenario, variant, recorded, &stats, alert_series)?;
     }
     Ok(report)
+}
+
+/// The app, and the supervisor that restarts it like autoheal did.
+fn start_app(
+    scenario: &Scenario,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Arc<AppSupervisor>, RunError> {
+    let _entered = rt.enter();
+    let bind: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let app = SimApp::start(scenario.file.app.clone(), bind).map_err(RunError::App)?;
+    Ok(Arc::new(AppSupervisor::new(scenario.file.app.clone(), app)))
+}
+
+/// Reads what weir counted, then stops everything, the gateway first: its
+/// metrics' text, and the app's totals with how busy it was under demand.
+fn stop_all(
+    rts: Runtimes,
+    gateway: Gateway,
+    lb: Option<ServerProcess>,
+    supervisor: Arc<AppSupervisor>,
+    utilisation: &Utilisation,
+) -> (String, UpstreamReport) {
+    let metrics = gateway
+        .admin()
+        .map(|a| rts.weir.block_on(scrape(a)))
+        .unwrap_or_default();
+    drop(lb);
+    gateway.stop();
+    let Runtimes { app, weir, load } = rts;
+    weir.shutdown_timeout(Duration::from_secs(1));
+    let upstream = UpstreamReport {
+        demand_samples: utilisation.samples,
+        busy_under_demand: utilisation.share(),
+        ..supervisor.totals()
+    };
+    drop(supervisor);
+    load.shutdown_timeout(Duration::from_secs(1));
+    app.shutdown_timeout(Duration::from_secs(1));
+    (metrics, upstream)
 }
 
 /// The alert replay of a weir variant's metrics, when the scenario has `[alerts]`.
