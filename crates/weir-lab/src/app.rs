@@ -289,6 +289,24 @@ impl AppConfig {
     /// Checks every field and reports all problems at once.
     pub fn validate(&self) -> Result<(), InvalidAppConfig> {
         let mut problems = Vec::new();
+        self.check_workers(&mut problems);
+        if !self.time_scale.is_finite() || self.time_scale < 0.0 {
+            problems.push(AppConfigError::TimeScale(self.time_scale));
+        }
+        self.check_classes(&mut problems);
+        self.check_paths(&mut problems);
+        if self.body_bytes > MAX_BODY_BYTES {
+            problems.push(AppConfigError::BodyTooLarge(self.body_bytes));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(InvalidAppConfig { problems })
+        }
+    }
+
+    /// Workers, and the warm-up from `start_workers` to them.
+    fn check_workers(&self, problems: &mut Vec<AppConfigError>) {
         if self.workers == 0 {
             problems.push(AppConfigError::NoWorkers);
         }
@@ -305,9 +323,10 @@ impl AppConfig {
                 });
             }
         }
-        if !self.time_scale.is_finite() || self.time_scale < 0.0 {
-            problems.push(AppConfigError::TimeScale(self.time_scale));
-        }
+    }
+
+    /// Service times, class names, and class rules that would match all.
+    fn check_classes(&self, problems: &mut Vec<AppConfigError>) {
         let services = [
             ("default_service".to_string(), self.default_service),
             ("health_service".to_string(), self.health_service),
@@ -343,6 +362,10 @@ impl AppConfig {
                 });
             }
         }
+    }
+
+    /// The app's own paths: absolute, and each its own.
+    fn check_paths(&self, problems: &mut Vec<AppConfigError>) {
         let paths = [
             ("health_path", &self.health_path),
             ("login_path", &self.login_path),
@@ -366,14 +389,6 @@ impl AppConfig {
                     });
                 }
             }
-        }
-        if self.body_bytes > MAX_BODY_BYTES {
-            problems.push(AppConfigError::BodyTooLarge(self.body_bytes));
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(InvalidAppConfig { problems })
         }
     }
 }

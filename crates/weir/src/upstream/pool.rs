@@ -724,55 +724,15 @@ fn pool_lanes(a: &AdmissionSettings, bots_share: Share, anonymous_share: Share) 
     Lanes::new(specs.collect()).unwrap_or(standard)
 }
 
+/// The pool's admission queue from its settings; `None`, with the reasons in
+/// `errors`, when a setting is out of range.
 fn build_admission(
     a: &AdmissionSettings,
     errors: &mut Vec<(usize, PoolError)>,
 ) -> Option<AdmissionQueue> {
     let before = errors.len();
-    let workers = match a.workers {
-        Some(w) if w <= HEALTH_RESERVE => {
-            errors.push((
-                0,
-                PoolError::TooSmall {
-                    key: &["admission", "workers"],
-                    value: w as u64,
-                    min: HEALTH_RESERVE as u64 + 1,
-                },
-            ));
-            None
-        }
-        w => w.and_then(NonZeroUsize::new),
-    };
-    let limit = match a.max_in_flight {
-        None => LimitConfig::Adaptive(GradientConfig::default()),
-        Some(n) => match NonZeroUsize::new(n) {
-            None => {
-                errors.push((
-                    0,
-                    PoolError::TooSmall {
-                        key: &["admission", "max_in_flight"],
-                        value: 0,
-                        min: 1,
-                    },
-                ));
-                return None;
-            }
-            Some(n) => {
-                if let Some(w) = workers
-                    && n.get() > w.get() - HEALTH_RESERVE
-                {
-                    errors.push((
-                        0,
-                        PoolError::NoWorkerForChecks {
-                            max_in_flight: n.get(),
-                            workers: w.get(),
-                        },
-                    ));
-                }
-                LimitConfig::Fixed(n)
-            }
-        },
-    };
+    let workers = admission_workers(a, errors);
+    let limit = admission_limit(a, workers, errors)?;
     if a.queue_timeout.0.is_zero() {
         errors.push((
             0,
@@ -811,6 +771,63 @@ fn build_admission(
             None
         }
     }
+}
+
+/// `admission.workers`, when set and above the health checks' reserve.
+fn admission_workers(
+    a: &AdmissionSettings,
+    errors: &mut Vec<(usize, PoolError)>,
+) -> Option<NonZeroUsize> {
+    match a.workers {
+        Some(w) if w <= HEALTH_RESERVE => {
+            errors.push((
+                0,
+                PoolError::TooSmall {
+                    key: &["admission", "workers"],
+                    value: w as u64,
+                    min: HEALTH_RESERVE as u64 + 1,
+                },
+            ));
+            None
+        }
+        w => w.and_then(NonZeroUsize::new),
+    }
+}
+
+/// The admission limit: `max_in_flight` when set (leaving the app's
+/// `workers` a slot for health checks), else learned from latency. `None`
+/// for a limit of 0.
+fn admission_limit(
+    a: &AdmissionSettings,
+    workers: Option<NonZeroUsize>,
+    errors: &mut Vec<(usize, PoolError)>,
+) -> Option<LimitConfig> {
+    let Some(n) = a.max_in_flight else {
+        return Some(LimitConfig::Adaptive(GradientConfig::default()));
+    };
+    let Some(n) = NonZeroUsize::new(n) else {
+        errors.push((
+            0,
+            PoolError::TooSmall {
+                key: &["admission", "max_in_flight"],
+                value: 0,
+                min: 1,
+            },
+        ));
+        return None;
+    };
+    if let Some(w) = workers
+        && n.get() > w.get() - HEALTH_RESERVE
+    {
+        errors.push((
+            0,
+            PoolError::NoWorkerForChecks {
+                max_in_flight: n.get(),
+                workers: w.get(),
+            },
+        ));
+    }
+    Some(LimitConfig::Fixed(n))
 }
 
 fn resolve(s: &str) -> Result<SocketAddr, PoolError> {
