@@ -40,81 +40,92 @@ fn page(cmd: Command) -> Man {
 }
 
 /// What an operator looks for in `man weir` beyond the flags: files,
-/// signals, exit status, environment. The details live in docs/; these are
-/// the facts needed at a console.
+/// signals, exit status, environment, as (section, [(term, text)]). The
+/// details live in docs/; these are the facts needed at a console.
+const OPERATOR_SECTIONS: &[(&str, &[(&str, &str)])] = &[
+    (
+        "FILES",
+        &[
+            (
+                "/etc/weir/weir.toml",
+                "The configuration (the package's default: a listener on :8080 in front of 127.0.0.1:8081). Validate it with weir check -c FILE before a reload.",
+            ),
+            (
+                "/var/lib/weir",
+                "Limiter state snapshots ([state] snapshot_dir), kept across restarts.",
+            ),
+            (
+                "/run/weir",
+                "The in-place upgrade socket (systemd's RuntimeDirectory).",
+            ),
+        ],
+    ),
+    (
+        "SIGNALS",
+        &[
+            (
+                "SIGTERM, SIGINT",
+                "Drain: stop accepting, finish in-flight requests up to process.drain_timeout, write the limiter snapshot, exit 0. A second signal stops at once.",
+            ),
+            (
+                "SIGQUIT",
+                "Stop now: close every connection, write the snapshot, exit 0.",
+            ),
+            (
+                "SIGHUP",
+                "Reload the configuration. A configuration that fails to load is logged and the old one keeps serving.",
+            ),
+            ("SIGUSR1", "Reopen the access-log file (logrotate)."),
+            (
+                "SIGUSR2",
+                "In-place upgrade to the executable now on disk (as weir upgrade).",
+            ),
+        ],
+    ),
+    (
+        "EXIT STATUS",
+        &[
+            ("0", "Success; a drained stop."),
+            (
+                "1",
+                "A failure at run time (a failed upgrade, a sim check that failed).",
+            ),
+            (
+                "2",
+                "Unusable input: an invalid configuration, scenario or log.",
+            ),
+        ],
+    ),
+    (
+        "ENVIRONMENT",
+        &[
+            (
+                "WEIR_LOG",
+                "The process log's filter, in tracing's syntax (e.g. info, weir=debug).",
+            ),
+            (
+                "WEIR_LOG_FORMAT",
+                "text or json: the process log's format before the configuration is read ([log] format after).",
+            ),
+            (
+                "LISTEN_FDS, LISTEN_PID",
+                "systemd socket activation: each passed socket serves the [[listeners]] entry with its address.",
+            ),
+        ],
+    ),
+];
+
+/// [`OPERATOR_SECTIONS`] as roff, then SEE ALSO.
 fn operator_sections() -> Roff {
     let mut r = Roff::new();
-    let item = |r: &mut Roff, term: &str, text: &str| {
-        r.control("TP", [] as [&str; 0])
-            .text([bold(term)])
-            .text([roman(text)]);
-    };
-    r.control("SH", ["FILES"]);
-    item(
-        &mut r,
-        "/etc/weir/weir.toml",
-        "The configuration (the package's default: a listener on :8080 in front of 127.0.0.1:8081). Validate it with weir check -c FILE before a reload.",
-    );
-    item(
-        &mut r,
-        "/var/lib/weir",
-        "Limiter state snapshots ([state] snapshot_dir), kept across restarts.",
-    );
-    item(
-        &mut r,
-        "/run/weir",
-        "The in-place upgrade socket (systemd's RuntimeDirectory).",
-    );
-    r.control("SH", ["SIGNALS"]);
-    item(
-        &mut r,
-        "SIGTERM, SIGINT",
-        "Drain: stop accepting, finish in-flight requests up to process.drain_timeout, write the limiter snapshot, exit 0. A second signal stops at once.",
-    );
-    item(
-        &mut r,
-        "SIGQUIT",
-        "Stop now: close every connection, write the snapshot, exit 0.",
-    );
-    item(
-        &mut r,
-        "SIGHUP",
-        "Reload the configuration. A configuration that fails to load is logged and the old one keeps serving.",
-    );
-    item(&mut r, "SIGUSR1", "Reopen the access-log file (logrotate).");
-    item(
-        &mut r,
-        "SIGUSR2",
-        "In-place upgrade to the executable now on disk (as weir upgrade).",
-    );
-    r.control("SH", ["EXIT STATUS"]);
-    item(&mut r, "0", "Success; a drained stop.");
-    item(
-        &mut r,
-        "1",
-        "A failure at run time (a failed upgrade, a sim check that failed).",
-    );
-    item(
-        &mut r,
-        "2",
-        "Unusable input: an invalid configuration, scenario or log.",
-    );
-    r.control("SH", ["ENVIRONMENT"]);
-    item(
-        &mut r,
-        "WEIR_LOG",
-        "The process log's filter, in tracing's syntax (e.g. info, weir=debug).",
-    );
-    item(
-        &mut r,
-        "WEIR_LOG_FORMAT",
-        "text or json: the process log's format before the configuration is read ([log] format after).",
-    );
-    item(
-        &mut r,
-        "LISTEN_FDS, LISTEN_PID",
-        "systemd socket activation: each passed socket serves the [[listeners]] entry with its address.",
-    );
+    for (section, items) in OPERATOR_SECTIONS {
+        r.control("SH", [*section]);
+        for (term, text) in *items {
+            r.control("TP", [] as [&str; 0])
+                .text([bold(*term)])
+                .text([roman(*text)]);
+        }
+    }
     r.control("SH", ["SEE ALSO"]);
     r.text([
         italic("weir-run"),
