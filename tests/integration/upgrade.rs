@@ -504,6 +504,53 @@ async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
     );
 }
 
+/// The admission limit weir learned goes to the new process with the
+/// sockets: an app the old process had cut to one request at a time (it
+/// answered `503`, overloaded) does not meet a new process that starts open
+/// and sends it everything at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_keeps_the_learned_admission_limit() {
+    become_subreaper();
+    let up = HttpUpstream::start(|req| {
+        let mut resp = http::Response::new(Full::new(Bytes::from_static(b"busy\n")));
+        if req.head.uri.path() == "/overloaded" {
+            *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        }
+        resp
+    })
+    .await
+    .unwrap();
+    let mut weir = Weir::builder()
+        .config(config(up.addr(), "5s"))
+        .start()
+        .await
+        .unwrap();
+    let _group = GroupGuard(weir.child_pid());
+    let (addr, admin, old) = (weir.listener(0), weir.admin(), weir.pid());
+    let limit = |admin| async move {
+        let r = HttpRequest::get("/metrics").send(admin).await.unwrap();
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        crate::fixtures::metric(&text, "weir_admission_limit{pool=\"app\"}")
+    };
+    assert_eq!(
+        limit(admin).await,
+        10_000.0,
+        "open before the app shows strain"
+    );
+    let r = HttpRequest::get("/overloaded").send(addr).await.unwrap();
+    assert_eq!(r.status, 503);
+    let learned = limit(admin).await;
+    assert!(learned < 10.0, "a dropped request cuts at once: {learned}");
+
+    weir.signal(Signal::Usr2).unwrap();
+    let new = wait_new_pid(&mut weir, old, Duration::from_secs(15)).await;
+    assert_ne!(new, old);
+    assert_eq!(limit(weir.admin()).await, learned, "{}", weir.stderr());
+    let r = HttpRequest::get("/x").send(addr).await.unwrap();
+    assert_eq!(r.status, 200);
+    send_signal("weir", new, Signal::Kill).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_upgrade_leaves_the_old_process_serving() {
     let up = ok_upstream().await;

@@ -202,6 +202,19 @@ impl Window {
     }
 }
 
+/// What a [`GradientLimit`] has learned, handed to the next process in an
+/// in-place upgrade: a new process that started open (10,000) in front of
+/// an app the old one had cut to a handful would send the app a burst it
+/// cannot hold, once, before its own first cut. A drop's ceiling and the
+/// current window are not carried: they are about seconds, not the app.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LimitState {
+    pub limit: f64,
+    /// The long-term latency, in seconds, once known.
+    pub long_rtt_secs: Option<f64>,
+    pub probing: bool,
+}
+
 /// A latency-gradient concurrency limit.
 #[derive(Debug, Clone)]
 pub struct GradientLimit {
@@ -236,6 +249,32 @@ impl GradientLimit {
             ceiling: None,
             window: Window::new(now),
         })
+    }
+
+    /// What this limit has learned, for the next process.
+    pub fn state(&self) -> LimitState {
+        LimitState {
+            limit: self.limit,
+            long_rtt_secs: self.long_rtt,
+            probing: self.probing,
+        }
+    }
+
+    /// Continues from `state`, learned by the previous process: its limit
+    /// (within this one's bounds), its long-term latency (past warm-up: it
+    /// was learned from calm windows already) and whether it was probing.
+    /// Values that are not finite are ignored.
+    pub fn resume(&mut self, state: &LimitState) {
+        if state.limit.is_finite() {
+            self.limit = state
+                .limit
+                .clamp(self.config.min as f64, self.config.max as f64);
+        }
+        if let Some(long) = state.long_rtt_secs.filter(|l| l.is_finite() && *l > 0.0) {
+            self.long_rtt = Some(long);
+            self.windows_seen = WARM_UP_WINDOWS + 1;
+        }
+        self.probing = state.probing;
     }
 
     /// The current limit (whole slots).
@@ -435,6 +474,35 @@ mod tests {
     }
 
     const OPEN: usize = 10_000;
+
+    /// What a limit learned survives an upgrade: the next process's limit
+    /// continues from it, past warm-up; values that are not numbers are
+    /// ignored.
+    #[test]
+    fn a_resumed_limit_continues_where_the_last_one_was() {
+        let mut now = Instant::now();
+        let mut old = limiter(now);
+        drive(&mut old, &mut now, 12, ms(100), None);
+        drive(&mut old, &mut now, 3, ms(400), None);
+        let state = old.state();
+        assert!(state.limit < OPEN as f64 && !state.probing);
+        let mut new = limiter(now);
+        new.resume(&state);
+        assert_eq!(new.limit(), old.limit());
+        assert_eq!(new.long_rtt(), old.long_rtt());
+        assert!(!new.probing());
+        // The same windows move both alike from here.
+        drive(&mut old, &mut now, 2, ms(400), None);
+        drive(&mut new, &mut now, 2, ms(400), None);
+        assert_eq!(new.limit(), old.limit());
+        let mut cold = limiter(now);
+        cold.resume(&LimitState {
+            limit: f64::NAN,
+            long_rtt_secs: Some(f64::INFINITY),
+            probing: true,
+        });
+        assert_eq!((cold.limit(), cold.long_rtt()), (OPEN, None));
+    }
 
     #[test]
     fn grows_while_latency_is_flat() {

@@ -39,7 +39,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::adaptive::{GradientConfig, GradientConfigError, GradientLimit, Sample};
+use super::adaptive::{GradientConfig, GradientConfigError, GradientLimit, LimitState, Sample};
 use super::fair::{FairKey, FairQueue, Ticket};
 use super::lanes::{Lane, Lanes};
 use super::shapes::{Shape, ShapeCosts};
@@ -524,6 +524,27 @@ impl AdmissionQueue {
         let turns = higher as f64 + (in_lane + 1) as f64 / own_share;
         let hold = st.hold_secs.unwrap_or(1.0);
         Duration::from_secs_f64(hold * turns / limit as f64)
+    }
+
+    /// What the adaptive limit has learned (`None` for a fixed limit), to
+    /// hand to the next process in an upgrade.
+    pub fn limit_state(&self) -> Option<LimitState> {
+        match &self.shared.lock().limiter {
+            Limiter::Adaptive(g) => Some(g.state()),
+            Limiter::Fixed(_) => None,
+        }
+    }
+
+    /// Continues an adaptive limit from the previous process's `state`
+    /// (nothing for a fixed limit); waiters get any slots it adds.
+    pub fn resume_limit(&self, state: &LimitState) {
+        {
+            let mut st = self.shared.lock();
+            if let Limiter::Adaptive(g) = &mut st.limiter {
+                g.resume(state);
+            }
+        }
+        self.shared.grant_and_release(None, 0);
     }
 
     /// Caps the traffic limit at what the servers can take now (the sum of

@@ -14,7 +14,8 @@
 //!
 //! ```text
 //! new → old  Take { pid }             (old checks the peer's pid: its own child)
-//! old → new  Sockets { .. } + fds     (the same listening sockets, not copies)
+//! old → new  Sockets { .. } + fds     (the same listening sockets, not copies,
+//!                                      and the pools' learned admission limits)
 //! old → new  blob: limiter snapshot   (empty = no state)
 //! new → old  Ready { .. }             (new is accepting on every socket)
 //! old → new  Committed                (old has stopped accepting; drains)
@@ -91,8 +92,16 @@ pub struct SocketMeta {
     pub local: String,
 }
 
+/// One pool's learned admission limit in a [`Message::Sockets`]
+/// announcement, matched to the new process's pool by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolLimit {
+    pub pool: String,
+    pub state: crate::admission::LimitState,
+}
+
 /// A JSON message on the channel.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
     /// new → old: I am the child you started; hand me your sockets.
@@ -106,9 +115,13 @@ pub enum Message {
         message: String,
     },
     /// old → new: the listening sockets; descriptors ride on this frame.
+    /// Also the pools' learned admission limits (absent from a process
+    /// older than them: then the new one starts as from cold).
     Sockets {
         generation: u64,
         sockets: Vec<SocketMeta>,
+        #[serde(default)]
+        admission: Vec<PoolLimit>,
     },
     /// new → old: accepting on every socket.
     Ready {
@@ -448,6 +461,14 @@ mod tests {
         let sockets = Message::Sockets {
             generation: 7,
             sockets: vec![],
+            admission: vec![PoolLimit {
+                pool: "app".into(),
+                state: crate::admission::LimitState {
+                    limit: 12.5,
+                    long_rtt_secs: Some(0.04),
+                    probing: false,
+                },
+            }],
         };
         old.send_with_fds(&sockets, &[l1.as_fd(), l2.as_fd()])
             .await

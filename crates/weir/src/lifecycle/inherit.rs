@@ -58,6 +58,9 @@ pub struct Inherited {
     pub snapshot: Option<Snapshot>,
     /// The previous process's generation id, for logs.
     pub from_generation: Option<u64>,
+    /// The pools' admission limits as the previous process had learned
+    /// them; a pool not named starts as from cold.
+    pub admission: Vec<super::handoff::PoolLimit>,
     /// In an upgrade: when this process must have reported ready, with a
     /// margin before the previous process gives up on it. The warm-up
     /// (`warmup`) ends by then at the latest.

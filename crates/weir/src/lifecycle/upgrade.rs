@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::handoff::{
-    Channel, HandoffError, Message, SocketMeta, snapshot_from_bytes, snapshot_to_bytes,
+    Channel, HandoffError, Message, PoolLimit, SocketMeta, snapshot_from_bytes, snapshot_to_bytes,
 };
 use super::inherit::{Inherited, InheritedListener, ListeningSocket};
 use super::systemd;
@@ -403,9 +403,19 @@ impl Upgrader {
             });
             fds.push(socket.listener.as_fd());
         }
+        let admission = (runtime.gateway.load().pools.iter())
+            .filter_map(|p| {
+                let state = p.admission.as_ref()?.limit_state()?;
+                Some(PoolLimit {
+                    pool: p.name.to_string(),
+                    state,
+                })
+            })
+            .collect();
         let message = Message::Sockets {
             generation: runtime.generation,
             sockets: metas,
+            admission,
         };
         channel
             .send_with_fds(&message, &fds)
@@ -650,6 +660,7 @@ impl Taken {
         let Message::Sockets {
             generation,
             sockets,
+            admission,
         } = channel.recv_message("sockets", timeout).await?
         else {
             return Err(HandoffError::Unexpected {
@@ -667,6 +678,7 @@ impl Taken {
         let mut inherited = Inherited {
             from_generation: Some(generation),
             ready_by: Some(ready_by),
+            admission,
             ..Inherited::default()
         };
         let mut upgrade_socket = None;
