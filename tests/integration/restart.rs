@@ -23,7 +23,10 @@ use tokio::task::JoinHandle;
 
 use crate::support::process::send_signal;
 use crate::support::{Signal, Weir};
-use crate::upgrade::{Counts, config, get_workers, limited_client, ok_upstream, slow_upload};
+use crate::upgrade::{
+    Counts, admission_limit, config, cut_admission_limit, get_workers, limited_client, ok_upstream,
+    overloaded_upstream, slow_upload,
+};
 
 const RESTARTS: usize = 10;
 
@@ -308,4 +311,41 @@ async fn a_first_start_logs_no_error_and_lost_state_still_does() {
         logs.contains("ERROR") && logs.contains("expected limiter state"),
         "{logs}"
     );
+}
+
+/// A restart continues the admission limit the previous process learned
+/// (written beside the snapshot, `<snapshot>.admission.json`), so a flood's
+/// first burst after it does not meet a limit that starts open. A file older
+/// than ten minutes is not continued: the app may have changed since.
+#[tokio::test]
+async fn a_restart_keeps_the_learned_admission_limit_unless_it_is_old() {
+    let up = overloaded_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("limiter.snap");
+    let cfg = restart_config(up.addr(), "127.0.0.1:0", &snapshot);
+    let mut first = Weir::builder().config(cfg.clone()).start().await.unwrap();
+    let learned = cut_admission_limit(first.listener(0), first.admin()).await;
+    first.signal(Signal::Term).unwrap();
+    let status = first.wait_exit(Duration::from_secs(15)).await.unwrap();
+    assert!(status.success());
+    let admission = dir.path().join("limiter.snap.admission.json");
+    assert!(admission.exists(), "written beside the snapshot");
+
+    let mut second = Weir::builder().config(cfg.clone()).start().await.unwrap();
+    let continued = admission_limit(second.admin()).await;
+    assert_eq!(continued, learned, "{}", second.stderr());
+    second.signal(Signal::Term).unwrap();
+    let status = second.wait_exit(Duration::from_secs(15)).await.unwrap();
+    assert!(status.success());
+
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(11 * 60);
+    std::fs::File::options()
+        .write(true)
+        .open(&admission)
+        .and_then(|f| f.set_modified(long_ago))
+        .unwrap();
+    let third = Weir::builder().config(cfg).start().await.unwrap();
+    assert_eq!(admission_limit(third.admin()).await, 10_000.0);
+    let logs = third.stderr();
+    assert!(logs.contains("too old to continue"), "{logs}");
 }

@@ -59,6 +59,39 @@ limits = [{{ per = "ip", rate = 5, window = "1m" }}]
     )
 }
 
+/// An upstream that answers `/overloaded` with `503` (an app out of
+/// room), everything else with `200`.
+pub(crate) async fn overloaded_upstream() -> HttpUpstream {
+    HttpUpstream::start(|req| {
+        let mut resp = http::Response::new(Full::new(Bytes::from_static(b"busy\n")));
+        if req.head.uri.path() == "/overloaded" {
+            *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        }
+        resp
+    })
+    .await
+    .unwrap()
+}
+
+/// `weir_admission_limit{pool="app"}` as weir at `admin` exports it.
+pub(crate) async fn admission_limit(admin: SocketAddr) -> f64 {
+    let r = HttpRequest::get("/metrics").send(admin).await.unwrap();
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    crate::fixtures::metric(&text, "weir_admission_limit{pool=\"app\"}")
+}
+
+/// Cuts the open admission limit of weir at `addr` (one request the app
+/// answers `503`, overloaded: a drop cuts at once); returns the new limit.
+pub(crate) async fn cut_admission_limit(addr: SocketAddr, admin: SocketAddr) -> f64 {
+    let open = admission_limit(admin).await;
+    assert_eq!(open, 10_000.0, "open before the app shows strain");
+    let r = HttpRequest::get("/overloaded").send(addr).await.unwrap();
+    assert_eq!(r.status, 503);
+    let learned = admission_limit(admin).await;
+    assert!(learned < 10.0, "a dropped request cuts at once: {learned}");
+    learned
+}
+
 pub(crate) async fn ok_upstream() -> HttpUpstream {
     HttpUpstream::start(|req| {
         let body = format!("ok {}\n", req.body.len());
@@ -511,41 +544,21 @@ async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_keeps_the_learned_admission_limit() {
     become_subreaper();
-    let up = HttpUpstream::start(|req| {
-        let mut resp = http::Response::new(Full::new(Bytes::from_static(b"busy\n")));
-        if req.head.uri.path() == "/overloaded" {
-            *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
-        }
-        resp
-    })
-    .await
-    .unwrap();
+    let up = overloaded_upstream().await;
     let mut weir = Weir::builder()
         .config(config(up.addr(), "5s"))
         .start()
         .await
         .unwrap();
     let _group = GroupGuard(weir.child_pid());
-    let (addr, admin, old) = (weir.listener(0), weir.admin(), weir.pid());
-    let limit = |admin| async move {
-        let r = HttpRequest::get("/metrics").send(admin).await.unwrap();
-        let text = String::from_utf8_lossy(&r.body).into_owned();
-        crate::fixtures::metric(&text, "weir_admission_limit{pool=\"app\"}")
-    };
-    assert_eq!(
-        limit(admin).await,
-        10_000.0,
-        "open before the app shows strain"
-    );
-    let r = HttpRequest::get("/overloaded").send(addr).await.unwrap();
-    assert_eq!(r.status, 503);
-    let learned = limit(admin).await;
-    assert!(learned < 10.0, "a dropped request cuts at once: {learned}");
+    let (addr, old) = (weir.listener(0), weir.pid());
+    let learned = cut_admission_limit(addr, weir.admin()).await;
 
     weir.signal(Signal::Usr2).unwrap();
     let new = wait_new_pid(&mut weir, old, Duration::from_secs(15)).await;
     assert_ne!(new, old);
-    assert_eq!(limit(weir.admin()).await, learned, "{}", weir.stderr());
+    let now = admission_limit(weir.admin()).await;
+    assert_eq!(now, learned, "{}", weir.stderr());
     let r = HttpRequest::get("/x").send(addr).await.unwrap();
     assert_eq!(r.status, 200);
     send_signal("weir", new, Signal::Kill).unwrap();

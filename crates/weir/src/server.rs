@@ -151,7 +151,11 @@ impl Server {
         // is read, so a later write by the previous process is merged.
         let watch = state::snapshot_path(&runtime).map(|p| state::SnapshotWatch::new(&p));
         let restored = restore_state(&runtime, inherited.snapshot.take());
-        resume_admission(&runtime, &inherited.admission);
+        if !inherited.admission.is_empty() {
+            state::resume_admission(&runtime, &inherited.admission);
+        } else if let Some(path) = state::snapshot_path(&runtime) {
+            state::restore_admission(&runtime, &path);
+        }
         runtime.readiness.set_restored(restored.label());
         state::connect_redis(&runtime)?;
         // Close the warm-up gate before the admin API answers `/readyz`. In
@@ -330,26 +334,6 @@ fn metrics_with_warm_up() -> (Arc<Metrics>, warmup::WarmUpMetrics) {
     let warm_up_metrics = warmup::WarmUpMetrics::default();
     warm_up_metrics.register(metrics.weir_registry());
     (Arc::new(metrics), warm_up_metrics)
-}
-
-/// Continues each pool's adaptive admission limit where the previous
-/// process left it (an upgrade): a limit that started open in front of an
-/// app the old process had cut would send it a burst it cannot hold.
-fn resume_admission(runtime: &Runtime, limits: &[crate::lifecycle::handoff::PoolLimit]) {
-    let gateway = runtime.gateway.load();
-    for l in limits {
-        let queue = (gateway.pools.iter())
-            .find(|p| *p.name == *l.pool)
-            .and_then(|p| p.admission.as_ref());
-        if let Some(queue) = queue {
-            queue.resume_limit(&l.state);
-            tracing::info!(
-                pool = %l.pool,
-                limit = queue.limit(),
-                "admission limit continued from the previous process"
-            );
-        }
-    }
 }
 
 /// Restores limiter state: from the previous process's `snapshot` in an

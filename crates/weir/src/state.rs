@@ -1,5 +1,7 @@
 //! Limiter state across restarts: restore at start, snapshot periodically
-//! and at shutdown, and say loudly what happened.
+//! and at shutdown, and say loudly what happened. The pools' learned
+//! admission limits ride along: in an upgrade's hand-off, and in a small
+//! file beside the snapshot for a restart or a blue/green switch.
 //!
 //! Incident 2's replacement web server started every rate limit from zero
 //! because its state was written under one path and listed under another; no
@@ -8,8 +10,9 @@
 //! silent zero is visible.
 
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use crate::lifecycle::handoff::PoolLimit;
 use crate::observe::metrics::ResultLabels;
 use crate::runtime::Runtime;
 use weir_limiter::{Clock, MonotonicClock, RestoreReport, Snapshot, SnapshotError};
@@ -170,8 +173,105 @@ pub fn export_evictions(rt: &Runtime) {
     rt.metrics.evictions(evicted);
 }
 
-/// Writes the snapshot now; returns the number of keys written.
+/// Admission limits older than this are not continued at a start: the app
+/// may have changed since (a limit cut in a flood an hour ago would hold a
+/// healthy app back while it grows again).
+const ADMISSION_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// Each pool's learned adaptive admission limit (pools with a fixed limit,
+/// or none, have nothing to carry).
+pub fn capture_admission(rt: &Runtime) -> Vec<PoolLimit> {
+    (rt.gateway.load().pools.iter())
+        .filter_map(|p| {
+            let state = p.admission.as_ref()?.limit_state()?;
+            Some(PoolLimit {
+                pool: p.name.to_string(),
+                state,
+            })
+        })
+        .collect()
+}
+
+/// Continues each named pool's adaptive admission limit from `limits`, the
+/// previous process's: a limit that started open in front of an app the
+/// previous process had cut would send it a burst it cannot hold. Pools not
+/// named (new ones) start as configured. Returns the pools continued.
+pub fn resume_admission(rt: &Runtime, limits: &[PoolLimit]) -> usize {
+    let gateway = rt.gateway.load();
+    let mut resumed = 0;
+    for l in limits {
+        let queue = (gateway.pools.iter())
+            .find(|p| *p.name == *l.pool)
+            .and_then(|p| p.admission.as_ref());
+        if let Some(queue) = queue {
+            queue.resume_limit(&l.state);
+            resumed += 1;
+            tracing::info!(
+                pool = %l.pool,
+                limit = queue.limit(),
+                "admission limit continued from the previous process"
+            );
+        }
+    }
+    resumed
+}
+
+/// The admission limits' file beside the snapshot:
+/// `<snapshot_file>.admission.json`.
+pub fn admission_path(snapshot: &Path) -> PathBuf {
+    let mut name = snapshot.as_os_str().to_owned();
+    name.push(".admission.json");
+    PathBuf::from(name)
+}
+
+/// Writes the pools' admission limits beside the snapshot `path` (a new
+/// file renamed into place, as the snapshot is).
+fn write_admission(rt: &Runtime, path: &Path) -> std::io::Result<()> {
+    let file = admission_path(path);
+    let text = serde_json::to_vec(&capture_admission(rt)).map_err(std::io::Error::other)?;
+    let mut tmp = file.clone().into_os_string();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &file)
+}
+
+/// At a start without a hand-off: continues the pools' admission limits
+/// from the file beside the snapshot `path`, unless it is missing, older
+/// than [`ADMISSION_MAX_AGE`] or unreadable (then they start open, as on a
+/// first start; said in the log).
+pub fn restore_admission(rt: &Runtime, path: &Path) -> usize {
+    let file = admission_path(path);
+    let age = std::fs::metadata(&file)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok());
+    match age {
+        None => return 0,
+        Some(age) if age > ADMISSION_MAX_AGE => {
+            tracing::info!(file = %file.display(), ?age, "admission limits too old to continue: starting open");
+            return 0;
+        }
+        Some(_) => {}
+    }
+    let limits: Vec<PoolLimit> = match std::fs::read(&file)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(file = %file.display(), error = %e, "admission limits unreadable: starting open");
+            return 0;
+        }
+    };
+    resume_admission(rt, &limits)
+}
+
+/// Writes the snapshot now, and the admission limits beside it; returns
+/// the number of keys written.
 pub fn write(rt: &Runtime, path: &Path) -> Result<usize, SnapshotError> {
+    if let Err(e) = write_admission(rt, path) {
+        tracing::warn!(error = %e, "admission limits could not be written beside the snapshot");
+    }
     let gw = rt.gateway.load();
     let generation = rt.generation;
     let snap = Snapshot::capture(

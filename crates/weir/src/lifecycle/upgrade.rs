@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::handoff::{
-    Channel, HandoffError, Message, PoolLimit, SocketMeta, snapshot_from_bytes, snapshot_to_bytes,
+    Channel, HandoffError, Message, SocketMeta, snapshot_from_bytes, snapshot_to_bytes,
 };
 use super::inherit::{Inherited, InheritedListener, ListeningSocket};
 use super::systemd;
@@ -403,19 +403,10 @@ impl Upgrader {
             });
             fds.push(socket.listener.as_fd());
         }
-        let admission = (runtime.gateway.load().pools.iter())
-            .filter_map(|p| {
-                let state = p.admission.as_ref()?.limit_state()?;
-                Some(PoolLimit {
-                    pool: p.name.to_string(),
-                    state,
-                })
-            })
-            .collect();
         let message = Message::Sockets {
             generation: runtime.generation,
             sockets: metas,
-            admission,
+            admission: crate::state::capture_admission(runtime),
         };
         channel
             .send_with_fds(&message, &fds)
