@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use crate::lifecycle::handoff::PoolLimit;
+use crate::admission::PoolLimit;
 use crate::observe::metrics::ResultLabels;
 use crate::runtime::Runtime;
 use weir_limiter::{Clock, MonotonicClock, RestoreReport, Snapshot, SnapshotError};

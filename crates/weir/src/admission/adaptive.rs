@@ -215,6 +215,15 @@ pub struct LimitState {
     pub probing: bool,
 }
 
+/// One pool's [`LimitState`], named: what goes to the next process (in an
+/// upgrade's hand-off, or beside the limiter snapshot), matched to its pool
+/// by name.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PoolLimit {
+    pub pool: String,
+    pub state: LimitState,
+}
+
 /// A latency-gradient concurrency limit.
 #[derive(Debug, Clone)]
 pub struct GradientLimit {

@@ -37,7 +37,7 @@ pub mod lanes;
 pub mod queue;
 pub mod shapes;
 
-pub use adaptive::{GradientConfig, GradientLimit, LimitState};
+pub use adaptive::{GradientConfig, GradientLimit, LimitState, PoolLimit};
 pub use browsing::BrowsingEvidence;
 pub use coalesce::{CoalesceKey, Coalescer, Role, SharedResponse};
 pub use fair::{FairKey, FairQueue};

@@ -43,6 +43,7 @@ use tokio::io::Interest;
 use tokio::net::UnixStream;
 
 use super::inherit::SocketRole;
+use crate::admission::PoolLimit;
 use weir_limiter::{Snapshot, SnapshotError};
 
 /// Largest frame accepted (a snapshot is 16 bytes a key: 64M keys).
@@ -90,14 +91,6 @@ pub struct SocketMeta {
     pub configured: String,
     /// Where it is bound, for logs.
     pub local: String,
-}
-
-/// One pool's learned admission limit in a [`Message::Sockets`]
-/// announcement, matched to the new process's pool by name.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PoolLimit {
-    pub pool: String,
-    pub state: crate::admission::LimitState,
 }
 
 /// A JSON message on the channel.

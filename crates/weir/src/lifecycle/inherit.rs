@@ -60,7 +60,7 @@ pub struct Inherited {
     pub from_generation: Option<u64>,
     /// The pools' admission limits as the previous process had learned
     /// them; a pool not named starts as from cold.
-    pub admission: Vec<super::handoff::PoolLimit>,
+    pub admission: Vec<crate::admission::PoolLimit>,
     /// In an upgrade: when this process must have reported ready, with a
     /// margin before the previous process gives up on it. The warm-up
     /// (`warmup`) ends by then at the latest.
