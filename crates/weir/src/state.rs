@@ -195,17 +195,15 @@ pub fn capture_admission(rt: &Runtime) -> Vec<PoolLimit> {
 /// Continues each named pool's adaptive admission limit from `limits`, the
 /// previous process's: a limit that started open in front of an app the
 /// previous process had cut would send it a burst it cannot hold. Pools not
-/// named (new ones) start as configured. Returns the pools continued.
-pub fn resume_admission(rt: &Runtime, limits: &[PoolLimit]) -> usize {
+/// named (new ones) start as configured.
+pub fn resume_admission(rt: &Runtime, limits: &[PoolLimit]) {
     let gateway = rt.gateway.load();
-    let mut resumed = 0;
     for l in limits {
         let queue = (gateway.pools.iter())
             .find(|p| *p.name == *l.pool)
             .and_then(|p| p.admission.as_ref());
         if let Some(queue) = queue {
             queue.resume_limit(&l.state);
-            resumed += 1;
             tracing::info!(
                 pool = %l.pool,
                 limit = queue.limit(),
@@ -213,12 +211,11 @@ pub fn resume_admission(rt: &Runtime, limits: &[PoolLimit]) -> usize {
             );
         }
     }
-    resumed
 }
 
 /// The admission limits' file beside the snapshot:
 /// `<snapshot_file>.admission.json`.
-pub fn admission_path(snapshot: &Path) -> PathBuf {
+fn admission_path(snapshot: &Path) -> PathBuf {
     let mut name = snapshot.as_os_str().to_owned();
     name.push(".admission.json");
     PathBuf::from(name)
@@ -239,17 +236,17 @@ fn write_admission(rt: &Runtime, path: &Path) -> std::io::Result<()> {
 /// from the file beside the snapshot `path`, unless it is missing, older
 /// than [`ADMISSION_MAX_AGE`] or unreadable (then they start open, as on a
 /// first start; said in the log).
-pub fn restore_admission(rt: &Runtime, path: &Path) -> usize {
+pub fn restore_admission(rt: &Runtime, path: &Path) {
     let file = admission_path(path);
     let age = std::fs::metadata(&file)
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| SystemTime::now().duration_since(t).ok());
     match age {
-        None => return 0,
+        None => return,
         Some(age) if age > ADMISSION_MAX_AGE => {
             tracing::info!(file = %file.display(), ?age, "admission limits too old to continue: starting open");
-            return 0;
+            return;
         }
         Some(_) => {}
     }
@@ -260,10 +257,10 @@ pub fn restore_admission(rt: &Runtime, path: &Path) -> usize {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(file = %file.display(), error = %e, "admission limits unreadable: starting open");
-            return 0;
+            return;
         }
     };
-    resume_admission(rt, &limits)
+    resume_admission(rt, &limits);
 }
 
 /// Writes the snapshot now, and the admission limits beside it; returns

@@ -491,6 +491,13 @@ fn form_decoding() {
     }
 }
 
+/// The challenge page for a navigation to `/wiki/Page` from 203.0.113.7
+/// (difficulty 8).
+fn wiki_page(ch: &Challenger, h: &HeaderMap) -> Response<Bytes> {
+    let page = target("GET", "/wiki/Page");
+    ch.page(&page, &client("203.0.113.7"), h, 8, now())
+}
+
 /// The page's `<noscript>` refresh link (`/.weir/challenge/refresh?nonce=`).
 fn refresh_link(page: &Response<Bytes>) -> String {
     let html = std::str::from_utf8(page.body()).unwrap();
@@ -638,13 +645,7 @@ fn without_no_script_the_page_has_no_refresh_and_the_link_is_gone() {
     })
     .unwrap();
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
-    let page = ch.page(
-        &target("GET", "/wiki/Page"),
-        &client("203.0.113.7"),
-        &h,
-        8,
-        now(),
-    );
+    let page = wiki_page(&ch, &h);
     let html = std::str::from_utf8(page.body()).unwrap();
     assert!(!html.contains("http-equiv"), "{html}");
     assert!(html.contains("This check needs JavaScript"), "{html}");
@@ -686,13 +687,7 @@ fn a_delay_past_whole_seconds_is_asked_of_the_browser_and_held_for_the_rest() {
     })
     .unwrap();
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
-    let page = ch.page(
-        &target("GET", "/wiki/Page"),
-        &client("203.0.113.7"),
-        &h,
-        8,
-        now(),
-    );
+    let page = wiki_page(&ch, &h);
     let html = std::str::from_utf8(page.body()).unwrap();
     assert!(
         html.contains("http-equiv=\"refresh\" content=\"2; url="),
