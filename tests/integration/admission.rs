@@ -24,6 +24,9 @@
 //!   weir learns to be expensive wait behind cheap pages, with no config.
 //! - `zero_config_backs_off_from_an_app_that_resets_when_full`: resets are
 //!   overload; the learned limit backs off at once and stays below them.
+//! - `zero_config_sends_a_refused_read_again_when_a_slot_frees`: a cold
+//!   start's burst that overflows an app is served whole: each request the
+//!   app refused waits for a slot again and is sent once more.
 //! - `zero_config_gives_people_behind_one_network_a_turn_each`: addresses
 //!   that browse (mostly cheap pages) share as networks of their own, so
 //!   twelve readers of one /16 are not one turn against a crawler's /16s.
@@ -905,6 +908,44 @@ async fn zero_config_backs_off_from_an_app_that_resets_when_full() {
         served * 2 > answers.len(),
         "most answers served: {served} of {}: {statuses:?}",
         answers.len()
+    );
+    drop(weir);
+}
+
+/// A cold start in front of an app that resets what it cannot take: the
+/// limit starts open, so the first burst overflows the app once. Each
+/// request the app refused waits for a slot again, under the limit the
+/// refusals cut, and is sent once more: the burst is served whole. (Each
+/// refusal was a `502` before: `weir_admission_requeued_total` counts them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_config_sends_a_refused_read_again_when_a_slot_frees() {
+    let app = app(4, 0, 20.0, 20.0);
+    let weir = zero_config(&app).await;
+    let burst: Vec<_> = (0..32u8)
+        .map(|i| {
+            let to = weir.addr;
+            tokio::spawn(async move {
+                let (s, h, _) = get_from(ip(41, i, 1), to, &format!("/api/tile/{i}"), &[]).await;
+                let reason = h
+                    .get("x-weir-reason")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                (s.as_u16(), reason)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for b in burst {
+        answers.push(b.await.unwrap());
+    }
+    let refused = app.snapshot().refused;
+    assert!(refused > 0, "the burst overflowed the app at first");
+    let failed: Vec<_> = answers.iter().filter(|a| a.0 != 200).collect();
+    assert!(failed.is_empty(), "every request served: {failed:?}");
+    let m = weir.metrics().await;
+    let requeued = metric(&m, "weir_admission_requeued_total{pool=\"app\"}");
+    assert_eq!(
+        requeued, refused as f64,
+        "each refusal waited for a slot again"
     );
     drop(weir);
 }

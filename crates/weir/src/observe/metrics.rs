@@ -242,6 +242,9 @@ impl Metrics {
         let _ = self
             .challenge_spared
             .get_or_create(&PoolLabels { pool: pool.clone() });
+        let _ = self
+            .admission_requeued
+            .get_or_create(&PoolLabels { pool: pool.clone() });
         for kind in [
             "connect",
             "timeout",
@@ -381,6 +384,7 @@ pub struct Metrics {
     pub admission_queued: Family<LaneLabels, Gauge>,
     pub admission_admitted: Family<LaneLabels, Counter>,
     pub admission_shed: Family<ShedLabels, Counter>,
+    pub admission_requeued: Family<PoolLabels, Counter>,
     pub admission_queue_wait: HistogramFamily<LaneLabels>,
     pub pool_state: Family<PoolStateLabels, Gauge>,
     pub upstream_health: Family<ServerStateLabels, Gauge>,
@@ -454,6 +458,7 @@ impl Metrics {
             admission_queued: Family::default(),
             admission_admitted: Family::default(),
             admission_shed: Family::default(),
+            admission_requeued: Family::default(),
             admission_queue_wait: Family::new_with_constructor(latency_histogram),
             pool_state: Family::default(),
             upstream_health: Family::default(),
@@ -747,6 +752,11 @@ impl Metrics {
             "admission_shed",
             "Requests refused 503 by the admission queue, by pool, lane and reason (queue_full, deadline_exceeded, lower_lane_shed)",
             self.admission_shed.clone(),
+        );
+        registry.register(
+            "admission_requeued",
+            "Idempotent reads the app refused without a response (connection closed or reset) that waited for an admission slot again, by pool",
+            self.admission_requeued.clone(),
         );
         registry.register(
             "coalesced_requests",

@@ -104,6 +104,11 @@ pub(super) async fn admission(
     }
     let proven = standing.verified || standing.pass || standing.bot;
     let place = Place { lane, key, proven };
+    log.requeue = Some(Requeue {
+        place,
+        deadline,
+        shape,
+    });
     match slot(pool, queue, place, deadline, shape, log).await {
         Ok(()) => {
             if ask.is_some_and(|(c, _)| c.on_long_wait) {
@@ -121,10 +126,46 @@ pub(super) async fn admission(
 
 /// Where a request waits: its lane, its turn's key, and whether it proved
 /// who it is (a lane's share that yields to proof never takes its slot).
+#[derive(Clone, Copy)]
 struct Place {
     lane: Lane,
     key: crate::admission::FairKey,
     proven: bool,
+}
+
+/// Where an admitted request waited, and until when: kept so that a
+/// request the app refused can wait again ([`requeue`]).
+#[derive(Clone, Copy)]
+pub(super) struct Requeue {
+    place: Place,
+    deadline: tokio::time::Instant,
+    shape: crate::admission::Shape,
+}
+
+/// **Requeue**: in the upstream phase, after the app refused an admitted
+/// request without a word ([`ForwardError::refused`]: its connection closed
+/// or reset with no response byte, which is how an app whose backlog is
+/// full turns requests away). Frees the request's slot as overload (the
+/// adaptive limit cuts at once), then waits for a slot again, in the same
+/// lane and turn and until the same deadline, so the request is sent again
+/// only when the app has room under the cut limit (a retry sent at once
+/// would meet the same full backlog). This is what keeps the first burst
+/// in front of an app whose limit weir has not learned yet (a first start,
+/// a new app) from failing: before, each was a `502`.
+/// Result: true with the new slot held in the log record; false when the
+/// request did not wait for its slot (its pool has no queue) or was shed
+/// this time (recorded as any shed; the caller answers the refusal).
+pub(super) async fn requeue(pool: &Pool, log: &mut RequestLog) -> bool {
+    let (Some(queue), Some(again)) = (&pool.admission, log.requeue.take()) else {
+        return false;
+    };
+    if let Some(permit) = log.permit.take() {
+        permit.complete(crate::admission::Outcome::Overloaded);
+    }
+    let waited = log.record.queue_time;
+    let placed = slot(pool, queue, again.place, again.deadline, again.shape, log).await;
+    log.record.queue_time += waited;
+    placed.is_ok()
 }
 
 /// Waits for a slot in `place`'s lane and records it (metrics, the log's lane and

@@ -39,6 +39,9 @@ pub struct RequestLog {
     /// The admission slot, released (with how the request went) at body end.
     pub(super) permit: Option<crate::admission::Permit>,
     pub(super) admission_outcome: crate::admission::Outcome,
+    /// Where the request waited for its slot, to wait again if the app
+    /// refuses it (`admit::requeue`).
+    pub(super) requeue: Option<super::admit::Requeue>,
 }
 
 impl RequestLog {
@@ -103,6 +106,7 @@ impl RequestLog {
             rule_guards: Vec::new(),
             permit: None,
             admission_outcome: crate::admission::Outcome::Abandoned,
+            requeue: None,
         });
         log.stamp(req.headers_mut());
         log

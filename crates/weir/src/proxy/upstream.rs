@@ -142,10 +142,12 @@ pub(super) async fn coalesce(
 /// **Upstream phase**: after admission gave the request a slot. Makes the
 /// request say what was decided on (hop-by-hop fields gone, `Expect`
 /// handled here, the canonical path and `Host`, the forwarding fields, the
-/// class's body read timeout), then sends it with failover. May change: the
-/// request, the pool (connections, health, retry budget), the log (server,
-/// upstream time, the admission outcome). Result: the upstream's response
-/// head, or why there is none.
+/// class's body read timeout), then sends it with failover; an idempotent
+/// read the app refused without a word is sent once more after waiting for
+/// a slot again ([`super::admit::requeue`]). May change: the request, the
+/// pool (connections, health, retry budget, the admission limit), the log
+/// (server, upstream time, queue time, the admission slot and outcome).
+/// Result: the upstream's response head, or why there is none.
 pub(super) async fn forward(
     req: &mut Request<RequestBody>,
     target: &Target,
@@ -178,7 +180,32 @@ pub(super) async fn forward(
         .settings
         .response_timeout
         .unwrap_or(pool.response_timeout);
-    let result = send_with_failover(pool, req, timeout, log, &conn.rt).await;
+    let mut result = send_with_failover(pool, req, timeout, log, &conn.rt).await;
+    // An idempotent read the app refused without a word waits for a slot
+    // again and is sent once more (a bodyless GET as it is: its head was
+    // only borrowed). Not charged to the retry budget: the budget keeps
+    // retries from multiplying an app's load, and this one reaches the app
+    // only in a slot under the cut limit, in place of a new request.
+    if let Err(e) = &result
+        && e.refused()
+        && weir_http::connections::is_idempotent_read(req.method())
+        && http_body::Body::is_end_stream(req.body())
+        && log.requeue.is_some()
+    {
+        tracing::debug!(error = %e, "refused by the app; waiting for a slot again");
+        let labels = PoolLabels {
+            pool: pool.name.clone(),
+        };
+        conn.rt
+            .metrics
+            .admission_requeued
+            .get_or_create(&labels)
+            .inc();
+        // Boxed: rare, and its wait would enlarge every request's future.
+        if Box::pin(super::admit::requeue(pool, log)).await {
+            result = send_with_failover(pool, req, timeout, log, &conn.rt).await;
+        }
+    }
     log.admission_outcome = super::admit::admission_outcome(&result, log.record.upstream_time);
     result
 }

@@ -122,6 +122,21 @@ impl ForwardError {
             _ => false,
         }
     }
+
+    /// True when the app turned the request away without a word: the
+    /// connection (kept alive or new) closed or was reset with the request
+    /// sent and no response byte. That is how an app whose backlog is full
+    /// refuses (php-fpm past `listen.backlog`), and what the first burst
+    /// meets in front of an app whose limit weir has not learned yet.
+    pub fn refused(&self) -> bool {
+        match self {
+            ForwardError::Closed { .. } => true,
+            ForwardError::Exchange { source, .. } => {
+                matches!(source, ExchangeError::NoResponse(_))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// An exchange that failed is answered by its side: the app's failures
