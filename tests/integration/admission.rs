@@ -27,6 +27,8 @@
 //! - `zero_config_sends_a_refused_read_again_when_a_slot_frees`: a cold
 //!   start's burst that overflows an app is served whole: each request the
 //!   app refused waits for a slot again and is sent once more.
+//! - `a_refused_read_that_waits_past_its_deadline_is_shed`: one that finds
+//!   no slot before its deadline is weir's `503`, not the app's `502`.
 //! - `zero_config_gives_people_behind_one_network_a_turn_each`: addresses
 //!   that browse (mostly cheap pages) share as networks of their own, so
 //!   twelve readers of one /16 are not one turn against a crawler's /16s.
@@ -946,6 +948,41 @@ async fn zero_config_sends_a_refused_read_again_when_a_slot_frees() {
     assert_eq!(
         requeued, refused as f64,
         "each refusal waited for a slot again"
+    );
+    drop(weir);
+}
+
+/// A refused read that finds no slot before its deadline is shed as any
+/// wait is: weir's `503` with `Retry-After`, not the app's refusal as a
+/// `502`. One worker busy for 800 ms, no backlog: the second read is
+/// refused, the limit cuts to 1, and its 150 ms wait for the busy slot ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_read_that_waits_past_its_deadline_is_shed() {
+    let app = app(1, 0, 800.0, 800.0);
+    let weir = TestWeir::start(&format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n\n\
+         [pools.app.admission]\nqueue_timeout = \"150ms\"\n",
+        app.addr()
+    ))
+    .await;
+    let to = weir.addr;
+    let first = tokio::spawn(async move { get_from(ip(42, 0, 1), to, "/api/slow", &[]).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, headers, _) = get_from(ip(42, 1, 1), to, "/api/slow", &[]).await;
+    let reason = headers.get("x-weir-reason").and_then(|v| v.to_str().ok());
+    assert_eq!(status, 503, "shed while waiting again: {reason:?}");
+    assert_eq!(reason, Some("admission_deadline_exceeded"));
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(
+        first.await.unwrap().0,
+        200,
+        "the busy worker's read is served"
+    );
+    assert_eq!(app.snapshot().refused, 1);
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(&m, "weir_admission_requeued_total{pool=\"app\"}"),
+        1.0
     );
     drop(weir);
 }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use weir_http::connections::UpstreamBody;
 
-use super::log::RequestLog;
+use super::log::{RequestLog, Requeue};
 use crate::admission::{AdmissionQueue, Lane, Standing};
 use crate::challenge::Challenger;
 use crate::gateway::ClassAdmission;
@@ -105,7 +105,9 @@ pub(super) async fn admission(
     let proven = standing.verified || standing.pass || standing.bot;
     let place = Place { lane, key, proven };
     log.requeue = Some(Requeue {
-        place,
+        lane,
+        key,
+        proven,
         deadline,
         shape,
     });
@@ -126,20 +128,10 @@ pub(super) async fn admission(
 
 /// Where a request waits: its lane, its turn's key, and whether it proved
 /// who it is (a lane's share that yields to proof never takes its slot).
-#[derive(Clone, Copy)]
 struct Place {
     lane: Lane,
     key: crate::admission::FairKey,
     proven: bool,
-}
-
-/// Where an admitted request waited, and until when: kept so that a
-/// request the app refused can wait again ([`requeue`]).
-#[derive(Clone, Copy)]
-pub(super) struct Requeue {
-    place: Place,
-    deadline: tokio::time::Instant,
-    shape: crate::admission::Shape,
 }
 
 /// **Requeue**: in the upstream phase, after the app refused an admitted
@@ -152,20 +144,26 @@ pub(super) struct Requeue {
 /// would meet the same full backlog). This is what keeps the first burst
 /// in front of an app whose limit weir has not learned yet (a first start,
 /// a new app) from failing: before, each was a `502`.
-/// Result: true with the new slot held in the log record; false when the
-/// request did not wait for its slot (its pool has no queue) or was shed
-/// this time (recorded as any shed; the caller answers the refusal).
-pub(super) async fn requeue(pool: &Pool, log: &mut RequestLog) -> bool {
-    let (Some(queue), Some(again)) = (&pool.admission, log.requeue.take()) else {
-        return false;
-    };
+/// Result: `Ok` with the new slot held in the log record, or the shed's
+/// reason (recorded as any shed).
+pub(super) async fn requeue(
+    pool: &Pool,
+    queue: &AdmissionQueue,
+    again: Requeue,
+    log: &mut RequestLog,
+) -> Result<(), RejectReason> {
     if let Some(permit) = log.permit.take() {
         permit.complete(crate::admission::Outcome::Overloaded);
     }
     let waited = log.record.queue_time;
-    let placed = slot(pool, queue, again.place, again.deadline, again.shape, log).await;
+    let place = Place {
+        lane: again.lane,
+        key: again.key,
+        proven: again.proven,
+    };
+    let placed = slot(pool, queue, place, again.deadline, again.shape, log).await;
     log.record.queue_time += waited;
-    placed.is_ok()
+    placed
 }
 
 /// Waits for a slot in `place`'s lane and records it (metrics, the log's lane and

@@ -41,7 +41,18 @@ pub struct RequestLog {
     pub(super) admission_outcome: crate::admission::Outcome,
     /// Where the request waited for its slot, to wait again if the app
     /// refuses it (`admit::requeue`).
-    pub(super) requeue: Option<super::admit::Requeue>,
+    pub(super) requeue: Option<Requeue>,
+}
+
+/// Where an admitted request waited for its slot, and until when: kept so
+/// that a request the app refused can wait again (`admit::requeue`).
+#[derive(Clone, Copy)]
+pub(super) struct Requeue {
+    pub(super) lane: crate::admission::Lane,
+    pub(super) key: crate::admission::FairKey,
+    pub(super) proven: bool,
+    pub(super) deadline: tokio::time::Instant,
+    pub(super) shape: crate::admission::Shape,
 }
 
 impl RequestLog {

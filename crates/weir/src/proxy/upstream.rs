@@ -190,7 +190,7 @@ pub(super) async fn forward(
         && e.refused()
         && weir_http::connections::is_idempotent_read(req.method())
         && http_body::Body::is_end_stream(req.body())
-        && log.requeue.is_some()
+        && let (Some(queue), Some(again)) = (&pool.admission, log.requeue.take())
     {
         tracing::debug!(error = %e, "refused by the app; waiting for a slot again");
         let labels = PoolLabels {
@@ -202,9 +202,10 @@ pub(super) async fn forward(
             .get_or_create(&labels)
             .inc();
         // Boxed: rare, and its wait would enlarge every request's future.
-        if Box::pin(super::admit::requeue(pool, log)).await {
-            result = send_with_failover(pool, req, timeout, log, &conn.rt).await;
-        }
+        result = match Box::pin(super::admit::requeue(pool, queue, again, log)).await {
+            Ok(()) => send_with_failover(pool, req, timeout, log, &conn.rt).await,
+            Err(shed) => Err(requeue_shed(shed)),
+        };
     }
     log.admission_outcome = super::admit::admission_outcome(&result, log.record.upstream_time);
     result
@@ -390,6 +391,25 @@ pub(super) fn shared_response(
     *resp.version_mut() = version;
     *resp.headers_mut() = headers;
     resp
+}
+
+/// The answer for a refused request the queue shed while it waited again:
+/// the shed's own (`503`, its reason and `Retry-After`).
+fn requeue_shed(shed: RejectReason) -> ForwardError {
+    match shed {
+        RejectReason::Shed {
+            reason,
+            retry_after,
+        } => ForwardError::RequeueShed {
+            reason,
+            retry_after,
+        },
+        // The queue sheds with `Shed` only; any other reason is told as one.
+        other => ForwardError::RequeueShed {
+            reason: "admission_requeue_shed",
+            retry_after: other.retry_after().unwrap_or(Duration::from_secs(1)),
+        },
+    }
 }
 
 /// Sends the request; a bodyless request is re-sent once to another server,

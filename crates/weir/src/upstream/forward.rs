@@ -58,6 +58,14 @@ pub enum ForwardError {
         server: std::net::SocketAddr,
         source: ExchangeError,
     },
+    /// The app refused the request ([`ForwardError::refused`]) and the
+    /// admission queue shed it while it waited for a slot to be sent again
+    /// (`proxy::admit::requeue`): weir's `503`, with the shed's reason.
+    #[error("refused by the app, then shed waiting to be sent again: {reason}")]
+    RequeueShed {
+        reason: &'static str,
+        retry_after: Duration,
+    },
 }
 
 impl ForwardError {
@@ -99,6 +107,7 @@ impl ForwardError {
                 }
             }
             ForwardError::Exchange { .. } => "exchange",
+            ForwardError::RequeueShed { reason, .. } => reason,
         }
     }
 
@@ -106,6 +115,8 @@ impl ForwardError {
     fn failed_side(&self) -> Side {
         if self.client_body().is_some() {
             Side::Client
+        } else if matches!(self, ForwardError::RequeueShed { .. }) {
+            Side::Weir
         } else {
             Side::Upstream
         }
@@ -157,8 +168,17 @@ impl Reason for ForwardError {
             }
             (_, Some(_)) => StatusCode::BAD_REQUEST,
             (ForwardError::Timeout { .. }, _) => StatusCode::GATEWAY_TIMEOUT,
-            (ForwardError::NoHealthyServer, _) => StatusCode::SERVICE_UNAVAILABLE,
+            (ForwardError::NoHealthyServer | ForwardError::RequeueShed { .. }, _) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ForwardError::RequeueShed { retry_after, .. } => Some(*retry_after),
+            _ => None,
         }
     }
 
@@ -173,6 +193,7 @@ impl Reason for ForwardError {
             }
             (_, Some(_)) => "the request body could not be read".into(),
             (ForwardError::Timeout { .. }, _) => "the application did not answer in time".into(),
+            (ForwardError::RequeueShed { .. }, _) => "the application is busy; please retry".into(),
             _ => "the application could not be reached".into(),
         }
     }
