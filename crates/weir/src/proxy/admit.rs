@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use weir_http::connections::UpstreamBody;
 
-use super::log::{RequestLog, Requeue};
+use super::log::{Place, RequestLog};
 use crate::admission::{AdmissionQueue, Lane, Standing};
 use crate::challenge::Challenger;
 use crate::gateway::ClassAdmission;
@@ -52,17 +52,9 @@ pub(super) async fn admission(
         challenge,
     } = admitted;
     // Every answer teaches the pool what its shape costs (and lets the
-    // adaptive limit tell a slower mix from queueing); a class without a
-    // configured lane follows what was learned: expensive shapes wait in the
-    // lowest lane for the unproven, so cheap pages pass them.
+    // adaptive limit tell a slower mix from queueing).
     let shape = Shape::of(view.target);
-    let class_lane = class.lane.unwrap_or_else(|| {
-        if queue.shapes().is_expensive(shape) {
-            Lane::ANONYMOUS
-        } else {
-            Lane::PASS
-        }
-    });
+    let class_lane = class_lane(class, queue, shape);
     let standing = Standing {
         verified: proof.verified,
         pass: proof.pass.is_some(),
@@ -103,15 +95,16 @@ pub(super) async fn admission(
         deadline = deadline.min(now + 2 * ch.pressure_wait());
     }
     let proven = standing.verified || standing.pass || standing.bot;
-    let place = Place { lane, key, proven };
-    log.requeue = Some(Requeue {
+    let place = Place {
         lane,
         key,
         proven,
         deadline,
         shape,
-    });
-    match slot(pool, queue, place, deadline, shape, log).await {
+    };
+    // Kept: a request the app refuses waits here again (`requeue`).
+    log.place = Some(place);
+    match slot(pool, queue, place, log).await {
         Ok(()) => {
             if ask.is_some_and(|(c, _)| c.on_long_wait) {
                 spared(pool, log);
@@ -126,12 +119,21 @@ pub(super) async fn admission(
     }
 }
 
-/// Where a request waits: its lane, its turn's key, and whether it proved
-/// who it is (a lane's share that yields to proof never takes its slot).
-struct Place {
-    lane: Lane,
-    key: crate::admission::FairKey,
-    proven: bool,
+/// The lane of the class's unproven requests: its configured one, or what
+/// was learned: expensive shapes wait in the lowest lane, so cheap pages
+/// pass them.
+fn class_lane(
+    class: ClassAdmission,
+    queue: &AdmissionQueue,
+    shape: crate::admission::Shape,
+) -> Lane {
+    class.lane.unwrap_or_else(|| {
+        if queue.shapes().is_expensive(shape) {
+            Lane::ANONYMOUS
+        } else {
+            Lane::PASS
+        }
+    })
 }
 
 /// **Requeue**: in the upstream phase, after the app refused an admitted
@@ -149,19 +151,14 @@ struct Place {
 pub(super) async fn requeue(
     pool: &Pool,
     queue: &AdmissionQueue,
-    again: Requeue,
+    again: Place,
     log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
     if let Some(permit) = log.permit.take() {
         permit.complete(crate::admission::Outcome::Overloaded);
     }
     let waited = log.record.queue_time;
-    let place = Place {
-        lane: again.lane,
-        key: again.key,
-        proven: again.proven,
-    };
-    let placed = slot(pool, queue, place, again.deadline, again.shape, log).await;
+    let placed = slot(pool, queue, again, log).await;
     log.record.queue_time += waited;
     placed
 }
@@ -172,12 +169,16 @@ async fn slot(
     pool: &Pool,
     queue: &AdmissionQueue,
     place: Place,
-    deadline: tokio::time::Instant,
-    shape: crate::admission::Shape,
     log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
     let metrics = &log.conn.rt.metrics;
-    let Place { lane, key, proven } = place;
+    let Place {
+        lane,
+        key,
+        proven,
+        deadline,
+        shape,
+    } = place;
     let series = metrics.admitted(&pool.name, &queue.lanes().spec(lane).name);
     log.record.lane = Some(series.lane.clone());
     match queue.acquire_proven(lane, key, proven, deadline).await {

@@ -41,13 +41,15 @@ pub struct RequestLog {
     pub(super) admission_outcome: crate::admission::Outcome,
     /// Where the request waited for its slot, to wait again if the app
     /// refuses it (`admit::requeue`).
-    pub(super) requeue: Option<Requeue>,
+    pub(super) place: Option<Place>,
 }
 
-/// Where an admitted request waited for its slot, and until when: kept so
-/// that a request the app refused can wait again (`admit::requeue`).
+/// Where a request waits for an admission slot: its lane, its turn's key,
+/// whether it proved who it is (a lane's share that yields to proof never
+/// takes its slot), until when, and the shape its answer teaches. Kept in
+/// the record so a request the app refused can wait there again.
 #[derive(Clone, Copy)]
-pub(super) struct Requeue {
+pub(super) struct Place {
     pub(super) lane: crate::admission::Lane,
     pub(super) key: crate::admission::FairKey,
     pub(super) proven: bool,
@@ -117,7 +119,7 @@ impl RequestLog {
             rule_guards: Vec::new(),
             permit: None,
             admission_outcome: crate::admission::Outcome::Abandoned,
-            requeue: None,
+            place: None,
         });
         log.stamp(req.headers_mut());
         log

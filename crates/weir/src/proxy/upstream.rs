@@ -190,7 +190,7 @@ pub(super) async fn forward(
         && e.refused()
         && weir_http::connections::is_idempotent_read(req.method())
         && http_body::Body::is_end_stream(req.body())
-        && let (Some(queue), Some(again)) = (&pool.admission, log.requeue.take())
+        && let (Some(queue), Some(again)) = (&pool.admission, log.place.take())
     {
         tracing::debug!(error = %e, "refused by the app; waiting for a slot again");
         let labels = PoolLabels {
