@@ -78,11 +78,7 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
     assert!(cookie.starts_with("weir_pass="), "{cookie}");
 
     // The pass admits the navigation; its token is a rate-limit key: 5 a minute.
-    let with_pass: Vec<(&str, &str)> = NAV
-        .iter()
-        .copied()
-        .chain([("cookie", cookie.as_str())])
-        .collect();
+    let with_pass = nav_with_cookie(&cookie);
     let mut statuses = Vec::new();
     for _ in 0..6 {
         statuses.push(

@@ -384,6 +384,11 @@ pub const NAV: [(&str, &str); 3] = [
     ("user-agent", "Mozilla/5.0 test"),
 ];
 
+/// [`NAV`]'s headers with a `Cookie` (a pass from [`solve_challenge`]).
+pub fn nav_with_cookie(cookie: &str) -> Vec<(&'static str, &str)> {
+    NAV.iter().copied().chain([("cookie", cookie)]).collect()
+}
+
 /// A simulated app (weir_lab's) with 2 workers answering in a few
 /// milliseconds, on loopback: one that can be stalled.
 pub fn small_sim_app() -> weir_lab::app::SimApp {

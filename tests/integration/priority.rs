@@ -168,11 +168,7 @@ difficulty = 8
     // The pass exempts from `per-ip`; `per-pass` limits it by its own key.
     let (status, _, cookie) = solve_challenge(me, weir.addr, &page, 8, "Mozilla/5.0 test").await;
     assert_eq!(status, 303);
-    let with_pass: Vec<(&str, &str)> = NAV
-        .iter()
-        .copied()
-        .chain([("cookie", cookie.as_str())])
-        .collect();
+    let with_pass = nav_with_cookie(&cookie);
     let mut statuses = Vec::new();
     for _ in 0..4 {
         let (status, h, _) = get_from(me, weir.addr, "/wiki/B", &with_pass).await;
@@ -255,13 +251,133 @@ difficulty = 8
     assert_eq!(status, 303);
     app.unstall();
     assert_eq!(holder.await.unwrap(), 200);
-    let with_pass: Vec<(&str, &str)> = NAV
-        .iter()
-        .copied()
-        .chain([("cookie", cookie.as_str())])
-        .collect();
+    let with_pass = nav_with_cookie(&cookie);
     let (status, h, _) = get_from(neighbour, weir.addr, "/wiki/C", &with_pass).await;
     assert_eq!(status, 200, "{h:?}");
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}
+
+/// A pass is proof on every request, not only on the class that challenged:
+/// a person's cheap pages go by their pass too (their own turn in
+/// admission, exempt from rules that name `pass`). Before, a class without
+/// a challenge never read the pass, and a carrier NAT's pages shared one
+/// turn for its /16 (waits of 1-3.6 s in the 2026-09-23 scenario) while the
+/// same people's searches went by their passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_is_proof_on_a_class_that_does_not_challenge() {
+    let up = Upstream::start().await;
+    let cfg = format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{}"]
+[[routes]]
+pool = "app"
+class = "search"
+query_keys = ["search"]
+[[routes]]
+pool = "app"
+class = "page"
+[classes.search]
+challenge = "always"
+[[classes.page.rules]]
+name = "per-ip"
+exempt = ["pass"]
+limits = [{{ per = "ip", rate = 1, window = "1m" }}]
+[challenge]
+keys = ["{KEY}"]
+difficulty = 8
+"#,
+        up.addr
+    );
+    let weir = TestWeir::start(&cfg).await;
+    let me = ip("127.114.0.1");
+    let (status, h, page) = get_from(me, weir.addr, "/w/index.php?search=x", &NAV).await;
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-challenge"], "1");
+    let (status, _, cookie) = solve_challenge(me, weir.addr, &page, 8, "Mozilla/5.0 test").await;
+    assert_eq!(status, 303);
+    let with_pass = nav_with_cookie(&cookie);
+    // `page` does not challenge; its rule exempts a pass: every page served.
+    for n in 0..3 {
+        let (status, h, _) = get_from(me, weir.addr, "/wiki/A", &with_pass).await;
+        assert_eq!(status, 200, "page {n} with a pass: {h:?}");
+    }
+    let log = weir.access_log(5).await;
+    let pages: Vec<_> = log.iter().filter(|r| r["path"] == "/wiki/A").collect();
+    assert_eq!(pages.len(), 3, "{log:?}");
+    for r in pages {
+        assert_eq!(r["challenge"], "pass", "{r}");
+        assert_eq!(r["lane"], "pass", "{r}");
+        assert!(r["rule"].is_null(), "{r}");
+    }
+    // Without it, the same address is over `per-ip` at once.
+    let other = ip("127.114.0.2");
+    assert_eq!(get_from(other, weir.addr, "/wiki/A", &NAV).await.0, 200);
+    let (status, h, _) = get_from(other, weir.addr, "/wiki/A", &NAV).await;
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-reason"], "per-ip");
+}
+
+/// An unproven navigation of an `under_pressure` class that has waited twice
+/// `pressure.wait` for a slot gets the page, whether or not pressure has
+/// engaged: in a flood's first seconds (before `engage_after`) people's
+/// searches had waited 2-3.6 s in the lowest lane, where the page and the
+/// pass lane take about one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_navigation_that_waits_twice_pressure_wait_gets_the_page_before_pressure_engages() {
+    let app = small_sim_app();
+    let cfg = format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{}"]
+[pools.app.admission]
+max_in_flight = 1
+workers = 2
+[[routes]]
+pool = "app"
+class = "page"
+[classes.page]
+challenge = "under_pressure"
+queue_timeout = "30s"
+[challenge]
+keys = ["{KEY}"]
+difficulty = 8
+[challenge.pressure]
+wait = "100ms"
+engage_after = "10m"
+"#,
+        app.addr()
+    );
+    let weir = TestWeir::start(&cfg).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.115.0.1")).await;
+    let started = std::time::Instant::now();
+    let (status, h, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        get_from(ip("127.116.0.1"), weir.addr, "/wiki/C", &NAV),
+    )
+    .await
+    .expect("the navigation waited out its class's deadline instead of being offered the page");
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-challenge"], "1");
+    // It did wait first: the page is for a wait, not for a queue.
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        started.elapsed()
+    );
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(&m, "weir_challenge_engaged{pool=\"app\"}"),
+        0.0,
+        "{m}"
+    );
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
     drop(weir);
     tokio::time::timeout(Duration::from_secs(5), app.shutdown())
         .await

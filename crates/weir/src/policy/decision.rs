@@ -86,9 +86,9 @@ impl Admitted {
 pub struct ChallengeInstead {
     /// The page's difficulty (pressure adds bits).
     pub difficulty: u8,
-    /// Pressure is engaged: also when it would wait longer than the
-    /// challenge's `pressure.wait` (expected, or at most twice that
-    /// in fact). Otherwise only when it would be shed.
+    /// Pressure is engaged: also at once when it is expected to wait
+    /// longer than the challenge's `pressure.wait`. Engaged or not, it
+    /// gets the page when it would be shed or has waited twice that.
     pub on_long_wait: bool,
 }
 

@@ -108,10 +108,11 @@ pub(super) async fn bot(
 }
 
 /// **Rules-and-challenge phase**: after the bots phase. In order: the
-/// challenge (a browser navigation without a valid pass, when the class
-/// challenges always, gets the page; under pressure, it is marked to be
-/// challenged if admission cannot serve it promptly; never a verified
-/// session or a verified crawler), the client's requests in flight
+/// challenge (a valid pass is proof on any class; a browser navigation
+/// without one, when the class challenges always, gets the page; of an
+/// `under_pressure` class, it is marked to be challenged if admission
+/// cannot serve it promptly; never a verified session or a verified
+/// crawler), the client's requests in flight
 /// (`limits.max_requests_in_flight_per_ip`), the class's rules (a rule a
 /// pass exempts challenges such a navigation instead of refusing it; a
 /// deferring rule sends the request to the lowest lane). May change:
@@ -137,11 +138,20 @@ pub(super) async fn decide(
     };
     let mut instead = None;
     if let Some(ch) = &gw.challenger
-        && route.challenge != ChallengeMode::Off
         && !proof.verified
         && proof.bot.is_none()
     {
-        match challenge(ch, view, route, client, gw, log) {
+        // A pass is proof on every request, not only where the class
+        // challenges: a person's cheap pages are their own turn too (a
+        // carrier NAT's pages, keyed by its /16, had waited seconds behind
+        // one turn while the same people's searches went by their passes).
+        let challenged = match route.challenge {
+            ChallengeMode::Off => {
+                carried_pass(ch, view, client, log).map_or(Challenged::NotNow, Challenged::Pass)
+            }
+            _ => challenge(ch, view, route, client, gw, log),
+        };
+        match challenged {
             Challenged::Pass(id) => proof.pass = Some(id),
             Challenged::NotNow => {}
             Challenged::Page(page) => return Decision::Challenge(page),
@@ -236,6 +246,25 @@ enum Challenged {
     Instead(ChallengeInstead),
 }
 
+/// The id of the valid pass the request carries, if any (a bad, expired or
+/// foreign one counted as a challenge event, and the request unproven).
+fn carried_pass(
+    ch: &Challenger,
+    view: &RequestView<'_>,
+    client: &ClientId,
+    log: &mut RequestLog,
+) -> Option<u64> {
+    let check = ch.pass(view.headers, client, SystemTime::now());
+    if let Some(e) = check.event() {
+        challenge_event(&log.conn.rt, &e);
+    }
+    let PassCheck::Valid(t) = check else {
+        return None;
+    };
+    log.record.challenge = Some("pass");
+    Some(t.id)
+}
+
 /// The challenge for a request of a challenging class (see [`Challenged`]).
 fn challenge(
     ch: &Challenger,
@@ -245,16 +274,11 @@ fn challenge(
     gw: &Gateway,
     log: &mut RequestLog,
 ) -> Challenged {
+    if let Some(id) = carried_pass(ch, view, client, log) {
+        return Challenged::Pass(id);
+    }
     let rt = &log.conn.rt;
     let now = SystemTime::now();
-    let check = ch.pass(view.headers, client, now);
-    if let Some(e) = check.event() {
-        challenge_event(rt, &e);
-    }
-    if let PassCheck::Valid(t) = check {
-        log.record.challenge = Some("pass");
-        return Challenged::Pass(t.id);
-    }
     let pool = &gw.pools[route.pool];
     // Pressure is what people would wait behind: every lane above
     // `deferred` (deferred requests only take what nobody else wants). A
