@@ -27,7 +27,8 @@ use crate::upstream::{ForwardError, Pool};
 /// pool with `admission.enabled = false` passes everything at once. Proof
 /// buys priority, not entry: an unproven navigation the policy marked
 /// ([`ChallengeInstead`]) gets the challenge page where it would be shed,
-/// or, under pressure, where it would wait long; a deferred request shed
+/// where it would wait long under pressure, or once it has waited twice
+/// `pressure.wait`; a deferred request shed
 /// from the lowest lane gets its rule's refusal. May change: the queue,
 /// what the pool learned of the request's shape (when its answer ends), the
 /// log (lane, queue time, a deferral's refusal), metrics.
@@ -42,7 +43,7 @@ pub(super) async fn admission(
     client: &ClientId,
     log: &mut RequestLog,
 ) -> Result<(), Unadmitted> {
-    use crate::admission::{FairKey, Shape};
+    use crate::admission::Shape;
     let Some(queue) = &pool.admission else {
         return Ok(());
     };
@@ -62,18 +63,8 @@ pub(super) async fn admission(
         deferred: deferred.is_some(),
     };
     let lane = queue.lanes().clamp(Lane::for_request(standing, class_lane));
-    // A pass holder is a visitor of its own: a hundred people behind one
-    // carrier NAT are a hundred turns, not one (their passes are limited by
-    // their own key). So is an address that browses like a person (mostly
-    // cheap pages), for weir's defaults have no challenge; everyone else
-    // shares by address prefix.
     let now = tokio::time::Instant::now();
-    let browsing = (log.conn.rt.browsing).record(client.client, class_lane < Lane::ANONYMOUS, now);
-    let key = match proof.pass {
-        Some(id) => FairKey::of_visitor(id),
-        None if browsing => FairKey::of_browser(client.client),
-        None => FairKey::of(client.client),
-    };
+    let key = turn(proof.pass, class_lane < Lane::ANONYMOUS, client, log, now);
     let mut deadline = match class.queue_timeout {
         Some(t) => now + t,
         None => queue.deadline(lane, now),
@@ -121,6 +112,28 @@ pub(super) async fn admission(
             (None, Some(d)) => Unadmitted::Reject(super::policy::deferral_refused(*d, client, log)),
             (None, None) => Unadmitted::Reject(reason),
         }),
+    }
+}
+
+/// Whose turn in its lane the request waits for. A pass holder is a
+/// visitor of its own: a hundred people behind one carrier NAT are a
+/// hundred turns, not one (their passes are limited by their own key). So
+/// is an address that browses like a person (mostly cheap pages, `cheap`
+/// saying whether this request is one), for weir's defaults have no
+/// challenge; everyone else shares by address prefix.
+fn turn(
+    pass: Option<u64>,
+    cheap: bool,
+    client: &ClientId,
+    log: &RequestLog,
+    now: tokio::time::Instant,
+) -> crate::admission::FairKey {
+    use crate::admission::FairKey;
+    let browsing = (log.conn.rt.browsing).record(client.client, cheap, now);
+    match pass {
+        Some(id) => FairKey::of_visitor(id),
+        None if browsing => FairKey::of_browser(client.client),
+        None => FairKey::of(client.client),
     }
 }
 
