@@ -495,9 +495,9 @@ impl AdmissionQueue {
     /// for a slot: zero when a slot is free and nobody waits; otherwise the
     /// mean time a slot is held, times the turns ahead of it, over the
     /// limit. The turns ahead are every waiter of a higher lane and, in its
-    /// own lane, one turn of each network already waiting per round its own
-    /// network needs (the round robin puts a newcomer's network behind every
-    /// network waiting, once per request of its own already queued). Those
+    /// own lane, [`FairQueue::turns_ahead`]: the fresh networks ahead when
+    /// its network has nothing queued, else one turn of each network
+    /// already waiting per request of its own already queued. Those
     /// own-lane turns are stretched by the arrivals in higher lanes that
     /// will come first meanwhile: at the recent share of grants the higher
     /// lanes took, `h`, the lane gets `1 - h` of the slots. (Without it the
@@ -515,9 +515,7 @@ impl AdmissionQueue {
         let lane = self.shared.config.lanes.clamp(lane).index();
         let higher: usize = st.lanes[..lane].iter().map(|l| l.queue.len()).sum();
         let higher_share: f64 = st.lanes[..lane].iter().map(|l| l.grant_share).sum();
-        let own = &st.lanes[lane].queue;
-        let rounds = own.network_len(&key.network) + 1;
-        let in_lane = (rounds * own.networks()).min(own.len());
+        let in_lane = st.lanes[lane].queue.turns_ahead(&key.network);
         // At least a twentieth of the slots: the lane's share, if any,
         // and the deadline bound it anyway.
         let own_share = (1.0 - higher_share).max(0.05);
