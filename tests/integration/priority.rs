@@ -14,6 +14,16 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// A config in front of `app` with one admission slot (two workers: the
+/// second is the health check's), then `rest`.
+fn one_slot(app: &weir_lab::app::SimApp, rest: &str) -> String {
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"{}\"]\n\
+         [pools.app.admission]\nmax_in_flight = 1\nworkers = 2\n{rest}",
+        app.addr()
+    )
+}
+
 /// Stalls the app, then sends a request from `from` and waits until it holds
 /// the app's one admission slot; the handle gives its status once the app
 /// resumes.
@@ -40,18 +50,27 @@ async fn stall_with_the_slot_held(
     holder
 }
 
+/// Resumes the stalled app: the request holding the slot is served; then
+/// stops weir and the app.
+async fn resume_and_stop(
+    app: weir_lab::app::SimApp,
+    weir: TestWeir,
+    holder: tokio::task::JoinHandle<http::StatusCode>,
+) {
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferring_rule_serves_from_spare_capacity_and_refuses_when_the_app_is_busy() {
     let app = small_sim_app();
-    let cfg = format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["{}"]
-[pools.app.admission]
-max_in_flight = 1
-workers = 2
-[[routes]]
+    let cfg = one_slot(
+        &app,
+        r#"[[routes]]
 pool = "app"
 class = "page"
 [classes.page]
@@ -59,9 +78,8 @@ queue_timeout = "300ms"
 [[classes.page.rules]]
 name = "share"
 when_over = "defer"
-limits = [{{ per = "site", rate = 1, window = "1m" }}]
+limits = [{ per = "site", rate = 1, window = "1m" }]
 "#,
-        app.addr()
     );
     let weir = TestWeir::start(&cfg).await;
     // Within the limit, then over it while the app is idle: both served.
@@ -102,12 +120,7 @@ limits = [{{ per = "site", rate = 1, window = "1m" }}]
     assert_eq!(refused["rule"], "share", "{refused}");
     assert_eq!(refused["rule_level"], "site");
     assert_eq!(refused["lane"], "deferred");
-    app.unstall();
-    assert_eq!(holder.await.unwrap(), 200);
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
-        .await
-        .unwrap();
+    resume_and_stop(app, weir, holder).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,15 +202,10 @@ difficulty = 8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferred_navigation_a_pass_exempts_is_challenged_on_a_long_wait_without_pressure() {
     let app = small_sim_app();
-    let cfg = format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["{}"]
-[pools.app.admission]
-max_in_flight = 1
-workers = 2
-[[routes]]
+    let cfg = one_slot(
+        &app,
+        &format!(
+            r#"[[routes]]
 pool = "app"
 class = "page"
 [classes.page]
@@ -211,8 +219,8 @@ limits = [{{ per = "network", rate = 1, window = "1m" }}]
 [challenge]
 keys = ["{KEY}"]
 difficulty = 8
-"#,
-        app.addr()
+"#
+        ),
     );
     let weir = TestWeir::start(&cfg).await;
     // The /16's share, then the app stalls with one request in its one slot.
@@ -330,15 +338,10 @@ difficulty = 8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_navigation_that_waits_twice_pressure_wait_gets_the_page_before_pressure_engages() {
     let app = small_sim_app();
-    let cfg = format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["{}"]
-[pools.app.admission]
-max_in_flight = 1
-workers = 2
-[[routes]]
+    let cfg = one_slot(
+        &app,
+        &format!(
+            r#"[[routes]]
 pool = "app"
 class = "page"
 [classes.page]
@@ -350,8 +353,8 @@ difficulty = 8
 [challenge.pressure]
 wait = "100ms"
 engage_after = "10m"
-"#,
-        app.addr()
+"#
+        ),
     );
     let weir = TestWeir::start(&cfg).await;
     let holder = stall_with_the_slot_held(&app, &weir, ip("127.115.0.1")).await;
@@ -376,12 +379,54 @@ engage_after = "10m"
         0.0,
         "{m}"
     );
-    app.unstall();
-    assert_eq!(holder.await.unwrap(), 200);
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+    resume_and_stop(app, weir, holder).await;
+}
+
+/// Requests waiting for a slot of the pool `app`, every lane.
+fn queued(metrics: &str) -> f64 {
+    (metrics.lines())
+        .filter(|l| l.starts_with("weir_admission_queued{pool=\"app\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// A client that gives up while its request waits for a slot leaves a line
+/// (nginx's 499, with its lane and wait) and counts in
+/// `weir_requests_total`; before, it left nothing, and people who gave up
+/// waiting were invisible to the operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_queued_is_logged_as_499() {
+    use tokio::io::AsyncWriteExt;
+    let app = small_sim_app();
+    let cfg = one_slot(
+        &app,
+        r#"queue_timeout = "30s"
+"#,
+    );
+    let weir = TestWeir::start(&cfg).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.117.0.1")).await;
+    let mut client = connect_from(ip("127.118.0.1"), weir.addr).await.unwrap();
+    client
+        .write_all(b"GET /wiki/Given_up HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
         .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while queued(&weir.metrics().await) < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(client);
+    let log = weir.access_log(1).await;
+    let line = log.iter().find(|r| r["path"] == "/wiki/Given_up");
+    let line = line.unwrap_or_else(|| panic!("no line for the request given up: {log:?}"));
+    assert_eq!(line["status"], 499, "{line}");
+    assert!(line["lane"].is_string(), "it waited in a lane: {line}");
+    assert!(line["upstream"].is_null(), "{line}");
+    assert!(line["duration_ms"].as_f64().unwrap() >= 100.0, "{line}");
+    let m = weir.metrics().await;
+    assert_eq!(queued(&m), 0.0, "{m}");
+    resume_and_stop(app, weir, holder).await;
 }
 
 #[test]

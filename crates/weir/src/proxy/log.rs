@@ -42,6 +42,9 @@ pub struct RequestLog {
     /// Where the request waited for its slot, to wait again if the app
     /// refuses it (`admit::requeue`).
     pub(super) place: Option<Place>,
+    /// The line is written (the response ended, or the request was dropped
+    /// before one began): never twice.
+    written: bool,
 }
 
 /// Where a request waits for an admission slot: its lane, its turn's key,
@@ -120,6 +123,7 @@ impl RequestLog {
             permit: None,
             admission_outcome: crate::admission::Outcome::Abandoned,
             place: None,
+            written: false,
         });
         log.stamp(req.headers_mut());
         log
@@ -200,6 +204,40 @@ impl RequestLog {
 
 impl OnComplete for RequestLog {
     fn complete(mut self: Box<Self>, bytes_out: u64, error: Option<String>) {
+        self.write(bytes_out, error);
+    }
+}
+
+impl Drop for RequestLog {
+    /// A request dropped before its response began: the client left (its
+    /// HTTP/1 connection closed, its HTTP/2 stream reset) while the request
+    /// waited for a slot or for the app. Written with nginx's 499, so that
+    /// people who gave up waiting are in the log and in
+    /// `weir_requests_total`, and the connection's count of requests in
+    /// flight falls again (an HTTP/2 connection whose streams were reset
+    /// had stayed busy, never idle). Before, such a request left no line.
+    fn drop(&mut self) {
+        if self.written {
+            return;
+        }
+        if self.record.status == 0 {
+            self.record.status = CLIENT_CLOSED;
+        }
+        self.write(
+            0,
+            Some("client closed before the response began".to_string()),
+        );
+    }
+}
+
+/// nginx's status for a request whose client closed before the answer.
+const CLIENT_CLOSED: u16 = 499;
+
+impl RequestLog {
+    /// Writes the line and the request metrics, and frees the request's
+    /// slots (the admission permit with how the request went).
+    fn write(&mut self, bytes_out: u64, error: Option<String>) {
+        self.written = true;
         let rt = &self.conn.rt;
         self.record.bytes_out = bytes_out;
         self.record.bytes_in = self
