@@ -429,6 +429,51 @@ async fn a_client_that_leaves_while_queued_is_logged_as_499() {
     resume_and_stop(app, weir, holder).await;
 }
 
+/// An HTTP/2 stream the client resets while its request waits: the line is
+/// written (499), and the connection, with nothing in flight, is idle again,
+/// so `keepalive_idle_timeout` closes it. Before, the connection counted
+/// the dropped request in flight for ever: never idle, never closed for
+/// idleness, never the first to go at `max_connections`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_reset_while_queued_is_logged_and_its_connection_idles_out() {
+    let app = small_sim_app();
+    let cfg = one_slot(&app, "[limits]\nkeepalive_idle_timeout = \"1s\"\n");
+    let weir = TestWeir::start(&cfg).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.119.0.1")).await;
+    let stream = connect_from(ip("127.120.0.1"), weir.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::get("http://a/wiki/Reset")
+        .body(full(""))
+        .unwrap();
+    let waiting = tokio::spawn(send.send_request(req));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while queued(&weir.metrics().await) < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Dropping the response resets the stream (RST_STREAM, CANCEL).
+    waiting.abort();
+    let log = weir.access_log(1).await;
+    let line = log.iter().find(|r| r["path"] == "/wiki/Reset");
+    let line = line.unwrap_or_else(|| panic!("no line for the reset stream: {log:?}"));
+    assert_eq!(line["status"], 499, "{line}");
+    assert_eq!(line["proto"], "HTTP/2", "{line}");
+    // `send` is kept: the client would close an unused connection itself.
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("weir never closed the idle HTTP/2 connection")
+        .unwrap()
+        .ok();
+    drop(send);
+    resume_and_stop(app, weir, holder).await;
+}
+
 #[test]
 fn a_pass_without_a_challenge_and_a_deferring_concurrency_rule_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
