@@ -390,6 +390,22 @@ fn queued(metrics: &str) -> f64 {
         .sum()
 }
 
+/// Waits until a request waits for a slot of `app`.
+async fn until_queued(weir: &TestWeir) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while queued(&weir.metrics().await) < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The access-log line of the request for `path`.
+async fn line_for(weir: &TestWeir, path: &str) -> serde_json::Value {
+    let log = weir.access_log(1).await;
+    let line = log.iter().find(|r| r["path"] == path).cloned();
+    line.unwrap_or_else(|| panic!("no line for {path}: {log:?}"))
+}
+
 /// A client that gives up while its request waits for a slot leaves a line
 /// (nginx's 499, with its lane and wait) and counts in
 /// `weir_requests_total`; before, it left nothing, and people who gave up
@@ -410,16 +426,10 @@ async fn a_client_that_leaves_while_queued_is_logged_as_499() {
         .write_all(b"GET /wiki/Given_up HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while queued(&weir.metrics().await) < 1.0 {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_queued(&weir).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(client);
-    let log = weir.access_log(1).await;
-    let line = log.iter().find(|r| r["path"] == "/wiki/Given_up");
-    let line = line.unwrap_or_else(|| panic!("no line for the request given up: {log:?}"));
+    let line = line_for(&weir, "/wiki/Given_up").await;
     assert_eq!(line["status"], 499, "{line}");
     assert!(line["lane"].is_string(), "it waited in a lane: {line}");
     assert!(line["upstream"].is_null(), "{line}");
@@ -452,16 +462,10 @@ async fn an_http2_stream_reset_while_queued_is_logged_and_its_connection_idles_o
         .body(full(""))
         .unwrap();
     let waiting = tokio::spawn(send.send_request(req));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while queued(&weir.metrics().await) < 1.0 {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_queued(&weir).await;
     // Dropping the response resets the stream (RST_STREAM, CANCEL).
     waiting.abort();
-    let log = weir.access_log(1).await;
-    let line = log.iter().find(|r| r["path"] == "/wiki/Reset");
-    let line = line.unwrap_or_else(|| panic!("no line for the reset stream: {log:?}"));
+    let line = line_for(&weir, "/wiki/Reset").await;
     assert_eq!(line["status"], 499, "{line}");
     assert_eq!(line["proto"], "HTTP/2", "{line}");
     // `send` is kept: the client would close an unused connection itself.
