@@ -201,7 +201,12 @@ async fn drain_under_load_loses_no_request() {
         assert!(std::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let report = server.drain(Duration::from_secs(20)).await;
+    let report = server
+        .drain(
+            Duration::from_secs(20),
+            weir::server::Accepting::WhileEarlierWork,
+        )
+        .await;
     assert_eq!(report.forced, 0);
     for r in inflight {
         assert_eq!(r.await.unwrap(), 200);

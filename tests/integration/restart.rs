@@ -286,6 +286,53 @@ async fn ten_stop_starts_on_an_activated_socket_fail_nothing_and_keep_limits() {
     drop(running);
 }
 
+/// Issue 35: a plain stop (SIGTERM, no successor) keeps accepting while
+/// the work it had at the signal finishes: a connection made during the
+/// drain is served, with `Connection: close`, instead of refused (before,
+/// the listener closed at the signal, and a stop/start refused every
+/// connection for the whole drain). Once that work is done, it stops
+/// accepting and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_weir_serves_new_connections_until_its_earlier_work_is_done() {
+    let up = ok_upstream().await;
+    let mut weir = Weir::builder()
+        .config(crate::upgrade::config(up.addr(), "20s"))
+        .start()
+        .await
+        .unwrap();
+    let addr = weir.listener(0);
+    let source = IpAddr::V4(Ipv4Addr::new(127, 62, 0, 1));
+    // Earlier work: an upload sent over 2.5 s, in flight at the signal.
+    let upload = tokio::spawn(slow_upload(
+        source,
+        addr,
+        1 << 20,
+        32,
+        Duration::from_millis(2500),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    weir.signal(Signal::Term).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let during = crate::support::HttpRequest::get("/during-the-drain")
+        .from([127, 62, 0, 2])
+        .send(addr)
+        .await;
+    let during = during.expect("a connection during the drain is served, not refused");
+    assert_eq!(during.status, 200);
+    assert_eq!(during.header("connection"), Some("close"));
+    upload
+        .await
+        .unwrap()
+        .expect("the upload in flight is finished");
+    let status = weir.wait_exit(Duration::from_secs(15)).await.unwrap();
+    assert!(status.success(), "{status:?}");
+    let logs = weir.stderr();
+    assert!(
+        logs.contains("still accepting") && logs.contains("stopped accepting"),
+        "{logs}"
+    );
+}
+
 /// Issue 20: the very first start (an empty state directory) warns once that
 /// limits start from zero and logs no error; a snapshot missing from a
 /// directory a weir has written to before is an error, as it was.

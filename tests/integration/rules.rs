@@ -274,7 +274,10 @@ async fn limits_hold_from_the_first_request_after_a_restart() {
         .server
         .take()
         .unwrap()
-        .drain(std::time::Duration::from_secs(5))
+        .drain(
+            std::time::Duration::from_secs(5),
+            weir::server::Accepting::WhileEarlierWork,
+        )
         .await;
     assert!(snap.exists());
 

@@ -14,7 +14,7 @@ use weir::gateway::Gateway;
 use weir::lifecycle::signals::{Request, Signals};
 use weir::lifecycle::upgrade::{self, Handover, Taken, UpgradeSocket, Upgrader};
 use weir::lifecycle::{Inherited, InheritedListener, systemd};
-use weir::server::Server;
+use weir::server::{Accepting, Server};
 
 mod generate;
 
@@ -428,7 +428,9 @@ async fn serve_until_done(
         Ending::HandedOver(handover) => Some(handover),
         Ending::StopNow => {
             tracing::warn!("SIGQUIT: stopping now");
-            let report = server.drain_unless(Duration::ZERO, async {}).await;
+            let report = server
+                .drain_unless(Duration::ZERO, Accepting::No, async {})
+                .await;
             if let Some(s) = upgrader.socket() {
                 s.remove();
             }
@@ -583,8 +585,14 @@ async fn drain(
         }
     }
     tracing::info!(?drain_timeout, "draining: finishing in-flight requests");
+    // A successor has the sockets after an upgrade; else this process keeps
+    // accepting while its earlier work finishes (a plain stop and start).
+    let accepting = match handover {
+        Some(_) => Accepting::No,
+        None => Accepting::WhileEarlierWork,
+    };
     let report = server
-        .drain_unless(drain_timeout, async {
+        .drain_unless(drain_timeout, accepting, async {
             signals.stop_now().await;
             tracing::warn!("second signal: stopping now");
         })

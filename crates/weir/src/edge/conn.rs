@@ -282,6 +282,17 @@ impl ConnTracker {
         }
     }
 
+    /// The id the next connection will get: every connection open now has
+    /// a lower one (see [`ConnTracker::opened_before`]).
+    pub fn next_id(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// Connections still open among those opened before `id`.
+    pub fn opened_before(&self, id: u64) -> usize {
+        self.registry().conns.keys().filter(|&&c| c < id).count()
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }

@@ -10,6 +10,8 @@
 //!   the `weir upgrade` client.
 //! - [`systemd`]: socket activation and `sd_notify`.
 //! - [`signals`]: the signal table.
+//! - [`siblings`]: whether another process listens beside this one
+//!   (`reuse_port`), to which a draining process leaves new connections.
 //! - [`warmup`]: when a starting generation may call itself ready (its
 //!   pools and Redis answer, bounded by a timeout).
 //! - [`workers`]: the worker threads beyond the first, each accepting with
@@ -20,6 +22,7 @@
 
 pub mod handoff;
 pub mod inherit;
+pub mod siblings;
 pub mod signals;
 pub mod systemd;
 pub mod upgrade;
