@@ -17,6 +17,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -71,6 +72,10 @@ pub enum ExchangeError {
     Framing(&'static str),
     #[error("response head larger than {MAX_HEAD} bytes")]
     HeadTooLarge,
+    /// The server took longer than this to answer a request sent whole, or
+    /// to take the next piece of its body.
+    #[error("no progress within {0:?}")]
+    TimedOut(Duration),
     /// The client's request body failed (it stalled past its class's body
     /// timeout, or the client went away).
     #[error("request body: {0}")]
@@ -92,6 +97,10 @@ pub enum Failure {
     /// The request was (at least partly) sent.
     Sent(ExchangeError),
 }
+
+/// A bound that never binds, for [`UpstreamConnection::exchange`]'s callers
+/// that bound the whole exchange themselves.
+const NO_STALL_BOUND: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A parsed response head and what follows it.
 #[derive(Debug)]
@@ -168,7 +177,7 @@ impl UpstreamConnection {
         &mut self,
         req: &mut Request<B>,
     ) -> Result<ResponseHead, Failure> {
-        match self.send_request(req).await? {
+        match self.send_request(req, NO_STALL_BOUND).await? {
             Some(head) => Ok(head),
             None => self
                 .read_response(req.method() == Method::HEAD)
@@ -178,11 +187,14 @@ impl UpstreamConnection {
     }
 
     /// The first half of [`UpstreamConnection::exchange`]: sends `req`'s
-    /// head and body. `Some`: the server answered before the body ended (the
-    /// rest was not sent, and the connection is not to be reused).
+    /// head and body, failing when a write of the body stalls longer than
+    /// `stall` (the server stopped reading). `Some`: the server answered
+    /// before the body ended (the rest was not sent, and the connection is
+    /// not to be reused).
     pub async fn send_request<B: SendBody>(
         &mut self,
         req: &mut Request<B>,
+        stall: Duration,
     ) -> Result<Option<ResponseHead>, Failure> {
         let framing = request_framing(req);
         encode_head(&mut self.write_buf, req, framing);
@@ -192,8 +204,14 @@ impl UpstreamConnection {
         let head_request = req.method() == Method::HEAD;
         match framing {
             RequestFraming::None => Ok(None),
-            RequestFraming::Length(_) => self.send_body(req.body_mut(), false, head_request).await,
-            RequestFraming::Chunked => self.send_body(req.body_mut(), true, head_request).await,
+            RequestFraming::Length(_) => {
+                self.send_body(req.body_mut(), false, head_request, stall)
+                    .await
+            }
+            RequestFraming::Chunked => {
+                self.send_body(req.body_mut(), true, head_request, stall)
+                    .await
+            }
         }
         .map_err(Failure::Sent)
     }
@@ -216,10 +234,11 @@ impl UpstreamConnection {
         body: &mut B,
         chunked: bool,
         head_request: bool,
+        stall: Duration,
     ) -> Result<Option<ResponseHead>, ExchangeError> {
         let UpstreamConnection { io, read_buf, .. } = self;
         let (mut rd, mut wr) = io.split();
-        let upload = write_body(&mut wr, body, chunked);
+        let upload = write_body(&mut wr, body, chunked, stall);
         let early = read_head(&mut rd, read_buf, head_request);
         tokio::pin!(upload, early);
         tokio::select! {
@@ -536,6 +555,7 @@ async fn write_body<W: AsyncWrite + Unpin, B: SendBody>(
     io: &mut W,
     body: &mut B,
     chunked: bool,
+    stall: Duration,
 ) -> Result<(), ExchangeError> {
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(ExchangeError::RequestBody)?;
@@ -546,14 +566,22 @@ async fn write_body<W: AsyncWrite + Unpin, B: SendBody>(
         if data.is_empty() {
             continue;
         }
-        if chunked {
-            let mut line = [0u8; 18];
-            io.write_all(chunk_size_line(&mut line, data.len())).await?;
-            io.write_all(&data).await?;
-            io.write_all(b"\r\n").await?;
-        } else {
-            io.write_all(&data).await?;
-        }
+        // Bounded per piece, not for the whole body: a slow client's upload
+        // takes as long as it takes (its own pace is watched where it is
+        // read); a server that stops reading is found.
+        let piece = async {
+            if chunked {
+                let mut line = [0u8; 18];
+                io.write_all(chunk_size_line(&mut line, data.len())).await?;
+                io.write_all(&data).await?;
+                io.write_all(b"\r\n").await
+            } else {
+                io.write_all(&data).await
+            }
+        };
+        tokio::time::timeout(stall, piece)
+            .await
+            .map_err(|_| ExchangeError::TimedOut(stall))??;
     }
     if chunked {
         io.write_all(b"0\r\n\r\n").await?;

@@ -32,6 +32,10 @@ use crate::fields::ReceivedFields;
 #[derive(Debug, Clone, Copy)]
 pub struct ConnSettings {
     pub connect_timeout: Duration,
+    /// How long the server may take to answer a request sent whole, and the
+    /// longest a write of a request body to it may stall. Not a bound on
+    /// the whole exchange: an upload takes as long as its client does.
+    pub response_timeout: Duration,
     /// Idle connections older than this are closed instead of reused.
     pub idle_timeout: Duration,
     /// Idle connections kept per server; more are closed.
@@ -130,7 +134,7 @@ impl ServerConnections {
                 continue;
             }
             match self.exchange(conn, req, settings).await {
-                Ok((head, conn)) => return Ok(self.wrap(head, conn, settings)),
+                Ok(sent) => return Ok(self.wrap(sent, settings)),
                 Err(Failure::Unsent(_)) => continue,
                 Err(Failure::Sent(e @ ExchangeError::NoResponse(_))) => {
                     if !(resendable && idle_for >= MAY_BE_CLOSED_AFTER) {
@@ -144,7 +148,7 @@ impl ServerConnections {
         }
         let conn = connect(addr, settings.connect_timeout).await?;
         match self.exchange(conn, req, settings).await {
-            Ok((head, conn)) => Ok(self.wrap(head, conn, settings)),
+            Ok(sent) => Ok(self.wrap(sent, settings)),
             Err(Failure::Unsent(e) | Failure::Sent(e)) => Err(SendError::Exchange(e)),
         }
     }
@@ -161,7 +165,10 @@ impl ServerConnections {
         conn: UpstreamConnection,
         req: &mut Request<B>,
         settings: &ConnSettings,
-    ) -> Result<(ResponseHead, UpstreamConnection), Failure> {
+    ) -> Result<Exchanged, Failure> {
+        // Read only for a request with a body: for one without, the head
+        // is written at once and the caller's own clock serves.
+        let has_body = !req.body().is_end_stream();
         let mut waiting = Abandonable {
             conn: Some(conn),
             sent: false,
@@ -169,26 +176,41 @@ impl ServerConnections {
             settings,
             head_request: req.method() == Method::HEAD,
         };
-        let early = waiting.conn().send_request(req).await?;
+        let timeout = settings.response_timeout;
+        let early = waiting.conn().send_request(req, timeout).await?;
+        let mut body_sent = None;
         let head = match early {
             Some(head) => Ok(head),
             None => {
                 waiting.sent = true;
+                body_sent = has_body.then(Instant::now);
                 let head_request = waiting.head_request;
-                waiting.conn().read_response(head_request).await
+                let read = waiting.conn().read_response(head_request);
+                // Past it the connection is closed: its answer may still
+                // come, and no other request may read it.
+                match tokio::time::timeout(timeout, read).await {
+                    Ok(head) => head,
+                    Err(_) => Err(ExchangeError::TimedOut(timeout)),
+                }
             }
         };
         let conn = waiting.settle();
-        head.map(|h| (h, conn)).map_err(Failure::Sent)
+        head.map(|head| Exchanged {
+            head,
+            conn,
+            body_sent,
+        })
+        .map_err(Failure::Sent)
     }
 
-    fn wrap(
-        self: &Arc<Self>,
-        head: ResponseHead,
-        conn: UpstreamConnection,
-        settings: &ConnSettings,
-    ) -> Response<UpstreamBody> {
+    fn wrap(self: &Arc<Self>, sent: Exchanged, settings: &ConnSettings) -> Response<UpstreamBody> {
+        let Exchanged {
+            head,
+            conn,
+            body_sent,
+        } = sent;
         let mut body = UpstreamBody {
+            body_sent,
             conn: Some(conn),
             framing: head.framing,
             back: head.keep_alive.then(|| Return {
@@ -210,6 +232,13 @@ impl ServerConnections {
         *resp.headers_mut() = head.headers;
         resp
     }
+}
+
+/// A request sent and its response head read, on `conn`.
+struct Exchanged {
+    head: ResponseHead,
+    conn: UpstreamConnection,
+    body_sent: Option<Instant>,
 }
 
 /// How long a connection whose exchange was abandoned may take to finish
@@ -353,6 +382,10 @@ struct Return {
 /// server's idle stack; dropped early (the client went away), the rest is
 /// read and dropped first, within bounds ([`finish_abandoned`]).
 pub struct UpstreamBody {
+    /// When the request's body was sent whole (a request with one): the
+    /// app's own time is from here to the response head; before it, the
+    /// upload's pace is the client's.
+    body_sent: Option<Instant>,
     conn: Option<UpstreamConnection>,
     framing: Framing,
     /// `None`: the connection is not to be reused.
@@ -372,6 +405,12 @@ impl UpstreamBody {
         {
             r.home.push(conn, &r.settings);
         }
+    }
+
+    /// When the request's body finished going to the app, for a request
+    /// that had one (see [`UpstreamBody`]'s field).
+    pub fn request_body_sent(&self) -> Option<Instant> {
+        self.body_sent
     }
 
     /// The response's fields forwarded as received, if they were not put in

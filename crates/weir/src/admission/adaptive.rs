@@ -164,6 +164,9 @@ impl GradientConfig {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
     pub latency: Duration,
+    /// When it was granted its slot: a drop of a request granted before
+    /// the last cut was answered by that cut.
+    pub started: Instant,
     /// Requests in flight when this one started (including itself).
     pub in_flight: usize,
     /// The upstream shed or lost the request (timeout, 503 overload, reset).
@@ -174,11 +177,16 @@ pub struct Sample {
     pub own_lag: Duration,
 }
 
+/// Latencies a window keeps to take its median from; past this, a uniform
+/// sample of them (Algorithm R).
+const WINDOW_LATENCIES: usize = 256;
+
 #[derive(Debug, Clone)]
 struct Window {
     start: Instant,
     count: u32,
-    sum_secs: f64,
+    /// A uniform sample of the window's latencies, in seconds.
+    latencies: Vec<f32>,
     sum_in_flight: f64,
     sum_own_lag_secs: f64,
     dropped: bool,
@@ -188,11 +196,38 @@ struct Window {
 }
 
 impl Window {
+    /// Keeps `secs` in the window's sample: every latency while there is
+    /// room, then each with the chance a uniform sample gives it.
+    fn keep(&mut self, secs: f64) {
+        let secs = secs as f32;
+        if self.latencies.len() < WINDOW_LATENCIES {
+            self.latencies.push(secs);
+            return;
+        }
+        // A multiplicative hash of the count picks the slot: uniform
+        // enough, and no generator to carry.
+        let at = (u64::from(self.count).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) as usize
+            % self.count as usize;
+        if at < WINDOW_LATENCIES {
+            self.latencies[at] = secs;
+        }
+    }
+
+    /// The median latency, in seconds (0 for an empty window).
+    fn median(&mut self) -> f64 {
+        let n = self.latencies.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let (_, mid, _) = self.latencies.select_nth_unstable_by(n / 2, f32::total_cmp);
+        f64::from(*mid)
+    }
+
     fn new(start: Instant) -> Window {
         Window {
             start,
             count: 0,
-            sum_secs: 0.0,
+            latencies: Vec::new(),
             sum_in_flight: 0.0,
             sum_own_lag_secs: 0.0,
             dropped: false,
@@ -241,6 +276,11 @@ pub struct GradientLimit {
     /// The limit a repeated drop set, which growth does not pass while the
     /// drop is remembered.
     ceiling: Option<f64>,
+    /// When the limit was last cut for a dropped request: drops of
+    /// requests granted before it were answered by it.
+    last_drop_cut: Option<Instant>,
+    /// The last cut was for dropped requests, not for latency.
+    cut_by_drop: bool,
     window: Window,
 }
 
@@ -256,6 +296,8 @@ impl GradientLimit {
             flat_saturated: 0,
             since_drop: None,
             ceiling: None,
+            last_drop_cut: None,
+            cut_by_drop: false,
             window: Window::new(now),
         })
     }
@@ -298,11 +340,17 @@ impl GradientLimit {
 
     /// Records a completed request; returns the new limit when a window closed.
     pub fn on_sample(&mut self, now: Instant, sample: Sample) -> Option<usize> {
-        // Dropped, but started before the last cut: that cut answered it.
+        // Dropped, but granted before the last cut: that cut answered it
+        // (TCP's one cut per loss episode). A burst of resets, an app
+        // restarting under its requests, is one cut, not a ceiling.
+        let answered_by_cut = self.last_drop_cut.is_some_and(|at| sample.started < at);
+        if sample.dropped && answered_by_cut {
+            return None;
+        }
         let dropped = sample.dropped && sample.in_flight <= self.limit();
         let w = &mut self.window;
         w.count += 1;
-        w.sum_secs += sample.latency.as_secs_f64();
+        w.keep(sample.latency.as_secs_f64());
         w.sum_in_flight += sample.in_flight as f64;
         w.sum_own_lag_secs += sample.own_lag.as_secs_f64();
         w.dropped |= dropped;
@@ -314,14 +362,17 @@ impl GradientLimit {
         if !dropped && (elapsed < self.config.window || w.count < self.config.min_samples) {
             return None;
         }
-        let closed = std::mem::replace(&mut self.window, Window::new(now));
-        self.close_window(&closed);
+        let mut closed = std::mem::replace(&mut self.window, Window::new(now));
+        self.close_window(&mut closed, now);
         Some(self.limit())
     }
 
-    fn close_window(&mut self, w: &Window) {
+    fn close_window(&mut self, w: &mut Window, now: Instant) {
         let cfg = &self.config;
         if w.dropped {
+            self.last_drop_cut = Some(now);
+            self.cut_by_drop = true;
+            self.flat_saturated = 0;
             // The app dropped a request that started with this many in
             // flight: back off from there, not from a limit far above what
             // was used (a small backlog overflows long before a limit of 64
@@ -339,8 +390,13 @@ impl GradientLimit {
         if self.since_drop.is_none() {
             self.ceiling = None;
         }
+        // The median, not the mean: a long poll or a stream among a
+        // window's pages is one slow answer, not queueing (the mean of a
+        // window with one 3 s poll among 200 pages of 3 ms read as 6x
+        // congestion, and cut an idle app's limit to 1). Queueing in the
+        // app delays every answer, and moves the median.
         // A zero-latency window (clock granularity) carries no signal.
-        let short = w.sum_secs / w.count.max(1) as f64;
+        let short = w.median();
         if short <= 0.0 {
             return;
         }
@@ -358,6 +414,7 @@ impl GradientLimit {
         let next = if congested {
             self.probing = false;
             self.flat_saturated = 0;
+            self.cut_by_drop = false;
             // Cut from what was used, not from a limit far above it.
             let base = self.limit.min(w.max_in_flight as f64);
             let gradient = (cfg.tolerance * long / short).clamp(0.5, 1.0);
@@ -368,9 +425,17 @@ impl GradientLimit {
         } else if saturated {
             // Every slot used and latency flat: the limit, not the app, is
             // what holds requests back. After a few such windows in a row,
-            // probe again by doubling (demand grew since the last cut).
+            // probe again by doubling (demand grew since the last cut). A
+            // cut for one episode of drops (an app that restarted under its
+            // requests, a burst it refused once) probes at the first such
+            // window: an app that drops again at the same concurrency sets
+            // a ceiling, one that does not should not wait behind it.
             self.flat_saturated = self.flat_saturated.saturating_add(1);
-            if self.flat_saturated >= REPROBE_AFTER {
+            let reprobe_after = match (self.since_drop, self.ceiling) {
+                (Some(_), None) if self.cut_by_drop => 1,
+                _ => REPROBE_AFTER,
+            };
+            if self.flat_saturated >= reprobe_after {
                 self.probing = true;
             }
             if self.probing {
@@ -459,6 +524,7 @@ mod tests {
                 *now += ms(50);
                 let sample = Sample {
                     latency,
+                    started: *now,
                     in_flight: in_flight.unwrap_or(g.limit()),
                     dropped: false,
                     own_lag: Duration::ZERO,
@@ -678,6 +744,7 @@ mod tests {
                     now += ms(50);
                     let sample = Sample {
                         latency: ms(100),
+                        started: now,
                         in_flight: 4000,
                         dropped: false,
                         own_lag,
@@ -691,6 +758,63 @@ mod tests {
         assert!(run(Duration::ZERO) < OPEN / 2, "the app's queueing");
     }
 
+    /// Issue 35: one long poll (3 s) in a window of 3 ms pages is one slow
+    /// answer, not queueing. The window's mean read it as congestion and
+    /// cut an idle app's limit; the median does not move.
+    #[test]
+    fn a_long_poll_among_pages_is_not_congestion() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        drive(&mut g, &mut now, 30, ms(3), Some(40));
+        for window in 0..10 {
+            for i in 0..200 {
+                now += ms(5);
+                let latency = if i == 100 { ms(3000) } else { ms(3) };
+                let sample = Sample {
+                    latency,
+                    started: now,
+                    in_flight: 40,
+                    dropped: false,
+                    own_lag: Duration::ZERO,
+                };
+                g.on_sample(now, sample);
+            }
+            assert_eq!(g.limit(), OPEN, "window {window}");
+        }
+        // Queueing delays every answer: that is still seen.
+        drive(&mut g, &mut now, 3, ms(30), Some(40));
+        assert!(g.limit() < OPEN, "{}", g.limit());
+    }
+
+    /// Issue 35: an app restarting under its requests resets every one it
+    /// held, each having started with fewer in flight than the last. One
+    /// episode is one cut: no ceiling, and the limit probes back (doubles)
+    /// at the first window with every slot used and latency flat, instead
+    /// of creeping for five.
+    #[test]
+    fn a_burst_of_resets_is_one_cut_and_the_limit_comes_back_at_once() {
+        let mut now = Instant::now();
+        let mut g = small(now);
+        drive(&mut g, &mut now, 3, ms(10), None);
+        assert_eq!(g.limit(), 32, "probing: 4 -> 32");
+        let granted = now;
+        now += ms(1100);
+        let reset = |in_flight| Sample {
+            latency: ms(5),
+            started: granted,
+            in_flight,
+            dropped: true,
+            own_lag: Duration::ZERO,
+        };
+        assert_eq!(g.on_sample(now, reset(20)), Some(18), "20 x 0.9");
+        for in_flight in (1..20).rev() {
+            assert_eq!(g.on_sample(now, reset(in_flight)), None, "{in_flight}");
+        }
+        assert_eq!(g.limit(), 18, "one cut for the episode");
+        drive(&mut g, &mut now, 1, ms(10), None);
+        assert_eq!(g.limit(), 36, "probing again after one flat window");
+    }
+
     #[test]
     fn drops_back_off() {
         let mut now = Instant::now();
@@ -700,6 +824,7 @@ mod tests {
         now += ms(1100);
         let sample = Sample {
             latency: ms(100),
+            started: now,
             in_flight: before,
             dropped: true,
             own_lag: Duration::ZERO,
@@ -722,6 +847,7 @@ mod tests {
         now += ms(1100);
         let refused = Sample {
             latency: ms(1),
+            started: now,
             in_flight: 7,
             dropped: true,
             own_lag: Duration::ZERO,
@@ -736,6 +862,7 @@ mod tests {
         now += ms(10);
         let dropped = |in_flight| Sample {
             latency: ms(1),
+            started: now,
             in_flight,
             dropped: true,
             own_lag: Duration::ZERO,
@@ -764,6 +891,7 @@ mod tests {
         now += ms(1100);
         let refused = Sample {
             latency: ms(1),
+            started: now,
             in_flight: 20,
             dropped: true,
             own_lag: Duration::ZERO,
@@ -802,6 +930,7 @@ mod tests {
         let mut g = limiter(now);
         let s = Sample {
             latency: ms(100),
+            started: now,
             in_flight: 4,
             dropped: false,
             own_lag: Duration::ZERO,

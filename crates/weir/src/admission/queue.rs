@@ -152,6 +152,8 @@ pub enum Outcome {
     Abandoned,
 }
 
+// One per pool, behind the queue's lock: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Limiter {
     Fixed(usize),
     Adaptive(GradientLimit),
@@ -545,6 +547,20 @@ impl AdmissionQueue {
         self.shared.grant_and_release(None, 0);
     }
 
+    /// Continues what `previous`, this pool's queue before a reload that
+    /// changed its settings, learned about the app: its adaptive limit and
+    /// what each request shape costs. (Its waiters and requests in flight
+    /// stay with it and finish there.) A reload changes what its
+    /// configuration changed, not what weir had learned of the app: before,
+    /// such a reload started the limit open again in front of an app weir
+    /// had cut, and forgot every expensive shape.
+    pub fn continue_from(&self, previous: &AdmissionQueue) {
+        self.shared.shapes.continue_from(&previous.shared.shapes);
+        if let Some(state) = previous.limit_state() {
+            self.resume_limit(&state);
+        }
+    }
+
     /// Caps the traffic limit at what the servers can take now (the sum of
     /// their slow-start caps), or lifts the cap with `None`. Raising it
     /// grants waiting requests at once.
@@ -823,12 +839,14 @@ impl Shared {
             let sample = match done.outcome {
                 Outcome::Answered(latency) => Sample {
                     latency,
+                    started: done.granted_at.into_std(),
                     in_flight: done.in_flight,
                     dropped: false,
                     own_lag,
                 },
                 Outcome::Overloaded => Sample {
                     latency: Duration::from_secs_f64(held),
+                    started: done.granted_at.into_std(),
                     in_flight: done.in_flight,
                     dropped: true,
                     own_lag,

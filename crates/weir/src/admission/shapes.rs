@@ -159,7 +159,7 @@ impl Cost {
 /// of them share a bucket unpredictable.
 type Costs = HashMap<u64, Cost, foldhash::fast::RandomState>;
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Table {
     shapes: Costs,
     prefixes: Costs,
@@ -181,6 +181,17 @@ pub struct ShapeCosts {
 impl ShapeCosts {
     pub fn new() -> ShapeCosts {
         ShapeCosts::default()
+    }
+
+    /// Takes over what `other` learned (a reload that rebuilt the pool's
+    /// queue: the app's shapes did not change with its settings).
+    pub fn continue_from(&self, other: &ShapeCosts) {
+        let learned = other
+            .table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        *self.table.lock().unwrap_or_else(|p| p.into_inner()) = learned;
     }
 
     /// Records one answer of `shape` that took `latency` (to its head), and

@@ -1,7 +1,8 @@
 //! One request's record: the access-log line and request metrics, written
 //! once when its response body ends (so bytes and durations are true), and
 //! the slots it holds until then (client in flight, concurrency rules, the
-//! admission permit, the upstream server).
+//! upstream server; the admission permit only until the app's answer
+//! begins, see `upstream::forward`).
 //!
 //! Every response weir makes itself passes through [`RequestLog::answer`]:
 //! the rescue ([`crate::respond`]) builds it from a typed reason, this
@@ -36,9 +37,9 @@ pub struct RequestLog {
     pub(super) in_flight: Option<InFlightGuard>,
     pub(super) server: Option<ServerGuard>,
     pub(super) rule_guards: Vec<weir_limiter::InflightGuard>,
-    /// The admission slot, released (with how the request went) at body end.
+    /// The admission slot, released with how the request went once the
+    /// app's answer begins (or, never sent, when the record is written).
     pub(super) permit: Option<crate::admission::Permit>,
-    pub(super) admission_outcome: crate::admission::Outcome,
     /// Where the request waited for its slot, to wait again if the app
     /// refuses it (`admit::requeue`).
     pub(super) place: Option<Place>,
@@ -121,7 +122,6 @@ impl RequestLog {
             server: None,
             rule_guards: Vec::new(),
             permit: None,
-            admission_outcome: crate::admission::Outcome::Abandoned,
             place: None,
             written: false,
         });
@@ -235,7 +235,7 @@ const CLIENT_CLOSED: u16 = 499;
 
 impl RequestLog {
     /// Writes the line and the request metrics, and frees the request's
-    /// slots (the admission permit with how the request went).
+    /// slots (an admission permit still held says nothing of the app).
     fn write(&mut self, bytes_out: u64, error: Option<String>) {
         self.written = true;
         let rt = &self.conn.rt;
@@ -259,9 +259,8 @@ impl RequestLog {
         }
         self.in_flight.take();
         self.server.take();
-        if let Some(p) = self.permit.take() {
-            p.complete(self.admission_outcome);
-        }
+        // Dropped unused: `Outcome::Abandoned`.
+        self.permit.take();
         self.rule_guards.clear();
         self.conn.edge.state.request_finished();
     }

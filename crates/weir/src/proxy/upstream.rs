@@ -207,7 +207,15 @@ pub(super) async fn forward(
             Err(shed) => Err(requeue_shed(shed)),
         };
     }
-    log.admission_outcome = super::admit::admission_outcome(&result, log.record.upstream_time);
+    let outcome = super::admit::admission_outcome(&result, log.record.upstream_time);
+    // The app has answered (or failed): the slot is free now. What follows
+    // is the body at the client's pace (a download read slowly, an event
+    // stream, a tunnel), which is no measure of the app's load: held to
+    // the body's end, a few streams took every slot of a cut limit and
+    // everyone else waited out their deadline.
+    if let Some(permit) = log.permit.take() {
+        permit.complete(outcome);
+    }
     result
 }
 
@@ -454,7 +462,13 @@ async fn send_with_failover(
         let res = forward::send(pool, &guard.server, req, timeout).await;
         handles.in_flight.dec();
         let answered = Instant::now();
-        let took = answered.saturating_duration_since(sent);
+        // The app's own time: from the request sent whole to its answer
+        // (an upload's pace is the client's, and says nothing of the app).
+        let took = match &res {
+            Ok(resp) => resp.body().request_body_sent().unwrap_or(sent),
+            Err(_) => sent,
+        };
+        let took = answered.saturating_duration_since(took);
         if let Some(outcome) = health_outcome(&res, took) {
             let others = guard.server.in_flight().saturating_sub(1);
             pool.observe_request(&guard.server, answered, outcome, others);

@@ -20,7 +20,7 @@ use crate::respond::{Reason, Side};
 use weir_http::BoxError;
 use weir_http::body::RequestBody;
 use weir_http::client::ExchangeError;
-use weir_http::connections::{ConnectError, SendError, UpstreamBody};
+use weir_http::connections::{ConnSettings, ConnectError, SendError, UpstreamBody};
 use weir_http::framing::is_hop_by_hop;
 use weir_http::target::Authority;
 
@@ -217,25 +217,30 @@ pub async fn send(
     timeout: Duration,
 ) -> Result<Response<UpstreamBody>, ForwardError> {
     *req.version_mut() = Version::HTTP_11;
-    let exchange = server.connections.send(server.addr, &pool.conn, req);
-    match tokio::time::timeout(timeout, exchange).await {
-        Err(_) => Err(ForwardError::Timeout {
+    // The timeout runs from the request sent whole (and bounds each stall
+    // of its body): an upload at a client's pace is not the app's delay.
+    let settings = ConnSettings {
+        response_timeout: timeout,
+        ..pool.conn
+    };
+    match server.connections.send(server.addr, &settings, req).await {
+        Err(SendError::Exchange(ExchangeError::TimedOut(after))) => Err(ForwardError::Timeout {
             server: server.addr,
-            after: timeout,
+            after,
         }),
-        Ok(Err(SendError::Connect(source))) => Err(ForwardError::Connect {
-            server: server.addr,
-            source,
-        }),
-        Ok(Err(SendError::Exchange(source))) => Err(ForwardError::Exchange {
-            server: server.addr,
-            source,
-        }),
-        Ok(Err(SendError::Closed(source))) => Err(ForwardError::Closed {
+        Err(SendError::Connect(source)) => Err(ForwardError::Connect {
             server: server.addr,
             source,
         }),
-        Ok(Ok(resp)) => Ok(resp),
+        Err(SendError::Exchange(source)) => Err(ForwardError::Exchange {
+            server: server.addr,
+            source,
+        }),
+        Err(SendError::Closed(source)) => Err(ForwardError::Closed {
+            server: server.addr,
+            source,
+        }),
+        Ok(resp) => Ok(resp),
     }
 }
 

@@ -273,6 +273,7 @@ impl Pool {
             response_timeout: def.response_timeout.0,
             conn: ConnSettings {
                 connect_timeout: def.connect_timeout.0,
+                response_timeout: def.response_timeout.0,
                 idle_timeout: def.idle_timeout.0,
                 max_idle: def.max_idle_per_server,
             },
@@ -564,7 +565,8 @@ impl Pool {
 }
 
 /// The pool's admission queue: `previous`'s when its `[admission]` is
-/// unchanged, none when `settings` disable it, else a new one.
+/// unchanged, none when `settings` disable it, else a new one that
+/// continues what `previous`'s had learned.
 fn admission_queue(
     def: &PoolConfig,
     settings: &AdmissionSettings,
@@ -580,7 +582,14 @@ fn admission_queue(
     match kept_queue {
         Some(q) => Some(q),
         None if !settings.enabled => None,
-        None => build_admission(settings, errors),
+        None => {
+            let q = build_admission(settings, errors)?;
+            // New settings, the same app: what was learned of it goes on.
+            if let Some(old) = previous.and_then(|p| p.admission.as_ref()) {
+                q.continue_from(old);
+            }
+            Some(q)
+        }
     }
 }
 
