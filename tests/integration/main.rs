@@ -45,6 +45,11 @@ mod edge;
 // Reload (admin API, file change) and drain under load.
 mod lifecycle;
 
+// Do no harm (issue 35): ordinary traffic (uploads, slow readers, streams,
+// WebSockets, HTTP/2) through weir with the defaults, in steady state and
+// through reloads, upgrades, restarts and a blue/green switch.
+mod harm;
+
 // Priority, not gates (issue 19): rules that defer to the lowest lane
 // instead of refusing, navigations challenged instead of refused.
 mod priority;

@@ -137,6 +137,25 @@ enum Command {
         #[arg(long)]
         no_progress: bool,
     },
+    /// Ordinary traffic (pages, uploads, downloads, long polls, events,
+    /// WebSockets, HTTP/2) through each operation on weir (reload, upgrade,
+    /// restarts, blue/green), next to nginx and no gateway: prints what
+    /// visitors lost. Exit 1 when weir failed a request the app alone did not.
+    Harm {
+        /// A short run (a third of the traffic, three operations), as CI's.
+        #[arg(long)]
+        short: bool,
+        /// Fronts to run: direct, nginx, weir (default: all).
+        #[arg(long = "front", value_delimiter = ',')]
+        fronts: Vec<String>,
+        /// Operations: none, reload, upgrade, restart, reuse_port, activated,
+        /// blue_green (default: all).
+        #[arg(long = "op", value_delimiter = ',')]
+        ops: Vec<String>,
+        /// Write every row as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Replay incident 1 (crawler flood) with and without weir's recommended config.
     Demo {
         /// Where to write the HTML report.
@@ -197,7 +216,10 @@ fn main() -> ExitCode {
     // The lab's commands print a report; the weirs they run in-process log
     // only warnings unless WEIR_LOG asks for more.
     let default_level = match cli.command {
-        Command::Sim { .. } | Command::Demo { .. } | Command::Replay { .. } => "warn",
+        Command::Sim { .. }
+        | Command::Demo { .. }
+        | Command::Replay { .. }
+        | Command::Harm { .. } => "warn",
         _ => "info",
     };
     init_process_log(default_level);
@@ -265,6 +287,12 @@ fn main() -> ExitCode {
             },
         ),
         Command::Generate { what } => generated(what),
+        Command::Harm {
+            short,
+            fronts,
+            ops,
+            json,
+        } => harm(short, &fronts, &ops, json.as_deref()),
         Command::Demo { html } => {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             weir_lab::cli::demo(Some(html), progress)
@@ -288,6 +316,81 @@ fn sim(scenario: &Path, options: weir_lab::cli::SimOptions) -> anyhow::Result<Ex
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+/// `weir harm`: the harmlessness table; exit 1 when weir failed a request,
+/// cut an upload or answered `503`/`429` itself where no gateway failed none.
+fn harm(
+    short: bool,
+    fronts: &[String],
+    ops: &[String],
+    json: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    use weir_lab::ordinary::front::{FrontKind, Operation};
+    use weir_lab::ordinary::run::{Plan, run, table};
+    let fronts = match fronts {
+        [] => FrontKind::ALL.to_vec(),
+        names => names
+            .iter()
+            .map(|n| {
+                FrontKind::from_name(n)
+                    .with_context(|| format!("no front named {n:?} (direct, nginx, weir)"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let ops = match ops {
+        [] => Operation::ALL.to_vec(),
+        keys => keys
+            .iter()
+            .map(|k| {
+                Operation::from_key(k).with_context(|| {
+                    format!("no operation named {k:?} (none, reload, upgrade, restart, reuse_port, activated, blue_green)")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    let weir = std::env::current_exe().context("where this weir binary is")?;
+    let plan = if short {
+        Plan::short(weir)
+    } else {
+        Plan::full(weir)
+    };
+    weir_lab::ordinary::process::become_subreaper();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    for front in fronts {
+        for &op in ops.iter().filter(|o| o.applies_to(front)) {
+            eprintln!("weir harm: {} / {} ...", front.name(), op.name());
+            let row = rt.block_on(run(&plan, front, op))?;
+            eprintln!(
+                "{}",
+                table(std::slice::from_ref(&row))
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            );
+            rows.push(row);
+        }
+    }
+    println!("{}", table(&rows));
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let harmed = rows.iter().any(|r| {
+        r.front == FrontKind::Weir
+            && (r.summary.uploads_cut > 0
+                || r.summary.by_weir > 0
+                || (r.summary.failed > 0 && r.operation != Operation::Restart))
+    });
+    Ok(if harmed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     })
 }
 

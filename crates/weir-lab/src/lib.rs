@@ -11,6 +11,8 @@
 //!   [`process`]; [`alerts`]: alert rules replayed over weir's metrics with promtool;
 //!   [`runner`]: one variant's run; [`report`]: tables, JSON and HTML; [`cli`]: `weir sim`
 //!   and `weir demo`.
+//! - [`ordinary`]: ordinary traffic (pages, uploads, streams, WebSockets, HTTP/2) through
+//!   every operation on weir, next to nginx and no gateway at all (`weir harm`).
 //!
 //! The lab deliberately contains no part of weir's request path: nothing here decides
 //! anything about a request weir serves.
@@ -37,6 +39,7 @@ pub mod cohort;
 pub mod expect;
 pub mod haproxy;
 pub mod nginx;
+pub mod ordinary;
 pub mod process;
 pub mod report;
 pub mod runner;

@@ -55,9 +55,18 @@ pub fn start_gateway(config: &str, app: SocketAddr) -> Result<ServerProcess, Pro
     start(dir, &http)
 }
 
+/// Replaces a running nginx's `http` block with `http` and reloads it
+/// (SIGHUP: new workers take the new configuration, old ones finish what
+/// they hold): how an operator switches a load balancer's upstream.
+pub fn reconfigure(nginx: &ServerProcess, http: &str) -> Result<(), ProcessError> {
+    nginx.write("nginx.conf", &main_config(nginx.dir(), http))?;
+    nginx.signal(rustix::process::Signal::HUP);
+    Ok(())
+}
+
 /// The whole `nginx.conf` around an `http` block's contents.
-fn main_config(dir: &ServerDir, http: &str) -> String {
-    let d = dir.dir.path().display();
+fn main_config(dir: &std::path::Path, http: &str) -> String {
+    let d = dir.display();
     format!(
         r#"worker_processes 1;
 daemon off;
@@ -80,7 +89,7 @@ http {{
 }
 
 fn start(dir: ServerDir, http: &str) -> Result<ServerProcess, ProcessError> {
-    let conf = dir.write("nginx.conf", &main_config(&dir, http))?;
+    let conf = dir.write("nginx.conf", &main_config(dir.dir.path(), http))?;
     let error_log = dir.path("error.log");
     let prefix = dir.dir.path().to_path_buf();
     ServerProcess::start(
@@ -112,7 +121,7 @@ mod tests {
             "upstream app { server {{app}}; }\nserver { listen {{listen}}; root {{dir}}; }",
             app,
         );
-        let conf = main_config(&dir, &http);
+        let conf = main_config(dir.dir.path(), &http);
         let d = dir.dir.path().display().to_string();
         assert!(conf.contains("server 127.0.0.1:8081;"), "{conf}");
         assert!(conf.contains("listen 127.0.0.1:4321;"), "{conf}");

@@ -150,6 +150,8 @@ pub struct ServerProcess {
     pub addr: SocketAddr,
     child: Option<Child>,
     dir: ServerDir,
+    /// What it was started with, to start it again.
+    args: Vec<std::ffi::OsString>,
 }
 
 impl ServerProcess {
@@ -162,7 +164,11 @@ impl ServerProcess {
             program: program.name,
             source,
         };
-        let output = std::fs::File::create(dir.path("output.log")).map_err(setup)?;
+        let output = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(dir.path("output.log"))
+            .map_err(setup)?;
         let child = Command::new(&binary)
             .args(args)
             .current_dir(dir.dir.path())
@@ -180,9 +186,62 @@ impl ServerProcess {
             addr: dir.listen,
             child: Some(child),
             dir,
+            args: args.iter().map(|a| a.to_os_string()).collect(),
         };
         server.wait_listening()?;
         Ok(server)
+    }
+
+    /// Stops the program as [`ServerProcess::stop`] does, then starts it
+    /// again with the same arguments and waits until it listens: a plain
+    /// restart, with the gap between the two.
+    pub fn restart(&mut self) -> Result<(), ProcessError> {
+        self.stop();
+        let binary = self.program.path();
+        let setup = |source| ProcessError::Setup {
+            program: self.program.name,
+            source,
+        };
+        let output = std::fs::File::options()
+            .append(true)
+            .open(self.dir.path("output.log"))
+            .map_err(setup)?;
+        let child = Command::new(&binary)
+            .args(&self.args)
+            .current_dir(self.dir.dir.path())
+            .stdin(Stdio::null())
+            .stdout(output.try_clone().map_err(setup)?)
+            .stderr(output)
+            .spawn()
+            .map_err(|source| ProcessError::Spawn {
+                program: self.program.name,
+                binary,
+                source,
+            })?;
+        self.child = Some(child);
+        self.wait_listening()
+    }
+
+    /// Sends `signal` to the program (nginx: HUP reloads its configuration).
+    pub fn signal(&self, signal: Signal) {
+        if let Some(pid) = self
+            .child
+            .as_ref()
+            .and_then(|c| i32::try_from(c.id()).ok())
+            .and_then(Pid::from_raw)
+        {
+            let _ = kill_process(pid, signal);
+        }
+    }
+
+    /// Writes `name` into the program's dir (a configuration to reload).
+    pub fn write(&self, name: &str, text: &str) -> Result<PathBuf, ProcessError> {
+        self.dir.write(name, text)
+    }
+
+    /// The program's own dir.
+    pub fn dir(&self) -> &Path {
+        self.dir.dir.path()
     }
 
     fn wait_listening(&mut self) -> Result<(), ProcessError> {

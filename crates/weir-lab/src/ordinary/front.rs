@@ -1,0 +1,549 @@
+//! What stands in front of the app in a harmlessness run, and the
+//! operations an operator performs on it: nothing (the app itself), nginx
+//! as the usual reverse proxy, or weir with a listener, a pool and one
+//! per-address rule, run as its binary.
+//!
+//! Owns each front's processes and configuration, each operation (reload,
+//! upgrade, stop/start, a restart beside the old process with `reuse_port`,
+//! a stop/start on a socket held as systemd holds it, a blue/green switch
+//! behind a real nginx), and the check that the per-address limit survived
+//! it. Does not send the visitors' traffic ([`super::mix`]) or sum it.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::time::Instant;
+
+use super::mix::Target;
+use super::process::{WeirProcess, WeirProcessError};
+use crate::nginx;
+use crate::process::{ProcessError, ServerProcess};
+
+/// What stands in front of the app.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrontKind {
+    /// Nothing: visitors reach the app itself.
+    Direct,
+    /// nginx as a reverse proxy (`limit_req` on the limited path).
+    Nginx,
+    /// weir with a listener, a pool and one per-address rule.
+    Weir,
+}
+
+impl FrontKind {
+    pub const ALL: [FrontKind; 3] = [FrontKind::Direct, FrontKind::Nginx, FrontKind::Weir];
+
+    /// The front named `name` on the command line.
+    pub fn from_name(name: &str) -> Option<FrontKind> {
+        FrontKind::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FrontKind::Direct => "direct",
+            FrontKind::Nginx => "nginx",
+            FrontKind::Weir => "weir",
+        }
+    }
+}
+
+/// What the operator does while visitors come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// Nothing.
+    Steady,
+    /// Reload the configuration (SIGHUP).
+    Reload,
+    /// Replace the binary in place (`weir upgrade`).
+    Upgrade,
+    /// Stop, wait for the exit, start (`docker restart`, most scripts).
+    Restart,
+    /// With `reuse_port`: start the next process beside, then stop the old.
+    ReusePortRestart,
+    /// Stop and start on a listening socket held as systemd holds it.
+    ActivatedRestart,
+    /// Behind nginx: start the other colour, switch nginx to it, stop the old.
+    BlueGreen,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 7] = [
+        Operation::Steady,
+        Operation::Reload,
+        Operation::Upgrade,
+        Operation::Restart,
+        Operation::ReusePortRestart,
+        Operation::ActivatedRestart,
+        Operation::BlueGreen,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Steady => "none",
+            Operation::Reload => "reload",
+            Operation::Upgrade => "upgrade",
+            Operation::Restart => "stop/start",
+            Operation::ReusePortRestart => "restart, reuse_port",
+            Operation::ActivatedRestart => "restart, socket activation",
+            Operation::BlueGreen => "blue/green behind nginx",
+        }
+    }
+
+    /// Its name on `weir harm`'s command line.
+    pub fn key(self) -> &'static str {
+        match self {
+            Operation::Steady => "none",
+            Operation::Reload => "reload",
+            Operation::Upgrade => "upgrade",
+            Operation::Restart => "restart",
+            Operation::ReusePortRestart => "reuse_port",
+            Operation::ActivatedRestart => "activated",
+            Operation::BlueGreen => "blue_green",
+        }
+    }
+
+    /// The operation named `key` on the command line.
+    pub fn from_key(key: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|o| o.key() == key)
+    }
+
+    /// Whether `front` can do it at all (the app itself is never operated
+    /// on; nginx has no in-place upgrade in the foreground, and its
+    /// restarts here are plain stop/start).
+    pub fn applies_to(self, front: FrontKind) -> bool {
+        match front {
+            FrontKind::Direct => self == Operation::Steady,
+            FrontKind::Nginx => matches!(
+                self,
+                Operation::Steady | Operation::Reload | Operation::Restart
+            ),
+            FrontKind::Weir => true,
+        }
+    }
+}
+
+/// Why a front could not be run or operated.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontError {
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error(transparent)]
+    Weir(#[from] WeirProcessError),
+    #[error("cannot prepare weir's directory: {0}")]
+    Setup(std::io::Error),
+}
+
+/// The source address of the client that probes the per-address limit.
+const PROBE: Ipv4Addr = Ipv4Addr::new(127, 39, 0, 1);
+/// The limit: 5 a minute per address on `/limited/`.
+const LIMITED_PATH: &str = "/limited/probe";
+
+/// A running front.
+pub struct Front {
+    pub kind: FrontKind,
+    pub target: Target,
+    inner: Inner,
+}
+
+enum Inner {
+    Direct,
+    Nginx(Box<ServerProcess>),
+    Weir(Box<WeirFront>),
+}
+
+struct WeirFront {
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+    /// The configuration of each colour (one unless blue/green).
+    configs: Vec<PathBuf>,
+    listens: Vec<SocketAddr>,
+    live: usize,
+    current: Option<WeirProcess>,
+    generation: usize,
+    /// The listening socket systemd would hold.
+    activated: Option<std::net::TcpListener>,
+    /// The load balancer in front, for blue/green.
+    balancer: Option<ServerProcess>,
+}
+
+impl Front {
+    /// Starts `kind` in front of `app`, set up for `op`; `weir` is the binary to run.
+    pub async fn start(
+        kind: FrontKind,
+        op: Operation,
+        app: SocketAddr,
+        weir: &Path,
+    ) -> Result<Front, FrontError> {
+        match kind {
+            FrontKind::Direct => Ok(Front {
+                kind,
+                target: Target {
+                    http1: app,
+                    h2: app,
+                },
+                inner: Inner::Direct,
+            }),
+            FrontKind::Nginx => {
+                let h2 = free_port().map_err(FrontError::Setup)?;
+                let server = nginx::start_gateway(&nginx_gateway(h2), app)?;
+                Ok(Front {
+                    kind,
+                    target: Target {
+                        http1: server.addr,
+                        h2,
+                    },
+                    inner: Inner::Nginx(Box::new(server)),
+                })
+            }
+            FrontKind::Weir => WeirFront::start(op, app, weir).await,
+        }
+    }
+
+    /// Performs `op` once; `Ok` once the front serves again.
+    pub async fn operate(&mut self, op: Operation) -> Result<(), FrontError> {
+        match (&mut self.inner, op) {
+            (_, Operation::Steady) | (Inner::Direct, _) => Ok(()),
+            (Inner::Nginx(server), Operation::Reload) => {
+                server.signal(rustix::process::Signal::HUP);
+                Ok(())
+            }
+            (Inner::Nginx(server), _) => Ok(server.restart()?),
+            (Inner::Weir(w), op) => w.operate(op).await,
+        }
+    }
+
+    /// Makes the probe client limited (it asks until refused, at most ten
+    /// times); false when it never was.
+    pub async fn limit_probe(&self) -> bool {
+        for _ in 0..10 {
+            if probe(self.target.http1).await == Some(429) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether the probe client is still limited (asked once; a limit the
+    /// old process enforced reaches a process beside it through the
+    /// snapshot file within a second).
+    pub async fn probe_still_limited(&self) -> bool {
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        loop {
+            if probe(self.target.http1).await == Some(429) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// What weir logged, every generation (empty for others).
+    pub fn logs(&self) -> String {
+        match &self.inner {
+            Inner::Weir(w) => w.logs(),
+            Inner::Nginx(n) => n.logs(),
+            Inner::Direct => String::new(),
+        }
+    }
+
+    /// Stops the front and waits for its last process to finish its drain.
+    pub async fn stop(self) -> Result<(), FrontError> {
+        if let Inner::Weir(mut w) = self.inner
+            && let Some(p) = w.current.take()
+        {
+            p.stop().exited().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for WeirFront {
+    fn drop(&mut self) {
+        // `WEIR_HARM_KEEP`: keep configurations and logs to look at.
+        if std::env::var_os("WEIR_HARM_KEEP").is_some() {
+            let dir = std::mem::replace(&mut self.dir, tempfile::TempDir::new().expect("temp dir"));
+            let _ = dir.keep();
+        }
+    }
+}
+
+impl WeirFront {
+    async fn start(op: Operation, app: SocketAddr, binary: &Path) -> Result<Front, FrontError> {
+        let dir = tempfile::tempdir().map_err(FrontError::Setup)?;
+        if std::env::var_os("WEIR_HARM_KEEP").is_some() {
+            eprintln!("weir harm: weir's files are in {}", dir.path().display());
+        }
+        let colours = if op == Operation::BlueGreen { 2 } else { 1 };
+        let activated = (op == Operation::ActivatedRestart)
+            .then(|| std::net::TcpListener::bind("127.0.0.1:0"))
+            .transpose()
+            .map_err(FrontError::Setup)?;
+        let mut listens = Vec::new();
+        let mut configs = Vec::new();
+        for c in 0..colours {
+            let listen = match &activated {
+                Some(s) => s.local_addr().map_err(FrontError::Setup)?,
+                None => free_port().map_err(FrontError::Setup)?,
+            };
+            let text = weir_config(app, listen, dir.path(), op);
+            let path = dir.path().join(format!("weir.{c}.toml"));
+            std::fs::write(&path, text).map_err(FrontError::Setup)?;
+            listens.push(listen);
+            configs.push(path);
+        }
+        let mut front = WeirFront {
+            binary: binary.to_path_buf(),
+            dir,
+            configs,
+            listens,
+            live: 0,
+            current: None,
+            generation: 0,
+            activated,
+            balancer: None,
+        };
+        front.current = Some(front.spawn(0).await?);
+        let target = if op == Operation::BlueGreen {
+            let lb = nginx::start_gateway(
+                &balancer(front.listens[0], free_port().map_err(FrontError::Setup)?),
+                app,
+            )?;
+            let h2 = balancer_h2(&lb);
+            let t = Target { http1: lb.addr, h2 };
+            front.balancer = Some(lb);
+            t
+        } else {
+            Target {
+                http1: front.listens[0],
+                h2: front.listens[0],
+            }
+        };
+        Ok(Front {
+            kind: FrontKind::Weir,
+            target,
+            inner: Inner::Weir(Box::new(front)),
+        })
+    }
+
+    /// The next generation of colour `colour`.
+    async fn spawn(&mut self, colour: usize) -> Result<WeirProcess, FrontError> {
+        let generation = self.generation;
+        self.generation += 1;
+        Ok(WeirProcess::start(
+            &self.binary,
+            &self.configs[colour],
+            self.dir.path(),
+            generation,
+            self.activated.as_ref(),
+        )
+        .await?)
+    }
+
+    fn logs(&self) -> String {
+        let mut logs = String::new();
+        for g in 0..self.generation {
+            let path = self.dir.path().join(format!("weir.{g}.log"));
+            if let Ok(text) = std::fs::read_to_string(path) {
+                logs.push_str(&format!("--- generation {g}\n{text}"));
+            }
+        }
+        logs
+    }
+
+    async fn operate(&mut self, op: Operation) -> Result<(), FrontError> {
+        let current = self
+            .current
+            .take()
+            .expect("a generation runs between operations");
+        match op {
+            Operation::Steady => self.current = Some(current),
+            Operation::Reload => {
+                current.signal(rustix::process::Signal::HUP);
+                self.current = Some(current);
+            }
+            Operation::Upgrade => {
+                let config = self.configs[self.live].clone();
+                let (next, old) = current.upgrade(&self.binary, &config).await?;
+                self.current = Some(next);
+                old.exited().await?;
+            }
+            Operation::Restart | Operation::ActivatedRestart => {
+                current.stop().exited().await?;
+                self.current = Some(self.spawn(self.live).await?);
+            }
+            Operation::ReusePortRestart => {
+                let next = self.spawn(self.live).await?;
+                self.current = Some(next);
+                current.stop().exited().await?;
+            }
+            Operation::BlueGreen => {
+                let other = 1 - self.live;
+                let next = self.spawn(other).await?;
+                self.current = Some(next);
+                self.live = other;
+                if let Some(lb) = &self.balancer {
+                    let http = balancer(self.listens[other], balancer_h2(lb))
+                        .replace("{{listen}}", &lb.addr.to_string());
+                    nginx::reconfigure(lb, &http)?;
+                }
+                // The balancer's old worker finishes what it holds, then
+                // the old colour drains.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                current.stop().exited().await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// weir's configuration in the runs: the defaults, a listener and a pool,
+/// plus one per-address rule (5 a minute on `/limited/`) and the snapshot
+/// file that carries it across restarts; behind the balancer, its address
+/// is trusted to name the client.
+fn weir_config(app: SocketAddr, listen: SocketAddr, dir: &Path, op: Operation) -> String {
+    let reuse_port = if op == Operation::ReusePortRestart {
+        "reuse_port = true\n"
+    } else {
+        ""
+    };
+    let trusted = if op == Operation::BlueGreen {
+        "[identity]\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"[admin]
+address = "127.0.0.1:0"
+
+{trusted}[[listeners]]
+address = "{listen}"
+{reuse_port}
+[pools.app]
+servers = ["{app}"]
+
+[[routes]]
+pool = "app"
+path_prefix = "/limited/"
+class = "limited"
+
+[[routes]]
+pool = "app"
+
+[[classes.limited.rules]]
+name = "per_address"
+limits = [{{ per = "ip", rate = 5, window = "1m" }}]
+
+[state]
+snapshot_file = "{dir}/limiter.snap"
+"#,
+        dir = dir.display()
+    )
+}
+
+/// nginx as a reverse proxy in front of the app, as commonly set up: kept-
+/// alive upstream connections, WebSockets passed through, bodies of any
+/// size, h2c on a second listener, and the same per-address limit.
+fn nginx_gateway(h2: SocketAddr) -> String {
+    format!(
+        r#"    limit_req_zone $binary_remote_addr zone=per_address:10m rate=5r/m;
+    map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}
+    upstream app {{
+        server {{{{app}}}};
+        keepalive 64;
+    }}
+    server {{
+        listen {{{{listen}}}} backlog=4096;
+        listen {h2} http2 backlog=4096;
+        client_max_body_size 0;
+        location / {{
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $connection_upgrade;
+            proxy_read_timeout 60s;
+        }}
+        location /limited/ {{
+            limit_req zone=per_address burst=4 nodelay;
+            limit_req_status 429;
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+"#
+    )
+}
+
+/// nginx as the load balancer in front of weir (blue/green): the client's
+/// address in `X-Forwarded-For`, WebSockets passed, bodies streamed.
+fn balancer(weir: SocketAddr, h2: SocketAddr) -> String {
+    format!(
+        r#"    map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}
+    upstream weir {{
+        server {weir};
+        keepalive 64;
+    }}
+    server {{
+        listen {{{{listen}}}} backlog=4096;
+        listen {h2} http2 backlog=4096;
+        client_max_body_size 0;
+        location / {{
+            proxy_pass http://weir;
+            proxy_http_version 1.1;
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $connection_upgrade;
+            proxy_read_timeout 60s;
+            proxy_request_buffering off;
+        }}
+    }}
+"#
+    )
+}
+
+/// The balancer's h2c listener, read back from its configuration.
+fn balancer_h2(lb: &ServerProcess) -> SocketAddr {
+    let conf = std::fs::read_to_string(lb.dir().join("nginx.conf")).unwrap_or_default();
+    conf.lines()
+        .filter_map(|l| l.trim().strip_prefix("listen "))
+        .filter(|l| l.contains("http2"))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .next()
+        .unwrap_or(lb.addr)
+}
+
+fn free_port() -> std::io::Result<SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+/// One request from the probe client; its status, or `None` when it got none.
+async fn probe(to: SocketAddr) -> Option<u16> {
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind(SocketAddr::new(PROBE.into(), 0)).ok()?;
+    let stream = socket.connect(to).await.ok()?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+            .await
+            .ok()?;
+    tokio::spawn(conn);
+    let req = http::Request::get(LIMITED_PATH)
+        .header(http::header::HOST, "app.example")
+        .body(Empty::new())
+        .ok()?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .ok()?
+        .ok()?;
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await;
+    Some(status)
+}

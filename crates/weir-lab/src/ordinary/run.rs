@@ -1,0 +1,212 @@
+//! One harmlessness run: the app, a front, the ordinary mix for a fixed
+//! time, an operation repeated while it runs, and what visitors got,
+//! as a [`Row`] of the table `docs/operations.md` prints.
+//!
+//! Owns the run's timeline (warm-up, operations at fixed times, a tail),
+//! the per-address limit checked around every operation, and the table.
+//! Does not judge: the tests and `weir harm` compare rows.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::app::{OrdinaryApp, OrdinaryAppConfig};
+use super::front::{Front, FrontError, FrontKind, Operation};
+use super::mix::{self, Mix};
+use super::tally::{Summary, Tally};
+
+/// How long, how often, and with what.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub mix: Mix,
+    pub app: OrdinaryAppConfig,
+    /// Operations in a run, `every` apart.
+    pub times: u32,
+    pub every: Duration,
+    /// Visitors before the first operation, and after the last.
+    pub warm: Duration,
+    pub tail: Duration,
+    /// The weir binary to run.
+    pub weir: PathBuf,
+}
+
+impl Plan {
+    /// Issue 35's: the whole mix, ten operations five seconds apart (a
+    /// run of about a minute).
+    pub fn full(weir: PathBuf) -> Plan {
+        Plan {
+            mix: Mix::default(),
+            app: OrdinaryAppConfig::default(),
+            times: 10,
+            every: Duration::from_secs(5),
+            warm: Duration::from_secs(5),
+            tail: Duration::from_secs(5),
+            weir,
+        }
+    }
+
+    /// For CI: a third of the mix, three operations three seconds apart.
+    pub fn short(weir: PathBuf) -> Plan {
+        Plan {
+            mix: Mix::scaled(1.0 / 3.0),
+            app: OrdinaryAppConfig::default(),
+            times: 3,
+            every: Duration::from_secs(3),
+            warm: Duration::from_secs(3),
+            tail: Duration::from_secs(3),
+            weir,
+        }
+    }
+
+    fn duration(&self) -> Duration {
+        self.warm + self.every * self.times + self.tail
+    }
+}
+
+/// What one run found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub front: FrontKind,
+    pub operation: Operation,
+    /// Operations performed.
+    pub times: u32,
+    pub summary: Summary,
+    /// After how many operations the per-address limit was still in force,
+    /// of how many it was checked after.
+    pub limits_kept: Option<(u32, u32)>,
+    /// What the app saw: requests refused (backlog full), most workers busy.
+    pub app_refused: u64,
+    pub app_max_busy: usize,
+    pub app_workers: usize,
+    /// How long each operation took until the front served again.
+    pub operation_ms: Vec<u64>,
+}
+
+impl Row {
+    /// Whether the app had a worker to spare at every moment of the run.
+    pub fn app_had_room(&self) -> bool {
+        self.app_refused == 0 && self.app_max_busy < self.app_workers
+    }
+}
+
+/// Why a run could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("the app did not start: {0}")]
+    App(std::io::Error),
+    #[error("{front}, {operation}: {source}")]
+    Front {
+        front: &'static str,
+        operation: &'static str,
+        source: FrontError,
+    },
+}
+
+/// Runs the mix through `front` while `op` is performed `plan.times` times.
+pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, RunError> {
+    let failed = |source| RunError::Front {
+        front: front.name(),
+        operation: op.name(),
+        source,
+    };
+    let app = OrdinaryApp::start(plan.app.clone(), "127.0.0.1:0".parse().expect("literal"))
+        .map_err(RunError::App)?;
+    let mut gateway = Front::start(front, op, app.addr(), &plan.weir)
+        .await
+        .map_err(failed)?;
+    let tally = Arc::new(Tally::default());
+    let mut mix_plan = plan.mix.clone();
+    mix_plan.events_per_stream = plan.app.events;
+    let began = Instant::now();
+    let until = began + plan.duration();
+    let visitors = tokio::spawn({
+        let (target, tally) = (gateway.target, tally.clone());
+        async move { mix::run(&mix_plan, target, until, tally).await }
+    });
+    let operated = op != Operation::Steady && op.applies_to(front);
+    let checks_limits = operated && front != FrontKind::Direct;
+    let (mut kept, mut checked) = (0, 0);
+    let mut operation_ms = Vec::new();
+    for k in 0..plan.times {
+        tokio::time::sleep_until(began + plan.warm + plan.every * k).await;
+        if !operated {
+            continue;
+        }
+        let limited = checks_limits && gateway.limit_probe().await;
+        let started = Instant::now();
+        let done = gateway.operate(op).await;
+        operation_ms.push(started.elapsed().as_millis() as u64);
+        if let Err(e) = done {
+            // Visitors still get what they get; the run reports the error.
+            visitors.abort();
+            return Err(failed(e));
+        }
+        if limited {
+            checked += 1;
+            kept += u32::from(gateway.probe_still_limited().await);
+        }
+    }
+    let _ = visitors.await;
+    gateway.stop().await.map_err(failed)?;
+    let counters = app.counters();
+    Ok(Row {
+        front,
+        operation: op,
+        times: if operated { plan.times } else { 0 },
+        summary: tally.summary(),
+        limits_kept: checks_limits.then_some((kept, checked)),
+        app_refused: counters.refused.load(Ordering::Relaxed),
+        app_max_busy: counters.max_busy.load(Ordering::Relaxed),
+        app_workers: plan.app.workers,
+        operation_ms,
+    })
+}
+
+/// The rows as a Markdown table, pages' latency also as added to
+/// `direct`'s when a steady direct row is among them.
+pub fn table(rows: &[Row]) -> String {
+    let direct = rows
+        .iter()
+        .find(|r| r.front == FrontKind::Direct && r.operation == Operation::Steady);
+    let mut out = String::from(
+        "| front | operation | requests | failed | refused | uploads (cut) | weir 503 / 429 | page p50 / p99 ms | added p50 / p99 | limit kept |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let s = &r.summary;
+        let op = if r.times > 0 {
+            format!("{} x{}", r.operation.name(), r.times)
+        } else {
+            r.operation.name().to_string()
+        };
+        let added = match direct {
+            Some(d) if !std::ptr::eq(d, r) => format!(
+                "{:+.1} / {:+.1}",
+                s.page_p50_ms - d.summary.page_p50_ms,
+                s.page_p99_ms - d.summary.page_p99_ms
+            ),
+            _ => "-".into(),
+        };
+        let kept = match r.limits_kept {
+            Some((k, n)) => format!("{k} of {n}"),
+            None => "-".into(),
+        };
+        out.push_str(&format!(
+            "| {} | {op} | {} | {} | {} | {} ({}) | {} / {} | {:.1} / {:.1} | {added} | {kept} |\n",
+            r.front.name(),
+            s.sent,
+            s.failed,
+            s.refused,
+            s.uploads + s.uploads_cut,
+            s.uploads_cut,
+            s.weir_503,
+            s.weir_429,
+            s.page_p50_ms,
+            s.page_p99_ms,
+        ));
+    }
+    out
+}

@@ -1,0 +1,338 @@
+//! weir does no harm (issue 35): with a listener and a pool only, ordinary
+//! traffic through weir fails nothing that the app alone would serve, in
+//! steady state and through every operation.
+//!
+//! What each test proves:
+//! - `a_slow_upload_is_the_clients_time_not_the_apps`: the admission limit
+//!   and the pool's health read the app's time from the request sent whole
+//!   to its answer, not an upload's pace; the limit stays open.
+//! - `a_slow_reader_does_not_hold_an_admission_slot`: a download read slowly
+//!   gives its slot back once the app's answer begins; with one slot, a
+//!   page behind it is served at once, not after the download.
+//! - `an_upload_slower_than_the_response_timeout_is_answered`: the response
+//!   timeout counts from the request sent whole (it had cut uploads slower
+//!   than it into 504s).
+//! - `a_reload_that_changes_admission_keeps_what_it_learned`: a reload that
+//!   changes the pool's admission settings keeps its learned limit and shapes.
+//! - `ordinary_traffic_*`: the lab's ordinary mix (pages, slow pages, paced
+//!   uploads, slow downloads, long polls, server-sent events, WebSockets,
+//!   HTTP/2 streams) against the app itself and through the weir binary under
+//!   each operation, a short version of `weir harm` (docs/operations.md has
+//!   the full table next to nginx).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use weir_lab::ordinary::app::{OrdinaryApp, OrdinaryAppConfig};
+use weir_lab::ordinary::front::{FrontKind, Operation};
+use weir_lab::ordinary::run::{Plan, Row, run, table};
+
+use crate::fixtures::*;
+
+fn ordinary_app() -> OrdinaryApp {
+    OrdinaryApp::start(OrdinaryAppConfig::default(), "127.0.0.1:0".parse().unwrap()).unwrap()
+}
+
+fn zero_config(app: SocketAddr, extra: &str) -> String {
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{app}\"]\n{extra}"
+    )
+}
+
+fn source(n: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 35, 0, n))
+}
+
+type UploadBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+/// POSTs `bytes` to `/upload` in 64 KB pieces spread over `over`; returns
+/// the status and what the app said it read.
+async fn paced_upload(to: SocketAddr, from: IpAddr, bytes: u64, over: Duration) -> (u16, String) {
+    let stream = connect_from(from, to).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake::<_, UploadBody>(TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let pieces = bytes.div_ceil(64 * 1024);
+    let gap = over / pieces as u32;
+    let paced = futures_util::stream::unfold(0u64, move |sent| async move {
+        if sent >= bytes {
+            return None;
+        }
+        if sent > 0 {
+            tokio::time::sleep(gap).await;
+        }
+        let n = (bytes - sent).min(64 * 1024);
+        let frame = http_body::Frame::data(Bytes::from(vec![b'u'; n as usize]));
+        Some((Ok(frame), sent + n))
+    });
+    let req = Request::post("/upload")
+        .header("host", "app.test")
+        .header("content-length", bytes)
+        .body(BodyExt::boxed(http_body_util::StreamBody::new(paced)))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).trim().to_string())
+}
+
+fn admission_limit(metrics: &str) -> f64 {
+    metric(metrics, "weir_admission_limit{pool=\"app\"}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_upload_is_the_clients_time_not_the_apps() {
+    let app = ordinary_app();
+    let weir = TestWeir::start(&zero_config(app.addr(), "")).await;
+    // Pages at about 100 a second beside two uploads of 1 MB sent over 2.5
+    // s: every window of the adaptive limit holds a few pages and, before,
+    // an upload's 2.5 s "latency" that read as congestion.
+    let pages = tokio::spawn({
+        let addr = weir.addr;
+        async move {
+            let mut c = H1::connect(source(1), addr).await.unwrap();
+            for i in 0..400 {
+                let req = Request::get(format!("/page/{i}"))
+                    .header("host", "app.test")
+                    .body(full(""))
+                    .unwrap();
+                let (status, _, _) = c.send(req).await.unwrap();
+                assert_eq!(status, StatusCode::OK);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let uploads: Vec<_> = (0..2u8)
+        .map(|i| {
+            tokio::spawn(paced_upload(
+                weir.addr,
+                source(10 + i),
+                1 << 20,
+                Duration::from_millis(2500),
+            ))
+        })
+        .collect();
+    for u in uploads {
+        assert_eq!(u.await.unwrap(), (200, (1u64 << 20).to_string()));
+    }
+    pages.await.unwrap();
+    let metrics = weir.metrics().await;
+    assert_eq!(
+        admission_limit(&metrics),
+        10_000.0,
+        "an upload's pace is not the app's congestion"
+    );
+    let log = weir.access_log(402).await;
+    let uploads: Vec<f64> = log
+        .iter()
+        .filter(|l| l["path"] == "/upload")
+        .map(|l| l["upstream_ms"].as_f64().unwrap())
+        .collect();
+    assert_eq!(uploads.len(), 2, "{log:?}");
+    for ms in uploads {
+        assert!(
+            ms < 1000.0,
+            "the app's time is from the body sent whole to its answer, not the upload: {ms} ms"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_does_not_hold_an_admission_slot() {
+    let app = ordinary_app();
+    let extra = "[pools.app.admission]\nmax_in_flight = 1\nqueue_timeout = \"5s\"\n";
+    let weir = TestWeir::start(&zero_config(app.addr(), extra)).await;
+    // A 32 MB download: its head is read, then nothing more for now, so
+    // the body waits in the sockets and weir's response is far from done.
+    let mut reader = H1::connect(source(1), weir.addr).await.unwrap();
+    let req = Request::get("/download?bytes=33554432")
+        .header("host", "app.test")
+        .body(full(""))
+        .unwrap();
+    reader.sender.ready().await.unwrap();
+    let resp = reader.sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+    // With one slot, a page must not wait for the download to be read.
+    let started = std::time::Instant::now();
+    let (status, headers, _) = get_from(source(2), weir.addr, "/page/behind", &[]).await;
+    let waited = started.elapsed();
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{:?} after {waited:?}",
+        headers.get("x-weir-reason")
+    );
+    assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+    drop(body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_slower_than_the_response_timeout_is_answered() {
+    let app = ordinary_app();
+    let extra = "response_timeout = \"1s\"\n";
+    let weir = TestWeir::start(&zero_config(app.addr(), extra)).await;
+    let (status, read) =
+        paced_upload(weir.addr, source(1), 512 << 10, Duration::from_millis(2500)).await;
+    assert_eq!((status, read.as_str()), (200, "524288"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_admission_keeps_what_it_learned() {
+    use weir_lab::app::{AppConfig, ClassRule, ServiceTime, SimApp};
+    // Two workers, a backlog of 8 (a burst of 120 overflows it), pages in
+    // 2 ms and searches in 60.
+    let app = SimApp::start(
+        AppConfig {
+            workers: 2,
+            backlog: 8,
+            default_service: ServiceTime::Fixed { ms: 2.0 },
+            classes: vec![ClassRule {
+                class: "expensive".into(),
+                path_prefix: None,
+                query_key: Some("search".into()),
+                service: ServiceTime::Fixed { ms: 60.0 },
+            }],
+            health_service: ServiceTime::Fixed { ms: 1.0 },
+            ..AppConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap();
+    let cfg = |timeout: &str| {
+        zero_config(
+            app.addr(),
+            &format!("[pools.app.admission]\nqueue_timeout = \"{timeout}\"\n"),
+        )
+    };
+    let weir = TestWeir::start(&cfg("10s")).await;
+    // What weir learns of the app: a cut limit (the app refuses a burst
+    // beyond its backlog), and that its searches are expensive (a shape).
+    let burst: Vec<_> = (0..120u8)
+        .map(|i| {
+            let addr = weir.addr;
+            tokio::spawn(async move { get_from(source(i), addr, "/wiki/Burst", &[]).await.0 })
+        })
+        .collect();
+    for b in burst {
+        b.await.unwrap();
+    }
+    for i in 0..30u8 {
+        let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
+        assert_eq!(s, 200);
+        for _ in 0..3 {
+            let (s, _, _) = get(weir.addr, &format!("/wiki/Page{i}"), &[]).await;
+            assert_eq!(s, 200);
+        }
+    }
+    let shapes = |m: &str| metric(m, "weir_admission_expensive_shapes{pool=\"app\"}");
+    let mut before = weir.metrics().await;
+    for _ in 0..40 {
+        if shapes(&before) == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        before = weir.metrics().await;
+    }
+    let limit = admission_limit(&before);
+    assert!(limit < 10_000.0, "the burst cut the limit: {limit}");
+    assert_eq!(shapes(&before), 1.0, "searches learned expensive");
+
+    std::fs::write(&weir.config_path, cfg("5s")).unwrap();
+    let outcome = weir.server().runtime.reload(false).unwrap();
+    assert!(
+        matches!(outcome, weir::runtime::ReloadOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    // The gauges are refreshed every 100 ms.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = weir.metrics().await;
+    assert_eq!(admission_limit(&after), limit, "the learned limit goes on");
+    assert_eq!(shapes(&after), 1.0, "the learned shapes go on");
+}
+
+/// The weir binary the tests run, for the lab's runs.
+fn plan() -> Plan {
+    Plan::short(PathBuf::from(env!("CARGO_BIN_EXE_weir")))
+}
+
+/// Runs the short mix through weir under `op`, and against the app alone.
+async fn ordinary(op: Operation) -> (Row, Row) {
+    weir_lab::ordinary::process::become_subreaper();
+    let plan = plan();
+    let direct = run(&plan, FrontKind::Direct, Operation::Steady)
+        .await
+        .unwrap();
+    let weir = run(&plan, FrontKind::Weir, op).await.unwrap();
+    eprintln!("{}", table(&[direct.clone(), weir.clone()]));
+    (direct, weir)
+}
+
+/// What the issue's done-when asks of weir next to the app alone: nothing
+/// failed where the app alone failed nothing (`allowed` per operation for a
+/// plain stop/start), no upload cut, no answer weir made itself, and the
+/// per-address limit kept through every operation.
+fn assert_harmless(direct: &Row, weir: &Row, allowed: u64) {
+    let (d, w) = (&direct.summary, &weir.summary);
+    assert_eq!(d.failed, 0, "the app alone failed: {:?}", d.examples);
+    assert!(
+        d.sent > 500 && w.sent > 500,
+        "traffic ran: {} / {}",
+        d.sent,
+        w.sent
+    );
+    assert!(w.uploads >= 2, "uploads ran: {}", w.uploads);
+    assert!(
+        w.failed <= allowed,
+        "{} failed through weir ({}), at most {allowed}: {:?}",
+        w.failed,
+        weir.operation.name(),
+        w.examples
+    );
+    assert_eq!(w.uploads_cut, 0, "uploads cut: {:?}", w.examples);
+    assert_eq!(w.by_weir, 0, "answers weir made: {:?}", w.examples);
+    if let Some((kept, checked)) = weir.limits_kept {
+        assert_eq!(kept, checked, "the per-address limit was lost");
+        assert_eq!(
+            checked, weir.times,
+            "the limit was checked after each operation"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordinary_traffic_steady_and_through_reloads_fails_nothing() {
+    let (direct, weir) = ordinary(Operation::Steady).await;
+    assert_harmless(&direct, &weir, 0);
+    let (direct, weir) = ordinary(Operation::Reload).await;
+    assert_harmless(&direct, &weir, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordinary_traffic_through_upgrades_fails_nothing() {
+    let (direct, weir) = ordinary(Operation::Upgrade).await;
+    assert_harmless(&direct, &weir, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordinary_traffic_through_restarts_beside_and_on_an_activated_socket_fails_nothing() {
+    let (direct, weir) = ordinary(Operation::ReusePortRestart).await;
+    assert_harmless(&direct, &weir, 0);
+    let (direct, weir) = ordinary(Operation::ActivatedRestart).await;
+    assert_harmless(&direct, &weir, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordinary_traffic_through_a_blue_green_switch_behind_nginx_fails_nothing() {
+    let (direct, weir) = ordinary(Operation::BlueGreen).await;
+    assert_harmless(&direct, &weir, 0);
+}
