@@ -68,6 +68,11 @@ const REPROBE_AFTER: u32 = 5;
 /// Windows averaged plainly before the long-term latency becomes an
 /// exponential average.
 const WARM_UP_WINDOWS: u32 = 10;
+/// How a calm window's peak in flight fades, a window at a time (half in
+/// about seventy windows): the next process resumes from recent demand.
+const CALM_PEAK_FADE: f64 = 0.99;
+/// The least a resumed limit is seeded at, however quiet the app was.
+const RESUMED_FLOOR: usize = 32;
 /// Windows without a dropped request before a drop is forgotten: the
 /// ceiling a second one set lapses.
 const CEILING_HOLD: u32 = 60;
@@ -248,6 +253,11 @@ pub struct LimitState {
     /// The long-term latency, in seconds, once known.
     pub long_rtt_secs: Option<f64>,
     pub probing: bool,
+    /// The most requests in flight of a recent calm window (latency within
+    /// the tolerance), once seen: what the app was asked for without
+    /// strain. Absent from files written before it was kept.
+    #[serde(default)]
+    pub calm_peak: Option<f64>,
 }
 
 /// One pool's [`LimitState`], named: what goes to the next process (in an
@@ -281,6 +291,9 @@ pub struct GradientLimit {
     last_drop_cut: Option<Instant>,
     /// The last cut was for dropped requests, not for latency.
     cut_by_drop: bool,
+    /// The most in flight of a recent calm window (0 until one closes),
+    /// fading by [`CALM_PEAK_FADE`] a window.
+    calm_peak: f64,
     window: Window,
 }
 
@@ -293,6 +306,7 @@ impl GradientLimit {
             long_rtt: None,
             windows_seen: 0,
             probing: true,
+            calm_peak: 0.0,
             flat_saturated: 0,
             since_drop: None,
             ceiling: None,
@@ -308,6 +322,7 @@ impl GradientLimit {
             limit: self.limit,
             long_rtt_secs: self.long_rtt,
             probing: self.probing,
+            calm_peak: (self.calm_peak > 0.0).then_some(self.calm_peak),
         }
     }
 
@@ -326,6 +341,22 @@ impl GradientLimit {
             self.windows_seen = WARM_UP_WINDOWS + 1;
         }
         self.probing = state.probing;
+        // A limit the app never came near (the open start, never cut)
+        // resumes at twice what a calm window asked of it, and probes up
+        // from there: a restarted process takes over a backlog of
+        // connections made while none listened (on a socket systemd
+        // holds), and an open limit sent that whole burst to the app at
+        // once (its backlog overflowed: 55 refused, 13 failed requests in
+        // ten restarts). Ordinary traffic never reaches twice its calm
+        // peak; a burst above it waits in weir for a window or two.
+        if let Some(peak) = state.calm_peak.filter(|p| p.is_finite() && *p > 0.0) {
+            self.calm_peak = peak;
+            let seeded = (2.0 * peak).max(RESUMED_FLOOR as f64);
+            if self.limit > seeded {
+                self.limit = seeded.clamp(self.config.min as f64, self.config.max as f64);
+                self.probing = true;
+            }
+        }
     }
 
     /// The current limit (whole slots).
@@ -409,6 +440,9 @@ impl GradientLimit {
         let own_lag = w.sum_own_lag_secs / w.count.max(1) as f64;
         let congested = short > cfg.tolerance * long
             && short - long > CONGESTION_FLOOR_SECS + OWN_LAG_POLLS * own_lag;
+        if !congested {
+            self.calm_peak = (self.calm_peak * CALM_PEAK_FADE).max(w.max_in_flight as f64);
+        }
         let app_limited = (w.max_in_flight as f64) < self.limit / 2.0;
         let saturated = w.max_in_flight >= self.limit();
         let next = if congested {
@@ -575,8 +609,40 @@ mod tests {
             limit: f64::NAN,
             long_rtt_secs: Some(f64::INFINITY),
             probing: true,
+            calm_peak: Some(f64::NAN),
         });
         assert_eq!((cold.limit(), cold.long_rtt()), (OPEN, None));
+    }
+
+    /// Issue 35: a limit the app never came near resumes at twice the calm
+    /// peak (at least 32), probing; one that was cut resumes as it was.
+    #[test]
+    fn an_open_limit_resumes_at_twice_what_the_app_was_asked_and_probes_up() {
+        let mut now = Instant::now();
+        let mut old = limiter(now);
+        drive(&mut old, &mut now, 12, ms(3), Some(40));
+        let state = old.state();
+        assert_eq!((old.limit(), state.calm_peak), (OPEN, Some(40.0)));
+        let mut new = limiter(now);
+        new.resume(&state);
+        assert_eq!(new.limit(), 80);
+        assert!(new.probing());
+        // A burst above it waits a window, then the limit doubles.
+        drive(&mut new, &mut now, 1, ms(3), None);
+        assert_eq!(new.limit(), 160);
+        // A cut limit is continued, not raised.
+        let mut cut = limiter(now);
+        cut.resume(&LimitState {
+            limit: 6.0,
+            ..state.clone()
+        });
+        assert_eq!(cut.limit(), 6);
+        let mut quiet = limiter(now);
+        quiet.resume(&LimitState {
+            calm_peak: Some(2.0),
+            ..state
+        });
+        assert_eq!(quiet.limit(), RESUMED_FLOOR);
     }
 
     #[test]

@@ -460,6 +460,7 @@ mod tests {
                     limit: 12.5,
                     long_rtt_secs: Some(0.04),
                     probing: false,
+                    calm_peak: Some(9.0),
                 },
             }],
         };
