@@ -155,6 +155,15 @@ enum Command {
         /// Write every row as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Only pages and uploads (issue 35's restart traffic): no
+        /// downloads, long polls, events, WebSockets or HTTP/2.
+        #[arg(long)]
+        pages_and_uploads: bool,
+        /// Instead: a soak of this long (e.g. `30m`) through weir, a reload
+        /// a minute and an upgrade every five, weir's memory, descriptors
+        /// and threads sampled.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        soak: Option<Duration>,
     },
     /// Replay incident 1 (crawler flood) with and without weir's recommended config.
     Demo {
@@ -288,11 +297,18 @@ fn main() -> ExitCode {
         ),
         Command::Generate { what } => generated(what),
         Command::Harm {
+            soak: Some(duration),
+            json,
+            ..
+        } => soak(duration, json.as_deref()),
+        Command::Harm {
             short,
             fronts,
             ops,
             json,
-        } => harm(short, &fronts, &ops, json.as_deref()),
+            pages_and_uploads,
+            soak: None,
+        } => harm(short, pages_and_uploads, &fronts, &ops, json.as_deref()),
         Command::Demo { html } => {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             weir_lab::cli::demo(Some(html), progress)
@@ -323,6 +339,7 @@ fn sim(scenario: &Path, options: weir_lab::cli::SimOptions) -> anyhow::Result<Ex
 /// cut an upload or answered `503`/`429` itself where no gateway failed none.
 fn harm(
     short: bool,
+    pages_and_uploads: bool,
     fronts: &[String],
     ops: &[String],
     json: Option<&Path>,
@@ -351,11 +368,14 @@ fn harm(
             .collect::<anyhow::Result<_>>()?,
     };
     let weir = std::env::current_exe().context("where this weir binary is")?;
-    let plan = if short {
+    let mut plan = if short {
         Plan::short(weir)
     } else {
         Plan::full(weir)
     };
+    if pages_and_uploads {
+        plan.mix = weir_lab::ordinary::mix::Mix::pages_and_uploads();
+    }
     weir_lab::ordinary::process::become_subreaper();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -391,6 +411,61 @@ fn harm(
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// `weir harm --soak`: exit 1 when a request failed or memory grew more
+/// than 5% after warm-up.
+fn soak(duration: Duration, json: Option<&Path>) -> anyhow::Result<ExitCode> {
+    use weir_lab::ordinary::soak::{SoakPlan, soak};
+    let weir = std::env::current_exe().context("where this weir binary is")?;
+    let plan = SoakPlan::new(weir, duration);
+    weir_lab::ordinary::process::become_subreaper();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(soak(&plan))?;
+    println!("| minute | pid | RSS MiB | fds | threads |\n|---|---|---|---|---|");
+    for s in report.samples.iter().filter(|s| s.at_secs % 60 < 10) {
+        println!(
+            "| {} | {} | {:.1} | {} | {} |",
+            s.at_secs / 60,
+            s.pid,
+            s.rss_kib as f64 / 1024.0,
+            s.fds,
+            s.threads
+        );
+    }
+    let s = &report.summary;
+    println!(
+        "\n{} s, {} reloads, {} upgrades: {} requests, {} failed, {} uploads ({} cut), weir 503/429 {}/{}; \
+         after warm-up RSS {:+.1}%, fds {:+}, threads {:+}",
+        report.duration_secs,
+        report.reloads,
+        report.upgrades,
+        s.sent,
+        s.failed,
+        s.uploads,
+        s.uploads_cut,
+        s.weir_503,
+        s.weir_429,
+        report.rss_growth_pct,
+        report.fds_growth,
+        report.threads_growth
+    );
+    for e in &s.examples {
+        println!("  {e}");
+    }
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let flat = report.rss_growth_pct <= 5.0;
+    Ok(if s.failed == 0 && flat {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     })
 }
 

@@ -16,7 +16,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use tokio::time::Instant;
 
 use super::mix::Target;
 use super::process::{WeirProcess, WeirProcessError};
@@ -139,9 +138,14 @@ pub enum FrontError {
     Setup(std::io::Error),
 }
 
-/// The source address of the client that probes the per-address limit.
-const PROBE: Ipv4Addr = Ipv4Addr::new(127, 39, 0, 1);
-/// The limit: 5 a minute per address on `/limited/`.
+/// The source address of probe client `k`, which tests the per-address limit.
+fn probe_client(k: u32) -> Ipv4Addr {
+    Ipv4Addr::new(127, 39, (k / 250) as u8, (k % 250) as u8 + 1)
+}
+/// The limit on `/limited/`, per address: 5 at once, then one a minute
+/// (nginx: `rate=1r/m burst=4`; weir: 5 per 5 minutes). A client that hit
+/// it stays limited for a minute: longer than any operation, so a probe
+/// after one tells a limit kept from a limit forgotten.
 const LIMITED_PATH: &str = "/limited/probe";
 
 /// A running front.
@@ -170,6 +174,8 @@ struct WeirFront {
     activated: Option<std::net::TcpListener>,
     /// The load balancer in front, for blue/green.
     balancer: Option<ServerProcess>,
+    /// Each generation's start-up to listening.
+    starts: Vec<Duration>,
 }
 
 impl Front {
@@ -218,30 +224,48 @@ impl Front {
         }
     }
 
-    /// Makes the probe client limited (it asks until refused, at most ten
-    /// times); false when it never was.
-    pub async fn limit_probe(&self) -> bool {
+    /// Makes probe client `k` (an address of its own for each operation,
+    /// so each starts a full minute of being limited) limited: it asks
+    /// until refused, at most ten times; false when it never was.
+    pub async fn limit_probe(&self, k: u32) -> bool {
         for _ in 0..10 {
-            if probe(self.target.http1).await == Some(429) {
+            if probe(self.target.http1, k).await == Some(429) {
                 return true;
             }
         }
         false
     }
 
-    /// Whether the probe client is still limited (asked once; a limit the
-    /// old process enforced reaches a process beside it through the
-    /// snapshot file within a second).
-    pub async fn probe_still_limited(&self) -> bool {
-        let deadline = Instant::now() + Duration::from_millis(1500);
-        loop {
-            if probe(self.target.http1).await == Some(429) {
-                return true;
+    /// Whether the probe client is still limited: asked once, a second
+    /// after the operation (a limit the old process enforced reaches a
+    /// process beside it through the snapshot file within that; asking
+    /// more than once would limit it anew).
+    pub async fn probe_still_limited(&self, k: u32) -> bool {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A probe that got no answer at all says nothing of the limit.
+        for _ in 0..3 {
+            match probe(self.target.http1, k).await {
+                Some(status) => return status == 429,
+                None => tokio::time::sleep(Duration::from_millis(200)).await,
             }
-            if Instant::now() > deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        false
+    }
+
+    /// How long each weir generation this front started took from its
+    /// spawn to listening (none for other fronts).
+    pub fn starts(&self) -> Vec<Duration> {
+        match &self.inner {
+            Inner::Weir(w) => w.starts.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The serving weir generation's process id (none for other fronts).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.inner {
+            Inner::Weir(w) => w.current.as_ref().map(|p| p.pid),
+            _ => None,
         }
     }
 
@@ -309,6 +333,7 @@ impl WeirFront {
             generation: 0,
             activated,
             balancer: None,
+            starts: Vec::new(),
         };
         front.current = Some(front.spawn(0).await?);
         let target = if op == Operation::BlueGreen {
@@ -337,14 +362,16 @@ impl WeirFront {
     async fn spawn(&mut self, colour: usize) -> Result<WeirProcess, FrontError> {
         let generation = self.generation;
         self.generation += 1;
-        Ok(WeirProcess::start(
+        let process = WeirProcess::start(
             &self.binary,
             &self.configs[colour],
             self.dir.path(),
             generation,
             self.activated.as_ref(),
         )
-        .await?)
+        .await?;
+        self.starts.push(process.started_in);
+        Ok(process)
     }
 
     fn logs(&self) -> String {
@@ -405,7 +432,7 @@ impl WeirFront {
 }
 
 /// weir's configuration in the runs: the defaults, a listener and a pool,
-/// plus one per-address rule (5 a minute on `/limited/`) and the snapshot
+/// plus one per-address rule (on `/limited/`, [`LIMITED_PATH`]) and the snapshot
 /// file that carries it across restarts; behind the balancer, its address
 /// is trusted to name the client.
 fn weir_config(app: SocketAddr, listen: SocketAddr, dir: &Path, op: Operation) -> String {
@@ -439,10 +466,10 @@ pool = "app"
 
 [[classes.limited.rules]]
 name = "per_address"
-limits = [{{ per = "ip", rate = 5, window = "1m" }}]
+limits = [{{ per = "ip", rate = 5, window = "5m" }}]
 
 [state]
-snapshot_file = "{dir}/limiter.snap"
+snapshot_file = "{dir}/state/limiter.snap"
 "#,
         dir = dir.display()
     )
@@ -453,7 +480,7 @@ snapshot_file = "{dir}/limiter.snap"
 /// size, h2c on a second listener, and the same per-address limit.
 fn nginx_gateway(h2: SocketAddr) -> String {
     format!(
-        r#"    limit_req_zone $binary_remote_addr zone=per_address:10m rate=5r/m;
+        r#"    limit_req_zone $binary_remote_addr zone=per_address:10m rate=1r/m;
     map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}
     upstream app {{
         server {{{{app}}}};
@@ -525,10 +552,12 @@ fn free_port() -> std::io::Result<SocketAddr> {
     std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
-/// One request from the probe client; its status, or `None` when it got none.
-async fn probe(to: SocketAddr) -> Option<u16> {
+/// One request from probe client `k`; its status, or `None` when it got none.
+async fn probe(to: SocketAddr, k: u32) -> Option<u16> {
     let socket = tokio::net::TcpSocket::new_v4().ok()?;
-    socket.bind(SocketAddr::new(PROBE.into(), 0)).ok()?;
+    socket
+        .bind(SocketAddr::new(probe_client(k).into(), 0))
+        .ok()?;
     let stream = socket.connect(to).await.ok()?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))

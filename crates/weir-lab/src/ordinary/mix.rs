@@ -104,6 +104,21 @@ impl Default for Mix {
 }
 
 impl Mix {
+    /// The traffic issue 35 measured restarts with: pages (kept-alive and
+    /// fresh, 7% slow) and paced uploads, nothing held open.
+    pub fn pages_and_uploads() -> Mix {
+        Mix {
+            keepalive_per_sec: 150.0,
+            fresh_per_sec: 50.0,
+            downloads_per_sec: 0.0,
+            long_polls: 0,
+            event_streams: 0,
+            websockets: 0,
+            h2_connections: 0,
+            ..Mix::default()
+        }
+    }
+
     /// The mix at `share` of its rates and sizes (at least one of each
     /// visitor that holds something open), with uploads and downloads over
     /// `share` of their time too: for a short run in CI.

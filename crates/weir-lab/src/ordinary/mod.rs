@@ -10,7 +10,8 @@
 //!   the operations an operator performs on it; [`process`]: weir run as
 //!   its binary, upgraded and restarted.
 //! - [`run`]: one run (a front, an operation repeated while the mix runs)
-//!   and the table of runs.
+//!   and the table of runs; [`soak`]: half an hour of it through reloads
+//!   and upgrades, weir's memory, descriptors and threads sampled.
 //!
 //! `weir harm` prints the table; `tests/integration/harm.rs` asserts on a
 //! short version of it.
@@ -20,4 +21,5 @@ pub mod front;
 pub mod mix;
 pub mod process;
 pub mod run;
+pub mod soak;
 pub mod tally;

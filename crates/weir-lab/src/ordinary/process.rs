@@ -68,6 +68,8 @@ pub struct WeirProcess {
     child: Option<Child>,
     pub pid: u32,
     pub ready: Ready,
+    /// From the spawn to the ready file: start-up to listening.
+    pub started_in: Duration,
     /// Where the generation writes its ready file (an upgraded one writes
     /// its predecessor's: it runs with the same arguments).
     ready_path: PathBuf,
@@ -120,8 +122,10 @@ impl WeirProcess {
             .arg(&ready)
             .stdout(out)
             .stderr(err);
+        let spawned = Instant::now();
         let child = command.spawn().map_err(spawn)?;
         let mut process = WeirProcess {
+            started_in: Duration::ZERO,
             pid: child.id(),
             child: Some(child),
             ready: Ready {
@@ -132,6 +136,7 @@ impl WeirProcess {
             stderr,
         };
         process.ready = process.wait_ready(&ready).await?;
+        process.started_in = spawned.elapsed();
         Ok(process)
     }
 
@@ -196,6 +201,7 @@ impl WeirProcess {
             });
         }
         let mut next = WeirProcess {
+            started_in: Duration::ZERO,
             child: None,
             pid: 0,
             ready: Ready {

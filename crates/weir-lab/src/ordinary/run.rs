@@ -77,12 +77,16 @@ pub struct Row {
     /// After how many operations the per-address limit was still in force,
     /// of how many it was checked after.
     pub limits_kept: Option<(u32, u32)>,
+    /// The operations (counted from 0) after which it was not.
+    pub limits_lost_after: Vec<u32>,
     /// What the app saw: requests refused (backlog full), most workers busy.
     pub app_refused: u64,
     pub app_max_busy: usize,
     pub app_workers: usize,
     /// How long each operation took until the front served again.
     pub operation_ms: Vec<u64>,
+    /// Each weir process started: from its spawn to listening.
+    pub start_ms: Vec<u64>,
 }
 
 impl Row {
@@ -130,12 +134,13 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
     let checks_limits = operated && front != FrontKind::Direct;
     let (mut kept, mut checked) = (0, 0);
     let mut operation_ms = Vec::new();
+    let mut limits_lost_after = Vec::new();
     for k in 0..plan.times {
         tokio::time::sleep_until(began + plan.warm + plan.every * k).await;
         if !operated {
             continue;
         }
-        let limited = checks_limits && gateway.limit_probe().await;
+        let limited = checks_limits && gateway.limit_probe(k).await;
         let started = Instant::now();
         let done = gateway.operate(op).await;
         operation_ms.push(started.elapsed().as_millis() as u64);
@@ -146,10 +151,19 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         }
         if limited {
             checked += 1;
-            kept += u32::from(gateway.probe_still_limited().await);
+            if gateway.probe_still_limited(k).await {
+                kept += 1;
+            } else {
+                limits_lost_after.push(k);
+            }
         }
     }
     let _ = visitors.await;
+    let start_ms = gateway
+        .starts()
+        .iter()
+        .map(|d| d.as_millis() as u64)
+        .collect();
     gateway.stop().await.map_err(failed)?;
     let counters = app.counters();
     Ok(Row {
@@ -158,10 +172,12 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         times: if operated { plan.times } else { 0 },
         summary: tally.summary(),
         limits_kept: checks_limits.then_some((kept, checked)),
+        limits_lost_after,
         app_refused: counters.refused.load(Ordering::Relaxed),
         app_max_busy: counters.max_busy.load(Ordering::Relaxed),
         app_workers: plan.app.workers,
         operation_ms,
+        start_ms,
     })
 }
 

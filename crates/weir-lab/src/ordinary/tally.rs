@@ -184,9 +184,7 @@ impl Tally {
             failed: kinds.values().map(|k| k.failed).sum(),
             refused: kinds.values().map(|k| k.refused).sum(),
             uploads: kinds.get(&Kind::Upload).map_or(0, |k| k.ok),
-            uploads_cut: kinds
-                .get(&Kind::Upload)
-                .map_or(0, |k| k.failed - k.refused),
+            uploads_cut: kinds.get(&Kind::Upload).map_or(0, |k| k.failed - k.refused),
             weir_503: inner.weir_statuses.get(&503).copied().unwrap_or(0),
             weir_429: inner.weir_statuses.get(&429).copied().unwrap_or(0),
             by_weir: kinds.values().map(|k| k.by_weir).sum(),
