@@ -69,8 +69,11 @@ async fn read_answer(stream: &mut tokio::net::TcpStream, within: Duration) -> St
     String::from_utf8_lossy(&raw).into_owned()
 }
 
+/// A client that stops reading holds no admission slot (the slot is the
+/// app's, and is freed once its answer begins: issue 35), and is cut at
+/// the send timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stops_reading_frees_its_admission_slot_at_the_send_timeout() {
+async fn a_client_that_stops_reading_holds_no_admission_slot_and_is_cut_at_the_send_timeout() {
     let up = upstream().await;
     let cfg = config(
         up.addr(),
@@ -87,8 +90,8 @@ async fn a_client_that_stops_reading_frees_its_admission_slot_at_the_send_timeou
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    // The only slot is the stalled client's until the send timeout cuts it;
-    // without one, this waits the whole queue timeout.
+    // The only slot was the stalled client's until its answer began; the
+    // next request does not wait for the send timeout (before: 2 s).
     let started = Instant::now();
     let r = HttpRequest::get("/small")
         .timeout(Duration::from_secs(30))
@@ -97,13 +100,21 @@ async fn a_client_that_stops_reading_frees_its_admission_slot_at_the_send_timeou
         .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     let waited = started.elapsed();
-    assert!(waited < Duration::from_secs(30), "{waited:?}");
-    let m = metrics(&weir).await;
-    assert!(
-        m.contains("weir_connections_closed_total{reason=\"send_timeout\"} 1"),
-        "{m}"
-    );
-    eprintln!("a request behind a client that stopped reading got its slot after {waited:?}");
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    let cut = "weir_connections_closed_total{reason=\"send_timeout\"} 1";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = metrics(&weir).await;
+        if m.contains(cut) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never cut at the send timeout:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("a request behind a client that stopped reading waited {waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,24 +178,27 @@ pub fn export_evictions(rt: &Runtime) {
 /// healthy app back while it grows again).
 const ADMISSION_MAX_AGE: Duration = Duration::from_secs(600);
 
-/// Each pool's learned adaptive admission limit (pools with a fixed limit,
-/// or none, have nothing to carry).
+/// Each pool's learned adaptive admission limit and request shapes (pools
+/// with a fixed limit, or none, have nothing to carry).
 pub fn capture_admission(rt: &Runtime) -> Vec<PoolLimit> {
     (rt.gateway.load().pools.iter())
         .filter_map(|p| {
-            let state = p.admission.as_ref()?.limit_state()?;
+            let queue = p.admission.as_ref()?;
             Some(PoolLimit {
                 pool: p.name.to_string(),
-                state,
+                state: queue.limit_state()?,
+                shapes: Some(queue.shapes().learned()),
             })
         })
         .collect()
 }
 
-/// Continues each named pool's adaptive admission limit from `limits`, the
-/// previous process's: a limit that started open in front of an app the
-/// previous process had cut would send it a burst it cannot hold. Pools not
-/// named (new ones) start as configured.
+/// Continues each named pool's adaptive admission limit and request shapes
+/// from `limits`, the previous process's: a limit that started open in
+/// front of an app the previous process had cut would send it a burst it
+/// cannot hold, and shapes learned again from nothing would put a flood's
+/// expensive requests back beside people's pages for their first answers.
+/// Pools not named (new ones) start as configured.
 pub fn resume_admission(rt: &Runtime, limits: &[PoolLimit]) {
     let gateway = rt.gateway.load();
     for l in limits {
@@ -204,6 +207,9 @@ pub fn resume_admission(rt: &Runtime, limits: &[PoolLimit]) {
             .and_then(|p| p.admission.as_ref());
         if let Some(queue) = queue {
             queue.resume_limit(&l.state);
+            if let Some(shapes) = &l.shapes {
+                queue.shapes().resume(shapes);
+            }
             tracing::info!(
                 pool = %l.pool,
                 limit = queue.limit(),

@@ -198,6 +198,8 @@ struct Window {
     max_in_flight: usize,
     /// The fewest in flight at which a dropped request started.
     min_dropped_in_flight: usize,
+    /// The most in flight at which an answered request started.
+    max_answered_in_flight: usize,
 }
 
 impl Window {
@@ -238,6 +240,7 @@ impl Window {
             dropped: false,
             max_in_flight: 0,
             min_dropped_in_flight: usize::MAX,
+            max_answered_in_flight: 0,
         }
     }
 }
@@ -262,11 +265,14 @@ pub struct LimitState {
 
 /// One pool's [`LimitState`], named: what goes to the next process (in an
 /// upgrade's hand-off, or beside the limiter snapshot), matched to its pool
-/// by name.
+/// by name, with the request shapes it learned (absent from files written
+/// before they were carried).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PoolLimit {
     pub pool: String,
     pub state: LimitState,
+    #[serde(default)]
+    pub shapes: Option<super::shapes::LearnedShapes>,
 }
 
 /// A latency-gradient concurrency limit.
@@ -294,6 +300,9 @@ pub struct GradientLimit {
     /// The most in flight of a recent calm window (0 until one closes),
     /// fading by [`CALM_PEAK_FADE`] a window.
     calm_peak: f64,
+    /// The most in flight at which a request of the last closed window was
+    /// answered (see [`GradientLimit::drop_floor`]).
+    answered_peak: usize,
     window: Window,
 }
 
@@ -307,6 +316,7 @@ impl GradientLimit {
             windows_seen: 0,
             probing: true,
             calm_peak: 0.0,
+            answered_peak: 0,
             flat_saturated: 0,
             since_drop: None,
             ceiling: None,
@@ -376,7 +386,15 @@ impl GradientLimit {
         // restarting under its requests, is one cut, not a ceiling.
         let answered_by_cut = self.last_drop_cut.is_some_and(|at| sample.started < at);
         if sample.dropped && answered_by_cut {
-            return None;
+            // The same episode: its cut is from the fewest in flight that
+            // dropped (a burst into a small backlog is refused past it,
+            // in whatever order the refusals come back), but it is one cut.
+            let from = self.drop_floor(sample.in_flight) * self.config.backoff;
+            if from >= self.limit {
+                return None;
+            }
+            self.limit = from.max(self.config.min as f64);
+            return Some(self.limit());
         }
         let dropped = sample.dropped && sample.in_flight <= self.limit();
         let w = &mut self.window;
@@ -387,6 +405,8 @@ impl GradientLimit {
         w.dropped |= dropped;
         if dropped {
             w.min_dropped_in_flight = w.min_dropped_in_flight.min(sample.in_flight);
+        } else if !sample.dropped {
+            w.max_answered_in_flight = w.max_answered_in_flight.max(sample.in_flight);
         }
         w.max_in_flight = w.max_in_flight.max(sample.in_flight);
         let elapsed = now.saturating_duration_since(w.start);
@@ -395,7 +415,27 @@ impl GradientLimit {
         }
         let mut closed = std::mem::replace(&mut self.window, Window::new(now));
         self.close_window(&mut closed, now);
+        // A window a drop closed at once holds few answers: the peak before
+        // it still stands.
+        self.answered_peak = if closed.dropped {
+            self.answered_peak.max(closed.max_answered_in_flight)
+        } else {
+            closed.max_answered_in_flight
+        };
         Some(self.limit())
+    }
+
+    /// Where a cut for a request dropped with `in_flight` in flight backs
+    /// off from: that many, unless the app answered more at once in this
+    /// window or the last. A backlog overflows past what the app holds, so
+    /// its refusals start above every answer; an app restarting under its
+    /// requests resets even the one it held alone, and that says nothing
+    /// about how many it can hold (the cut went to 1, and people waited
+    /// while the limit doubled back).
+    fn drop_floor(&self, in_flight: usize) -> f64 {
+        in_flight
+            .max(self.window.max_answered_in_flight)
+            .max(self.answered_peak) as f64
     }
 
     fn close_window(&mut self, w: &mut Window, now: Instant) {
@@ -409,7 +449,7 @@ impl GradientLimit {
             // was used (a small backlog overflows long before a limit of 64
             // is reached, and ×0.9 of 64 would take twenty windows).
             self.probing = false;
-            let from = self.limit.min(w.min_dropped_in_flight as f64);
+            let from = self.limit.min(self.drop_floor(w.min_dropped_in_flight));
             self.limit = (from * cfg.backoff).max(cfg.min as f64);
             if self.since_drop.is_some() {
                 self.ceiling = Some(self.limit);
@@ -854,15 +894,19 @@ mod tests {
 
     /// Issue 35: an app restarting under its requests resets every one it
     /// held, each having started with fewer in flight than the last. One
-    /// episode is one cut: no ceiling, and the limit probes back (doubles)
-    /// at the first window with every slot used and latency flat, instead
-    /// of creeping for five.
+    /// episode is one cut, from the most the app had just answered at once
+    /// (a reset of a request it held alone says nothing about how many it
+    /// holds): no ceiling, and the limit probes back (doubles) at the first
+    /// window with every slot used and latency flat, instead of creeping
+    /// for five. A burst into a small backlog is still cut to below its
+    /// fewest refused, refused in any order.
     #[test]
     fn a_burst_of_resets_is_one_cut_and_the_limit_comes_back_at_once() {
         let mut now = Instant::now();
         let mut g = small(now);
         drive(&mut g, &mut now, 3, ms(10), None);
         assert_eq!(g.limit(), 32, "probing: 4 -> 32");
+        drive(&mut g, &mut now, 1, ms(10), Some(20));
         let granted = now;
         now += ms(1100);
         let reset = |in_flight| Sample {
@@ -879,6 +923,15 @@ mod tests {
         assert_eq!(g.limit(), 18, "one cut for the episode");
         drive(&mut g, &mut now, 1, ms(10), None);
         assert_eq!(g.limit(), 36, "probing again after one flat window");
+
+        // A cold burst of 32 into 4 workers and no backlog: refused from
+        // the fifth, the refusals read back in any order.
+        let mut g = limiter(now);
+        now += ms(10);
+        for in_flight in [17, 32, 5, 9, 6] {
+            g.on_sample(now, reset(in_flight));
+        }
+        assert_eq!(g.limit(), 4, "from the fewest refused, 5 x 0.9");
     }
 
     #[test]
@@ -952,22 +1005,24 @@ mod tests {
         let mut g = small(now);
         drive(&mut g, &mut now, 3, ms(100), None);
         assert_eq!(g.limit(), 32, "probing: 4 -> 32");
-        // The app's backlog overflows at 20 in flight; its latency stays
-        // flat (a full backlog refuses, it does not queue).
-        now += ms(1100);
-        let refused = Sample {
+        // The app's backlog overflows at 20 in flight: it answers 19 at
+        // once, and its latency stays flat (a full backlog refuses, it
+        // does not queue).
+        drive(&mut g, &mut now, 1, ms(100), Some(19));
+        let refused = |now: Instant| Sample {
             latency: ms(1),
             started: now,
             in_flight: 20,
             dropped: true,
             own_lag: Duration::ZERO,
         };
-        assert_eq!(g.on_sample(now, refused), Some(18), "20 x 0.9");
-        drive(&mut g, &mut now, 3, ms(100), None);
+        now += ms(1100);
+        assert_eq!(g.on_sample(now, refused(now)), Some(18), "20 x 0.9");
+        drive(&mut g, &mut now, 3, ms(100), Some(19));
         assert!(g.limit() > 18, "one drop sets no ceiling: {}", g.limit());
         // Again at 20: a backlog that overflows where it did before.
         now += ms(1100);
-        assert_eq!(g.on_sample(now, refused), Some(18));
+        assert_eq!(g.on_sample(now, refused(now)), Some(18));
         drive(&mut g, &mut now, CEILING_HOLD - 2, ms(100), None);
         assert_eq!(g.limit(), 18, "every slot used and flat, yet held");
         drive(&mut g, &mut now, 10, ms(100), None);

@@ -178,9 +178,69 @@ pub struct ShapeCosts {
     table: Mutex<Table>,
 }
 
+/// What a pool learned of its request shapes, for the next process (an
+/// upgrade's hand-off, the file beside the limiter snapshot): the shapes
+/// and prefixes judged already (at least [`MIN_SAMPLES`] answers), as
+/// `(hash, floor in seconds, answers)`. Shape hashes are SipHash with fixed
+/// keys: the same in every process.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LearnedShapes {
+    pub shapes: Vec<(u64, f64, u32)>,
+    pub prefixes: Vec<(u64, f64, u32)>,
+    pub baseline_ln: Option<f64>,
+}
+
 impl ShapeCosts {
     pub fn new() -> ShapeCosts {
         ShapeCosts::default()
+    }
+
+    /// The judged shapes and prefixes, for the next process.
+    pub fn learned(&self) -> LearnedShapes {
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let judged = |m: &Costs| {
+            m.iter()
+                .filter(|(_, c)| c.samples >= MIN_SAMPLES)
+                .map(|(k, c)| (*k, c.floor_secs, c.samples))
+                .collect()
+        };
+        LearnedShapes {
+            shapes: judged(&t.shapes),
+            prefixes: judged(&t.prefixes),
+            baseline_ln: t.baseline_ln,
+        }
+    }
+
+    /// Continues from what the previous process learned: each shape it
+    /// judged and this one has not yet, and its baseline while this one
+    /// has none. Values that are not finite and positive are ignored.
+    pub fn resume(&self, learned: &LearnedShapes) {
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let t = &mut *guard;
+        for (map, entries) in [
+            (&mut t.shapes, &learned.shapes),
+            (&mut t.prefixes, &learned.prefixes),
+        ] {
+            for &(key, floor_secs, samples) in entries.iter().take(MAX_SHAPES) {
+                if floor_secs.is_finite() && floor_secs > 0.0 && map.len() < MAX_SHAPES {
+                    map.entry(key).or_insert(Cost {
+                        floor_secs,
+                        samples: samples.max(MIN_SAMPLES),
+                    });
+                }
+            }
+        }
+        if t.baseline_ln.is_none() {
+            t.baseline_ln = learned.baseline_ln.filter(|b| b.is_finite());
+        }
+        // Judged at once, not after the next CHEAPEST_EVERY answers.
+        t.cheapest_secs = (t.shapes.values())
+            .filter(|c| c.samples >= MIN_SAMPLES)
+            .map(|c| c.floor_secs)
+            .reduce(f64::min);
+        t.answers = t
+            .answers
+            .max(t.shapes.values().map(|c| u64::from(c.samples)).sum());
     }
 
     /// Takes over what `other` learned (a reload that rebuilt the pool's
@@ -364,6 +424,29 @@ mod tests {
         assert!(costs.is_expensive(shape("/w/index.php?search=other")));
         assert!(!costs.is_expensive(shape("/wiki/Other")));
         assert_eq!(costs.expensive_shapes(), 1);
+    }
+
+    /// What a process learned goes on in the next (an upgrade, a restart
+    /// within ten minutes): its judged shapes are judged at once, through
+    /// JSON as beside the snapshot; unjudged ones are not carried.
+    #[test]
+    fn learned_shapes_go_on_in_the_next_process() {
+        let old = ShapeCosts::new();
+        learn(&old, "/wiki/Page", 20, 200);
+        learn(&old, "/w/index.php?search=a", 400, 30);
+        learn(&old, "/rare/thing", 900, 3);
+        let text = serde_json::to_string(&old.learned()).unwrap();
+        let new = ShapeCosts::new();
+        assert!(!new.is_expensive(shape("/w/index.php?search=b")));
+        new.resume(&serde_json::from_str(&text).unwrap());
+        assert!(new.is_expensive(shape("/w/index.php?search=b")));
+        assert!(!new.is_expensive(shape("/wiki/Other")));
+        assert_eq!(new.expensive_shapes(), 1);
+        assert_eq!(
+            new.learned().shapes.len(),
+            2,
+            "the rare shape was not judged"
+        );
     }
 
     #[test]

@@ -462,6 +462,7 @@ mod tests {
                     probing: false,
                     calm_peak: Some(9.0),
                 },
+                shapes: None,
             }],
         };
         old.send_with_fds(&sockets, &[l1.as_fd(), l2.as_fd()])
