@@ -48,10 +48,15 @@ impl Plan {
         }
     }
 
-    /// For CI: a third of the mix, three operations three seconds apart.
+    /// For CI: a third of the mix, three operations three seconds apart;
+    /// an upload a second (of 2-5 MB over 3-6 s), so that every operation
+    /// meets several in flight.
     pub fn short(weir: PathBuf) -> Plan {
         Plan {
-            mix: Mix::scaled(1.0 / 3.0),
+            mix: Mix {
+                uploads_per_sec: 1.0,
+                ..Mix::scaled(1.0 / 3.0)
+            },
             app: OrdinaryAppConfig::default(),
             times: 3,
             every: Duration::from_secs(3),
