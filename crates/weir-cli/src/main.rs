@@ -148,8 +148,8 @@ enum Command {
         /// Fronts to run: direct, nginx, weir (default: all).
         #[arg(long = "front", value_delimiter = ',')]
         fronts: Vec<String>,
-        /// Operations: none, reload, upgrade, restart, reuse_port, activated,
-        /// blue_green (default: all).
+        /// Operations: none, app_restart, reload, upgrade, restart,
+        /// reuse_port, activated, blue_green (default: all).
         #[arg(long = "op", value_delimiter = ',')]
         ops: Vec<String>,
         /// Write every row as JSON.
@@ -362,7 +362,7 @@ fn harm(
             .iter()
             .map(|k| {
                 Operation::from_key(k).with_context(|| {
-                    format!("no operation named {k:?} (none, reload, upgrade, restart, reuse_port, activated, blue_green)")
+                    format!("no operation named {k:?} (none, app_restart, reload, upgrade, restart, reuse_port, activated, blue_green)")
                 })
             })
             .collect::<anyhow::Result<_>>()?,
@@ -401,11 +401,26 @@ fn harm(
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    // Harm: weir refused or cut what the app alone (under the same
+    // operation, when it has one) did not, or answered 503/429 itself. A
+    // plain stop/start is allowed its refused connections.
+    let baseline = |op: Operation| {
+        let direct = |o| {
+            rows.iter()
+                .find(|r| r.front == FrontKind::Direct && r.operation == o)
+        };
+        direct(op).or_else(|| direct(Operation::Steady))
+    };
     let harmed = rows.iter().any(|r| {
+        let (failed, cut) =
+            baseline(r.operation).map_or((0, 0), |d| (d.summary.failed, d.summary.uploads_cut));
+        let s = &r.summary;
+        let allowed = match r.operation {
+            Operation::Restart => failed + s.refused,
+            _ => failed,
+        };
         r.front == FrontKind::Weir
-            && (r.summary.uploads_cut > 0
-                || r.summary.by_weir > 0
-                || (r.summary.failed > 0 && r.operation != Operation::Restart))
+            && (s.uploads_cut > cut || s.weir_503 + s.weir_429 > 0 || s.failed > allowed)
     });
     Ok(if harmed {
         ExitCode::from(1)

@@ -103,17 +103,14 @@ struct Shared {
 pub struct OrdinaryApp {
     addr: SocketAddr,
     counters: Arc<AppCounters>,
+    shared: Arc<Shared>,
     accept: JoinHandle<()>,
 }
 
 impl OrdinaryApp {
     /// Binds `bind` (port 0 for any) and serves. Must run inside a tokio runtime.
     pub fn start(cfg: OrdinaryAppConfig, bind: SocketAddr) -> io::Result<OrdinaryApp> {
-        let socket = TcpSocket::new_v4()?;
-        socket.set_reuseaddr(true)?;
-        socket.bind(bind)?;
-        // Large: refusals come from the backlog of workers, never the kernel's.
-        let listener = socket.listen(4096)?;
+        let listener = listen(bind)?;
         let addr = listener.local_addr()?;
         let counters = Arc::new(AppCounters::default());
         let shared = Arc::new(Shared {
@@ -121,12 +118,25 @@ impl OrdinaryApp {
             cfg,
             counters: counters.clone(),
         });
-        let accept = tokio::spawn(accept_loop(listener, shared));
+        let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(OrdinaryApp {
             addr,
             counters,
+            shared,
             accept,
         })
+    }
+
+    /// A deploy of the app: every connection is reset (requests in flight
+    /// get no answer), nothing listens for `down`, then the app serves
+    /// again on the same address, as fast as before.
+    pub async fn restart(&mut self, down: Duration) -> io::Result<()> {
+        self.accept.abort();
+        let _ = (&mut self.accept).await;
+        tokio::time::sleep(down).await;
+        let listener = listen(self.addr)?;
+        self.accept = tokio::spawn(accept_loop(listener, self.shared.clone()));
+        Ok(())
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -142,6 +152,14 @@ impl Drop for OrdinaryApp {
     fn drop(&mut self) {
         self.accept.abort();
     }
+}
+
+fn listen(bind: SocketAddr) -> io::Result<TcpListener> {
+    let socket = TcpSocket::new_v4()?;
+    socket.set_reuseaddr(true)?;
+    socket.bind(bind)?;
+    // Large: refusals come from the backlog of workers, never the kernel's.
+    socket.listen(4096)
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {

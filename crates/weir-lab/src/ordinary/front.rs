@@ -69,11 +69,15 @@ pub enum Operation {
     ActivatedRestart,
     /// Behind nginx: start the other colour, switch nginx to it, stop the old.
     BlueGreen,
+    /// Not the front's: the app behind it is deployed (every connection
+    /// reset, down for a moment, back as before).
+    AppRestart,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 7] = [
+    pub const ALL: [Operation; 8] = [
         Operation::Steady,
+        Operation::AppRestart,
         Operation::Reload,
         Operation::Upgrade,
         Operation::Restart,
@@ -91,6 +95,7 @@ impl Operation {
             Operation::ReusePortRestart => "restart, reuse_port",
             Operation::ActivatedRestart => "restart, socket activation",
             Operation::BlueGreen => "blue/green behind nginx",
+            Operation::AppRestart => "the app restarted",
         }
     }
 
@@ -104,6 +109,7 @@ impl Operation {
             Operation::ReusePortRestart => "reuse_port",
             Operation::ActivatedRestart => "activated",
             Operation::BlueGreen => "blue_green",
+            Operation::AppRestart => "app_restart",
         }
     }
 
@@ -117,10 +123,10 @@ impl Operation {
     /// restarts here are plain stop/start).
     pub fn applies_to(self, front: FrontKind) -> bool {
         match front {
-            FrontKind::Direct => self == Operation::Steady,
+            FrontKind::Direct => matches!(self, Operation::Steady | Operation::AppRestart),
             FrontKind::Nginx => matches!(
                 self,
-                Operation::Steady | Operation::Reload | Operation::Restart
+                Operation::Steady | Operation::Reload | Operation::Restart | Operation::AppRestart
             ),
             FrontKind::Weir => true,
         }
@@ -214,7 +220,7 @@ impl Front {
     /// Performs `op` once; `Ok` once the front serves again.
     pub async fn operate(&mut self, op: Operation) -> Result<(), FrontError> {
         match (&mut self.inner, op) {
-            (_, Operation::Steady) | (Inner::Direct, _) => Ok(()),
+            (_, Operation::Steady | Operation::AppRestart) | (Inner::Direct, _) => Ok(()),
             (Inner::Nginx(server), Operation::Reload) => {
                 server.signal(rustix::process::Signal::HUP);
                 Ok(())
@@ -411,6 +417,7 @@ impl WeirFront {
                 self.current = Some(next);
                 current.stop().exited().await?;
             }
+            Operation::AppRestart => self.current = Some(current),
             Operation::BlueGreen => {
                 let other = 1 - self.live;
                 let next = self.spawn(other).await?;

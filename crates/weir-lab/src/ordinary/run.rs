@@ -71,6 +71,9 @@ impl Plan {
     }
 }
 
+/// How long the app is down in a deploy ([`Operation::AppRestart`]).
+const APP_DOWN: Duration = Duration::from_millis(300);
+
 /// What one run found.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
@@ -121,7 +124,7 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         operation: op.name(),
         source,
     };
-    let app = OrdinaryApp::start(plan.app.clone(), "127.0.0.1:0".parse().expect("literal"))
+    let mut app = OrdinaryApp::start(plan.app.clone(), "127.0.0.1:0".parse().expect("literal"))
         .map_err(RunError::App)?;
     let mut gateway = Front::start(front, op, app.addr(), &plan.weir)
         .await
@@ -136,7 +139,8 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         async move { mix::run(&mix_plan, target, until, tally).await }
     });
     let operated = op != Operation::Steady && op.applies_to(front);
-    let checks_limits = operated && front != FrontKind::Direct;
+    // A deploy of the app is no operation on the front's limits.
+    let checks_limits = operated && front != FrontKind::Direct && op != Operation::AppRestart;
     let (mut kept, mut checked) = (0, 0);
     let mut operation_ms = Vec::new();
     let mut limits_lost_after = Vec::new();
@@ -147,12 +151,15 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         }
         let limited = checks_limits && gateway.limit_probe(k).await;
         let started = Instant::now();
-        let done = gateway.operate(op).await;
+        let done = match op {
+            Operation::AppRestart => app.restart(APP_DOWN).await.map_err(RunError::App),
+            _ => gateway.operate(op).await.map_err(failed),
+        };
         operation_ms.push(started.elapsed().as_millis() as u64);
         if let Err(e) = done {
             // Visitors still get what they get; the run reports the error.
             visitors.abort();
-            return Err(failed(e));
+            return Err(e);
         }
         if limited {
             checked += 1;

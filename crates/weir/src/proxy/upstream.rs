@@ -442,8 +442,12 @@ async fn send_with_failover(
     let mut sent = Instant::now();
     pool.record_request(sent);
     let mut failed: Option<ServerGuard> = None;
+    let app_away = sent;
+    let mut app_backoff = APP_BACKOFF_FIRST;
+    let mut refused_by: Option<Arc<crate::upstream::Server>> = None;
     loop {
-        let guard = match pool.pick(failed.as_ref().map(|g| &g.server), idempotent, sent) {
+        let exclude = failed.as_ref().map(|g| &g.server).or(refused_by.as_ref());
+        let guard = match pool.pick(exclude, idempotent, sent) {
             Ok(g) => g,
             Err(NoServer::AllDead) => return Err(ForwardError::NoHealthyServer),
             Err(NoServer::Exhausted) => return Err(ForwardError::NoServer),
@@ -480,6 +484,31 @@ async fn send_with_failover(
                 log.server = Some(guard);
                 return Ok(resp);
             }
+            Err(e)
+                if e.not_listening()
+                    && (retry_copy.is_none() || failed.is_some())
+                    && app_away.elapsed() < APP_RETURN_WAIT =>
+            {
+                // Nothing listened, and no other server is left to try: the
+                // app is restarting (a deploy), or gone. Nothing was sent,
+                // so the request waits for it and
+                // tries again, backing off, instead of failing at once: a
+                // deploy behind weir had cost visitors more than the same
+                // deploy without it (their kept-alive connections to weir
+                // survived it, and each of their requests met it).
+                count_failure(pool, &e, rt);
+                // Another server at once, if there is one; else this one
+                // again after a while.
+                refused_by = match refused_by {
+                    None if pool.servers.len() > 1 => Some(guard.server.clone()),
+                    _ => {
+                        tokio::time::sleep(app_backoff).await;
+                        app_backoff = (app_backoff * 2).min(APP_BACKOFF_MAX);
+                        None
+                    }
+                };
+                sent = Instant::now();
+            }
             Err(e) => {
                 count_failure(pool, &e, rt);
                 let can_retry = e.retryable(idempotent) && failed.is_none() && retry_copy.is_some();
@@ -493,6 +522,13 @@ async fn send_with_failover(
         }
     }
 }
+
+/// How long a request waits for an app that is not listening (a restart)
+/// before its `502`, and how it backs off meanwhile: a deploy's gap is well
+/// under it; an app that is down for good costs each request this much.
+const APP_RETURN_WAIT: Duration = Duration::from_secs(2);
+const APP_BACKOFF_FIRST: Duration = Duration::from_millis(25);
+const APP_BACKOFF_MAX: Duration = Duration::from_millis(400);
 
 /// Counts a failed exchange: the app's in `weir_upstream_errors_total`; the
 /// client's own upload failing is not the server's error (and must not

@@ -134,6 +134,19 @@ impl ForwardError {
         }
     }
 
+    /// True when nothing listened at the server's address (connection
+    /// refused): the app is not running, as while it restarts. Nothing was
+    /// sent, so waiting for it and trying again is safe for any request.
+    pub fn not_listening(&self) -> bool {
+        matches!(
+            self,
+            ForwardError::Connect {
+                source: ConnectError::Io(e),
+                ..
+            } if e.kind() == std::io::ErrorKind::ConnectionRefused
+        )
+    }
+
     /// True when the app turned the request away without a word: the
     /// connection (kept alive or new) closed or was reset with the request
     /// sent and no response byte. That is how an app whose backlog is full
