@@ -141,30 +141,7 @@ enum Command {
     /// WebSockets, HTTP/2) through each operation on weir (reload, upgrade,
     /// restarts, blue/green), next to nginx and no gateway: prints what
     /// visitors lost. Exit 1 when weir failed a request the app alone did not.
-    Harm {
-        /// A short run (a third of the traffic, three operations), as CI's.
-        #[arg(long)]
-        short: bool,
-        /// Fronts to run: direct, nginx, weir (default: all).
-        #[arg(long = "front", value_delimiter = ',')]
-        fronts: Vec<String>,
-        /// Operations: none, app_restart, reload, upgrade, restart,
-        /// reuse_port, activated, blue_green (default: all).
-        #[arg(long = "op", value_delimiter = ',')]
-        ops: Vec<String>,
-        /// Write every row as JSON.
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Only pages and uploads (issue 35's restart traffic): no
-        /// downloads, long polls, events, WebSockets or HTTP/2.
-        #[arg(long)]
-        pages_and_uploads: bool,
-        /// Instead: a soak of this long (e.g. `30m`) through weir, a reload
-        /// a minute and an upgrade every five, weir's memory, descriptors
-        /// and threads sampled.
-        #[arg(long, value_parser = humantime::parse_duration)]
-        soak: Option<Duration>,
-    },
+    Harm(HarmArgs),
     /// Replay incident 1 (crawler flood) with and without weir's recommended config.
     Demo {
         /// Where to write the HTML report.
@@ -176,6 +153,47 @@ enum Command {
         #[command(subcommand)]
         what: Generated,
     },
+}
+
+/// `weir harm`'s options.
+#[derive(clap::Args)]
+struct HarmArgs {
+    /// A short run (a third of the traffic, three operations), as CI's.
+    #[arg(long)]
+    short: bool,
+    /// Fronts to run: direct, nginx, weir (default: all).
+    #[arg(long = "front", value_delimiter = ',')]
+    fronts: Vec<String>,
+    /// Operations: none, app_restart, reload, upgrade, restart,
+    /// reuse_port, activated, blue_green (default: all).
+    #[arg(long = "op", value_delimiter = ',')]
+    ops: Vec<String>,
+    /// Write every row as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Only pages and uploads (issue 35's restart traffic): no
+    /// downloads, long polls, events, WebSockets or HTTP/2.
+    #[arg(long)]
+    pages_and_uploads: bool,
+    /// Instead: a soak of this long (e.g. `30m`) through weir, a reload
+    /// a minute and an upgrade every five, weir's memory, descriptors
+    /// and threads sampled.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    soak: Option<Duration>,
+}
+
+impl Command {
+    /// The lab's commands print a report; the weirs they run in-process log
+    /// only warnings unless WEIR_LOG asks for more.
+    fn default_log_level(&self) -> &'static str {
+        match self {
+            Command::Sim { .. }
+            | Command::Demo { .. }
+            | Command::Replay { .. }
+            | Command::Harm(_) => "warn",
+            _ => "info",
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -222,16 +240,7 @@ fn init_process_log(level: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The lab's commands print a report; the weirs they run in-process log
-    // only warnings unless WEIR_LOG asks for more.
-    let default_level = match cli.command {
-        Command::Sim { .. }
-        | Command::Demo { .. }
-        | Command::Replay { .. }
-        | Command::Harm { .. } => "warn",
-        _ => "info",
-    };
-    init_process_log(default_level);
+    init_process_log(cli.command.default_log_level());
     let result = match cli.command {
         Command::Check { config } => check(&config),
         Command::Run {
@@ -296,19 +305,7 @@ fn main() -> ExitCode {
             },
         ),
         Command::Generate { what } => generated(what),
-        Command::Harm {
-            soak: Some(duration),
-            json,
-            ..
-        } => soak(duration, json.as_deref()),
-        Command::Harm {
-            short,
-            fronts,
-            ops,
-            json,
-            pages_and_uploads,
-            soak: None,
-        } => harm(short, pages_and_uploads, &fronts, &ops, json.as_deref()),
+        Command::Harm(args) => harm(args),
         Command::Demo { html } => {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             weir_lab::cli::demo(Some(html), progress)
@@ -335,149 +332,49 @@ fn sim(scenario: &Path, options: weir_lab::cli::SimOptions) -> anyhow::Result<Ex
     })
 }
 
-/// `weir harm`: the harmlessness table; exit 1 when weir failed a request,
-/// cut an upload or answered `503`/`429` itself where no gateway failed none.
-fn harm(
-    short: bool,
-    pages_and_uploads: bool,
-    fronts: &[String],
-    ops: &[String],
-    json: Option<&Path>,
-) -> anyhow::Result<ExitCode> {
+/// `weir harm`: the harmlessness table, or a soak; exit 1 when weir did
+/// harm (`weir_lab::ordinary::run::harmed`), or the soak failed a request
+/// or grew.
+fn harm(args: HarmArgs) -> anyhow::Result<ExitCode> {
+    use weir_lab::ordinary::cli::{HarmOptions, harm, soak_command};
     use weir_lab::ordinary::front::{FrontKind, Operation};
-    use weir_lab::ordinary::run::{Plan, run, table};
-    let fronts = match fronts {
-        [] => FrontKind::ALL.to_vec(),
-        names => names
-            .iter()
-            .map(|n| {
-                FrontKind::from_name(n)
-                    .with_context(|| format!("no front named {n:?} (direct, nginx, weir)"))
-            })
-            .collect::<anyhow::Result<_>>()?,
-    };
-    let ops = match ops {
-        [] => Operation::ALL.to_vec(),
-        keys => keys
-            .iter()
-            .map(|k| {
-                Operation::from_key(k).with_context(|| {
-                    format!("no operation named {k:?} (none, app_restart, reload, upgrade, restart, reuse_port, activated, blue_green)")
-                })
-            })
-            .collect::<anyhow::Result<_>>()?,
-    };
     let weir = std::env::current_exe().context("where this weir binary is")?;
-    let mut plan = if short {
-        Plan::short(weir)
-    } else {
-        Plan::full(weir)
-    };
-    if pages_and_uploads {
-        plan.mix = weir_lab::ordinary::mix::Mix::pages_and_uploads();
-    }
-    weir_lab::ordinary::process::become_subreaper();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let mut rows = Vec::new();
-    for front in fronts {
-        for &op in ops.iter().filter(|o| o.applies_to(front)) {
-            eprintln!("weir harm: {} / {} ...", front.name(), op.name());
-            let row = rt.block_on(run(&plan, front, op))?;
-            eprintln!(
-                "{}",
-                table(std::slice::from_ref(&row))
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-            );
-            rows.push(row);
+    let passed = match args.soak {
+        Some(duration) => soak_command(weir, duration, args.json.as_deref())?,
+        None => {
+            let fronts = match args.fronts.as_slice() {
+                [] => FrontKind::ALL.to_vec(),
+                names => names
+                    .iter()
+                    .map(|n| {
+                        FrontKind::from_name(n)
+                            .with_context(|| format!("no front named {n:?} (direct, nginx, weir)"))
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+            };
+            let ops = match args.ops.as_slice() {
+                [] => Operation::ALL.to_vec(),
+                keys => keys
+                    .iter()
+                    .map(|k| {
+                        Operation::from_key(k).with_context(|| {
+                            let known: Vec<_> = Operation::ALL.iter().map(|o| o.key()).collect();
+                            format!("no operation named {k:?} ({})", known.join(", "))
+                        })
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+            };
+            harm(&HarmOptions {
+                short: args.short,
+                pages_and_uploads: args.pages_and_uploads,
+                fronts,
+                ops,
+                weir,
+                json: args.json,
+            })?
         }
-    }
-    println!("{}", table(&rows));
-    if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    // Harm: weir refused or cut what the app alone (under the same
-    // operation, when it has one) did not, or answered 503/429 itself. A
-    // plain stop/start is allowed its refused connections.
-    let baseline = |op: Operation| {
-        let direct = |o| {
-            rows.iter()
-                .find(|r| r.front == FrontKind::Direct && r.operation == o)
-        };
-        direct(op).or_else(|| direct(Operation::Steady))
     };
-    let harmed = rows.iter().any(|r| {
-        let (failed, cut) =
-            baseline(r.operation).map_or((0, 0), |d| (d.summary.failed, d.summary.uploads_cut));
-        let s = &r.summary;
-        let allowed = match r.operation {
-            Operation::Restart => failed + s.refused,
-            _ => failed,
-        };
-        r.front == FrontKind::Weir
-            && (s.uploads_cut > cut || s.weir_503 + s.weir_429 > 0 || s.failed > allowed)
-    });
-    Ok(if harmed {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
-}
-
-/// `weir harm --soak`: exit 1 when a request failed or memory grew more
-/// than 5% after warm-up.
-fn soak(duration: Duration, json: Option<&Path>) -> anyhow::Result<ExitCode> {
-    use weir_lab::ordinary::soak::{SoakPlan, soak};
-    let weir = std::env::current_exe().context("where this weir binary is")?;
-    let plan = SoakPlan::new(weir, duration);
-    weir_lab::ordinary::process::become_subreaper();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let report = rt.block_on(soak(&plan))?;
-    println!("| minute | pid | RSS MiB | fds | threads |\n|---|---|---|---|---|");
-    for s in report.samples.iter().filter(|s| s.at_secs % 60 < 10) {
-        println!(
-            "| {} | {} | {:.1} | {} | {} |",
-            s.at_secs / 60,
-            s.pid,
-            s.rss_kib as f64 / 1024.0,
-            s.fds,
-            s.threads
-        );
-    }
-    let s = &report.summary;
-    println!(
-        "\n{} s, {} reloads, {} upgrades: {} requests, {} failed, {} uploads ({} cut), weir 503/429 {}/{}; \
-         after warm-up RSS {:+.1}%, fds {:+}, threads {:+}",
-        report.duration_secs,
-        report.reloads,
-        report.upgrades,
-        s.sent,
-        s.failed,
-        s.uploads,
-        s.uploads_cut,
-        s.weir_503,
-        s.weir_429,
-        report.rss_growth_pct,
-        report.fds_growth,
-        report.threads_growth
-    );
-    for e in &s.examples {
-        println!("  {e}");
-    }
-    if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    let flat = report.rss_growth_pct <= 5.0;
-    Ok(if s.failed == 0 && flat {
+    Ok(if passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

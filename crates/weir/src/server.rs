@@ -276,23 +276,14 @@ impl Server {
             }
         }
         self.runtime.tracker.drain();
-        let mut forced = 0;
-        while self.runtime.tracker.open() > 0 {
-            if cut_short || started.elapsed() >= deadline {
-                forced = self.runtime.tracker.open();
-                self.runtime.tracker.abort_all();
-                // Give aborted tasks a moment to drop their sockets.
-                let grace = Instant::now();
-                while self.runtime.tracker.open() > 0 && grace.elapsed() < Duration::from_secs(1) {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                break;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                _ = &mut stop_now => cut_short = true,
-            }
-        }
+        let forced = finish_connections(
+            &self.runtime.tracker,
+            started,
+            deadline,
+            cut_short,
+            &mut stop_now,
+        )
+        .await;
         for t in self.tasks {
             t.abort();
         }
@@ -375,6 +366,35 @@ impl Server {
 /// How often the snapshot file is looked at for another process's write: a
 /// limit the old generation enforced reaches the new one within this.
 const SNAPSHOT_LOOK: Duration = Duration::from_millis(500);
+
+/// The last part of a drain: waits until every connection has closed,
+/// or closes those left at the deadline (or at once, `cut_short`, or
+/// when `stop_now` resolves). Returns how many were closed by force.
+async fn finish_connections(
+    tracker: &crate::edge::ConnTracker,
+    started: Instant,
+    deadline: Duration,
+    mut cut_short: bool,
+    stop_now: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> usize {
+    while tracker.open() > 0 {
+        if cut_short || started.elapsed() >= deadline {
+            let forced = tracker.open();
+            tracker.abort_all();
+            // Give aborted tasks a moment to drop their sockets.
+            let grace = Instant::now();
+            while tracker.open() > 0 && grace.elapsed() < Duration::from_secs(1) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            return forced;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            _ = stop_now.as_mut() => cut_short = true,
+        }
+    }
+    0
+}
 
 /// Whether a drain goes on accepting for a while (see [`Server::drain_unless`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

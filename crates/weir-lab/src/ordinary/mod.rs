@@ -13,10 +13,11 @@
 //!   and the table of runs; [`soak`]: half an hour of it through reloads
 //!   and upgrades, weir's memory, descriptors and threads sampled.
 //!
-//! `weir harm` prints the table; `tests/integration/harm.rs` asserts on a
+//! `weir harm` ([`cli`]) prints the table; `tests/integration/harm.rs` asserts on a
 //! short version of it.
 
 pub mod app;
+pub mod cli;
 pub mod front;
 pub mod mix;
 pub mod process;

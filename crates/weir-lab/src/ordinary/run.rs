@@ -193,6 +193,29 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
     })
 }
 
+/// Whether weir did harm among `rows`: it failed more requests or cut more
+/// uploads than the app alone under the same operation (or in steady state
+/// when there is no such row), or answered `503`/`429` itself. A plain
+/// stop/start is allowed its refused connections (the gap between the two
+/// processes: see docs/operations.md).
+pub fn harmed(rows: &[Row]) -> bool {
+    let direct = |op: Operation| {
+        rows.iter()
+            .find(|r| r.front == FrontKind::Direct && r.operation == op)
+    };
+    rows.iter().filter(|r| r.front == FrontKind::Weir).any(|r| {
+        let (failed, cut) = direct(r.operation)
+            .or_else(|| direct(Operation::Steady))
+            .map_or((0, 0), |d| (d.summary.failed, d.summary.uploads_cut));
+        let s = &r.summary;
+        let allowed = match r.operation {
+            Operation::Restart => failed + s.refused,
+            _ => failed,
+        };
+        s.uploads_cut > cut || s.weir_503 + s.weir_429 > 0 || s.failed > allowed
+    })
+}
+
 /// The rows as a Markdown table, pages' latency also as added to
 /// `direct`'s when a steady direct row is among them.
 pub fn table(rows: &[Row]) -> String {

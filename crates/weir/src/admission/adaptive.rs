@@ -438,23 +438,29 @@ impl GradientLimit {
             .max(self.answered_peak) as f64
     }
 
-    fn close_window(&mut self, w: &mut Window, now: Instant) {
+    /// A window a dropped request closed: the app dropped a request that
+    /// started with this many in flight, so the limit backs off from there,
+    /// not from a limit far above what was used (a small backlog overflows
+    /// long before a limit of 64 is reached, and ×0.9 of 64 would take
+    /// twenty windows). A second such cut while the first is remembered
+    /// makes a ceiling.
+    fn cut_for_drop(&mut self, w: &Window, now: Instant) {
         let cfg = &self.config;
+        self.last_drop_cut = Some(now);
+        self.cut_by_drop = true;
+        self.flat_saturated = 0;
+        self.probing = false;
+        let from = self.limit.min(self.drop_floor(w.min_dropped_in_flight));
+        self.limit = (from * cfg.backoff).max(cfg.min as f64);
+        if self.since_drop.is_some() {
+            self.ceiling = Some(self.limit);
+        }
+        self.since_drop = Some(0);
+    }
+
+    fn close_window(&mut self, w: &mut Window, now: Instant) {
         if w.dropped {
-            self.last_drop_cut = Some(now);
-            self.cut_by_drop = true;
-            self.flat_saturated = 0;
-            // The app dropped a request that started with this many in
-            // flight: back off from there, not from a limit far above what
-            // was used (a small backlog overflows long before a limit of 64
-            // is reached, and ×0.9 of 64 would take twenty windows).
-            self.probing = false;
-            let from = self.limit.min(self.drop_floor(w.min_dropped_in_flight));
-            self.limit = (from * cfg.backoff).max(cfg.min as f64);
-            if self.since_drop.is_some() {
-                self.ceiling = Some(self.limit);
-            }
-            self.since_drop = Some(0);
+            self.cut_for_drop(w, now);
             return;
         }
         self.since_drop = self.since_drop.map(|n| n + 1).filter(|&n| n < CEILING_HOLD);
@@ -472,7 +478,8 @@ impl GradientLimit {
             return;
         }
         let long = self.update_long(w, short);
-        let cfg = &self.config;
+        // Once a window: a copy keeps `self` free for the cuts below.
+        let cfg = self.config.clone();
         // Congestion: latency beyond the tolerance by more than noise (a
         // 1 ms app answering in 2 ms is not queueing) and by more than
         // weir's own scheduler lag explains (an answer waits up to twice
@@ -486,16 +493,7 @@ impl GradientLimit {
         let app_limited = (w.max_in_flight as f64) < self.limit / 2.0;
         let saturated = w.max_in_flight >= self.limit();
         let next = if congested {
-            self.probing = false;
-            self.flat_saturated = 0;
-            self.cut_by_drop = false;
-            // Cut from what was used, not from a limit far above it.
-            let base = self.limit.min(w.max_in_flight as f64);
-            let gradient = (cfg.tolerance * long / short).clamp(0.5, 1.0);
-            let smoothed = base * (1.0 - cfg.smoothing) + base * gradient * cfg.smoothing;
-            let mean_in_flight = w.sum_in_flight / w.count.max(1) as f64;
-            let unqueued = cfg.tolerance * mean_in_flight * long / short;
-            smoothed.min(unqueued).max(base / 2.0)
+            self.cut_for_latency(w, short, long)
         } else if saturated {
             // Every slot used and latency flat: the limit, not the app, is
             // what holds requests back. After a few such windows in a row,
@@ -530,6 +528,22 @@ impl GradientLimit {
             None => next,
         };
         self.limit = next.clamp(cfg.min as f64, cfg.max as f64);
+    }
+
+    /// The limit after a congested window: cut from what was used, not
+    /// from a limit far above it, to the smaller of Gradient2's step and
+    /// Little's estimate of what the app served unqueued, by at most half.
+    fn cut_for_latency(&mut self, w: &Window, short: f64, long: f64) -> f64 {
+        let cfg = &self.config;
+        self.probing = false;
+        self.flat_saturated = 0;
+        self.cut_by_drop = false;
+        let base = self.limit.min(w.max_in_flight as f64);
+        let gradient = (cfg.tolerance * long / short).clamp(0.5, 1.0);
+        let smoothed = base * (1.0 - cfg.smoothing) + base * gradient * cfg.smoothing;
+        let mean_in_flight = w.sum_in_flight / w.count.max(1) as f64;
+        let unqueued = cfg.tolerance * mean_in_flight * long / short;
+        smoothed.min(unqueued).max(base / 2.0)
     }
 
     /// Moves the long-term latency by a closed window's mean `short`, and

@@ -442,11 +442,9 @@ async fn send_with_failover(
     let mut sent = Instant::now();
     pool.record_request(sent);
     let mut failed: Option<ServerGuard> = None;
-    let app_away = sent;
-    let mut app_backoff = APP_BACKOFF_FIRST;
-    let mut refused_by: Option<Arc<crate::upstream::Server>> = None;
+    let mut away = NotListening::since(sent);
     loop {
-        let exclude = failed.as_ref().map(|g| &g.server).or(refused_by.as_ref());
+        let exclude = failed.as_ref().map(|g| &g.server).or(away.skip.as_ref());
         let guard = match pool.pick(exclude, idempotent, sent) {
             Ok(g) => g,
             Err(NoServer::AllDead) => return Err(ForwardError::NoHealthyServer),
@@ -466,13 +464,7 @@ async fn send_with_failover(
         let res = forward::send(pool, &guard.server, req, timeout).await;
         handles.in_flight.dec();
         let answered = Instant::now();
-        // The app's own time: from the request sent whole to its answer
-        // (an upload's pace is the client's, and says nothing of the app).
-        let took = match &res {
-            Ok(resp) => resp.body().request_body_sent().unwrap_or(sent),
-            Err(_) => sent,
-        };
-        let took = answered.saturating_duration_since(took);
+        let took = app_time(&res, sent, answered);
         if let Some(outcome) = health_outcome(&res, took) {
             let others = guard.server.in_flight().saturating_sub(1);
             pool.observe_request(&guard.server, answered, outcome, others);
@@ -484,29 +476,14 @@ async fn send_with_failover(
                 log.server = Some(guard);
                 return Ok(resp);
             }
+            // Nothing listened, and the failover below has no copy to send
+            // (or was used): the request itself was never sent, body and all.
             Err(e)
                 if e.not_listening()
                     && (retry_copy.is_none() || failed.is_some())
-                    && app_away.elapsed() < APP_RETURN_WAIT =>
+                    && away.again(pool, &guard.server).await =>
             {
-                // Nothing listened, and no other server is left to try: the
-                // app is restarting (a deploy), or gone. Nothing was sent,
-                // so the request waits for it and
-                // tries again, backing off, instead of failing at once: a
-                // deploy behind weir had cost visitors more than the same
-                // deploy without it (their kept-alive connections to weir
-                // survived it, and each of their requests met it).
                 count_failure(pool, &e, rt);
-                // Another server at once, if there is one; else this one
-                // again after a while.
-                refused_by = match refused_by {
-                    None if pool.servers.len() > 1 => Some(guard.server.clone()),
-                    _ => {
-                        tokio::time::sleep(app_backoff).await;
-                        app_backoff = (app_backoff * 2).min(APP_BACKOFF_MAX);
-                        None
-                    }
-                };
                 sent = Instant::now();
             }
             Err(e) => {
@@ -520,6 +497,62 @@ async fn send_with_failover(
                 sent = Instant::now();
             }
         }
+    }
+}
+
+/// The app's own time for an exchange sent at `sent` and answered (or
+/// failed) at `answered`: from the request sent whole to its answer (an
+/// upload's pace is the client's, and says nothing of the app).
+fn app_time(
+    res: &Result<Response<UpstreamBody>, ForwardError>,
+    sent: Instant,
+    answered: Instant,
+) -> Duration {
+    let from = match res {
+        Ok(resp) => resp.body().request_body_sent().unwrap_or(sent),
+        Err(_) => sent,
+    };
+    answered.saturating_duration_since(from)
+}
+
+/// A request that met no listener: the app is restarting (a deploy), or
+/// gone. Nothing was sent, so it may try again without loading the app:
+/// another server at once if the pool has one, else the same one after a
+/// wait that backs off, until [`APP_RETURN_WAIT`]. A deploy behind weir had
+/// cost visitors more than the same deploy without it: their kept-alive
+/// connections to weir outlived the app's restart, and each of their
+/// requests met it as a `502`.
+struct NotListening {
+    since: Instant,
+    backoff: Duration,
+    /// The server that refused, skipped once for another.
+    skip: Option<Arc<crate::upstream::Server>>,
+}
+
+impl NotListening {
+    fn since(now: Instant) -> NotListening {
+        NotListening {
+            since: now,
+            backoff: APP_BACKOFF_FIRST,
+            skip: None,
+        }
+    }
+
+    /// Whether to try again after `server` refused; waits first when there
+    /// is no other server to try.
+    async fn again(&mut self, pool: &Pool, server: &Arc<crate::upstream::Server>) -> bool {
+        if self.since.elapsed() >= APP_RETURN_WAIT {
+            return false;
+        }
+        self.skip = match self.skip.take() {
+            None if pool.servers.len() > 1 => Some(server.clone()),
+            _ => {
+                tokio::time::sleep(self.backoff).await;
+                self.backoff = (self.backoff * 2).min(APP_BACKOFF_MAX);
+                None
+            }
+        };
+        true
     }
 }
 
