@@ -442,62 +442,85 @@ async fn send_with_failover(
     let mut sent = Instant::now();
     pool.record_request(sent);
     let mut failed: Option<ServerGuard> = None;
-    let mut away = NotListening::since(sent);
+    // Only when an app did not listen.
+    let mut away: Option<NotListening> = None;
     loop {
-        let exclude = failed.as_ref().map(|g| &g.server).or(away.skip.as_ref());
-        let guard = match pool.pick(exclude, idempotent, sent) {
-            Ok(g) => g,
-            Err(NoServer::AllDead) => return Err(ForwardError::NoHealthyServer),
-            Err(NoServer::Exhausted) => return Err(ForwardError::NoServer),
-        };
-        // The copy is only taken on a retry, which requires it.
-        let req = match (&failed, retry_copy.as_deref_mut()) {
-            (None, _) => &mut *request,
-            (Some(_), Some(copy)) => copy,
-            (Some(_), None) => return Err(ForwardError::NoServer),
-        };
-        log.record.upstream = Some(guard.server.addr);
-        let handles = pool
-            .metrics
-            .get_or_init(|| rt.metrics.pool_handles(&pool.name));
-        handles.in_flight.inc();
-        let res = forward::send(pool, &guard.server, req, timeout).await;
-        handles.in_flight.dec();
-        let answered = Instant::now();
-        let took = app_time(&res, sent, answered);
-        if let Some(outcome) = health_outcome(&res, took) {
-            let others = guard.server.in_flight().saturating_sub(1);
-            pool.observe_request(&guard.server, answered, outcome, others);
-        }
-        match res {
-            Ok(resp) => {
-                handles.duration.observe(took.as_secs_f64());
-                log.record.upstream_time = Some(took);
-                log.server = Some(guard);
-                return Ok(resp);
-            }
-            // Nothing listened, and the failover below has no copy to send
-            // (or was used): the request itself was never sent, body and all.
-            Err(e)
-                if e.not_listening()
-                    && (retry_copy.is_none() || failed.is_some())
-                    && away.again(pool, &guard.server).await =>
-            {
-                count_failure(pool, &e, rt);
-                sent = Instant::now();
-            }
-            Err(e) => {
-                count_failure(pool, &e, rt);
-                let can_retry = e.retryable(idempotent) && failed.is_none() && retry_copy.is_some();
-                if !can_retry || !retry_allowed(pool, rt) {
-                    return Err(e);
+        // A block: what the attempt leaves (its result, large) is not held
+        // across the wait for an app that did not listen.
+        let refused_by = {
+            let skip = away.as_ref().and_then(|a| a.skip.as_ref());
+            let exclude = failed.as_ref().map(|g| &g.server).or(skip);
+            let guard = match pool.pick(exclude, idempotent, sent) {
+                Ok(g) => g,
+                Err(NoServer::AllDead) => return Err(ForwardError::NoHealthyServer),
+                Err(NoServer::Exhausted) => return Err(ForwardError::NoServer),
+            };
+            // The copy is only taken on a retry, which requires it.
+            let req = match (&failed, retry_copy.as_deref_mut()) {
+                (None, _) => &mut *request,
+                (Some(_), Some(copy)) => copy,
+                (Some(_), None) => return Err(ForwardError::NoServer),
+            };
+            log.record.upstream = Some(guard.server.addr);
+            let handles = pool
+                .metrics
+                .get_or_init(|| rt.metrics.pool_handles(&pool.name));
+            handles.in_flight.inc();
+            let res = forward::send(pool, &guard.server, req, timeout).await;
+            handles.in_flight.dec();
+            let took = observe_attempt(pool, &guard, &res, sent);
+            match res {
+                Ok(resp) => {
+                    handles.duration.observe(took.as_secs_f64());
+                    log.record.upstream_time = Some(took);
+                    log.server = Some(guard);
+                    return Ok(resp);
                 }
-                tracing::debug!(error = %e, "trying another server");
-                failed = Some(guard);
-                sent = Instant::now();
+                // Nothing listened, and the failover below has no copy to send
+                // (or was used): the request itself was never sent, body and all.
+                Err(e)
+                    if e.not_listening()
+                        && (retry_copy.is_none() || failed.is_some())
+                        && away.as_ref().is_none_or(|a| a.may_wait()) =>
+                {
+                    count_failure(pool, &e, rt);
+                    guard.server.clone()
+                }
+                Err(e) => {
+                    count_failure(pool, &e, rt);
+                    let can_retry =
+                        e.retryable(idempotent) && failed.is_none() && retry_copy.is_some();
+                    if !can_retry || !retry_allowed(pool, rt) {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "trying another server");
+                    failed = Some(guard);
+                    sent = Instant::now();
+                    continue;
+                }
             }
-        }
+        };
+        let away = away.get_or_insert_with(|| NotListening::since(sent));
+        away.again(pool, &refused_by).await;
+        sent = Instant::now();
     }
+}
+
+/// Feeds an attempt's outcome to its server's health; returns the app's
+/// time for it.
+fn observe_attempt(
+    pool: &Pool,
+    guard: &ServerGuard,
+    res: &Result<Response<UpstreamBody>, ForwardError>,
+    sent: Instant,
+) -> Duration {
+    let answered = Instant::now();
+    let took = app_time(res, sent, answered);
+    if let Some(outcome) = health_outcome(res, took) {
+        let others = guard.server.in_flight().saturating_sub(1);
+        pool.observe_request(&guard.server, answered, outcome, others);
+    }
+    took
 }
 
 /// The app's own time for an exchange sent at `sent` and answered (or
@@ -538,12 +561,14 @@ impl NotListening {
         }
     }
 
-    /// Whether to try again after `server` refused; waits first when there
-    /// is no other server to try.
-    async fn again(&mut self, pool: &Pool, server: &Arc<crate::upstream::Server>) -> bool {
-        if self.since.elapsed() >= APP_RETURN_WAIT {
-            return false;
-        }
+    /// Whether the request may still wait for the app.
+    fn may_wait(&self) -> bool {
+        self.since.elapsed() < APP_RETURN_WAIT
+    }
+
+    /// Before trying again after `server` refused: another server at once,
+    /// if there is one; else a wait.
+    async fn again(&mut self, pool: &Pool, server: &Arc<crate::upstream::Server>) {
         self.skip = match self.skip.take() {
             None if pool.servers.len() > 1 => Some(server.clone()),
             _ => {
@@ -552,7 +577,6 @@ impl NotListening {
                 None
             }
         };
-        true
     }
 }
 
