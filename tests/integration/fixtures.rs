@@ -437,3 +437,29 @@ pub fn urlencode(s: &str) -> String {
         })
         .collect()
 }
+
+/// Stalls the app, then sends a request from `from` and waits until it holds
+/// the app's one admission slot; the handle gives its status once the app
+/// resumes.
+pub async fn stall_with_the_slot_held(
+    app: &weir_lab::app::SimApp,
+    weir: &TestWeir,
+    from: IpAddr,
+) -> tokio::task::JoinHandle<http::StatusCode> {
+    app.stall();
+    let addr = weir.addr;
+    let holder = tokio::spawn(async move { get_from(from, addr, "/wiki/B", &[]).await.0 });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(
+        &weir.metrics().await,
+        "weir_admission_in_flight{pool=\"app\"}",
+    ) < 1.0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder
+}

@@ -53,6 +53,8 @@ mod harm;
 // Priority, not gates (issue 19): rules that defer to the lowest lane
 // instead of refusing, navigations challenged instead of refused.
 mod priority;
+// Issue 36: the challenge with zero configuration.
+mod learned_challenge;
 
 // Rate and concurrency rules per level, shadow mode, 429 responses, limiter
 // state across restart and reload.

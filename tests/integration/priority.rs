@@ -24,32 +24,6 @@ fn one_slot(app: &weir_lab::app::SimApp, rest: &str) -> String {
     )
 }
 
-/// Stalls the app, then sends a request from `from` and waits until it holds
-/// the app's one admission slot; the handle gives its status once the app
-/// resumes.
-async fn stall_with_the_slot_held(
-    app: &weir_lab::app::SimApp,
-    weir: &TestWeir,
-    from: IpAddr,
-) -> tokio::task::JoinHandle<http::StatusCode> {
-    app.stall();
-    let addr = weir.addr;
-    let holder = tokio::spawn(async move { get_from(from, addr, "/wiki/B", &[]).await.0 });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(
-        &weir.metrics().await,
-        "weir_admission_in_flight{pool=\"app\"}",
-    ) < 1.0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never taken"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    holder
-}
-
 /// Resumes the stalled app: the request holding the slot is served; then
 /// stops weir and the app.
 async fn resume_and_stop(
@@ -486,6 +460,8 @@ fn a_pass_without_a_challenge_and_a_deferring_concurrency_rule_are_refused_by_na
         &path,
         r#"[[listeners]]
 address = "127.0.0.1:0"
+[challenge]
+enabled = false
 [pools.app]
 servers = ["127.0.0.1:9"]
 [[routes]]
@@ -509,7 +485,10 @@ when_over = "defer"
         .unwrap_err()
         .to_string();
     assert!(err.contains("classes.page.rules[0].exempt[0]"), "{err}");
-    assert!(err.contains("no [challenge] is configured"), "{err}");
+    assert!(
+        err.contains("`challenge.enabled = false` grants no passes"),
+        "{err}"
+    );
     assert!(err.contains("classes.page.rules[1].when_over"), "{err}");
     assert!(err.contains("a concurrency rule cannot defer"), "{err}");
 }

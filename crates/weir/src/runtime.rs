@@ -161,6 +161,7 @@ impl Runtime {
         if !host.is_empty() {
             return Err(self.reload_failed(ConfigErrors(host)));
         }
+        crate::challenge::keyfile::prepare(&loaded.config);
         let next = match Gateway::build(loaded, Some(&current), version) {
             Ok(g) => g,
             Err(e) => return Err(self.reload_failed(e)),

@@ -129,6 +129,7 @@ impl Server {
         if !host.is_empty() {
             return Err(crate::config::ConfigErrors(host).into());
         }
+        crate::challenge::keyfile::prepare(&loaded.config);
         let gateway = Gateway::build(loaded, None, 1)?;
         for w in &gateway.warnings {
             tracing::warn!("configuration: {w}");

@@ -124,8 +124,15 @@ fn first_start(path: &Path) -> bool {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
+    // The challenge's key lives there too (`state.dir` defaults to this
+    // directory): it is no limiter state.
+    let key = crate::challenge::keyfile::FILE_NAME;
     match std::fs::read_dir(dir) {
-        Ok(mut entries) => entries.next().is_none(),
+        Ok(entries) => entries.flatten().all(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name == key || name.starts_with(&format!(".{key}."))
+        }),
         // Not there (or unreadable) yet: nothing has been written there.
         Err(_) => true,
     }

@@ -18,36 +18,36 @@ use crate::identity::TrustedProxyError;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ChallengeMode {
-    /// Never (the default: a challenge is opt-in per class).
-    #[default]
+    /// Never.
     Off,
-    /// Only while [`super::pressure::Pressure`] is engaged (queues are deep).
+    /// As `under_pressure`, for the request shapes the pool learned are
+    /// expensive (`admission::shapes`) and only those. The default: a weir
+    /// nobody configured offers proof where a flood of crawlers is costly,
+    /// and nowhere else (issue 36).
+    #[default]
+    Learned,
+    /// Offered to a navigation that would not be served promptly (shed, over
+    /// a rule a pass exempts, or a long wait): the page buys priority.
     UnderPressure,
     /// Every eligible request without a valid pass.
     Always,
-}
-
-impl ChallengeMode {
-    /// Whether this mode challenges now, given the pressure state.
-    pub fn applies(self, pressure_engaged: bool) -> bool {
-        match self {
-            ChallengeMode::Off => false,
-            ChallengeMode::UnderPressure => pressure_engaged,
-            ChallengeMode::Always => true,
-        }
-    }
 }
 
 /// `[challenge]`: keys, lifetimes, difficulty and who is never challenged.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChallengeConfig {
+    /// `false`: no challenge anywhere, whatever a class says (the learned
+    /// one of a weir nobody configured included).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
     /// Secrets for signing pass tokens and challenges, at least 32 bytes each
     /// (e.g. `openssl rand -base64 32`). The first signs; all verify, so a new
     /// key is rotated in by putting it first and keeping the old one second
-    /// for one `pass_ttl`. Required when any class enables the challenge;
-    /// write `"${WEIR_CHALLENGE_KEY}"` to keep it out of the file. Every weir
-    /// instance behind one load balancer needs the same keys.
+    /// for one `pass_ttl`. Write `"${WEIR_CHALLENGE_KEY}"` to keep it out of
+    /// the file. Every weir instance behind one load balancer needs the same
+    /// keys. Empty: weir's own, generated once and kept in the state
+    /// directory (`state.dir`), shared by the processes that share it.
     #[serde(default)]
     pub keys: Vec<String>,
     /// How long a pass cookie is valid. 12 h: a reader solves about once a
@@ -124,6 +124,7 @@ pub struct ChallengeConfig {
 impl Default for ChallengeConfig {
     fn default() -> Self {
         ChallengeConfig {
+            enabled: true,
             keys: Vec::new(),
             pass_ttl: default_pass_ttl(),
             solve_ttl: default_solve_ttl(),
@@ -440,19 +441,21 @@ mod tests {
     fn modes() {
         #[derive(Deserialize)]
         struct Class {
+            #[serde(default)]
             challenge: ChallengeMode,
         }
         let cases = [
-            ("off", ChallengeMode::Off, false, false),
-            ("under_pressure", ChallengeMode::UnderPressure, false, true),
-            ("always", ChallengeMode::Always, true, true),
+            ("off", ChallengeMode::Off),
+            ("learned", ChallengeMode::Learned),
+            ("under_pressure", ChallengeMode::UnderPressure),
+            ("always", ChallengeMode::Always),
         ];
-        for (text, mode, calm, engaged) in cases {
+        for (text, mode) in cases {
             let c: Class = toml::from_str(&format!("challenge = \"{text}\"")).unwrap();
             assert_eq!(c.challenge, mode);
-            assert_eq!(mode.applies(false), calm, "{text} calm");
-            assert_eq!(mode.applies(true), engaged, "{text} engaged");
         }
+        let unsaid: Class = toml::from_str("").unwrap();
+        assert_eq!(unsaid.challenge, ChallengeMode::Learned, "the default");
         assert!(toml::from_str::<Class>("challenge = \"sometimes\"").is_err());
     }
 }

@@ -64,6 +64,7 @@
 //! [`ChallengeEvent`]s). See `docs/challenge.md`.
 
 pub mod config;
+pub mod keyfile;
 pub mod keyring;
 pub mod page;
 pub mod pow;

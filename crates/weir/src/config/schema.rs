@@ -177,6 +177,11 @@ impl Default for RulesConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct StateConfig {
+    /// Where weir keeps what it makes for itself (the challenge's key when
+    /// `[challenge]` has no `keys`). Unset: systemd's `$STATE_DIRECTORY`,
+    /// else `snapshot_file`'s directory, else nowhere (kept in memory).
+    #[serde(default)]
+    pub dir: Option<String>,
     /// Snapshot file: written periodically and at shutdown, read at start.
     /// Unset: state lives in memory only and a restart forgets it.
     #[serde(default)]
@@ -256,6 +261,7 @@ pub enum ExpectRestored {
 impl Default for StateConfig {
     fn default() -> Self {
         StateConfig {
+            dir: None,
             snapshot_file: None,
             snapshot_interval: default_snapshot_interval(),
             redis_url: None,

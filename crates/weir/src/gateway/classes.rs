@@ -448,10 +448,10 @@ fn exemptions(
             }
             "pass" => {
                 exempt.pass = true;
-                if loaded.config.challenge.is_none() {
+                if loaded.config.challenge.as_ref().is_some_and(|c| !c.enabled) {
                     errors.push(loaded.error_at(
                         &at,
-                        "`pass` exempts nobody: no [challenge] is configured to grant passes \
+                        "`pass` exempts nobody: `challenge.enabled = false` grants no passes \
                          (see docs/challenge.md)",
                     ));
                 }

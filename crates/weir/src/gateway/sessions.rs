@@ -28,34 +28,56 @@ pub(super) fn sessions(
     }
 }
 
-/// The challenge, when `[challenge]` is there; every class that challenges
-/// needs it.
+/// The challenge: `[challenge]` as configured, or with none, the learned
+/// one's defaults (every class `learned` unless it says otherwise); `None`
+/// only with `enabled = false`, when no class may ask for one. Without
+/// `keys`, the key is weir's own ([`crate::challenge::keyfile`]).
 pub(super) fn challenger(
     loaded: &LoadedConfig,
     errors: &mut Vec<ConfigError>,
 ) -> Option<Arc<crate::challenge::Challenger>> {
+    use crate::challenge::ChallengeMode;
     let cfg = &loaded.config;
     let root = KeyPath::root();
-    match &cfg.challenge {
-        None => {
-            for (name, c) in &cfg.classes {
-                if c.challenge != crate::challenge::ChallengeMode::Off {
-                    errors.push(loaded.error_at(
-                        &root.key("classes").key(name).key("challenge"),
-                        "needs a [challenge] section (at least `keys`)",
-                    ));
-                }
+    let mut c = cfg.challenge.clone().unwrap_or_default();
+    if !c.enabled {
+        for (name, class) in &cfg.classes {
+            if matches!(
+                class.challenge,
+                ChallengeMode::UnderPressure | ChallengeMode::Always
+            ) {
+                errors.push(loaded.error_at(
+                    &root.key("classes").key(name).key("challenge"),
+                    "challenges while `challenge.enabled = false`",
+                ));
             }
+        }
+        return None;
+    }
+    if c.keys.is_empty() {
+        c.keys.push(own_key(cfg));
+    }
+    match crate::challenge::Challenger::new(&c) {
+        Ok(ch) => Some(Arc::new(ch)),
+        Err(e) => {
+            errors.push(loaded.error_at(&root.key("challenge"), e.to_string()));
             None
         }
-        Some(c) => match crate::challenge::Challenger::new(c) {
-            Ok(ch) => Some(Arc::new(ch)),
-            Err(e) => {
-                errors.push(loaded.error_at(&root.key("challenge"), e.to_string()));
-                None
-            }
-        },
     }
+}
+
+/// weir's own challenge key: the state directory's
+/// ([`crate::challenge::keyfile`]), or this process's.
+fn own_key(cfg: &crate::config::Config) -> String {
+    use crate::challenge::keyfile;
+    let dir = keyfile::state_dir(&cfg.state);
+    keyfile::state_key(dir.as_deref()).unwrap_or_else(|e| {
+        tracing::warn!(
+            error = %e,
+            "the challenge signs with a key of this process's own: its passes end with it"
+        );
+        keyfile::state_key(None).unwrap_or_default()
+    })
 }
 
 /// `rules.low_rate_per_minute` as a quota: below it a refused client counts

@@ -17,7 +17,7 @@ use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::target::Target;
 
 use super::log::RequestLog;
-use crate::admission::Lane;
+use crate::admission::{Lane, Shape};
 use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck};
 use crate::gateway::Gateway;
 use crate::identity::ClientAddr;
@@ -280,6 +280,14 @@ fn challenge(
     let rt = &log.conn.rt;
     let now = SystemTime::now();
     let pool = &gw.pools[route.pool];
+    // Learned: only the shapes the app answers slowly, which a crawler flood
+    // is made of; a cheap page is never worth a visitor's proof.
+    if route.challenge == ChallengeMode::Learned
+        && !(pool.admission.as_ref())
+            .is_some_and(|q| q.shapes().is_expensive(Shape::of(view.target)))
+    {
+        return Challenged::NotNow;
+    }
     // Pressure is what people would wait behind: every lane above
     // `deferred` (deferred requests only take what nobody else wants). A
     // pool without a queue is never under it. (The wait threshold is not fed

@@ -1,0 +1,161 @@
+//! Issue 36, the challenge with zero configuration: without `[challenge]`,
+//! weir offers proof to browser navigations of the request shapes the pool
+//! learned are expensive, and only where they would wait long; never to a
+//! cheap page or a request that is not a navigation. Its key is generated
+//! once and kept in the state directory; `enabled = false` turns it off.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::fixtures::*;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// An app whose searches take ~200 ms and pages ~30 ms, behind weir with a
+/// listener, a pool of one admission slot (so that a request waits) and
+/// `rest`; the state directory is the test's.
+fn config(app: &weir_lab::app::SimApp, rest: &str) -> String {
+    format!(
+        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[state]\ndir = \"{{{{dir}}}}/state\"\n\
+         [pools.app]\nservers = [\"{}\"]\n[pools.app.admission]\nmax_in_flight = 1\nworkers = 2\n{rest}",
+        app.addr()
+    )
+}
+
+fn slow_search_app() -> weir_lab::app::SimApp {
+    weir_lab::app::SimApp::start(
+        weir_lab::app::AppConfig {
+            workers: 2,
+            backlog: 64,
+            time_scale: 0.5,
+            ..Default::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .unwrap()
+}
+
+/// Teaches weir the app's shapes: enough answers of pages and of searches
+/// that searches are judged expensive.
+async fn learn_shapes(weir: &TestWeir) {
+    for i in 0..24 {
+        let me = ip(&format!("127.120.{}.1", i % 8));
+        assert_eq!(
+            get_from(me, weir.addr, &format!("/wiki/P{i}"), &[]).await.0,
+            200
+        );
+        let search = format!("/w/index.php?search=s{i}");
+        assert_eq!(get_from(me, weir.addr, &search, &[]).await.0, 200);
+    }
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(&m, "weir_admission_expensive_shapes{pool=\"app\"}"),
+        1.0,
+        "searches learned expensive, pages not: {m}"
+    );
+}
+
+/// A request from `from` that is still waiting after `wait` (no answer yet).
+async fn still_waiting(
+    weir: &TestWeir,
+    from: &str,
+    path: &str,
+    headers: &'static [(&'static str, &'static str)],
+    wait: Duration,
+) -> tokio::task::JoinHandle<http::StatusCode> {
+    let (addr, from, path) = (weir.addr, ip(from), path.to_string());
+    let waiter = tokio::spawn(async move { get_from(from, addr, &path, headers).await.0 });
+    tokio::time::sleep(wait).await;
+    assert!(!waiter.is_finished(), "answered while the app was stalled");
+    waiter
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_zero_configuration_a_long_wait_for_an_expensive_page_is_offered_the_challenge() {
+    let app = slow_search_app();
+    let weir = TestWeir::start(&config(&app, "")).await;
+    learn_shapes(&weir).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    // Waiting beside it, and never challenged: a cheap page, and a search
+    // that is not a navigation (an API call, a `fetch()`).
+    let long = Duration::from_millis(2_500);
+    let page = still_waiting(&weir, "127.122.0.1", "/wiki/Cheap", &NAV, Duration::ZERO).await;
+    let api = still_waiting(
+        &weir,
+        "127.123.0.1",
+        "/w/index.php?search=api",
+        &[],
+        Duration::ZERO,
+    )
+    .await;
+    // The search a person navigates to waits twice `pressure.wait` (1 s by
+    // default), then gets the page.
+    let started = std::time::Instant::now();
+    let (status, h, body) = tokio::time::timeout(
+        long,
+        get_from(
+            ip("127.124.0.1"),
+            weir.addr,
+            "/w/index.php?search=person",
+            &NAV,
+        ),
+    )
+    .await
+    .expect("the navigation was not offered the challenge");
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-challenge"], "1");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        !page.is_finished() && !api.is_finished(),
+        "they wait for the app, unchallenged"
+    );
+    // The page solves with weir's own key, kept in the state directory.
+    let (answered, _, cookie) =
+        solve_challenge(ip("127.124.0.1"), weir.addr, &body, 12, NAV[2].1).await;
+    assert_eq!(answered, 303, "a pass for the solved page");
+    assert!(cookie.starts_with("weir_pass="), "{cookie}");
+    let key = weir.dir.path().join("state").join("challenge.key");
+    assert!(key.exists(), "the key is kept in the state directory");
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
+    assert_eq!(page.await.unwrap(), 200);
+    assert_eq!(api.await.unwrap(), 200);
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_challenge_offers_nothing() {
+    let app = slow_search_app();
+    let weir = TestWeir::start(&config(&app, "[challenge]\nenabled = false\n")).await;
+    learn_shapes(&weir).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    let search = still_waiting(
+        &weir,
+        "127.124.0.1",
+        "/w/index.php?search=person",
+        &NAV,
+        Duration::from_millis(2_000),
+    )
+    .await;
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
+    assert_eq!(
+        search.await.unwrap(),
+        200,
+        "served after its wait, never challenged"
+    );
+    assert!(!weir.dir.path().join("state").join("challenge.key").exists());
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}
