@@ -46,6 +46,20 @@ fn check_results(report: &SimReport, variant: &str) -> Vec<(String, bool)> {
         .collect()
 }
 
+/// Every named variant has checks, and each holds (pending ones included).
+fn assert_checks_hold(report: &SimReport, variants: &[&str]) {
+    for variant in variants {
+        let results = check_results(report, variant);
+        assert!(!results.is_empty(), "{variant} has checks");
+        assert!(
+            results.iter().all(|(_, passed)| *passed),
+            "{variant}: {results:?}\n{}",
+            report.to_text()
+        );
+    }
+    assert!(report.passed());
+}
+
 const TINY: &str = r#"
 [scenario]
 name = "tiny"
@@ -174,15 +188,7 @@ fn limit_behind_a_load_balancer_needs_trusted_proxies() {
 fn crawler_flood_reproduces_under_the_incident_configs_and_weir_holds_it() {
     let weir = ["original", "emergency", "zero-config", "recommended"];
     let report = run_variants("2026-09-23-crawler-flood.toml", &weir);
-    for variant in weir {
-        let results = check_results(&report, variant);
-        assert!(!results.is_empty(), "{variant} has checks");
-        assert!(
-            results.iter().all(|(_, passed)| *passed),
-            "{variant}: {results:?}\n{}",
-            report.to_text()
-        );
-    }
+    assert_checks_hold(&report, &weir);
     let alert = |variant: &str| {
         let v = report.variants.iter().find(|v| v.name == variant).unwrap();
         let alerts = v.alerts.as_ref().expect("[alerts] replayed for weir");
@@ -191,6 +197,18 @@ fn crawler_flood_reproduces_under_the_incident_configs_and_weir_holds_it() {
     assert!(alert("emergency").is_some(), "{}", report.to_text());
     assert_eq!(alert("recommended"), None, "{}", report.to_text());
     assert!(report.passed());
+}
+
+/// Incident 1's flood by crawlers that hide among people (issue 36): a third
+/// on people's own addresses, all with browser headers, kept cookies and an
+/// article as `Referer`, one in ten solving challenges. The recommended
+/// configuration and zero configuration each meet people's checks (the nginx
+/// and HAProxy variants are measured for docs/lab.md, not run here).
+#[test]
+fn crawlers_like_people_meet_the_flood_scenarios_configs_and_people() {
+    let weir = ["zero-config", "recommended"];
+    let report = run_variants("2026-09-23-crawlers-like-people.toml", &weir);
+    assert_checks_hold(&report, &weir);
 }
 
 /// Incident 1's 17:00 peak at compression 5 (a refusal in the run is 5 of the

@@ -378,6 +378,8 @@ pub async fn run_client(
     let total_weight: f64 = weights.iter().sum();
     let mut session = ClientSession::default();
     let mut first = true;
+    // The page a browser-like crawler sends right after its article.
+    let mut then: Option<(Method, String)> = None;
     let mut samples = ClientSamples::default();
     let mut cancel = ctx.cancel.clone();
 
@@ -400,15 +402,30 @@ pub async fn run_client(
         }
         let sent_at = Instant::now();
         let bucket = clock.bucket(sent_at);
-        let (method, path) = pick_request(
-            &ctx,
-            &cohort,
-            &plan,
-            first,
-            &weights,
-            total_weight,
-            &mut rng,
-        );
+        let (method, path) = match then.take() {
+            Some(queued) => queued,
+            None => {
+                let picked = pick_request(
+                    &ctx,
+                    &cohort,
+                    &plan,
+                    first,
+                    &weights,
+                    total_weight,
+                    &mut rng,
+                );
+                // A browser-like crawler reaches a page from its article, as
+                // a visitor following a link does: the article now, the page
+                // next (whatever the article's answer).
+                match article_of(&cohort, &session.jar, &picked.1) {
+                    Some(article) => {
+                        then = Some(picked);
+                        (Method::GET, article)
+                    }
+                    None => picked,
+                }
+            }
+        };
         first = false;
 
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -433,6 +450,11 @@ pub async fn run_client(
                 _ = tokio::time::sleep(cohort.reconnect_delay) => {}
                 _ = cancel.changed() => break,
             }
+        }
+        if then.is_some() {
+            // The page the article led to follows at once.
+            next = Instant::now();
+            continue;
         }
         match next_send(&cohort, &clock, next, &mut rng) {
             // Behind schedule (slow answers): send now rather than burst to catch up.
@@ -468,6 +490,22 @@ fn pick_request(
         let method = Method::from_bytes(mix.method.as_bytes()).unwrap_or(Method::GET);
         (method, fill_numbers(&mix.path, rng))
     }
+}
+
+/// The article a browser-like crawler fetches before `path`: `/wiki/T` for a
+/// page with `title=T` in its query, unless that article is the page it is
+/// on already.
+fn article_of(cohort: &Cohort, jar: &CookieJar, path: &str) -> Option<String> {
+    if !cohort.browser_like {
+        return None;
+    }
+    let (_, query) = path.split_once('?')?;
+    let title = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("title="))
+        .filter(|t| !t.is_empty())?;
+    let article = format!("/wiki/{title}");
+    (jar.last_page.as_deref() != Some(article.as_str())).then_some(article)
 }
 
 /// Whether a cohort's client solves the challenges it meets: people do, a
@@ -704,7 +742,7 @@ async fn exchange(
     let Some(sender) = ready_connection(ctx, src, conn).await else {
         return Answer::failed(Outcome::ConnError);
     };
-    let browser = sends_as_browser(cohort.kind, solves);
+    let browser = sends_as_browser(cohort, solves);
     let Ok(request) = build_request(cohort, jar, method, path, browser) else {
         return Answer::failed(Outcome::Other);
     };
@@ -791,11 +829,11 @@ async fn ready_connection<'c>(
 
 /// Whether a cohort's client sends what a browser sends (navigation
 /// headers, a referer): people do, and so does a headless-browser crawler
-/// (one that `solves` challenges); floods never.
-fn sends_as_browser(kind: CohortKind, solves: bool) -> bool {
-    match kind {
+/// (one that `solves` challenges) or a browser-like one; floods never.
+fn sends_as_browser(cohort: &Cohort, solves: bool) -> bool {
+    match cohort.kind {
         CohortKind::Humans | CohortKind::Editors | CohortKind::Uploads => true,
-        CohortKind::Crawlers => solves,
+        CohortKind::Crawlers => solves || cohort.browser_like,
         CohortKind::Flood => false,
     }
 }
@@ -1175,6 +1213,40 @@ mod tests {
     }
 
     #[test]
+    fn a_browser_like_crawler_reaches_a_page_from_its_article() {
+        let mut cohort = test_cohort(1.0);
+        cohort.kind = CohortKind::Crawlers;
+        let mut jar = CookieJar::default();
+        let diff = "/w/index.php?title=Page_7&diff=3";
+        assert_eq!(article_of(&cohort, &jar, diff), None, "not browser-like");
+        cohort.browser_like = true;
+        assert_eq!(
+            article_of(&cohort, &jar, diff).as_deref(),
+            Some("/wiki/Page_7")
+        );
+        assert_eq!(
+            article_of(&cohort, &jar, "/wiki/Page_7"),
+            None,
+            "an article itself"
+        );
+        assert_eq!(
+            article_of(&cohort, &jar, "/w/index.php?search=x"),
+            None,
+            "no title"
+        );
+        jar.last_page = Some("/wiki/Page_7".into());
+        assert_eq!(
+            article_of(&cohort, &jar, diff),
+            None,
+            "on the article already"
+        );
+        assert!(
+            sends_as_browser(&cohort, false),
+            "navigation headers, Referer"
+        );
+    }
+
+    #[test]
     fn numbers_are_filled_in() {
         let mut rng = SmallRng::seed_from_u64(2);
         let p = fill_numbers("/w/index.php?title=P{n}&diff={n}", &mut rng);
@@ -1192,6 +1264,8 @@ mod tests {
             clients: 1,
             addresses: 1,
             networks: Vec::new(),
+            among: Vec::new(),
+            browser_like: false,
             rate,
             requests: Vec::new(),
             login_share: 0.0,

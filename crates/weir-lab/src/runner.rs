@@ -344,16 +344,38 @@ fn plan_clients(scenario: &Scenario) -> Result<(Vec<Vec<ClientPlan>>, Owners), R
     let mut space = AddressSpace::new(seed);
     let mut owners = Owners::new();
     let mut plans = Vec::new();
+    let mut by_cohort: Vec<Vec<Ipv4Addr>> = Vec::new();
     for (ci, cohort) in scenario.cohorts.iter().enumerate() {
-        let addrs: Vec<Ipv4Addr> =
+        let shared: usize = cohort.among.iter().map(|(_, n)| n).sum();
+        let mut addrs: Vec<Ipv4Addr> = if cohort.networks.is_empty() {
+            Vec::new()
+        } else {
             space
-                .allocate(&cohort.networks, cohort.addresses)
+                .allocate(&cohort.networks, cohort.addresses - shared)
                 .map_err(|source| RunError::Addresses {
                     cohort: cohort.name.clone(),
                     source,
-                })?;
+                })?
+        };
+        for (other, n) in &cohort.among {
+            let theirs = scenario
+                .cohorts
+                .iter()
+                .position(|c| &c.name == other)
+                .map_or(&[][..], |i| &by_cohort[i][..]);
+            addrs.extend(spread_over(theirs, *n));
+        }
         for a in &addrs {
-            owners.insert(IpAddr::V4(*a), cohort.name.clone());
+            // An address two cohorts send from is neither's in the access
+            // log's ground truth: the log cannot tell them apart.
+            owners
+                .entry(IpAddr::V4(*a))
+                .and_modify(|o| {
+                    if *o != cohort.name {
+                        *o = SHARED_ADDRESS.to_string();
+                    }
+                })
+                .or_insert_with(|| cohort.name.clone());
         }
         let per = cohort.clients.div_ceil(cohort.addresses.max(1)).max(1);
         let mut clients = Vec::with_capacity(cohort.clients);
@@ -379,8 +401,19 @@ fn plan_clients(scenario: &Scenario) -> Result<(Vec<Vec<ClientPlan>>, Owners), R
             });
         }
         plans.push(clients);
+        by_cohort.push(addrs);
     }
     Ok((plans, owners))
+}
+
+/// The owner the access log's ground truth gives an address two cohorts share.
+const SHARED_ADDRESS: &str = "(shared)";
+
+/// `n` of `addrs`, evenly spread over them (repeating when `n` is more).
+fn spread_over(addrs: &[Ipv4Addr], n: usize) -> impl Iterator<Item = Ipv4Addr> + '_ {
+    (0..n)
+        .filter_map(move |j| addrs.get(j * addrs.len() / n.max(1) % addrs.len().max(1)))
+        .copied()
 }
 
 /// What watches the run beside the load: health checks (and autoheal), the app's
@@ -1143,6 +1176,59 @@ mod tests {
         assert_eq!(sup.totals().served, 3, "after the restart");
         http_get(sup.addr, "/wiki/Page").await.expect("the new app");
         assert_eq!(sup.totals().served, 4);
+    }
+
+    /// Residential crawlers: a share of their addresses are people's own
+    /// (a carrier's NAT pool, people's home networks), which the access
+    /// log's ground truth then gives to neither cohort.
+    #[test]
+    fn crawlers_among_people_send_from_the_peoples_addresses() {
+        let text = r#"[scenario]
+name = "t"
+duration = "3s"
+
+[weir.only]
+config = "[[listeners]]\naddress = \"127.0.0.1:0\"\n"
+
+[[cohorts]]
+kind = "humans"
+name = "carrier"
+count = 20
+rate = 1.0
+networks = [{ share = 1.0, prefixes = 4, len = 24, within = 16 }]
+
+[[cohorts]]
+kind = "crawlers"
+addresses = 40
+rate = 1.0
+among = [{ cohort = "carrier", share = 0.25 }]
+networks = [{ share = 1.0, prefixes = 30, len = 16 }]
+"#;
+        let scenario =
+            crate::scenario::load_scenario_str(text, None).unwrap_or_else(|e| panic!("{e}"));
+        let (plans, owners) = plan_clients(&scenario).expect("planned");
+        let people: std::collections::HashSet<Ipv4Addr> = plans[0].iter().map(|p| p.src).collect();
+        let crawlers: Vec<Ipv4Addr> = plans[1].iter().map(|p| p.src).collect();
+        assert_eq!(crawlers.len(), 40);
+        let inside: std::collections::HashSet<Ipv4Addr> = crawlers
+            .iter()
+            .filter(|a| people.contains(a))
+            .copied()
+            .collect();
+        assert_eq!(inside.len(), 10, "a quarter, each a different person's");
+        for a in &inside {
+            assert_eq!(owners[&IpAddr::V4(*a)], SHARED_ADDRESS);
+        }
+        let own = crawlers
+            .iter()
+            .find(|a| !people.contains(a))
+            .expect("own addresses");
+        assert_eq!(owners[&IpAddr::V4(*own)], "crawlers");
+        let person = people
+            .iter()
+            .find(|a| !inside.contains(a))
+            .expect("a person alone");
+        assert_eq!(owners[&IpAddr::V4(*person)], "carrier");
     }
 
     #[test]

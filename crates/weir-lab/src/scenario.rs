@@ -232,7 +232,13 @@ impl CohortKind {
     fn own_keys(self) -> &'static [&'static str] {
         const HUMANS: &[&str] = &["count", "login_share", "javascript", "hash_rate"];
         const EDITORS: &[&str] = &["count"];
-        const CRAWLERS: &[&str] = &["concurrency", "session_cookie_share", "headless_share"];
+        const CRAWLERS: &[&str] = &[
+            "concurrency",
+            "session_cookie_share",
+            "headless_share",
+            "among",
+            "browser_like",
+        ];
         const FLOOD: &[&str] = &["connections", "reconnect_delay"];
         const UPLOADS: &[&str] = &["count", "upload_bytes", "upload_rate"];
         match self {
@@ -332,6 +338,20 @@ pub struct CohortConfig {
     /// challenge (people always do). Default 0.
     #[serde(default)]
     pub headless_share: Option<f64>,
+    /// crawlers: a share of the addresses that are other cohorts' own, as a
+    /// residential proxy network's exits are people's phones and home
+    /// connections (`[{ cohort = "carrier", share = 0.17 }]`: 17% of the
+    /// addresses are the carrier's people's). Each named cohort must come
+    /// earlier in the file; `networks` places the rest.
+    #[serde(default)]
+    pub among: Vec<SharedAddresses>,
+    /// crawlers: behave like browsers: a browser's `User-Agent` (unless
+    /// `user_agent` says otherwise) and navigation headers, cookies kept, and
+    /// a page with `title=` in its query reached from that article: the
+    /// article first, then the page with the article as `Referer`. They run
+    /// no JavaScript unless `headless_share` says so. Default false.
+    #[serde(default)]
+    pub browser_like: Option<bool>,
     /// `User-Agent` sent. Default per kind: a mobile browser for people, a tool for others.
     #[serde(default)]
     pub user_agent: Option<String>,
@@ -357,6 +377,16 @@ pub struct CohortConfig {
     /// uploads: bytes per second the body is sent at (default 64 KiB/s).
     #[serde(default)]
     pub upload_rate: Option<u64>,
+}
+
+/// A share of a crawler cohort's addresses that are another cohort's own.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SharedAddresses {
+    /// The cohort whose addresses these are (one earlier in the file).
+    pub cohort: String,
+    /// Share of the crawler cohort's addresses.
+    pub share: f64,
 }
 
 /// One entry of a weighted request mix. `{n}` in `path` becomes a random number.
@@ -474,8 +504,12 @@ pub struct Cohort {
     pub kind: CohortKind,
     /// Clients (connections for flood; addresses x concurrency for crawlers).
     pub clients: usize,
+    /// Every address, its own (in `networks`) and those `among` other cohorts.
     pub addresses: usize,
     pub networks: Vec<NetworkGroup>,
+    /// Addresses shared with earlier cohorts: their names and how many.
+    pub among: Vec<(String, usize)>,
+    pub browser_like: bool,
     pub rate: f64,
     pub requests: Vec<RequestMix>,
     pub login_share: f64,
@@ -892,9 +926,12 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
     let session_cookie_share =
         problems.fraction(c.session_cookie_share, 0.0, "session_cookie_share");
     let headless_share = problems.fraction(c.headless_share, 0.0, "headless_share");
+    let browser_like = c.browser_like.unwrap_or(false);
     check_phases(&c.phases, problems);
     let (clients, addresses) = cohort_size(c, problems);
-    let networks = cohort_networks(c, addresses, problems);
+    let among = cohort_among(c, addresses, accepted, problems);
+    let own = addresses - among.iter().map(|(_, n)| n).sum::<usize>();
+    let networks = cohort_networks(c, own, problems);
     let requests = cohort_requests(c, problems);
     let timeout = c.timeout.map_or(Duration::from_secs(10), |d| d.0);
     if timeout.is_zero() {
@@ -910,6 +947,8 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
         clients,
         addresses,
         networks,
+        among,
+        browser_like,
         rate: c.rate,
         requests,
         login_share,
@@ -917,10 +956,14 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
         hash_rate: c.hash_rate.filter(|r| *r > 0.0),
         session_cookie_share,
         headless_share,
-        user_agent: c
-            .user_agent
-            .clone()
-            .unwrap_or_else(|| default_user_agent(c.kind).into()),
+        user_agent: c.user_agent.clone().unwrap_or_else(|| {
+            let like = if browser_like {
+                CohortKind::Humans
+            } else {
+                c.kind
+            };
+            default_user_agent(like).into()
+        }),
         host: c.host.clone().unwrap_or_else(|| "wiki.example.org".into()),
         timeout,
         start,
@@ -1018,13 +1061,53 @@ fn cohort_size(c: &CohortConfig, problems: &mut CohortProblems<'_, '_>) -> (usiz
     }
 }
 
-/// The networks the cohort's `addresses` are drawn from (default: one /24
-/// per address), which must be able to hold them.
+/// How many of the cohort's `addresses` are each earlier cohort's (`among`):
+/// a named cohort that exists, shares in 0..=1 summing to at most 1.
+fn cohort_among(
+    c: &CohortConfig,
+    addresses: usize,
+    accepted: &[Cohort],
+    problems: &mut CohortProblems<'_, '_>,
+) -> Vec<(String, usize)> {
+    let mut out = Vec::with_capacity(c.among.len());
+    let mut left = addresses;
+    for (j, shared) in c.among.iter().enumerate() {
+        let key = problems.key.key("among").index(j);
+        if !accepted.iter().any(|o| o.name == shared.cohort) {
+            problems.report(
+                &key.key("cohort"),
+                format!("{:?} names no cohort before this one", shared.cohort),
+            );
+        }
+        if !(0.0..=1.0).contains(&shared.share) {
+            problems.report(&key.key("share"), "must be between 0 and 1");
+            continue;
+        }
+        let n = ((shared.share * addresses as f64).round() as usize).min(left);
+        left -= n;
+        out.push((shared.cohort.clone(), n));
+    }
+    let sum: f64 = c.among.iter().map(|a| a.share).sum();
+    if sum > 1.0 + 1e-6 {
+        problems.report_field("among", format!("shares sum to {sum:.3}, more than 1"));
+    }
+    out
+}
+
+/// The networks the cohort's own `addresses` are drawn from (default: one
+/// /24 per address), which must be able to hold them; none when every
+/// address is another cohort's (`among`).
 fn cohort_networks(
     c: &CohortConfig,
     addresses: usize,
     problems: &mut CohortProblems<'_, '_>,
 ) -> Vec<NetworkGroup> {
+    if addresses == 0 && !c.among.is_empty() {
+        if !c.networks.is_empty() {
+            problems.report_field("networks", "every address is `among` other cohorts");
+        }
+        return Vec::new();
+    }
     let networks = if c.networks.is_empty() {
         vec![NetworkGroup {
             share: 1.0,
@@ -1245,6 +1328,9 @@ rate = 1.0
             ("[[expect]]\ncheck = \"alerts.A.fired == 1\"\n", 13, "need an [alerts] table"),
             ("[alerts]\nrules = \"Cargo.toml\"\nscrape_interval = \"10ms\"\n", 14, "the lab scrapes at most every 50ms"),
             ("[[cohorts]]\nkind = \"humans\"\nname = \"c\"\ncount = 9\nrate = 1\nnetworks = [{ share = 1.0, prefixes = 3, len = 24, within = 28 }]\n", 17, "within = 28 must be between 16 and 24"),
+            ("[[cohorts]]\nkind = \"crawlers\"\naddresses = 4\nrate = 1\namong = [{ cohort = \"nobody\", share = 0.5 }]\n", 16, "\"nobody\" names no cohort before this one"),
+            ("[[cohorts]]\nkind = \"crawlers\"\naddresses = 4\nrate = 1\namong = [{ cohort = \"humans\", share = 0.7 }, { cohort = \"humans\", share = 0.6 }]\n", 16, "shares sum to 1.300"),
+            ("[[cohorts]]\nkind = \"humans\"\nname = \"h2\"\ncount = 1\nrate = 1\nbrowser_like = true\n", 17, "not a key of a `humans` cohort"),
         ];
         for (extra, line, needle) in cases {
             let text = format!("{BASE}{extra}");
@@ -1338,6 +1424,47 @@ rate = 1.0
         assert_eq!(s.checks[0].line, Some(18));
     }
 
+    /// The crawlers-like-people scenario copies the crawler flood's app,
+    /// story, configurations and people: only its crawlers differ, so its
+    /// numbers compare with the flood's.
+    #[test]
+    fn crawlers_like_people_differ_from_the_flood_in_their_crawlers_alone() {
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("scenarios");
+        let load =
+            |name: &str| load_scenario_file(&dir.join(name)).unwrap_or_else(|e| panic!("{e}"));
+        let flood = load("2026-09-23-crawler-flood.toml");
+        let like = load("2026-09-23-crawlers-like-people.toml");
+        let debug = |s: &Scenario| format!("{:?} {:?} {:?}", s.file.app, s.file.health, s.alerts);
+        assert_eq!(debug(&flood), debug(&like));
+        let meta = |s: &Scenario| {
+            let m = &s.file.scenario;
+            (
+                m.duration.0,
+                m.compression,
+                m.story_start.clone(),
+                m.grace.0,
+                m.seed,
+            )
+        };
+        assert_eq!(format!("{:?}", meta(&flood)), format!("{:?}", meta(&like)));
+        for v in &like.variants {
+            let theirs = flood.variants.iter().find(|f| f.name == v.name);
+            let theirs = theirs.unwrap_or_else(|| panic!("{} is a flood variant", v.name));
+            assert_eq!(theirs.config_text, v.config_text, "{}", v.name);
+        }
+        let people = |s: &Scenario| {
+            (s.cohorts.iter())
+                .filter(|c| c.kind != CohortKind::Crawlers)
+                .map(|c| format!("{c:?}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(people(&flood), people(&like));
+        let crawlers = like.cohorts.iter().find(|c| c.kind == CohortKind::Crawlers);
+        let crawlers = crawlers.expect("crawlers");
+        assert!(crawlers.browser_like && crawlers.headless_share > 0.0);
+        assert_eq!(crawlers.among.iter().map(|(_, n)| n).sum::<usize>(), 100);
+    }
+
     #[test]
     fn shipped_scenarios_load() {
         let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("scenarios");
@@ -1349,6 +1476,6 @@ rate = 1.0
                 n += 1;
             }
         }
-        assert_eq!(n, 7);
+        assert_eq!(n, 8);
     }
 }
