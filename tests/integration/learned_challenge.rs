@@ -90,9 +90,8 @@ async fn with_zero_configuration_a_long_wait_for_an_expensive_page_is_offered_th
         Duration::ZERO,
     )
     .await;
-    // The search a person navigates to waits twice `pressure.wait` (1 s by
-    // default), then gets the page.
-    let started = std::time::Instant::now();
+    // The search a person navigates to gets the page: at once if its wait
+    // is expected to be long, else after twice `pressure.wait` (1 s).
     let (status, h, body) = tokio::time::timeout(
         long,
         get_from(
@@ -106,11 +105,6 @@ async fn with_zero_configuration_a_long_wait_for_an_expensive_page_is_offered_th
     .expect("the navigation was not offered the challenge");
     assert_eq!(status, 429);
     assert_eq!(h["x-weir-challenge"], "1");
-    assert!(
-        started.elapsed() >= Duration::from_millis(900),
-        "{:?}",
-        started.elapsed()
-    );
     assert!(
         !page.is_finished() && !api.is_finished(),
         "they wait for the app, unchallenged"

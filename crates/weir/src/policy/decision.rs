@@ -86,10 +86,14 @@ impl Admitted {
 pub struct ChallengeInstead {
     /// The page's difficulty (pressure adds bits).
     pub difficulty: u8,
-    /// Pressure is engaged: also at once when it is expected to wait
-    /// longer than the challenge's `pressure.wait`. Engaged or not, it
-    /// gets the page when it would be shed or has waited twice that.
+    /// Also at once when it is expected to wait longer than the
+    /// challenge's `pressure.wait`: pressure is engaged, or the class is
+    /// `learned` (its shape is expensive, which is a flood's signature
+    /// already). Either way it gets the page when it would be shed or has
+    /// waited twice that.
     pub on_long_wait: bool,
+    /// Pressure is engaged (what `weir_challenge_spared_total` counts under).
+    pub engaged: bool,
 }
 
 /// Why a request was not forwarded, and how the client is told.

@@ -102,7 +102,7 @@ pub(super) async fn admission(
     log.place = Some(place);
     match slot(pool, queue, place, log).await {
         Ok(()) => {
-            if ask.is_some_and(|(c, _)| c.on_long_wait) {
+            if ask.is_some_and(|(c, _)| c.engaged) {
                 spared(pool, log);
             }
             Ok(())

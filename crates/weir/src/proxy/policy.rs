@@ -320,9 +320,16 @@ fn challenge(
         ))),
         // Proof buys priority: the page only where the navigation would
         // otherwise be refused, or wait long while pressure is on.
+        // A learned class offers it on an expected long wait whether or not
+        // pressure has engaged: pressure engages only after `engage_after`
+        // (10 s by default), and a person's search that would wait a second
+        // behind a flood of its shape gains from the page at once (people
+        // without JavaScript had waited 1 s for it, then the no-script
+        // wait, and came past 2 s: docs/lab.md, crawlers like people).
         _ => Challenged::Instead(ChallengeInstead {
             difficulty,
-            on_long_wait: engaged,
+            on_long_wait: engaged || route.challenge == ChallengeMode::Learned,
+            engaged,
         }),
     }
 }
