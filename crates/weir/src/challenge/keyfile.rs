@@ -99,10 +99,10 @@ fn generate() -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// Reads the key at `path`; creates it first if it does not exist. Two
-/// processes starting at once both try `create_new`: one writes, the other
-/// reads what it wrote (a key file is written whole before its rename, so
-/// no reader sees half of one).
+/// Reads the key at `path`; creates it first if it does not exist. The new
+/// key is written whole to a private temporary file, then linked to `path`,
+/// which fails if the name exists: of two processes starting at once one
+/// links, the other reads what it linked, and no reader sees half a key.
 fn read_or_create(path: &Path) -> Result<String, KeyFileError> {
     match std::fs::read_to_string(path) {
         Ok(text) => return checked(path, text),
