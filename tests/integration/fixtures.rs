@@ -463,3 +463,18 @@ pub async fn stall_with_the_slot_held(
     }
     holder
 }
+
+/// Resumes the stalled app: the request holding the slot is served; then
+/// stops weir and the app.
+pub async fn resume_and_stop(
+    app: weir_lab::app::SimApp,
+    weir: TestWeir,
+    holder: tokio::task::JoinHandle<http::StatusCode>,
+) {
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
+    drop(weir);
+    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
+        .await
+        .unwrap();
+}

@@ -24,21 +24,6 @@ fn one_slot(app: &weir_lab::app::SimApp, rest: &str) -> String {
     )
 }
 
-/// Resumes the stalled app: the request holding the slot is served; then
-/// stops weir and the app.
-async fn resume_and_stop(
-    app: weir_lab::app::SimApp,
-    weir: TestWeir,
-    holder: tokio::task::JoinHandle<http::StatusCode>,
-) {
-    app.unstall();
-    assert_eq!(holder.await.unwrap(), 200);
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferring_rule_serves_from_spare_capacity_and_refuses_when_the_app_is_busy() {
     let app = small_sim_app();

@@ -68,10 +68,7 @@ pub fn prepare(config: &crate::config::Config) {
     if let Some(dir) = state_dir(&config.state)
         && let Err(e) = read_or_create(&dir.join(FILE_NAME))
     {
-        tracing::warn!(
-            error = %e,
-            "the challenge signs with a key of this process's own: its passes end with it"
-        );
+        own_key_warning(&e);
     }
 }
 
@@ -86,6 +83,24 @@ pub fn state_key(dir: Option<&Path>) -> Result<String, KeyFileError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(process_key().to_owned()),
         Err(source) => Err(KeyFileError::Read { path, source }),
     }
+}
+
+/// The key a gateway signs with when it was given none: [`state_key`] of the
+/// state directory, or, when that cannot be read, this process's own
+/// (logged: its passes end with the process).
+pub fn signing_key(state: &crate::config::StateConfig) -> String {
+    let dir = state_dir(state);
+    state_key(dir.as_deref()).unwrap_or_else(|e| {
+        own_key_warning(&e);
+        process_key().to_owned()
+    })
+}
+
+fn own_key_warning(e: &KeyFileError) {
+    tracing::warn!(
+        error = %e,
+        "the challenge signs with a key of this process's own: its passes end with it"
+    );
 }
 
 /// This process's key: generated at first use, the same for every reload.

@@ -55,7 +55,8 @@ pub(super) fn challenger(
         return None;
     }
     if c.keys.is_empty() {
-        c.keys.push(own_key(cfg));
+        c.keys
+            .push(crate::challenge::keyfile::signing_key(&cfg.state));
     }
     match crate::challenge::Challenger::new(&c) {
         Ok(ch) => Some(Arc::new(ch)),
@@ -64,20 +65,6 @@ pub(super) fn challenger(
             None
         }
     }
-}
-
-/// weir's own challenge key: the state directory's
-/// ([`crate::challenge::keyfile`]), or this process's.
-fn own_key(cfg: &crate::config::Config) -> String {
-    use crate::challenge::keyfile;
-    let dir = keyfile::state_dir(&cfg.state);
-    keyfile::state_key(dir.as_deref()).unwrap_or_else(|e| {
-        tracing::warn!(
-            error = %e,
-            "the challenge signs with a key of this process's own: its passes end with it"
-        );
-        keyfile::state_key(None).unwrap_or_default()
-    })
 }
 
 /// `rules.low_rate_per_minute` as a quota: below it a refused client counts
