@@ -125,6 +125,29 @@ fn check_warns_about_a_public_admin_api_and_trusting_everyone() {
     assert!(!file.parent().unwrap().exists(), "check changes nothing");
 }
 
+/// `weir run` on a config it refuses says each problem once (it had said
+/// each three times: the error, its quoted cause, and the cause again).
+#[test]
+fn run_says_each_problem_of_a_refused_config_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let extra = "[pools.app.admission]\nmax_in_flight = 10\nworkers = 10\n";
+    std::fs::write(&path, format!("{BASE}\n{extra}")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let problem = "leaves no worker for health checks";
+    assert_eq!(stderr.matches(problem).count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("pools.app.admission.max_in_flight"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn run_creates_the_snapshot_directory_check_warned_about() {
     let dir = tempfile::tempdir().unwrap();

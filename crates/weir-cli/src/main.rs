@@ -17,6 +17,7 @@ use weir::lifecycle::{Inherited, InheritedListener, systemd};
 use weir::server::{Accepting, Server};
 
 mod generate;
+mod report;
 
 // jemalloc over glibc malloc: it keeps short-lived buffers (a request's, a
 // busy connection's) in other pages than long-lived small objects (an idle
@@ -316,7 +317,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("weir: {e:#}");
+            eprintln!("weir: {}", report::describe(&e));
             ExitCode::from(2)
         }
     }

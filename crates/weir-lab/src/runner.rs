@@ -244,7 +244,17 @@ pub fn run_variant(
     if let Some(recorded) = &observed.metrics {
         report.alerts = replay_alerts(scenario, variant, recorded, &stats, alert_series)?;
     }
+    keep_if_asked(dir, &variant.name);
     Ok(report)
+}
+
+/// `WEIR_SIM_KEEP`: keep the run's directory (weir's access log and state files)
+/// to look at, and say where it is.
+fn keep_if_asked(dir: tempfile::TempDir, variant: &str) {
+    if std::env::var_os("WEIR_SIM_KEEP").is_some() {
+        let kept = dir.keep();
+        eprintln!("weir sim: {variant}'s access log is in {}", kept.display());
+    }
 }
 
 /// The app, and the supervisor that restarts it like autoheal did.
