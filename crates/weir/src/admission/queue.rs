@@ -24,7 +24,16 @@
 //! ([`AdmissionQueue::try_acquire_health`]) use up to `health_reserve` slots
 //! carved out of the app's `workers`, so a check never waits behind traffic
 //! and traffic never takes the worker the check needs (incident 1: a check that
-//! competed for php-fpm workers turned *busy* into *restarted*).
+//! competed for php-fpm workers turned *busy* into *restarted*). While no
+//! check runs and the limit stands at the workers' ceiling, the kept worker
+//! is *lent* to one arriving request of a fast shape
+//! ([`ShapeCosts::is_fast`]: learned, at most 100 ms unqueued): a check that
+//! comes meanwhile waits behind one fast answer at most, and the app gets
+//! its last worker's throughput back (a tenth of it with ten workers: in
+//! the 2026-09-23 replay with crawlers like people, the difference between
+//! people waiting past 2 s and not). The lent slot goes to an arrival, not
+//! to a waiter: the fair queue cannot be searched for a fast request, and
+//! the slot is one the waiters would not have had.
 //!
 //! Time comes from tokio's clock (`tokio::time::Instant`), which tests pause
 //! and advance; nothing here sleeps except a waiter until its own deadline.
@@ -224,6 +233,9 @@ const GRANT_SHARE_ALPHA: f64 = 0.01;
 struct State {
     in_flight: usize,
     health_in_flight: usize,
+    /// Fast requests holding the worker kept for health checks (at most
+    /// `health_reserve`), outside `in_flight`.
+    lent: usize,
     queued: usize,
     lanes: Vec<LaneState>,
     limiter: Limiter,
@@ -269,6 +281,8 @@ struct Granted {
     /// the app then holds all weir lets it have, and may be queueing, so
     /// the answer's latency is no measure of what its shape costs unqueued.
     at_limit: bool,
+    /// It holds the worker kept for health checks, lent to a fast request.
+    lent: bool,
 }
 
 struct Evicted {
@@ -331,6 +345,7 @@ impl AdmissionQueue {
                 state: Mutex::new(State {
                     in_flight: 0,
                     health_in_flight: 0,
+                    lent: 0,
                     queued: 0,
                     lanes,
                     limiter,
@@ -373,22 +388,25 @@ impl AdmissionQueue {
         key: FairKey,
         deadline: Instant,
     ) -> Result<Permit, Shed> {
-        self.acquire_proven(lane, key, false, deadline).await
+        self.acquire_proven(lane, key, false, deadline, None).await
     }
 
     /// Waits for a slot until `deadline`. `proven`: the request holds a
     /// verified session, a pass or a verified crawler's proof; a lane whose
     /// share yields to proof takes its share only from unproven grants.
+    /// `shape`: what the request is, if known; a fast one may be lent the
+    /// worker kept for health checks (see the module doc).
     pub async fn acquire_proven(
         &self,
         lane: Lane,
         key: FairKey,
         proven: bool,
         deadline: Instant,
+        shape: Option<Shape>,
     ) -> Result<Permit, Shed> {
         let shared = &self.shared;
         let lane = shared.config.lanes.clamp(lane);
-        let (mut rx, ticket) = match self.enqueue(lane, key, proven, deadline)? {
+        let (mut rx, ticket) = match self.enqueue(lane, key, proven, deadline, shape)? {
             Queued::Admitted(permit) => return Ok(permit),
             Queued::Waiting(rx, ticket) => (rx, ticket),
         };
@@ -440,6 +458,7 @@ impl AdmissionQueue {
         key: FairKey,
         proven: bool,
         deadline: Instant,
+        shape: Option<Shape>,
     ) -> Result<Queued, Shed> {
         let shared = &self.shared;
         let now = Instant::now();
@@ -447,10 +466,17 @@ impl AdmissionQueue {
         let queued = {
             let mut st = shared.lock();
             let limit = shared.limit(&st);
-            if st.queued == 0 && st.in_flight < limit {
-                st.in_flight += 1;
+            let free = st.queued == 0 && st.in_flight < limit;
+            let lent = !free
+                && shape.is_some_and(|s| shared.may_lend(&st, limit) && shared.shapes.is_fast(s));
+            if free || lent {
+                if lent {
+                    st.lent += 1;
+                } else {
+                    st.in_flight += 1;
+                }
                 st.count_grant(lane.index());
-                let in_flight = st.in_flight;
+                let in_flight = st.in_flight + st.lent;
                 drop(st);
                 return Ok(Queued::Admitted(Permit::new(
                     shared.clone(),
@@ -459,6 +485,7 @@ impl AdmissionQueue {
                         waited: Duration::ZERO,
                         in_flight,
                         at_limit: in_flight >= limit,
+                        lent,
                     },
                     now,
                 )));
@@ -603,7 +630,7 @@ impl AdmissionQueue {
         let st = self.shared.lock();
         QueueSnapshot {
             limit: self.shared.limit(&st),
-            in_flight: st.in_flight,
+            in_flight: st.in_flight + st.lent,
             health_in_flight: st.health_in_flight,
             lanes: st
                 .lanes
@@ -629,6 +656,19 @@ impl Shared {
         // A panic elsewhere while holding the lock leaves counts that are
         // still usable; refusing all traffic forever would be worse.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the worker kept for health checks may be lent now: the app's
+    /// worker count is known, the traffic limit stands at its ceiling (a
+    /// limit below it says the app has no worker to spare, or an operator
+    /// asked for fewer), every traffic slot is taken, no check is running
+    /// and nothing is lent already.
+    fn may_lend(&self, st: &State, limit: usize) -> bool {
+        self.config.workers.is_some()
+            && limit >= self.ceiling
+            && st.in_flight >= limit
+            && st.health_in_flight == 0
+            && st.lent < self.config.health_reserve
     }
 
     fn limit(&self, st: &State) -> usize {
@@ -787,6 +827,7 @@ impl Shared {
                     waited,
                     in_flight: st.in_flight,
                     at_limit: true,
+                    lent: false,
                 },
             });
         }
@@ -794,6 +835,13 @@ impl Shared {
     }
 
     fn release(self: &Arc<Self>, done: Released) {
+        if done.lent {
+            // Outside the traffic limit: no waiter's slot comes free.
+            let mut st = self.lock();
+            st.lent = st.lent.saturating_sub(1);
+            self.record(&mut st, done, Instant::now());
+            return;
+        }
         self.grant_and_release(Some(done), 1);
     }
 
@@ -889,6 +937,7 @@ struct Released {
     granted_at: Instant,
     in_flight: usize,
     outcome: Outcome,
+    lent: bool,
 }
 
 /// An admission slot. Dropping it frees the slot and wakes the next waiter;
@@ -958,6 +1007,7 @@ impl Drop for Permit {
                 granted_at: self.granted_at,
                 in_flight: self.granted.in_flight,
                 outcome,
+                lent: self.granted.lent,
             });
         }
     }

@@ -40,6 +40,10 @@ pub const EXPENSIVE_RATIO: f64 = 3.0;
 /// An expensive shape takes at least this long (a 5 ms API call is not
 /// expensive beside a 1 ms health check).
 pub const EXPENSIVE_FLOOR: Duration = Duration::from_millis(50);
+/// The most a shape's unqueued latency may be for it to be *fast*: a
+/// health check that waits behind one such answer still has most of any
+/// timeout it is given (see [`ShapeCosts::is_fast`]).
+pub const FAST_FLOOR: Duration = Duration::from_millis(100);
 /// Answers a shape needs before it can be judged.
 pub const MIN_SAMPLES: u32 = 20;
 /// Shapes remembered per pool; past it, the least answered are forgotten.
@@ -318,6 +322,23 @@ impl ShapeCosts {
             .or_else(|| t.prefixes.get(&shape.prefix))
             .filter(|c| c.samples >= MIN_SAMPLES);
         cost.is_some_and(|c| is_expensive(c.floor_secs, cheapest))
+    }
+
+    /// Whether `shape` is fast: judged by its own answers (not its
+    /// prefix's), not expensive, and its floor at most [`FAST_FLOOR`]. Only
+    /// such a request may use the worker kept for health checks
+    /// ([`crate::admission::AdmissionQueue`]); a shape not learned yet is
+    /// never fast.
+    pub fn is_fast(&self, shape: Shape) -> bool {
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(cheapest) = t.cheapest_secs else {
+            return false;
+        };
+        (t.shapes.get(&shape.full)).is_some_and(|c| {
+            c.samples >= MIN_SAMPLES
+                && c.floor_secs <= FAST_FLOOR.as_secs_f64()
+                && !is_expensive(c.floor_secs, cheapest)
+        })
     }
 
     /// How many learned shapes are expensive now (for the metric).

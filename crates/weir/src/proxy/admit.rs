@@ -199,7 +199,10 @@ async fn slot(
     } = place;
     let series = metrics.admitted(&pool.name, &queue.lanes().spec(lane).name);
     log.record.lane = Some(series.lane.clone());
-    match queue.acquire_proven(lane, key, proven, deadline).await {
+    match queue
+        .acquire_proven(lane, key, proven, deadline, Some(shape))
+        .await
+    {
         Ok(mut permit) => {
             permit.learn(shape);
             series.admitted.inc();
