@@ -584,6 +584,20 @@ impl GradientLimit {
         long
     }
 
+    /// Forgets the long-term latency and learns it again from the next
+    /// windows, as at the start (the limit itself stays): the latencies fed
+    /// in have changed scale (the first request shape was judged, and
+    /// answers are normalised from then on). A baseline learned from a
+    /// first second of raw answers, mostly cheap pages (84 ms), read the
+    /// normalised answers after it (130-170 ms, with 10 in flight before 10
+    /// workers, which cannot queue) as congestion and cut the limit to 4
+    /// while people's pages waited out their timeouts in weir's queue (2 of
+    /// 17 runs of the 2026-09-23 replay with crawlers like people).
+    pub fn learn_baseline_again(&mut self) {
+        self.long_rtt = None;
+        self.windows_seen = 0;
+    }
+
     /// Whether the limit is probing: doubling while every slot is used.
     pub fn probing(&self) -> bool {
         self.probing
@@ -727,6 +741,27 @@ mod tests {
         let low = g.limit();
         drive(&mut g, &mut now, 20, ms(100), None);
         assert!(g.limit() > low, "low {low}, now {}", g.limit());
+    }
+
+    /// Regression (2 of 17 runs of the crawlers-like-people replay): a
+    /// baseline learned from raw answers, mostly cheap pages, then fed
+    /// normalised answers half again as long with no more in flight than
+    /// the app has workers. Learned again, the new scale is the baseline,
+    /// not congestion.
+    #[test]
+    fn a_baseline_learned_again_takes_the_new_scale_for_unqueued() {
+        let run = |again: bool| {
+            let mut now = Instant::now();
+            let mut g = limiter(now);
+            drive(&mut g, &mut now, 3, ms(84), Some(10));
+            if again {
+                g.learn_baseline_again();
+            }
+            drive(&mut g, &mut now, 6, ms(140), Some(10));
+            g.limit()
+        };
+        assert!(run(false) < 10, "the bug: cut below what was in flight");
+        assert!(run(true) >= 10, "limit {}", run(true));
     }
 
     #[test]

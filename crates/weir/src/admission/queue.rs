@@ -882,6 +882,9 @@ impl Shared {
             Some(avg) => avg + 0.1 * (held - avg),
         });
         if let Limiter::Adaptive(g) = &mut st.limiter {
+            if done.rescaled {
+                g.learn_baseline_again();
+            }
             // Read where the answer is recorded: the thread that served it.
             let own_lag = super::lag::this_thread();
             let sample = match done.outcome {
@@ -938,6 +941,8 @@ struct Released {
     in_flight: usize,
     outcome: Outcome,
     lent: bool,
+    /// The latencies fed to the limit changed scale with this answer.
+    rescaled: bool,
 }
 
 /// An admission slot. Dropping it frees the slot and wakes the next waiter;
@@ -996,10 +1001,13 @@ impl Drop for Permit {
         if let Some(shared) = self.shared.take() {
             // The limit sees the latency as if of a typical shape, so a
             // flood of slow pages is not mistaken for queueing.
+            let mut rescaled = false;
             let outcome = match (self.shape, self.outcome) {
                 (Some(shape), Outcome::Answered(latency)) => {
                     let at_limit = self.granted.at_limit;
-                    Outcome::Answered(shared.shapes.record(shape, latency, at_limit))
+                    let recorded = shared.shapes.record_answer(shape, latency, at_limit);
+                    rescaled = recorded.rescaled;
+                    Outcome::Answered(recorded.latency)
                 }
                 (_, outcome) => outcome,
             };
@@ -1008,6 +1016,7 @@ impl Drop for Permit {
                 in_flight: self.granted.in_flight,
                 outcome,
                 lent: self.granted.lent,
+                rescaled,
             });
         }
     }

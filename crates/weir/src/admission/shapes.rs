@@ -176,6 +176,16 @@ struct Table {
     answers: u64,
 }
 
+/// One answer as [`ShapeCosts::record_answer`] saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recorded {
+    /// The latency for the adaptive limit (see [`ShapeCosts::record`]).
+    pub latency: Duration,
+    /// The first shape was judged with this answer: later latencies are on
+    /// another scale than those before.
+    pub rescaled: bool,
+}
+
 /// What each shape of a pool's requests costs (see the module doc).
 #[derive(Debug, Default)]
 pub struct ShapeCosts {
@@ -272,6 +282,15 @@ impl ShapeCosts {
     /// (seen in the 2026-09-23 replay: pages from 33 ms to 50 ms in nine
     /// seconds, and a carrier's people behind the crawlers).
     pub fn record(&self, shape: Shape, latency: Duration, at_limit: bool) -> Duration {
+        self.record_answer(shape, latency, at_limit).latency
+    }
+
+    /// [`ShapeCosts::record`], also saying whether this answer made the
+    /// first shape judged: the latencies it returns change scale then (a
+    /// judged shape's are normalised to the typical floor, which lies above
+    /// a cheap page's own), and what was learned of them before is on the
+    /// other scale.
+    pub fn record_answer(&self, shape: Shape, latency: Duration, at_limit: bool) -> Recorded {
         let secs = latency.as_secs_f64().max(1e-6);
         let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let t = &mut *guard;
@@ -293,7 +312,8 @@ impl ShapeCosts {
                 })
                 .add(secs, at_limit);
         }
-        if t.answers % CHEAPEST_EVERY == 1 || t.cheapest_secs.is_none() {
+        let unjudged = t.cheapest_secs.is_none();
+        if t.answers % CHEAPEST_EVERY == 1 || unjudged {
             t.cheapest_secs = (t.shapes.values())
                 .filter(|c| c.samples >= MIN_SAMPLES)
                 .map(|c| c.floor_secs)
@@ -305,7 +325,10 @@ impl ShapeCosts {
             None => floor.ln(),
             Some(b) => b + alpha * (floor.ln() - b),
         });
-        normalised
+        Recorded {
+            latency: normalised,
+            rescaled: unjudged && t.cheapest_secs.is_some(),
+        }
     }
 
     /// Whether `shape` is expensive: its own cost once learned, else its
@@ -411,6 +434,25 @@ mod tests {
         for (path, want) in cases {
             assert_eq!(path_prefix(path), want, "{path}");
         }
+    }
+
+    /// The answer that judges the first shape says so, once: the adaptive
+    /// limit learns its baseline again on the normalised scale.
+    #[test]
+    fn the_first_judged_shape_rescales_once() {
+        let costs = ShapeCosts::new();
+        let rescaled: Vec<bool> = (0..60)
+            .map(|i| {
+                let path = if i % 2 == 0 { "/wiki/Page" } else { "/search" };
+                let ms = if i % 2 == 0 { 50 } else { 400 };
+                (costs.record_answer(shape(path), Duration::from_millis(ms), false)).rescaled
+            })
+            .collect();
+        let at: Vec<usize> = (rescaled.iter().enumerate())
+            .filter(|(_, r)| **r)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(at, [MIN_SAMPLES as usize * 2 - 2], "the pages' 20th answer");
     }
 
     #[test]
