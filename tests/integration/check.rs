@@ -14,11 +14,16 @@ servers = ["127.0.0.1:9000"]
 
 /// Runs `weir check` on `BASE` + `extra`: exit code and stderr.
 fn check(extra: &str) -> (i32, String) {
+    weir_on("check", extra)
+}
+
+/// Runs `weir SUBCOMMAND -c` on `BASE` + `extra`: exit code and stderr.
+fn weir_on(subcommand: &str, extra: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("weir.toml");
     std::fs::write(&path, format!("{BASE}\n{extra}")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["check", "-c"])
+        .args([subcommand, "-c"])
         .arg(&path)
         .output()
         .unwrap();
@@ -129,17 +134,9 @@ fn check_warns_about_a_public_admin_api_and_trusting_everyone() {
 /// each three times: the error, its quoted cause, and the cause again).
 #[test]
 fn run_says_each_problem_of_a_refused_config_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("weir.toml");
     let extra = "[pools.app.admission]\nmax_in_flight = 10\nworkers = 10\n";
-    std::fs::write(&path, format!("{BASE}\n{extra}")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["run", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, stderr) = weir_on("run", extra);
+    assert_eq!(code, 2, "{stderr}");
     let problem = "leaves no worker for health checks";
     assert_eq!(stderr.matches(problem).count(), 1, "{stderr}");
     assert!(
