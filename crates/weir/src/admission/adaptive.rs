@@ -478,6 +478,16 @@ impl GradientLimit {
             return;
         }
         let long = self.update_long(w, short);
+        // One request at a time cannot queue behind another of weir's:
+        // this is the app's own latency, and a baseline below it was
+        // learned on another scale or mix. Holding it as congestion kept
+        // the limit at the floor for good.
+        let long = if w.max_in_flight <= 1 && short > long {
+            self.long_rtt = Some(short);
+            short
+        } else {
+            long
+        };
         // Once a window: a copy keeps `self` free for the cuts below.
         let cfg = self.config.clone();
         // Congestion: latency beyond the tolerance by more than noise (a
@@ -593,9 +603,15 @@ impl GradientLimit {
     /// workers, which cannot queue) as congestion and cut the limit to 4
     /// while people's pages waited out their timeouts in weir's queue (2 of
     /// 17 runs of the 2026-09-23 replay with crawlers like people).
-    pub fn learn_baseline_again(&mut self) {
+    ///
+    /// The window under way starts again too: answers before the change
+    /// are on the old scale, and a first window mostly of them (84 ms in a
+    /// window that would have read 130 ms) taught the low baseline all the
+    /// same (1 of 9 runs, which cut to 1).
+    pub fn learn_baseline_again(&mut self, now: Instant) {
         self.long_rtt = None;
         self.windows_seen = 0;
+        self.window = Window::new(now);
     }
 
     /// Whether the limit is probing: doubling while every slot is used.
@@ -755,13 +771,62 @@ mod tests {
             let mut g = limiter(now);
             drive(&mut g, &mut now, 3, ms(84), Some(10));
             if again {
-                g.learn_baseline_again();
+                g.learn_baseline_again(now);
             }
             drive(&mut g, &mut now, 6, ms(140), Some(10));
             g.limit()
         };
         assert!(run(false) < 10, "the bug: cut below what was in flight");
         assert!(run(true) >= 10, "limit {}", run(true));
+    }
+
+    /// Regression (1 of 9 runs since the baseline is learned again): the
+    /// first shape was judged mid-window, and the window's answers before
+    /// it, on the old scale, made the new baseline. The window starts again.
+    #[test]
+    fn a_baseline_learned_again_mid_window_ignores_the_old_scale() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        drive(&mut g, &mut now, 1, ms(140), Some(10));
+        // Three quarters of a window of raw cheap answers, then the change.
+        for _ in 0..15 {
+            now += ms(50);
+            let sample = Sample {
+                latency: ms(84),
+                started: now,
+                in_flight: 10,
+                dropped: false,
+                own_lag: Duration::ZERO,
+            };
+            g.on_sample(now, sample);
+        }
+        g.learn_baseline_again(now);
+        drive(&mut g, &mut now, 6, ms(140), Some(10));
+        let long = g.long_rtt().unwrap().as_secs_f64();
+        assert!((long - 0.140).abs() < 1e-3, "baseline {long}");
+        assert!(g.limit() >= 10, "limit {}", g.limit());
+    }
+
+    /// With one request in flight at once nothing weir sends can queue in
+    /// the app: latency there is the app's own, and a baseline below it is
+    /// wrong. Learned there, the limit grows back instead of staying at
+    /// the floor while the app serves one request at a time (a baseline of
+    /// 68 ms against 110-210 ms answers had held the limit at 1 for 25 s).
+    #[test]
+    fn latency_at_one_in_flight_is_never_congestion() {
+        let mut now = Instant::now();
+        let mut g = limiter(now);
+        drive(&mut g, &mut now, 3, ms(68), Some(10));
+        for _ in 0..60 {
+            if g.limit() == 1 {
+                break;
+            }
+            drive(&mut g, &mut now, 1, ms(140), None);
+        }
+        assert_eq!(g.limit(), 1, "cut while latency stayed high");
+        drive(&mut g, &mut now, 20, ms(140), None);
+        assert!(g.limit() > 2, "stuck at {}", g.limit());
+        assert!(g.long_rtt().unwrap() >= ms(130), "{:?}", g.long_rtt());
     }
 
     #[test]

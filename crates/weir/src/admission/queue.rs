@@ -883,7 +883,7 @@ impl Shared {
         });
         if let Limiter::Adaptive(g) = &mut st.limiter {
             if done.rescaled {
-                g.learn_baseline_again();
+                g.learn_baseline_again(now.into_std());
             }
             // Read where the answer is recorded: the thread that served it.
             let own_lag = super::lag::this_thread();
