@@ -149,3 +149,73 @@ async fn a_disabled_challenge_offers_nothing() {
     assert!(!weir.dir.path().join("state").join("challenge.key").exists());
     resume_and_stop(app, weir, holder).await;
 }
+
+/// Requests waiting in the app pool's queue, all lanes.
+async fn queued(weir: &TestWeir) -> f64 {
+    weir.metrics()
+        .await
+        .lines()
+        .filter(|l| l.starts_with("weir_admission_queued{pool=\"app\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Item 3 of issue 36: a person shed from the queue gets the challenge, not a
+/// `503`. The queue holds one waiter; a person's search (a learned expensive
+/// shape, so the lowest lane) waits there, and a cheap page that arrives
+/// after it takes its place (`lower_lane_shed`). `pressure.wait` is long here
+/// so that the search waits instead of being offered the page at once: the
+/// shed is what this test is about, and the generated key still serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_shed_from_the_queue_gets_the_challenge_not_a_503() {
+    let app = slow_search_app();
+    let rest = "max_queued = 1\n[challenge.pressure]\nwait = \"10s\"\n";
+    let weir = TestWeir::start(&config(&app, rest)).await;
+    learn_shapes(&weir).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    let (addr, person) = (weir.addr, ip("127.124.0.1"));
+    let search =
+        tokio::spawn(
+            async move { get_from(person, addr, "/w/index.php?search=person", &NAV).await },
+        );
+    assert_eventually_async!(queued(&weir).await == 1.0, "the search waits");
+    // A cheap page takes the worker kept for health checks (lent to a fast
+    // page); a second one takes the one place in the queue.
+    let page = |from: &'static str| {
+        tokio::spawn(async move { get_from(ip(from), addr, "/wiki/Cheap", &NAV).await.0 })
+    };
+    let lent = page("127.122.0.1");
+    assert_eventually_async!(
+        metric(
+            &weir.metrics().await,
+            "weir_admission_in_flight{pool=\"app\"}"
+        ) == 2.0,
+        "the first page holds the lent worker"
+    );
+    let queued_page = page("127.125.0.1");
+    let (status, h, body) = tokio::time::timeout(Duration::from_secs(10), search)
+        .await
+        .expect("the shed search was answered")
+        .unwrap();
+    assert_eq!(status, 429, "the challenge, not a 503");
+    assert_eq!(h["x-weir-challenge"], "1");
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "weir_admission_shed_total{pool=\"app\",lane=\"anonymous\",reason=\"lower_lane_shed\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    // Its pass (weir's own key) is the pass lane: served once the app is back.
+    let (answered, _, cookie) = solve_challenge(person, addr, &body, 12, NAV[2].1).await;
+    assert_eq!(answered, 303);
+    app.unstall();
+    assert_eq!(lent.await.unwrap(), 200);
+    assert_eq!(queued_page.await.unwrap(), 200);
+    let with_pass = nav_with_cookie(&cookie);
+    let (status, _, _) = get_from(person, addr, "/w/index.php?search=person", &with_pass).await;
+    assert_eq!(status, 200);
+    resume_and_stop(app, weir, holder).await;
+}
