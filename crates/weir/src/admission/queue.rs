@@ -33,7 +33,11 @@
 //! the 2026-09-23 replay with crawlers like people, the difference between
 //! people waiting past 2 s and not). The lent slot goes to an arrival, not
 //! to a waiter: the fair queue cannot be searched for a fast request, and
-//! the slot is one the waiters would not have had.
+//! the slot is one the waiters would not have had. Nor does it go to an
+//! arrival that would pass a waiter of a higher lane or of its own network:
+//! it keeps fair share (arrivals come as often as a network sends, and one
+//! network of a thousand addresses took a sixth of the slots where its
+//! share was a fiftieth).
 //!
 //! Time comes from tokio's clock (`tokio::time::Instant`), which tests pause
 //! and advance; nothing here sleeps except a waiter until its own deadline.
@@ -246,6 +250,14 @@ struct State {
 }
 
 impl State {
+    /// Whether a request arriving in `lane` for `key` passes nobody by
+    /// taking a slot outside the queue: no waiter in a higher lane, none
+    /// of its own network in its lane.
+    fn passes_nobody(&self, lane: Lane, key: &FairKey) -> bool {
+        let (above, own) = self.lanes.split_at(lane.index());
+        above.iter().all(|l| l.queue.is_empty()) && own[0].queue.network_len(&key.network) == 0
+    }
+
     /// Counts one grant to lane `index`.
     fn count_grant(&mut self, index: usize) {
         self.lanes[index].counters.admitted += 1;
@@ -468,7 +480,9 @@ impl AdmissionQueue {
             let limit = shared.limit(&st);
             let free = st.queued == 0 && st.in_flight < limit;
             let lent = !free
-                && shape.is_some_and(|s| shared.may_lend(&st, limit) && shared.shapes.is_fast(s));
+                && shared.may_lend(&st, limit)
+                && st.passes_nobody(lane, &key)
+                && shape.is_some_and(|s| shared.shapes.is_fast(s));
             if free || lent {
                 if lent {
                     st.lent += 1;

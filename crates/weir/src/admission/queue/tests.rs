@@ -830,3 +830,36 @@ async fn nothing_is_lent_to_slow_or_unknown_shapes_nor_below_the_ceiling() {
     settle().await;
     assert!(!waiter.is_finished(), "max_in_flight below workers - 1");
 }
+
+/// Regression (`admission::one_big_network_gets_one_share`, under CI's
+/// load): arrivals come as often as a network sends, so the lent worker,
+/// given to whichever fast request arrived, gave one network of a thousand
+/// addresses 17% of the slots where its fair share was 2%. It goes only to
+/// an arrival that passes nobody: no waiter of its own network in its
+/// lane, none in a higher lane.
+#[tokio::test(start_paused = true)]
+async fn the_lent_worker_passes_no_waiter() {
+    let q = learned_queue(2, 3).await;
+    let _a = now_acquire(&q, Lane::PASS, key(10, 0, 0, 1)).await.unwrap();
+    let _b = now_acquire(&q, Lane::PASS, key(10, 0, 0, 2)).await.unwrap();
+    let waiting = ask(&q, "/search", key(20, 0, 0, 1));
+    settle().await;
+    assert!(!waiting.is_finished(), "a slow request waits for a slot");
+    let same = ask(&q, "/wiki/Other", key(20, 0, 0, 2));
+    settle().await;
+    assert!(!same.is_finished(), "its network waits already");
+    let deadline = Instant::now() + secs(10);
+    let shape = Some(shape_of("/wiki/Other"));
+    let lower = q.clone();
+    let below = tokio::spawn(async move {
+        let k = key(30, 0, 0, 1);
+        lower
+            .acquire_proven(Lane::ANONYMOUS, k, false, deadline, shape)
+            .await
+    });
+    settle().await;
+    assert!(!below.is_finished(), "a higher lane waits");
+    let other = ask(&q, "/wiki/Other", key(40, 0, 0, 1));
+    settle().await;
+    assert!(other.is_finished(), "a network with nothing waiting");
+}
