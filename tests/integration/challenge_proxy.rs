@@ -443,3 +443,32 @@ async fn a_no_script_refresh_followed_at_once_is_held_until_its_delay_and_earns_
         "{m}"
     );
 }
+
+/// Issue 38: a request to a challenge path in a method it does not take is
+/// refused as any refusal is: `405` with `Allow`, its reason in
+/// `x-weir-reason` and `weir_rejections_total`, never passed to the app.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_challenge_path_in_the_wrong_method_is_refused_with_its_reason() {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(up.addr)).await;
+    let (status, h, _) = get_from(
+        ip("127.100.0.2"),
+        weir.addr,
+        weir::challenge::VERIFY_PATH,
+        &[],
+    )
+    .await;
+    assert_eq!(status, 405);
+    assert_eq!(h["allow"], "POST");
+    assert_eq!(h["x-weir-reason"], "challenge_method_not_allowed");
+    let m = weir.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "weir_rejections_total{rule=\"challenge_method_not_allowed\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(up.hits.load(std::sync::atomic::Ordering::Relaxed), 0);
+}

@@ -397,6 +397,8 @@ impl Challenger {
     /// was going with the pass cookie (`Secure` when `tls`); a wrong or
     /// expired one a fresh challenge (429), a forged or malformed one a fresh
     /// challenge with 403. Events are in the response's extensions.
+    /// A request to one of these paths that they do not serve is refused
+    /// with its [`EndpointRefusal`], answered as any refusal.
     pub fn handle(
         &self,
         target: &Target,
@@ -405,24 +407,21 @@ impl Challenger {
         client: &ClientId,
         tls: bool,
         now: SystemTime,
-    ) -> Option<Response<Bytes>> {
+    ) -> Option<Result<Response<Bytes>, EndpointRefusal>> {
         let method = target.method();
-        match target.path() {
-            SCRIPT_PATH => Some(if method == Method::GET || method == Method::HEAD {
-                self.template.script()
-            } else {
-                method_not_allowed("GET, HEAD")
-            }),
+        let read = method == Method::GET || method == Method::HEAD;
+        let refused = |allow| Err(EndpointRefusal::MethodNotAllowed { allow });
+        Some(match target.path() {
+            SCRIPT_PATH if read => Ok(self.template.script()),
+            SCRIPT_PATH => refused("GET, HEAD"),
             VERIFY_PATH if method == Method::POST => {
-                Some(self.verify(headers, body, client, tls, now))
+                Ok(self.verify(headers, body, client, tls, now))
             }
-            VERIFY_PATH => Some(method_not_allowed("POST")),
-            REFRESH_PATH if method == Method::GET || method == Method::HEAD => {
-                Some(self.refresh(target, headers, client, tls, now))
-            }
-            REFRESH_PATH => Some(method_not_allowed("GET, HEAD")),
-            _ => None,
-        }
+            VERIFY_PATH => refused("POST"),
+            REFRESH_PATH if read => self.refresh(target, headers, client, tls, now),
+            REFRESH_PATH => refused("GET, HEAD"),
+            _ => return None,
+        })
     }
 
     /// A correct answer's response: `303` back to where the visitor was
@@ -512,11 +511,9 @@ impl Challenger {
         client: &ClientId,
         tls: bool,
         now: SystemTime,
-    ) -> Response<Bytes> {
+    ) -> Result<Response<Bytes>, EndpointRefusal> {
         let Some(wait) = self.no_script_delay else {
-            let mut resp = Response::new(Bytes::new());
-            *resp.status_mut() = StatusCode::NOT_FOUND;
-            return resp;
+            return Err(EndpointRefusal::NoScriptOff);
         };
         let binding = Binding::of(client.client, user_agent(headers));
         let nonce = refresh_nonce(target);
@@ -526,10 +523,10 @@ impl Challenger {
             }
             None => Err(PowRejection::Malformed),
         };
-        match result {
+        Ok(match result {
             Ok(solved) => self.solved(&solved, binding, tls, now, true),
             Err(reason) => self.failed(nonce.as_deref(), reason, binding, now),
-        }
+        })
     }
 
     /// How long to hold a `/.weir/challenge/refresh` link that came before
@@ -703,12 +700,51 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-fn method_not_allowed(allow: &'static str) -> Response<Bytes> {
-    let mut resp = Response::new(Bytes::new());
-    *resp.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-    resp.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(allow));
-    resp
+/// A request to one of the challenge's paths that it does not serve,
+/// answered by the rescue as any refusal (`x-weir-reason`, the access log's
+/// `rule`, decision `reject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointRefusal {
+    /// Not the path's method: `405` with `Allow`.
+    MethodNotAllowed { allow: &'static str },
+    /// The no-script refresh while `no_script` is off: `404`, as for any
+    /// path weir does not serve.
+    NoScriptOff,
+}
+
+impl crate::respond::Reason for EndpointRefusal {
+    fn status(&self) -> StatusCode {
+        match self {
+            EndpointRefusal::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            EndpointRefusal::NoScriptOff => StatusCode::NOT_FOUND,
+        }
+    }
+
+    fn label(&self) -> &str {
+        match self {
+            EndpointRefusal::MethodNotAllowed { .. } => "challenge_method_not_allowed",
+            EndpointRefusal::NoScriptOff => "challenge_no_script_off",
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            EndpointRefusal::MethodNotAllowed { allow } => {
+                format!("this path takes {allow} only")
+            }
+            EndpointRefusal::NoScriptOff => "no such path".into(),
+        }
+    }
+
+    fn side(&self) -> crate::respond::Side {
+        crate::respond::Side::Client
+    }
+
+    fn extra_fields(&self, h: &mut HeaderMap) {
+        if let EndpointRefusal::MethodNotAllowed { allow } = self {
+            h.insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+    }
 }
 
 fn check_paths(

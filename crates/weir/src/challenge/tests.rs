@@ -183,6 +183,7 @@ fn solve_and_verify(
         at + Duration::from_millis(1500),
     )
     .unwrap()
+    .unwrap()
 }
 
 fn cookie_of(resp: &Response<Bytes>) -> String {
@@ -319,6 +320,7 @@ fn replayed_solution_mints_the_same_pass_id() {
                     false,
                     now() + Duration::from_secs(i),
                 )
+                .unwrap()
                 .unwrap();
             match events(&resp) {
                 [ChallengeEvent::Solved { pass_id, .. }] => *pass_id,
@@ -372,6 +374,7 @@ fn failed_answers() {
                 false,
                 at,
             )
+            .unwrap()
             .unwrap();
         assert_eq!(resp.status(), status, "{name}");
         assert_eq!(
@@ -401,6 +404,7 @@ fn failed_answers() {
                 false,
                 at,
             )
+            .unwrap()
             .unwrap();
         assert_eq!(again.status(), StatusCode::SEE_OTHER, "{name}: retry");
         assert_eq!(again.headers()["location"], path, "{name}");
@@ -413,7 +417,9 @@ fn served_paths() {
     let h = HeaderMap::new();
     let c = client("203.0.113.7");
     let call = |m: Method, p: &str| ch.handle(&target(m.as_str(), p), &h, b"", &c, false, now());
-    let script = call(Method::GET, "/.weir/challenge.js?v=abc").unwrap();
+    let script = call(Method::GET, "/.weir/challenge.js?v=abc")
+        .unwrap()
+        .unwrap();
     assert_eq!(script.status(), StatusCode::OK);
     assert!(
         script.headers()["content-type"]
@@ -421,12 +427,15 @@ fn served_paths() {
             .unwrap()
             .starts_with("text/javascript")
     );
+    use crate::respond::Reason as _;
+    let refused = call(Method::GET, VERIFY_PATH).unwrap().unwrap_err();
+    assert_eq!(refused.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(refused, EndpointRefusal::MethodNotAllowed { allow: "POST" });
     assert_eq!(
-        call(Method::GET, VERIFY_PATH).unwrap().status(),
-        StatusCode::METHOD_NOT_ALLOWED
-    );
-    assert_eq!(
-        call(Method::POST, SCRIPT_PATH).unwrap().status(),
+        call(Method::POST, SCRIPT_PATH)
+            .unwrap()
+            .unwrap_err()
+            .status(),
         StatusCode::METHOD_NOT_ALLOWED
     );
     assert!(call(Method::GET, "/wiki/Page").is_none());
@@ -461,6 +470,7 @@ fn open_redirects_are_impossible() {
                 false,
                 now(),
             )
+            .unwrap()
             .unwrap();
         let location = resp.headers()["location"].to_str().unwrap();
         assert!(
@@ -535,6 +545,7 @@ fn without_javascript_waiting_earns_the_same_pass() {
             true,
             now() + Duration::from_millis(after_ms),
         )
+        .unwrap()
         .unwrap()
     };
     // The page says 0 s (the default 500 ms has no whole second): weir
@@ -633,6 +644,7 @@ fn without_javascript_waiting_earns_the_same_pass() {
             true,
             now(),
         )
+        .unwrap()
         .unwrap();
     assert_eq!(garbled.status(), StatusCode::FORBIDDEN);
 }
@@ -658,8 +670,10 @@ fn without_no_script_the_page_has_no_refresh_and_the_link_is_gone() {
             false,
             now(),
         )
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(resp, EndpointRefusal::NoScriptOff);
+    assert_eq!(crate::respond::Reason::status(&resp), StatusCode::NOT_FOUND);
     assert_eq!(
         ch.refresh_hold(
             &target("GET", "/.weir/challenge/refresh?nonce=x"),

@@ -250,7 +250,7 @@ impl Metrics {
             "timeout",
             "closed",
             "exchange",
-            "no_healthy_server",
+            "no_healthy_upstream",
         ] {
             let _ = self.upstream_errors.get_or_create(&PoolErrorLabels {
                 pool: pool.clone(),

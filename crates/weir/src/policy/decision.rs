@@ -110,22 +110,54 @@ pub enum RejectReason {
     /// The request's target cannot be read one way (two hosts, a path
     /// spelled to slip past rules, a lowercase method): 400 or 501.
     Target(TargetError),
-    /// weir is draining and takes no new requests on this connection.
-    Draining,
     /// The declared body is longer than the class allows (413), refused
     /// before anything is read or admitted.
     BodyTooLarge { max_bytes: u64 },
     /// A body weir read itself (the challenge's answer) stalled or came
     /// slower than `limits.min_body_rate` (408).
     BodyTimeout,
-    /// The upstream pool is full: the admission queue shed the request
-    /// (`admission_queue_full`, `admission_deadline_exceeded`,
-    /// `admission_lower_lane_shed`), or no server is alive for a request
-    /// that is not an idempotent read (`no_healthy_upstream`).
+    /// The upstream pool cannot take it now (see [`ShedCause`]): `503`
+    /// with `Retry-After`.
     Shed {
-        reason: &'static str,
+        cause: ShedCause,
         retry_after: Duration,
     },
+}
+
+/// Why weir shed a request it had admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShedCause {
+    /// The admission queue (or the request's lane in it) was full.
+    QueueFull,
+    /// The request waited in the queue past its deadline.
+    Deadline,
+    /// Evicted from the queue to make room for a request of a higher lane.
+    LowerLane,
+    /// No server of the pool is alive.
+    NoHealthyServer,
+}
+
+impl ShedCause {
+    /// The label in logs, metrics and `x-weir-reason`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ShedCause::QueueFull => "admission_queue_full",
+            ShedCause::Deadline => "admission_deadline_exceeded",
+            ShedCause::LowerLane => "admission_lower_lane_shed",
+            ShedCause::NoHealthyServer => "no_healthy_upstream",
+        }
+    }
+}
+
+impl From<crate::admission::ShedReason> for ShedCause {
+    fn from(reason: crate::admission::ShedReason) -> ShedCause {
+        use crate::admission::ShedReason;
+        match reason {
+            ShedReason::QueueFull => ShedCause::QueueFull,
+            ShedReason::DeadlineExceeded => ShedCause::Deadline,
+            ShedReason::LowerLaneShed => ShedCause::LowerLane,
+        }
+    }
 }
 
 impl Reason for RejectReason {
@@ -139,15 +171,13 @@ impl Reason for RejectReason {
             RejectReason::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             RejectReason::BadRequest(_) => StatusCode::BAD_REQUEST,
             RejectReason::Target(e) => e.status(),
-            RejectReason::Draining | RejectReason::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            RejectReason::Shed { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            RejectReason::ClientInFlight { .. } | RejectReason::Draining => {
-                Some(Duration::from_secs(1))
-            }
+            RejectReason::ClientInFlight { .. } => Some(Duration::from_secs(1)),
             RejectReason::Rule(r) => Some(r.retry_after),
             RejectReason::Shed { retry_after, .. } => Some(*retry_after),
             RejectReason::NoRoute
@@ -168,8 +198,7 @@ impl Reason for RejectReason {
             RejectReason::BodyTimeout => "client_body_timeout",
             RejectReason::BadRequest(_) => "bad_request",
             RejectReason::Target(e) => e.reason(),
-            RejectReason::Draining => "draining",
-            RejectReason::Shed { reason, .. } => reason,
+            RejectReason::Shed { cause, .. } => cause.label(),
         }
     }
 
@@ -185,11 +214,11 @@ impl Reason for RejectReason {
             RejectReason::BodyTimeout => "the request body came too slowly".into(),
             RejectReason::BadRequest(why) => (*why).into(),
             RejectReason::Target(e) => e.to_string(),
-            RejectReason::Draining => "this server is restarting; please retry".into(),
             RejectReason::Rule(_) => "too many requests; please retry later".into(),
-            RejectReason::Shed { reason, .. } if *reason == "no_healthy_upstream" => {
-                "the application is not answering; please retry".into()
-            }
+            RejectReason::Shed {
+                cause: ShedCause::NoHealthyServer,
+                ..
+            } => "the application is not answering; please retry".into(),
             RejectReason::Shed { .. } => "the application is busy; please retry".into(),
         }
     }
@@ -201,10 +230,12 @@ impl Reason for RejectReason {
             | RejectReason::Target(_)
             | RejectReason::BodyTooLarge { .. }
             | RejectReason::BodyTimeout => Side::Client,
-            RejectReason::Shed { reason, .. } if *reason == "no_healthy_upstream" => Side::Upstream,
+            RejectReason::Shed {
+                cause: ShedCause::NoHealthyServer,
+                ..
+            } => Side::Upstream,
             RejectReason::ClientInFlight { .. }
             | RejectReason::Rule(_)
-            | RejectReason::Draining
             | RejectReason::Shed { .. } => Side::Weir,
         }
     }

@@ -16,7 +16,6 @@ use crate::gateway::ClassAdmission;
 use crate::identity::ClientId;
 use crate::policy::route::RequestView;
 use crate::policy::{Admitted, ChallengeInstead, RejectReason};
-use crate::respond::Side;
 use crate::upstream::{ForwardError, Pool};
 
 /// **Admission phase**: after the policy admitted the request (and after
@@ -249,7 +248,6 @@ fn shed_reason(
     shed: &crate::admission::Shed,
     log: &mut RequestLog,
 ) -> RejectReason {
-    use crate::admission::ShedReason;
     use crate::observe::metrics::ShedLabels;
     pool.shed(Instant::now());
     // A waiter may be shed from its lane to make room above it; the label
@@ -267,13 +265,8 @@ fn shed_reason(
         .get_or_create(&labels)
         .inc();
     log.record.queue_time = shed.waited;
-    let reason = match shed.reason {
-        ShedReason::QueueFull => "admission_queue_full",
-        ShedReason::DeadlineExceeded => "admission_deadline_exceeded",
-        ShedReason::LowerLaneShed => "admission_lower_lane_shed",
-    };
     RejectReason::Shed {
-        reason,
+        cause: shed.reason.into(),
         retry_after: shed.retry_after,
     }
 }
@@ -300,16 +293,9 @@ pub(super) fn admission_outcome(
     upstream_time: Option<Duration>,
 ) -> crate::admission::Outcome {
     use crate::admission::Outcome;
-    use crate::respond::Reason as _;
     match result {
         Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => Outcome::Overloaded,
         Ok(_) => Outcome::Answered(upstream_time.unwrap_or_default()),
-        Err(e) if e.side() == Side::Client => Outcome::Abandoned,
-        Err(
-            ForwardError::Timeout { .. }
-            | ForwardError::Exchange { .. }
-            | ForwardError::Closed { .. },
-        ) => Outcome::Overloaded,
-        Err(_) => Outcome::Abandoned,
+        Err(e) => e.load(),
     }
 }

@@ -537,7 +537,11 @@ pub(super) async fn challenge_endpoint(
         tls,
         SystemTime::now(),
     ) {
-        Some(resp) => challenged(resp, log),
+        Some(Ok(resp)) => challenged(resp, log),
+        Some(Err(refusal)) => {
+            log.record.decision = "reject";
+            log.answer(&refusal, accept)
+        }
         None => log.answer(&RejectReason::NoRoute, accept),
     }
 }

@@ -27,7 +27,7 @@ use crate::gateway::{ClassAdmission, Gateway};
 use crate::identity::ClientId;
 use crate::observe::metrics::{ClassLabels, PoolErrorLabels, PoolLabels};
 use crate::policy::route::Route;
-use crate::policy::{Proof, RejectReason};
+use crate::policy::{Proof, RejectReason, ShedCause};
 use crate::respond::{Accepts, Reason, Side};
 use crate::runtime::Runtime;
 use crate::upstream::forward::{self, ForwardError, Hop, strip_hop_by_hop};
@@ -156,7 +156,7 @@ pub(super) async fn forward(
     conn: &ConnCtx,
     gw: &Gateway,
     log: &mut RequestLog,
-) -> Result<Response<UpstreamBody>, ForwardError> {
+) -> Result<Response<UpstreamBody>, Unanswered> {
     let (route, pool) = (routed.route, &routed.pool);
     let hop = Hop {
         client,
@@ -202,10 +202,11 @@ pub(super) async fn forward(
             .get_or_create(&labels)
             .inc();
         // Boxed: rare, and its wait would enlarge every request's future.
-        result = match Box::pin(super::admit::requeue(pool, queue, again, log)).await {
-            Ok(()) => send_with_failover(pool, req, timeout, log, &conn.rt).await,
-            Err(shed) => Err(requeue_shed(shed)),
-        };
+        // Shed while it waited: no slot is held, nothing to tell the limit.
+        Box::pin(super::admit::requeue(pool, queue, again, log))
+            .await
+            .map_err(Unanswered::Shed)?;
+        result = send_with_failover(pool, req, timeout, log, &conn.rt).await;
     }
     let outcome = super::admit::admission_outcome(&result, log.record.upstream_time);
     // The app has answered (or failed): the slot is free now. What follows
@@ -216,7 +217,17 @@ pub(super) async fn forward(
     if let Some(permit) = log.permit.take() {
         permit.complete(outcome);
     }
-    result
+    result.map_err(Unanswered::Failed)
+}
+
+/// Why the upstream phase has no response for the client.
+pub(super) enum Unanswered {
+    /// Sending failed (no server, connect, timeout, exchange).
+    Failed(ForwardError),
+    /// The app refused the request without a word, and the admission queue
+    /// shed it while it waited for a slot to be sent again: the shed's own
+    /// `503`, as any shed.
+    Shed(RejectReason),
 }
 
 /// **Respond phase**: after the upstream phase. The upstream's response
@@ -226,7 +237,7 @@ pub(super) async fn forward(
 /// reason. Result: the response; the log record goes with its body, and is
 /// written when the body ends.
 pub(super) async fn respond(
-    result: Result<Response<UpstreamBody>, ForwardError>,
+    result: Result<Response<UpstreamBody>, Unanswered>,
     answer: Answer,
     conn: &ConnCtx,
     mut log: Box<RequestLog>,
@@ -239,14 +250,15 @@ pub(super) async fn respond(
     } = answer;
     let mut resp = match result {
         Ok(resp) => resp,
-        Err(ForwardError::NoHealthyServer) => {
+        Err(Unanswered::Shed(reason)) => return log.answer(&reason, accept),
+        Err(Unanswered::Failed(ForwardError::NoHealthyServer)) => {
             let reason = RejectReason::Shed {
-                reason: "no_healthy_upstream",
+                cause: ShedCause::NoHealthyServer,
                 retry_after: Duration::from_secs(1),
             };
             return log.answer(&reason, accept);
         }
-        Err(e) => {
+        Err(Unanswered::Failed(e)) => {
             log.record.error = Some(e.to_string());
             return log.answer(&e, accept);
         }
@@ -401,25 +413,6 @@ pub(super) fn shared_response(
     resp
 }
 
-/// The answer for a refused request the queue shed while it waited again:
-/// the shed's own (`503`, its reason and `Retry-After`).
-fn requeue_shed(shed: RejectReason) -> ForwardError {
-    match shed {
-        RejectReason::Shed {
-            reason,
-            retry_after,
-        } => ForwardError::RequeueShed {
-            reason,
-            retry_after,
-        },
-        // The queue sheds with `Shed` only; any other reason is told as one.
-        other => ForwardError::RequeueShed {
-            reason: "admission_requeue_shed",
-            retry_after: other.retry_after().unwrap_or(Duration::from_secs(1)),
-        },
-    }
-}
-
 /// Sends the request; a bodyless request is re-sent once to another server,
 /// within the pool's retry budget, when the connect failed (nothing reached
 /// the first one) or, for an idempotent read, when a kept-alive connection
@@ -452,8 +445,14 @@ async fn send_with_failover(
             let exclude = failed.as_ref().map(|g| &g.server).or(skip);
             let guard = match pool.pick(exclude, idempotent, sent) {
                 Ok(g) => g,
-                Err(NoServer::AllDead) => return Err(ForwardError::NoHealthyServer),
-                Err(NoServer::Exhausted) => return Err(ForwardError::NoServer),
+                Err(none) => {
+                    let e = match none {
+                        NoServer::AllDead => ForwardError::NoHealthyServer,
+                        NoServer::Exhausted => ForwardError::NoServer,
+                    };
+                    count_failure(pool, &e, rt);
+                    return Err(e);
+                }
             };
             // The copy is only taken on a retry, which requires it.
             let req = match (&failed, retry_copy.as_deref_mut()) {
@@ -630,13 +629,7 @@ fn health_outcome(
     use crate::upstream::health::RequestOutcome;
     match res {
         Ok(_) => Some(RequestOutcome::Answered { latency: took }),
-        Err(ForwardError::Connect { .. }) => Some(RequestOutcome::Refused),
-        Err(ForwardError::Timeout { .. }) => Some(RequestOutcome::Timeout),
-        Err(e @ ForwardError::Exchange { .. }) if e.kind() == "exchange" => {
-            Some(RequestOutcome::Reset)
-        }
-        Err(ForwardError::Closed { .. }) => Some(RequestOutcome::Reset),
-        Err(_) => None,
+        Err(e) => e.health(),
     }
 }
 

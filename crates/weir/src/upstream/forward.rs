@@ -13,6 +13,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use smallvec::SmallVec;
 
+use super::health::RequestOutcome;
 use super::pool::{Pool, Server};
 use crate::config::{ForwardingConfig, XffMode};
 use crate::identity::ClientId;
@@ -58,14 +59,6 @@ pub enum ForwardError {
         server: std::net::SocketAddr,
         source: ExchangeError,
     },
-    /// The app refused the request ([`ForwardError::refused`]) and the
-    /// admission queue shed it while it waited for a slot to be sent again
-    /// (`proxy::admit::requeue`): weir's `503`, with the shed's reason.
-    #[error("refused by the app, then shed waiting to be sent again: {reason}")]
-    RequeueShed {
-        reason: &'static str,
-        retry_after: Duration,
-    },
 }
 
 impl ForwardError {
@@ -85,7 +78,8 @@ impl ForwardError {
     pub fn kind(&self) -> &'static str {
         match self {
             ForwardError::NoServer => "no_server",
-            ForwardError::NoHealthyServer => "no_healthy_server",
+            // One name with the rescue's shed (`x-weir-reason`).
+            ForwardError::NoHealthyServer => crate::policy::ShedCause::NoHealthyServer.label(),
             ForwardError::Connect { .. } => "connect",
             ForwardError::Closed { .. } => "closed",
             ForwardError::Timeout { .. } => "timeout",
@@ -107,7 +101,6 @@ impl ForwardError {
                 }
             }
             ForwardError::Exchange { .. } => "exchange",
-            ForwardError::RequeueShed { reason, .. } => reason,
         }
     }
 
@@ -115,10 +108,47 @@ impl ForwardError {
     fn failed_side(&self) -> Side {
         if self.client_body().is_some() {
             Side::Client
-        } else if matches!(self, ForwardError::RequeueShed { .. }) {
-            Side::Weir
         } else {
             Side::Upstream
+        }
+    }
+
+    /// What the failure says about the server's health; `None` when it says
+    /// nothing: the client's own upload stalled or stopped, or no server
+    /// was tried.
+    pub fn health(&self) -> Option<RequestOutcome> {
+        if self.client_body().is_some() {
+            return None;
+        }
+        match self {
+            ForwardError::Connect { .. } => Some(RequestOutcome::Refused),
+            ForwardError::Timeout { .. } => Some(RequestOutcome::Timeout),
+            ForwardError::Exchange { .. } | ForwardError::Closed { .. } => {
+                Some(RequestOutcome::Reset)
+            }
+            ForwardError::NoServer | ForwardError::NoHealthyServer => None,
+        }
+    }
+
+    /// What the failure tells the adaptive limit about the app's load:
+    /// overload for a timeout, a reset or a connection closed on the
+    /// request (what an app whose backlog is full does, with no latency to
+    /// show queueing; it once said nothing, and weir's defaults kept a
+    /// limit the app's backlog overflowed at); nothing when no server was
+    /// tried, the connect failed (health's business) or the client's own
+    /// upload failed.
+    pub fn load(&self) -> crate::admission::Outcome {
+        use crate::admission::Outcome;
+        if self.client_body().is_some() {
+            return Outcome::Abandoned;
+        }
+        match self {
+            ForwardError::Timeout { .. }
+            | ForwardError::Exchange { .. }
+            | ForwardError::Closed { .. } => Outcome::Overloaded,
+            ForwardError::NoServer
+            | ForwardError::NoHealthyServer
+            | ForwardError::Connect { .. } => Outcome::Abandoned,
         }
     }
 
@@ -181,18 +211,13 @@ impl Reason for ForwardError {
             }
             (_, Some(_)) => StatusCode::BAD_REQUEST,
             (ForwardError::Timeout { .. }, _) => StatusCode::GATEWAY_TIMEOUT,
-            (ForwardError::NoHealthyServer | ForwardError::RequeueShed { .. }, _) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            (ForwardError::NoHealthyServer, _) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
 
     fn retry_after(&self) -> Option<Duration> {
-        match self {
-            ForwardError::RequeueShed { retry_after, .. } => Some(*retry_after),
-            _ => None,
-        }
+        None
     }
 
     fn label(&self) -> &str {
@@ -206,7 +231,6 @@ impl Reason for ForwardError {
             }
             (_, Some(_)) => "the request body could not be read".into(),
             (ForwardError::Timeout { .. }, _) => "the application did not answer in time".into(),
-            (ForwardError::RequeueShed { .. }, _) => "the application is busy; please retry".into(),
             _ => "the application could not be reached".into(),
         }
     }
