@@ -44,7 +44,8 @@
 //! let verify = Target::parse("POST", "/.weir/challenge/verify", Some("wiki.example"), PathPolicy::default()).unwrap();
 //! let answer = challenger
 //!     .handle(&verify, &headers, form.as_bytes(), &client, true, now)
-//!     .unwrap();
+//!     .expect("a challenge path")
+//!     .expect("served in its method");
 //! assert_eq!(answer.status(), 303);
 //! assert_eq!(answer.headers()["location"], "/wiki/Page");
 //! let cookie = answer.headers()["set-cookie"].to_str().unwrap();
