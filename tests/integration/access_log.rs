@@ -199,7 +199,7 @@ async fn tls_request(tls: tokio_rustls::client::TlsStream<tokio::net::TcpStream>
 async fn tls_version_and_alpn_are_logged() {
     let app = HttpUpstream::echo_headers().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = crate::proxy::tls_files(dir.path());
+    let (cert, key) = crate::support::tls::tls_files(dir.path());
     let log = dir.path().join("access.log");
     let weir = Weir::builder()
         .config(format!(
@@ -214,12 +214,13 @@ async fn tls_version_and_alpn_are_logged() {
         .unwrap();
     let secure = weir.listener(1);
     for alpn in [&[&b"h2"[..]][..], &[b"http/1.1"], &[]] {
-        let tls = crate::proxy::tls_connect(secure, alpn).await;
+        let tls = crate::support::tls::tls_connect(secure, alpn).await;
         assert_eq!(tls_request(tls).await, 200);
     }
     // TLS 1.2, asked for by the client.
     let tls12 =
-        crate::proxy::tls_connect_with(secure, &[b"http/1.1"], &[&rustls::version::TLS12]).await;
+        crate::support::tls::tls_connect_with(secure, &[b"http/1.1"], &[&rustls::version::TLS12])
+            .await;
     assert_eq!(tls_request(tls12).await, 200);
     let plain = HttpRequest::get("/").send(weir.listener(0)).await.unwrap();
     assert_eq!(plain.status, 200);

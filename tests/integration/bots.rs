@@ -16,7 +16,6 @@ use ring::signature::{Ed25519KeyPair, KeyPair as _};
 use weir::identity::bots::signature::SignedRequest;
 use weir::identity::bots::{BotCheck, BotVerifier};
 
-use crate::challenge_proxy::{pressure_site_with, stall_and_queue};
 use crate::fixtures::*;
 use crate::support::dnsmasq::Dnsmasq;
 

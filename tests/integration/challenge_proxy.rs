@@ -9,7 +9,7 @@ use http::Request;
 
 use crate::fixtures::*;
 
-const KEY: &str = "challenge-key-for-tests-0123456789abcdef";
+const KEY: &str = PRESSURE_KEY;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -147,87 +147,6 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
 /// `disengage_after`.
 async fn pressure_site(disengage_after: &str) -> (weir_lab::app::SimApp, TestWeir) {
     pressure_site_with(disengage_after, "", "").await
-}
-
-/// [`pressure_site`] with lines added to `[classes.page]` (`page`) and
-/// tables after the rest (`tables`): the verified-bots tests' site.
-pub(crate) async fn pressure_site_with(
-    disengage_after: &str,
-    page: &str,
-    tables: &str,
-) -> (weir_lab::app::SimApp, TestWeir) {
-    let app = small_sim_app();
-    let cfg = format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["{}"]
-[pools.app.admission]
-max_in_flight = 1
-workers = 2
-queue_timeout = "20s"
-[[routes]]
-pool = "app"
-class = "page"
-[classes.page]
-challenge = "under_pressure"
-{page}
-[challenge]
-keys = ["{KEY}"]
-difficulty = 8
-[challenge.pressure]
-queue_depth = 4
-engage_after = "0s"
-disengage_after = "{disengage_after}"
-{tables}
-"#,
-        app.addr()
-    );
-    (app, TestWeir::start(&cfg).await)
-}
-
-/// Stalls the app and queues 8 API requests (never challenged) in weir's
-/// admission until they are waiting: the pressure. Their statuses, once
-/// the app recovers.
-pub(crate) async fn stall_and_queue(
-    app: &weir_lab::app::SimApp,
-    weir: &TestWeir,
-) -> Vec<tokio::task::JoinHandle<http::StatusCode>> {
-    use std::time::Duration;
-    app.stall();
-    let mut waiting = Vec::new();
-    for i in 0..8u8 {
-        let addr = weir.addr;
-        waiting.push(tokio::spawn(async move {
-            get_from(
-                format!("127.101.1.{}", i + 1).parse().unwrap(),
-                addr,
-                "/api/feed.json",
-                &[],
-            )
-            .await
-            .0
-        }));
-    }
-    // A navigation sent before the pressure engages would itself wait in
-    // the queue (until the app recovers).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = weir.metrics().await;
-        let queued: f64 = m
-            .lines()
-            .filter(|l| l.starts_with("weir_admission_queued{"))
-            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .sum();
-        if queued >= 4.0 {
-            return waiting;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "requests never queued: {m}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

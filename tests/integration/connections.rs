@@ -12,7 +12,6 @@ use http::{Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::edge::assert_eventually;
 use crate::fixtures::*;
 
 /// A raw HTTP/1.1 client connection that reads responses one at a time,
@@ -87,13 +86,13 @@ async fn idle_connections_serve_their_next_requests_whole() {
     let first_peer = echo(&body)["peer"].clone();
 
     // Idle past a second: the connection gives its buffer back.
-    assert_eventually(Duration::from_secs(10), || async {
+    assert_eventually_async!(
         metric(
             &weir.metrics().await,
             "weir_connection_buffers_released_total",
-        ) >= 1.0
-    })
-    .await;
+        ) >= 1.0,
+        "the idle connection's buffer released"
+    );
 
     // The next request arrives in pieces.
     c.write(b"GET /two HTTP/1.1\r\nHo").await;
@@ -111,13 +110,13 @@ async fn idle_connections_serve_their_next_requests_whole() {
         &weir.metrics().await,
         "weir_connection_buffers_released_total",
     );
-    assert_eventually(Duration::from_secs(10), || async {
+    assert_eventually_async!(
         metric(
             &weir.metrics().await,
             "weir_connection_buffers_released_total",
-        ) > released
-    })
-    .await;
+        ) > released,
+        "released again"
+    );
     c.write(b"GET /three HTTP/1.1\r\nHost: t\r\n\r\nGET /four HTTP/1.1\r\nHost: t\r\n\r\n")
         .await;
     for want in ["/three", "/four"] {

@@ -179,20 +179,17 @@ impl Prometheus {
             addr,
             _dir: dir,
         };
-        let start = Instant::now();
-        loop {
-            if let Ok(r) = HttpRequest::get("/-/ready").send(addr).await
-                && r.status == 200
-            {
-                return p;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "prometheus not ready: {}",
-                std::fs::read_to_string(p._dir.path().join("prometheus.log")).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let ready = || async {
+            let r = HttpRequest::get("/-/ready").send(addr).await;
+            r.is_ok_and(|r| r.status == 200)
+        };
+        assert_eventually_async!(
+            within = Duration::from_secs(30),
+            ready().await,
+            "prometheus not ready: {}",
+            std::fs::read_to_string(p._dir.path().join("prometheus.log")).unwrap_or_default()
+        );
+        p
     }
 
     /// An instant query's result vector.

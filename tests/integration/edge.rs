@@ -111,11 +111,10 @@ async fn global_cap_closes_idle_keepalive_first_then_refuses() {
 
     // Now fill the cap with busy (slow) requests: new connections are refused fast.
     drop(idle);
-    let weir_ref = &weir;
-    assert_eventually(Duration::from_secs(5), || async move {
-        weir_ref.server().runtime.tracker.open() == 0
-    })
-    .await;
+    assert_eventually_async!(
+        weir.server().runtime.tracker.open() == 0,
+        "the idle connections closed"
+    );
     let mut busy = Vec::new();
     for i in 0..4 {
         let addr = weir.addr;
@@ -125,10 +124,10 @@ async fn global_cap_closes_idle_keepalive_first_then_refuses() {
                 .0
         }));
     }
-    assert_eventually(Duration::from_secs(5), || async move {
-        weir_ref.server().runtime.gateway.load().pools[0].in_flight() == 4
-    })
-    .await;
+    assert_eventually_async!(
+        weir.server().runtime.gateway.load().pools[0].in_flight() == 4,
+        "four slow requests in flight"
+    );
     let started = std::time::Instant::now();
     let (resp, closed) = refused_read(ip("127.0.7.9"), weir.addr).await;
     assert!(
@@ -155,22 +154,6 @@ async fn refused_read(source: IpAddr, to: std::net::SocketAddr) -> (String, bool
     match connect_from(source, to).await {
         Ok(mut s) => read_until_closed(&mut s, Duration::from_secs(5)).await,
         Err(_) => (String::new(), true),
-    }
-}
-
-/// Polls `check` until true or the bound passes (then panics).
-pub async fn assert_eventually<F, Fut>(bound: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + bound;
-    while !check().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "condition not met within {bound:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -217,11 +200,7 @@ async fn slow_headers_are_cut_and_idle_keepalive_closed() {
     )
     .await
     .unwrap();
-    assert_eventually(Duration::from_secs(10), || {
-        let closed = c.sender.is_closed();
-        async move { closed }
-    })
-    .await;
+    assert_eventually_async!(c.sender.is_closed(), "the idle connection closed");
 
     let m = weir.metrics().await;
     assert_eq!(
@@ -267,12 +246,8 @@ async fn oversized_or_too_many_headers_get_431() {
     );
     // Counted when the connection's task ends, which may be just after the
     // client saw the close (a loaded CI machine showed 1 of 2).
-    let weir_ref = &weir;
     let kind = "weir_connection_errors_total{kind=\"header_too_large\"}";
-    assert_eventually(Duration::from_secs(5), || async move {
-        metric(&weir_ref.metrics().await, kind) == 2.0
-    })
-    .await;
+    assert_eventually_async!(metric(&weir.metrics().await, kind) == 2.0, "{kind}");
     assert_eq!(up.hits.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
 
@@ -291,16 +266,11 @@ async fn in_flight_per_client_cap_answers_429() {
             get_from(ip("127.0.8.1"), addr, "/slow/1500", &[]).await.0
         }));
     }
-    let weir_ref = &weir;
-    assert_eventually(Duration::from_secs(5), || async move {
-        weir_ref
-            .server()
-            .runtime
-            .client_in_flight
-            .get(weir::identity::ClientAddr::new(ip("127.0.8.1")))
-            == 2
-    })
-    .await;
+    let held = || {
+        let client = weir::identity::ClientAddr::new(ip("127.0.8.1"));
+        weir.server().runtime.client_in_flight.get(client)
+    };
+    assert_eventually_async!(held() == 2, "two requests in flight from the client");
     let (status, headers, _) = get_from(ip("127.0.8.1"), weir.addr, "/", &[]).await;
     assert_eq!(status, 429);
     assert_eq!(headers["retry-after"], "1");

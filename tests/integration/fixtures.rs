@@ -478,3 +478,85 @@ pub async fn resume_and_stop(
         .await
         .unwrap();
 }
+
+/// The challenge key of [`pressure_site_with`]'s site.
+pub const PRESSURE_KEY: &str = "challenge-key-for-tests-0123456789abcdef";
+
+/// Requests waiting in every admission queue of `metrics`.
+fn queued(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("weir_admission_queued{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// A 2-worker app behind weir with one admission slot, a class challenged
+/// `under_pressure` (4 queued requests engage it at once), calm after
+/// `disengage_after`; `page` adds lines to `[classes.page]` and `tables`
+/// tables after the rest (the verified-bots tests' site).
+pub async fn pressure_site_with(
+    disengage_after: &str,
+    page: &str,
+    tables: &str,
+) -> (weir_lab::app::SimApp, TestWeir) {
+    let app = small_sim_app();
+    let cfg = format!(
+        r#"[[listeners]]
+address = "127.0.0.1:0"
+[pools.app]
+servers = ["{}"]
+[pools.app.admission]
+max_in_flight = 1
+workers = 2
+queue_timeout = "20s"
+[[routes]]
+pool = "app"
+class = "page"
+[classes.page]
+challenge = "under_pressure"
+{page}
+[challenge]
+keys = ["{PRESSURE_KEY}"]
+difficulty = 8
+[challenge.pressure]
+queue_depth = 4
+engage_after = "0s"
+disengage_after = "{disengage_after}"
+{tables}
+"#,
+        app.addr()
+    );
+    (app, TestWeir::start(&cfg).await)
+}
+
+/// Stalls the app and queues 8 API requests (never challenged) in weir's
+/// admission until they are waiting: the pressure. Their statuses, once
+/// the app recovers.
+pub async fn stall_and_queue(
+    app: &weir_lab::app::SimApp,
+    weir: &TestWeir,
+) -> Vec<tokio::task::JoinHandle<http::StatusCode>> {
+    app.stall();
+    let mut waiting = Vec::new();
+    for i in 0..8u8 {
+        let addr = weir.addr;
+        waiting.push(tokio::spawn(async move {
+            get_from(
+                format!("127.101.1.{}", i + 1).parse().unwrap(),
+                addr,
+                "/api/feed.json",
+                &[],
+            )
+            .await
+            .0
+        }));
+    }
+    // A navigation sent before the pressure engages would itself wait in
+    // the queue (until the app recovers).
+    assert_eventually_async!(
+        queued(&weir.metrics().await) >= 4.0,
+        "requests never queued"
+    );
+    waiting
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::fixtures::*;
-use crate::proxy::{tls_connect, tls_files};
+use crate::support::tls::{tls_connect, tls_files};
 
 /// The status line's code of everything `stream` answers to `bytes`.
 async fn status<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, bytes: &[u8]) -> u16 {

@@ -7,7 +7,7 @@
 //! `target/test-artifacts/live-page.png`.
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::fixtures::Upstream;
 use crate::support::chromium::{Chromium, DevTools, artifacts_dir};
@@ -58,18 +58,16 @@ async fn until(
     expression: &str,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        let v = page.eval(expression).await;
-        if done(&v) {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{expression} stayed {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let mut v: serde_json::Value;
+    assert_eventually_async!(
+        within = Duration::from_secs(30),
+        {
+            v = page.eval(expression).await;
+            done(&v)
+        },
+        "{expression} stayed {v}"
+    );
+    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

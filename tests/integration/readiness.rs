@@ -53,19 +53,19 @@ async fn get_from(w: &Weir, source: Ipv4Addr) -> u16 {
 
 /// Polls `/readyz` until 200, or fails with what it last said.
 async fn until_ready(w: &Weir, within: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        let (code, body) = readyz(w).await;
-        if code == 200 {
-            return body;
-        }
-        assert!(
-            start.elapsed() < within,
-            "/readyz still {code} after {within:?}: {body}\n{}",
-            w.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut said: (u16, String);
+    assert_eventually_async!(
+        within = within,
+        {
+            said = readyz(w).await;
+            said.0 == 200
+        },
+        "/readyz still {} after {within:?}: {}\n{}",
+        said.0,
+        said.1,
+        w.stderr()
+    );
+    said.1
 }
 
 fn redis_config(app: SocketAddr, redis: SocketAddr) -> String {

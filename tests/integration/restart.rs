@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
-use crate::support::process::send_signal;
-use crate::support::{Signal, Weir};
-use crate::upgrade::{
+use crate::support::ordinary::{
     Counts, admission_limit, config, cut_admission_limit, get_workers, limited_client, ok_upstream,
     overloaded_upstream, slow_upload,
 };
+use crate::support::process::send_signal;
+use crate::support::{Signal, Weir};
 
 const RESTARTS: usize = 10;
 
@@ -296,7 +296,7 @@ async fn ten_stop_starts_on_an_activated_socket_fail_nothing_and_keep_limits() {
 async fn a_stopping_weir_serves_new_connections_until_its_earlier_work_is_done() {
     let up = ok_upstream().await;
     let mut weir = Weir::builder()
-        .config(crate::upgrade::config(up.addr(), "20s"))
+        .config(config(up.addr(), "20s"))
         .start()
         .await
         .unwrap();

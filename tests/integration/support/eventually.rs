@@ -43,25 +43,31 @@ macro_rules! assert_eventually {
 }
 
 /// Like [`assert_eventually!`] but yields to the async runtime between checks,
-/// so in-test servers keep running; `cond` may contain `.await`.
+/// so in-test servers keep running; `cond` may contain `.await`. With
+/// `within = DURATION,` first, that long instead of [`EVENTUALLY_DEADLINE`]
+/// (a browser or a Prometheus starting).
 macro_rules! assert_eventually_async {
-    ($cond:expr $(,)?) => {
-        assert_eventually_async!($cond, "{}", stringify!($cond))
-    };
-    ($cond:expr, $($msg:tt)+) => {{
+    (within = $within:expr, $cond:expr, $($msg:tt)+) => {{
+        let within: ::std::time::Duration = $within;
         let start = ::std::time::Instant::now();
         loop {
             if $cond {
                 break;
             }
-            if start.elapsed() >= crate::support::eventually::EVENTUALLY_DEADLINE {
-                panic!(
-                    "condition not true after {:?}: {}",
-                    crate::support::eventually::EVENTUALLY_DEADLINE,
-                    format!($($msg)+)
-                );
+            if start.elapsed() >= within {
+                panic!("condition not true after {within:?}: {}", format!($($msg)+));
             }
             ::tokio::time::sleep(crate::support::eventually::EVENTUALLY_POLL).await;
         }
     }};
+    ($cond:expr $(,)?) => {
+        assert_eventually_async!($cond, "{}", stringify!($cond))
+    };
+    ($cond:expr, $($msg:tt)+) => {
+        assert_eventually_async!(
+            within = crate::support::eventually::EVENTUALLY_DEADLINE,
+            $cond,
+            $($msg)+
+        )
+    };
 }

@@ -10,8 +10,11 @@
 //! - [`weir`]: the weir binary under test, addresses from its ready file.
 //! - [`upstream`]: an in-test hyper server (echo, counters).
 //! - [`client`]: raw and keep-alive HTTP clients with a chosen source address.
+//! - [`tls`]: a self-signed certificate, and a client that takes any.
 //! - [`chromium`]: headless Chromium, run to the end or driven over DevTools.
 //! - [`eventually`]: `assert_eventually!` / `assert_eventually_async!`.
+//! - [`ordinary`]: ordinary traffic run through an upgrade or a restart,
+//!   every failed request counted.
 //!
 //! Does not: install servers (scripts/install-test-deps.sh does) or touch any
 //! address outside 127.0.0.0/8.
@@ -26,9 +29,11 @@ pub mod dnsmasq;
 pub mod eventually;
 pub mod haproxy;
 pub mod nginx;
+pub mod ordinary;
 pub mod ports;
 pub mod process;
 pub mod redis;
+pub mod tls;
 pub mod upstream;
 pub mod weir;
 
