@@ -478,16 +478,6 @@ impl GradientLimit {
             return;
         }
         let long = self.update_long(w, short);
-        // One request at a time cannot queue behind another of weir's:
-        // this is the app's own latency, and a baseline below it was
-        // learned on another scale or mix. Holding it as congestion kept
-        // the limit at the floor for good.
-        let long = if w.max_in_flight <= 1 && short > long {
-            self.long_rtt = Some(short);
-            short
-        } else {
-            long
-        };
         // Once a window: a copy keeps `self` free for the cuts below.
         let cfg = self.config.clone();
         // Congestion: latency beyond the tolerance by more than noise (a
@@ -589,6 +579,15 @@ impl GradientLimit {
                 }
                 long
             }
+        };
+        // One request at a time cannot queue behind another of weir's:
+        // this is the app's own latency, and a baseline below it was
+        // learned on another scale or mix. Holding it as congestion kept
+        // the limit at the floor for good.
+        let long = if w.max_in_flight <= 1 {
+            long.max(short)
+        } else {
+            long
         };
         self.long_rtt = Some(long);
         long

@@ -443,17 +443,7 @@ async fn send_with_failover(
         let refused_by = {
             let skip = away.as_ref().and_then(|a| a.skip.as_ref());
             let exclude = failed.as_ref().map(|g| &g.server).or(skip);
-            let guard = match pool.pick(exclude, idempotent, sent) {
-                Ok(g) => g,
-                Err(none) => {
-                    let e = match none {
-                        NoServer::AllDead => ForwardError::NoHealthyServer,
-                        NoServer::Exhausted => ForwardError::NoServer,
-                    };
-                    count_failure(pool, &e, rt);
-                    return Err(e);
-                }
-            };
+            let guard = pick(pool, exclude, idempotent, sent, rt)?;
             // The copy is only taken on a retry, which requires it.
             let req = match (&failed, retry_copy.as_deref_mut()) {
                 (None, _) => &mut *request,
@@ -503,6 +493,25 @@ async fn send_with_failover(
         away.again(pool, &refused_by).await;
         sent = Instant::now();
     }
+}
+
+/// The server for the next attempt, or why there is none (counted as the
+/// pool's failure).
+fn pick(
+    pool: &Pool,
+    exclude: Option<&Arc<crate::upstream::Server>>,
+    idempotent: bool,
+    now: Instant,
+    rt: &Runtime,
+) -> Result<ServerGuard, ForwardError> {
+    pool.pick(exclude, idempotent, now).map_err(|none| {
+        let e = match none {
+            NoServer::AllDead => ForwardError::NoHealthyServer,
+            NoServer::Exhausted => ForwardError::NoServer,
+        };
+        count_failure(pool, &e, rt);
+        e
+    })
 }
 
 /// Feeds an attempt's outcome to its server's health; returns the app's
