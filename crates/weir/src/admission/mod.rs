@@ -24,8 +24,9 @@
 //! # });
 //! ```
 //!
-//! This stage does not choose lanes (policy does), pick servers or track
-//! their health (upstream does). The algorithms, defaults and failure modes
+//! This stage does not choose a request's lane (`proxy::admit` does, from
+//! the proof policy found and the shape costs learned here), pick servers
+//! or track their health (upstream does). The algorithms, defaults and failure modes
 //! are explained in `docs/admission.md`.
 
 pub mod adaptive;

@@ -4,7 +4,7 @@
 //! them (global cap with idle-first shedding, per-address cap), the PROXY
 //! protocol header and TLS handshake are read under a deadline, and HTTP is
 //! served with header size and count limits: plain HTTP/1.1 by weir's own
-//! codec ([`http1`]), TLS and HTTP/2 by hyper. Timeouts for
+//! codec (`weir_http::server`), TLS and HTTP/2 by hyper. Timeouts for
 //! slow headers and idle keep-alive connections are enforced by the tracker's
 //! sweep. Draining stops accepting and lets in-flight requests finish.
 
