@@ -482,8 +482,9 @@ pub async fn resume_and_stop(
 /// The challenge key of [`pressure_site_with`]'s site.
 pub const PRESSURE_KEY: &str = "challenge-key-for-tests-0123456789abcdef";
 
-/// Requests waiting in every admission queue of `metrics`.
-fn queued(metrics: &str) -> f64 {
+/// Requests waiting in every admission queue (every pool, every lane) of
+/// `metrics`, weir's exposition.
+pub fn queued(metrics: &str) -> f64 {
     metrics
         .lines()
         .filter(|l| l.starts_with("weir_admission_queued{"))

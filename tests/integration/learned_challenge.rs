@@ -150,16 +150,6 @@ async fn a_disabled_challenge_offers_nothing() {
     resume_and_stop(app, weir, holder).await;
 }
 
-/// Requests waiting in the app pool's queue, all lanes.
-async fn queued(weir: &TestWeir) -> f64 {
-    weir.metrics()
-        .await
-        .lines()
-        .filter(|l| l.starts_with("weir_admission_queued{pool=\"app\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Item 3 of issue 36: a person shed from the queue gets the challenge, not a
 /// `503`. The queue holds one waiter; a person's search (a learned expensive
 /// shape, so the lowest lane) waits there, and a cheap page that arrives
@@ -178,7 +168,7 @@ async fn a_person_shed_from_the_queue_gets_the_challenge_not_a_503() {
         tokio::spawn(
             async move { get_from(person, addr, "/w/index.php?search=person", &NAV).await },
         );
-    assert_eventually_async!(queued(&weir).await == 1.0, "the search waits");
+    assert_eventually_async!(queued(&weir.metrics().await) == 1.0, "the search waits");
     // A cheap page takes the worker kept for health checks (lent to a fast
     // page); a second one takes the one place in the queue.
     let page = |from: &'static str| {

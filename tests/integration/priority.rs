@@ -341,21 +341,9 @@ engage_after = "10m"
     resume_and_stop(app, weir, holder).await;
 }
 
-/// Requests waiting for a slot of the pool `app`, every lane.
-fn queued(metrics: &str) -> f64 {
-    (metrics.lines())
-        .filter(|l| l.starts_with("weir_admission_queued{pool=\"app\""))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
-}
-
 /// Waits until a request waits for a slot of `app`.
 async fn until_queued(weir: &TestWeir) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while queued(&weir.metrics().await) < 1.0 {
-        assert!(tokio::time::Instant::now() < deadline, "never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eventually_async!(queued(&weir.metrics().await) >= 1.0, "never queued");
 }
 
 /// The access-log line of the request for `path`.

@@ -216,10 +216,6 @@ impl Reason for ForwardError {
         }
     }
 
-    fn retry_after(&self) -> Option<Duration> {
-        None
-    }
-
     fn label(&self) -> &str {
         self.kind()
     }
