@@ -129,7 +129,9 @@ async fn with_zero_configuration_a_long_wait_for_an_expensive_page_is_offered_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disabled_challenge_offers_nothing() {
     let app = slow_search_app();
-    let weir = TestWeir::start(&config(&app, "[challenge]\nenabled = false\n")).await;
+    // The visit cookie signs with the same key: off too, nothing is written.
+    let off = "[challenge]\nenabled = false\n[visit]\nenabled = false\n";
+    let weir = TestWeir::start(&config(&app, off)).await;
     learn_shapes(&weir).await;
     let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
     let search = still_waiting(

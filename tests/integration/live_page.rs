@@ -26,6 +26,17 @@ token = "{TOKEN}"
 servers = ["{upstream}"]
 [pools.app.admission]
 max_in_flight = 4
+# Pages to read, and the page its rule limits.
+[[routes]]
+pool = "app"
+path_prefix = "/read"
+class = "reading"
+[[routes]]
+pool = "app"
+# A visit of pages weir served makes a visit browsing here at once (a
+# person's visit is several pages over a minute by default: docs/metrics.md).
+[visit]
+min_age = "0s"
 [[classes.default.rules]]
 name = "per-address"
 limits = [{{ per = "ip", rate = 1, window = "1m" }}]
@@ -33,21 +44,25 @@ limits = [{{ per = "ip", rate = 1, window = "1m" }}]
     )
 }
 
-/// Sends one GET from each of `n` addresses in 127.0.5.0/24, twice: the
-/// second of each is refused by the rule.
+/// From each of `n` addresses in 127.0.5.0/24, as a browser keeping weir's
+/// visit cookie: four pages read, then the limited page twice, the second
+/// refused by the rule in a visit of four pages and one costly one before
+/// (evidence of a person: two pages for each costly one, this one included).
 async fn refusals(weir: &Weir, first: u8, n: u8) {
     for i in first..first + n {
-        for _ in 0..2 {
-            // A navigation from a page of the site: evidence of a person.
-            let _ = HttpRequest::get("/page")
+        let mut cookie = String::new();
+        for path in ["/read/1", "/read/2", "/read/3", "/read/4", "/page", "/page"] {
+            let mut req = HttpRequest::get(path)
                 .from(IpAddr::from([127, 0, 5, i]))
-                .header("accept", "text/html")
-                .header(
-                    "referer",
-                    &format!("http://{}/wiki/Main_Page", weir.listener(0)),
-                )
-                .send(weir.listener(0))
-                .await;
+                .header("accept", "text/html");
+            if !cookie.is_empty() {
+                req = req.header("cookie", &cookie);
+            }
+            if let Ok(resp) = req.send(weir.listener(0)).await
+                && let Some(set) = resp.header("set-cookie")
+            {
+                cookie = set.split(';').next().unwrap_or_default().to_owned();
+            }
         }
     }
 }

@@ -141,3 +141,6 @@ mod connections;
 // request id to the app and back), its reopening on SIGUSR1, and the JSON
 // process log (issue 20 item 3).
 mod access_log;
+// The visit cookie: pages weir counted as evidence of a person, never a
+// Referer alone; kept from the app and from shared caches (issue 37).
+mod visit;

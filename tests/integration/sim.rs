@@ -203,10 +203,12 @@ fn crawler_flood_reproduces_under_the_incident_configs_and_weir_holds_it() {
 /// on people's own addresses, all with browser headers, kept cookies and an
 /// article as `Referer`, one in ten solving challenges. The recommended
 /// configuration and zero configuration each meet people's checks (the nginx
-/// and HAProxy variants are measured for docs/lab.md, not run here).
+/// and HAProxy variants are measured for docs/lab.md, not run here); under
+/// the emergency bucket, the people weir flags are people and most people
+/// refused are flagged (issue 37: a `Referer` is not evidence).
 #[test]
 fn crawlers_like_people_meet_the_flood_scenarios_configs_and_people() {
-    let weir = ["zero-config", "recommended"];
+    let weir = ["emergency", "zero-config", "recommended"];
     let report = run_variants("2026-09-23-crawlers-like-people.toml", &weir);
     assert_checks_hold(&report, &weir);
 }
@@ -243,6 +245,23 @@ fn the_people_alert_fires_within_five_story_minutes_for_the_bucket_only() {
         report.to_text()
     );
     assert!(report.passed());
+}
+
+/// The alert's timing with crawlers that hide among people (issue 37): it still
+/// pages within 5 story minutes for the emergency bucket, and never under the
+/// recommended rules, where only crawlers are refused (a same-site `Referer`
+/// counted as evidence would have paged there).
+#[test]
+fn the_people_alert_holds_against_crawlers_like_people() {
+    let report = run_file("2026-09-23-alert-crawlers-like-people.toml");
+    assert_checks_hold(&report, &["emergency", "recommended"]);
+    let fired = |variant: &str| {
+        let v = report.variants.iter().find(|v| v.name == variant);
+        let alerts = v.and_then(|v| v.alerts.as_ref()).expect("replayed");
+        alerts.fired_at_min.get("WeirRuleHittingPeople").copied()
+    };
+    assert!(fired("emergency").is_some(), "{}", report.to_text());
+    assert_eq!(fired("recommended"), None, "{}", report.to_text());
 }
 
 /// A connection flood against weir's defaults: people, logins and uploads are served

@@ -21,6 +21,42 @@ pub fn value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     pairs(headers).find_map(|(k, v)| (k == name).then_some(v))
 }
 
+/// Removes every pair of the cookie `name` from the request's `Cookie`
+/// fields (a field left empty goes), keeping the others as sent. Returns
+/// whether any was removed. For cookies that are the gateway's own, which
+/// the app has no use for (and which a cache keyed on `Cookie` would see).
+pub fn remove(headers: &mut HeaderMap, name: &str) -> bool {
+    let named = |pair: &str| pair.split_once('=').is_some_and(|(k, _)| k.trim() == name);
+    let carries = |v: &str| v.split(';').any(named);
+    let fields: Vec<_> = headers.get_all(COOKIE).iter().cloned().collect();
+    if !fields.iter().any(|f| f.to_str().is_ok_and(carries)) {
+        return false;
+    }
+    headers.remove(COOKIE);
+    for field in fields {
+        let Ok(text) = field.to_str() else {
+            headers.append(COOKIE, field);
+            continue;
+        };
+        if !carries(text) {
+            headers.append(COOKIE, field);
+            continue;
+        }
+        let kept: Vec<&str> = text
+            .split(';')
+            .map(str::trim)
+            .filter(|pair| !pair.is_empty() && !named(pair))
+            .collect();
+        if kept.is_empty() {
+            continue;
+        }
+        if let Ok(v) = http::HeaderValue::from_str(&kept.join("; ")) {
+            headers.append(COOKIE, v);
+        }
+    }
+    true
+}
+
 /// Every `name=value` pair, trimmed, in order; pairs without `=` skipped.
 fn pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
     headers
@@ -58,5 +94,25 @@ mod tests {
         assert_eq!(value(&h, "wiki"), None, "no prefix match");
         assert_eq!(value(&h, "missing"), None);
         assert_eq!(value(&headers(&["novalue; c=3"]), "c"), Some("3"));
+    }
+
+    #[test]
+    fn removing_a_cookie_keeps_the_others_as_sent() {
+        let mut h = headers(&["a=1; weir_visit=xyz ;b=2", "weir_visit=again", "c=3"]);
+        assert!(remove(&mut h, "weir_visit"));
+        let left: Vec<_> = h
+            .get_all(COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(left, ["a=1; b=2", "c=3"]);
+        assert_eq!(value(&h, "weir_visit"), None);
+        assert!(!remove(&mut h, "weir_visit"), "nothing left to remove");
+        let mut only = headers(&["weir_visit=x"]);
+        assert!(remove(&mut only, "weir_visit"));
+        assert!(only.get(COOKIE).is_none(), "an empty field goes");
+        let mut prefix = headers(&["weir_visitor=1"]);
+        assert!(!remove(&mut prefix, "weir_visit"), "names match exactly");
+        assert_eq!(value(&prefix, "weir_visitor"), Some("1"));
     }
 }

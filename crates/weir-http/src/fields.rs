@@ -99,6 +99,23 @@ impl ReceivedFields {
         self.declared_length
     }
 
+    /// The values of the fields named `name` (case-insensitive), trimmed,
+    /// in the order received: for a stage that reads one field without
+    /// moving them all into a map.
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.runs
+            .iter()
+            .flat_map(|&(start, end)| {
+                self.head[start as usize..end as usize].split_inclusive(|b| *b == b'\n')
+            })
+            .filter_map(move |line| {
+                let colon = line.iter().position(|b| *b == b':')?;
+                line[..colon]
+                    .eq_ignore_ascii_case(name.as_bytes())
+                    .then(|| line[colon + 1..].trim_ascii())
+            })
+    }
+
     /// Appends the field lines, as received.
     pub fn write_to(&self, out: &mut Vec<u8>) {
         for &(start, end) in &self.runs {
@@ -174,6 +191,19 @@ mod tests {
         assert_eq!(f.declared_length(), Some(5));
         assert_eq!(hop.content_length, Some(5));
         assert!(hop.keep_alive && !hop.close);
+    }
+
+    #[test]
+    fn one_field_is_read_without_a_map() {
+        let (f, _) = read(
+            b"HTTP/1.1 200 OK\r\nCache-Control: public, max-age=300\r\nX: 1\r\n\
+              cache-control:  s-maxage=60 \r\nContent-Length: 0\r\n\r\n",
+        );
+        let f = f.expect("plain response");
+        let got: Vec<&[u8]> = f.values("Cache-Control").collect();
+        assert_eq!(got, [&b"public, max-age=300"[..], &b"s-maxage=60"[..]]);
+        assert_eq!(f.values("x").collect::<Vec<_>>(), [&b"1"[..]]);
+        assert_eq!(f.values("missing").count(), 0);
     }
 
     #[test]

@@ -189,6 +189,10 @@ pub struct CohortStats {
     rechallenged: AtomicU64,
     /// Latency of those requests, challenge and retry included, microseconds.
     solved_latencies_us: Mutex<Vec<u32>>,
+    /// The request ids of answers that were not pages (refusals, sheds,
+    /// challenges): whose request an access log line is, where an address
+    /// is shared by two cohorts.
+    pub refused_ids: Mutex<Vec<String>>,
 }
 
 /// A plain copy of a cohort's counters.
@@ -238,6 +242,7 @@ impl CohortStats {
             challenges_solved: AtomicU64::new(0),
             rechallenged: AtomicU64::new(0),
             solved_latencies_us: Mutex::new(Vec::new()),
+            refused_ids: Mutex::new(Vec::new()),
         }
     }
 
@@ -264,6 +269,10 @@ impl CohortStats {
         }
         if outcome == Outcome::Served && took <= SERVED_FAST {
             self.served_fast.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(id) = &answer.request_id {
+            let mut ids = self.refused_ids.lock().unwrap_or_else(|p| p.into_inner());
+            ids.push(id.clone());
         }
     }
 
@@ -378,6 +387,7 @@ pub async fn run_client(
     let total_weight: f64 = weights.iter().sum();
     let mut session = ClientSession::default();
     let mut first = true;
+    let mut sent: u32 = 0;
     // The page a browser-like crawler sends right after its article.
     let mut then: Option<(Method, String)> = None;
     let mut samples = ClientSamples::default();
@@ -405,15 +415,21 @@ pub async fn run_client(
         let (method, path) = match then.take() {
             Some(queued) => queued,
             None => {
-                let picked = pick_request(
-                    &ctx,
-                    &cohort,
-                    &plan,
-                    first,
-                    &weights,
-                    total_weight,
-                    &mut rng,
-                );
+                let picked = if sent < cohort.landing_pages {
+                    // The visit opens at a page (landing_pages).
+                    let landing = &cohort.requests[0];
+                    (Method::GET, fill_numbers(&landing.path, &mut rng))
+                } else {
+                    pick_request(
+                        &ctx,
+                        &cohort,
+                        &plan,
+                        first,
+                        &weights,
+                        total_weight,
+                        &mut rng,
+                    )
+                };
                 // A browser-like crawler reaches a page from its article, as
                 // a visitor following a link does: the article now, the page
                 // next (whatever the article's answer).
@@ -427,6 +443,7 @@ pub async fn run_client(
             }
         };
         first = false;
+        sent += 1;
 
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
         let result = session
@@ -689,6 +706,9 @@ struct Answer {
     solved_challenge: bool,
     /// The client met a challenge although it had solved one before.
     rechallenged: bool,
+    /// The `x-request-id` of an answer that was not a page (the lab's
+    /// ground truth for the access log's line of a request it refused).
+    request_id: Option<String>,
 }
 
 impl Answer {
@@ -698,6 +718,7 @@ impl Answer {
             reached_app: false,
             solved_challenge: false,
             rechallenged: false,
+            request_id: None,
         }
     }
 }
@@ -758,6 +779,15 @@ async fn exchange(
     let challenged = headers.contains_key("x-weir-challenge");
     let rechallenged = challenged && jar.solved;
     let reached_app = headers.contains_key("x-app-class");
+    let request_id = (status != 200)
+        .then(|| {
+            headers
+                .get("x-request-id")?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        })
+        .flatten();
     if reached_app && status == 200 && browser {
         jar.last_page = Some(path.to_owned());
     }
@@ -802,6 +832,7 @@ async fn exchange(
         reached_app,
         solved_challenge: false,
         rechallenged,
+        request_id,
     }
 }
 
@@ -1269,6 +1300,7 @@ mod tests {
             rate,
             requests: Vec::new(),
             login_share: 0.0,
+            landing_pages: 0,
             javascript: true,
             hash_rate: None,
             session_cookie_share: 0.0,

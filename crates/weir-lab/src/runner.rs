@@ -229,7 +229,8 @@ pub fn run_variant(
     let mut rules = rules_from_metrics(&metrics);
     if meta.access_log && is_weir {
         let people = people_cohorts(scenario);
-        count_log_rejections(&access_log, &owners, &people, &mut rules);
+        let truth = GroundTruth::of(&owners, &stats);
+        count_log_rejections(&access_log, &truth, &people, &mut rules);
     }
     let mut report = build_report(
         scenario,
@@ -244,14 +245,23 @@ pub fn run_variant(
     if let Some(recorded) = &observed.metrics {
         report.alerts = replay_alerts(scenario, variant, recorded, &stats, alert_series)?;
     }
-    keep_if_asked(dir, &variant.name);
+    keep_if_asked(dir, &variant.name, &stats);
     Ok(report)
 }
 
-/// `WEIR_SIM_KEEP`: keep the run's directory (weir's access log and state files)
-/// to look at, and say where it is.
-fn keep_if_asked(dir: tempfile::TempDir, variant: &str) {
+/// `WEIR_SIM_KEEP`: keep the run's directory (weir's access log and state files,
+/// and `refused.tsv`: the request id of every answer that was not a page, and
+/// whose client got it) to look at, and say where it is.
+fn keep_if_asked(dir: tempfile::TempDir, variant: &str, stats: &[Arc<CohortStats>]) {
     if std::env::var_os("WEIR_SIM_KEEP").is_some() {
+        let mut tsv = String::new();
+        for s in stats {
+            let ids = s.refused_ids.lock().unwrap_or_else(|p| p.into_inner());
+            for id in ids.iter() {
+                tsv.push_str(&format!("{id}\t{}\n", s.name));
+            }
+        }
+        let _ = std::fs::write(dir.path().join("refused.tsv"), tsv);
         let kept = dir.keep();
         eprintln!("weir sim: {variant}'s access log is in {}", kept.display());
     }
@@ -958,7 +968,7 @@ pub fn rules_from_metrics(text: &str) -> BTreeMap<String, RuleReport> {
 /// whether the client belongs to one of the `people` cohorts.
 fn count_log_rejections(
     path: &Path,
-    owners: &HashMap<IpAddr, String>,
+    truth: &GroundTruth<'_>,
     people: &std::collections::HashSet<&str>,
     rules: &mut BTreeMap<String, RuleReport>,
 ) {
@@ -976,9 +986,8 @@ fn count_log_rejections(
             .get("client")
             .and_then(|c| c.as_str())
             .and_then(|c| c.parse::<IpAddr>().ok());
-        let cohort = client
-            .and_then(|c| owners.get(&c))
-            .map_or(super::expect::UNKNOWN_CLIENT, String::as_str);
+        let id = v.get("request_id").and_then(|i| i.as_str());
+        let cohort = truth.cohort(id, client);
         let flagged = v
             .get("collateral")
             .and_then(|c| c.as_str())
@@ -989,6 +998,37 @@ fn count_log_rejections(
         r.people += u64::from(person);
         r.flagged += u64::from(flagged);
         r.flagged_people += u64::from(flagged && person);
+    }
+}
+
+/// Whose request an access log line is: the cohort whose client got the
+/// answer with its request id (every answer that was not a page is noted),
+/// else the owner of its address. Addresses shared by two cohorts (crawlers
+/// on people's residential addresses) are only told apart by the id.
+struct GroundTruth<'a> {
+    by_id: HashMap<String, &'a str>,
+    owners: &'a HashMap<IpAddr, String>,
+}
+
+impl<'a> GroundTruth<'a> {
+    fn of(owners: &'a HashMap<IpAddr, String>, stats: &'a [Arc<CohortStats>]) -> GroundTruth<'a> {
+        let mut by_id = HashMap::new();
+        for s in stats {
+            let ids = s.refused_ids.lock().unwrap_or_else(|p| p.into_inner());
+            for id in ids.iter() {
+                by_id.insert(id.clone(), s.name.as_str());
+            }
+        }
+        GroundTruth { by_id, owners }
+    }
+
+    fn cohort(&self, request_id: Option<&str>, client: Option<IpAddr>) -> &str {
+        if let Some(name) = request_id.and_then(|id| self.by_id.get(id)) {
+            return name;
+        }
+        client
+            .and_then(|c| self.owners.get(&c))
+            .map_or(super::expect::UNKNOWN_CLIENT, String::as_str)
     }
 }
 

@@ -230,7 +230,13 @@ impl CohortKind {
 
     /// Keys only a cohort of this kind may have, beyond [`COMMON_COHORT_KEYS`].
     fn own_keys(self) -> &'static [&'static str] {
-        const HUMANS: &[&str] = &["count", "login_share", "javascript", "hash_rate"];
+        const HUMANS: &[&str] = &[
+            "count",
+            "login_share",
+            "javascript",
+            "hash_rate",
+            "landing_pages",
+        ];
         const EDITORS: &[&str] = &["count"];
         const CRAWLERS: &[&str] = &[
             "concurrency",
@@ -320,6 +326,11 @@ pub struct CohortConfig {
     /// it sets is then kept and sent, as a browser does).
     #[serde(default)]
     pub login_share: Option<f64>,
+    /// humans: a visit opens with this many requests of the mix's first entry
+    /// (an article: people arrive at a page from a search engine or a link,
+    /// and read, before they search). Default 0.
+    #[serde(default)]
+    pub landing_pages: Option<u32>,
     /// humans: whether their browsers run JavaScript (default true). Without it, a
     /// challenge page is answered by following its `<noscript>` refresh after the
     /// wait, as a browser with scripts off does.
@@ -513,6 +524,8 @@ pub struct Cohort {
     pub rate: f64,
     pub requests: Vec<RequestMix>,
     pub login_share: f64,
+    /// humans: requests of the mix's first entry a visit opens with.
+    pub landing_pages: u32,
     /// humans: browsers that run the challenge's script (else they follow its refresh).
     pub javascript: bool,
     /// humans: the browser's challenge hashing speed (`None`: native).
@@ -952,6 +965,7 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
         rate: c.rate,
         requests,
         login_share,
+        landing_pages: c.landing_pages.unwrap_or(0),
         javascript: c.javascript.unwrap_or(true),
         hash_rate: c.hash_rate.filter(|r| *r > 0.0),
         session_cookie_share,
@@ -1424,16 +1438,27 @@ rate = 1.0
         assert_eq!(s.checks[0].line, Some(18));
     }
 
+    /// A scenario shipped in `scenarios/`.
+    fn shipped(name: &str) -> Scenario {
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("scenarios");
+        load_scenario_file(&dir.join(name)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Every cohort but the crawlers, as text to compare.
+    fn all_but_crawlers(s: &Scenario) -> Vec<String> {
+        (s.cohorts.iter())
+            .filter(|c| c.kind != CohortKind::Crawlers)
+            .map(|c| format!("{c:?}"))
+            .collect()
+    }
+
     /// The crawlers-like-people scenario copies the crawler flood's app,
     /// story, configurations and people: only its crawlers differ, so its
     /// numbers compare with the flood's.
     #[test]
     fn crawlers_like_people_differ_from_the_flood_in_their_crawlers_alone() {
-        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("scenarios");
-        let load =
-            |name: &str| load_scenario_file(&dir.join(name)).unwrap_or_else(|e| panic!("{e}"));
-        let flood = load("2026-09-23-crawler-flood.toml");
-        let like = load("2026-09-23-crawlers-like-people.toml");
+        let flood = shipped("2026-09-23-crawler-flood.toml");
+        let like = shipped("2026-09-23-crawlers-like-people.toml");
         let debug = |s: &Scenario| format!("{:?} {:?} {:?}", s.file.app, s.file.health, s.alerts);
         assert_eq!(debug(&flood), debug(&like));
         let meta = |s: &Scenario| {
@@ -1452,17 +1477,48 @@ rate = 1.0
             let theirs = theirs.unwrap_or_else(|| panic!("{} is a flood variant", v.name));
             assert_eq!(theirs.config_text, v.config_text, "{}", v.name);
         }
-        let people = |s: &Scenario| {
-            (s.cohorts.iter())
-                .filter(|c| c.kind != CohortKind::Crawlers)
-                .map(|c| format!("{c:?}"))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(people(&flood), people(&like));
+        assert_eq!(all_but_crawlers(&flood), all_but_crawlers(&like));
         let crawlers = like.cohorts.iter().find(|c| c.kind == CohortKind::Crawlers);
         let crawlers = crawlers.expect("crawlers");
         assert!(crawlers.browser_like && crawlers.headless_share > 0.0);
         assert_eq!(crawlers.among.iter().map(|(_, n)| n).sum::<usize>(), 100);
+    }
+
+    /// The alert-timing scenario with crawlers like people copies the alert
+    /// scenario but for its crawlers, which are the crawlers-like-people
+    /// scenario's (at the alert scenario's rate).
+    #[test]
+    fn the_alert_scenario_with_crawlers_like_people_differs_in_its_crawlers_alone() {
+        let alert = shipped("2026-09-23-alert.toml");
+        let like = shipped("2026-09-23-alert-crawlers-like-people.toml");
+        let like_flood = shipped("2026-09-23-crawlers-like-people.toml");
+        let debug = |s: &Scenario| format!("{:?} {:?} {:?}", s.file.app, s.file.health, s.alerts);
+        assert_eq!(debug(&alert), debug(&like));
+        assert_eq!(
+            alert.file.scenario.duration.0,
+            like.file.scenario.duration.0
+        );
+        assert_eq!(
+            alert.file.scenario.compression,
+            like.file.scenario.compression
+        );
+        assert_eq!(alert.variants.len(), like.variants.len());
+        for (a, l) in alert.variants.iter().zip(&like.variants) {
+            assert_eq!((&a.name, &a.config_text), (&l.name, &l.config_text));
+        }
+        assert_eq!(all_but_crawlers(&alert), all_but_crawlers(&like));
+        let crawlers = |s: &Scenario| {
+            let c = s.cohorts.iter().find(|c| c.kind == CohortKind::Crawlers);
+            let c = c.expect("crawlers").clone();
+            (
+                c.browser_like,
+                c.headless_share,
+                c.among,
+                c.addresses,
+                c.session_cookie_share,
+            )
+        };
+        assert_eq!(crawlers(&like), crawlers(&like_flood));
     }
 
     #[test]
@@ -1476,6 +1532,6 @@ rate = 1.0
                 n += 1;
             }
         }
-        assert_eq!(n, 8);
+        assert_eq!(n, 9);
     }
 }

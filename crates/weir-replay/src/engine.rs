@@ -369,7 +369,9 @@ impl Replay {
             // The log's `bot` is not believed: a replay cannot re-verify it.
             bot: false,
             now,
-            host: target.host(),
+            // A visit only weir's own log records (a log of another server
+            // cannot show one: no request of it is `browsing`).
+            browsing: browsing(gw, rec),
             // Replay has no challenge to offer: a refusal stays a refusal.
             challengeable: false,
         };
@@ -538,6 +540,16 @@ fn rule_report<'a>(rules: &'a mut BTreeMap<String, RuleReport>, name: &str) -> &
         rules.insert(name.to_string(), RuleReport::default());
     }
     rules.get_mut(name).expect("inserted above")
+}
+
+/// Whether `rec` is a navigation in a visit weir counted as a person's, by
+/// the replayed configuration's `[visit]`.
+fn browsing(gw: &Gateway, rec: &LogRecord<'_>) -> bool {
+    let visit = rec.weir.as_ref().and_then(|w| w.visit);
+    gw.visits.as_ref().zip(visit).is_some_and(|(visits, v)| {
+        let age = std::time::Duration::from_secs(u64::from(v.age_s));
+        visits.logged_is_browsing(v.views, v.costly, age)
+    })
 }
 
 /// The client of a record: its address, or, for a log written behind a

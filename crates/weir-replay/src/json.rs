@@ -17,6 +17,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use super::time::{UnixNanos, from_unix_float, parse_rfc3339};
 use super::{LogRecord, ParseError, Parsed, WeirFields, parse_ip, parse_status};
+use weir::observe::access_log::LoggedVisit;
 
 /// A JSON string that borrows from the input when it has no escapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,6 +228,9 @@ struct WeirLine<'a> {
     #[serde(borrow)]
     rule: Option<Str<'a>>,
     bytes_out: Option<u64>,
+    visit_views: Option<u16>,
+    visit_costly: Option<u16>,
+    visit_age_s: Option<u32>,
 }
 
 pub(super) fn parse_weir(line: &str) -> Result<LogRecord<'_>, ParseError> {
@@ -257,6 +261,14 @@ pub(super) fn parse_weir(line: &str) -> Result<LogRecord<'_>, ParseError> {
             class: l.class.map(|s| s.0).unwrap_or(Cow::Borrowed("")),
             decision: l.decision.map(|s| s.0).unwrap_or(Cow::Borrowed("")),
             rule: l.rule.map(|s| s.0),
+            visit: match (l.visit_views, l.visit_costly, l.visit_age_s) {
+                (Some(views), Some(costly), Some(age_s)) => Some(LoggedVisit {
+                    views,
+                    costly,
+                    age_s,
+                }),
+                _ => None,
+            },
         }),
     })
 }

@@ -112,6 +112,9 @@ pub struct WeirFields<'a> {
     pub class: Cow<'a, str>,
     pub decision: Cow<'a, str>,
     pub rule: Option<Cow<'a, str>>,
+    /// A navigation's visit as weir counted it before the request
+    /// (`visit_views`, `visit_costly`, `visit_age_s`).
+    pub visit: Option<weir::observe::access_log::LoggedVisit>,
 }
 
 /// One request from a log. Absent fields (`-` in combined logs) are `None`.
@@ -168,6 +171,7 @@ impl LogRecord<'_> {
                 class: own(w.class),
                 decision: own(w.decision),
                 rule: w.rule.map(own),
+                visit: w.visit,
             }),
         }
     }

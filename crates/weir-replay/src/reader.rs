@@ -449,6 +449,7 @@ struct Parked {
     sec_fetch_mode: Option<Field>,
     forwarded_for: Option<Field>,
     weir: Option<(Field, Field, Option<Field>)>,
+    visit: Option<weir::observe::access_log::LoggedVisit>,
 }
 
 impl Parked {
@@ -472,6 +473,7 @@ impl Parked {
             sec_fetch_mode: None,
             forwarded_for: None,
             weir: None,
+            visit: None,
         };
         parked.fill(line, record);
         parked
@@ -511,6 +513,7 @@ impl Parked {
                 w.rule.as_ref().map(|v| f(text, v)),
             )
         });
+        self.visit = record.weir.as_ref().and_then(|w| w.visit);
         self.time = record.time;
         self.client = record.client;
         self.peer = record.peer;
@@ -541,6 +544,7 @@ impl Parked {
                 class: class.get(text),
                 decision: decision.get(text),
                 rule: o(rule),
+                visit: self.visit,
             }),
         }
     }

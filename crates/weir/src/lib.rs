@@ -36,6 +36,7 @@ pub mod runtime;
 pub mod server;
 pub mod state;
 pub mod upstream;
+pub mod visit;
 
 #[cfg(test)]
 mod spellings;

@@ -48,13 +48,15 @@ pub fn state_dir(state: &crate::config::StateConfig) -> Option<PathBuf> {
         })
 }
 
-/// Whether `config` signs with weir's own key: a challenge that is on and
-/// was given no `keys`.
+/// Whether `config` signs with weir's own key: a challenge that is on, or
+/// the visit cookie, and no `challenge.keys` given.
 pub fn wanted(config: &crate::config::Config) -> bool {
-    config
+    let keys_given = config
         .challenge
         .as_ref()
-        .is_none_or(|c| c.enabled && c.keys.is_empty())
+        .is_some_and(|c| !c.keys.is_empty());
+    let challenge_on = config.challenge.as_ref().is_none_or(|c| c.enabled);
+    !keys_given && (challenge_on || config.visit.enabled)
 }
 
 /// Before a gateway is built for `config` by a process that serves it

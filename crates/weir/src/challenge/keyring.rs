@@ -36,6 +36,8 @@ impl std::fmt::Debug for Keyring {
 pub enum Purpose {
     PassToken,
     PowChallenge,
+    /// The visit cookie (`crate::visit`).
+    Visit,
 }
 
 impl Purpose {
@@ -43,6 +45,7 @@ impl Purpose {
         match self {
             Purpose::PassToken => b"weir pass token v1",
             Purpose::PowChallenge => b"weir pow challenge v1",
+            Purpose::Visit => b"weir visit v1",
         }
     }
 }

@@ -638,7 +638,7 @@ pub fn user_agent(headers: &HeaderMap) -> &[u8] {
 /// A browser navigation: `Sec-Fetch-Mode: navigate` when the browser sends
 /// fetch metadata (it then decides; a `fetch()` asking for HTML is not a
 /// navigation), else an `Accept` that lists HTML with a non-zero q.
-fn is_navigation(headers: &HeaderMap) -> bool {
+pub fn is_navigation(headers: &HeaderMap) -> bool {
     if let Some(mode) = headers.get("sec-fetch-mode") {
         return mode.as_bytes().eq_ignore_ascii_case(b"navigate");
     }

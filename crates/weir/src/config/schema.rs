@@ -70,6 +70,10 @@ pub struct Config {
     /// not challenged, and queued in their own admission lane.
     #[serde(default)]
     pub bots: Option<BotsConfig>,
+    /// The visit cookie: pages weir served in a visit, evidence of a person
+    /// that costs a crawler what a person's visit costs (`crate::visit`).
+    #[serde(default)]
+    pub visit: crate::visit::VisitConfig,
 }
 
 /// Session verification: a signed cookie weir can check, and/or an auth

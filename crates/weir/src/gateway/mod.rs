@@ -68,6 +68,8 @@ pub struct Gateway {
     pub sessions: Option<Arc<SessionVerifier>>,
     /// The browser challenge, if configured.
     pub challenger: Option<Arc<crate::challenge::Challenger>>,
+    /// The visit cookie (`[visit]`), unless switched off.
+    pub visits: Option<Arc<crate::visit::Visits>>,
     /// Crawlers that may prove who they are (`[bots]`), if configured.
     pub bots: Option<Arc<crate::identity::bots::BotVerifier>>,
     /// Admission lane and queue deadline per route class (classes not
@@ -141,6 +143,7 @@ impl Gateway {
         let routes = routes::routes(&loaded, &pool_index, &classes, e);
         let sessions = sessions::sessions(&loaded, previous, &pools, e);
         let challenger = sessions::challenger(&loaded, e);
+        let visits = sessions::visits(&loaded, e);
         let bots = bots::bots(&loaded, e);
         let low_rate = sessions::low_rate(&loaded, e);
         drop(pool_index);
@@ -182,6 +185,7 @@ impl Gateway {
             low_rate,
             sessions,
             challenger,
+            visits,
             bots,
             class_admission: classes.admission,
             coalescers: classes.coalescers,

@@ -67,6 +67,31 @@ pub(super) fn challenger(
     }
 }
 
+/// The visit cookie (`[visit]`), signed with the challenge's keys when it
+/// has some, else with weir's own key (the challenge's, from the state
+/// directory); `None` with `visit.enabled = false`.
+pub(super) fn visits(
+    loaded: &LoadedConfig,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Arc<crate::visit::Visits>> {
+    let cfg = &loaded.config;
+    if !cfg.visit.enabled {
+        return None;
+    }
+    let configured = cfg.challenge.as_ref().map(|c| c.keys.as_slice());
+    let secrets = match configured {
+        Some(keys) if !keys.is_empty() => keys.to_vec(),
+        _ => vec![crate::challenge::keyfile::signing_key(&cfg.state)],
+    };
+    match crate::visit::Visits::new(&cfg.visit, &secrets) {
+        Ok(v) => Some(Arc::new(v)),
+        Err(e) => {
+            errors.push(loaded.error_at(&KeyPath::root().key("visit"), e.to_string()));
+            None
+        }
+    }
+}
+
 /// `rules.low_rate_per_minute` as a quota: below it a refused client counts
 /// as possibly a person (`low_rate`).
 pub(super) fn low_rate(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> Option<Quota> {

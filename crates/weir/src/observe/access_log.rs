@@ -77,8 +77,12 @@ pub struct AccessRecord {
     pub rule_key: Option<String>,
     /// Rules that would have rejected the request in shadow mode.
     pub shadow_rules: Option<Vec<String>>,
-    /// Why the rejected client may be a person: low_rate, verified, browser.
+    /// Why the rejected client may be a person, the strongest evidence it
+    /// showed (`policy::rules::collateral_signal`): verified, pass,
+    /// browsing, low_rate, browser.
     pub collateral: Option<&'static str>,
+    /// A navigation's visit (`crate::visit`) before this request.
+    pub visit: Option<LoggedVisit>,
     pub pool: Option<Arc<str>>,
     pub upstream: Option<SocketAddr>,
     pub status: u16,
@@ -101,6 +105,26 @@ pub struct AccessRecord {
     pub coalesced: Option<&'static str>,
     /// Set when the response did not complete (client gone, upstream reset).
     pub error: Option<String>,
+}
+
+/// A navigation's visit as the log records it (`visit_views`,
+/// `visit_costly`, `visit_age_s`): the pages weir had served in it before
+/// the request, its navigations to slow pages, and its age in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoggedVisit {
+    pub views: u16,
+    pub costly: u16,
+    pub age_s: u32,
+}
+
+impl LoggedVisit {
+    pub fn of(v: &crate::visit::Visit, now: std::time::SystemTime) -> LoggedVisit {
+        LoggedVisit {
+            views: v.views,
+            costly: v.costly,
+            age_s: u32::try_from(v.age(now).as_secs()).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 impl AccessRecord {
@@ -160,6 +184,18 @@ impl AccessRecord {
             }
         }
         w.opt_token(key!("collateral"), self.collateral);
+        match self.visit {
+            Some(v) => {
+                w.uint(key!("visit_views"), u64::from(v.views));
+                w.uint(key!("visit_costly"), u64::from(v.costly));
+                w.uint(key!("visit_age_s"), u64::from(v.age_s));
+            }
+            None => {
+                w.null(key!("visit_views"));
+                w.null(key!("visit_costly"));
+                w.null(key!("visit_age_s"));
+            }
+        }
         w.opt_string(key!("pool"), self.pool.as_deref());
         match &self.upstream {
             Some(a) => {
@@ -633,6 +669,11 @@ mod tests {
             rule_key: Some("198.51.100.7".into()),
             shadow_rules: Some(vec!["site".into(), "q\"uote".into()]),
             collateral: None,
+            visit: Some(LoggedVisit {
+                views: 4,
+                costly: 1,
+                age_s: 185,
+            }),
             pool: Some(Arc::from("app")),
             upstream: Some("127.0.0.1:8080".parse().unwrap()),
             status: 429,
@@ -678,6 +719,9 @@ mod tests {
             "rule_key": "198.51.100.7",
             "shadow_rules": ["site", "q\"uote"],
             "collateral": null,
+            "visit_views": 4,
+            "visit_costly": 1,
+            "visit_age_s": 185,
             "pool": "app",
             "upstream": "127.0.0.1:8080",
             "status": 429,

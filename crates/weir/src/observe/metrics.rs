@@ -606,7 +606,7 @@ impl Metrics {
         );
         registry.register(
             "rule_collateral",
-            "Rejections (enforced or shadow) of clients that look human: low_rate (few requests before), verified (holds a verified session), browser (sends navigation headers)",
+            "Rejections (enforced or shadow) of clients that look human, by the strongest evidence: verified (a verified session), pass (a challenge pass), browsing (a visit weir counted), low_rate (few requests before), browser (navigation headers)",
             self.rule_collateral.clone(),
         );
         registry.register(

@@ -254,9 +254,9 @@ pub struct RequestFacts<'a> {
     /// (`identity::bots`).
     pub bot: bool,
     pub now: MonoTime,
-    /// The canonical host the request is for (the target's), when it has
-    /// one: a `Referer` from it is evidence of browsing the site.
-    pub host: Option<&'a str>,
+    /// A navigation in a visit weir counted as a person's (`crate::visit`:
+    /// several pages served over minutes, its signed cookie back).
+    pub browsing: bool,
     /// An unproven browser navigation that the challenge may ask for proof:
     /// a rule a pass exempts then challenges it instead of refusing it.
     pub challengeable: bool,
@@ -430,7 +430,7 @@ pub async fn judge(
     let signal = collateral_signal(
         facts.user.is_some(),
         facts.pass.is_some(),
-        facts.host,
+        facts.browsing,
         facts.headers,
         low_rate,
     );
@@ -456,37 +456,36 @@ pub async fn judge(
 }
 
 /// Why a refused client may be a person rather than a crawler, strongest
-/// signal first: a verified session, a valid challenge pass (its browser ran
-/// the challenge's script or waited out its refresh, and kept the cookie),
-/// browsing (a navigation that came from a page of the same site, its
-/// `Referer`), a low request rate, a browser navigation. A headless crawler
-/// can hold a pass and headers can be faked; they are signals to watch, not
-/// proof. `verified`, `pass` and `browsing` are evidence of a person;
-/// `low_rate` is weak (a crawler spread over many addresses sends little
-/// from each), `browser` weaker.
+/// evidence first (the one that decided is logged as `collateral`):
+///
+/// 1. `verified`: a session the app vouched for;
+/// 2. `pass`: a valid challenge pass (its browser ran the challenge's script
+///    or waited out its refresh, and kept the cookie);
+/// 3. `browsing`: a navigation in a visit weir itself counted, several pages
+///    over minutes (`crate::visit`; a `Referer` alone is one header to a
+///    crawler and counts for nothing);
+/// 4. `low_rate`: the address sends little (a crawler spread over many
+///    addresses sends little from each);
+/// 5. `browser`: a browser navigation's headers.
+///
+/// The first three are evidence of a person, the last two hints. None is
+/// proof: `docs/metrics.md` says what each costs a crawler to forge.
 pub fn collateral_signal(
     verified: bool,
     pass: bool,
-    host: Option<&str>,
+    browsing: bool,
     headers: &HeaderMap,
     low_rate: bool,
 ) -> Option<&'static str> {
-    let navigates = headers
-        .get("sec-fetch-mode")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"navigate"))
-        || headers
-            .get(http::header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.contains("text/html"));
     if verified {
         Some("verified")
     } else if pass {
         Some("pass")
-    } else if navigates && host.is_some_and(|h| referer_is_from(headers, h)) {
+    } else if browsing {
         Some("browsing")
     } else if low_rate {
         Some("low_rate")
-    } else if navigates {
+    } else if crate::challenge::is_navigation(headers) {
         Some("browser")
     } else {
         None
@@ -499,29 +498,6 @@ pub fn collateral_signal(
 /// precision count.
 pub fn is_person_evidence(signal: &str) -> bool {
     matches!(signal, "verified" | "pass" | "browsing")
-}
-
-/// Whether the request's `Referer` is a page of `host` (scheme and port
-/// aside): the visitor came from the site itself.
-fn referer_is_from(headers: &HeaderMap, host: &str) -> bool {
-    let Some(referer) = headers
-        .get(http::header::REFERER)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let Some((_, rest)) = referer.split_once("://") else {
-        return false;
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-    // `[v6]:port` keeps its brackets; `name:port` loses the port.
-    let name = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => authority.split(':').next().unwrap_or(""),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    !name.is_empty() && name.eq_ignore_ascii_case(host)
 }
 
 /// Evaluates `rules` in order. `global_shadow` puts every rule in shadow mode.
@@ -776,7 +752,7 @@ mod tests {
             pass,
             bot,
             now,
-            host: None,
+            browsing: false,
             challengeable,
         };
         // No shared limiter: evaluation never waits, so a no-op waker suffices.
@@ -795,39 +771,33 @@ mod tests {
             h
         };
         let none = HeaderMap::new();
-        let from = |referer: &str| {
-            let mut h = nav.clone();
-            h.insert("referer", referer.parse().unwrap());
-            h
-        };
-        let (same, other, ported) = (
-            from("https://Wiki.Example/wiki/Main_Page"),
-            from("https://search.example/?q=wiki.example"),
-            from("http://user@wiki.example:8080/w/index.php?title=X"),
+        // Issue 37: a same-site `Referer` cost a crawler one header.
+        let mut from_the_site = nav.clone();
+        from_the_site.insert(
+            "referer",
+            "https://wiki.example/wiki/Main_Page".parse().unwrap(),
         );
-        let mut referer_only = none.clone();
-        referer_only.insert("referer", "https://wiki.example/".parse().unwrap());
-        // (verified, pass, headers, low rate, signal)
-        let cases: [(bool, bool, &HeaderMap, bool, Option<&str>); 10] = [
-            (true, true, &same, true, Some("verified")),
-            (false, true, &same, true, Some("pass")),
-            (false, true, &none, false, Some("pass")),
-            (false, false, &same, true, Some("browsing")),
-            (false, false, &ported, false, Some("browsing")),
-            (false, false, &other, true, Some("low_rate")),
-            (false, false, &referer_only, false, None),
-            (false, false, &nav, true, Some("low_rate")),
-            (false, false, &nav, false, Some("browser")),
-            (false, false, &none, false, None),
+        let mut fetch_for_html = HeaderMap::new();
+        fetch_for_html.insert("sec-fetch-mode", "cors".parse().unwrap());
+        fetch_for_html.insert("accept", "text/html".parse().unwrap());
+        // (verified, pass, browsing, headers, low rate, signal)
+        type Case<'a> = (bool, bool, bool, &'a HeaderMap, bool, Option<&'a str>);
+        let cases: [Case<'_>; 10] = [
+            (true, true, true, &nav, true, Some("verified")),
+            (false, true, true, &nav, true, Some("pass")),
+            (false, true, false, &none, false, Some("pass")),
+            (false, false, true, &nav, true, Some("browsing")),
+            (false, false, false, &from_the_site, false, Some("browser")),
+            (false, false, false, &from_the_site, true, Some("low_rate")),
+            (false, false, false, &nav, true, Some("low_rate")),
+            (false, false, false, &nav, false, Some("browser")),
+            (false, false, false, &fetch_for_html, false, None),
+            (false, false, false, &none, false, None),
         ];
-        for (i, (verified, pass, h, low, want)) in cases.into_iter().enumerate() {
-            let got = collateral_signal(verified, pass, Some("wiki.example"), h, low);
+        for (i, (verified, pass, browsing, h, low, want)) in cases.into_iter().enumerate() {
+            let got = collateral_signal(verified, pass, browsing, h, low);
             assert_eq!(got, want, "case {i}");
         }
-        assert_eq!(
-            collateral_signal(false, false, None, &same, false),
-            Some("browser")
-        );
     }
 
     #[test]
@@ -904,7 +874,7 @@ mod tests {
                 pass: None,
                 bot: false,
                 now,
-                host: None,
+                browsing: false,
                 challengeable: false,
             })
             .map(|(k, _)| k);

@@ -139,7 +139,7 @@ fn turn(
 /// The lane of the class's unproven requests: its configured one, or what
 /// was learned: expensive shapes wait in the lowest lane, so cheap pages
 /// pass them.
-fn class_lane(
+pub(super) fn class_lane(
     class: ClassAdmission,
     queue: &AdmissionQueue,
     shape: crate::admission::Shape,

@@ -43,6 +43,9 @@ pub struct RequestLog {
     /// Where the request waited for its slot, to wait again if the app
     /// refuses it (`admit::requeue`).
     pub(super) place: Option<Place>,
+    /// A navigation's visit: what its cookie said, and the cookie the page
+    /// answered to it carries (`visit_cookie`).
+    pub(super) visit: Option<(crate::visit::RequestVisit, Arc<crate::visit::Visits>)>,
     /// The line is written (the response ended, or the request was dropped
     /// before one began): never twice.
     written: bool,
@@ -102,6 +105,7 @@ impl RequestLog {
                 rule_key: None,
                 shadow_rules: None,
                 collateral: None,
+                visit: None,
                 pool: None,
                 upstream: None,
                 status: 0,
@@ -123,6 +127,7 @@ impl RequestLog {
             rule_guards: Vec::new(),
             permit: None,
             place: None,
+            visit: None,
             written: false,
         });
         log.stamp(req.headers_mut());
@@ -145,6 +150,32 @@ impl RequestLog {
             X_REQUEST_ID.clone(),
             self.record.request_id.header_value().clone(),
         );
+    }
+
+    /// Puts the next visit cookie on the answer to a navigation, the app's
+    /// (`Some((status, shared_cacheable))`) or weir's own (`None`), when it
+    /// counts (`crate::visit::Visits::next`). The answer's other
+    /// `Set-Cookie`s stay.
+    pub(super) fn visit_cookie(
+        &self,
+        app: Option<(http::StatusCode, bool)>,
+        headers: &mut http::HeaderMap,
+    ) {
+        use crate::visit::Answer;
+        let Some((visit, visits)) = &self.visit else {
+            return;
+        };
+        let tls = self.conn.edge.tls.is_some();
+        let answer = match app {
+            Some((status, shared_cacheable)) => Answer::Page {
+                status,
+                shared_cacheable,
+            },
+            None => Answer::Weir,
+        };
+        if let Some(cookie) = visits.next(visit, answer, tls, SystemTime::now()) {
+            headers.append(http::header::SET_COOKIE, cookie);
+        }
     }
 
     /// The request target as the client sent it.
@@ -175,6 +206,7 @@ impl RequestLog {
         self.record.status = resp.status().as_u16();
         let mut resp = resp;
         self.stamp(resp.headers_mut());
+        self.visit_cookie(None, resp.headers_mut());
         resp.map(|b| b.on_complete(self))
     }
 
@@ -198,6 +230,7 @@ impl RequestLog {
         self.record.status = resp.status().as_u16();
         let mut resp = resp;
         self.stamp(resp.headers_mut());
+        self.visit_cookie(None, resp.headers_mut());
         resp.map(|b| ResponseBody::full(b).on_complete(self))
     }
 }

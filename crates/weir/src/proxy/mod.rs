@@ -220,13 +220,15 @@ fn serve(
             return Box::pin(endpoint).await;
         }
         // Route: the pool and class.
+        let route = match route(&gw, &target, &req) {
+            Ok(r) => r,
+            Err(reason) => return log.reject(&reason, accept),
+        };
+        // Visit: a navigation's visit read; weir's cookie kept from the app.
+        policy::visit(&mut req, &target, route, &client, &gw, &mut log);
         let view = RequestView {
             target: &target,
             headers: req.headers(),
-        };
-        let route = match route(&gw, &view, &req) {
-            Ok(r) => r,
-            Err(reason) => return log.reject(&reason, accept),
         };
         // Session, verified crawler, then rules and challenge: the
         // policy's decision.
@@ -326,10 +328,14 @@ fn unread(
 /// byte read (a chunked one is cut when it passes the size).
 fn route<'g>(
     gw: &'g crate::gateway::Gateway,
-    view: &RequestView<'_>,
+    target: &Target,
     req: &Request<RequestBody>,
 ) -> Result<&'g crate::policy::Route, RejectReason> {
-    let route = gw.routes.find(view).ok_or(RejectReason::NoRoute)?;
+    let view = RequestView {
+        target,
+        headers: req.headers(),
+    };
+    let route = gw.routes.find(&view).ok_or(RejectReason::NoRoute)?;
     let max_bytes = route.settings.body.max_bytes;
     match http_body::Body::size_hint(req.body()).exact() {
         Some(declared) if declared > max_bytes => Err(RejectReason::BodyTooLarge { max_bytes }),

@@ -25,6 +25,7 @@ use crate::identity::ClientId;
 use crate::identity::bots::BotId;
 use crate::identity::bots::signature::SignedRequest;
 use crate::identity::session::SessionState;
+use crate::observe::access_log::LoggedVisit;
 use crate::observe::metrics::{
     BotLabels, ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels,
 };
@@ -36,6 +37,41 @@ use crate::policy::{Admitted, ChallengeInstead, Decision, Proof, RejectReason};
 use crate::respond::Accepts;
 use crate::runtime::Runtime;
 use weir_limiter::MonoTime;
+
+/// **Visit phase**: after routing, for every routed request while
+/// `[visit]` is on. Reads a navigation's visit cookie (`crate::visit`) and
+/// notes whether it asks for a costly page: one of a class the operator
+/// limited (it has rules), or whose unproven requests wait in the
+/// `anonymous` lane or below (configured, or a shape the pool learned is
+/// expensive). Takes weir's cookie out of the request: the app
+/// has no use for it, and a cache keyed on `Cookie` (or coalescing, which
+/// refuses requests with one) must not see people's requests as personal
+/// because weir counted their pages. May change: the request's `Cookie`
+/// fields, the log's `visit` (the answer's cookie is made from it). Result:
+/// none; the rules read the visit from the log.
+pub(super) fn visit(
+    req: &mut Request<RequestBody>,
+    target: &Target,
+    route: &Route,
+    client: &ClientId,
+    gw: &Gateway,
+    log: &mut RequestLog,
+) {
+    let Some(visits) = &gw.visits else {
+        return;
+    };
+    let now = SystemTime::now();
+    if let Some(mut visit) = visits.read(req.method(), req.headers(), client, now) {
+        let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
+        visit.costly = !route.rules.is_empty()
+            || (gw.pools[route.pool].admission.as_ref()).is_some_and(|queue| {
+                super::admit::class_lane(class, queue, Shape::of(target)) >= Lane::ANONYMOUS
+            });
+        log.record.visit = visit.prior.map(|v| LoggedVisit::of(&v, now));
+        log.visit = Some((visit, visits.clone()));
+    }
+    weir_http::cookie::remove(req.headers_mut(), visits.cookie_name());
+}
 
 /// **Session phase**: after routing, for a routed request. Asks the
 /// verifier (signed cookie, or the app's own answer) only when a rule or an
@@ -356,7 +392,7 @@ async fn rules(
         pass: facts.proof.pass,
         bot: facts.proof.bot.is_some(),
         now: weir_limiter::MonotonicClock.now(),
-        host: view.target.host(),
+        browsing: browsing(log),
         challengeable: facts.challengeable,
     };
     let mut observer = Live { rt, gw };
@@ -380,6 +416,14 @@ async fn rules(
     };
     record_refusal(log, &r, judged.signal);
     Ruled::Reject(RejectReason::Rule(r))
+}
+
+/// Whether the request is a navigation in a visit weir counts as a
+/// person's (`crate::visit::Visits::is_browsing`).
+fn browsing(log: &RequestLog) -> bool {
+    log.visit.as_ref().is_some_and(|(visit, visits)| {
+        (visit.prior).is_some_and(|v| visits.is_browsing(&v, SystemTime::now()))
+    })
 }
 
 /// A rule's refusal in the log: its level, key and collateral signal.

@@ -297,6 +297,14 @@ pub(super) async fn respond(
     parts.version = client_version;
     log.record.status = parts.status.as_u16();
     log.stamp(&mut parts.headers);
+    if log.visit.is_some() {
+        // A plain response's fields are not in the map (weir_http::fields).
+        use weir_http::server::Outgoing as _;
+        let received = body.received_fields().map(|r| r.values("cache-control"));
+        let shared = crate::visit::shared_cacheable_map(&parts.headers)
+            || received.is_some_and(crate::visit::shared_cacheable);
+        log.visit_cookie(Some((parts.status, shared)), &mut parts.headers);
+    }
     Response::from_parts(parts, body.on_complete(log))
 }
 
@@ -405,6 +413,8 @@ pub(super) fn shared_response(
         .inc();
     let mut headers = shared.headers.clone();
     log.stamp(&mut headers);
+    let cacheable = crate::visit::shared_cacheable_map(&headers);
+    log.visit_cookie(Some((shared.status, cacheable)), &mut headers);
     let body = ResponseBody::full(shared.body.clone()).on_complete(log);
     let mut resp = Response::new(body);
     *resp.status_mut() = shared.status;

@@ -1,0 +1,725 @@
+//! The visit: a first-party cookie weir sets and signs on the pages it
+//! serves, counting the page views of one visit and its age, so that
+//! "browsing" is a visit weir itself saw rather than a header anyone can
+//! write (issue 37: a same-site `Referer` cost a crawler one header, and
+//! crawlers that sent it were counted as people).
+//!
+//! ```text
+//! GET /wiki/A  (no cookie)        ─► page ─► Set-Cookie: weir_visit=<1 view, started now>
+//! GET /wiki/B  (weir_visit: 1)    ─► page ─► Set-Cookie: weir_visit=<2 views, same start>
+//! ...
+//! GET /?search=x (weir_visit: 5 views, 0 costly, 3 min) ─► "browsing": evidence of a person
+//! ```
+//!
+//! A visit counts the pages weir served in it (`views`) and the navigations
+//! to costly pages (`costly`: of a class the operator limited, or one the
+//! app answers slowly), served or refused; a costly page served is not a
+//! view. A request a rule judges is costly itself, and is browsing when its
+//! visit has [`VisitConfig::min_views`] views or more, at least
+//! [`VIEWS_PER_COSTLY`] for each costly navigation (this one included),
+//! over [`VisitConfig::min_age`] or more: people read pages, and now and
+//! then search; a crawler after the costly pages fetches an article before
+//! each.
+//!
+//! Format (version 1), base64url without padding of 61 bytes, 82 characters:
+//!
+//! ```text
+//! offset  bytes  field
+//!      0      1  version = 1
+//!      1      4  started    (Unix seconds, big-endian)
+//!      5      4  last       (Unix seconds of the last answer counted)
+//!      9      2  views      (pages served in the visit, not costly, saturating)
+//!     11      2  costly     (navigations to slow pages answered, saturating)
+//!     13      8  prefix tag (the client's /24 or /48, as the pass)
+//!     21      8  agent tag  (the User-Agent, as the pass)
+//!     29     32  HMAC-SHA256 over bytes 0..29 (visit key, see challenge/keyring.rs)
+//! ```
+//!
+//! What it costs a crawler to be counted as browsing: keep a cookie per /24
+//! and User-Agent, fetch [`VisitConfig::min_views`] pages that weir serves,
+//! two for each costly one it asks for, and wait [`VisitConfig::min_age`].
+//! A person's visit costs that anyway. A crawler that keeps one good cookie
+//! and drops the ones weir sends after its slow pages escapes the ratio,
+//! not the pages and the wait, and only from one /24 and browser.
+//!
+//! Owns: the `[visit]` table, the cookie's format, reading it from a request
+//! and making the next one for a page served. Does not: decide what a visit
+//! is evidence for (`policy::rules::collateral_signal`), keep any state per
+//! client (the cookie is the state), or choose which responses carry it (the
+//! proxy's respond phase asks [`Visits::next`]).
+
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use http::header::{self, HeaderMap, HeaderValue};
+use serde::Deserialize;
+
+use crate::challenge::keyring::{Binding, Keyring, Purpose, TAG_LEN};
+use crate::config::ConfigDuration;
+use crate::identity::ClientId;
+
+const VERSION: u8 = 1;
+const BODY_LEN: usize = 29;
+/// Pages served for each costly navigation, the judged one included, in a
+/// visit that is browsing. People on the 2026-09-23 wiki read about six
+/// pages a search, its crawlers one article before each expensive page;
+/// three (as admission's browsing evidence asks of an address,
+/// `admission::browsing::PAGES_PER_EXPENSIVE`) missed one person refused in
+/// five in the lab, whose searches came close together.
+pub const VIEWS_PER_COSTLY: u16 = 2;
+const TOKEN_LEN: usize = BODY_LEN + TAG_LEN;
+const TOKEN_CHARS: usize = (TOKEN_LEN * 4).div_ceil(3);
+
+/// `[visit]`: the visit cookie and what makes a visit evidence of a person.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VisitConfig {
+    /// `false`: no visit cookie is set or read, and no request is
+    /// "browsing" (the collateral signals fall back to `low_rate` and
+    /// `browser`).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The cookie's name.
+    #[serde(default = "default_cookie")]
+    pub cookie: String,
+    /// Page views weir must have served in a visit, before a request, for
+    /// that request to be "browsing". 3: a person reading a site opens a few
+    /// pages; a crawler after expensive pages fetched one article first.
+    #[serde(default = "default_min_views")]
+    pub min_views: u16,
+    /// How old the visit must be: several page views over minutes, as a
+    /// person reads (1 minute by default). The lab sets it in story time.
+    #[serde(default = "default_min_age")]
+    pub min_age: ConfigDuration,
+    /// A visit ends after this long without a page view (30 minutes, the
+    /// visit of web analytics); the next page starts a new one.
+    #[serde(default = "default_idle")]
+    pub idle: ConfigDuration,
+}
+
+impl Default for VisitConfig {
+    fn default() -> Self {
+        VisitConfig {
+            enabled: true,
+            cookie: default_cookie(),
+            min_views: default_min_views(),
+            min_age: default_min_age(),
+            idle: default_idle(),
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_cookie() -> String {
+    "weir_visit".into()
+}
+fn default_min_views() -> u16 {
+    3
+}
+fn default_min_age() -> ConfigDuration {
+    ConfigDuration::secs(60)
+}
+fn default_idle() -> ConfigDuration {
+    ConfigDuration::secs(30 * 60)
+}
+
+/// Why `[visit]` cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VisitConfigError {
+    #[error("cookie: {0:?} is not a cookie name (letters, digits, `_`, `-`, `.`)")]
+    CookieName(String),
+    #[error("min_views: 0 would make every request with the cookie browsing; at least 1")]
+    NoViews,
+    #[error("idle: at least 1 minute and at most 1 day, not {0:?}")]
+    Idle(ConfigDuration),
+    #[error("signing key: {0}")]
+    Key(String),
+}
+
+/// One visit, as its cookie said (signature, network and User-Agent checked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Visit {
+    /// When its first page was served (Unix seconds).
+    pub started: u32,
+    /// When its last page was served (Unix seconds).
+    pub last: u32,
+    /// Pages served in it so far that were not costly.
+    pub views: u16,
+    /// Navigations to slow pages answered in it so far, served or refused.
+    pub costly: u16,
+}
+
+impl Visit {
+    /// How long ago the visit started.
+    pub fn age(&self, now: SystemTime) -> Duration {
+        Duration::from_secs(u64::from(unix_secs(now).saturating_sub(self.started)))
+    }
+}
+
+/// What a request's visit cookie said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisitCheck {
+    /// A visit weir counted, still going.
+    Going(Visit),
+    /// No cookie, or one that is not a going visit of this client (forged,
+    /// another network or browser, over: a new visit starts).
+    None,
+}
+
+/// A navigation's visit as the request path carries it: what its cookie
+/// said, whether the page answered to it counts as a view (a `GET`), and
+/// whether it asks for a slow page (the proxy says, once routed).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestVisit {
+    pub prior: Option<Visit>,
+    pub page_view: bool,
+    pub costly: bool,
+    /// The client's binding, for the next cookie.
+    binding: Binding,
+}
+
+/// The visit cookie of one configuration: its keys and thresholds.
+pub struct Visits {
+    keys: Keyring,
+    cookie: String,
+    min_views: u16,
+    min_age: Duration,
+    idle: Duration,
+}
+
+impl std::fmt::Debug for Visits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Visits")
+            .field("cookie", &self.cookie)
+            .field("min_views", &self.min_views)
+            .field("min_age", &self.min_age)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Visits {
+    /// The visit cookie for `c`, signed with keys derived from `secrets`
+    /// (the challenge's, or weir's own: one secret, a key per purpose).
+    pub fn new<S: AsRef<str>>(c: &VisitConfig, secrets: &[S]) -> Result<Visits, VisitConfigError> {
+        let name_ok = !c.cookie.is_empty()
+            && c.cookie
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !name_ok {
+            return Err(VisitConfigError::CookieName(c.cookie.clone()));
+        }
+        if c.min_views == 0 {
+            return Err(VisitConfigError::NoViews);
+        }
+        if !(Duration::from_secs(60)..=Duration::from_secs(86_400)).contains(&c.idle.0) {
+            return Err(VisitConfigError::Idle(c.idle));
+        }
+        let keys = Keyring::new(secrets, Purpose::Visit)
+            .map_err(|e| VisitConfigError::Key(e.to_string()))?;
+        Ok(Visits {
+            keys,
+            cookie: c.cookie.clone(),
+            min_views: c.min_views,
+            min_age: c.min_age.0,
+            idle: c.idle.0,
+        })
+    }
+
+    /// The cookie's name (the proxy keeps it from the app).
+    pub fn cookie_name(&self) -> &str {
+        &self.cookie
+    }
+
+    /// The request's visit: its cookie read (the first valid one) if the
+    /// request is a navigation (only a navigation can be browsing, and only
+    /// a `GET` one is a page view that carries the next cookie); nothing is
+    /// read or hashed for the rest (scripts, images, APIs).
+    pub fn read(
+        &self,
+        method: &http::Method,
+        headers: &HeaderMap,
+        client: &ClientId,
+        now: SystemTime,
+    ) -> Option<RequestVisit> {
+        if !crate::challenge::is_navigation(headers) {
+            return None;
+        }
+        let binding = Binding::of(client.client, crate::challenge::user_agent(headers));
+        let prior = weir_http::cookie::values(headers, &self.cookie).find_map(|v| {
+            match self.verify(v, binding, now) {
+                VisitCheck::Going(visit) => Some(visit),
+                VisitCheck::None => None,
+            }
+        });
+        Some(RequestVisit {
+            prior,
+            page_view: *method == http::Method::GET,
+            costly: false,
+            binding,
+        })
+    }
+
+    /// Whether a costly request (one a rule judges) in `visit` is evidence
+    /// of a person at `now`: at least `min_views` views, [`VIEWS_PER_COSTLY`]
+    /// for each costly navigation and this one, over at least `min_age`.
+    pub fn is_browsing(&self, visit: &Visit, now: SystemTime) -> bool {
+        self.logged_is_browsing(visit.views, visit.costly, visit.age(now))
+    }
+
+    /// [`Visits::is_browsing`] of a visit as an access log line records it
+    /// (`visit_views`, `visit_costly`, `visit_age_s`), for `weir replay`.
+    pub fn logged_is_browsing(&self, views: u16, costly: u16, age: Duration) -> bool {
+        views >= self.min_views
+            && u32::from(views) >= u32::from(VIEWS_PER_COSTLY) * (u32::from(costly) + 1)
+            && age >= self.min_age
+    }
+
+    /// The `Set-Cookie` for the answer to `visit`'s request, when it counts:
+    /// a page served (a `GET`, 2xx) that is not costly is a view; a costly
+    /// navigation counts as costly however it is answered (the app's page, weir's refusal or
+    /// challenge). Never on an answer a shared cache may keep (`public`,
+    /// `s-maxage`: a page cached with a visit would hand it to everyone, and
+    /// caches that refuse `Set-Cookie` would stop caching it). `None` when
+    /// nothing counts.
+    pub fn next(
+        &self,
+        visit: &RequestVisit,
+        answer: Answer,
+        tls: bool,
+        now: SystemTime,
+    ) -> Option<HeaderValue> {
+        let view = match answer {
+            Answer::Page {
+                status,
+                shared_cacheable,
+            } => {
+                if shared_cacheable {
+                    return None;
+                }
+                visit.page_view && status.is_success() && !visit.costly
+            }
+            Answer::Weir => false,
+        };
+        if !view && !visit.costly {
+            return None;
+        }
+        let now_secs = unix_secs(now);
+        let prior = visit.prior.unwrap_or(Visit {
+            started: now_secs,
+            last: now_secs,
+            views: 0,
+            costly: 0,
+        });
+        let next = Visit {
+            last: now_secs,
+            views: prior.views.saturating_add(u16::from(view)),
+            costly: prior.costly.saturating_add(u16::from(visit.costly)),
+            ..prior
+        };
+        let token = self.issue(next, visit.binding);
+        let mut cookie = format!(
+            "{}={token}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
+            self.cookie,
+            self.idle.as_secs()
+        );
+        if tls {
+            cookie.push_str("; Secure");
+        }
+        HeaderValue::from_str(&cookie).ok()
+    }
+
+    fn issue(&self, v: Visit, binding: Binding) -> String {
+        let mut raw = [0u8; TOKEN_LEN];
+        raw[0] = VERSION;
+        raw[1..5].copy_from_slice(&v.started.to_be_bytes());
+        raw[5..9].copy_from_slice(&v.last.to_be_bytes());
+        raw[9..11].copy_from_slice(&v.views.to_be_bytes());
+        raw[11..13].copy_from_slice(&v.costly.to_be_bytes());
+        raw[13..21].copy_from_slice(&binding.prefix);
+        raw[21..29].copy_from_slice(&binding.agent);
+        let tag = self.keys.sign(&raw[..BODY_LEN]);
+        raw[BODY_LEN..].copy_from_slice(&tag);
+        URL_SAFE_NO_PAD.encode(raw)
+    }
+
+    /// Checks one cookie value: nothing but the signature is believed until
+    /// it verifies; a visit of another network or browser, from the future,
+    /// or idle past `idle` is no visit.
+    fn verify(&self, value: &str, binding: Binding, now: SystemTime) -> VisitCheck {
+        if value.len() != TOKEN_CHARS {
+            return VisitCheck::None;
+        }
+        let Ok(raw) = URL_SAFE_NO_PAD.decode(value) else {
+            return VisitCheck::None;
+        };
+        if raw.len() != TOKEN_LEN
+            || raw[0] != VERSION
+            || !self.keys.verify(&raw[..BODY_LEN], &raw[BODY_LEN..])
+            || raw[13..21] != binding.prefix
+            || raw[21..29] != binding.agent
+        {
+            return VisitCheck::None;
+        }
+        let u32_at =
+            |at: usize| u32::from_be_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
+        let visit = Visit {
+            started: u32_at(1),
+            last: u32_at(5),
+            views: u16::from_be_bytes([raw[9], raw[10]]),
+            costly: u16::from_be_bytes([raw[11], raw[12]]),
+        };
+        let now = unix_secs(now);
+        // A minute of clock skew between the instances that share a key.
+        let from_future = visit.last > now.saturating_add(60) || visit.started > visit.last;
+        let idle = u64::from(now.saturating_sub(visit.last)) > self.idle.as_secs();
+        if from_future || idle {
+            return VisitCheck::None;
+        }
+        VisitCheck::Going(visit)
+    }
+}
+
+/// How a navigation was answered, for the next visit cookie.
+#[derive(Debug, Clone, Copy)]
+pub enum Answer {
+    /// The app's answer (or a copy of it, coalesced): its status, and
+    /// whether a shared cache may keep it ([`shared_cacheable`]).
+    Page {
+        status: http::StatusCode,
+        shared_cacheable: bool,
+    },
+    /// weir's own: a refusal, a shed, a challenge page.
+    Weir,
+}
+
+/// Whether a shared cache may store a response whose `Cache-Control`
+/// fields are `values` (`public`, or `s-maxage`).
+pub fn shared_cacheable<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> bool {
+    values
+        .into_iter()
+        .flat_map(|v| v.split(|b| *b == b','))
+        .any(|d| {
+            let name = d
+                .split(|b| *b == b'=')
+                .next()
+                .unwrap_or_default()
+                .trim_ascii();
+            name.eq_ignore_ascii_case(b"public") || name.eq_ignore_ascii_case(b"s-maxage")
+        })
+}
+
+/// [`shared_cacheable`] of the `Cache-Control` fields in `headers`.
+pub fn shared_cacheable_map(headers: &HeaderMap) -> bool {
+    shared_cacheable(
+        headers
+            .get_all(header::CACHE_CONTROL)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+}
+
+fn unix_secs(t: SystemTime) -> u32 {
+    let secs = crate::challenge::token::unix_secs(t);
+    u32::try_from(secs).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{AddrSource, ClientAddr, PeerAddr};
+    use std::time::UNIX_EPOCH;
+
+    const KEY: &str = "0123456789abcdef0123456789abcdef";
+    const UA: &str = "Mozilla/5.0 Firefox/140.0";
+
+    fn visits() -> Visits {
+        Visits::new(&VisitConfig::default(), &[KEY]).unwrap()
+    }
+
+    fn client(ip: &str) -> ClientId {
+        let peer: std::net::SocketAddr = format!("{ip}:40000").parse().unwrap();
+        ClientId {
+            peer: PeerAddr(peer),
+            client: ClientAddr::new(peer.ip()),
+            source: AddrSource::Peer,
+        }
+    }
+
+    fn navigation(ua: &str, cookie: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("sec-fetch-mode", HeaderValue::from_static("navigate"));
+        h.insert("user-agent", ua.parse().unwrap());
+        if let Some(c) = cookie {
+            h.insert("cookie", format!("other=1; {c}").parse().unwrap());
+        }
+        h
+    }
+
+    fn t(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+    }
+
+    fn page(status: http::StatusCode, headers: &HeaderMap) -> Answer {
+        Answer::Page {
+            status,
+            shared_cacheable: shared_cacheable_map(headers),
+        }
+    }
+
+    /// One navigation answered `answer`, `costly` or not: the visit the
+    /// request carried, and the `name=value` to send next (the old one when
+    /// nothing counted).
+    fn answered(
+        v: &Visits,
+        (ip, ua): (&str, &str),
+        cookie: Option<&str>,
+        at: u64,
+        costly: bool,
+        answer: Answer,
+    ) -> (Option<Visit>, Option<String>) {
+        let h = navigation(ua, cookie);
+        let mut rv = v
+            .read(&http::Method::GET, &h, &client(ip), t(at))
+            .expect("a navigation");
+        rv.costly = costly;
+        let set = v.next(&rv, answer, false, t(at)).map(|set| {
+            let set = set.to_str().unwrap().to_owned();
+            assert!(set.contains("; HttpOnly; SameSite=Lax"), "{set}");
+            set.split(';').next().unwrap().to_owned()
+        });
+        (rv.prior, set.or(cookie.map(str::to_owned)))
+    }
+
+    /// A page served: the visit the request carried, the cookie to send next.
+    fn view(
+        v: &Visits,
+        ip: &str,
+        ua: &str,
+        cookie: Option<&str>,
+        at: u64,
+    ) -> (Option<Visit>, String) {
+        let none = HeaderMap::new();
+        let (prior, next) = answered(
+            v,
+            (ip, ua),
+            cookie,
+            at,
+            false,
+            page(http::StatusCode::OK, &none),
+        );
+        (
+            prior,
+            next.expect("a page served to a navigation carries the visit"),
+        )
+    }
+
+    #[test]
+    fn a_visit_counts_the_pages_weir_served_and_its_age() {
+        let v = visits();
+        let (prior, c1) = view(&v, "203.0.113.7", UA, None, 0);
+        assert_eq!(prior, None);
+        let (prior, c2) = view(&v, "203.0.113.7", UA, Some(&c1), 20);
+        assert_eq!(prior.map(|p| p.views), Some(1));
+        let (_, c3) = view(&v, "203.0.113.9", UA, Some(&c2), 40);
+        let (prior, _) = view(&v, "203.0.113.7", UA, Some(&c3), 70);
+        let visit = prior.expect("a going visit, from anywhere in its /24");
+        assert_eq!(
+            (visit.views, visit.costly, visit.started, visit.age(t(70))),
+            (3, 0, 1_800_000_000, Duration::from_secs(70))
+        );
+        assert!(v.is_browsing(&visit, t(70)));
+        assert!(!v.is_browsing(&visit, t(59)), "younger than a minute");
+        let two = Visit { views: 2, ..visit };
+        assert!(!v.is_browsing(&two, t(3600)), "two pages are not several");
+        let searched = Visit {
+            views: 3,
+            costly: 1,
+            ..visit
+        };
+        assert!(
+            !v.is_browsing(&searched, t(3600)),
+            "a second search after three pages"
+        );
+        let read = Visit {
+            views: 4,
+            costly: 1,
+            ..visit
+        };
+        assert!(v.is_browsing(&read, t(3600)), "after four");
+    }
+
+    /// Issue 37's browser-like crawler: an article, then the expensive page
+    /// it is after (refused, or served), again and again. Its articles are
+    /// views, but never three for each expensive page, as a person's are.
+    #[test]
+    fn an_article_before_each_expensive_page_is_not_browsing() {
+        let v = visits();
+        let none = HeaderMap::new();
+        let ok = page(http::StatusCode::OK, &none);
+        let who = ("203.0.113.7", UA);
+        let mut cookie: Option<String> = None;
+        for round in 0..10u64 {
+            let at = round * 60;
+            let (_, c) = answered(&v, who, cookie.as_deref(), at, false, ok);
+            let answer = if round % 2 == 0 { Answer::Weir } else { ok };
+            let (prior, c) = answered(&v, who, c.as_deref(), at + 1, true, answer);
+            let visit = prior.expect("kept cookies");
+            assert_eq!(
+                (visit.views, visit.costly),
+                (round as u16 + 1, round as u16)
+            );
+            assert!(
+                !v.is_browsing(&visit, t(at + 1)),
+                "round {round}: {visit:?}"
+            );
+            cookie = c;
+        }
+        // A person: pages, and now and then a search (refused or not).
+        let mut cookie: Option<String> = None;
+        for n in 0..12u64 {
+            let costly = n % 4 == 3;
+            let answer = if costly { Answer::Weir } else { ok };
+            let (prior, c) = answered(&v, who, cookie.as_deref(), n * 20, costly, answer);
+            if n == 11 {
+                let visit = prior.expect("kept cookies");
+                assert_eq!((visit.views, visit.costly), (9, 2));
+                assert!(v.is_browsing(&visit, t(n * 20)));
+            }
+            cookie = c;
+        }
+    }
+
+    #[test]
+    fn a_visit_is_no_visit_elsewhere_forged_or_over() {
+        let v = visits();
+        let (_, c1) = view(&v, "203.0.113.7", UA, None, 0);
+        let value = c1.split_once('=').unwrap().1.to_owned();
+        let going = |ip: &str, ua: &str, cookie: &str, at: u64| {
+            v.read(
+                &http::Method::GET,
+                &navigation(ua, Some(cookie)),
+                &client(ip),
+                t(at),
+            )
+            .and_then(|rv| rv.prior)
+        };
+        assert!(going("203.0.113.7", UA, &c1, 10).is_some());
+        assert_eq!(going("198.51.100.7", UA, &c1, 10), None, "another network");
+        assert_eq!(
+            going("203.0.113.7", "curl/8", &c1, 10),
+            None,
+            "another browser"
+        );
+        assert_eq!(
+            going("203.0.113.7", UA, &c1, 31 * 60),
+            None,
+            "idle past 30 min"
+        );
+        let mut forged: Vec<char> = value.chars().collect();
+        forged[12] = if forged[12] == 'A' { 'B' } else { 'A' };
+        let forged: String = forged.into_iter().collect();
+        assert_eq!(
+            going("203.0.113.7", UA, &format!("weir_visit={forged}"), 10),
+            None,
+            "forged"
+        );
+        let other_key = Visits::new(
+            &VisitConfig::default(),
+            &["another-key-of-32-bytes-or-more-0000"],
+        )
+        .unwrap();
+        let rv = other_key.read(
+            &http::Method::GET,
+            &navigation(UA, Some(&c1)),
+            &client("203.0.113.7"),
+            t(10),
+        );
+        assert_eq!(rv.and_then(|rv| rv.prior), None, "another key");
+        assert_eq!(
+            going("203.0.113.7", UA, "weir_visit=!!", 10),
+            None,
+            "malformed"
+        );
+    }
+
+    #[test]
+    fn only_what_counts_carries_the_cookie() {
+        let v = visits();
+        let c = client("203.0.113.7");
+        let ok = http::StatusCode::OK;
+        let nav = v
+            .read(&http::Method::GET, &navigation(UA, None), &c, t(0))
+            .unwrap();
+        let costly = RequestVisit {
+            costly: true,
+            ..nav
+        };
+        let mut api = HeaderMap::new();
+        api.insert("accept", HeaderValue::from_static("application/json"));
+        api.insert("cookie", HeaderValue::from_static("weir_visit=x"));
+        assert!(
+            v.read(&http::Method::GET, &api, &c, t(0)).is_none(),
+            "not a navigation: not read"
+        );
+        let post = v
+            .read(&http::Method::POST, &navigation(UA, None), &c, t(0))
+            .unwrap();
+        let none = HeaderMap::new();
+        let mut public = HeaderMap::new();
+        public.insert(
+            "cache-control",
+            HeaderValue::from_static("max-age=0, s-maxage=300"),
+        );
+        let mut private = HeaderMap::new();
+        private.insert(
+            "cache-control",
+            HeaderValue::from_static("private, max-age=60"),
+        );
+        let next = |rv: &RequestVisit, a: Answer| v.next(rv, a, false, t(0));
+        assert!(next(&nav, page(ok, &none)).is_some());
+        assert!(next(&nav, page(ok, &private)).is_some());
+        assert!(
+            next(&nav, page(ok, &public)).is_none(),
+            "a shared cache could keep it"
+        );
+        assert!(next(&nav, page(http::StatusCode::NOT_FOUND, &none)).is_none());
+        assert!(
+            next(&nav, Answer::Weir).is_none(),
+            "a cheap page refused counts nothing"
+        );
+        assert!(
+            next(&costly, Answer::Weir).is_some(),
+            "a costly one refused counts"
+        );
+        assert!(next(&post, page(ok, &none)).is_none(), "not a page view");
+        let secure = v.next(&nav, page(ok, &none), true, t(0)).unwrap();
+        assert!(secure.to_str().unwrap().ends_with("; Secure"));
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_name() {
+        let bad = |c: VisitConfig| Visits::new(&c, &[KEY]).unwrap_err().to_string();
+        let name = bad(VisitConfig {
+            cookie: "a b".into(),
+            ..VisitConfig::default()
+        });
+        assert!(name.starts_with("cookie:"), "{name}");
+        let views = bad(VisitConfig {
+            min_views: 0,
+            ..VisitConfig::default()
+        });
+        assert!(views.starts_with("min_views:"), "{views}");
+        let idle = bad(VisitConfig {
+            idle: ConfigDuration::secs(5),
+            ..VisitConfig::default()
+        });
+        assert!(idle.starts_with("idle:"), "{idle}");
+        let short = Visits::new(&VisitConfig::default(), &["short"])
+            .unwrap_err()
+            .to_string();
+        assert!(short.starts_with("signing key:"), "{short}");
+    }
+}
