@@ -1001,10 +1001,10 @@ fn count_log_rejections(
     }
 }
 
-/// Whose request an access log line is: the cohort whose client got the
-/// answer with its request id (every answer that was not a page is noted),
-/// else the owner of its address. Addresses shared by two cohorts (crawlers
-/// on people's residential addresses) are only told apart by the id.
+/// Whose request an access log line is: the owner of its address, and for an
+/// address two cohorts share (crawlers on people's residential addresses),
+/// the cohort whose client got the answer with its request id (every answer
+/// that was not a page is noted).
 struct GroundTruth<'a> {
     by_id: HashMap<String, &'a str>,
     owners: &'a HashMap<IpAddr, String>,
@@ -1022,13 +1022,19 @@ impl<'a> GroundTruth<'a> {
         GroundTruth { by_id, owners }
     }
 
+    /// The owner of the address weir logged; for an address two cohorts
+    /// share, the cohort whose client got the answer. (An address of no
+    /// cohort, a load balancer's, stays unknown: weir did not see the
+    /// client, which is what a check on `unknown` asks.)
     fn cohort(&self, request_id: Option<&str>, client: Option<IpAddr>) -> &str {
-        if let Some(name) = request_id.and_then(|id| self.by_id.get(id)) {
-            return name;
+        let owner = client.and_then(|c| self.owners.get(&c)).map(String::as_str);
+        match owner {
+            Some(SHARED_ADDRESS) => request_id
+                .and_then(|id| self.by_id.get(id).copied())
+                .unwrap_or(SHARED_ADDRESS),
+            Some(owner) => owner,
+            None => super::expect::UNKNOWN_CLIENT,
         }
-        client
-            .and_then(|c| self.owners.get(&c))
-            .map_or(super::expect::UNKNOWN_CLIENT, String::as_str)
     }
 }
 
