@@ -1,22 +1,22 @@
 //! weir: an edge gateway that keeps a web application up under crawler floods
 //! and load spikes without shutting real people out.
 //!
-//! The module tree follows the path of a request (see `docs/request-path.md`):
-//!
-//! ```text
-//! accept ─► edge ─► identity ─► policy ─► upstream ─► response
-//!                                                  └► observe (log, metrics)
-//! ```
+//! The module tree follows the path of a request; its one diagram, with each
+//! phase's function, input, result and what it may change, is
+//! `docs/request-path.md`. [`proxy`] composes the phases for each request:
 //!
 //! - [`edge`]: listeners, TLS, PROXY protocol, connection caps and timeouts, drain.
 //! - [`identity`]: who the client is ([`identity::ClientId`]), trusting forwarding
-//!   headers only from configured proxies.
-//! - [`policy`]: which route and [`policy::RouteClass`] a request belongs to, and
-//!   the [`policy::Decision`] taken for it.
-//! - [`upstream`]: pools of servers, balancing, forwarding with proxy semantics.
-//! - [`observe`]: access log, Prometheus metrics, admin API.
-//! - [`config`]: the TOML schema, `${VAR}` substitution, validation, reload.
-//! - [`proxy`]: the one function that composes the stages for each request.
+//!   headers only from configured proxies; sessions and verified crawlers.
+//! - [`policy`]: which route and [`policy::RouteClass`] a request belongs to, its
+//!   rules, and the [`policy::Decision`] taken for it.
+//! - [`challenge`] and [`visit`]: the browser challenge's pass, and the visit
+//!   cookie: what a browser proved, and what weir saw of it.
+//! - [`admission`]: lanes, fair queues and the adaptive limit in front of a pool.
+//! - [`upstream`]: pools of servers, health, balancing, forwarding.
+//! - [`respond`]: the rescue: every answer weir makes itself, from a typed reason.
+//! - [`observe`]: access log, Prometheus metrics; [`admin`]: the admin API.
+//! - [`config`] and [`gateway`]: the TOML schema, and its compilation.
 
 pub mod admin;
 pub mod admission;

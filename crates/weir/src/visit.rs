@@ -29,7 +29,7 @@
 //!      1      4  started    (Unix seconds, big-endian)
 //!      5      4  last       (Unix seconds of the last answer counted)
 //!      9      2  views      (pages served in the visit, not costly, saturating)
-//!     11      2  costly     (navigations to slow pages answered, saturating)
+//!     11      2  costly     (navigations to costly pages answered, saturating)
 //!     13      8  prefix tag (the client's /24 or /48, as the pass)
 //!     21      8  agent tag  (the User-Agent, as the pass)
 //!     29     32  HMAC-SHA256 over bytes 0..29 (visit key, see challenge/keyring.rs)
@@ -148,7 +148,7 @@ pub struct Visit {
     pub last: u32,
     /// Pages served in it so far that were not costly.
     pub views: u16,
-    /// Navigations to slow pages answered in it so far, served or refused.
+    /// Navigations to costly pages answered in it so far, served or refused.
     pub costly: u16,
 }
 
@@ -159,19 +159,9 @@ impl Visit {
     }
 }
 
-/// What a request's visit cookie said.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VisitCheck {
-    /// A visit weir counted, still going.
-    Going(Visit),
-    /// No cookie, or one that is not a going visit of this client (forged,
-    /// another network or browser, over: a new visit starts).
-    None,
-}
-
 /// A navigation's visit as the request path carries it: what its cookie
 /// said, whether the page answered to it counts as a view (a `GET`), and
-/// whether it asks for a slow page (the proxy says, once routed).
+/// whether it asks for a costly page (the proxy says, once routed).
 #[derive(Debug, Clone, Copy)]
 pub struct RequestVisit {
     pub prior: Option<Visit>,
@@ -248,12 +238,8 @@ impl Visits {
             return None;
         }
         let binding = Binding::of(client.client, crate::challenge::user_agent(headers));
-        let prior = weir_http::cookie::values(headers, &self.cookie).find_map(|v| {
-            match self.verify(v, binding, now) {
-                VisitCheck::Going(visit) => Some(visit),
-                VisitCheck::None => None,
-            }
-        });
+        let prior = weir_http::cookie::values(headers, &self.cookie)
+            .find_map(|v| self.verify(v, binding, now));
         Some(RequestVisit {
             prior,
             page_view: *method == http::Method::GET,
@@ -345,23 +331,22 @@ impl Visits {
         URL_SAFE_NO_PAD.encode(raw)
     }
 
-    /// Checks one cookie value: nothing but the signature is believed until
-    /// it verifies; a visit of another network or browser, from the future,
-    /// or idle past `idle` is no visit.
-    fn verify(&self, value: &str, binding: Binding, now: SystemTime) -> VisitCheck {
+    /// The going visit one cookie value carries, if it does: nothing but
+    /// the signature is believed until it verifies; a visit of another
+    /// network or browser, from the future, or idle past `idle` is none (a
+    /// new visit starts).
+    fn verify(&self, value: &str, binding: Binding, now: SystemTime) -> Option<Visit> {
         if value.len() != TOKEN_CHARS {
-            return VisitCheck::None;
+            return None;
         }
-        let Ok(raw) = URL_SAFE_NO_PAD.decode(value) else {
-            return VisitCheck::None;
-        };
+        let raw = URL_SAFE_NO_PAD.decode(value).ok()?;
         if raw.len() != TOKEN_LEN
             || raw[0] != VERSION
             || !self.keys.verify(&raw[..BODY_LEN], &raw[BODY_LEN..])
             || raw[13..21] != binding.prefix
             || raw[21..29] != binding.agent
         {
-            return VisitCheck::None;
+            return None;
         }
         let u32_at =
             |at: usize| u32::from_be_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]);
@@ -375,10 +360,7 @@ impl Visits {
         // A minute of clock skew between the instances that share a key.
         let from_future = visit.last > now.saturating_add(60) || visit.started > visit.last;
         let idle = u64::from(now.saturating_sub(visit.last)) > self.idle.as_secs();
-        if from_future || idle {
-            return VisitCheck::None;
-        }
-        VisitCheck::Going(visit)
+        (!from_future && !idle).then_some(visit)
     }
 }
 
