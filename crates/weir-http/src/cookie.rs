@@ -11,6 +11,15 @@
 use http::HeaderMap;
 use http::header::COOKIE;
 
+/// Whether `name` is a cookie name weir sets: letters, digits, `_` and `-`
+/// (a subset of RFC 6265's token every browser keeps).
+pub fn is_settable_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Every value of the cookie `name`, in the order the request carries them.
 pub fn values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
     pairs(headers).filter_map(move |(k, v)| (k == name).then_some(v))
@@ -28,10 +37,11 @@ pub fn value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 pub fn remove(headers: &mut HeaderMap, name: &str) -> bool {
     let named = |pair: &str| pair.split_once('=').is_some_and(|(k, _)| k.trim() == name);
     let carries = |v: &str| v.split(';').any(named);
-    let fields: Vec<_> = headers.get_all(COOKIE).iter().cloned().collect();
-    if !fields.iter().any(|f| f.to_str().is_ok_and(carries)) {
+    // Most requests carry none of it: look before copying anything.
+    if !(headers.get_all(COOKIE).iter()).any(|f| f.to_str().is_ok_and(carries)) {
         return false;
     }
+    let fields: Vec<_> = headers.get_all(COOKIE).iter().cloned().collect();
     headers.remove(COOKIE);
     for field in fields {
         let Ok(text) = field.to_str() else {

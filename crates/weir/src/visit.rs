@@ -129,7 +129,7 @@ fn default_idle() -> ConfigDuration {
 /// Why `[visit]` cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VisitConfigError {
-    #[error("cookie: {0:?} is not a cookie name (letters, digits, `_`, `-`, `.`)")]
+    #[error("cookie: {0:?} is not a cookie name (letters, digits, `_`, `-`)")]
     CookieName(String),
     #[error("min_views: 0 would make every request with the cookie browsing; at least 1")]
     NoViews,
@@ -194,11 +194,7 @@ impl Visits {
     /// The visit cookie for `c`, signed with keys derived from `secrets`
     /// (the challenge's, or weir's own: one secret, a key per purpose).
     pub fn new<S: AsRef<str>>(c: &VisitConfig, secrets: &[S]) -> Result<Visits, VisitConfigError> {
-        let name_ok = !c.cookie.is_empty()
-            && c.cookie
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-        if !name_ok {
+        if !weir_http::cookie::is_settable_name(&c.cookie) {
             return Err(VisitConfigError::CookieName(c.cookie.clone()));
         }
         if c.min_views == 0 {

@@ -834,11 +834,7 @@ fn check_ranges(c: &ChallengeConfig) -> Result<(), ChallengeConfigError> {
 /// A cookie name weir can set without quoting: non-empty ASCII letters,
 /// digits, `_` and `-`.
 fn check_cookie_name(name: &str) -> Result<(), ChallengeConfigError> {
-    let name_ok = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if !name_ok {
+    if !weir_http::cookie::is_settable_name(name) {
         return Err(ChallengeConfigError::CookieName(name.to_owned()));
     }
     Ok(())

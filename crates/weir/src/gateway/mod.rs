@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::admin::guard::AdminGuard;
-use crate::admission::{Coalescer, Lane};
+use crate::admission::{Coalescer, Lane, Shape};
 use crate::config::{ClientHeader, ConfigError, ConfigErrors, LoadedConfig};
 use crate::edge::{EdgeSettings, ListenerSpec};
 use crate::identity::TrustedProxies;
@@ -97,6 +97,21 @@ pub struct ClassAdmission {
     pub queue_timeout: Option<Duration>,
     /// Request coalescing: the largest body shared, or `None` (off).
     pub coalesce_max_body: Option<usize>,
+}
+
+impl ClassAdmission {
+    /// The lane of the class's unproven requests: its configured one, or
+    /// what `queue` learned: expensive shapes wait in the `anonymous` lane,
+    /// so cheap pages pass them.
+    pub fn unproven_lane(&self, queue: &crate::admission::AdmissionQueue, shape: Shape) -> Lane {
+        self.lane.unwrap_or_else(|| {
+            if queue.shapes().is_expensive(shape) {
+                Lane::ANONYMOUS
+            } else {
+                Lane::PASS
+            }
+        })
+    }
 }
 
 impl Default for ClassAdmission {

@@ -54,7 +54,7 @@ pub(super) async fn admission(
     // Every answer teaches the pool what its shape costs (and lets the
     // adaptive limit tell a slower mix from queueing).
     let shape = Shape::of(view.target);
-    let class_lane = class_lane(class, queue, shape);
+    let class_lane = class.unproven_lane(queue, shape);
     let standing = Standing {
         verified: proof.verified,
         pass: proof.pass.is_some(),
@@ -134,23 +134,6 @@ fn turn(
         None if browsing => FairKey::of_browser(client.client),
         None => FairKey::of(client.client),
     }
-}
-
-/// The lane of the class's unproven requests: its configured one, or what
-/// was learned: expensive shapes wait in the lowest lane, so cheap pages
-/// pass them.
-pub(super) fn class_lane(
-    class: ClassAdmission,
-    queue: &AdmissionQueue,
-    shape: crate::admission::Shape,
-) -> Lane {
-    class.lane.unwrap_or_else(|| {
-        if queue.shapes().is_expensive(shape) {
-            Lane::ANONYMOUS
-        } else {
-            Lane::PASS
-        }
-    })
 }
 
 /// **Requeue**: in the upstream phase, after the app refused an admitted

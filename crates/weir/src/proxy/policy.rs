@@ -65,7 +65,7 @@ pub(super) fn visit(
         let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
         visit.costly = !route.rules.is_empty()
             || (gw.pools[route.pool].admission.as_ref()).is_some_and(|queue| {
-                super::admit::class_lane(class, queue, Shape::of(target)) >= Lane::ANONYMOUS
+                class.unproven_lane(queue, Shape::of(target)) >= Lane::ANONYMOUS
             });
         log.record.visit = visit.prior.map(|v| LoggedVisit::of(&v, now));
         log.visit = Some((visit, visits.clone()));
