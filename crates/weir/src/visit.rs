@@ -35,6 +35,11 @@
 //!     29     32  HMAC-SHA256 over bytes 0..29 (visit key, see challenge/keyring.rs)
 //! ```
 //!
+//! A visit with a page served before this request, and two for each costly
+//! navigation, also earns its requests a turn of their own in admission,
+//! and lifts its cheap pages out of the `newcomers` lane
+//! ([`RequestVisit::turn`]): priority among people, not an exemption.
+//!
 //! What it costs a crawler to be counted as browsing: keep a cookie per /24
 //! and User-Agent, fetch [`VisitConfig::min_views`] pages that weir serves,
 //! two for each costly one it asks for, and wait [`VisitConfig::min_age`].
@@ -42,8 +47,8 @@
 //! and drops the ones weir sends after its slow pages escapes the ratio,
 //! not the pages and the wait, and only from one /24 and browser.
 //!
-//! Owns: the `[visit]` table, the cookie's format, reading it from a request
-//! and making the next one for a page served. Does not: decide what a visit
+//! Owns: the `[visit]` table, the cookie's format, reading it from a request,
+//! the visit's turn, and making the next one for a page served. Does not: decide what a visit
 //! is evidence for (`policy::rules::collateral_signal`), keep any state per
 //! client (the cookie is the state), or choose which responses carry it (the
 //! proxy's respond phase asks [`Visits::next`]).
@@ -68,6 +73,12 @@ const BODY_LEN: usize = 29;
 /// `admission::browsing::PAGES_PER_EXPENSIVE`) missed one person refused in
 /// five in the lab, whose searches came close together.
 pub const VIEWS_PER_COSTLY: u16 = 2;
+/// Pages served in a visit before its next navigation waits in a turn of
+/// its own (`RequestVisit::turn`). One: a visit's first page has no visit
+/// yet, and people open a site with a few pages in a row; behind a carrier
+/// NAT those waited in the carrier's one turn, 2-8 s at the 2026-09-23
+/// flood's peak in the lab.
+pub const TURN_MIN_VIEWS: u16 = 1;
 const TOKEN_LEN: usize = BODY_LEN + TAG_LEN;
 const TOKEN_CHARS: usize = (TOKEN_LEN * 4).div_ceil(3);
 
@@ -159,16 +170,46 @@ impl Visit {
     }
 }
 
-/// A navigation's visit as the request path carries it: what its cookie
-/// said, whether the page answered to it counts as a view (a `GET`), and
-/// whether it asks for a costly page (the proxy says, once routed).
+/// A request's visit as the request path carries it: what its cookie
+/// said, whether the request is a navigation (only a navigation counts in
+/// the visit and carries the next cookie; a page's scripts and images only
+/// share its turn), whether the page answered to it counts as a view (a
+/// `GET` navigation), and whether it asks for a costly page (the proxy
+/// says, once routed).
 #[derive(Debug, Clone, Copy)]
 pub struct RequestVisit {
     pub prior: Option<Visit>,
+    pub navigation: bool,
     pub page_view: bool,
     pub costly: bool,
     /// The client's binding, for the next cookie.
     binding: Binding,
+}
+
+impl RequestVisit {
+    /// The visit as a turn of its own in admission's fair share, when its
+    /// pages say a person is reading: at least [`TURN_MIN_VIEWS`] page
+    /// served before this one, and [`VIEWS_PER_COSTLY`] for each costly
+    /// navigation, this one included (no age asked: a turn is priority
+    /// among equals, not an exemption). The browser-like crawler's article
+    /// before each expensive page never earns one. The turn names the visit
+    /// by when it started, its /24 (/48) and its browser: people behind one
+    /// carrier NAT are as many turns as visits, and two who started in the
+    /// same second on one /24 with one browser share one, which costs them
+    /// nothing they had before.
+    pub fn turn(&self) -> Option<u128> {
+        let v = self.prior?;
+        let costly = u32::from(v.costly) + u32::from(self.costly);
+        let earned =
+            v.views >= TURN_MIN_VIEWS && u32::from(v.views) >= u32::from(VIEWS_PER_COSTLY) * costly;
+        earned.then(|| {
+            let [a, b, c, d, ..] = self.binding.agent;
+            let agent = u32::from_be_bytes([a, b, c, d]);
+            u128::from(v.started) << 96
+                | u128::from(u64::from_be_bytes(self.binding.prefix)) << 32
+                | u128::from(agent)
+        })
+    }
 }
 
 /// The visit cookie of one configuration: its keys and thresholds.
@@ -219,10 +260,12 @@ impl Visits {
         &self.cookie
     }
 
-    /// The request's visit: its cookie read (the first valid one) if the
-    /// request is a navigation (only a navigation can be browsing, and only
-    /// a `GET` one is a page view that carries the next cookie); nothing is
-    /// read or hashed for the rest (scripts, images, APIs).
+    /// The request's visit: for a navigation, its cookie read (the first
+    /// valid one) or a visit to start (only a navigation can be browsing,
+    /// and only a `GET` one is a page view that carries the next cookie);
+    /// for anything else (scripts, images, APIs), the visit its cookie
+    /// carries if it carries one, for its turn in admission alone. Nothing
+    /// is hashed for a request that is no navigation and has no cookie.
     pub fn read(
         &self,
         method: &http::Method,
@@ -230,15 +273,20 @@ impl Visits {
         client: &ClientId,
         now: SystemTime,
     ) -> Option<RequestVisit> {
-        if !crate::challenge::is_navigation(headers) {
+        let navigation = crate::challenge::is_navigation(headers);
+        let mut cookies = weir_http::cookie::values(headers, &self.cookie).peekable();
+        if !navigation && cookies.peek().is_none() {
             return None;
         }
         let binding = Binding::of(client.client, crate::challenge::user_agent(headers));
-        let prior = weir_http::cookie::values(headers, &self.cookie)
-            .find_map(|v| self.verify(v, binding, now));
+        let prior = cookies.find_map(|v| self.verify(v, binding, now));
+        if !navigation && prior.is_none() {
+            return None;
+        }
         Some(RequestVisit {
             prior,
-            page_view: *method == http::Method::GET,
+            navigation,
+            page_view: navigation && *method == http::Method::GET,
             costly: false,
             binding,
         })
@@ -285,7 +333,7 @@ impl Visits {
             }
             Answer::Weir => false,
         };
-        if !view && !visit.costly {
+        if !visit.navigation || (!view && !visit.costly) {
             return None;
         }
         let now_secs = unix_secs(now);
@@ -621,6 +669,90 @@ mod tests {
             None,
             "malformed"
         );
+    }
+
+    /// The turn a request with `cookie` waits in: a navigation's, `costly`
+    /// or not, or a script's of the same page.
+    fn turn_of(v: &Visits, cookie: &str, costly: bool, script: bool) -> Option<u128> {
+        let mut h = navigation(UA, Some(cookie));
+        if script {
+            h.insert("sec-fetch-mode", HeaderValue::from_static("no-cors"));
+        }
+        let mut rv = v.read(&http::Method::GET, &h, &client("203.0.113.7"), t(30))?;
+        assert_eq!(rv.navigation, !script);
+        rv.costly = costly;
+        rv.turn()
+    }
+
+    #[test]
+    fn reading_earns_a_turn_and_the_article_before_each_expensive_page_does_not() {
+        let v = visits();
+        let ip = "203.0.113.7";
+        let (_, one) = view(&v, ip, UA, None, 0);
+        let turn = turn_of(&v, &one, false, false).expect("a page read: the next one's turn");
+        assert_eq!(
+            turn_of(&v, &one, false, true),
+            Some(turn),
+            "its scripts share it"
+        );
+        assert_eq!(
+            turn_of(&v, &one, true, false),
+            None,
+            "one page, then a search"
+        );
+        let (_, two) = view(&v, ip, UA, Some(&one), 10);
+        assert_eq!(
+            turn_of(&v, &two, true, false),
+            Some(turn),
+            "two pages, then a search"
+        );
+        let (_, other) = view(&v, ip, UA, None, 1);
+        assert_ne!(
+            turn_of(&v, &other, false, false),
+            Some(turn),
+            "another visit, another turn"
+        );
+
+        // The browser-like crawler: an article, then the expensive page,
+        // cookies kept; neither request ever waits in a turn of its own.
+        let none = HeaderMap::new();
+        let (mut cookie, mut at) = (None::<String>, 0);
+        for _ in 0..5 {
+            let (_, article) = view(&v, ip, UA, cookie.as_deref(), at);
+            assert_eq!(turn_of(&v, &article, true, false), None, "{at}");
+            let refused = Answer::Page {
+                status: http::StatusCode::TOO_MANY_REQUESTS,
+                shared_cacheable: shared_cacheable_map(&none),
+            };
+            let (_, next) = answered(&v, (ip, UA), Some(&article), at + 1, true, refused);
+            let next = next.expect("a costly navigation counts");
+            assert_eq!(turn_of(&v, &next, false, false), None, "{at}");
+            (cookie, at) = (Some(next), at + 2);
+        }
+    }
+
+    #[test]
+    fn a_script_in_a_visit_shares_its_turn_and_counts_nothing() {
+        let v = visits();
+        let (_, one) = view(&v, "203.0.113.7", UA, None, 0);
+        let mut script = navigation(UA, Some(&one));
+        script.insert("sec-fetch-mode", HeaderValue::from_static("no-cors"));
+        let rv = (v.read(&http::Method::GET, &script, &client("203.0.113.7"), t(5)))
+            .expect("a visit's cookie is read on any request");
+        assert_eq!((rv.navigation, rv.page_view), (false, false));
+        assert_eq!(rv.prior.map(|p| p.views), Some(1));
+        let none = HeaderMap::new();
+        let ok = page(http::StatusCode::OK, &none);
+        assert!(
+            v.next(&rv, ok, false, t(5)).is_none(),
+            "a script is no view"
+        );
+        let costly = RequestVisit { costly: true, ..rv };
+        assert!(v.next(&costly, ok, false, t(5)).is_none(), "nor costly");
+        let mut bare = script.clone();
+        bare.remove("cookie");
+        let rv = v.read(&http::Method::GET, &bare, &client("203.0.113.7"), t(5));
+        assert!(rv.is_none(), "no cookie: nothing read");
     }
 
     #[test]

@@ -63,6 +63,18 @@ impl FairKey {
         }
     }
 
+    /// The key of one visit whose pages say a person is reading
+    /// (`crate::visit::RequestVisit::turn`), a network of its own: people
+    /// behind one carrier NAT, among crawlers on the same addresses, each
+    /// get a turn without a pass.
+    pub fn of_visit(id: u128) -> FairKey {
+        FairKey {
+            network: PrefixKey::visit(id, Level::Network),
+            subnet: PrefixKey::visit(id, Level::Subnet),
+            address: PrefixKey::visit(id, Level::Address),
+        }
+    }
+
     /// The key of an address that browses like a person
     /// ([`crate::admission::browsing`]), a network of its own: people
     /// behind one carrier NAT who read pages each get a turn, without a

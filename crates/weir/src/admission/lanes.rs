@@ -3,8 +3,10 @@
 //! A [`Lane`] is an index into an ordered, validated list of [`LaneSpec`]s
 //! ([`Lanes`]); index 0 is the most important. The standard set is
 //! `verified` (a checked login) > `pass` (holders of a pass token, and cheap
-//! pages) > `bots` (crawlers that proved who they are) > `anonymous`
-//! (anonymous expensive requests) > `deferred` (requests over a rule that
+//! pages in a visit weir counted) > `newcomers` (cheap pages of clients weir
+//! has no evidence of: a visit's first page, a crawler's article fetches) >
+//! `bots` (crawlers that proved who they are) > `anonymous` (anonymous
+//! expensive requests) > `deferred` (requests over a rule that
 //! defers instead of refusing: served only with capacity nobody else wants,
 //! shed first), but the count, names, depths, waits and shares are data, so
 //! a deployment can add or merge lanes without code changes.
@@ -36,20 +38,27 @@ pub struct Standing {
     pub bot: bool,
     /// Over a rule with `when_over = "defer"`.
     pub deferred: bool,
+    /// In a visit whose pages say a person is reading
+    /// (`crate::visit::RequestVisit::turn`).
+    pub visit: bool,
 }
 
 impl Lane {
     /// Verified sessions, in [`Lanes::standard`].
     pub const VERIFIED: Lane = Lane(0);
-    /// Pass-token holders and cheap pages, in [`Lanes::standard`].
+    /// Pass-token holders and cheap pages in a visit weir counted, in
+    /// [`Lanes::standard`].
     pub const PASS: Lane = Lane(1);
+    /// Cheap pages of clients weir has no evidence of, in
+    /// [`Lanes::standard`].
+    pub const NEWCOMERS: Lane = Lane(2);
     /// Verified crawlers (Web Bot Auth, reverse DNS), in [`Lanes::standard`].
-    pub const BOTS: Lane = Lane(2);
+    pub const BOTS: Lane = Lane(3);
     /// Anonymous expensive requests, in [`Lanes::standard`].
-    pub const ANONYMOUS: Lane = Lane(3);
+    pub const ANONYMOUS: Lane = Lane(4);
     /// Requests over a rule with `when_over = "defer"`, in
     /// [`Lanes::standard`]: the app's spare capacity, nothing more.
-    pub const DEFERRED: Lane = Lane(4);
+    pub const DEFERRED: Lane = Lane(5);
 
     /// The lane's position, 0 being the most important.
     pub fn index(self) -> usize {
@@ -66,8 +75,9 @@ impl Lane {
     /// `deferred` whatever it proved (the rule judged it; only what the rule
     /// exempts escapes it); verified sessions use the top lane; a pass token
     /// lifts a request to at least `pass`; a verified crawler to at least
-    /// `bots`; everyone else gets the route class's lane. (Indices of
-    /// [`Lanes::standard`].)
+    /// `bots`; a visit weir counted lifts a cheap page from `newcomers` to
+    /// `pass` (evidence, not proof: it lifts nothing else); everyone else
+    /// gets the route class's lane. (Indices of [`Lanes::standard`].)
     pub fn for_request(standing: Standing, class_lane: Lane) -> Lane {
         if standing.deferred {
             Lane::DEFERRED
@@ -77,6 +87,8 @@ impl Lane {
             class_lane.min(Lane::PASS)
         } else if standing.bot {
             class_lane.min(Lane::BOTS)
+        } else if standing.visit && class_lane == Lane::NEWCOMERS {
+            Lane::PASS
         } else {
             class_lane
         }
@@ -150,6 +162,14 @@ pub enum LanesError {
 /// of the app while verified crawlers wait (`bots_share = 0.1`).
 pub const DEFAULT_BOTS_SHARE: u32 = 100_000;
 
+/// The `newcomers` lane's share in [`Lanes::standard`], in millionths: one
+/// grant in twenty while cheap pages of clients weir has no evidence of
+/// wait (`newcomers_share = 0.05`). Visits go first (people in the middle
+/// of reading finish before new ones start, as session-based admission
+/// control has it), but a site full of its regulars still lets new people
+/// in.
+pub const DEFAULT_NEWCOMERS_SHARE: u32 = 50_000;
+
 /// The `anonymous` lane's share in [`Lanes::standard`], in millionths: one
 /// grant in twenty while unproven expensive requests wait
 /// (`anonymous_share = 0.05`). Without it a flood of cheap requests from a
@@ -190,10 +210,11 @@ impl Lanes {
         Ok(Lanes { specs })
     }
 
-    /// `verified` > `pass` > `bots` > `anonymous` > `deferred`, each waiting
+    /// `verified` > `pass` > `newcomers` > `bots` > `anonymous` > `deferred`, each waiting
     /// up to 10 s. Lower lanes are shallower: they are shed first anyway, and
     /// a deep queue of crawler requests only delays the answer that tells
-    /// them to back off. `bots` is guaranteed [`DEFAULT_BOTS_SHARE`] of
+    /// them to back off. `newcomers` is guaranteed [`DEFAULT_NEWCOMERS_SHARE`]
+    /// of grants while it waits; `bots` [`DEFAULT_BOTS_SHARE`] of
     /// grants while it waits: a verified crawler is slowed by people, never
     /// starved; `anonymous` [`DEFAULT_ANONYMOUS_SHARE`], so a flood of cheap
     /// requests does not starve every expensive one. `deferred` holds just enough to keep the app's slots busy
@@ -214,6 +235,13 @@ impl Lanes {
                     max_depth: 1024,
                     max_wait: wait,
                     share: Share::ZERO,
+                    yields_to_proof: false,
+                },
+                LaneSpec {
+                    name: "newcomers".into(),
+                    max_depth: 1024,
+                    max_wait: wait,
+                    share: Share(DEFAULT_NEWCOMERS_SHARE),
                     yields_to_proof: false,
                 },
                 LaneSpec {
@@ -330,7 +358,10 @@ mod tests {
         assert_eq!(lanes.by_name("anonymous"), Some(Lane::ANONYMOUS));
         assert_eq!(lanes.by_name("deferred"), Some(Lane::DEFERRED));
         assert_eq!(lanes.lowest(), Lane::DEFERRED);
-        assert!(Lane::PASS.outranks(Lane::BOTS) && Lane::BOTS.outranks(Lane::ANONYMOUS));
+        assert!(Lane::PASS.outranks(Lane::NEWCOMERS) && Lane::NEWCOMERS.outranks(Lane::BOTS));
+        assert!(Lane::BOTS.outranks(Lane::ANONYMOUS));
+        assert_eq!(lanes.by_name("newcomers"), Some(Lane::NEWCOMERS));
+        assert_eq!(lanes.spec(Lane::NEWCOMERS).share.fraction(), 0.05);
         assert_eq!(lanes.spec(Lane::BOTS).share.fraction(), 0.1);
         assert_eq!(lanes.spec(Lane::ANONYMOUS).share.fraction(), 0.05);
         assert!(lanes.spec(Lane::DEFERRED).share.is_zero());
@@ -342,29 +373,53 @@ mod tests {
     #[test]
     fn lane_of_a_request() {
         use Lane as L;
-        // (verified, pass, deferred by a rule, class lane) -> lane
         let cases = [
-            // verified, pass, bot, deferred by a rule, class lane, want
-            (true, false, false, false, L::ANONYMOUS, L::VERIFIED),
-            (true, true, false, false, L::PASS, L::VERIFIED),
-            (true, false, true, false, L::ANONYMOUS, L::VERIFIED),
-            (false, true, false, false, L::ANONYMOUS, L::PASS),
-            (false, true, false, false, L::VERIFIED, L::VERIFIED),
-            (false, false, true, false, L::ANONYMOUS, L::BOTS),
-            (false, false, true, false, L::PASS, L::PASS),
-            (false, false, false, false, L::ANONYMOUS, L::ANONYMOUS),
-            (false, false, false, false, L::PASS, L::PASS),
-            (false, false, false, true, L::PASS, L::DEFERRED),
-            (false, true, false, true, L::ANONYMOUS, L::DEFERRED),
-            (false, false, true, true, L::ANONYMOUS, L::DEFERRED),
-            (true, false, false, true, L::VERIFIED, L::DEFERRED),
+            // verified, pass, bot, deferred by a rule, visit, class lane, want
+            (true, false, false, false, false, L::ANONYMOUS, L::VERIFIED),
+            (true, true, false, false, false, L::PASS, L::VERIFIED),
+            (true, false, true, false, false, L::ANONYMOUS, L::VERIFIED),
+            (false, true, false, false, false, L::ANONYMOUS, L::PASS),
+            (false, true, false, false, false, L::NEWCOMERS, L::PASS),
+            (false, true, false, false, false, L::VERIFIED, L::VERIFIED),
+            (false, false, true, false, false, L::ANONYMOUS, L::BOTS),
+            (false, false, true, false, false, L::PASS, L::PASS),
+            (false, false, true, false, false, L::NEWCOMERS, L::NEWCOMERS),
+            (
+                false,
+                false,
+                false,
+                false,
+                false,
+                L::ANONYMOUS,
+                L::ANONYMOUS,
+            ),
+            (false, false, false, false, false, L::PASS, L::PASS),
+            (
+                false,
+                false,
+                false,
+                false,
+                false,
+                L::NEWCOMERS,
+                L::NEWCOMERS,
+            ),
+            // A visit lifts a stranger's cheap page, and nothing else.
+            (false, false, false, false, true, L::NEWCOMERS, L::PASS),
+            (false, false, false, false, true, L::ANONYMOUS, L::ANONYMOUS),
+            (false, false, false, false, true, L::BOTS, L::BOTS),
+            (false, false, false, true, true, L::NEWCOMERS, L::DEFERRED),
+            (false, false, false, true, false, L::PASS, L::DEFERRED),
+            (false, true, false, true, false, L::ANONYMOUS, L::DEFERRED),
+            (false, false, true, true, false, L::ANONYMOUS, L::DEFERRED),
+            (true, false, false, true, false, L::VERIFIED, L::DEFERRED),
         ];
-        for (verified, pass, bot, deferred, class, want) in cases {
+        for (verified, pass, bot, deferred, visit, class, want) in cases {
             let standing = Standing {
                 verified,
                 pass,
                 bot,
                 deferred,
+                visit,
             };
             assert_eq!(
                 Lane::for_request(standing, class),

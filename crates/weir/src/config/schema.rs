@@ -770,6 +770,11 @@ pub struct AdmissionSettings {
     /// this long, by what it measurably handles. `"0s"` turns it off.
     #[serde(default = "default_slow_start")]
     pub slow_start: ConfigDuration,
+    /// The least share of the app's slots the `newcomers` lane (cheap pages
+    /// of clients weir has no evidence of: a visit's first page) gets while
+    /// it waits, even when visits wait too (0 ..= 1; 0 = strict priority).
+    #[serde(default = "default_newcomers_share")]
+    pub newcomers_share: f64,
     /// The least share of the app's slots verified crawlers get while they
     /// wait, even when people wait too (0 ..= 1; 0 = only what people
     /// leave). Everything, when nobody else waits.
@@ -793,6 +798,7 @@ impl Default for AdmissionSettings {
             max_queued: default_max_queued(),
             queue_timeout: default_queue_timeout(),
             slow_start: default_slow_start(),
+            newcomers_share: default_newcomers_share(),
             bots_share: default_bots_share(),
             anonymous_share: default_anonymous_share(),
         }
@@ -1099,6 +1105,9 @@ fn default_max_queued() -> usize {
 }
 fn default_queue_timeout() -> ConfigDuration {
     ConfigDuration::secs(10)
+}
+fn default_newcomers_share() -> f64 {
+    0.05
 }
 fn default_bots_share() -> f64 {
     0.1

@@ -89,9 +89,9 @@ pub type ByClass<V> = HashMap<String, V, foldhash::fast::RandomState>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClassAdmission {
     /// Lane of anonymous requests (verified sessions always use the top
-    /// one). `None` (no `lane` configured): `pass`, or `anonymous` for a
-    /// request whose shape the pool learned is expensive
-    /// ([`crate::admission::shapes`]).
+    /// one). `None` (no `lane` configured): `newcomers` (which a visit weir
+    /// counted lifts to `pass`), or `anonymous` for a request whose shape
+    /// the pool learned is expensive ([`crate::admission::shapes`]).
     pub lane: Option<Lane>,
     /// Deadline in the queue; `None` uses the pool's `queue_timeout`.
     pub queue_timeout: Option<Duration>,
@@ -102,21 +102,21 @@ pub struct ClassAdmission {
 impl ClassAdmission {
     /// The lane of the class's unproven requests: its configured one, or
     /// what `queue` learned: expensive shapes wait in the `anonymous` lane,
-    /// so cheap pages pass them.
+    /// so cheap pages (in `newcomers`, or `pass` in a visit) pass them.
     pub fn unproven_lane(&self, queue: &crate::admission::AdmissionQueue, shape: Shape) -> Lane {
         self.lane.unwrap_or_else(|| {
             if queue.shapes().is_expensive(shape) {
                 Lane::ANONYMOUS
             } else {
-                Lane::PASS
+                Lane::NEWCOMERS
             }
         })
     }
 }
 
 impl Default for ClassAdmission {
-    /// No configured lane: `pass` for cheap pages, `anonymous` for shapes
-    /// learned expensive.
+    /// No configured lane: `newcomers` for cheap pages, `anonymous` for
+    /// shapes learned expensive.
     fn default() -> Self {
         ClassAdmission {
             lane: None,

@@ -153,6 +153,22 @@ impl PrefixKey {
         }
     }
 
+    /// A key that names one visit (`id`: `crate::visit::RequestVisit::turn`)
+    /// at `level`, for shares counted per visit. Its length (247 to 249 by
+    /// level) is no prefix's, no visitor's and no browsing address's.
+    pub fn visit(id: u128, level: Level) -> PrefixKey {
+        let len = match level {
+            Level::Network => 249,
+            Level::Subnet => 248,
+            Level::Address => 247,
+        };
+        PrefixKey {
+            bits: id,
+            len,
+            v4: false,
+        }
+    }
+
     /// A key that names one address as a share of its own at `level` (a
     /// browsing address, see `admission::browsing`), apart from the keys of
     /// the same address inside its network. Its length (250 to 252 by

@@ -55,15 +55,25 @@ pub(super) async fn admission(
     // adaptive limit tell a slower mix from queueing).
     let shape = Shape::of(view.target);
     let class_lane = class.unproven_lane(queue, shape);
+    let visit = log.visit.as_ref().and_then(|(v, _)| v.turn());
     let standing = Standing {
         verified: proof.verified,
         pass: proof.pass.is_some(),
         bot: proof.bot.is_some(),
         deferred: deferred.is_some(),
+        visit: visit.is_some(),
     };
     let lane = queue.lanes().clamp(Lane::for_request(standing, class_lane));
     let now = tokio::time::Instant::now();
-    let key = turn(proof.pass, class_lane < Lane::ANONYMOUS, client, log, now);
+    let browsing = &log.conn.rt.browsing;
+    let key = turn(
+        proof.pass,
+        visit,
+        class_lane < Lane::ANONYMOUS,
+        client,
+        browsing,
+        now,
+    );
     let mut deadline = match class.queue_timeout {
         Some(t) => now + t,
         None => queue.deadline(lane, now),
@@ -117,22 +127,26 @@ pub(super) async fn admission(
 /// Whose turn in its lane the request waits for. A pass holder is a
 /// visitor of its own: a hundred people behind one carrier NAT are a
 /// hundred turns, not one (their passes are limited by their own key). So
-/// is an address that browses like a person (mostly cheap pages, `cheap`
-/// saying whether this request is one), for weir's defaults have no
-/// challenge; everyone else shares by address prefix.
+/// is a visit whose pages say a person is reading (`visit`, see
+/// `crate::visit::RequestVisit::turn`), for weir's defaults have no
+/// challenge, and an address that browses like a person (mostly cheap
+/// pages, `cheap` saying whether this request is one), for clients that
+/// keep no cookie; everyone else shares by address prefix.
 fn turn(
     pass: Option<u64>,
+    visit: Option<u128>,
     cheap: bool,
     client: &ClientId,
-    log: &RequestLog,
+    browsing: &crate::admission::BrowsingEvidence,
     now: tokio::time::Instant,
 ) -> crate::admission::FairKey {
     use crate::admission::FairKey;
-    let browsing = (log.conn.rt.browsing).record(client.client, cheap, now);
-    match pass {
-        Some(id) => FairKey::of_visitor(id),
-        None if browsing => FairKey::of_browser(client.client),
-        None => FairKey::of(client.client),
+    let browsing = browsing.record(client.client, cheap, now);
+    match (pass, visit) {
+        (Some(id), _) => FairKey::of_visitor(id),
+        (None, Some(id)) => FairKey::of_visit(id),
+        (None, None) if browsing => FairKey::of_browser(client.client),
+        (None, None) => FairKey::of(client.client),
     }
 }
 

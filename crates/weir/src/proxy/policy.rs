@@ -39,8 +39,9 @@ use crate::runtime::Runtime;
 use weir_limiter::MonoTime;
 
 /// **Visit phase**: after routing, for every routed request while
-/// `[visit]` is on. Reads a navigation's visit cookie (`crate::visit`) and
-/// notes whether it asks for a costly page: one of a class the operator
+/// `[visit]` is on. Reads a navigation's visit cookie (`crate::visit`), or
+/// another request's for its turn in admission, and notes whether a
+/// navigation asks for a costly page: one of a class the operator
 /// limited (it has rules), or whose unproven requests wait in the
 /// `anonymous` lane or below (configured, or a shape the pool learned is
 /// expensive). Takes weir's cookie out of the request: the app
@@ -62,12 +63,14 @@ pub(super) fn visit(
     };
     let now = SystemTime::now();
     if let Some(mut visit) = visits.read(req.method(), req.headers(), client, now) {
-        let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
-        visit.costly = !route.rules.is_empty()
-            || (gw.pools[route.pool].admission.as_ref()).is_some_and(|queue| {
-                class.unproven_lane(queue, Shape::of(target)) >= Lane::ANONYMOUS
-            });
-        log.record.visit = visit.prior.map(|v| LoggedVisit::of(&v, now));
+        if visit.navigation {
+            let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
+            visit.costly = !route.rules.is_empty()
+                || (gw.pools[route.pool].admission.as_ref()).is_some_and(|queue| {
+                    class.unproven_lane(queue, Shape::of(target)) >= Lane::ANONYMOUS
+                });
+            log.record.visit = visit.prior.map(|v| LoggedVisit::of(&v, now));
+        }
         log.visit = Some((visit, visits.clone()));
     }
     weir_http::cookie::remove(req.headers_mut(), visits.cookie_name());
@@ -422,7 +425,7 @@ async fn rules(
 /// person's (`crate::visit::Visits::is_browsing`).
 fn browsing(log: &RequestLog) -> bool {
     log.visit.as_ref().is_some_and(|(visit, visits)| {
-        (visit.prior).is_some_and(|v| visits.is_browsing(&v, SystemTime::now()))
+        visit.navigation && (visit.prior).is_some_and(|v| visits.is_browsing(&v, SystemTime::now()))
     })
 }
 

@@ -212,11 +212,11 @@ impl PoolError {
             PoolError::HealthPath(_) => Some(&["health", "path"]),
             PoolError::RetryBudget(_) => Some(&["retry_budget"]),
             PoolError::Admission(_) => Some(&["admission"]),
-            PoolError::Share {
-                key: "anonymous_share",
-                ..
-            } => Some(&["admission", "anonymous_share"]),
-            PoolError::Share { .. } => Some(&["admission", "bots_share"]),
+            PoolError::Share { key, .. } => Some(match *key {
+                "anonymous_share" => &["admission", "anonymous_share"],
+                "newcomers_share" => &["admission", "newcomers_share"],
+                _ => &["admission", "bots_share"],
+            }),
         }
     }
 }
@@ -716,16 +716,24 @@ fn check_health(h: &HealthCheckSettings, errors: &mut Vec<(usize, PoolError)>) {
     }
 }
 
+/// The shares of the standard lanes that have one, as a pool sets them.
+struct LaneShares {
+    newcomers: Share,
+    bots: Share,
+    anonymous: Share,
+}
+
 /// The standard lanes with a pool's depths, wait and shares.
-fn pool_lanes(a: &AdmissionSettings, bots_share: Share, anonymous_share: Share) -> Lanes {
+fn pool_lanes(a: &AdmissionSettings, shares: LaneShares) -> Lanes {
     let standard = Lanes::standard();
     let specs = standard.iter().map(|(lane, spec)| LaneSpec {
         name: spec.name.clone(),
         max_depth: spec.max_depth.min(a.max_queued),
         max_wait: a.queue_timeout.0,
         share: match lane {
-            Lane::BOTS => bots_share,
-            Lane::ANONYMOUS => anonymous_share,
+            Lane::NEWCOMERS => shares.newcomers,
+            Lane::BOTS => shares.bots,
+            Lane::ANONYMOUS => shares.anonymous,
             _ => spec.share,
         },
         yields_to_proof: spec.yields_to_proof,
@@ -758,12 +766,15 @@ fn build_admission(
             Share::ZERO
         })
     };
-    let bots_share = share("bots_share", a.bots_share);
-    let anonymous_share = share("anonymous_share", a.anonymous_share);
+    let shares = LaneShares {
+        newcomers: share("newcomers_share", a.newcomers_share),
+        bots: share("bots_share", a.bots_share),
+        anonymous: share("anonymous_share", a.anonymous_share),
+    };
     if errors.len() > before {
         return None;
     }
-    let lanes = pool_lanes(a, bots_share, anonymous_share);
+    let lanes = pool_lanes(a, shares);
     let config = QueueConfig {
         lanes,
         limit,
