@@ -502,6 +502,27 @@ fn sim_duration_overrides_the_scenarios_and_refuses_nonsense() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["duration_s"], 1.0, "{}", report["duration_s"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("(1s per variant)"));
+    // stderr is a pipe here: progress comes as lines of their own (the demo
+    // once printed nothing for two minutes when it was not a terminal), one
+    // at each variant's start at least, saying which, how long is left and
+    // how much each cohort was served.
+    let said = String::from_utf8_lossy(&out.stderr);
+    let variants = report["variants"].as_array().unwrap();
+    for v in variants {
+        let name = v["name"].as_str().unwrap();
+        let line = said
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("a progress line for {name}: {said}"));
+        assert!(
+            line.contains("/1s (") && line.contains("s left)") && line.contains("% served)"),
+            "{line}"
+        );
+    }
+    assert!(
+        !said.contains('\r'),
+        "no rewritten line on a pipe: {said:?}"
+    );
 
     let out = weir(&["--duration", "11m"]);
     assert_eq!(out.status.code(), Some(2));
@@ -509,5 +530,68 @@ fn sim_duration_overrides_the_scenarios_and_refuses_nonsense() {
     assert!(
         said.contains("--duration") && said.contains("at most"),
         "{said}"
+    );
+}
+
+/// The HTML report opens with a picture (issue 40): what people got under
+/// each variant as a bar, then each variant's seconds, and only then the
+/// detail table; checked in headless Chromium, with a screenshot kept at
+/// target/test-artifacts/sim-report.png.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_opens_with_what_people_got() {
+    use crate::support::chromium::{Chromium, artifacts_dir};
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("tiny.toml");
+    std::fs::write(&scenario, TINY).unwrap();
+    let html = dir.path().join("report.html");
+    let out = {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["sim", scenario.to_str().unwrap(), "--duration", "1s"])
+            .args(["--html", html.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    let at = |what: &str| {
+        page.find(what)
+            .unwrap_or_else(|| panic!("{what} in the page"))
+    };
+    assert!(
+        at("<h2>People</h2>") < at("requests/s by outcome")
+            && at("requests/s by outcome") < at("<pre>"),
+        "the picture, the seconds, then the table"
+    );
+    let dom = Chromium::run(
+        &[
+            "--dump-dom".to_string(),
+            "--window-size=1000,1200".to_string(),
+        ],
+        &format!("file://{}", html.display()),
+    )
+    .output()
+    .await;
+    assert!(
+        dom.contains("plain: served 100.0% (") && dom.contains("% served</text>"),
+        "one labelled bar for the one variant: {dom}"
+    );
+    let shot = artifacts_dir().join("sim-report.png");
+    Chromium::run(
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1000,1200".to_string(),
+        ],
+        &format!("file://{}", html.display()),
+    )
+    .output()
+    .await;
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 10_000,
+        "a screenshot"
     );
 }

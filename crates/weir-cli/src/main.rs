@@ -281,7 +281,7 @@ fn main() -> ExitCode {
                 variants,
                 json,
                 html,
-                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                progress: weir_lab::runner::Progress::for_stderr(),
                 duration,
                 alert_series,
             },
@@ -308,8 +308,7 @@ fn main() -> ExitCode {
         Command::Generate { what } => generated(what),
         Command::Harm(args) => harm(args),
         Command::Demo { html } => {
-            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            weir_lab::cli::demo(Some(html), progress)
+            weir_lab::cli::demo(Some(html), weir_lab::runner::Progress::for_stderr())
                 .map(|_| ExitCode::SUCCESS)
                 .map_err(anyhow::Error::from)
         }

@@ -46,8 +46,8 @@ pub struct SimOptions {
     pub variants: Vec<String>,
     pub json: Option<PathBuf>,
     pub html: Option<PathBuf>,
-    /// Print a progress line on stderr while running.
-    pub progress: bool,
+    /// How the run shows itself on stderr while it runs.
+    pub progress: crate::runner::Progress,
     /// Run each variant this long instead of the scenario's
     /// `scenario.duration` (a quick look, or a longer soak).
     pub duration: Option<std::time::Duration>,
@@ -74,7 +74,10 @@ pub fn sim(path: &Path, options: &SimOptions) -> Result<SimReport, SimError> {
 }
 
 /// `weir demo`: the crawler-flood scenario, every variant, HTML to `html`.
-pub fn demo(html: Option<PathBuf>, progress: bool) -> Result<SimReport, SimError> {
+pub fn demo(
+    html: Option<PathBuf>,
+    progress: crate::runner::Progress,
+) -> Result<SimReport, SimError> {
     let scenario = demo_scenario()?;
     let options = SimOptions {
         variants: Vec::new(),
@@ -224,47 +227,9 @@ fn write_outputs(report: &SimReport, options: &SimOptions) -> Result<(), SimErro
     Ok(())
 }
 
-/// What a set of cohorts' requests came to, in the demo's words: `served`;
-/// `refused` by the gateway on purpose (429, 503 shed, a challenge left
-/// unsolved); `failed` (other 5xx, connection errors, timeouts: what a
-/// person sees as the site being down).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Tally {
-    sent: u64,
-    served: u64,
-    refused: u64,
-    failed: u64,
-}
-
-impl Tally {
-    fn of<'a>(cohorts: impl Iterator<Item = &'a super::report::CohortReport>) -> Tally {
-        use super::cohort::Outcome;
-        let mut t = Tally::default();
-        for c in cohorts {
-            t.sent += c.sent;
-            t.served += c.count(Outcome::Served);
-            t.refused += c.count(Outcome::Rejected429)
-                + c.count(Outcome::Unavailable503)
-                + c.count(Outcome::Challenged);
-            t.failed += c.count(Outcome::Error5xx)
-                + c.count(Outcome::ConnError)
-                + c.count(Outcome::Timeout);
-        }
-        t
-    }
-
-    fn pct(&self, n: u64) -> f64 {
-        if self.sent == 0 {
-            0.0
-        } else {
-            n as f64 * 100.0 / self.sent as f64
-        }
-    }
-}
-
 /// The demo's short comparison: what people got, and what the app went through.
 pub fn demo_summary(report: &SimReport) -> String {
-    use super::scenario::CohortKind;
+    use super::report::Tally;
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
@@ -278,11 +243,7 @@ pub fn demo_summary(report: &SimReport) -> String {
         "app workers busy/W"
     );
     for v in &report.variants {
-        let people = Tally::of(
-            v.cohorts
-                .iter()
-                .filter(|c| matches!(c.kind, CohortKind::Humans | CohortKind::Editors)),
-        );
+        let people = v.people();
         let all = Tally::of(v.cohorts.iter());
         let _ = writeln!(
             out,
@@ -309,7 +270,7 @@ pub fn demo_summary(report: &SimReport) -> String {
 #[cfg(test)]
 mod demo_tests {
     use super::*;
-    use crate::report::CohortReport;
+    use crate::report::{CohortReport, Tally};
     use crate::scenario::CohortKind;
 
     fn cohort(outcomes: &[(&str, u64)]) -> CohortReport {

@@ -46,6 +46,54 @@ pub struct VariantReport {
     pub timeline: Timeline,
 }
 
+impl VariantReport {
+    /// What people's requests came to (the cohorts of people and editors).
+    pub fn people(&self) -> Tally {
+        Tally::of(
+            (self.cohorts.iter())
+                .filter(|c| matches!(c.kind, CohortKind::Humans | CohortKind::Editors)),
+        )
+    }
+}
+
+/// What a set of cohorts' requests came to, in the demo's words: `served`;
+/// `refused` by the gateway on purpose (429, 503 shed, a challenge left
+/// unsolved); `failed` (other 5xx, connection errors, timeouts: what a
+/// person sees as the site being down).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    pub sent: u64,
+    pub served: u64,
+    pub refused: u64,
+    pub failed: u64,
+}
+
+impl Tally {
+    pub fn of<'a>(cohorts: impl Iterator<Item = &'a CohortReport>) -> Tally {
+        let mut t = Tally::default();
+        for c in cohorts {
+            t.sent += c.sent;
+            t.served += c.count(Outcome::Served);
+            t.refused += c.count(Outcome::Rejected429)
+                + c.count(Outcome::Unavailable503)
+                + c.count(Outcome::Challenged);
+            t.failed += c.count(Outcome::Error5xx)
+                + c.count(Outcome::ConnError)
+                + c.count(Outcome::Timeout);
+        }
+        t
+    }
+
+    /// `n` as a percentage of what was sent (0 when nothing was).
+    pub fn pct(&self, n: u64) -> f64 {
+        if self.sent == 0 {
+            0.0
+        } else {
+            n as f64 * 100.0 / self.sent as f64
+        }
+    }
+}
+
 /// When alerts fired in the replay of weir's metrics, in story minutes.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct AlertReport {
@@ -592,9 +640,12 @@ impl SimReport {
                 .as_ref()
                 .map_or(String::new(), |s| format!(", starting at {}", esc(s)))
         );
-        h.push_str("<h2>Side by side</h2><pre>");
-        h.push_str(&esc(&self.to_text()));
-        h.push_str("</pre><div class=\"legend\">");
+        // The picture first: what people got under each variant, then each
+        // variant's seconds; the numbers after (a 120-line table opening the
+        // page hid the charts below the fold).
+        h.push_str("<h2>People</h2>");
+        h.push_str(&people_bars(&self.variants));
+        h.push_str("<div class=\"legend\">");
         for o in OUTCOMES {
             let _ = write!(
                 h,
@@ -622,7 +673,9 @@ impl SimReport {
             h.push_str(&upstream_chart(&v.timeline));
             h.push_str("</div>");
         }
-        h.push_str("</div><h2>Checks</h2><table><tr><th>variant</th><th>check</th><th>value</th><th>result</th></tr>");
+        h.push_str("</div><h2>Side by side</h2><pre>");
+        h.push_str(&esc(&self.to_text()));
+        h.push_str("</pre><h2>Checks</h2><table><tr><th>variant</th><th>check</th><th>value</th><th>result</th></tr>");
         for c in &self.checks {
             let (class, text) = match (c.passed, &c.pending) {
                 (true, _) => ("pass", "pass".to_string()),
@@ -703,6 +756,59 @@ fn esc(s: &str) -> String {
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+/// One horizontal bar per variant: the share of people's requests served,
+/// refused and failed, labelled.
+fn people_bars(variants: &[VariantReport]) -> String {
+    const ROW: f64 = 28.0;
+    const LABEL: f64 = 140.0;
+    const BAR: f64 = 520.0;
+    let height = ROW * variants.len() as f64 + 10.0;
+    let mut h = format!(
+        "<svg class=\"people\" width=\"{}\" height=\"{height}\" role=\"img\">",
+        LABEL + BAR + 20.0
+    );
+    for (i, v) in variants.iter().enumerate() {
+        let t = v.people();
+        let y = 5.0 + i as f64 * ROW;
+        let _ = write!(
+            h,
+            "<text x=\"{}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"end\">{}</text>",
+            LABEL - 8.0,
+            y + 15.0,
+            esc(&v.name)
+        );
+        let mut x = LABEL;
+        let parts = [
+            ("served", t.served, color(Outcome::Served)),
+            ("refused", t.refused, color(Outcome::Rejected429)),
+            ("failed", t.failed, color(Outcome::Error5xx)),
+        ];
+        for (what, n, fill) in parts {
+            let w = t.pct(n) / 100.0 * BAR;
+            if w <= 0.0 {
+                continue;
+            }
+            let _ = write!(
+                h,
+                "<rect class=\"people-bar\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{w:.1}\" height=\"20\" fill=\"{fill}\"><title>{}: {what} {:.1}% ({n} of {})</title></rect>",
+                esc(&v.name),
+                t.pct(n),
+                t.sent
+            );
+            x += w;
+        }
+        let _ = write!(
+            h,
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" fill=\"#fff\">{:.1}% served</text>",
+            LABEL + 6.0,
+            y + 14.0,
+            t.pct(t.served)
+        );
+    }
+    h.push_str("</svg><p>People's requests (people and editors): served, refused (429, 503, a challenge left unsolved), failed (other 5xx, connection errors, timeouts).</p>");
+    h
 }
 
 const CHART_W: f64 = 560.0;

@@ -173,12 +173,42 @@ impl Gateway {
     }
 }
 
-/// Runs one variant of `scenario`. `progress` prints a status line on stderr each second;
-/// `alert_series` keeps the alert replay's promtool file there (see [`crate::alerts`]).
+/// How a run shows itself on stderr while it runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Progress {
+    /// Nothing (tests, and callers that print their own).
+    #[default]
+    Off,
+    /// One status line, rewritten each second: stderr is a terminal.
+    Line,
+    /// A status line of its own at the start and every [`LOG_EVERY`]: stderr
+    /// is a log or a pipe, where a rewritten line shows nothing until the
+    /// run ends, and a demo of several variants that printed nothing for
+    /// two minutes looked hung.
+    Log,
+}
+
+/// How often [`Progress::Log`] writes a line.
+pub const LOG_EVERY: Duration = Duration::from_secs(5);
+
+impl Progress {
+    /// [`Progress::Line`] when stderr is a terminal, else [`Progress::Log`].
+    pub fn for_stderr() -> Progress {
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            Progress::Line
+        } else {
+            Progress::Log
+        }
+    }
+}
+
+/// Runs one variant of `scenario`. `progress` shows its status on stderr while it
+/// runs; `alert_series` keeps the alert replay's promtool file there (see
+/// [`crate::alerts`]).
 pub fn run_variant(
     scenario: &Scenario,
     variant: &Variant,
-    progress: bool,
+    progress: Progress,
     alert_series: Option<&Path>,
 ) -> Result<VariantReport, RunError> {
     let meta = &scenario.file.scenario;
@@ -525,15 +555,15 @@ impl Observers {
     }
 }
 
-/// Runs every client until the run and its grace are over; `progress` prints a line on
-/// stderr each second.
+/// Runs every client until the run and its grace are over; `progress` shows how far
+/// it is on stderr.
 fn drive_load(
     scenario: &Scenario,
     load_rt: &tokio::runtime::Runtime,
     plans: Vec<Vec<ClientPlan>>,
     stats: &[Arc<CohortStats>],
     (target, clock): (SocketAddr, RunClock),
-    (progress, label, supervisor): (bool, &str, &AppSupervisor),
+    (progress, label, supervisor): (Progress, &str, &AppSupervisor),
 ) {
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let ctx = Arc::new(RunContext {
@@ -554,13 +584,21 @@ fn drive_load(
         }
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut cancelled = false;
+        let mut ticks = 0u64;
+        let log_every = LOG_EVERY.as_secs();
         loop {
             tokio::select! {
                 joined = clients.join_next() => if joined.is_none() { break },
                 _ = tick.tick() => {
-                    if progress {
-                        print_progress(label, &clock, stats, supervisor, workers);
-                    }
+                    let line = || progress_line(label, &clock, stats, supervisor, workers);
+                    let mut err = std::io::stderr();
+                    let _ = match progress {
+                        Progress::Line => write!(err, "\r{}   ", line()),
+                        Progress::Log if ticks.is_multiple_of(log_every) => writeln!(err, "{}", line()),
+                        Progress::Log | Progress::Off => Ok(()),
+                    };
+                    let _ = err.flush();
+                    ticks += 1;
                     if !cancelled && Instant::now() >= end {
                         cancelled = true;
                         let _ = cancel_tx.send(true);
@@ -568,7 +606,7 @@ fn drive_load(
                 }
             }
         }
-        if progress {
+        if progress == Progress::Line {
             eprintln!();
         }
     });
@@ -1038,17 +1076,21 @@ impl<'a> GroundTruth<'a> {
     }
 }
 
-fn print_progress(
+/// Where the run is: the variant, seconds run and left, each cohort's requests
+/// and the share served so far, and the app's workers.
+fn progress_line(
     label: &str,
     clock: &RunClock,
     stats: &[Arc<CohortStats>],
     sup: &AppSupervisor,
     workers: usize,
-) {
+) -> String {
     let t = Instant::now()
         .saturating_duration_since(clock.start)
         .as_secs();
-    let mut line = format!("\r{label}: {t:>3}/{}s", clock.duration.as_secs());
+    let total = clock.duration.as_secs();
+    let left = total.saturating_sub(t);
+    let mut line = format!("{label}: {t:>3}/{total}s ({left}s left)");
     for s in stats {
         let (sent, served) = s.progress();
         let pct = if sent == 0 {
@@ -1060,12 +1102,10 @@ fn print_progress(
     }
     let snap = sup.snapshot();
     line.push_str(&format!(
-        "  app {}/{workers} busy, {} queued   ",
+        "  app {}/{workers} busy, {} queued",
         snap.in_flight, snap.queued
     ));
-    let mut err = std::io::stderr();
-    let _ = err.write_all(line.as_bytes());
-    let _ = err.flush();
+    line
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -896,9 +896,11 @@ pub struct ClassConfig {
     #[serde(default)]
     pub challenge: crate::challenge::ChallengeMode,
     /// Admission lane of anonymous requests of this class, when its pool has
-    /// `[pools.NAME.admission]`: `pass` (default: cheap pages), `anonymous`
-    /// (expensive pages: shed first) or `verified`. Verified sessions always
-    /// use `verified`; pass-token holders at least `pass`.
+    /// `[pools.NAME.admission]`: unset, `newcomers` for cheap pages (a visit
+    /// weir counted lifts them to `pass`) and `anonymous` for shapes the pool
+    /// learned are expensive; or any standard lane by name (`pass`,
+    /// `anonymous`: shed first, ...). Verified sessions always use
+    /// `verified`; pass-token holders at least `pass`.
     #[serde(default)]
     pub lane: Option<String>,
     /// Longest wait in the admission queue for this class (overrides the

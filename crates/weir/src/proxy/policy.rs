@@ -443,10 +443,15 @@ pub(super) fn deferral_refused(
     client: &ClientId,
     log: &mut RequestLog,
 ) -> RejectReason {
-    let rt = log.conn.rt.clone();
-    let gw = rt.gateway.load();
-    Live { rt: &rt, gw: &gw }.rejected(&deferral.rejection, client.client, deferral.signal, true);
-    record_refusal(log, &deferral.rejection, deferral.signal);
+    let rejection = &deferral.rejection;
+    count_rejection(
+        &log.conn.rt,
+        rejection,
+        client.client,
+        deferral.signal,
+        true,
+    );
+    record_refusal(log, rejection, deferral.signal);
     RejectReason::Rule(deferral.rejection)
 }
 
@@ -474,37 +479,49 @@ impl RuleObserver for Live<'_> {
         signal: Option<&'static str>,
         enforced: bool,
     ) {
-        let m = &self.rt.metrics;
-        let enforced = if enforced { "yes" } else { "shadow" };
-        m.rule_rejections
-            .get_or_create(&RuleLevelLabels {
+        count_rejection(self.rt, rejection, client, signal, enforced);
+    }
+}
+
+/// Counts a rule's refusal, enforced or shadow: `weir_rejections_total`,
+/// the collateral signal that decided, and the distinct clients refused.
+fn count_rejection(
+    rt: &Runtime,
+    rejection: &RuleRejection,
+    client: ClientAddr,
+    signal: Option<&'static str>,
+    enforced: bool,
+) {
+    let m = &rt.metrics;
+    let enforced = if enforced { "yes" } else { "shadow" };
+    m.rule_rejections
+        .get_or_create(&RuleLevelLabels {
+            rule: rejection.rule.clone(),
+            level: rejection.level,
+            enforced,
+        })
+        .inc();
+    if let Some(signal) = signal {
+        m.rule_collateral
+            .get_or_create(&CollateralLabels {
                 rule: rejection.rule.clone(),
-                level: rejection.level,
+                signal,
                 enforced,
             })
             .inc();
-        if let Some(signal) = signal {
-            m.rule_collateral
-                .get_or_create(&CollateralLabels {
-                    rule: rejection.rule.clone(),
-                    signal,
-                    enforced,
-                })
-                .inc();
-        }
-        let minute = self.rt.started.elapsed().as_secs() / 60;
-        let distinct = self.rt.rejected_clients.record(
-            &rejection.rule,
-            client.ip(),
-            signal.is_some_and(crate::policy::rules::is_person_evidence),
-            minute,
-        );
-        m.rule_rejected_clients
-            .get_or_create(&RuleLabels {
-                rule: rejection.rule.clone(),
-            })
-            .set(distinct as i64);
     }
+    let minute = rt.started.elapsed().as_secs() / 60;
+    let distinct = rt.rejected_clients.record(
+        &rejection.rule,
+        client.ip(),
+        signal.is_some_and(crate::policy::rules::is_person_evidence),
+        minute,
+    );
+    m.rule_rejected_clients
+        .get_or_create(&RuleLabels {
+            rule: rejection.rule.clone(),
+        })
+        .set(distinct as i64);
 }
 
 /// Counts a challenge event (`weir_challenge_events_total`, and the time to
