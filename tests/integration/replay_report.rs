@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::process::Command;
 
-use crate::support::chromium::{Chromium, artifacts_dir};
+use crate::support::chromium::{Chromium, keep_screenshot};
 
 const CONFIG: &str = r#"
 [[listeners]]
@@ -158,7 +158,6 @@ async fn replay_reports_in_the_logs_zone_with_breakdowns_and_an_html_chart() {
     // The page, as a real browser renders it.
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("in-flight"), "the not-replayed note");
-    let shot = artifacts_dir().join("replay-report.png");
     let dom = Chromium::run(
         &[
             "--dump-dom".to_string(),
@@ -176,17 +175,6 @@ async fn replay_reports_in_the_logs_zone_with_breakdowns_and_an_html_chart() {
     assert_eq!(dom.matches("class=\"breakdown\"").count(), 3, "{dom}");
     assert!(dom.contains("GPTBot") && dom.contains("198.51.100.0/24"));
     assert!(dom.contains("UTC+01:00"));
-    Chromium::run(
-        &[
-            format!("--screenshot={}", shot.display()),
-            "--window-size=1000,1600".to_string(),
-        ],
-        &format!("file://{}", html.display()),
-    )
-    .output()
-    .await;
-    assert!(
-        std::fs::metadata(&shot).unwrap().len() > 10_000,
-        "a screenshot"
-    );
+    let url = format!("file://{}", html.display());
+    keep_screenshot(&url, "1000,1600", "replay-report.png").await;
 }

@@ -74,6 +74,32 @@ impl Chromium {
     }
 }
 
+/// Loads `url` in a `window` (`"W,H"`) and keeps a screenshot as `name` in
+/// [`artifacts_dir`]; returns its path after checking it is a PNG of some
+/// substance (a blank page is a few kilobytes).
+pub async fn keep_screenshot(url: &str, window: &str, name: &str) -> PathBuf {
+    let shot = artifacts_dir().join(name);
+    let _ = std::fs::remove_file(&shot);
+    let args = [
+        format!("--screenshot={}", shot.display()),
+        format!("--window-size={window}"),
+    ];
+    let logs = Chromium::run(&args, url).output().await;
+    let png = std::fs::read(&shot)
+        .unwrap_or_else(|e| panic!("no screenshot at {}: {e}\n{logs}", shot.display()));
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "{} is not a PNG",
+        shot.display()
+    );
+    assert!(
+        png.len() > 10_000,
+        "{} is suspiciously small",
+        shot.display()
+    );
+    shot
+}
+
 pub fn artifacts_dir() -> PathBuf {
     let dir =
         Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("target/test-artifacts");
