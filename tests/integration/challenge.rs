@@ -19,7 +19,7 @@ use weir::challenge::{self, ChallengeConfig, ChallengeEvent, Challenger, PassChe
 use weir::identity::{AddrSource, ClientAddr, ClientId, PeerAddr};
 use weir_http::target::{PathPolicy, Target};
 
-use crate::support::chromium::{Chromium, artifacts_dir};
+use crate::support::chromium::{Chromium, keep_screenshot};
 use crate::support::{HttpUpstream, UpstreamRequest};
 
 /// What the site saw, for assertions and the solve-rate measurement.
@@ -233,31 +233,11 @@ async fn challenge_page_screenshot() {
     // one Chromium shoots right after the load event, when the script has
     // already started (it runs before `load`).
     let site = Site::start(28).await;
-    let dir = artifacts_dir();
     // Only the scripted page: `--blink-settings=scriptEnabled=false` stops
     // headless Chromium from taking screenshots at all, and
     // `--disable-javascript` does not disable it (tried on Chromium 156).
-    let shot = dir.join("challenge.png");
-    let _ = std::fs::remove_file(&shot);
-    let args = [
-        "--window-size=1000,800".to_string(),
-        format!("--screenshot={}", shot.display()),
-    ];
-    let logs = Chromium::run(&args, &site.url("127.0.0.1", "/wiki/Page"))
-        .output()
-        .await;
-    let png = std::fs::read(&shot)
-        .unwrap_or_else(|e| panic!("no screenshot at {}: {e}\n{logs}", shot.display()));
-    assert!(
-        png.starts_with(b"\x89PNG\r\n\x1a\n"),
-        "{} is not a PNG",
-        shot.display()
-    );
-    assert!(
-        png.len() > 10_000,
-        "{} is suspiciously small",
-        shot.display()
-    );
+    let url = site.url("127.0.0.1", "/wiki/Page");
+    keep_screenshot(&url, "1000,800", "challenge.png").await;
     let seen = site.seen();
     assert!(
         seen.iter()
