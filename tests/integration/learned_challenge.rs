@@ -72,6 +72,21 @@ async fn still_waiting(
     waiter
 }
 
+/// A person's search navigation from 127.124.0.1, answered within `within`
+/// with the challenge page (`why` if not); its body.
+async fn offered_the_page(weir: &TestWeir, within: Duration, why: &str) -> Vec<u8> {
+    let search = get_from(
+        ip("127.124.0.1"),
+        weir.addr,
+        "/w/index.php?search=person",
+        &NAV,
+    );
+    let (status, h, body) = tokio::time::timeout(within, search).await.expect(why);
+    assert_eq!(status, 429);
+    assert_eq!(h["x-weir-challenge"], "1");
+    body
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_zero_configuration_a_long_wait_for_an_expensive_page_is_offered_the_challenge() {
     let app = slow_search_app();
@@ -91,20 +106,8 @@ async fn with_zero_configuration_a_long_wait_for_an_expensive_page_is_offered_th
     )
     .await;
     // The search a person navigates to gets the page: at once if its wait
-    // is expected to be long, else after twice `pressure.wait` (1 s).
-    let (status, h, body) = tokio::time::timeout(
-        long,
-        get_from(
-            ip("127.124.0.1"),
-            weir.addr,
-            "/w/index.php?search=person",
-            &NAV,
-        ),
-    )
-    .await
-    .expect("the navigation was not offered the challenge");
-    assert_eq!(status, 429);
-    assert_eq!(h["x-weir-challenge"], "1");
+    // is expected to be long, else after `pressure.wait` (500 ms).
+    let body = offered_the_page(&weir, long, "the navigation was not offered the challenge").await;
     assert!(
         !page.is_finished() && !api.is_finished(),
         "they wait for the app, unchallenged"
@@ -209,5 +212,34 @@ async fn a_person_shed_from_the_queue_gets_the_challenge_not_a_503() {
     let with_pass = nav_with_cookie(&cookie);
     let (status, _, _) = get_from(person, addr, "/w/index.php?search=person", &with_pass).await;
     assert_eq!(status, 200);
+    resume_and_stop(app, weir, holder).await;
+}
+
+/// A learned class offers the page once a navigation has waited
+/// `pressure.wait`, not twice that: the estimate (from the app's fast
+/// answers, before it stalled) says the search would not wait long, so it
+/// waits, and gets the page when the wait proves long. At twice the wait, a
+/// person without JavaScript had waited 1 s, then the no-script 500 ms, then
+/// the page, and came past 2 s (`2026-09-23-crawlers-like-people.toml`).
+/// `pressure.wait` is 3 s so that once (3 s) and twice (6 s) are far apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learned_class_offers_the_page_once_the_navigation_has_waited_pressure_wait() {
+    let app = slow_search_app();
+    let rest = "[challenge.pressure]\nwait = \"3s\"\n";
+    let weir = TestWeir::start(&config(&app, rest)).await;
+    learn_shapes(&weir).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    let started = std::time::Instant::now();
+    offered_the_page(
+        &weir,
+        Duration::from_secs(5),
+        "no page after 5 s: twice `pressure.wait` (6 s) is the off-pressure fallback",
+    )
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "it waited first (the estimate was short): {:?}",
+        started.elapsed()
+    );
     resume_and_stop(app, weir, holder).await;
 }

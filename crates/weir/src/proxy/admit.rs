@@ -26,8 +26,9 @@ use crate::upstream::{ForwardError, Pool};
 /// pool with `admission.enabled = false` passes everything at once. Proof
 /// buys priority, not entry: an unproven navigation the policy marked
 /// ([`ChallengeInstead`]) gets the challenge page where it would be shed,
-/// where it would wait long under pressure, or once it has waited twice
-/// `pressure.wait`; a deferred request shed
+/// where it would wait long under pressure (under pressure or not, for a
+/// learned class), or once it has waited that long (`pressure.wait`; twice
+/// that where a long wait alone does not get it); a deferred request shed
 /// from the lowest lane gets its rule's refusal. May change: the queue,
 /// what the pool learned of the request's shape (when its answer ends), the
 /// log (lane, queue time, a deferral's refusal), metrics.
@@ -96,8 +97,15 @@ pub(super) async fn admission(
         // twice `pressure.wait` gets the page. Pressure engages only after
         // `engage_after`; a flood's first seconds had kept people's
         // searches waiting 2-3.6 s in the lowest lane, where the page and
-        // the pass lane take about one.
-        deadline = deadline.min(now + 2 * ch.pressure_wait());
+        // the pass lane take about one. Where a long wait gets the page
+        // (under pressure, or a learned class), once `pressure.wait`: the
+        // estimate missed, and a person without JavaScript pays the
+        // no-script wait and the page after it too (1 s, then 500 ms, then
+        // the page came past 2 s). An `under_pressure` class off pressure
+        // waits twice: a burst the app works off within a second shows
+        // nobody the page.
+        let waited = if c.on_long_wait { 1 } else { 2 };
+        deadline = deadline.min(now + waited * ch.pressure_wait());
     }
     let proven = standing.verified || standing.pass || standing.bot;
     let place = Place {
