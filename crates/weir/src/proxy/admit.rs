@@ -43,78 +43,19 @@ pub(super) async fn admission(
     client: &ClientId,
     log: &mut RequestLog,
 ) -> Result<(), Unadmitted> {
-    use crate::admission::Shape;
     let Some(queue) = &pool.admission else {
         return Ok(());
     };
-    let Admitted {
-        proof,
-        deferred,
-        challenge,
-    } = admitted;
-    // Every answer teaches the pool what its shape costs (and lets the
-    // adaptive limit tell a slower mix from queueing).
-    let shape = Shape::of(view.target);
-    let class_lane = class.unproven_lane(queue, shape);
-    let visit = log.visit.as_ref().and_then(|(v, _)| v.turn());
-    let standing = Standing {
-        verified: proof.verified,
-        pass: proof.pass.is_some(),
-        bot: proof.bot.is_some(),
-        deferred: deferred.is_some(),
-        visit: visit.is_some(),
-    };
-    let lane = queue.lanes().clamp(Lane::for_request(standing, class_lane));
     let now = tokio::time::Instant::now();
-    let browsing = &log.conn.rt.browsing;
-    let key = turn(
-        proof.pass,
-        visit,
-        class_lane < Lane::ANONYMOUS,
-        client,
-        browsing,
-        now,
-    );
-    let mut deadline = match class.queue_timeout {
-        Some(t) => now + t,
-        None => queue.deadline(lane, now),
-    };
-    let ask = challenge.zip(challenger);
-    // Under pressure a person should not wait long for what a page that
-    // takes a moment would get them sooner: a better lane. A navigation a
-    // rule deferred (and a pass would exempt: else no `challenge`) waits
-    // for capacity nobody else wants, which a flood the pressure does not
-    // count may never leave: it is offered the page on a long wait too
-    // (people behind a carrier NAT, over their /16's share, had waited out
-    // their own timeout in the lowest lane behind the crawlers).
-    if let Some((c, ch)) = ask {
-        if (c.on_long_wait || deferred.is_some())
-            && queue.expected_wait(lane, &key) > ch.pressure_wait()
-        {
-            return Err(challenge_page(ch, c, view, client));
+    let mut place = place(queue, &class, view, &admitted, client, log, now);
+    let ask = admitted.challenge.zip(challenger);
+    if let Some(ask) = ask {
+        let deferred = admitted.deferred.is_some();
+        match page_deadline(queue, &place, ask, deferred, now) {
+            Some(deadline) => place.deadline = place.deadline.min(deadline),
+            None => return Err(challenge_page(ask.1, ask.0, view, client)),
         }
-        // Whatever the pressure: an unproven navigation that has waited
-        // twice `pressure.wait` gets the page. Pressure engages only after
-        // `engage_after`; a flood's first seconds had kept people's
-        // searches waiting 2-3.6 s in the lowest lane, where the page and
-        // the pass lane take about one. Where a long wait gets the page
-        // (under pressure, or a learned class), once `pressure.wait`: the
-        // estimate missed, and a person without JavaScript pays the
-        // no-script wait and the page after it too (1 s, then 500 ms, then
-        // the page came past 2 s). An `under_pressure` class off pressure
-        // waits twice: a burst the app works off within a second shows
-        // nobody the page.
-        let waited = if c.on_long_wait { 1 } else { 2 };
-        deadline = deadline.min(now + waited * ch.pressure_wait());
     }
-    let proven = standing.verified || standing.pass || standing.bot;
-    let place = Place {
-        lane,
-        key,
-        proven,
-        deadline,
-        shape,
-    };
     // Kept: a request the app refuses waits here again (`requeue`).
     log.place = Some(place);
     match slot(pool, queue, place, log).await {
@@ -124,12 +65,89 @@ pub(super) async fn admission(
             }
             Ok(())
         }
-        Err(reason) => Err(match (ask, deferred) {
+        Err(reason) => Err(match (ask, admitted.deferred) {
             (Some((c, ch)), _) => challenge_page(ch, c, view, client),
             (None, Some(d)) => Unadmitted::Reject(super::policy::deferral_refused(*d, client, log)),
             (None, None) => Unadmitted::Reject(reason),
         }),
     }
+}
+
+/// Where a request waits for its slot in `queue`: the lane its standing
+/// buys (proof, a visit weir counted, a deferring rule, else what its learned
+/// shape gives), its turn in that lane ([`turn`]), whether it proved who it
+/// is, and its class's deadline (or its lane's). Its shape is what its
+/// answer teaches the pool (and lets the adaptive limit tell a slower mix
+/// from queueing).
+fn place(
+    queue: &AdmissionQueue,
+    class: &ClassAdmission,
+    view: &RequestView<'_>,
+    admitted: &Admitted,
+    client: &ClientId,
+    log: &RequestLog,
+    now: tokio::time::Instant,
+) -> Place {
+    let shape = crate::admission::Shape::of(view.target);
+    let class_lane = class.unproven_lane(queue, shape);
+    let visit = log.visit.as_ref().and_then(|(v, _)| v.turn());
+    let proof = &admitted.proof;
+    let standing = Standing {
+        verified: proof.verified,
+        pass: proof.pass.is_some(),
+        bot: proof.bot.is_some(),
+        deferred: admitted.deferred.is_some(),
+        visit: visit.is_some(),
+    };
+    let lane = queue.lanes().clamp(Lane::for_request(standing, class_lane));
+    let cheap = class_lane < Lane::ANONYMOUS;
+    let key = turn(proof.pass, visit, cheap, client, &log.conn.rt.browsing, now);
+    Place {
+        lane,
+        key,
+        proven: standing.verified || standing.pass || standing.bot,
+        deadline: match class.queue_timeout {
+            Some(t) => now + t,
+            None => queue.deadline(lane, now),
+        },
+        shape,
+    }
+}
+
+/// For an unproven navigation the policy marked ([`ChallengeInstead`]): how
+/// long it may wait at `place` before it gets the challenge page instead,
+/// or `None` when it should get the page at once.
+///
+/// Under pressure a person should not wait long for what a page that takes
+/// a moment would get them sooner: a better lane. A navigation a rule
+/// deferred (and a pass would exempt: else no challenge) waits for capacity
+/// nobody else wants, which a flood the pressure does not count may never
+/// leave: it is offered the page on a long wait too (people behind a
+/// carrier NAT, over their /16's share, had waited out their own timeout in
+/// the lowest lane behind the crawlers).
+///
+/// Whatever the pressure, a wait that proves long gets the page: pressure
+/// engages only after `engage_after`, and a flood's first seconds had kept
+/// people's searches waiting 2-3.6 s in the lowest lane, where the page and
+/// the pass lane take about one. Where a long wait gets the page (under
+/// pressure, or a learned class), after `pressure.wait`: the estimate
+/// missed, and a person without JavaScript pays the no-script wait and the
+/// page after it too (1 s, then 500 ms, then the page came past 2 s). An
+/// `under_pressure` class off pressure waits twice that: a burst the app
+/// works off within a second shows nobody the page.
+fn page_deadline(
+    queue: &AdmissionQueue,
+    place: &Place,
+    (c, ch): (ChallengeInstead, &Challenger),
+    deferred: bool,
+    now: tokio::time::Instant,
+) -> Option<tokio::time::Instant> {
+    let wait = ch.pressure_wait();
+    if (c.on_long_wait || deferred) && queue.expected_wait(place.lane, &place.key) > wait {
+        return None;
+    }
+    let waits = if c.on_long_wait { 1 } else { 2 };
+    Some(now + waits * wait)
 }
 
 /// Whose turn in its lane the request waits for. A pass holder is a
