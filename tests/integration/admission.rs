@@ -510,8 +510,7 @@ silence = "1s"
 
     // Only A is left, slow: it takes all the traffic and stays slow.
     let served_when_alone = a.snapshot().class("page");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
+    assert_eventually_async!(
         a.snapshot().class("page") > served_when_alone,
         "a slow server keeps traffic"
     );
@@ -970,7 +969,10 @@ async fn a_refused_read_that_waits_past_its_deadline_is_shed() {
     .await;
     let to = weir.addr;
     let first = tokio::spawn(async move { get_from(ip(42, 0, 1), to, "/api/slow", &[]).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eventually_async!(
+        app.snapshot().in_flight == 1,
+        "the first read holds the app's one worker"
+    );
     let (status, headers, _) = get_from(ip(42, 1, 1), to, "/api/slow", &[]).await;
     let reason = headers.get("x-weir-reason").and_then(|v| v.to_str().ok());
     assert_eq!(status, 503, "shed while waiting again: {reason:?}");

@@ -295,21 +295,16 @@ async fn an_upgrade_hands_over_only_once_the_new_pools_answer() {
 
     drop(app);
     // The app's port is closed once nothing accepts on it.
-    let start = Instant::now();
-    while tokio::net::TcpStream::connect(app_addr).await.is_ok() {
-        assert!(start.elapsed() < Duration::from_secs(5), "app still up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eventually_async!(
+        tokio::net::TcpStream::connect(app_addr).await.is_err(),
+        "app still up"
+    );
     weir.signal(Signal::Usr2).unwrap();
-    let start = Instant::now();
-    while !weir.stderr().contains("upgrade: started the new process") {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{}",
-            weir.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eventually_async!(
+        weir.stderr().contains("upgrade: started the new process"),
+        "{}",
+        weir.stderr()
+    );
     // Far longer than an upgrade takes when the app answers (tens of ms).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let pid_now = weir.reread_ready().unwrap().pid;
@@ -322,20 +317,12 @@ async fn an_upgrade_hands_over_only_once_the_new_pools_answer() {
     assert!(Path::new(&format!("/proc/{old}")).exists());
 
     let _app = Upstream::start_on(app_addr).await;
-    let start = Instant::now();
-    let new = loop {
-        if let Ok(r) = weir.reread_ready()
-            && r.pid != old
-        {
-            break r.pid;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no hand-over: {}",
-            weir.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    assert_eventually_async!(
+        weir.reread_ready().is_ok_and(|r| r.pid != old),
+        "no hand-over: {}",
+        weir.stderr()
+    );
+    let new = weir.reread_ready().unwrap().pid;
     let log = weir.stderr();
     assert!(log.contains("warm-up: answered"), "{log}");
     assert!(!log.contains("upgrade failed"), "{log}");
