@@ -57,7 +57,7 @@ pub(super) async fn admission(
         }
     }
     // Kept: a request the app refuses waits here again (`requeue`).
-    log.place = Some(place);
+    log.held.place = Some(place);
     match slot(pool, queue, place, log).await {
         Ok(()) => {
             if ask.is_some_and(|(c, _)| c.engaged) {
@@ -194,7 +194,7 @@ pub(super) async fn requeue(
     again: Place,
     log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
-    if let Some(permit) = log.permit.take() {
+    if let Some(permit) = log.held.permit.take() {
         permit.complete(crate::admission::Outcome::Overloaded);
     }
     let waited = log.record.queue_time;
@@ -230,7 +230,7 @@ async fn slot(
             series.admitted.inc();
             series.wait.observe(permit.waited().as_secs_f64());
             log.record.queue_time = permit.waited();
-            log.permit = Some(permit);
+            log.held.permit = Some(permit);
             Ok(())
         }
         Err(shed) => Err(shed_reason(pool, queue, &shed, log)),

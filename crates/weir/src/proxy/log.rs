@@ -34,21 +34,35 @@ pub struct RequestLog {
     /// The request body's bytes, counted as it is read (if it has one).
     pub(super) bytes_in: Option<Arc<AtomicU64>>,
     pub(super) conn: Arc<ConnCtx>,
-    pub(super) in_flight: Option<InFlightGuard>,
-    pub(super) server: Option<ServerGuard>,
-    pub(super) rule_guards: Vec<weir_limiter::InflightGuard>,
-    /// The admission slot, released with how the request went once the
-    /// app's answer begins (or, never sent, when the record is written).
-    pub(super) permit: Option<crate::admission::Permit>,
-    /// Where the request waited for its slot, to wait again if the app
-    /// refuses it (`admit::requeue`).
-    pub(super) place: Option<Place>,
+    /// What the request holds until its line is written.
+    pub(super) held: Held,
     /// A navigation's visit: what its cookie said, and the cookie the page
     /// answered to it carries (`visit_cookie`).
     pub(super) visit: Option<(crate::visit::RequestVisit, Arc<crate::visit::Visits>)>,
     /// The line is written (the response ended, or the request was dropped
     /// before one began): never twice.
     written: bool,
+}
+
+/// The slots one request holds, each taken by the phase that got it and
+/// all released together when the request's line is written (or, for the
+/// admission permit, earlier: once the app's answer begins). Released on
+/// drop, in this order.
+#[derive(Default)]
+pub(super) struct Held {
+    /// The client's count of requests in flight (policy, `limits`).
+    pub(super) in_flight: Option<InFlightGuard>,
+    /// The upstream server the request went to (its in-flight count).
+    pub(super) server: Option<ServerGuard>,
+    /// The admission slot, released with how the request went once the
+    /// app's answer begins (or, never sent, when the record is written:
+    /// dropped unused is `Outcome::Abandoned`).
+    pub(super) permit: Option<crate::admission::Permit>,
+    /// Concurrency rules' slots.
+    pub(super) rule_guards: Vec<weir_limiter::InflightGuard>,
+    /// Where the request waited for its slot, to wait again if the app
+    /// refuses it (`admit::requeue`).
+    pub(super) place: Option<Place>,
 }
 
 /// Where a request waits for an admission slot: its lane, its turn's key,
@@ -122,11 +136,7 @@ impl RequestLog {
             started,
             bytes_in: None,
             conn,
-            in_flight: None,
-            server: None,
-            rule_guards: Vec::new(),
-            permit: None,
-            place: None,
+            held: Held::default(),
             visit: None,
             written: false,
         });
@@ -290,11 +300,7 @@ impl RequestLog {
         if !rt.access_log.write(&self.record) {
             rt.metrics.access_log_dropped.inc();
         }
-        self.in_flight.take();
-        self.server.take();
-        // Dropped unused: `Outcome::Abandoned`.
-        self.permit.take();
-        self.rule_guards.clear();
+        drop(std::mem::take(&mut self.held));
         self.conn.edge.state.request_finished();
     }
 }

@@ -265,7 +265,7 @@ async fn decide_rules(
     else {
         return Ruled::Reject(RejectReason::ClientInFlight { limit: max });
     };
-    log.in_flight = Some(slot);
+    log.held.in_flight = Some(slot);
     if route.rules.is_empty() {
         return Ruled::Admit(None);
     }
@@ -410,7 +410,7 @@ async fn rules(
     if !judged.shadow.is_empty() {
         log.record.shadow_rules = Some(judged.shadow.iter().map(|r| r.rule.to_string()).collect());
     }
-    log.rule_guards = judged.guards;
+    log.held.rule_guards = judged.guards;
     if judged.challenge.is_some() {
         return Ruled::Challenge;
     }
@@ -568,7 +568,7 @@ pub(super) async fn challenge_endpoint(
         log.record.decision = "reject";
         return log.answer(&RejectReason::ClientInFlight { limit: max }, accept);
     };
-    log.in_flight = Some(slot);
+    log.held.in_flight = Some(slot);
     // The timeouts of any body; the size is `Limited`'s, below.
     body.watch(gw.edge.body, None);
     let limited = http_body_util::Limited::new(body, crate::challenge::MAX_VERIFY_BODY);

@@ -190,7 +190,7 @@ pub(super) async fn forward(
         && e.refused()
         && weir_http::connections::is_idempotent_read(req.method())
         && http_body::Body::is_end_stream(req.body())
-        && let (Some(queue), Some(again)) = (&pool.admission, log.place.take())
+        && let (Some(queue), Some(again)) = (&pool.admission, log.held.place.take())
     {
         tracing::debug!(error = %e, "refused by the app; waiting for a slot again");
         let labels = PoolLabels {
@@ -214,7 +214,7 @@ pub(super) async fn forward(
     // stream, a tunnel), which is no measure of the app's load: held to
     // the body's end, a few streams took every slot of a cut limit and
     // everyone else waited out their deadline.
-    if let Some(permit) = log.permit.take() {
+    if let Some(permit) = log.held.permit.take() {
         permit.complete(outcome);
     }
     result.map_err(Unanswered::Failed)
@@ -472,7 +472,7 @@ async fn send_with_failover(
                 Ok(resp) => {
                     handles.duration.observe(took.as_secs_f64());
                     log.record.upstream_time = Some(took);
-                    log.server = Some(guard);
+                    log.held.server = Some(guard);
                     return Ok(resp);
                 }
                 // Nothing listened, and the failover below has no copy to send
