@@ -592,9 +592,9 @@ impl AdmissionQueue {
     /// changed its settings, learned about the app: its adaptive limit and
     /// what each request shape costs. (Its waiters and requests in flight
     /// stay with it and finish there.) A reload changes what its
-    /// configuration changed, not what weir had learned of the app: before,
-    /// such a reload started the limit open again in front of an app weir
-    /// had cut, and forgot every expensive shape.
+    /// configuration changed, not what weir had learned of the app: a
+    /// fresh queue would start the limit open again in front of an app weir
+    /// had cut, and forget every expensive shape.
     pub fn continue_from(&self, previous: &AdmissionQueue) {
         self.shared.shapes.continue_from(&previous.shared.shapes);
         if let Some(state) = previous.limit_state() {

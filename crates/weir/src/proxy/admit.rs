@@ -185,7 +185,7 @@ fn turn(
 /// only when the app has room under the cut limit (a retry sent at once
 /// would meet the same full backlog). This is what keeps the first burst
 /// in front of an app whose limit weir has not learned yet (a first start,
-/// a new app) from failing: before, each was a `502`.
+/// a new app) from failing with `502`s.
 /// Result: `Ok` with the new slot held in the log record, or the shed's
 /// reason (recorded as any shed).
 pub(super) async fn requeue(

@@ -257,8 +257,8 @@ impl Drop for RequestLog {
     /// waited for a slot or for the app. Written with nginx's 499, so that
     /// people who gave up waiting are in the log and in
     /// `weir_requests_total`, and the connection's count of requests in
-    /// flight falls again (an HTTP/2 connection whose streams were reset
-    /// had stayed busy, never idle). Before, such a request left no line.
+    /// flight falls again (else an HTTP/2 connection whose streams were
+    /// reset would stay busy, never idle).
     fn drop(&mut self) {
         if self.written {
             return;

@@ -195,8 +195,9 @@ impl ForwardError {
 
 /// An exchange that failed is answered by its side: the app's failures
 /// with 502/504 (told plainly, no template), the client's own upload that
-/// stalled or broke with 408/400, counted as the client's (it once was a
-/// 502 `exchange`, and paged whoever watched 5xx).
+/// stalled or broke with 408/400, counted as the client's: a client's
+/// broken upload is not the app's failure, and must not page whoever
+/// watches 5xx.
 impl Reason for ForwardError {
     fn status(&self) -> StatusCode {
         match (self, self.client_body()) {
