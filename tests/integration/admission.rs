@@ -117,6 +117,61 @@ async fn client_loop(
     out
 }
 
+/// Closed-loop clients ([`client_loop`]) started in groups and stopped
+/// together: the load the tests below put on weir while they watch.
+struct Traffic {
+    to: SocketAddr,
+    stop: Arc<AtomicBool>,
+    groups: Vec<Vec<tokio::task::JoinHandle<Vec<Answer>>>>,
+}
+
+impl Traffic {
+    fn to(weir: SocketAddr) -> Traffic {
+        Traffic {
+            to: weir,
+            stop: Arc::new(AtomicBool::new(false)),
+            groups: Vec::new(),
+        }
+    }
+
+    /// Starts `count` clients, the `i`-th from `ip(net, i, 1)`, each asking
+    /// for `path` with the cookie `cookie(i)` (none if empty).
+    fn clients(&mut self, net: u8, count: u8, path: &'static str, cookie: impl Fn(u8) -> String) {
+        let group = (0..count)
+            .map(|i| {
+                let to = self.to;
+                tokio::spawn(client_loop(
+                    ip(net, i, 1),
+                    to,
+                    path,
+                    cookie(i),
+                    self.stop.clone(),
+                ))
+            })
+            .collect();
+        self.groups.push(group);
+    }
+
+    /// Stops every client; each group's answers, in the order started.
+    async fn stop(self) -> Vec<Vec<Answer>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut answers = Vec::new();
+        for group in self.groups {
+            let mut of_group = Vec::new();
+            for client in group {
+                of_group.extend(client.await.unwrap());
+            }
+            answers.push(of_group);
+        }
+        answers
+    }
+}
+
+/// No cookie, for [`Traffic::clients`].
+fn no_cookie(_: u8) -> String {
+    String::new()
+}
+
 async fn status_doc(weir: &TestWeir) -> serde_json::Value {
     let (_, _, body) = get(weir.admin, "/status", &[]).await;
     serde_json::from_slice(&body).unwrap()
@@ -190,38 +245,12 @@ async fn overload_waits_then_sheds_only_the_lowest_lane() {
     // resets connections, as php-fpm's listen.backlog does.
     let app = app(4, 2, 20.0, 100.0);
     let weir = TestWeir::start(&overload_config(app.addr(), "300ms")).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut crawlers = Vec::new();
+    let mut traffic = Traffic::to(weir.addr);
     // 12 closed-loop crawlers on 100 ms requests against 3 slots: 4x.
-    for i in 0..12u8 {
-        crawlers.push(tokio::spawn(client_loop(
-            ip(20, i, 1),
-            weir.addr,
-            "/w/index.php?search=x",
-            String::new(),
-            stop.clone(),
-        )));
-    }
-    let mut readers = Vec::new();
-    for i in 0..3u8 {
-        readers.push(tokio::spawn(client_loop(
-            ip(30, i, 1),
-            weir.addr,
-            "/wiki/Page",
-            String::new(),
-            stop.clone(),
-        )));
-    }
+    traffic.clients(20, 12, "/w/index.php?search=x", no_cookie);
+    traffic.clients(30, 3, "/wiki/Page", no_cookie);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut crawled = Vec::new();
-    for c in crawlers {
-        crawled.extend(c.await.unwrap());
-    }
-    let mut read = Vec::new();
-    for r in readers {
-        read.extend(r.await.unwrap());
-    }
+    let [crawled, read] = <[_; 2]>::try_from(traffic.stop().await).unwrap();
 
     let snap = app.snapshot();
     assert!(
@@ -294,42 +323,16 @@ async fn verified_lane_waits_little_while_anonymous_is_shed() {
         .unwrap()
         .as_secs()
         + 3600;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut crawlers = Vec::new();
-    for i in 0..12u8 {
-        crawlers.push(tokio::spawn(client_loop(
-            ip(21, i, 1),
-            weir.addr,
-            "/w/index.php?search=x",
-            String::new(),
-            stop.clone(),
-        )));
-    }
-    let mut editors = Vec::new();
-    for i in 0..2u8 {
-        let cookie = format!(
-            "weir_session={}",
-            signer.issue(&format!("editor{i}"), expires).unwrap()
-        );
-        // Editors ask for the same expensive pages as the crawlers.
-        editors.push(tokio::spawn(client_loop(
-            ip(31, i, 1),
-            weir.addr,
-            "/w/index.php?search=x",
-            cookie,
-            stop.clone(),
-        )));
-    }
+    let mut traffic = Traffic::to(weir.addr);
+    traffic.clients(21, 12, "/w/index.php?search=x", no_cookie);
+    // Editors ask for the same expensive pages as the crawlers.
+    let session = |i: u8| {
+        let token = signer.issue(&format!("editor{i}"), expires).unwrap();
+        format!("weir_session={token}")
+    };
+    traffic.clients(31, 2, "/w/index.php?search=x", session);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut crawled = Vec::new();
-    for c in crawlers {
-        crawled.extend(c.await.unwrap());
-    }
-    let mut edited = Vec::new();
-    for e in editors {
-        edited.extend(e.await.unwrap());
-    }
+    let [crawled, edited] = <[_; 2]>::try_from(traffic.stop().await).unwrap();
     assert!(crawled.iter().any(|a| a.0 == 503), "anonymous is shed");
     assert!(
         !edited.is_empty() && edited.iter().all(|a| a.0 == 200),
@@ -619,17 +622,8 @@ slow_start = "8s"
         )
     };
     let weir = TestWeir::start(&config(&format!("\"{}\"", warm.addr()))).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for i in 0..30u8 {
-        clients.push(tokio::spawn(client_loop(
-            ip(50, i, 1),
-            weir.addr,
-            "/page",
-            String::new(),
-            stop.clone(),
-        )));
-    }
+    let mut traffic = Traffic::to(weir.addr);
+    traffic.clients(50, 30, "/page", no_cookie);
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The replacement joins the pool by a reload.
     std::fs::write(
@@ -656,11 +650,7 @@ slow_start = "8s"
         "{doc}"
     );
     tokio::time::sleep(Duration::from_secs(5)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut answers = Vec::new();
-    for c in clients {
-        answers.extend(c.await.unwrap());
-    }
+    let answers = traffic.stop().await.concat();
     let fresh_snap = fresh.snapshot();
     assert_eq!(fresh_snap.refused, 0, "never sent more than it could take");
     assert!(
@@ -778,33 +768,11 @@ async fn zero_config_queues_a_flood_behind_cheap_pages_it_learned() {
     assert!(learned.is_some(), "one shape learned expensive");
 
     // The flood: 24 closed-loop searchers (6x the workers) and 3 readers.
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut crawlers = Vec::new();
-    for i in 0..24u8 {
-        crawlers.push(tokio::spawn(client_loop(
-            ip(20, i, 1),
-            weir.addr,
-            "/w/index.php?search=x",
-            String::new(),
-            stop.clone(),
-        )));
-    }
-    let mut readers = Vec::new();
-    for i in 0..3u8 {
-        readers.push(tokio::spawn(client_loop(
-            ip(30, i, 1),
-            weir.addr,
-            "/wiki/Page",
-            String::new(),
-            stop.clone(),
-        )));
-    }
+    let mut traffic = Traffic::to(weir.addr);
+    traffic.clients(20, 24, "/w/index.php?search=x", no_cookie);
+    traffic.clients(30, 3, "/wiki/Page", no_cookie);
     tokio::time::sleep(Duration::from_secs(4)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut answers = Vec::new();
-    for c in crawlers.into_iter().chain(readers) {
-        answers.extend(c.await.unwrap());
-    }
+    let answers = traffic.stop().await.concat();
     assert!(
         answers.iter().all(|a| a.0 == 200),
         "no 5xx, nothing shed: {:?}",
@@ -866,27 +834,14 @@ async fn zero_config_queues_a_flood_behind_cheap_pages_it_learned() {
 async fn zero_config_backs_off_from_an_app_that_resets_when_full() {
     let app = app(4, 0, 20.0, 20.0);
     let weir = zero_config(&app).await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for i in 0..16u8 {
-        clients.push(tokio::spawn(client_loop(
-            ip(40, i, 1),
-            weir.addr,
-            "/api/tile",
-            String::new(),
-            stop.clone(),
-        )));
-    }
+    let mut traffic = Traffic::to(weir.addr);
+    traffic.clients(40, 16, "/api/tile", no_cookie);
     // The limit learns within a few one-second windows.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let refused_before = app.snapshot().refused;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let refused_after = app.snapshot().refused;
-    stop.store(true, Ordering::Relaxed);
-    let mut answers = Vec::new();
-    for c in clients {
-        answers.extend(c.await.unwrap());
-    }
+    let answers = traffic.stop().await.concat();
     assert!(refused_before > 0, "the flood overflowed the app at first");
     assert!(
         refused_before < 100,
