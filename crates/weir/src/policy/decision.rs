@@ -89,8 +89,8 @@ pub struct ChallengeInstead {
     /// Also at once when it is expected to wait longer than the
     /// challenge's `pressure.wait`: pressure is engaged, or the class is
     /// `learned` (its shape is expensive, which is a flood's signature
-    /// already); and once it has waited that long. Either way it gets the
-    /// page when it would be shed or has waited twice that.
+    /// already); and once it has waited that long. Without it, the page
+    /// comes only where it would be shed or after twice that wait.
     pub on_long_wait: bool,
     /// Pressure is engaged (what `weir_challenge_spared_total` counts under).
     pub engaged: bool,
