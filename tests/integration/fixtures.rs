@@ -384,6 +384,15 @@ pub const NAV: [(&str, &str); 3] = [
     ("user-agent", "Mozilla/5.0 test"),
 ];
 
+/// The `<noscript>` refresh link of a challenge page, as a browser without
+/// JavaScript follows it.
+pub fn no_script_link(page: &[u8]) -> String {
+    let html = String::from_utf8_lossy(page);
+    let marker = "<meta http-equiv=\"refresh\" content=\"0; url=";
+    let start = html.find(marker).unwrap_or_else(|| panic!("{html}")) + marker.len();
+    html[start..start + html[start..].find('"').unwrap()].to_string()
+}
+
 /// [`NAV`]'s headers with a `Cookie` (a pass from [`solve_challenge`]).
 pub fn nav_with_cookie(cookie: &str) -> Vec<(&'static str, &str)> {
     NAV.iter().copied().chain([("cookie", cookie)]).collect()

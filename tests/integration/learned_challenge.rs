@@ -243,3 +243,37 @@ async fn a_learned_class_offers_the_page_once_the_navigation_has_waited_pressure
     );
     resume_and_stop(app, weir, holder).await;
 }
+
+/// The no-script delay counts the wait the page came after: a person
+/// without JavaScript who waited `pressure.wait` in the queue for the page
+/// has spent that time, and follows the refresh to a pass at once. Issued
+/// at the end of the wait, the page made them wait the whole delay again
+/// (500 ms after 500 ms, then the page: past 2 s where the app was slow).
+/// Both are 3 s here, so that a refresh held for the delay (3 s) and one
+/// answered at once (milliseconds) are far apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_no_script_delay_counts_the_wait_for_the_page() {
+    let app = slow_search_app();
+    let rest = "[challenge]\nno_script_delay = \"3s\"\n[challenge.pressure]\nwait = \"3s\"\n";
+    let weir = TestWeir::start(&config(&app, rest)).await;
+    learn_shapes(&weir).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    let started = std::time::Instant::now();
+    let body = offered_the_page(&weir, Duration::from_secs(5), "no page after the wait").await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "the page came after the wait: {:?}",
+        started.elapsed()
+    );
+    let link = no_script_link(&body);
+    let refresh = get_from(ip("127.124.0.1"), weir.addr, &link, &NAV);
+    let (status, h, _) = tokio::time::timeout(Duration::from_secs(2), refresh)
+        .await
+        .expect("the refresh was held for the delay the queue's wait had spent");
+    assert_eq!(status, 303, "{h:?}");
+    assert!(
+        h["set-cookie"].to_str().unwrap().starts_with("weir_pass="),
+        "{h:?}"
+    );
+    resume_and_stop(app, weir, holder).await;
+}

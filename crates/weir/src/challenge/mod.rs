@@ -126,7 +126,8 @@ pub enum ChallengeEvent {
     /// A challenge page was served.
     Issued { difficulty: u8 },
     /// A correct answer earned a pass. `time_to_solve` runs from the page
-    /// being issued to the answer arriving (includes page load and network).
+    /// being issued to the answer arriving (includes page load and network;
+    /// a page offered after a queue wait is issued as of the wait's start).
     /// `no_script`: earned by waiting, by a browser without JavaScript
     /// (difficulty 0).
     Solved {
@@ -347,16 +348,33 @@ impl Challenger {
         difficulty: u8,
         now: SystemTime,
     ) -> Response<Bytes> {
+        self.page_after(target, client, headers, difficulty, now, Duration::ZERO)
+    }
+
+    /// [`Challenger::page`] for a navigation that has already `waited` for
+    /// it (in the admission queue): the page is issued as of the wait's
+    /// start, so the no-script delay (and `solve_ttl`) count the wait, and
+    /// its refresh asks for the whole seconds of the delay left.
+    ///
+    /// Why: a person who waited for the page has spent that time already.
+    /// Counted from the page, a person without JavaScript waited
+    /// `pressure.wait`, then the whole delay again, then the page, and came
+    /// past 2 s where the app was slow (docs/lab.md, crawlers like people).
+    /// A crawler pays the same wait either way, in the queue or on the page.
+    pub fn page_after(
+        &self,
+        target: &Target,
+        client: &ClientId,
+        headers: &HeaderMap,
+        difficulty: u8,
+        now: SystemTime,
+        waited: Duration,
+    ) -> Response<Bytes> {
         let return_path = target.path_and_query();
         let binding = Binding::of(client.client, user_agent(headers));
-        self.challenge(
-            binding,
-            difficulty,
-            return_path,
-            StatusCode::TOO_MANY_REQUESTS,
-            now,
-            Vec::new(),
-        )
+        let issued = Issued { now, waited };
+        let status = StatusCode::TOO_MANY_REQUESTS;
+        self.challenge(binding, difficulty, return_path, status, issued, Vec::new())
     }
 
     fn challenge(
@@ -365,7 +383,7 @@ impl Challenger {
         difficulty: u8,
         return_path: &str,
         status: StatusCode,
-        now: SystemTime,
+        issued: Issued,
         mut events: Vec<ChallengeEvent>,
     ) -> Response<Bytes> {
         let challenge = pow::issue(
@@ -374,11 +392,14 @@ impl Challenger {
             difficulty,
             rand::random::<u64>(),
             return_path,
-            now,
+            issued.now.checked_sub(issued.waited).unwrap_or(issued.now),
         );
-        let mut resp = self
-            .template
-            .render(&challenge.nonce, challenge.difficulty, status);
+        let mut resp = self.template.render(
+            &challenge.nonce,
+            challenge.difficulty,
+            status,
+            issued.waited,
+        );
         events.push(ChallengeEvent::Issued {
             difficulty: challenge.difficulty,
         });
@@ -581,15 +602,21 @@ impl Challenger {
             PowRejection::Malformed | PowRejection::BadSignature => StatusCode::FORBIDDEN,
             _ => StatusCode::TOO_MANY_REQUESTS,
         };
-        self.challenge(
-            binding,
-            bits,
-            path,
-            status,
+        let issued = Issued {
             now,
-            vec![ChallengeEvent::Failed(reason)],
-        )
+            waited: Duration::ZERO,
+        };
+        let events = vec![ChallengeEvent::Failed(reason)];
+        self.challenge(binding, bits, path, status, issued, events)
     }
+}
+
+/// When a challenge is issued: `now`, less what the navigation `waited`
+/// for its page (see [`Challenger::page_after`]).
+#[derive(Clone, Copy)]
+struct Issued {
+    now: SystemTime,
+    waited: Duration,
 }
 
 /// The `nonce` of a `/.weir/challenge/refresh?nonce=` link, decoded.

@@ -90,8 +90,15 @@ impl PageTemplate {
         }
     }
 
-    /// The challenge page for one request.
-    pub fn render(&self, nonce: &str, difficulty: u8, status: StatusCode) -> Response<Bytes> {
+    /// The challenge page for one request, whose navigation has already
+    /// `waited` for it (the no-script refresh asks for the rest of its delay).
+    pub fn render(
+        &self,
+        nonce: &str,
+        difficulty: u8,
+        status: StatusCode,
+        waited: std::time::Duration,
+    ) -> Response<Bytes> {
         let t = &self.text;
         let e = escape;
         // Inside `<noscript>` in the head: only a browser not running the
@@ -103,7 +110,7 @@ impl PageTemplate {
                     // Whole seconds only (HTML ignores a fraction): 0
                     // for the default 500 ms; weir holds the link for
                     // the rest (`Challenger::refresh_hold`).
-                    wait.as_secs(),
+                    wait.saturating_sub(waited).as_secs(),
                     e(nonce)
                 ),
                 &t.noscript_wait,
@@ -221,6 +228,7 @@ mod tests {
             "Tk9OQ0U",
             16,
             StatusCode::TOO_MANY_REQUESTS,
+            std::time::Duration::ZERO,
         );
         let headers = resp.headers().clone();
         (
@@ -287,7 +295,12 @@ mod tests {
             lang: "en\" onload=\"x".into(),
             ..ChallengeText::default()
         };
-        let resp = PageTemplate::new(&text, None).render("n", 1, StatusCode::TOO_MANY_REQUESTS);
+        let resp = PageTemplate::new(&text, None).render(
+            "n",
+            1,
+            StatusCode::TOO_MANY_REQUESTS,
+            std::time::Duration::ZERO,
+        );
         let html = String::from_utf8(resp.into_body().to_vec()).unwrap();
         assert!(html.contains("<h1>&lt;script&gt;alert(1)&lt;/script&gt;</h1>"));
         assert!(html.contains("lang=\"en&quot; onload=&quot;x\""));

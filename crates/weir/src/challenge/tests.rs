@@ -717,3 +717,44 @@ fn a_delay_past_whole_seconds_is_asked_of_the_browser_and_held_for_the_rest() {
     );
     assert_eq!(left, Some(Duration::from_millis(500)));
 }
+
+/// A page offered after a wait in the queue counts the wait: issued as of
+/// its start, it asks the browser for the whole seconds left of the delay,
+/// and its link is held only for the rest (none once the wait covered it).
+#[test]
+fn a_page_after_a_wait_counts_the_wait_toward_the_delay() {
+    let ch = Challenger::new(&ChallengeConfig {
+        no_script_delay: crate::config::ConfigDuration(Duration::from_millis(2_500)),
+        ..config()
+    })
+    .unwrap();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let me = client("203.0.113.7");
+    let wiki = target("GET", "/wiki/Page");
+    let page = ch.page_after(&wiki, &me, &h, 8, now(), Duration::from_millis(1_200));
+    let html = std::str::from_utf8(page.body()).unwrap();
+    assert!(
+        html.contains("http-equiv=\"refresh\" content=\"1; url="),
+        "1.3 s of the delay left: {html}"
+    );
+    let link = target("GET", &refresh_link(&page));
+    let left = ch.refresh_hold(&link, &h, &me, now());
+    assert_eq!(left, Some(Duration::from_millis(1_300)));
+    let resp = ch.handle(
+        &link,
+        &h,
+        b"",
+        &me,
+        false,
+        now() + Duration::from_millis(1_300),
+    );
+    assert_eq!(resp.unwrap().unwrap().status(), StatusCode::SEE_OTHER);
+    // A wait longer than the delay leaves nothing to wait.
+    let page = ch.page_after(&wiki, &me, &h, 8, now(), Duration::from_secs(3));
+    let html = std::str::from_utf8(page.body()).unwrap();
+    assert!(html.contains("content=\"0; url="), "{html}");
+    let link = target("GET", &refresh_link(&page));
+    assert_eq!(ch.refresh_hold(&link, &h, &me, now()), None);
+    let resp = ch.handle(&link, &h, b"", &me, false, now());
+    assert_eq!(resp.unwrap().unwrap().status(), StatusCode::SEE_OTHER);
+}

@@ -53,7 +53,7 @@ pub(super) async fn admission(
         let deferred = admitted.deferred.is_some();
         match page_deadline(queue, &place, ask, deferred, now) {
             Some(deadline) => place.deadline = place.deadline.min(deadline),
-            None => return Err(challenge_page(ask.1, ask.0, view, client)),
+            None => return Err(challenge_page(ask.1, ask.0, view, client, now)),
         }
     }
     // Kept: a request the app refuses waits here again (`requeue`).
@@ -66,7 +66,7 @@ pub(super) async fn admission(
             Ok(())
         }
         Err(reason) => Err(match (ask, admitted.deferred) {
-            (Some((c, ch)), _) => challenge_page(ch, c, view, client),
+            (Some((c, ch)), _) => challenge_page(ch, c, view, client, now),
             (None, Some(d)) => Unadmitted::Reject(super::policy::deferral_refused(*d, client, log)),
             (None, None) => Unadmitted::Reject(reason),
         }),
@@ -237,15 +237,18 @@ async fn slot(
     }
 }
 
-/// The challenge page for a navigation admission would not serve promptly.
+/// The challenge page for a navigation admission would not serve promptly,
+/// counting the wait since `asked` (when it came to the queue) towards the
+/// no-script delay ([`Challenger::page_after`]).
 fn challenge_page(
     ch: &Challenger,
     c: ChallengeInstead,
     view: &RequestView<'_>,
     client: &ClientId,
+    asked: tokio::time::Instant,
 ) -> Unadmitted {
-    let now = std::time::SystemTime::now();
-    let page = ch.page(view.target, client, view.headers, c.difficulty, now);
+    let (now, waited) = (std::time::SystemTime::now(), asked.elapsed());
+    let page = ch.page_after(view.target, client, view.headers, c.difficulty, now, waited);
     Unadmitted::Challenge(Box::new(page))
 }
 
