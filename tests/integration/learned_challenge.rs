@@ -1,7 +1,8 @@
 //! Issue 36, the challenge with zero configuration: without `[challenge]`,
 //! weir offers proof to browser navigations of the request shapes the pool
-//! learned are expensive, and only where they would wait long; never to a
-//! cheap page or a request that is not a navigation. Its key is generated
+//! learned are expensive, and only where they would wait long; to a cheap
+//! page only instead of a `503`; never to a request that is not a
+//! navigation. Its key is generated
 //! once and kept in the state directory; `enabled = false` turns it off.
 
 use std::net::IpAddr;
@@ -274,6 +275,43 @@ async fn the_no_script_delay_counts_the_wait_for_the_page() {
     assert!(
         h["set-cookie"].to_str().unwrap().starts_with("weir_pass="),
         "{h:?}"
+    );
+    resume_and_stop(app, weir, holder).await;
+}
+
+/// Item 3 of issue 36 for a cheap page: a person's article that waits out
+/// its queue deadline gets the challenge, not a `503`, and not before (its
+/// shape is no flood's: it waits like anyone's, past `pressure.wait` and
+/// twice that). A request that is not a navigation gets the `503`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cheap_page_that_waits_out_its_deadline_gets_the_challenge_not_a_503() {
+    let app = slow_search_app();
+    let rest = "queue_timeout = \"3s\"\n[challenge.pressure]\nwait = \"1s\"\n";
+    let weir = TestWeir::start(&config(&app, rest)).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    let addr = weir.addr;
+    let started = std::time::Instant::now();
+    let api =
+        tokio::spawn(async move { get_from(ip("127.123.0.1"), addr, "/wiki/Api", &[]).await });
+    let (status, h, body) = get_from(ip("127.124.0.1"), addr, "/wiki/Article", &NAV).await;
+    assert_eq!(status, 429, "the challenge, not a 503");
+    assert_eq!(h["x-weir-challenge"], "1");
+    assert!(
+        started.elapsed() >= Duration::from_millis(2_900),
+        "not before its deadline (3 s): {:?}",
+        started.elapsed()
+    );
+    let (status, h, _) = api.await.unwrap();
+    assert_eq!(status, 503, "{h:?}");
+    // Its pass (weir's own key) is the pass lane: served once the app is back.
+    let person = ip("127.124.0.1");
+    let (answered, _, cookie) = solve_challenge(person, addr, &body, 12, NAV[2].1).await;
+    assert_eq!(answered, 303);
+    app.unstall();
+    let with_pass = nav_with_cookie(&cookie);
+    assert_eq!(
+        get_from(person, addr, "/wiki/Article", &with_pass).await.0,
+        200
     );
     resume_and_stop(app, weir, holder).await;
 }

@@ -86,14 +86,30 @@ impl Admitted {
 pub struct ChallengeInstead {
     /// The page's difficulty (pressure adds bits).
     pub difficulty: u8,
-    /// Also at once when it is expected to wait longer than the
-    /// challenge's `pressure.wait`: pressure is engaged, or the class is
-    /// `learned` (its shape is expensive, which is a flood's signature
-    /// already); and once it has waited that long. Without it, the page
-    /// comes only where it would be shed or after twice that wait.
-    pub on_long_wait: bool,
+    /// Where, besides instead of a refusal, the page comes.
+    pub when: PageWhen,
     /// Pressure is engaged (what `weir_challenge_spared_total` counts under).
     pub engaged: bool,
+}
+
+/// Where an unproven navigation gets the challenge page rather than its
+/// wait: always where admission would shed it (or a rule a pass exempts
+/// would refuse it), and, by the class and the pressure, on a long wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageWhen {
+    /// Only instead of a refusal: a cheap page of a `learned` class. Its
+    /// shape is no flood's signature, so it waits like anyone's; but a
+    /// person who waited for it gets the page, not a `503`.
+    Refused,
+    /// Also once it has waited twice `pressure.wait`: an `under_pressure`
+    /// class while pressure is off (a burst the app works off within a
+    /// second shows nobody the page).
+    TwiceTheWait,
+    /// Also at once when it is expected to wait longer than
+    /// `pressure.wait`, and once it has waited that long: pressure is
+    /// engaged, or the class is `learned` and the shape expensive (a
+    /// flood's signature already).
+    LongWait,
 }
 
 /// Why a request was not forwarded, and how the client is told.

@@ -9,5 +9,7 @@ pub mod decision;
 pub mod route;
 pub mod rules;
 
-pub use decision::{Admitted, ChallengeInstead, Decision, Proof, RejectReason, ShedCause};
+pub use decision::{
+    Admitted, ChallengeInstead, Decision, PageWhen, Proof, RejectReason, ShedCause,
+};
 pub use route::{ClassSettings, Route, RouteClass, RouteTable};

@@ -15,7 +15,7 @@ use crate::challenge::Challenger;
 use crate::gateway::ClassAdmission;
 use crate::identity::ClientId;
 use crate::policy::route::RequestView;
-use crate::policy::{Admitted, ChallengeInstead, RejectReason};
+use crate::policy::{Admitted, ChallengeInstead, PageWhen, RejectReason};
 use crate::upstream::{ForwardError, Pool};
 
 /// **Admission phase**: after the policy admitted the request (and after
@@ -134,7 +134,8 @@ fn place(
 /// missed, and a person without JavaScript pays the no-script wait and the
 /// page after it too (1 s, then 500 ms, then the page came past 2 s). An
 /// `under_pressure` class off pressure waits twice that: a burst the app
-/// works off within a second shows nobody the page.
+/// works off within a second shows nobody the page. A cheap page of a
+/// learned class waits its whole deadline ([`PageWhen::Refused`]).
 fn page_deadline(
     queue: &AdmissionQueue,
     place: &Place,
@@ -143,11 +144,15 @@ fn page_deadline(
     now: tokio::time::Instant,
 ) -> Option<tokio::time::Instant> {
     let wait = ch.pressure_wait();
-    if (c.on_long_wait || deferred) && queue.expected_wait(place.lane, &place.key) > wait {
+    let long = c.when == PageWhen::LongWait;
+    if (long || deferred) && queue.expected_wait(place.lane, &place.key) > wait {
         return None;
     }
-    let waits = if c.on_long_wait { 1 } else { 2 };
-    Some(now + waits * wait)
+    match c.when {
+        PageWhen::Refused => Some(place.deadline),
+        PageWhen::TwiceTheWait => Some(now + 2 * wait),
+        PageWhen::LongWait => Some(now + wait),
+    }
 }
 
 /// Whose turn in its lane the request waits for. A pass holder is a

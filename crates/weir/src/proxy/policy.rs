@@ -33,7 +33,7 @@ use crate::policy::route::{RequestView, Route};
 use crate::policy::rules::{
     Deferral, RequestFacts, Rule, RuleObserver, RuleRejection, RuleResult, judge,
 };
-use crate::policy::{Admitted, ChallengeInstead, Decision, Proof, RejectReason};
+use crate::policy::{Admitted, ChallengeInstead, Decision, PageWhen, Proof, RejectReason};
 use crate::respond::Accepts;
 use crate::runtime::Runtime;
 use weir_limiter::MonoTime;
@@ -197,15 +197,21 @@ pub(super) async fn decide(
             Challenged::Instead(c) => instead = Some(c),
         }
     }
+    // A cheap page's page stands in for the queue's `503` only: a rule's
+    // refusal stays the rule's (what it counts, and alerts on).
+    let by_rules = instead.filter(|c| c.when != PageWhen::Refused);
     let facts = Facts {
         user: session.user(),
         proof,
-        challengeable: instead.is_some(),
+        challengeable: by_rules.is_some(),
     };
     match decide_rules(view, route, client, facts, gw, log).await {
         Ruled::Admit(deferred) => {
             // A pass that would not lift a deferral is not worth asking for.
-            let challenge = instead.filter(|_| deferred.as_ref().is_none_or(|d| d.pass_exempts));
+            let challenge = match &deferred {
+                None => instead,
+                Some(d) => by_rules.filter(|_| d.pass_exempts),
+            };
             Decision::Admit(Admitted {
                 proof,
                 deferred,
@@ -214,7 +220,7 @@ pub(super) async fn decide(
         }
         Ruled::Reject(reason) => Decision::Reject(reason),
         Ruled::Challenge => {
-            let Some((ch, c)) = gw.challenger.as_ref().zip(instead) else {
+            let Some((ch, c)) = gw.challenger.as_ref().zip(by_rules) else {
                 unreachable!("only a challengeable request is challenged by a rule")
             };
             let page = ch.page(
@@ -320,18 +326,27 @@ fn challenge(
     let now = SystemTime::now();
     let pool = &gw.pools[route.pool];
     // Learned: only the shapes the app answers slowly, which a crawler flood
-    // is made of; a cheap page is never worth a visitor's proof.
-    if route.challenge == ChallengeMode::Learned
-        && !(pool.admission.as_ref())
-            .is_some_and(|q| q.shapes().is_expensive(Shape::of(view.target)))
-    {
-        return Challenged::NotNow;
+    // is made of, are worth a visitor's proof while they wait; a cheap page
+    // waits like anyone's, and gets the page only instead of a refusal (a
+    // person who waited gets the challenge, not a `503`). A pool without a
+    // queue learns nothing and sheds nothing: no page.
+    let queue = pool.admission.as_ref();
+    let expensive = queue.is_some_and(|q| q.shapes().is_expensive(Shape::of(view.target)));
+    if route.challenge == ChallengeMode::Learned && !expensive {
+        if queue.is_none() || !ch.eligible(view.target, view.headers, client) {
+            return Challenged::NotNow;
+        }
+        return Challenged::Instead(ChallengeInstead {
+            difficulty: ch.base_difficulty(),
+            when: PageWhen::Refused,
+            engaged: false,
+        });
     }
     // Pressure is what people would wait behind: every lane above
     // `deferred` (deferred requests only take what nobody else wants). A
     // pool without a queue is never under it. (The wait threshold is not fed
     // yet: depth alone engages.)
-    let depth = (pool.admission.as_ref()).map_or(0, |q| q.snapshot().queued_above(Lane::DEFERRED));
+    let depth = queue.map_or(0, |q| q.snapshot().queued_above(Lane::DEFERRED));
     let (engaged, difficulty) = rt.pressure.observe(
         &pool.name,
         &ch.pressure(),
@@ -367,7 +382,11 @@ fn challenge(
         // wait, and came past 2 s: docs/lab.md, crawlers like people).
         _ => Challenged::Instead(ChallengeInstead {
             difficulty,
-            on_long_wait: engaged || route.challenge == ChallengeMode::Learned,
+            when: if engaged || route.challenge == ChallengeMode::Learned {
+                PageWhen::LongWait
+            } else {
+                PageWhen::TwiceTheWait
+            },
             engaged,
         }),
     }
