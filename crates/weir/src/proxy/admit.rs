@@ -67,7 +67,7 @@ pub(super) async fn admission(
         }
         Err(reason) => Err(match (ask, admitted.deferred) {
             (Some((c, ch)), _) => challenge_page(ch, c, view, client, now),
-            (None, Some(d)) => Unadmitted::Reject(super::policy::deferral_refused(*d, client, log)),
+            (None, Some(d)) => Unadmitted::Deferred(d),
             (None, None) => Unadmitted::Reject(reason),
         }),
     }
@@ -307,6 +307,10 @@ pub(super) enum Unadmitted {
     /// An unproven navigation admission would not serve promptly: the
     /// challenge page instead.
     Challenge(Box<Response<Bytes>>),
+    /// A request a rule deferred, shed from its lane: refused with that
+    /// rule's answer, which the rules phase reports
+    /// (`policy::deferral_refused`), not admission.
+    Deferred(Box<crate::policy::rules::Deferral>),
     /// Shed (`503` + `Retry-After`, answered by the rescue).
     Reject(RejectReason),
 }

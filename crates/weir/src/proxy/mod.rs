@@ -266,6 +266,10 @@ fn serve(
         match admission.await {
             Ok(()) => {}
             Err(admit::Unadmitted::Challenge(page)) => return policy::challenged(*page, log),
+            Err(admit::Unadmitted::Deferred(d)) => {
+                let reason = policy::deferral_refused(*d, &client, &mut log);
+                return log.answer(&reason, accept);
+            }
             Err(admit::Unadmitted::Reject(reason)) => return log.answer(&reason, accept),
         }
         // Upstream: the request as decided, sent with failover.
