@@ -320,9 +320,9 @@ pub(super) enum Unadmitted {
 /// the client's own upload failed: that says nothing about the app's load).
 /// A kept-alive connection closed on a request without an answer is
 /// overload: it is what an app whose backlog is full does (php-fpm resets
-/// past `listen.backlog`), and it came with no latency to show queueing.
-/// (It once said nothing, and weir's defaults kept a limit the app's
-/// backlog overflowed at, its refusals 502s to people.)
+/// past `listen.backlog`), and it came with no latency to show queueing:
+/// counted as nothing, the limit would stay where the backlog overflows,
+/// and its refusals reach people as 502s.
 pub(super) fn admission_outcome(
     result: &Result<Response<UpstreamBody>, ForwardError>,
     upstream_time: Option<Duration>,

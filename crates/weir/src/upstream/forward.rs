@@ -133,8 +133,8 @@ impl ForwardError {
     /// What the failure tells the adaptive limit about the app's load:
     /// overload for a timeout, a reset or a connection closed on the
     /// request (what an app whose backlog is full does, with no latency to
-    /// show queueing; it once said nothing, and weir's defaults kept a
-    /// limit the app's backlog overflowed at); nothing when no server was
+    /// show queueing: counted as nothing, the limit would stay where the
+    /// backlog overflows); nothing when no server was
     /// tried, the connect failed (health's business) or the client's own
     /// upload failed.
     pub fn load(&self) -> crate::admission::Outcome {
