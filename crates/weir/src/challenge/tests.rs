@@ -693,13 +693,18 @@ fn without_no_script_the_page_has_no_refresh_and_the_link_is_gone() {
     }
 }
 
-#[test]
-fn a_delay_past_whole_seconds_is_asked_of_the_browser_and_held_for_the_rest() {
-    let ch = Challenger::new(&ChallengeConfig {
-        no_script_delay: crate::config::ConfigDuration(Duration::from_millis(2_500)),
+/// The test challenger with `delay` as its no-script delay.
+fn with_no_script_delay(delay: Duration) -> Challenger {
+    Challenger::new(&ChallengeConfig {
+        no_script_delay: crate::config::ConfigDuration(delay),
         ..config()
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn a_delay_past_whole_seconds_is_asked_of_the_browser_and_held_for_the_rest() {
+    let ch = with_no_script_delay(Duration::from_millis(2_500));
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
     let page = wiki_page(&ch, &h);
     let html = std::str::from_utf8(page.body()).unwrap();
@@ -723,11 +728,7 @@ fn a_delay_past_whole_seconds_is_asked_of_the_browser_and_held_for_the_rest() {
 /// and its link is held only for the rest (none once the wait covered it).
 #[test]
 fn a_page_after_a_wait_counts_the_wait_toward_the_delay() {
-    let ch = Challenger::new(&ChallengeConfig {
-        no_script_delay: crate::config::ConfigDuration(Duration::from_millis(2_500)),
-        ..config()
-    })
-    .unwrap();
+    let ch = with_no_script_delay(Duration::from_millis(2_500));
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
     let me = client("203.0.113.7");
     let wiki = target("GET", "/wiki/Page");

@@ -342,25 +342,7 @@ fn challenge(
             engaged: false,
         });
     }
-    // Pressure is what people would wait behind: every lane above
-    // `deferred` (deferred requests only take what nobody else wants). A
-    // pool without a queue is never under it. (The wait threshold is not fed
-    // yet: depth alone engages.)
-    let depth = queue.map_or(0, |q| q.snapshot().queued_above(Lane::DEFERRED));
-    let (engaged, difficulty) = rt.pressure.observe(
-        &pool.name,
-        &ch.pressure(),
-        std::time::Instant::now(),
-        depth,
-        std::time::Duration::ZERO,
-        ch.base_difficulty(),
-    );
-    rt.metrics
-        .challenge_engaged
-        .get_or_create(&PoolLabels {
-            pool: pool.name.clone(),
-        })
-        .set(i64::from(engaged));
+    let (engaged, difficulty) = observe_pressure(ch, pool, rt);
     if !ch.eligible(view.target, view.headers, client) {
         return Challenged::NotNow;
     }
@@ -390,6 +372,32 @@ fn challenge(
             engaged,
         }),
     }
+}
+
+/// Feeds `pool`'s pressure state machine with its queue now, and exports
+/// whether it is engaged; the state and the page's difficulty.
+///
+/// Pressure is what people would wait behind: every lane above `deferred`
+/// (deferred requests only take what nobody else wants). A pool without a
+/// queue is never under it. (The wait threshold is not fed yet: depth
+/// alone engages.)
+fn observe_pressure(ch: &Challenger, pool: &crate::upstream::Pool, rt: &Runtime) -> (bool, u8) {
+    let queue = pool.admission.as_ref();
+    let depth = queue.map_or(0, |q| q.snapshot().queued_above(Lane::DEFERRED));
+    let (engaged, difficulty) = rt.pressure.observe(
+        &pool.name,
+        &ch.pressure(),
+        std::time::Instant::now(),
+        depth,
+        std::time::Duration::ZERO,
+        ch.base_difficulty(),
+    );
+    let labels = PoolLabels {
+        pool: pool.name.clone(),
+    };
+    let gauge = rt.metrics.challenge_engaged.get_or_create(&labels);
+    gauge.set(i64::from(engaged));
+    (engaged, difficulty)
 }
 
 /// The class's rules (`policy::rules::judge`, the phase `weir replay` runs
