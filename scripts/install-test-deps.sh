@@ -2,7 +2,8 @@
 # Installs the Debian packages weir's tests and benchmarks run against, and only
 # those that are missing: nginx, haproxy, wrk, redis-server, chromium,
 # prometheus (for promtool), dnsmasq-base (a DNS server for the crawler
-# reverse-DNS tests: the binary only, no service).
+# reverse-DNS tests: the binary only, no service), and the clients the
+# challenge must never break (lynx, w3m, newsboat, wget, curl).
 #
 # Usage: scripts/install-test-deps.sh [PACKAGE...]   (default: all of the above)
 #
@@ -16,7 +17,7 @@
 # anything but Debian/Ubuntu (it says so and fails instead).
 set -euo pipefail
 
-ALL_PACKAGES=(nginx haproxy wrk redis-server chromium prometheus dnsmasq-base)
+ALL_PACKAGES=(nginx haproxy wrk redis-server chromium prometheus dnsmasq-base lynx w3m newsboat wget curl)
 if [[ $# -gt 0 ]]; then
     wanted=("$@")
 else

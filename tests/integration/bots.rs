@@ -10,14 +10,12 @@ use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use ring::signature::{Ed25519KeyPair, KeyPair as _};
 use weir::identity::bots::signature::SignedRequest;
 use weir::identity::bots::{BotCheck, BotVerifier};
 
 use crate::fixtures::*;
 use crate::support::dnsmasq::Dnsmasq;
+use crate::support::web_bot_auth::Crawler;
 
 /// The crawler's zone as dnsmasq serves it: a genuine crawler address
 /// (PTR and A agree), a spoofer whose own PTR record names the crawler's
@@ -158,54 +156,6 @@ async fn a_silent_or_busy_resolver_never_holds_a_request() {
     );
     assert_eq!(claim(&v, "192.0.2.11", ua).await, (None, vec!["pending"]));
     drop(silent);
-}
-
-/// A crawler's Ed25519 key, made fresh, signing requests the way the Web
-/// Bot Auth architecture draft says (written here from the RFC, not with
-/// weir's code, so the two check each other).
-struct Crawler {
-    pair: Ed25519KeyPair,
-}
-
-impl Crawler {
-    fn new() -> Crawler {
-        let rng = ring::rand::SystemRandom::new();
-        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
-        Crawler {
-            pair: Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap(),
-        }
-    }
-
-    /// The JWK's `x`.
-    fn x(&self) -> String {
-        URL_SAFE_NO_PAD.encode(self.pair.public_key().as_ref())
-    }
-
-    /// RFC 7638: SHA-256 over `{"crv","kty","x"}` in that order.
-    fn keyid(&self) -> String {
-        let jwk = format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{}"}}"#, self.x());
-        URL_SAFE_NO_PAD.encode(ring::digest::digest(&ring::digest::SHA256, jwk.as_bytes()))
-    }
-
-    /// `Signature-Agent`, `Signature-Input` and `Signature` for a request
-    /// to `authority`, valid from `created` for `lifetime` seconds.
-    fn sign(&self, authority: &str, created: u64, lifetime: u64) -> [(String, String); 3] {
-        let agent = r#""https://crawler.example""#;
-        let params = format!(
-            r#"("@authority" "signature-agent");created={created};expires={};keyid="{}";alg="ed25519";nonce="n{created}";tag="web-bot-auth""#,
-            created + lifetime,
-            self.keyid()
-        );
-        let base = format!(
-            "\"@authority\": {authority}\n\"signature-agent\": {agent}\n\"@signature-params\": {params}"
-        );
-        let signature = STANDARD.encode(self.pair.sign(base.as_bytes()).as_ref());
-        [
-            ("signature-agent".into(), agent.into()),
-            ("signature-input".into(), format!("sig1={params}")),
-            ("signature".into(), format!("sig1=:{signature}:")),
-        ]
-    }
 }
 
 fn unix_now() -> u64 {

@@ -343,8 +343,9 @@ pub async fn get_from(
 }
 
 /// Solves the challenge `page` (served to `source` with `user_agent`) as a
-/// browser does, natively, and posts the answer; returns the status of
-/// the answer and the `weir_pass=...` cookie it set (empty if none).
+/// browser that keeps cookies does, natively (sending back the page's
+/// [`JAR`]), and posts the answer; returns the status of the answer and
+/// the `weir_pass=...` cookie it set (empty if none).
 pub async fn solve_challenge(
     source: IpAddr,
     to: SocketAddr,
@@ -361,6 +362,7 @@ pub async fn solve_challenge(
             Request::post("/.weir/challenge/verify")
                 .header("host", "t")
                 .header("user-agent", user_agent)
+                .header("cookie", JAR)
                 .header("content-type", "application/x-www-form-urlencoded")
                 .body(full(&form))
                 .unwrap(),
@@ -383,6 +385,11 @@ pub const NAV: [(&str, &str); 3] = [
     ("sec-fetch-mode", "navigate"),
     ("user-agent", "Mozilla/5.0 test"),
 ];
+
+/// The cookie a challenge page sets, as a browser that keeps cookies sends
+/// it back to the challenge's paths (without it, the pass comes in the
+/// address too).
+pub const JAR: &str = "weir_cookies=1";
 
 /// The `<noscript>` refresh link of a challenge page, as a browser without
 /// JavaScript follows it.

@@ -94,6 +94,10 @@ mod challenge;
 
 // The challenge in weir's request path: navigations only, passes, token keys.
 mod challenge_proxy;
+// Clients that must never break under the challenge (issue 40, item 2):
+// feed readers, curl, crawlers, previews, text browsers, Chromium without
+// cookies and with two tabs.
+mod clients;
 
 // Verified crawlers: Web Bot Auth signatures and forward-confirmed reverse
 // DNS (a real dnsmasq) buy the bots lane instead of the challenge; claims

@@ -391,6 +391,36 @@ impl Target {
             .is_some_and(|q| query_keys(q).any(|k| keys.iter().any(|want| *k == *want.as_ref())))
     }
 
+    /// Takes the first `key=value` pair whose key is spelled exactly `key`
+    /// out of the query and returns its value as written; the rest of the
+    /// query stays as received (no `?` when nothing is left). For a pair
+    /// the gateway itself put in a URL, which the app must not see: only
+    /// the gateway's spelling is its own.
+    pub fn take_query_pair(&mut self, key: &str) -> Option<String> {
+        let query = self.query()?;
+        // Most queries carry no such key: look before splitting.
+        memchr::memmem::find(query.as_bytes(), key.as_bytes())?;
+        let mut value = None;
+        let mut kept: Vec<&str> = Vec::new();
+        for pair in query.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            if value.is_none() && k == key {
+                value = Some(v.to_owned());
+            } else {
+                kept.push(pair);
+            }
+        }
+        let value = value?;
+        let mut text = self.path().to_owned();
+        if !kept.is_empty() {
+            text.push('?');
+            text.push_str(&kept.join("&"));
+        }
+        // A path and query read before, less one pair, reads again.
+        self.path_and_query = PathAndQuery::from_maybe_shared(Bytes::from(text)).ok()?;
+        Some(value)
+    }
+
     /// Makes `req` say what was decided on: its path the canonical one (an
     /// absolute-form target becomes origin-form when written upstream) and
     /// its `Host` the canonical authority. Run last before forwarding, after

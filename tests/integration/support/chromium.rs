@@ -33,10 +33,28 @@ impl Chromium {
     /// Starts `chromium <standard flags> <extra> <url>`. Panics with a clear
     /// message when Chromium is not installed (CI installs it).
     pub fn run(extra: &[String], url: &str) -> Chromium {
+        Chromium::run_with_preferences(extra, url, None)
+    }
+
+    /// [`Chromium::run`] in a profile that starts with these `Preferences`
+    /// (what a person sets in the browser's settings, such as
+    /// `{"profile": {"default_content_setting_values": {"cookies": 2}}}`
+    /// for cookies blocked).
+    pub fn run_with_preferences(
+        extra: &[String],
+        url: &str,
+        preferences: Option<serde_json::Value>,
+    ) -> Chromium {
         let program = find_program("chromium").unwrap_or_else(|e| {
             panic!("headless Chromium is required for the challenge tests: {e}")
         });
         let dir = temp_dir("chromium").expect("temp dir");
+        if let Some(preferences) = preferences {
+            let default = dir.path().join("profile").join("Default");
+            std::fs::create_dir_all(&default).expect("profile dir");
+            std::fs::write(default.join("Preferences"), preferences.to_string())
+                .expect("write Preferences");
+        }
         let mut cmd = Command::new(program);
         cmd.args([
             "--headless",
@@ -112,31 +130,18 @@ impl Chromium {
     /// `--remote-debugging-port=0`, once it has written it, connected to the
     /// first page (the URL it was started with).
     pub async fn devtools(&self) -> DevTools {
-        let port_file = self._dir.path().join("profile").join("DevToolsActivePort");
         let start = std::time::Instant::now();
-        let port: u16 = loop {
-            if let Some(port) = std::fs::read_to_string(&port_file)
-                .ok()
-                .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()))
-            {
-                break port;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "chromium wrote no DevToolsActivePort: {}",
-                self.process.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let addr = self.devtools_addr().await;
         let ws_url = loop {
-            let page = devtools_json(addr, "/json/list").await.and_then(|targets| {
-                targets
-                    .as_array()?
-                    .iter()
-                    .find(|t| t["type"] == "page")
-                    .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(str::to_owned))
-            });
+            let page = devtools_json(addr, "GET", "/json/list")
+                .await
+                .and_then(|targets| {
+                    targets
+                        .as_array()?
+                        .iter()
+                        .find(|t| t["type"] == "page")
+                        .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(str::to_owned))
+                });
             if let Some(url) = page {
                 break url;
             }
@@ -147,20 +152,56 @@ impl Chromium {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        let (socket, _) = tokio_tungstenite::connect_async(ws_url.as_str())
+        DevTools::connect(&ws_url).await
+    }
+
+    /// Opens `url` in a new tab (the browser must have been started with
+    /// `--remote-debugging-port=0`) and connects to it. Headless Chromium
+    /// takes one URL on its command line; more tabs come this way.
+    pub async fn open_tab(&self, url: &str) -> DevTools {
+        let addr = self.devtools_addr().await;
+        let tab = devtools_json(addr, "PUT", &format!("/json/new?{url}"))
             .await
-            .unwrap_or_else(|e| panic!("DevTools WebSocket {ws_url}: {e}"));
-        DevTools { socket, next_id: 1 }
+            .unwrap_or_else(|| panic!("chromium opened no tab: {}", self.process.logs()));
+        let ws_url = tab["webSocketDebuggerUrl"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a tab without a DevTools URL: {tab}"));
+        DevTools::connect(ws_url).await
+    }
+
+    /// The DevTools HTTP endpoint, once Chromium has written its port.
+    async fn devtools_addr(&self) -> std::net::SocketAddr {
+        let port_file = self._dir.path().join("profile").join("DevToolsActivePort");
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(port) = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<u16>().ok()))
+            {
+                return std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "chromium wrote no DevToolsActivePort: {}",
+                self.process.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
-/// GET `path` from the DevTools HTTP endpoint as JSON. By hand: it keeps
-/// the connection open after its answer (even asked to close), so a client
-/// that reads to the end waits forever; this one reads `Content-Length`.
-async fn devtools_json(addr: std::net::SocketAddr, path: &str) -> Option<serde_json::Value> {
+/// `method path` on the DevTools HTTP endpoint, its answer as JSON. By
+/// hand: it keeps the connection open after its answer (even asked to
+/// close), so a client that reads to the end waits forever; this one reads
+/// `Content-Length`.
+async fn devtools_json(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+) -> Option<serde_json::Value> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
     s.write_all(req.as_bytes()).await.ok()?;
     let mut got = Vec::new();
     let mut buf = [0u8; 16384];
@@ -197,6 +238,13 @@ pub struct DevTools {
 }
 
 impl DevTools {
+    async fn connect(ws_url: &str) -> DevTools {
+        let (socket, _) = tokio_tungstenite::connect_async(ws_url)
+            .await
+            .unwrap_or_else(|e| panic!("DevTools WebSocket {ws_url}: {e}"));
+        DevTools { socket, next_id: 1 }
+    }
+
     /// Sends `method` with `params`; returns its `result` (events that
     /// arrive meanwhile are skipped).
     pub async fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {

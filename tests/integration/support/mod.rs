@@ -13,6 +13,7 @@
 //! - [`tls`]: a self-signed certificate, and a client that takes any.
 //! - [`chromium`]: headless Chromium, run to the end or driven over DevTools.
 //! - [`eventually`]: `assert_eventually!` / `assert_eventually_async!`.
+//! - [`web_bot_auth`]: a crawler that signs its requests (Web Bot Auth).
 //! - [`ordinary`]: ordinary traffic run through an upgrade or a restart,
 //!   every failed request counted.
 //!
@@ -35,6 +36,7 @@ pub mod process;
 pub mod redis;
 pub mod tls;
 pub mod upstream;
+pub mod web_bot_auth;
 pub mod weir;
 
 // Re-exported so tests import from `support` alone; not every test uses all.

@@ -178,6 +178,35 @@ fn query_keys_are_read_as_apps_decode_them() {
     assert_eq!(t.query(), Some("search%3Da"), "forwarded as received");
 }
 
+#[test]
+fn a_pair_taken_from_the_query_leaves_the_rest_as_received() {
+    let take = |uri: &str| {
+        let mut t = read(uri).unwrap();
+        let value = t.take_query_pair("weir_pass");
+        (value, t.path_and_query().to_owned())
+    };
+    let some = |v: &str, rest: &str| (Some(v.to_owned()), rest.to_owned());
+    assert_eq!(take("/w?weir_pass=abc"), some("abc", "/w"));
+    assert_eq!(
+        take("/w?a=1&weir_pass=abc&b=%20"),
+        some("abc", "/w?a=1&b=%20")
+    );
+    assert_eq!(
+        take("/w?weir_pass=x&weir_pass=y"),
+        some("x", "/w?weir_pass=y")
+    );
+    assert_eq!(take("/w?weir_pass"), some("", "/w"));
+    // Only the gateway's own spelling is the gateway's.
+    for uri in [
+        "/w?%77eir_pass=abc",
+        "/w?weir_passport=1",
+        "/w?xweir_pass=1",
+        "/w",
+    ] {
+        assert_eq!(take(uri), (None, uri.to_owned()), "{uri}");
+    }
+}
+
 fn authority_of(
     version: Version,
     target: &str,

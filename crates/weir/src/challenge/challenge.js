@@ -20,11 +20,12 @@
     root.removeAttribute('aria-busy');
     say(key);
   }
-  if (!navigator.cookieEnabled) { stop('cookies'); return; }
   if (!(bits >= 0 && bits <= 28) || !nonce) { stop('failed'); return; }
   root.classList.add('working');
   root.setAttribute('aria-busy', 'true');
-  say('working');
+  // Without cookies the pass comes in the address of the page it opens, for
+  // that page only: say so, and do the work all the same.
+  say(navigator.cookieEnabled ? 'working' : 'cookies');
 
   var encoder = new TextEncoder();
   var subtle = window.isSecureContext && window.crypto && window.crypto.subtle;

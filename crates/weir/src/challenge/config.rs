@@ -226,7 +226,8 @@ pub struct ChallengeText {
     pub done: String,
     /// Status when the browser cannot do the check.
     pub failed: String,
-    /// Shown when cookies are disabled (the pass is a cookie).
+    /// Shown while the check runs when cookies are disabled: the pass then
+    /// comes in the address of the page it opens, for that page only.
     pub cookies_needed: String,
     /// Shown instead of the check when JavaScript is off and `no_script`
     /// is `false`.
@@ -251,14 +252,14 @@ impl Default for ChallengeText {
             failed: "Your browser could not complete the check. Please reload the page to try \
                 again."
                 .into(),
-            cookies_needed: "This check needs cookies. Please allow cookies for this site and \
-                reload the page."
+            cookies_needed: "Cookies are off for this site, so this check will run again on \
+                the next page."
                 .into(),
             noscript: "This check needs JavaScript. Please enable JavaScript for this site and \
                 reload the page, or come back later when the site is less busy."
                 .into(),
             noscript_wait: "Your browser is not running JavaScript, so this page continues by \
-                itself in a few seconds. It needs cookies for this site."
+                itself in a few seconds."
                 .into(),
         }
     }

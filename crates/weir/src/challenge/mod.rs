@@ -42,6 +42,9 @@
 //! let counter = pow::solve(&nonce, 8);
 //! let form = format!("nonce={nonce}&counter={counter}");
 //! let verify = Target::parse("POST", "/.weir/challenge/verify", Some("wiki.example"), PathPolicy::default()).unwrap();
+//! // The browser keeps cookies: it sends back the one the page set (without
+//! // it, the pass would come in the address too).
+//! headers.insert("cookie", "weir_cookies=1".parse().unwrap());
 //! let answer = challenger
 //!     .handle(&verify, &headers, form.as_bytes(), &client, true, now)
 //!     .expect("a challenge path")
@@ -181,6 +184,11 @@ pub enum Exemption {
     /// Not a browser navigation (`Sec-Fetch-Mode` other than `navigate`, or
     /// no HTML in `Accept`): scripts, images, APIs, feeds readers.
     NotNavigation,
+    /// A navigation from a client that could not pass the page: no fetch
+    /// metadata, and a User-Agent that is no browser's (a search or archive
+    /// crawler, a link-preview fetcher, a text browser). See
+    /// [`is_browser`].
+    NotABrowser,
     /// weir's own `/.weir/` paths.
     WeirPath,
     /// `exempt_paths` or `exempt_prefixes`.
@@ -271,6 +279,12 @@ impl Challenger {
         Pressure::new(self.pressure.clone())
     }
 
+    /// The pass's name: its cookie's, and the query key it comes in when
+    /// the browser keeps no cookies.
+    pub fn pass_name(&self) -> &str {
+        &self.cookie_name
+    }
+
     /// The pass on this request, checked with no store. Any one valid
     /// `weir_pass` cookie among several is enough.
     pub fn pass(&self, headers: &HeaderMap, client: &ClientId, now: SystemTime) -> PassCheck {
@@ -329,13 +343,13 @@ impl Challenger {
             return Some(Exemption::AllowedNetwork);
         }
         let ua = user_agent(headers);
-        self.good_bots
-            .iter()
-            .find(|bot| {
-                contains(ua, bot.user_agent.as_bytes())
-                    && bot.networks.as_ref().is_none_or(|n| n.contains(ip))
-            })
-            .map(|bot| Exemption::GoodBot(bot.name.clone()))
+        if let Some(bot) = self.good_bots.iter().find(|bot| {
+            contains(ua, bot.user_agent.as_bytes())
+                && bot.networks.as_ref().is_none_or(|n| n.contains(ip))
+        }) {
+            return Some(Exemption::GoodBot(bot.name.clone()));
+        }
+        (!is_browser(headers)).then_some(Exemption::NotABrowser)
     }
 
     /// The challenge response for this request (status 429; see `page.rs`).
@@ -447,16 +461,30 @@ impl Challenger {
     }
 
     /// A correct answer's response: `303` back to where the visitor was
-    /// going, with the pass cookie (`Secure` when `tls`).
+    /// going, with the pass cookie (`Secure` when `tls`). An answer from a
+    /// browser that kept no cookie of the page ([`page::COOKIE_PROBE`])
+    /// gets the pass in the address too, for that page: with cookies off,
+    /// the cookie alone would send it back to the page, again and again.
+    /// (`jar`: the browser keeps cookies.)
     fn solved(
         &self,
         solved: &pow::Solved,
-        binding: Binding,
+        (binding, jar): (Binding, bool),
         tls: bool,
         now: SystemTime,
         no_script: bool,
     ) -> Response<Bytes> {
         let cookie = token::issue(&self.token_keys, solved.seed, binding, now, self.pass_ttl);
+        let location = if jar {
+            solved.return_path.clone()
+        } else {
+            let joint = if solved.return_path.contains('?') {
+                '&'
+            } else {
+                '?'
+            };
+            format!("{}{joint}{}={cookie}", solved.return_path, self.cookie_name)
+        };
         let mut set_cookie = format!(
             "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
             self.cookie_name,
@@ -472,7 +500,7 @@ impl Challenger {
         // base64; fall back to `/` rather than fail.
         h.insert(
             header::LOCATION,
-            HeaderValue::from_str(&solved.return_path).unwrap_or(HeaderValue::from_static("/")),
+            HeaderValue::from_str(&location).unwrap_or(HeaderValue::from_static("/")),
         );
         if let Ok(v) = HeaderValue::from_str(&set_cookie) {
             h.insert(header::SET_COOKIE, v);
@@ -512,7 +540,7 @@ impl Challenger {
             None => Err(PowRejection::Malformed),
         };
         match result {
-            Ok(solved) => self.solved(&solved, binding, tls, now, false),
+            Ok(solved) => self.solved(&solved, (binding, keeps_cookies(headers)), tls, now, false),
             Err(reason) => self.failed(
                 answer.as_ref().map(|(n, _)| n.as_str()),
                 reason,
@@ -546,7 +574,7 @@ impl Challenger {
             None => Err(PowRejection::Malformed),
         };
         Ok(match result {
-            Ok(solved) => self.solved(&solved, binding, tls, now, true),
+            Ok(solved) => self.solved(&solved, (binding, keeps_cookies(headers)), tls, now, true),
             Err(reason) => self.failed(nonce.as_deref(), reason, binding, now),
         })
     }
@@ -662,6 +690,12 @@ pub fn user_agent(headers: &HeaderMap) -> &[u8] {
         .map_or(&[], |v| v.as_bytes())
 }
 
+/// Whether a request to the challenge's paths carries the cookie its page
+/// set: the browser keeps cookies.
+fn keeps_cookies(headers: &HeaderMap) -> bool {
+    weir_http::cookie::value(headers, page::COOKIE_PROBE).is_some()
+}
+
 /// A browser navigation: `Sec-Fetch-Mode: navigate` when the browser sends
 /// fetch metadata (it then decides; a `fetch()` asking for HTML is not a
 /// navigation), else an `Accept` that lists HTML with a non-zero q.
@@ -688,6 +722,45 @@ pub fn is_navigation(headers: &HeaderMap) -> bool {
             html && !q_zero
         })
 }
+
+/// Whether the client of a navigation is a browser, which can pass the
+/// page (by its script, or without JavaScript by its refresh): one that
+/// sends fetch metadata (every engine since 2023), or else a User-Agent
+/// that starts as browsers' do and names no crawler.
+///
+/// Why: a client that cannot pass the page gets nothing from it. A search
+/// or archive crawler, a link preview and a text browser send `text/html`
+/// and no fetch metadata; shown the page, a preview shows the page's title
+/// instead of the app's, and a text browser stops there. They meet the
+/// rules and the lowest lane instead, as `curl` does. A crawler that drops
+/// its fetch metadata to skip the page gains nothing it would not get by
+/// asking for `*/*`.
+pub fn is_browser(headers: &HeaderMap) -> bool {
+    if headers.contains_key("sec-fetch-mode") {
+        return true;
+    }
+    let ua = user_agent(headers);
+    ua.starts_with(b"Mozilla/")
+        && !NOT_A_BROWSER
+            .iter()
+            .any(|word| ua.windows(word.len()).any(|w| w.eq_ignore_ascii_case(word)))
+}
+
+/// Words in a User-Agent that starts as a browser's which say its client is
+/// none: crawlers (`Googlebot`, `bingbot`, `archive.org_bot`, `Slurp`),
+/// link previews (`facebookexternalhit`, `Discordbot`, `Twitterbot`) and
+/// the `(compatible; ...)` that crawlers and the browsers too old to run
+/// the page (Internet Explorer 10 and before) put in theirs.
+const NOT_A_BROWSER: &[&[u8]] = &[
+    b"bot",
+    b"crawl",
+    b"spider",
+    b"slurp",
+    b"archive",
+    b"externalhit",
+    b"preview",
+    b"compatible;",
+];
 
 /// `nonce=...&counter=...` from an `application/x-www-form-urlencoded` body.
 fn parse_answer(body: &[u8]) -> Option<(String, u64)> {

@@ -28,6 +28,11 @@ use super::config::ChallengeText;
 pub const SCRIPT_PATH: &str = "/.weir/challenge.js";
 /// Where the page posts its answer.
 pub const VERIFY_PATH: &str = "/.weir/challenge/verify";
+/// The cookie the page sets so that the answer can tell whether the browser
+/// keeps cookies: an answer without it gets its pass in the address it
+/// returns to instead (`Challenger::handle`). Sent only to the challenge's
+/// own paths.
+pub const COOKIE_PROBE: &str = "weir_cookies";
 /// Where a browser without JavaScript is sent after the wait
 /// (`?nonce=...`, by the page's `<noscript>` meta refresh).
 pub const REFRESH_PATH: &str = "/.weir/challenge/refresh";
@@ -175,6 +180,12 @@ impl PageTemplate {
             HeaderValue::from_static("same-origin"),
         );
         h.insert(CHALLENGE_HEADER, HeaderValue::from_static("1"));
+        h.insert(
+            header::SET_COOKIE,
+            HeaderValue::from_static(
+                "weir_cookies=1; Path=/.weir/challenge/; Max-Age=3600; HttpOnly; SameSite=Lax",
+            ),
+        );
         resp
     }
 

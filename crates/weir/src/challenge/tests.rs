@@ -7,6 +7,8 @@ use weir_http::target::PathPolicy;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef";
 const UA: &str = "Mozilla/5.0 (X11; Linux x86_64) Firefox/140.0";
+/// The cookie the page sets, as a browser that keeps cookies sends it back.
+const JAR: &str = "weir_cookies=1";
 
 fn config() -> ChallengeConfig {
     ChallengeConfig {
@@ -102,14 +104,15 @@ fn target(method: &str, target: &str) -> Target {
 fn eligibility_table() {
     let ch = challenger();
     use Exemption::*;
+    const B: (&str, &str) = ("user-agent", UA);
     #[rustfmt::skip]
     let cases: &[(&str, &str, &str, &[(&str, &str)], Option<Exemption>)] = &[
         // method, uri, client, headers, expected exemption (None = eligible)
         ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", UA)], None),
-        ("HEAD", "/wiki/Page",              "203.0.113.7", &[("accept", NAV)], None),
+        ("HEAD", "/wiki/Page",              "203.0.113.7", &[("accept", NAV), B], None),
         ("GET",  "/wiki/Page",              "203.0.113.7", &[("sec-fetch-mode", "navigate"), ("accept", "*/*")], None),
-        ("GET",  "/index.php?title=X&action=history", "203.0.113.7", &[("accept", "text/html")], None),
-        ("GET",  "/wiki/Page",              "2001:db8::1", &[("accept", "text/html")], None),
+        ("GET",  "/index.php?title=X&action=history", "203.0.113.7", &[("accept", "text/html"), B], None),
+        ("GET",  "/wiki/Page",              "2001:db8::1", &[("accept", "text/html"), B], None),
         ("POST", "/wiki/Page",              "203.0.113.7", &[("accept", NAV)], Some(Method)),
         ("PUT",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV)], Some(Method)),
         ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", "application/json")], Some(NotNavigation)),
@@ -126,13 +129,13 @@ fn eligibility_table() {
         ("GET",  "/static/app.CSS",         "203.0.113.7", &[("accept", NAV)], Some(Path)),
         ("GET",  "/%61pi/v1/items",         "203.0.113.7", &[("accept", NAV)], Some(Path)),
         // Issue 17: exemptions match the path the app reads.
-        ("GET",  "/static/../wiki/Page",    "203.0.113.7", &[("accept", NAV)], None),
-        ("GET",  "/static/%2e%2e/wiki/Page", "203.0.113.7", &[("accept", NAV)], None),
-        ("GET",  "/api//../wiki/Page",      "203.0.113.7", &[("accept", NAV)], None),
+        ("GET",  "/static/../wiki/Page",    "203.0.113.7", &[("accept", NAV), B], None),
+        ("GET",  "/static/%2e%2e/wiki/Page", "203.0.113.7", &[("accept", NAV), B], None),
+        ("GET",  "/api//../wiki/Page",      "203.0.113.7", &[("accept", NAV), B], None),
         // A navigation ending in `.css` can be a page (MediaWiki reads this
         // as a search): no suffix exempts a navigation.
-        ("GET",  "/wiki/Special:Search/x.css", "203.0.113.7", &[("accept", NAV)], None),
-        ("GET",  "/images/logo.png",        "203.0.113.7", &[("accept", NAV)], None),
+        ("GET",  "/wiki/Special:Search/x.css", "203.0.113.7", &[("accept", NAV), B], None),
+        ("GET",  "/images/logo.png",        "203.0.113.7", &[("accept", NAV), B], None),
         ("GET",  "/images/logo.png",        "203.0.113.7", &[("accept", "image/avif,image/webp,*/*")], Some(NotNavigation)),
         ("GET",  "/index.php?%66eed=atom",  "203.0.113.7", &[("accept", NAV)], Some(Query)),
         ("GET",  "/index.php?title=Special:RecentChanges&feed=atom", "203.0.113.7", &[("accept", NAV)], Some(Query)),
@@ -140,12 +143,28 @@ fn eligibility_table() {
         ("GET",  "/.weir/challenge.js",     "203.0.113.7", &[("accept", NAV)], Some(WeirPath)),
         ("GET",  "/wiki/Page",              "192.0.2.55",  &[("accept", NAV)], Some(AllowedNetwork)),
         ("GET",  "/wiki/Page",              "66.249.66.1", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (compatible; Googlebot/2.1)")], Some(GoodBot("googlebot".into()))),
-        // Claims Googlebot from outside Google's networks: challenged.
-        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (compatible; Googlebot/2.1)")], None),
+        // Claims Googlebot from outside Google's networks, as a browser
+        // (fetch metadata): challenged.
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("sec-fetch-mode", "navigate"), ("user-agent", "Mozilla/5.0 (compatible; Googlebot/2.1)")], None),
+        // Without fetch metadata: a crawler, which cannot pass the page. It
+        // meets the rules and the lowest lane, as curl does.
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (compatible; Googlebot/2.1)")], Some(NotABrowser)),
         // Google's network without the claim: an ordinary client.
         ("GET",  "/wiki/Page",              "66.249.66.1", &[("accept", NAV), ("user-agent", UA)], None),
         // A bot listed without networks: the User-Agent alone (spoofable).
         ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "UptimeChecker/1.0")], Some(GoodBot("uptime".into()))),
+        // Clients that cannot pass the page (issue 40): what they send.
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV)], Some(NotABrowser)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", "text/html, text/plain, text/sgml, text/css, */*;q=0.01"), ("user-agent", "Lynx/2.9.0dev.12 libwww-FM/2.14 SSL-MM/1.4.1 GNUTLS/3.7.8")], Some(NotABrowser)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", "text/html, text/*;q=0.5, image/*, application/*"), ("user-agent", "w3m/0.5.3+git20230121")], Some(NotABrowser)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (compatible; archive.org_bot +http://archive.org/details/archive.org_bot) Zeno/b0c5ba6")], Some(NotABrowser)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (compatible; Discordbot/2.0; +https://discordapp.com)")], Some(NotABrowser)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", "text/html"), ("user-agent", "facebookexternalhit/1.1 (+http://www.facebook.com/externalhit_uatext.php)")], Some(NotABrowser)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", "text/html"), ("user-agent", "Mozilla/5.0 (Macintosh; Intel Mac OS X 10_11_1) AppleWebKit/601.2.4 (KHTML, like Gecko) Version/9.0.1 Safari/601.2.4 facebookexternalhit/1.1 Facebot Twitterbot/1.0")], Some(NotABrowser)),
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (Linux; Android 6.0.1; Nexus 5X Build/MMB29P) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/141.0.0.0 Mobile Safari/537.36 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)")], Some(NotABrowser)),
+        // A phone too old for fetch metadata (Safari before 16.4) is a
+        // browser: its script or its refresh passes the page.
+        ("GET",  "/wiki/Page",              "203.0.113.7", &[("accept", NAV), ("user-agent", "Mozilla/5.0 (iPhone; CPU iPhone OS 15_8 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/15.6.6 Mobile/15E148 Safari/604.1")], None),
     ];
     for (method, uri, ip, hdrs, want) in cases {
         let t = target(method, uri);
@@ -171,6 +190,20 @@ fn solve_and_verify(
         ch.base_difficulty(),
         at,
     );
+    // A browser that keeps cookies sends back the one the page set.
+    let mut h = h.clone();
+    h.append("cookie", HeaderValue::from_static(JAR));
+    answer_page(ch, &page, (from, &h), tls, at + Duration::from_millis(1500))
+}
+
+/// Solves `page` and posts the answer from `from` with `h`, at `at`.
+fn answer_page(
+    ch: &Challenger,
+    page: &Response<Bytes>,
+    (from, h): (&str, &HeaderMap),
+    tls: bool,
+    at: SystemTime,
+) -> Response<Bytes> {
     let nonce = page_nonce(page.body()).unwrap();
     let counter = pow::solve(&nonce, ch.base_difficulty());
     let body = format!("nonce={nonce}&counter={counter}");
@@ -180,7 +213,7 @@ fn solve_and_verify(
         body.as_bytes(),
         &client(from),
         tls,
-        at + Duration::from_millis(1500),
+        at,
     )
     .unwrap()
     .unwrap()
@@ -208,6 +241,39 @@ fn page_response() {
     assert_eq!(events(&page), &[ChallengeEvent::Issued { difficulty: 9 }]);
     let html = std::str::from_utf8(page.body()).unwrap();
     assert!(html.contains("data-bits=\"9\""));
+}
+
+/// A browser with cookies off sends back no cookie of the page's: its
+/// pass comes in the address it returns to as well (for that page), or it
+/// would get the page again and again.
+#[test]
+fn an_answer_without_the_page_s_cookie_gets_its_pass_in_the_address() {
+    let ch = challenger();
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    let page = ch.page(
+        &target("GET", "/wiki/Page?oldid=5"),
+        &client("203.0.113.7"),
+        &h,
+        8,
+        now(),
+    );
+    let probe = page.headers()["set-cookie"].to_str().unwrap();
+    assert!(
+        probe.starts_with("weir_cookies=1; Path=/.weir/challenge/;"),
+        "{probe}"
+    );
+    let resp = answer_page(&ch, &page, ("203.0.113.7", &h), false, now());
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    let location = resp.headers()["location"].to_str().unwrap();
+    let pass = location
+        .strip_prefix("/wiki/Page?oldid=5&weir_pass=")
+        .unwrap_or_else(|| panic!("{location}"));
+    assert_eq!(format!("weir_pass={pass}"), cookie_of(&resp));
+    let carried = headers(&[("user-agent", UA), ("cookie", &format!("weir_pass={pass}"))]);
+    assert!(matches!(
+        ch.pass(&carried, &client("203.0.113.7"), now()),
+        PassCheck::Valid(_)
+    ));
 }
 
 #[test]
@@ -364,7 +430,7 @@ fn failed_answers() {
         ("huge body",     "x".repeat(MAX_VERIFY_BODY + 1),          "203.0.113.7", UA, now(), Malformed, StatusCode::FORBIDDEN, "/"),
     ];
     for (name, body, ip, ua, at, reason, status, path) in cases {
-        let hh = headers(&[("user-agent", ua)]);
+        let hh = headers(&[("user-agent", ua), ("cookie", JAR)]);
         let resp = ch
             .handle(
                 &target("POST", VERIFY_PATH),
@@ -382,7 +448,14 @@ fn failed_answers() {
             "1",
             "{name}: a fresh challenge"
         );
-        assert!(resp.headers().get("set-cookie").is_none(), "{name}");
+        assert!(
+            !resp
+                .headers()
+                .get_all("set-cookie")
+                .iter()
+                .any(|c| c.as_bytes().starts_with(b"weir_pass=")),
+            "{name}: no pass"
+        );
         assert_eq!(
             events(&resp),
             &[
@@ -459,19 +532,7 @@ fn open_redirects_are_impossible() {
             continue;
         };
         let page = ch.page(&t, &client("203.0.113.7"), &h, 8, now());
-        let nonce = page_nonce(page.body()).unwrap();
-        let body = format!("nonce={nonce}&counter={}", pow::solve(&nonce, 8));
-        let resp = ch
-            .handle(
-                &target("POST", VERIFY_PATH),
-                &h,
-                body.as_bytes(),
-                &client("203.0.113.7"),
-                false,
-                now(),
-            )
-            .unwrap()
-            .unwrap();
+        let resp = answer_page(&ch, &page, ("203.0.113.7", &h), false, now());
         let location = resp.headers()["location"].to_str().unwrap();
         assert!(
             location == "/"
@@ -536,7 +597,7 @@ fn without_javascript_waiting_earns_the_same_pass() {
     );
     let link = refresh_link(&page);
     let follow = |from: &str, ua: &str, after_ms: u64| {
-        let h = headers(&[("accept", NAV), ("user-agent", ua)]);
+        let h = headers(&[("accept", NAV), ("user-agent", ua), ("cookie", JAR)]);
         ch.handle(
             &target("GET", &link),
             &h,

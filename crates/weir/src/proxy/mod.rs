@@ -206,10 +206,13 @@ fn serve(
         let accept = Accepts::of(req.headers());
         // Target: the framing the codec left to weir, then the one reading
         // of method, authority, path and query.
-        let target = match read_target(&req, &conn, &gw) {
+        let mut target = match read_target(&req, &conn, &gw) {
             Ok(t) => t,
             Err(why) => return unread(log, &req, why, accept),
         };
+        if let Some(ch) = &gw.challenger {
+            policy::pass_in_address(ch, &mut req, &mut target);
+        }
         log.set_target(&target, req.uri());
         // weir's own endpoints: the challenge's script and answer.
         if let Some(ch) = gw.challenger.clone()

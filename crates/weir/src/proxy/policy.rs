@@ -291,6 +291,47 @@ enum Challenged {
     Instead(ChallengeInstead),
 }
 
+/// **Target phase, its last step** (with the challenge on): a pass that
+/// came in the address (a browser that keeps no cookies gets it there,
+/// `Challenger::handle`) is taken out of the target and the request's URI,
+/// so the app, the rules and the log never see it, and is read as the
+/// cookie it stands for. Nothing changes for a request without one.
+pub(super) fn pass_in_address(
+    ch: &Challenger,
+    req: &mut Request<RequestBody>,
+    target: &mut Target,
+) {
+    let Some(token) = target.take_query_pair(ch.pass_name()) else {
+        return;
+    };
+    let mut parts = req.uri().clone().into_parts();
+    parts.path_and_query = target.path_and_query().parse().ok();
+    if let Ok(uri) = http::Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
+    }
+    // Into the one `Cookie` field a browser sends (RFC 6265 5.4); a browser
+    // that keeps no cookies sends none. (The name is a checked token and
+    // the pass base64url: a valid field value, else no pass is read.)
+    let pair = format!("{}={token}", ch.pass_name());
+    let headers = req.headers_mut();
+    let sent = headers
+        .get(http::header::COOKIE)
+        .map(|v| v.to_str().map(str::to_owned));
+    let value = match &sent {
+        Some(Ok(cookies)) => format!("{cookies}; {pair}"),
+        _ => pair,
+    };
+    let Ok(value) = http::HeaderValue::from_str(&value) else {
+        return;
+    };
+    if let Some(Err(_)) = sent {
+        // A field that is not text stays as sent; the pass goes beside it.
+        headers.append(http::header::COOKIE, value);
+    } else {
+        headers.insert(http::header::COOKIE, value);
+    }
+}
+
 /// The id of the valid pass the request carries, if any (a bad, expired or
 /// foreign one counted as a challenge event, and the request unproven).
 fn carried_pass(
