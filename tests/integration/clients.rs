@@ -454,3 +454,46 @@ async fn two_chromium_tabs_solving_at_once_both_reach_their_pages() {
     }
     assert!(lines.iter().all(|l| l.0 != 403), "{lines:#?}");
 }
+
+/// An old phone's browser runs scripts but lacks what the work needs
+/// (`TextEncoder` came to Safari in 10.1, to Android's WebView in 38): the
+/// script takes the way a browser without JavaScript takes, the refresh,
+/// and the browser ends on the app's page with a pass. Emulated in Chromium
+/// by removing `TextEncoder` before any of the page's scripts run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_too_old_for_the_work_takes_the_refresh_to_a_pass() {
+    let app = App::start().await;
+    let weir = weir_in_front(&app, &Crawler::new()).await;
+    let browser = Chromium::run(&["--remote-debugging-port=0".to_string()], "about:blank");
+    let mut tab = browser.devtools().await;
+    tab.call("Page.enable", serde_json::json!({})).await;
+    tab.call(
+        "Page.addScriptToEvaluateOnNewDocument",
+        serde_json::json!({"source": "delete window.TextEncoder;"}),
+    )
+    .await;
+    let url = weir.url("/wiki/Old");
+    tab.call("Page.navigate", serde_json::json!({ "url": url }))
+        .await;
+    let body = until_the_app(&mut tab, "/wiki/Old").await;
+    let log = weir.access_log(4).await;
+    let lines = story(&log.iter().collect::<Vec<_>>());
+    assert!(
+        body.contains("<p id=\"path\">/wiki/Old</p>"),
+        "{body}\n{lines:#?}"
+    );
+    let of_page: Vec<_> = lines
+        .iter()
+        .filter(|l| l.1 == "/wiki/Old")
+        .map(|l| (l.0, l.3.as_str()))
+        .collect();
+    assert_eq!(of_page, [(429, "issued"), (200, "pass")], "{lines:#?}");
+    assert_eq!(
+        metric(
+            &weir.metrics().await,
+            "weir_challenge_events_total{event=\"solved\",reason=\"no_script\"}"
+        ),
+        1.0,
+        "the refresh earned the pass, not the work"
+    );
+}

@@ -21,6 +21,14 @@
     say(key);
   }
   if (!(bits >= 0 && bits <= 28) || !nonce) { stop('failed'); return; }
+  // A browser too old for the work (no TextEncoder, Promise or
+  // MessageChannel: an old phone's) takes the way a browser without
+  // JavaScript takes: the refresh, which weir holds for its delay.
+  if (!(window.TextEncoder && window.Promise && window.MessageChannel && Math.clz32)) {
+    var refresh = root.getAttribute('data-refresh');
+    if (refresh) { say('working'); window.location.replace(refresh); } else { stop('failed'); }
+    return;
+  }
   root.classList.add('working');
   root.setAttribute('aria-busy', 'true');
   // Without cookies the pass comes in the address of the page it opens, for

@@ -108,19 +108,22 @@ impl PageTemplate {
         let e = escape;
         // Inside `<noscript>` in the head: only a browser not running the
         // script follows it (the nonce is base64url, safe in a URL).
-        let (refresh, noscript) = match self.no_script_delay {
+        // The script follows it too where the browser is too old to do the
+        // work (`data-refresh`).
+        let link = format!("{REFRESH_PATH}?nonce={}", e(nonce));
+        let (refresh, noscript, fallback) = match self.no_script_delay {
             Some(wait) => (
                 format!(
-                    "<noscript><meta http-equiv=\"refresh\" content=\"{}; url={REFRESH_PATH}?nonce={}\"></noscript>\n",
+                    "<noscript><meta http-equiv=\"refresh\" content=\"{}; url={link}\"></noscript>\n",
                     // Whole seconds only (HTML ignores a fraction): 0
                     // for the default 500 ms; weir holds the link for
                     // the rest (`Challenger::refresh_hold`).
                     wait.saturating_sub(waited).as_secs(),
-                    e(nonce)
                 ),
                 &t.noscript_wait,
+                format!(" data-refresh=\"{link}\""),
             ),
-            None => (String::new(), &t.noscript),
+            None => (String::new(), &t.noscript, String::new()),
         };
         let html = format!(
             r#"<!doctype html>
@@ -133,7 +136,7 @@ impl PageTemplate {
 {refresh}<style>{css}</style>
 </head>
 <body>
-<main id="weir-challenge" data-bits="{difficulty}" data-text-working="{working}" data-text-done="{done}" data-text-failed="{failed}" data-text-cookies="{cookies}">
+<main id="weir-challenge" data-bits="{difficulty}" data-text-working="{working}" data-text-done="{done}" data-text-failed="{failed}" data-text-cookies="{cookies}"{fallback}>
 <h1>{heading}</h1>
 <p>{explanation}</p>
 <div class="status"><div class="spinner" aria-hidden="true"></div><p id="weir-status" role="status" aria-live="polite"></p></div>
