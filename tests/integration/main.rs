@@ -30,6 +30,8 @@ mod rescue;
 // duplicate Transfer-Encoding, huge lengths, bare LF in chunk lines,
 // malformed trailers, an unasked 101.
 mod framing;
+// HTTP/2 to the letter: malformed requests frame by frame (issue 40 item 1).
+mod http2;
 
 // Proxy semantics: methods, bodies both ways (1 GiB), HTTP/2, TLS, WebSocket,
 // hop-by-hop headers, failover on connect errors.

@@ -13,6 +13,7 @@
 //! - [`tls`]: a self-signed certificate, and a client that takes any.
 //! - [`chromium`]: headless Chromium, run to the end or driven over DevTools.
 //! - [`eventually`]: `assert_eventually!` / `assert_eventually_async!`.
+//! - [`h2frames`]: a raw HTTP/2 client, frames and header blocks by hand.
 //! - [`web_bot_auth`]: a crawler that signs its requests (Web Bot Auth).
 //! - [`ordinary`]: ordinary traffic run through an upgrade or a restart,
 //!   every failed request counted.
@@ -28,6 +29,7 @@ pub mod client;
 pub mod dnsmasq;
 #[macro_use]
 pub mod eventually;
+pub mod h2frames;
 pub mod haproxy;
 pub mod nginx;
 pub mod ordinary;

@@ -366,6 +366,17 @@ fn framing(req: &Request<RequestBody>, gw: &crate::gateway::Gateway) -> Option<C
             return Some(ClientError::Malformed(e.0));
         }
     }
+    // RFC 9113 8.2.1: malformed, never forwarded. HTTP/1 parsers trim the
+    // whitespace; hyper's HTTP/2 keeps it and passes it on.
+    let padded = |v: &HeaderValue| {
+        let b = v.as_bytes();
+        matches!(b.first(), Some(b' ' | b'\t')) || matches!(b.last(), Some(b' ' | b'\t'))
+    };
+    if req.headers().values().any(padded) {
+        return Some(ClientError::Malformed(
+            "a field value that starts or ends with whitespace",
+        ));
+    }
     (req.headers().len() > gw.edge.max_headers).then_some(ClientError::HeadTooLarge)
 }
 
