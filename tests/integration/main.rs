@@ -32,6 +32,8 @@ mod rescue;
 mod framing;
 // HTTP/2 to the letter: malformed requests frame by frame (issue 40 item 1).
 mod http2;
+// An h2spec-style RFC 9113 / HPACK suite on h2c and TLS (issue 40 item 1).
+mod h2spec;
 
 // Proxy semantics: methods, bodies both ways (1 GiB), HTTP/2, TLS, WebSocket,
 // hop-by-hop headers, failover on connect errors.

@@ -10,22 +10,34 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
+pub const PRIORITY: u8 = 0x2;
 pub const RST_STREAM: u8 = 0x3;
 pub const SETTINGS: u8 = 0x4;
+pub const PUSH_PROMISE: u8 = 0x5;
 pub const PING: u8 = 0x6;
 pub const GOAWAY: u8 = 0x7;
+pub const WINDOW_UPDATE: u8 = 0x8;
+pub const CONTINUATION: u8 = 0x9;
 
 pub const END_STREAM: u8 = 0x1;
 pub const ACK: u8 = 0x1;
 pub const END_HEADERS: u8 = 0x4;
+pub const PADDED: u8 = 0x8;
+pub const PRIORITY_FLAG: u8 = 0x20;
 
-/// `PROTOCOL_ERROR` (RFC 9113 section 7).
+// Error codes (RFC 9113 section 7).
+pub const NO_ERROR: u32 = 0x0;
 pub const PROTOCOL_ERROR: u32 = 0x1;
+pub const FLOW_CONTROL_ERROR: u32 = 0x3;
+pub const STREAM_CLOSED: u32 = 0x5;
+pub const FRAME_SIZE_ERROR: u32 = 0x6;
+pub const REFUSED_STREAM: u32 = 0x7;
+pub const COMPRESSION_ERROR: u32 = 0x9;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -51,36 +63,50 @@ pub enum Outcome {
     Nothing,
 }
 
-/// One HTTP/2 connection (h2c, prior knowledge).
+/// A byte stream HTTP/2 runs on: TCP (h2c) or TLS.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// One HTTP/2 connection.
 pub struct RawH2 {
-    socket: TcpStream,
+    socket: Box<dyn Io>,
     read: Vec<u8>,
 }
 
 impl RawH2 {
-    /// Connects, sends the preface and empty SETTINGS, and acknowledges
-    /// the server's.
+    /// Connects (h2c, prior knowledge), sends the preface and empty
+    /// SETTINGS; the server's are acknowledged as they are read.
     pub async fn connect(to: SocketAddr) -> RawH2 {
-        let mut socket = TcpStream::connect(to).await.expect("connect");
-        socket.write_all(PREFACE).await.expect("preface");
-        let mut h2 = RawH2 {
-            socket,
-            read: Vec::new(),
-        };
-        h2.send(SETTINGS, 0, 0, &[]).await;
+        let socket = TcpStream::connect(to).await.expect("connect");
+        let mut h2 = RawH2::over(Box::new(socket));
+        h2.preface().await;
         h2
     }
 
-    /// Writes one frame.
+    /// A connection on `socket` (TLS with ALPN `h2`, say) that has sent
+    /// nothing yet.
+    pub fn over(socket: Box<dyn Io>) -> RawH2 {
+        RawH2 {
+            socket,
+            read: Vec::new(),
+        }
+    }
+
+    /// The client's connection preface and empty SETTINGS.
+    pub async fn preface(&mut self) {
+        self.send_raw(PREFACE).await;
+        self.send(SETTINGS, 0, 0, &[]).await;
+    }
+
+    /// Writes bytes as they are (a frame spelled wrong, say).
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        let _ = self.socket.write_all(bytes).await;
+    }
+
+    /// Writes one frame. (The server may have closed the connection
+    /// already: what it sent is what the test reads.)
     pub async fn send(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-        let len = payload.len() as u32;
-        let mut frame = len.to_be_bytes()[1..].to_vec();
-        frame.extend([kind, flags]);
-        frame.extend((stream & 0x7fff_ffff).to_be_bytes());
-        frame.extend_from_slice(payload);
-        // The server may have reset the connection already: what it sent
-        // is what the test reads.
-        let _ = self.socket.write_all(&frame).await;
+        self.send_raw(&frame(kind, flags, stream, payload)).await;
     }
 
     /// A HEADERS frame (one block, END_HEADERS) with these fields.
@@ -150,6 +176,17 @@ impl RawH2 {
     }
 }
 
+/// One frame's bytes: the 9-byte header (RFC 9113 4.1), then `payload`.
+/// The stream's reserved bit is sent as given.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut frame = len.to_be_bytes()[1..].to_vec();
+    frame.extend([kind, flags]);
+    frame.extend(stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
 /// A header block of literals without indexing, names and values as given
 /// (RFC 7541 section 6.2.2, no Huffman).
 pub fn block(fields: &[(&str, &str)]) -> Vec<u8> {
@@ -183,7 +220,7 @@ fn integer(out: &mut Vec<u8>, mut value: usize, n: u32) {
 
 /// The status of a response block whose first field is an indexed
 /// `:status` of the static table (RFC 7541 appendix A).
-fn status(block: &[u8]) -> Option<u16> {
+pub fn status(block: &[u8]) -> Option<u16> {
     match block.first()? & 0x7f {
         8 => Some(200),
         9 => Some(204),

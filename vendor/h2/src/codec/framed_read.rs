@@ -207,7 +207,8 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
                 },
                 Err(e) => {
                     proto_err!(conn: "failed HPACK decoding; err={:?}", e);
-                    return Err(Error::library_go_away(Reason::PROTOCOL_ERROR));
+                    // weir: COMPRESSION_ERROR for a block that does not decode.
+                    return Err(Error::library_go_away(e.reason()));
                 }
             }
 
@@ -233,7 +234,8 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
 
             res.map_err(|e| {
                 proto_err!(conn: "failed to load SETTINGS frame; err={:?}", e);
-                Error::library_go_away(Reason::PROTOCOL_ERROR)
+                // weir: the code the RFC names for the failure.
+                Error::library_go_away(e.reason())
             })?
             .into()
         }
@@ -242,7 +244,8 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
 
             res.map_err(|e| {
                 proto_err!(conn: "failed to load PING frame; err={:?}", e);
-                Error::library_go_away(Reason::PROTOCOL_ERROR)
+                // weir: the code the RFC names for the failure.
+                Error::library_go_away(e.reason())
             })?
             .into()
         }
@@ -251,7 +254,8 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
 
             res.map_err(|e| {
                 proto_err!(conn: "failed to load WINDOW_UPDATE frame; err={:?}", e);
-                Error::library_go_away(Reason::PROTOCOL_ERROR)
+                // weir: the code the RFC names for the failure.
+                Error::library_go_away(e.reason())
             })?
             .into()
         }
@@ -262,7 +266,8 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
             // TODO: Should this always be connection level? Probably not...
             res.map_err(|e| {
                 proto_err!(conn: "failed to load DATA frame; err={:?}", e);
-                Error::library_go_away(Reason::PROTOCOL_ERROR)
+                // weir: the code the RFC names for the failure.
+                Error::library_go_away(e.reason())
             })?
             .into()
         }
@@ -271,7 +276,8 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
             let res = frame::Reset::load(head, &bytes[frame::HEADER_LEN..]);
             res.map_err(|e| {
                 proto_err!(conn: "failed to load RESET frame; err={:?}", e);
-                Error::library_go_away(Reason::PROTOCOL_ERROR)
+                // weir: the code the RFC names for the failure.
+                Error::library_go_away(e.reason())
             })?
             .into()
         }
@@ -279,7 +285,8 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
             let res = frame::GoAway::load(head, &bytes[frame::HEADER_LEN..]);
             res.map_err(|e| {
                 proto_err!(conn: "failed to load GO_AWAY frame; err={:?}", e);
-                Error::library_go_away(Reason::PROTOCOL_ERROR)
+                // weir: the code the RFC names for the failure.
+                Error::library_go_away(e.reason())
             })?
             .into()
         }
@@ -300,6 +307,13 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
                     let id = head.stream_id();
                     proto_err!(stream: "PRIORITY invalid dependency ID; stream={:?}", id);
                     return Err(Error::library_reset(id, Reason::PROTOCOL_ERROR));
+                }
+                Err(frame::Error::InvalidPayloadLength) => {
+                    // weir: a PRIORITY frame of a length other than 5 is a
+                    // stream error of type FRAME_SIZE_ERROR (RFC 9113 6.3).
+                    let id = head.stream_id();
+                    proto_err!(stream: "PRIORITY of a wrong length; stream={:?}", id);
+                    return Err(Error::library_reset(id, Reason::FRAME_SIZE_ERROR));
                 }
                 Err(e) => {
                     proto_err!(conn: "failed to load PRIORITY frame; err={:?};", e);
@@ -390,7 +404,8 @@ fn decode_frame(decoder: &mut FrameDecoder, mut bytes: BytesMut) -> Result<Optio
                 }
                 Err(e) => {
                     proto_err!(conn: "failed HPACK decoding; err={:?}", e);
-                    return Err(Error::library_go_away(Reason::PROTOCOL_ERROR));
+                    // weir: COMPRESSION_ERROR for a block that does not decode.
+                    return Err(Error::library_go_away(e.reason()));
                 }
             }
 

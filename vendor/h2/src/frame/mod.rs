@@ -141,6 +141,10 @@ pub enum Error {
     /// An invalid setting value was provided
     InvalidSettingValue,
 
+    /// weir: SETTINGS_INITIAL_WINDOW_SIZE over 2^31-1, a FLOW_CONTROL_ERROR
+    /// (RFC 9113 6.5.2), not a PROTOCOL_ERROR.
+    InvalidWindowSizeSetting,
+
     /// An invalid window update value
     InvalidWindowUpdateValue,
 
@@ -171,4 +175,28 @@ pub enum Error {
 
     /// Failed to perform HPACK decoding
     Hpack(hpack::DecoderError),
+}
+
+impl Error {
+    /// weir: the error code RFC 9113 names for a frame that failed to
+    /// load (a wrong length is FRAME_SIZE_ERROR, a header block that does
+    /// not decode COMPRESSION_ERROR); every failure was PROTOCOL_ERROR.
+    pub(crate) fn reason(&self) -> Reason {
+        match self {
+            Error::BadFrameSize | Error::InvalidPayloadLength | Error::InvalidPayloadAckSettings => {
+                Reason::FRAME_SIZE_ERROR
+            }
+            Error::InvalidWindowSizeSetting => Reason::FLOW_CONTROL_ERROR,
+            // A field the block decoded but HTTP does not allow (a name in
+            // capitals, a NUL in a value, an unknown pseudo-header) makes a
+            // malformed message, not a broken block.
+            Error::Hpack(
+                hpack::DecoderError::InvalidUtf8
+                | hpack::DecoderError::InvalidPseudoheader
+                | hpack::DecoderError::InvalidStatusCode,
+            ) => Reason::PROTOCOL_ERROR,
+            Error::Hpack(_) => Reason::COMPRESSION_ERROR,
+            _ => Reason::PROTOCOL_ERROR,
+        }
+    }
 }

@@ -661,8 +661,17 @@ impl Recv {
         let is_ignoring_frame = stream.state.is_local_error();
 
         if !is_ignoring_frame && !stream.state.is_recv_streaming() {
-            // TODO: There are cases where this can be a stream error of
-            // STREAM_CLOSED instead...
+            // weir: DATA on a stream the peer has closed (half-closed
+            // (remote), or closed) is a stream error of type STREAM_CLOSED
+            // (RFC 9113 5.1); only a stream still expecting its HEADERS makes
+            // unexpected DATA a protocol error.
+            if !stream.state.is_recv_headers() {
+                proto_err!(stream: "DATA on a closed stream; stream={:?}", stream.id);
+                // Counted against the connection's window like any DATA:
+                // the caller releases it again for a stream error.
+                self.consume_connection_window(sz)?;
+                return Err(Error::library_reset(stream.id, Reason::STREAM_CLOSED));
+            }
 
             // Receiving a DATA frame when not expecting one is a protocol
             // error.

@@ -583,6 +583,14 @@ impl Inner {
                     Err(RecvHeaderBlockError::State(err)) => Err(err),
                 }
             } else {
+                // weir: HEADERS on a stream the peer has closed (half-closed
+                // (remote), or closed) are no trailers: a stream error of
+                // type STREAM_CLOSED (RFC 9113 5.1).
+                if !stream.state.is_recv_streaming() {
+                    proto_err!(stream: "recv_headers: stream closed by the peer; stream={:?}", stream.id);
+                    return Err(Error::library_reset(stream.id, Reason::STREAM_CLOSED));
+                }
+
                 if !frame.is_end_stream() {
                     // Receiving trailers that don't set EOS is a "malformed"
                     // message. Malformed messages are a stream error.
