@@ -497,3 +497,30 @@ async fn a_browser_too_old_for_the_work_takes_the_refresh_to_a_pass() {
         "the refresh earned the pass, not the work"
     );
 }
+
+/// A pass in the address is weir's to read, and only as a pass: a link
+/// whose `weir_pass` carries anything but a token's spelling sets no
+/// cookie (`;session=...` would have set the app's session), and the app
+/// never sees the key in its address either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_cannot_set_a_cookie_through_the_pass_in_the_address() {
+    let app = App::start().await;
+    let weir = weir_in_front(&app, &Crawler::new()).await;
+    let json = [("accept", "application/json")];
+    for path in [
+        "/api/item?a=1&weir_pass=x;session=evil",
+        "/api/item?weir_pass=x%3B%20session%3Devil&a=1",
+    ] {
+        let (status, _, _) = get_from("127.107.0.1".parse().unwrap(), weir.addr, path, &json).await;
+        assert_eq!(status, 200, "{path}");
+    }
+    let seen = app.seen();
+    assert_eq!(
+        seen,
+        [
+            ("/api/item?a=1".to_owned(), String::new()),
+            ("/api/item?a=1".to_owned(), String::new()),
+        ],
+        "the key gone, no cookie set"
+    );
+}

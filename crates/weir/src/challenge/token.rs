@@ -32,6 +32,16 @@ pub const TOKEN_LEN: usize = BODY_LEN + TAG_LEN;
 /// Characters of an encoded token (base64url, no padding).
 pub const TOKEN_CHARS: usize = (TOKEN_LEN * 4).div_ceil(3);
 
+/// Whether `text` is spelled as a token is (its length, base64url), before
+/// any key is tried: what may be read from a URL into a `Cookie` field,
+/// where anything else (`;`, a space) could add a cookie of its own.
+pub fn is_well_formed(text: &str) -> bool {
+    text.len() == TOKEN_CHARS
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// A valid pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PassToken {

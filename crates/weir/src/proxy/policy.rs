@@ -309,6 +309,11 @@ pub(super) fn pass_in_address(
     if let Ok(uri) = http::Uri::from_parts(parts) {
         *req.uri_mut() = uri;
     }
+    // Only a token's spelling becomes a cookie: `?weir_pass=x;session=y`
+    // in a link someone was sent must not set the app's `session`.
+    if !crate::challenge::token::is_well_formed(&token) {
+        return;
+    }
     // Into the one `Cookie` field a browser sends (RFC 6265 5.4); a browser
     // that keeps no cookies sends none. (The name is a checked token and
     // the pass base64url: a valid field value, else no pass is read.)
