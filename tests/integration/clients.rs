@@ -514,13 +514,23 @@ async fn a_link_cannot_set_a_cookie_through_the_pass_in_the_address() {
         let (status, _, _) = get_from("127.107.0.1".parse().unwrap(), weir.addr, path, &json).await;
         assert_eq!(status, 200, "{path}");
     }
+    // A token's spelling joins the cookies sent, none of them lost.
+    let spelled = "A".repeat(98);
+    let path = format!("/api/item?weir_pass={spelled}");
+    let sent = [json[0], ("cookie", "a=1"), ("cookie", "b=2")];
+    let (status, _, _) = get_from("127.107.0.1".parse().unwrap(), weir.addr, &path, &sent).await;
+    assert_eq!(status, 200);
     let seen = app.seen();
     assert_eq!(
         seen,
         [
             ("/api/item?a=1".to_owned(), String::new()),
             ("/api/item?a=1".to_owned(), String::new()),
+            (
+                "/api/item".to_owned(),
+                format!("a=1; b=2; weir_pass={spelled}")
+            ),
         ],
-        "the key gone, no cookie set"
+        "the key gone, no cookie set but a pass"
     );
 }

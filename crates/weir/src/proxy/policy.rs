@@ -314,26 +314,28 @@ pub(super) fn pass_in_address(
     if !crate::challenge::token::is_well_formed(&token) {
         return;
     }
-    // Into the one `Cookie` field a browser sends (RFC 6265 5.4); a browser
-    // that keeps no cookies sends none. (The name is a checked token and
-    // the pass base64url: a valid field value, else no pass is read.)
+    // Into one `Cookie` field with the others (RFC 6265 5.4; HTTP/2 sends
+    // several, which RFC 9113 8.2.3 joins with "; " for HTTP/1): a browser
+    // that keeps no cookies sends none. A field that is not text stays as
+    // sent, and the pass goes beside it.
     let pair = format!("{}={token}", ch.pass_name());
     let headers = req.headers_mut();
-    let sent = headers
-        .get(http::header::COOKIE)
-        .map(|v| v.to_str().map(str::to_owned));
-    let value = match &sent {
-        Some(Ok(cookies)) => format!("{cookies}; {pair}"),
-        _ => pair,
-    };
-    let Ok(value) = http::HeaderValue::from_str(&value) else {
+    let mut text: Vec<&str> = Vec::new();
+    let mut opaque = Vec::new();
+    for field in headers.get_all(http::header::COOKIE) {
+        match field.to_str() {
+            Ok(t) => text.push(t),
+            Err(_) => opaque.push(field.clone()),
+        }
+    }
+    text.push(&pair);
+    // The name is a checked token and the pass base64url: a field value.
+    let Ok(joined) = http::HeaderValue::from_str(&text.join("; ")) else {
         return;
     };
-    if let Some(Err(_)) = sent {
-        // A field that is not text stays as sent; the pass goes beside it.
-        headers.append(http::header::COOKIE, value);
-    } else {
-        headers.insert(http::header::COOKIE, value);
+    headers.insert(http::header::COOKIE, joined);
+    for field in opaque {
+        headers.append(http::header::COOKIE, field);
     }
 }
 
