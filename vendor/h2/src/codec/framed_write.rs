@@ -290,12 +290,10 @@ where
                 tracing::trace!(rem = self.buf.remaining(), "encoded window_update");
             }
 
-            Frame::Priority(_) => {
-                /*
+            Frame::Priority(v) => {
+                // weir: encoded; it was a panic here (vendor/h2/WEIR.md).
                 v.encode(self.buf.get_mut());
-                tracing::trace!("encoded priority; rem={:?}", self.buf.remaining());
-                */
-                unimplemented!();
+                tracing::trace!(rem = self.buf.remaining(), "encoded priority");
             }
             Frame::Reset(v) => {
                 v.encode(self.buf.get_mut());

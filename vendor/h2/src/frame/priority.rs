@@ -1,5 +1,7 @@
 use crate::frame::*;
 
+use bytes::BufMut;
+
 #[derive(Debug, Eq, PartialEq)]
 pub struct Priority {
     stream_id: StreamId,
@@ -32,6 +34,21 @@ impl Priority {
             stream_id: head.stream_id(),
             dependency,
         })
+    }
+}
+
+impl Priority {
+    /// weir: writes the frame (RFC 9113 6.3). The writer's match arm for
+    /// PRIORITY panicked instead (h2 never sends one itself).
+    pub fn encode<B: BufMut>(&self, dst: &mut B) {
+        let head = Head::new(Kind::Priority, 0, self.stream_id);
+        head.encode(5, dst);
+        let mut dependency = u32::from(self.dependency.dependency_id);
+        if self.dependency.is_exclusive {
+            dependency |= 1 << 31;
+        }
+        dst.put_u32(dependency);
+        dst.put_u8(self.dependency.weight);
     }
 }
 
