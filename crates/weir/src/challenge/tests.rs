@@ -224,17 +224,22 @@ fn cookie_of(resp: &Response<Bytes>) -> String {
     set.split(';').next().unwrap().to_string()
 }
 
+/// The page for a browser navigation to `uri` from 203.0.113.7.
+fn page_for(ch: &Challenger, uri: &str, difficulty: u8) -> Response<Bytes> {
+    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
+    ch.page(
+        &target("GET", uri),
+        &client("203.0.113.7"),
+        &h,
+        difficulty,
+        now(),
+    )
+}
+
 #[test]
 fn page_response() {
     let ch = challenger();
-    let h = headers(&[("accept", NAV), ("user-agent", UA)]);
-    let page = ch.page(
-        &target("GET", "/wiki/Page"),
-        &client("203.0.113.7"),
-        &h,
-        9,
-        now(),
-    );
+    let page = page_for(&ch, "/wiki/Page", 9);
     assert_eq!(page.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(page.headers()["x-weir-challenge"], "1");
     assert_eq!(page.headers()["cache-control"], "no-store");
@@ -250,13 +255,7 @@ fn page_response() {
 fn an_answer_without_the_page_s_cookie_gets_its_pass_in_the_address() {
     let ch = challenger();
     let h = headers(&[("accept", NAV), ("user-agent", UA)]);
-    let page = ch.page(
-        &target("GET", "/wiki/Page?oldid=5"),
-        &client("203.0.113.7"),
-        &h,
-        8,
-        now(),
-    );
+    let page = page_for(&ch, "/wiki/Page?oldid=5", 8);
     let probe = page.headers()["set-cookie"].to_str().unwrap();
     assert!(
         probe.starts_with("weir_cookies=1; Path=/.weir/challenge/;"),

@@ -206,13 +206,10 @@ fn serve(
         let accept = Accepts::of(req.headers());
         // Target: the framing the codec left to weir, then the one reading
         // of method, authority, path and query.
-        let mut target = match read_target(&req, &conn, &gw) {
+        let target = match read_target(&mut req, &conn, &gw) {
             Ok(t) => t,
             Err(why) => return unread(log, &req, why, accept),
         };
-        if let Some(ch) = &gw.challenger {
-            policy::pass_in_address(ch, &mut req, &mut target);
-        }
         log.set_target(&target, req.uri());
         // weir's own endpoints: the challenge's script and answer.
         if let Some(ch) = gw.challenger.clone()
@@ -295,9 +292,11 @@ enum Unread {
 /// **Target phase**: after identity. Framing the codec left to weir, with
 /// the same refusals on both listeners (HTTP/2's header count, codings
 /// other than chunked), then the canonical target every later phase reads.
-/// Changes nothing. Result: the target, or why the request is refused.
+/// Changes only a pass that came in the address (with the challenge on:
+/// [`policy::pass_in_address`]). Result: the target, or why the request is
+/// refused.
 fn read_target(
-    req: &Request<RequestBody>,
+    req: &mut Request<RequestBody>,
     conn: &ConnCtx,
     gw: &crate::gateway::Gateway,
 ) -> Result<Target, Unread> {
@@ -305,7 +304,12 @@ fn read_target(
     if let Some(refusal) = hyper_read.then(|| framing(req, gw)).flatten() {
         return Err(Unread::Framing(refusal));
     }
-    Target::of(req, gw.path_policy).map_err(|e| Unread::Target(RejectReason::Target(e)))
+    let mut target =
+        Target::of(req, gw.path_policy).map_err(|e| Unread::Target(RejectReason::Target(e)))?;
+    if let Some(ch) = &gw.challenger {
+        policy::pass_in_address(ch, req, &mut target);
+    }
+    Ok(target)
 }
 
 /// A refusal of a request whose target was not read (its framing, or the
