@@ -63,6 +63,16 @@ pub enum Outcome {
     Nothing,
 }
 
+/// What came next on a connection.
+#[derive(Debug)]
+pub enum Next {
+    Frame(Frame),
+    /// The server closed the connection (or reset it).
+    Closed,
+    /// Nothing within the wait.
+    Quiet,
+}
+
 /// A byte stream HTTP/2 runs on: TCP (h2c) or TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
@@ -121,16 +131,30 @@ impl RawH2 {
         self.send(DATA, flags, stream, bytes).await;
     }
 
-    /// The next frame within `wait`; SETTINGS and PING are acknowledged on
-    /// the way and not returned.
+    /// The next frame within `wait`, or `None` when the connection closed
+    /// or nothing came; SETTINGS and PING are acknowledged on the way and
+    /// not returned.
     pub async fn next(&mut self, wait: Duration) -> Option<Frame> {
+        match self.next_or_end(wait).await {
+            Next::Frame(f) => Some(f),
+            Next::Closed | Next::Quiet => None,
+        }
+    }
+
+    /// The next frame within `wait`, telling a closed connection from
+    /// silence.
+    pub async fn next_or_end(&mut self, wait: Duration) -> Next {
         loop {
-            let frame = tokio::time::timeout(wait, self.read_frame()).await.ok()??;
+            let frame = match tokio::time::timeout(wait, self.read_frame()).await {
+                Err(_) => return Next::Quiet,
+                Ok(None) => return Next::Closed,
+                Ok(Some(frame)) => frame,
+            };
             match (frame.kind, frame.flags & ACK) {
                 (SETTINGS, 0) => self.send(SETTINGS, ACK, 0, &[]).await,
                 (SETTINGS, _) => {}
                 (PING, 0) => self.send(PING, ACK, 0, &frame.payload).await,
-                _ => return Some(frame),
+                _ => return Next::Frame(frame),
             }
         }
     }

@@ -27,6 +27,13 @@ pub(super) struct Recv {
     /// The stream ID of the last processed stream
     last_processed_id: StreamId,
 
+    /// weir: the identifiers below `next_stream_id` the peer skipped (each
+    /// range from its first to one past its last), the latest few only.
+    /// Every other identifier below `next_stream_id` was opened, so a
+    /// frame on it after the stream is forgotten is one on a closed stream.
+    /// Clients do not skip identifiers, so this stays empty and unallocated.
+    skipped: Vec<(StreamId, StreamId)>,
+
     /// Any streams with a higher ID are ignored.
     ///
     /// This starts as MAX, but is lowered when a GOAWAY is received.
@@ -84,6 +91,9 @@ pub(crate) enum Open {
     Headers,
 }
 
+/// weir: how many ranges of skipped identifiers `Recv` keeps.
+const SKIPPED_KEPT: usize = 8;
+
 impl Recv {
     pub fn new(peer: peer::Dyn, config: &Config) -> Self {
         let next_stream_id = if peer.is_server() { 1 } else { 2 };
@@ -103,6 +113,7 @@ impl Recv {
             next_stream_id: Ok(next_stream_id.into()),
             pending_window_updates: store::Queue::new(),
             last_processed_id: StreamId::ZERO,
+            skipped: Vec::new(),
             max_stream_id: StreamId::MAX,
             pending_accept: store::Queue::new(),
             pending_reset_expired: store::Queue::new(),
@@ -140,6 +151,14 @@ impl Recv {
             return Err(Error::library_go_away(Reason::PROTOCOL_ERROR));
         }
 
+        if id > next_id {
+            // weir: the identifiers between are closed without being opened
+            // (RFC 9113 5.1.1); remember them apart from opened ones.
+            if self.skipped.len() == SKIPPED_KEPT {
+                self.skipped.remove(0);
+            }
+            self.skipped.push((next_id, id));
+        }
         self.next_stream_id = id.next_id();
 
         if !counts.can_inc_num_recv_streams() {
@@ -1013,6 +1032,18 @@ impl Recv {
         } else {
             true
         }
+    }
+
+    /// weir: whether the peer opened `id` (a stream it initiated) before,
+    /// as far as this side remembers: below the next identifier, and not
+    /// among the ones it skipped. A skipped identifier older than the
+    /// latest `SKIPPED_KEPT` skips reads as opened.
+    pub fn was_opened(&self, id: StreamId) -> bool {
+        self.may_have_created_stream(id)
+            && !self
+                .skipped
+                .iter()
+                .any(|&(from, to)| from <= id && id < to)
     }
 
     pub(super) fn maybe_reset_next_stream_id(&mut self, id: StreamId) {

@@ -494,7 +494,18 @@ impl Inner {
                 //
                 // Server: we can't reset a stream before having received
                 // the request headers, so don't allow.
-                if !peer.is_server() {
+                if peer.is_server() {
+                    // weir: HEADERS on a stream the client opened before and
+                    // this side has since forgotten are HEADERS on a closed
+                    // stream: a stream error of type STREAM_CLOSED (RFC 9113
+                    // 5.1), as they are while the stream is still held. An
+                    // identifier the client skipped stays a connection
+                    // PROTOCOL_ERROR in `open` below (5.1.1).
+                    if !id.is_zero() && !peer.is_local_init(id) && self.actions.recv.was_opened(id) {
+                        proto_err!(stream: "recv_headers: stream {:?} is closed", id);
+                        return Err(Error::library_reset(id, Reason::STREAM_CLOSED));
+                    }
+                } else {
                     // This may be response headers for a stream we've already
                     // forgotten about...
                     if self.actions.may_have_forgotten_stream(peer, id) {
