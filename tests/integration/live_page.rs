@@ -7,6 +7,8 @@
 //! `target/test-artifacts/live-page.png`.
 
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::fixtures::Upstream;
@@ -30,6 +32,10 @@ max_in_flight = 4
 [[routes]]
 pool = "app"
 path_prefix = "/read"
+class = "reading"
+[[routes]]
+pool = "app"
+path_prefix = "/slow"
 class = "reading"
 [[routes]]
 pool = "app"
@@ -67,6 +73,18 @@ async fn refusals(weir: &Weir, first: u8, n: u8) {
     }
 }
 
+/// The in-test app (with a `/slow/MS` path, to make requests wait) and weir
+/// in front of it with [`config`].
+async fn start() -> (Upstream, Weir) {
+    let app = Upstream::start().await;
+    let weir = Weir::builder()
+        .config(config(app.addr))
+        .start()
+        .await
+        .unwrap();
+    (app, weir)
+}
+
 /// Polls `expression` until `done` holds for its value (bounded).
 async fn until(
     page: &mut DevTools,
@@ -87,13 +105,7 @@ async fn until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_live_page_shows_rules_pools_and_updates_and_reloads_with_the_token() {
-    // The in-test app with a `/slow/MS` path, to make requests wait.
-    let app = Upstream::start().await;
-    let weir = Weir::builder()
-        .config(config(app.addr))
-        .start()
-        .await
-        .unwrap();
+    let (_app, weir) = start().await;
     refusals(&weir, 1, 3).await;
 
     // The page and its assets come from the admin address alone.
@@ -270,4 +282,218 @@ async fn without_a_token_the_page_is_read_only_and_the_stream_speaks_sse() {
     assert_eq!(live["pools"][0]["name"], "app", "{live}");
     let lanes = &live["pools"][0]["admission"]["lanes"];
     assert!(lanes[0]["waited_seconds_total"].is_number(), "{lanes}");
+}
+
+/// What the load below sent and got.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sent {
+    ok: u64,
+    refused: u64,
+    other: u64,
+}
+
+/// Ordinary traffic beside a crawler the rule refuses, until `stop` (40 s
+/// at most): pages read from 127.0.7.0/24, the limited page from four
+/// addresses of 127.0.8.0/24 as `python-requests` (all but each
+/// address's first request refused), and now and then a burst of slow
+/// requests that queue.
+async fn load(addr: std::net::SocketAddr, stop: Arc<AtomicBool>) -> Sent {
+    let mut sent = Sent::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    let mut i: u32 = 0;
+    while !stop.load(Ordering::Relaxed) && tokio::time::Instant::now() < deadline {
+        i += 1;
+        let reader = IpAddr::from([127, 0, 7, (i % 200 + 1) as u8]);
+        let crawler = IpAddr::from([127, 0, 8, (i % 4 + 1) as u8]);
+        let mut batch = vec![
+            HttpRequest::get(&format!("/read/{i}")).from(reader),
+            HttpRequest::get("/page")
+                .from(crawler)
+                .header("user-agent", "python-requests/2.31.0"),
+        ];
+        if i.is_multiple_of(25) {
+            batch.extend(
+                (0..6u8)
+                    .map(|j| HttpRequest::get("/slow/150").from(IpAddr::from([127, 0, 9, j + 1]))),
+            );
+        }
+        let mut answers = tokio::task::JoinSet::new();
+        for r in batch {
+            answers.spawn(async move { r.send(addr).await.map(|r| r.status) });
+        }
+        while let Some(a) = answers.join_next().await {
+            match a.unwrap() {
+                Ok(200) => sent.ok += 1,
+                Ok(429) => sent.refused += 1,
+                _ => sent.other += 1,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sent
+}
+
+/// Sums a number over the seconds of `/ui/history`.
+fn summed(history: &serde_json::Value, path: &[&str]) -> u64 {
+    history["seconds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| path.iter().fold(s, |v, k| &v[*k]).as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_fifteen_minutes_count_every_request_once() {
+    let (_app, weir) = start().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = tokio::spawn(load(weir.listener(0), stop.clone()));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let sent = traffic.await.unwrap();
+    assert!(sent.ok > 0 && sent.refused > 0, "{sent:?}");
+    assert_eq!(sent.other, 0, "{sent:?}");
+
+    // Once the seconds they ended in are closed, every request is in one.
+    let mut history: serde_json::Value;
+    assert_eventually_async!(
+        within = Duration::from_secs(10),
+        {
+            let r = HttpRequest::get("/ui/history")
+                .send(weir.admin())
+                .await
+                .unwrap();
+            history = serde_json::from_str(&r.text()).unwrap();
+            summed(&history, &["outcomes", "served"]) == sent.ok
+                && summed(&history, &["outcomes", "refused"]) == sent.refused
+        },
+        "sent {sent:?}, the history says {history}"
+    );
+    assert_eq!(summed(&history, &["statuses", "2xx"]), sent.ok);
+    assert_eq!(summed(&history, &["statuses", "4xx"]), sent.refused);
+    for k in ["challenged", "shed", "other"] {
+        assert_eq!(summed(&history, &["outcomes", k]), 0, "{k}");
+    }
+    let seconds = history["seconds"].as_array().unwrap();
+    let at: Vec<u64> = seconds
+        .iter()
+        .map(|s| s["at_unix_s"].as_u64().unwrap())
+        .collect();
+    assert!(
+        at.windows(2).all(|w| w[0] < w[1]),
+        "one entry a second: {at:?}"
+    );
+    let busy = seconds
+        .iter()
+        .find(|s| s["outcomes"]["served"].as_u64() > Some(0))
+        .unwrap();
+    let (p50, p99) = (
+        busy["p50_ms"].as_f64().unwrap(),
+        busy["p99_ms"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p50 <= p99, "{busy}");
+    let pool = &busy["pools"][0];
+    assert_eq!(pool["pool"], "app");
+    assert_eq!(pool["limit"], 4, "the admission limit: {pool}");
+    // The crawler's family and prefix lead what was refused.
+    assert_eq!(
+        history["refused"]["families"][0][0], "python-requests",
+        "{history}"
+    );
+    assert_eq!(history["refused"]["families"][0][1], sent.refused);
+    assert_eq!(history["refused"]["prefixes"][0][0], "127.0.8.0/24");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_draws_the_last_fifteen_minutes_and_they_move_under_load() {
+    let (_app, weir) = start().await;
+    // People refused by the rule (evidence of a person: their visits).
+    refusals(&weir, 1, 3).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = tokio::spawn(load(weir.listener(0), stop.clone()));
+
+    let url = format!("http://{}/ui", weir.admin());
+    let chromium = Chromium::run(
+        &[
+            "--remote-debugging-port=0".to_string(),
+            "--window-size=1400,1500".to_string(),
+        ],
+        &url,
+    );
+    let mut page = chromium.devtools().await;
+
+    // The charts draw, and move: the newest second drawn changes.
+    let latest = "Number(document.querySelector('#chart-outcomes svg.chart')?.dataset.latest ?? 0)";
+    let first = until(&mut page, latest, |v| v.as_f64().is_some_and(|n| n > 0.0)).await;
+    let first = first.as_f64().unwrap();
+    until(&mut page, latest, |v| {
+        v.as_f64().is_some_and(|n| n >= first + 2.0)
+    })
+    .await;
+    let drawn = page
+        .eval(
+            "[...document.querySelectorAll('#timeline svg.chart')].map(s => \
+             `${s.closest('figure').querySelector('figcaption').textContent}: ${s.dataset.points}`)",
+        )
+        .await;
+    let drawn: Vec<String> = serde_json::from_value(drawn).unwrap();
+    // Four charts of the whole, two of the pool, each with its points
+    // (the outcomes' five areas over three seconds at least).
+    assert_eq!(drawn.len(), 6, "{drawn:?}");
+    let points = |chart: &String| -> u64 { chart.rsplit(": ").next().unwrap().parse().unwrap() };
+    assert!(
+        drawn.iter().all(|c| points(c) > 0),
+        "a chart without points: {drawn:?}"
+    );
+    assert!(points(&drawn[0]) >= 15, "{drawn:?}");
+    // Every outcome's area is drawn, the served one reaching above zero.
+    let served = page
+        .eval(
+            "document.querySelector('#chart-outcomes polygon[data-series=served]')\
+             .getAttribute('points').split(' ').some(p => Number(p.split(',')[1]) < 130)",
+        )
+        .await;
+    assert_eq!(served, true, "served requests make the area rise");
+    let legend = page
+        .eval("document.querySelector('#pool-charts').innerText")
+        .await;
+    let legend = legend.as_str().unwrap_or_default().to_owned();
+    assert!(
+        legend.contains("pool app") && legend.contains("adaptive limit 4"),
+        "{legend}"
+    );
+    let refused = until(
+        &mut page,
+        "document.querySelector('#refused-families tbody').innerText",
+        |v| v.as_str().is_some_and(|t| t.contains("python-requests")),
+    )
+    .await;
+    let prefixes = page
+        .eval("document.querySelector('#refused-prefixes tbody').innerText")
+        .await;
+    assert!(
+        prefixes
+            .as_str()
+            .unwrap_or_default()
+            .contains("127.0.8.0/24"),
+        "{prefixes} beside {refused}"
+    );
+    // The people's refusals were counted as such at their second.
+    let people = page
+        .eval("document.querySelector('#chart-people polyline') !== null")
+        .await;
+    assert_eq!(people, true, "the share of people among refusals is drawn");
+
+    let png = page.screenshot().await;
+    stop.store(true, Ordering::Relaxed);
+    let sent = traffic.await.unwrap();
+    assert!(sent.ok > 0 && sent.refused > 0, "{sent:?}");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    let shot = artifacts_dir().join("live-page-charts.png");
+    std::fs::write(&shot, &png).unwrap();
+    eprintln!(
+        "live page charts screenshot: {} ({} bytes)",
+        shot.display(),
+        png.len()
+    );
 }

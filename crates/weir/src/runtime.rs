@@ -38,6 +38,8 @@ pub struct Runtime {
     pub activity: Activity,
     /// The rules': distinct clients each rule refused this minute.
     pub rejected_clients: RejectedClients,
+    /// The live page's last 15 minutes, second by second.
+    pub timeline: crate::observe::timeline::Timeline,
     /// The challenge's: each pool's pressure (kept across reloads).
     pub pressure: PressureTable,
     /// Admission's: which addresses browse like people, across every pool
@@ -125,6 +127,7 @@ impl Runtime {
             reload_lock: Mutex::new(()),
             activity: Activity::new(ACTIVITY_KEYS),
             rejected_clients: RejectedClients::default(),
+            timeline: Default::default(),
             last_reload: Mutex::new(None),
             pressure: PressureTable::default(),
             browsing: crate::admission::BrowsingEvidence::new(),

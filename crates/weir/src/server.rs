@@ -657,6 +657,7 @@ fn spawn_background_tasks(
         runtime.clone(),
         stop.clone(),
     )));
+    tasks.push(tokio::spawn(record_timeline(runtime.clone(), stop.clone())));
     let warm_up = runtime.readiness.phase();
     if !warm_up.settled() {
         let probes = warmup::WarmUp {
@@ -723,6 +724,46 @@ async fn maintain_upstreams(rt: Arc<Runtime>, stop: CancellationToken) {
             }
         }
     }
+}
+
+/// Closes the live page's second every second, with each pool of the
+/// current gateway as it is then (`observe::timeline`).
+async fn record_timeline(rt: Arc<Runtime>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {
+                let samples = pool_samples(&rt.gateway.load());
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                rt.timeline.close_second(now, &samples);
+            }
+        }
+    }
+}
+
+fn pool_samples(gw: &crate::gateway::Gateway) -> Vec<crate::observe::timeline::PoolSample> {
+    gw.pools
+        .iter()
+        .map(|p| {
+            let snap = p.admission.as_ref().map(|q| q.snapshot());
+            let lanes = snap.as_ref().map_or(&[][..], |s| &s.lanes[..]);
+            crate::observe::timeline::PoolSample {
+                pool: p.name.clone(),
+                in_flight: snap
+                    .as_ref()
+                    .map_or(u64::from(p.in_flight()), |s| s.in_flight as u64),
+                limit: snap.as_ref().map(|s| s.limit as u64),
+                queued: lanes.iter().map(|l| l.queued as u64).sum(),
+                admitted_total: lanes.iter().map(|l| l.admitted_total).sum(),
+                waited_total: lanes.iter().map(|l| l.waited_total).sum(),
+            }
+        })
+        .collect()
 }
 
 /// Sweeps expired limiter keys and writes the snapshot periodically; merges

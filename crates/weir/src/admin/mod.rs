@@ -77,6 +77,7 @@ async fn route(
         (&Method::GET, "/readyz") => readyz(rt),
         (&Method::GET, path) if pool_probe(path).is_some() => pool_probe_answer(path, rt),
         (&Method::GET, "/ui/events") => ui::events(rt, stop),
+        (&Method::GET, "/ui/history") => ui::history(rt),
         (&Method::GET, path) if path.starts_with("/ui") => {
             ui::asset(path).unwrap_or_else(not_found)
         }

@@ -1,10 +1,13 @@
 //! The live operator page on the admin address: `/ui` (a self-contained
 //! page: its script and style come from `/ui/ui.js` and `/ui/ui.css`, no
-//! other origin) and `/ui/events`, a server-sent event stream with one
-//! `live` document a second: the rules refusing now (this minute and the
-//! last, distinct clients, how many looked like people, the top refused
-//! prefixes), each pool's signal, lanes and servers, whether its challenge
-//! is engaged, and the last reload's result.
+//! other origin), `/ui/history`, the last 15 minutes second by second
+//! (`observe::timeline`) that the page's charts start from, and
+//! `/ui/events`, a server-sent event stream with one `live` document a
+//! second: the latest seconds of the timeline, the user-agent families and
+//! prefixes refused most in the last 15 minutes, the rules refusing now
+//! (this minute and the last, distinct clients, how many looked like
+//! people, the top refused prefixes), each pool's signal, lanes and
+//! servers, whether its challenge is engaged, and the last reload's result.
 //!
 //! Read-only: the page can reload only with `[admin] token` set and typed
 //! in (the guard checks the `POST`, as for any client). Owns the page and
@@ -34,6 +37,11 @@ const STYLE: &str = include_str!("ui/ui.css");
 const EVERY: Duration = Duration::from_secs(1);
 /// Prefixes listed per rule.
 const TOP_PREFIXES: usize = 5;
+/// Families and prefixes listed as refused most in the last 15 minutes.
+const TOP_REFUSED: usize = 8;
+/// Seconds of the timeline each `live` document repeats: the page keeps
+/// each second once, and a document a tick late misses none.
+const RECENT_SECONDS: usize = 5;
 
 /// `/ui`, `/ui/ui.js`, `/ui/ui.css`; `None` for other paths.
 pub fn asset(path: &str) -> Option<Response<AdminBody>> {
@@ -112,6 +120,21 @@ impl http_body::Body for EventStream {
     }
 }
 
+/// `/ui/history`: every second kept (`observe::timeline`, at most 15
+/// minutes), oldest first, and the families and prefixes refused most.
+pub fn history(rt: &Runtime) -> Response<AdminBody> {
+    let doc = json!({
+        "seconds": rt.timeline.seconds(None),
+        "refused": rt.timeline.top_refused(unix_ms(SystemTime::now()) / 1000, TOP_REFUSED),
+    });
+    let mut resp = super::text(StatusCode::OK, "application/json", doc.to_string());
+    resp.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    resp
+}
+
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -154,8 +177,11 @@ pub fn live(rt: &Runtime) -> serde_json::Value {
             })
         });
     let gw = rt.gateway.load();
+    let now = unix_ms(SystemTime::now());
     json!({
-        "at_unix_ms": unix_ms(SystemTime::now()),
+        "at_unix_ms": now,
+        "recent": rt.timeline.seconds(Some(RECENT_SECONDS)),
+        "refused": rt.timeline.top_refused(now / 1000, TOP_REFUSED),
         "uptime_seconds": elapsed,
         "seconds_into_minute": elapsed % 60,
         "config_version": gw.version,

@@ -1,6 +1,6 @@
-//! Observe: the access log, Prometheus metrics, and the tallies behind the
-//! metrics that are more than a count. (The admin API that serves them is
-//! `crate::admin`.)
+//! Observe: the access log, Prometheus metrics, the tallies behind the
+//! metrics that are more than a count, and the live page's timeline. (The
+//! admin API that serves them is `crate::admin`.)
 //!
 //! Every request ends in exactly one access-log line and one increment of
 //! `weir_requests_total`, whatever the decision. Metric labels are bounded
@@ -12,6 +12,7 @@ pub mod process;
 pub mod process_log;
 pub mod request_id;
 pub mod tallies;
+pub mod timeline;
 
 pub use access_log::{AccessLog, AccessRecord};
 pub use metrics::Metrics;

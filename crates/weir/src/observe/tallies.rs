@@ -141,7 +141,7 @@ fn activity_of(rule: &str, m: &RuleMinute, top: usize) -> RuleActivity {
 
 /// The prefix a refused client is shown under: an IPv4 /24 or an IPv6 /48
 /// (one customer or site), as operators block them.
-fn refused_prefix(ip: IpAddr) -> IpNet {
+pub(crate) fn refused_prefix(ip: IpAddr) -> IpNet {
     let len = if ip.is_ipv4() { 24 } else { 48 };
     IpNet::new(ip, len).map_or(IpNet::from(ip), |n| n.trunc())
 }

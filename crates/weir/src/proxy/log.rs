@@ -297,6 +297,7 @@ impl RequestLog {
             self.record.decision,
             self.record.duration,
         );
+        rt.timeline.record(&self.record);
         if !rt.access_log.write(&self.record) {
             rt.metrics.access_log_dropped.inc();
         }
