@@ -76,7 +76,7 @@ pub fn http1_request_head(data: &[u8]) {
         }
         Ok(None) => assert!(data.len() < LIMITS.max_bytes, "a full buffer is an answer"),
         Err(e) => {
-            let _ = (e.label(), e.answer());
+            let _ = (e.label(), e.reply_status());
         }
     }
 }

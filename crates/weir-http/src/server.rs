@@ -88,8 +88,8 @@ impl ClientError {
         }
     }
 
-    /// The status a client is answered with before the close, if any.
-    pub fn answer(&self) -> Option<StatusCode> {
+    /// The status of the reply a client gets before the close, if any.
+    pub fn reply_status(&self) -> Option<StatusCode> {
         match self {
             ClientError::HeadTooLarge => Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE),
             ClientError::Malformed(_) => Some(StatusCode::BAD_REQUEST),
@@ -135,7 +135,7 @@ pub trait Handler {
     fn buffers_released(&self) {}
 
     /// The answer to a request head the codec could not read (its status is
-    /// `error.answer()`), written before the connection closes. `None`: the
+    /// `error.reply_status()`), written before the connection closes. `None`: the
     /// codec's own, an empty body.
     fn refusal(&self, error: &ClientError) -> Option<Box<Response<Self::ResponseBody>>> {
         let _ = error;
@@ -433,7 +433,7 @@ pub async fn serve<H: Handler>(
 /// reset or a cut head gets none) and closes: the handler's refusal, or a
 /// bare status line.
 async fn refuse<H: Handler>(wire: &SharedWire, handler: &H, e: &ClientError) {
-    let Some(status) = e.answer() else {
+    let Some(status) = e.reply_status() else {
         return;
     };
     match handler.refusal(e) {

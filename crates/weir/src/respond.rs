@@ -192,7 +192,7 @@ pub const REFUSED_AT_ACCEPT: &[u8] =
 /// The client codec's refusals of a request head it cannot read.
 impl Reason for weir_http::server::ClientError {
     fn status(&self) -> StatusCode {
-        self.answer().unwrap_or(StatusCode::BAD_REQUEST)
+        self.reply_status().unwrap_or(StatusCode::BAD_REQUEST)
     }
 
     fn label(&self) -> &str {

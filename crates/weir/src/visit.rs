@@ -317,12 +317,12 @@ impl Visits {
     pub fn next(
         &self,
         visit: &RequestVisit,
-        answer: Answer,
+        served: ServedBy,
         tls: bool,
         now: SystemTime,
     ) -> Option<HeaderValue> {
-        let view = match answer {
-            Answer::Page {
+        let view = match served {
+            ServedBy::App {
                 status,
                 shared_cacheable,
             } => {
@@ -331,7 +331,7 @@ impl Visits {
                 }
                 visit.page_view && status.is_success() && !visit.costly
             }
-            Answer::Weir => false,
+            ServedBy::Weir => false,
         };
         if !visit.navigation || (!view && !visit.costly) {
             return None;
@@ -408,12 +408,12 @@ impl Visits {
     }
 }
 
-/// How a navigation was answered, for the next visit cookie.
+/// Who served a navigation, and how, for the next visit cookie.
 #[derive(Debug, Clone, Copy)]
-pub enum Answer {
-    /// The app's answer (or a copy of it, coalesced): its status, and
+pub enum ServedBy {
+    /// The app's response (or a copy of it, coalesced): its status, and
     /// whether a shared cache may keep it ([`shared_cacheable`]).
-    Page {
+    App {
         status: http::StatusCode,
         shared_cacheable: bool,
     },
@@ -488,8 +488,8 @@ mod tests {
         UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
     }
 
-    fn page(status: http::StatusCode, headers: &HeaderMap) -> Answer {
-        Answer::Page {
+    fn page(status: http::StatusCode, headers: &HeaderMap) -> ServedBy {
+        ServedBy::App {
             status,
             shared_cacheable: shared_cacheable_map(headers),
         }
@@ -504,14 +504,14 @@ mod tests {
         cookie: Option<&str>,
         at: u64,
         costly: bool,
-        answer: Answer,
+        served: ServedBy,
     ) -> (Option<Visit>, Option<String>) {
         let h = navigation(ua, cookie);
         let mut rv = v
             .read(&http::Method::GET, &h, &client(ip), t(at))
             .expect("a navigation");
         rv.costly = costly;
-        let set = v.next(&rv, answer, false, t(at)).map(|set| {
+        let set = v.next(&rv, served, false, t(at)).map(|set| {
             let set = set.to_str().unwrap().to_owned();
             assert!(set.contains("; HttpOnly; SameSite=Lax"), "{set}");
             set.split(';').next().unwrap().to_owned()
@@ -590,7 +590,7 @@ mod tests {
         for round in 0..10u64 {
             let at = round * 60;
             let (_, c) = answered(&v, who, cookie.as_deref(), at, false, ok);
-            let answer = if round % 2 == 0 { Answer::Weir } else { ok };
+            let answer = if round % 2 == 0 { ServedBy::Weir } else { ok };
             let (prior, c) = answered(&v, who, c.as_deref(), at + 1, true, answer);
             let visit = prior.expect("kept cookies");
             assert_eq!(
@@ -607,7 +607,7 @@ mod tests {
         let mut cookie: Option<String> = None;
         for n in 0..12u64 {
             let costly = n % 4 == 3;
-            let answer = if costly { Answer::Weir } else { ok };
+            let answer = if costly { ServedBy::Weir } else { ok };
             let (prior, c) = answered(&v, who, cookie.as_deref(), n * 20, costly, answer);
             if n == 11 {
                 let visit = prior.expect("kept cookies");
@@ -720,7 +720,7 @@ mod tests {
         for _ in 0..5 {
             let (_, article) = view(&v, ip, UA, cookie.as_deref(), at);
             assert_eq!(turn_of(&v, &article, true, false), None, "{at}");
-            let refused = Answer::Page {
+            let refused = ServedBy::App {
                 status: http::StatusCode::TOO_MANY_REQUESTS,
                 shared_cacheable: shared_cacheable_map(&none),
             };
@@ -788,7 +788,7 @@ mod tests {
             "cache-control",
             HeaderValue::from_static("private, max-age=60"),
         );
-        let next = |rv: &RequestVisit, a: Answer| v.next(rv, a, false, t(0));
+        let next = |rv: &RequestVisit, a: ServedBy| v.next(rv, a, false, t(0));
         assert!(next(&nav, page(ok, &none)).is_some());
         assert!(next(&nav, page(ok, &private)).is_some());
         assert!(
@@ -797,11 +797,11 @@ mod tests {
         );
         assert!(next(&nav, page(http::StatusCode::NOT_FOUND, &none)).is_none());
         assert!(
-            next(&nav, Answer::Weir).is_none(),
+            next(&nav, ServedBy::Weir).is_none(),
             "a cheap page refused counts nothing"
         );
         assert!(
-            next(&costly, Answer::Weir).is_some(),
+            next(&costly, ServedBy::Weir).is_some(),
             "a costly one refused counts"
         );
         assert!(next(&post, page(ok, &none)).is_none(), "not a page view");

@@ -156,7 +156,7 @@ async fn oversized_heads_and_too_many_fields_are_refused_with_431() {
         .1;
     let e = r.err().unwrap();
     assert_eq!(
-        e.answer(),
+        e.reply_status(),
         Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
     );
     assert_eq!(e.label(), "header_too_large");

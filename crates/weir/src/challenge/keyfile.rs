@@ -5,7 +5,7 @@
 //! signs and verifies passes alike; without a directory, one per process.
 //!
 //! Owns: where the key lives, creating it without a race, reading it back.
-//! Does not: decide whether a challenge is shown (`proxy::policy`), or sign
+//! Does not: decide whether a challenge is shown (`proxy::deciding`), or sign
 //! anything ([`super::Keyring`]).
 
 use std::io::Write as _;

@@ -309,7 +309,7 @@ pub(super) enum Unadmitted {
     Challenge(Box<Response<Bytes>>),
     /// A request a rule deferred, shed from its lane: refused with that
     /// rule's answer, which the rules phase reports
-    /// (`policy::deferral_refused`), not admission.
+    /// (`deciding::deferral_refused`), not admission.
     Deferred(Box<crate::policy::rules::Deferral>),
     /// Shed (`503` + `Retry-After`, answered by the rescue).
     Reject(RejectReason),

@@ -171,19 +171,19 @@ impl RequestLog {
         app: Option<(http::StatusCode, bool)>,
         headers: &mut http::HeaderMap,
     ) {
-        use crate::visit::Answer;
+        use crate::visit::ServedBy;
         let Some((visit, visits)) = &self.visit else {
             return;
         };
         let tls = self.conn.edge.tls.is_some();
-        let answer = match app {
-            Some((status, shared_cacheable)) => Answer::Page {
+        let served = match app {
+            Some((status, shared_cacheable)) => ServedBy::App {
                 status,
                 shared_cacheable,
             },
-            None => Answer::Weir,
+            None => ServedBy::Weir,
         };
-        if let Some(cookie) = visits.next(visit, answer, tls, SystemTime::now()) {
+        if let Some(cookie) = visits.next(visit, served, tls, SystemTime::now()) {
             headers.append(http::header::SET_COOKIE, cookie);
         }
     }
@@ -220,8 +220,6 @@ impl RequestLog {
         resp.map(|b| b.on_complete(self))
     }
 
-    /// Answers with a response weir made without a reason to record (the
-    /// challenge's pages, a coalesced copy): `status` as the log's.
     /// [`RequestLog::answer`] for a request refused before any decision
     /// (no route, a target not read): logged with `decision: "reject"`.
     pub(super) fn reject(
@@ -233,7 +231,9 @@ impl RequestLog {
         self.answer(reason, accept)
     }
 
-    pub(super) fn answer_with(
+    /// Responds with a response weir made without a reason to record (the
+    /// challenge's pages and script): its status is the log's.
+    pub(super) fn respond_with(
         mut self: Box<Self>,
         resp: Response<Bytes>,
     ) -> Response<ResponseBody> {

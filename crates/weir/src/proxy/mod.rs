@@ -1,21 +1,20 @@
-//! The request path: the phases a request passes, composed in [`serve`].
+//! The request path: the phases a request passes, composed in [`serve`]
+//! in the order of the diagram in `docs/request-path.md` (the one diagram;
+//! each phase's contract is there too). A file per phase:
 //!
-//! ```text
-//! identity ─► target ─► route ─► session ─► bots ─► rules+challenge ─► coalesce ─► admission ─► upstream ─► respond
-//! ClientId    Target    Route    Session    BotId?  Decision            leader /    Permit        response    response
-//!                                                   (Admit, Reject,     follower                   or error    + log on
-//!                                                    Challenge)                                                 body end
-//! ```
-//!
-//! - [`serve`]: the composition, one comment per phase, and the identity
-//!   phase; the target phase is `weir_http::target::Target::of`, the route
-//!   phase `policy::route::RouteTable::find`.
-//! - [`policy`](self::policy): session, verified bots, rules and challenge, weir's own
-//!   challenge endpoints.
-//! - [`admit`](self::admit): admission.
-//! - [`upstream`](self::upstream): coalescing, forwarding, the response.
-//! - [`log`](self::log): the request's record, and its answers through the
-//!   rescue ([`crate::respond`]).
+//! - [`serve`] (here): the composition, one comment per phase; identity,
+//!   target and route (their stages: `identity`, `weir_http::target`,
+//!   `policy::route`).
+//! - [`deciding`]: visit, session, verified bots, rules and challenge:
+//!   the [`Decision`].
+//! - [`weir_paths`]: weir's own endpoints (the challenge's script and
+//!   answer), before any decision.
+//! - [`coalescing`]: identical anonymous GETs sharing one upstream request.
+//! - [`admit`]: a slot in the pool's admission queue.
+//! - [`forwarding`]: the request sent upstream with failover.
+//! - [`responding`]: the upstream's response made the client's.
+//! - [`log`]: the request's record and held slots, and its answers through
+//!   the rescue ([`crate::respond`]).
 //!
 //! Each phase gives a stage the request's facts and records what it said;
 //! the stages themselves know neither the runtime nor the log (they would
@@ -23,9 +22,12 @@
 //! connection, over the gateway in force.
 
 mod admit;
+mod coalescing;
+mod deciding;
+mod forwarding;
 mod log;
-mod policy;
-mod upstream;
+mod responding;
+mod weir_paths;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -35,14 +37,16 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 
 use crate::edge::{ConnState, Connection, EdgeSettings, ListenerSpec, Service};
+use crate::gateway::{ClassAdmission, Gateway};
 use crate::identity::ClientId;
 use crate::identity::forwarded;
 use crate::observe::tallies::Warning;
-use crate::policy::route::RequestView;
+use crate::policy::route::{RequestView, Route};
 use crate::policy::{Decision, RejectReason};
 use crate::respond::Accepts;
 use crate::runtime::Runtime;
-use upstream::{Coalesced, Routed};
+use crate::upstream::Pool;
+use coalescing::Coalesced;
 use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::server::{ClientError, Handler};
 use weir_http::target::Target;
@@ -216,7 +220,7 @@ fn serve(
             && ch.is_challenge_path(target.path())
         {
             // Boxed: rare, and its state would enlarge every request's future.
-            let endpoint = policy::challenge_endpoint(&ch, req, &target, &client, log, &gw);
+            let endpoint = weir_paths::challenge_endpoint(&ch, req, &target, &client, log, &gw);
             return Box::pin(endpoint).await;
         }
         // Route: the pool and class.
@@ -225,29 +229,29 @@ fn serve(
             Err(reason) => return log.reject(&reason, accept),
         };
         // Visit: a navigation's visit read; weir's cookie kept from the app.
-        policy::visit(&mut req, &target, route, &client, &gw, &mut log);
+        deciding::visit(&mut req, &target, route, &client, &gw, &mut log);
         let view = RequestView {
             target: &target,
             headers: req.headers(),
         };
         // Session, verified crawler, then rules and challenge: the
         // policy's decision.
-        let session = policy::session(&gw, route, req.headers(), &mut log).await;
-        let bot = policy::bot(&gw, &view, &client, &mut log).await;
-        let decision = policy::decide(&view, route, &client, &session, bot, &gw, &mut log).await;
+        let session = deciding::session(&gw, route, req.headers(), &mut log).await;
+        let bot = deciding::bot(&gw, &view, &client, &mut log).await;
+        let decision = deciding::decide(&view, route, &client, &session, bot, &gw, &mut log).await;
         log.record.decision = decision.as_str();
         let admitted = match decision {
             Decision::Admit(admitted) => admitted,
             Decision::Reject(reason) => return log.answer(&reason, accept),
-            Decision::Challenge(page) => return policy::challenged(*page, log),
+            Decision::Challenge(page) => return deciding::challenged(*page, log),
         };
         let routed = Routed::new(route, &gw);
         log.record.pool = Some(routed.pool.name.clone());
         // Coalescing: identical anonymous GETs share one upstream request.
         let coalesced =
-            upstream::coalesce(&req, &target, &routed, admitted.proof, &gw, &mut log).await;
+            coalescing::coalesce(&req, &target, &routed, admitted.proof, &gw, &mut log).await;
         let leader = match coalesced {
-            Coalesced::Shared(shared) => return upstream::shared_response(&shared, log, &req),
+            Coalesced::Shared(shared) => return coalescing::shared_response(&shared, log, &req),
             other => other.leader(),
         };
         // Admission: a slot in the pool's queue, in the lane the proof buys;
@@ -265,20 +269,42 @@ fn serve(
         );
         match admission.await {
             Ok(()) => {}
-            Err(admit::Unadmitted::Challenge(page)) => return policy::challenged(*page, log),
+            Err(admit::Unadmitted::Challenge(page)) => return deciding::challenged(*page, log),
             Err(admit::Unadmitted::Deferred(d)) => {
-                let reason = policy::deferral_refused(*d, &client, &mut log);
+                let reason = deciding::deferral_refused(*d, &client, &mut log);
                 return log.answer(&reason, accept);
             }
             Err(admit::Unadmitted::Reject(reason)) => return log.answer(&reason, accept),
         }
         // Upstream: the request as decided, sent with failover.
-        let answer = upstream::Answer::of(&mut req, leader);
+        let client_side = responding::ClientSide::of(&mut req, leader);
         let result =
-            upstream::forward(&mut req, &target, &client, &routed, &conn, &gw, &mut log).await;
+            forwarding::forward(&mut req, &target, &client, &routed, &conn, &gw, &mut log).await;
         // Respond: the upstream's answer made the client's; the log record
         // is written when its body ends.
-        upstream::respond(result, answer, &conn, log, accept).await
+        responding::respond(result, client_side, &conn, log, accept).await
+    }
+}
+
+/// A routed request's destination: its route, the pool it names and the
+/// class's admission settings (looked up once, read by every later phase).
+pub(super) struct Routed<'a> {
+    pub route: &'a Route,
+    pub pool: Arc<Pool>,
+    pub class: ClassAdmission,
+}
+
+impl<'a> Routed<'a> {
+    pub fn new(route: &'a Route, gw: &Gateway) -> Routed<'a> {
+        Routed {
+            route,
+            pool: gw.pools[route.pool].clone(),
+            class: gw
+                .class_admission
+                .get(route.class.as_str())
+                .copied()
+                .unwrap_or_default(),
+        }
     }
 }
 
@@ -293,7 +319,7 @@ enum Unread {
 /// the same refusals on both listeners (HTTP/2's header count, codings
 /// other than chunked), then the canonical target every later phase reads.
 /// Changes only a pass that came in the address (with the challenge on:
-/// [`policy::pass_in_address`]). Result: the target, or why the request is
+/// [`deciding::pass_in_address`]). Result: the target, or why the request is
 /// refused.
 fn read_target(
     req: &mut Request<RequestBody>,
@@ -307,7 +333,7 @@ fn read_target(
     let mut target =
         Target::of(req, gw.path_policy).map_err(|e| Unread::Target(RejectReason::Target(e)))?;
     if let Some(ch) = &gw.challenger {
-        policy::pass_in_address(ch, req, &mut target);
+        deciding::pass_in_address(ch, req, &mut target);
     }
     Ok(target)
 }

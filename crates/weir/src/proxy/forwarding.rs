@@ -1,143 +1,32 @@
-//! The upstream phases: coalescing (identical anonymous GETs share one
-//! upstream request), forwarding (the request made what was decided on, sent
-//! with failover within the retry budget), and the response made the
-//! client's (hop-by-hop fields, upgrades, a coalescing leader's buffering,
-//! the client's protocol version).
+//! **Upstream phase**: the request made what was decided on, sent with
+//! failover within the retry budget, and sent once more when the app
+//! refused it without a word (after waiting for a slot again).
 //!
-//! The stages do the work (`admission::coalesce`, `upstream::forward`,
-//! `upstream::pool`); these phases record what happened in the request's log
-//! and the pool's metrics. A failure is answered by the rescue from its
-//! typed reason, by its side: the app's with 502/504, the client's own
-//! upload with 400/408.
+//! The stages do the work (`upstream::forward`, `upstream::pool`); this
+//! phase records what happened in the request's log and the pool's
+//! metrics and health. A failure is returned typed, for the respond phase
+//! to answer by its side: the app's with 502/504, the client's own upload
+//! with 400/408.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header;
-use http::{Request, Response, StatusCode, Version};
-use weir_http::body::{RequestBody, ResponseBody};
+use http::{Request, Response, Version};
+use weir_http::body::RequestBody;
 use weir_http::connections::UpstreamBody;
-use weir_http::server::ClientUpgrade;
 use weir_http::target::Target;
 
-use super::ConnCtx;
 use super::log::RequestLog;
-use crate::admission::coalesce::{CoalesceKey, Leader, Role, SharedResponse, shareable};
-use crate::gateway::{ClassAdmission, Gateway};
+use super::{ConnCtx, Routed};
+use crate::gateway::Gateway;
 use crate::identity::ClientId;
-use crate::observe::metrics::{ClassLabels, PoolErrorLabels, PoolLabels};
-use crate::policy::route::Route;
-use crate::policy::{Proof, RejectReason, ShedCause};
-use crate::respond::{Accepts, Reason, Side};
+use crate::observe::metrics::{PoolErrorLabels, PoolLabels};
+use crate::policy::RejectReason;
+use crate::respond::{Reason, Side};
 use crate::runtime::Runtime;
 use crate::upstream::forward::{self, ForwardError, Hop, strip_hop_by_hop};
 use crate::upstream::{NoServer, Pool, ServerGuard};
-
-/// A routed request's destination: its route, the pool it names and the
-/// class's admission settings (looked up once, read by every later phase).
-pub(super) struct Routed<'a> {
-    pub route: &'a Route,
-    pub pool: Arc<Pool>,
-    pub class: ClassAdmission,
-}
-
-impl<'a> Routed<'a> {
-    pub fn new(route: &'a Route, gw: &Gateway) -> Routed<'a> {
-        Routed {
-            route,
-            pool: gw.pools[route.pool].clone(),
-            class: gw
-                .class_admission
-                .get(route.class.as_str())
-                .copied()
-                .unwrap_or_default(),
-        }
-    }
-}
-
-/// How a request joined request coalescing.
-pub(super) enum Coalesced {
-    /// Not coalesced: a personal request, a body, a class without it.
-    Alone,
-    /// The first of its key: it goes upstream, and its response is shared
-    /// if it can be (bodies up to the byte cap). Boxed: rare, and large.
-    Leader(Box<Leader>, usize),
-    /// Its leader's response, to answer with a copy: no upstream request.
-    Shared(Arc<SharedResponse>),
-}
-
-impl Coalesced {
-    /// The group this request leads, if it leads one.
-    pub fn leader(self) -> Option<(Box<Leader>, usize)> {
-        match self {
-            Coalesced::Leader(leader, max) => Some((leader, max)),
-            Coalesced::Alone | Coalesced::Shared(_) => None,
-        }
-    }
-}
-
-/// What the respond phase needs of the request, taken before it is sent
-/// (the upstream phase changes its head): the client's protocol version,
-/// its side of an upgrade, and the coalescing group it leads.
-pub(super) struct Answer {
-    version: Version,
-    upgrade: Option<ClientUpgrade>,
-    leader: Option<(Box<Leader>, usize)>,
-}
-
-impl Answer {
-    pub fn of(req: &mut Request<RequestBody>, leader: Option<(Box<Leader>, usize)>) -> Answer {
-        Answer {
-            version: req.version(),
-            upgrade: is_upgrade(req).then(|| ClientUpgrade::on(req)),
-            leader,
-        }
-    }
-}
-
-/// **Coalescing phase**: after the policy (rules see and count every
-/// request, followers too), before admission (a follower waits for its
-/// leader holding no admission slot and no server, so a storm on one page
-/// costs one worker). Only anonymous requests coalesce: no verified session,
-/// no pass, no body, and (the key refuses them) no `Cookie`,
-/// `Authorization`, `Range`, `Upgrade` or condition. A follower whose
-/// leader's response cannot be shared goes upstream itself, through
-/// admission like any request. May change: the coalescer, the log's
-/// `coalesced`.
-pub(super) async fn coalesce(
-    req: &Request<RequestBody>,
-    target: &Target,
-    routed: &Routed<'_>,
-    proof: Proof,
-    gw: &Gateway,
-    log: &mut RequestLog,
-) -> Coalesced {
-    let (Some(max), Some(coalescer)) = (
-        routed.class.coalesce_max_body,
-        gw.coalescers.get(routed.route.class.as_str()),
-    ) else {
-        return Coalesced::Alone;
-    };
-    if proof != Proof::default() || !http_body::Body::is_end_stream(req.body()) {
-        return Coalesced::Alone;
-    }
-    let Some(key) = CoalesceKey::for_request(target, req.headers()) else {
-        return Coalesced::Alone;
-    };
-    match coalescer.join(key.in_pool(&routed.pool.name)) {
-        Role::Leader(l) => {
-            log.record.coalesced = Some("leader");
-            Coalesced::Leader(Box::new(l), max)
-        }
-        Role::Follower(f) => match f.wait().await {
-            Some(shared) => Coalesced::Shared(shared),
-            None => {
-                log.record.coalesced = Some("unshared");
-                Coalesced::Alone
-            }
-        },
-    }
-}
 
 /// **Upstream phase**: after admission gave the request a slot. Makes the
 /// request say what was decided on (hop-by-hop fields gone, `Expect`
@@ -228,199 +117,6 @@ pub(super) enum Unanswered {
     /// shed it while it waited for a slot to be sent again: the shed's own
     /// `503`, as any shed.
     Shed(RejectReason),
-}
-
-/// **Respond phase**: after the upstream phase. The upstream's response
-/// made the client's: hop-by-hop fields removed, an agreed upgrade turned
-/// into a tunnel, a coalescing leader's body buffered and shared, the
-/// client's protocol version. A failure is answered by the rescue from its
-/// reason. Result: the response; the log record goes with its body, and is
-/// written when the body ends.
-pub(super) async fn respond(
-    result: Result<Response<UpstreamBody>, Unanswered>,
-    answer: Answer,
-    conn: &ConnCtx,
-    mut log: Box<RequestLog>,
-    accept: Accepts,
-) -> Response<ResponseBody> {
-    let Answer {
-        version: client_version,
-        upgrade: client_upgrade,
-        leader,
-    } = answer;
-    let mut resp = match result {
-        Ok(resp) => resp,
-        Err(Unanswered::Shed(reason)) => return log.answer(&reason, accept),
-        Err(Unanswered::Failed(ForwardError::NoHealthyServer)) => {
-            let reason = RejectReason::Shed {
-                cause: ShedCause::NoHealthyServer,
-                retry_after: Duration::from_secs(1),
-            };
-            return log.answer(&reason, accept);
-        }
-        Err(Unanswered::Failed(e)) => {
-            log.record.error = Some(e.to_string());
-            return log.answer(&e, accept);
-        }
-    };
-    log.record.upstream_status = Some(resp.status().as_u16());
-    let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if is_101 && client_upgrade.is_none() {
-        // A switch no one asked for: the client would get a connection it
-        // cannot speak on (and the app's end of it is closed with `resp`).
-        return log.answer(&AppFault::UnaskedUpgrade, accept);
-    }
-    strip_hop_by_hop(resp.headers_mut(), is_101 && client_upgrade.is_some());
-    if is_101
-        && let Some(client_upgrade) = client_upgrade
-        && let Some((upstream, early)) = resp.body_mut().take_tunnel()
-    {
-        let tunnel_guard = conn.edge.guard.clone();
-        tokio::spawn(async move {
-            client_upgrade.tunnel(upstream, early).await;
-            drop(tunnel_guard);
-        });
-    }
-    let (mut parts, body) = resp.into_parts();
-    let body = match leader {
-        // Boxed: rare, and large for every request's future to carry.
-        Some((leader, max)) => match Box::pin(lead(*leader, &mut parts, body, max)).await {
-            Ok(b) => b,
-            Err(e) => {
-                log.record.error = Some(format!("upstream body: {e}"));
-                return log.answer(&AppFault::BodyCut, accept);
-            }
-        },
-        None => ResponseBody::upstream(body),
-    };
-    // The client gets its own protocol version, whatever the upstream spoke.
-    parts.version = client_version;
-    log.record.status = parts.status.as_u16();
-    log.stamp(&mut parts.headers);
-    if log.visit.is_some() {
-        // A plain response's fields are not in the map (weir_http::fields).
-        use weir_http::server::Outgoing as _;
-        let received = body.received_fields().map(|r| r.values("cache-control"));
-        let shared = crate::visit::shared_cacheable_map(&parts.headers)
-            || received.is_some_and(crate::visit::shared_cacheable);
-        log.visit_cookie(Some((parts.status, shared)), &mut parts.headers);
-    }
-    Response::from_parts(parts, body.on_complete(log))
-}
-
-/// An answer from the app that cannot be passed on: 502.
-enum AppFault {
-    /// `101 Switching Protocols` to a request that asked for no upgrade.
-    UnaskedUpgrade,
-    /// A coalescing leader's upstream body failed while it was buffered.
-    BodyCut,
-}
-
-impl Reason for AppFault {
-    fn status(&self) -> StatusCode {
-        StatusCode::BAD_GATEWAY
-    }
-    fn label(&self) -> &str {
-        match self {
-            AppFault::UnaskedUpgrade => "unasked_upgrade",
-            AppFault::BodyCut => "upstream_body",
-        }
-    }
-    fn message(&self) -> String {
-        match self {
-            AppFault::UnaskedUpgrade => "the application switched protocols without being asked",
-            AppFault::BodyCut => "the application's answer was cut",
-        }
-        .into()
-    }
-    fn side(&self) -> Side {
-        Side::Upstream
-    }
-    fn templated(&self) -> bool {
-        false
-    }
-}
-
-/// A coalescing leader's response: buffered and published to its followers
-/// when shareable, streamed to this client alone otherwise. A body without a
-/// known length (chunked) is read until it ends or passes the cap; past the
-/// cap, this client gets what was read followed by the rest, and the
-/// followers go upstream themselves. A body error drops the leader, which
-/// sends the followers upstream too.
-async fn lead(
-    leader: Leader,
-    parts: &mut http::response::Parts,
-    mut body: UpstreamBody,
-    max: usize,
-) -> Result<ResponseBody, weir_http::body::BoxError> {
-    use http_body::Body as _;
-    use http_body_util::BodyExt as _;
-    // Shareable or not is read from the fields, and followers get a copy.
-    body.fields_into(&mut parts.headers);
-    let known = body
-        .size_hint()
-        .exact()
-        .and_then(|n| usize::try_from(n).ok());
-    let len_fits = known.is_none_or(|n| n <= max);
-    if !len_fits || !shareable(parts.status, &parts.headers, 0, max) {
-        leader.finish(None);
-        return Ok(ResponseBody::upstream(body));
-    }
-    let mut read = std::collections::VecDeque::new();
-    let mut bytes = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame?;
-        match frame.data_ref() {
-            Some(d) if bytes.len() + d.len() <= max => bytes.extend_from_slice(d),
-            // Past the cap, or trailers: not shared; this client still gets
-            // every byte, in order.
-            _ => {
-                leader.finish(None);
-                if !bytes.is_empty() {
-                    read.push_back(http_body::Frame::data(bytes.freeze()));
-                }
-                read.push_back(frame);
-                return Ok(ResponseBody::resumed(read, body));
-            }
-        }
-    }
-    let bytes = bytes.freeze();
-    leader.finish(Some(SharedResponse {
-        status: parts.status,
-        headers: parts.headers.clone(),
-        body: bytes.clone(),
-    }));
-    Ok(ResponseBody::full(bytes))
-}
-
-/// A coalescing follower's answer: a copy of its leader's response.
-pub(super) fn shared_response(
-    shared: &SharedResponse,
-    mut log: Box<RequestLog>,
-    req: &Request<RequestBody>,
-) -> Response<ResponseBody> {
-    let version = req.version();
-    log.record.coalesced = Some("shared");
-    log.record.status = shared.status.as_u16();
-    let labels = ClassLabels {
-        class: log.record.class.clone(),
-    };
-    log.conn
-        .rt
-        .metrics
-        .coalesced_requests
-        .get_or_create(&labels)
-        .inc();
-    let mut headers = shared.headers.clone();
-    log.stamp(&mut headers);
-    let cacheable = crate::visit::shared_cacheable_map(&headers);
-    log.visit_cookie(Some((shared.status, cacheable)), &mut headers);
-    let body = ResponseBody::full(shared.body.clone()).on_complete(log);
-    let mut resp = Response::new(body);
-    *resp.status_mut() = shared.status;
-    *resp.version_mut() = version;
-    *resp.headers_mut() = headers;
-    resp
 }
 
 /// Sends the request; a bodyless request is re-sent once to another server,
@@ -602,7 +298,9 @@ impl NotListening {
 /// before its `502`, and how it backs off meanwhile: a deploy's gap is well
 /// under it; an app that is down for good costs each request this much.
 const APP_RETURN_WAIT: Duration = Duration::from_secs(2);
+
 const APP_BACKOFF_FIRST: Duration = Duration::from_millis(25);
+
 const APP_BACKOFF_MAX: Duration = Duration::from_millis(400);
 
 /// Counts a failed exchange: the app's in `weir_upstream_errors_total`; the
@@ -652,7 +350,9 @@ fn health_outcome(
     }
 }
 
-fn is_upgrade(req: &Request<RequestBody>) -> bool {
+/// Whether an HTTP/1.1 request asks to switch protocols (`Upgrade` named
+/// in `Connection`).
+pub(super) fn is_upgrade(req: &Request<RequestBody>) -> bool {
     req.version() == Version::HTTP_11
         && req.headers().contains_key(header::UPGRADE)
         && req

@@ -1,0 +1,165 @@
+//! **Coalescing phase**: identical anonymous GETs share one upstream
+//! request. The stage is `admission::coalesce`; this phase joins a request
+//! to its group, records its role in the log, buffers a leader's response
+//! for its followers, and answers a follower with a copy.
+
+use std::sync::Arc;
+
+use http::{Request, Response};
+use weir_http::body::{RequestBody, ResponseBody};
+use weir_http::connections::UpstreamBody;
+use weir_http::target::Target;
+
+use super::Routed;
+use super::log::RequestLog;
+use crate::admission::coalesce::{CoalesceKey, Leader, Role, SharedResponse, shareable};
+use crate::gateway::Gateway;
+use crate::observe::metrics::ClassLabels;
+use crate::policy::Proof;
+
+/// How a request joined request coalescing.
+pub(super) enum Coalesced {
+    /// Not coalesced: a personal request, a body, a class without it.
+    Alone,
+    /// The first of its key: it goes upstream, and its response is shared
+    /// if it can be (bodies up to the byte cap). Boxed: rare, and large.
+    Leader(Box<Leader>, usize),
+    /// Its leader's response, to answer with a copy: no upstream request.
+    Shared(Arc<SharedResponse>),
+}
+
+impl Coalesced {
+    /// The group this request leads, if it leads one.
+    pub fn leader(self) -> Option<(Box<Leader>, usize)> {
+        match self {
+            Coalesced::Leader(leader, max) => Some((leader, max)),
+            Coalesced::Alone | Coalesced::Shared(_) => None,
+        }
+    }
+}
+
+/// **Coalescing phase**: after the policy (rules see and count every
+/// request, followers too), before admission (a follower waits for its
+/// leader holding no admission slot and no server, so a storm on one page
+/// costs one worker). Only anonymous requests coalesce: no verified session,
+/// no pass, no body, and (the key refuses them) no `Cookie`,
+/// `Authorization`, `Range`, `Upgrade` or condition. A follower whose
+/// leader's response cannot be shared goes upstream itself, through
+/// admission like any request. May change: the coalescer, the log's
+/// `coalesced`.
+pub(super) async fn coalesce(
+    req: &Request<RequestBody>,
+    target: &Target,
+    routed: &Routed<'_>,
+    proof: Proof,
+    gw: &Gateway,
+    log: &mut RequestLog,
+) -> Coalesced {
+    let (Some(max), Some(coalescer)) = (
+        routed.class.coalesce_max_body,
+        gw.coalescers.get(routed.route.class.as_str()),
+    ) else {
+        return Coalesced::Alone;
+    };
+    if proof != Proof::default() || !http_body::Body::is_end_stream(req.body()) {
+        return Coalesced::Alone;
+    }
+    let Some(key) = CoalesceKey::for_request(target, req.headers()) else {
+        return Coalesced::Alone;
+    };
+    match coalescer.join(key.in_pool(&routed.pool.name)) {
+        Role::Leader(l) => {
+            log.record.coalesced = Some("leader");
+            Coalesced::Leader(Box::new(l), max)
+        }
+        Role::Follower(f) => match f.wait().await {
+            Some(shared) => Coalesced::Shared(shared),
+            None => {
+                log.record.coalesced = Some("unshared");
+                Coalesced::Alone
+            }
+        },
+    }
+}
+
+/// A coalescing leader's response: buffered and published to its followers
+/// when shareable, streamed to this client alone otherwise. A body without a
+/// known length (chunked) is read until it ends or passes the cap; past the
+/// cap, this client gets what was read followed by the rest, and the
+/// followers go upstream themselves. A body error drops the leader, which
+/// sends the followers upstream too.
+pub(super) async fn lead(
+    leader: Leader,
+    parts: &mut http::response::Parts,
+    mut body: UpstreamBody,
+    max: usize,
+) -> Result<ResponseBody, weir_http::body::BoxError> {
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    // Shareable or not is read from the fields, and followers get a copy.
+    body.fields_into(&mut parts.headers);
+    let known = body
+        .size_hint()
+        .exact()
+        .and_then(|n| usize::try_from(n).ok());
+    let len_fits = known.is_none_or(|n| n <= max);
+    if !len_fits || !shareable(parts.status, &parts.headers, 0, max) {
+        leader.finish(None);
+        return Ok(ResponseBody::upstream(body));
+    }
+    let mut read = std::collections::VecDeque::new();
+    let mut bytes = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        match frame.data_ref() {
+            Some(d) if bytes.len() + d.len() <= max => bytes.extend_from_slice(d),
+            // Past the cap, or trailers: not shared; this client still gets
+            // every byte, in order.
+            _ => {
+                leader.finish(None);
+                if !bytes.is_empty() {
+                    read.push_back(http_body::Frame::data(bytes.freeze()));
+                }
+                read.push_back(frame);
+                return Ok(ResponseBody::resumed(read, body));
+            }
+        }
+    }
+    let bytes = bytes.freeze();
+    leader.finish(Some(SharedResponse {
+        status: parts.status,
+        headers: parts.headers.clone(),
+        body: bytes.clone(),
+    }));
+    Ok(ResponseBody::full(bytes))
+}
+
+/// A coalescing follower's answer: a copy of its leader's response.
+pub(super) fn shared_response(
+    shared: &SharedResponse,
+    mut log: Box<RequestLog>,
+    req: &Request<RequestBody>,
+) -> Response<ResponseBody> {
+    let version = req.version();
+    log.record.coalesced = Some("shared");
+    log.record.status = shared.status.as_u16();
+    let labels = ClassLabels {
+        class: log.record.class.clone(),
+    };
+    log.conn
+        .rt
+        .metrics
+        .coalesced_requests
+        .get_or_create(&labels)
+        .inc();
+    let mut headers = shared.headers.clone();
+    log.stamp(&mut headers);
+    let cacheable = crate::visit::shared_cacheable_map(&headers);
+    log.visit_cookie(Some((shared.status, cacheable)), &mut headers);
+    let body = ResponseBody::full(shared.body.clone()).on_complete(log);
+    let mut resp = Response::new(body);
+    *resp.status_mut() = shared.status;
+    *resp.version_mut() = version;
+    *resp.headers_mut() = headers;
+    resp
+}

@@ -1,0 +1,151 @@
+//! **Respond phase**: the upstream's response made the client's
+//! (hop-by-hop fields, upgrades, a coalescing leader's buffering, the
+//! client's protocol version), or a failure answered by the rescue from
+//! its typed reason.
+
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode, Version};
+use weir_http::body::{RequestBody, ResponseBody};
+use weir_http::connections::UpstreamBody;
+use weir_http::server::ClientUpgrade;
+
+use super::ConnCtx;
+use super::coalescing::lead;
+use super::forwarding::Unanswered;
+use super::log::RequestLog;
+use crate::admission::coalesce::Leader;
+use crate::policy::{RejectReason, ShedCause};
+use crate::respond::{Accepts, Reason, Side};
+use crate::upstream::forward::{ForwardError, strip_hop_by_hop};
+
+/// The client's side of the exchange, taken before the request is sent
+/// (the upstream phase changes its head): its protocol version, its side
+/// of an upgrade, and the coalescing group it leads. The respond phase
+/// needs it to make the upstream's response the client's.
+pub(super) struct ClientSide {
+    version: Version,
+    upgrade: Option<ClientUpgrade>,
+    leader: Option<(Box<Leader>, usize)>,
+}
+
+impl ClientSide {
+    pub fn of(req: &mut Request<RequestBody>, leader: Option<(Box<Leader>, usize)>) -> ClientSide {
+        ClientSide {
+            version: req.version(),
+            upgrade: super::forwarding::is_upgrade(req).then(|| ClientUpgrade::on(req)),
+            leader,
+        }
+    }
+}
+
+/// **Respond phase**: after the upstream phase. The upstream's response
+/// made the client's: hop-by-hop fields removed, an agreed upgrade turned
+/// into a tunnel, a coalescing leader's body buffered and shared, the
+/// client's protocol version. A failure is answered by the rescue from its
+/// reason. Result: the response; the log record goes with its body, and is
+/// written when the body ends.
+pub(super) async fn respond(
+    result: Result<Response<UpstreamBody>, Unanswered>,
+    client_side: ClientSide,
+    conn: &ConnCtx,
+    mut log: Box<RequestLog>,
+    accept: Accepts,
+) -> Response<ResponseBody> {
+    let ClientSide {
+        version: client_version,
+        upgrade: client_upgrade,
+        leader,
+    } = client_side;
+    let mut resp = match result {
+        Ok(resp) => resp,
+        Err(Unanswered::Shed(reason)) => return log.answer(&reason, accept),
+        Err(Unanswered::Failed(ForwardError::NoHealthyServer)) => {
+            let reason = RejectReason::Shed {
+                cause: ShedCause::NoHealthyServer,
+                retry_after: Duration::from_secs(1),
+            };
+            return log.answer(&reason, accept);
+        }
+        Err(Unanswered::Failed(e)) => {
+            log.record.error = Some(e.to_string());
+            return log.answer(&e, accept);
+        }
+    };
+    log.record.upstream_status = Some(resp.status().as_u16());
+    let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if is_101 && client_upgrade.is_none() {
+        // A switch no one asked for: the client would get a connection it
+        // cannot speak on (and the app's end of it is closed with `resp`).
+        return log.answer(&AppFault::UnaskedUpgrade, accept);
+    }
+    strip_hop_by_hop(resp.headers_mut(), is_101 && client_upgrade.is_some());
+    if is_101
+        && let Some(client_upgrade) = client_upgrade
+        && let Some((upstream, early)) = resp.body_mut().take_tunnel()
+    {
+        let tunnel_guard = conn.edge.guard.clone();
+        tokio::spawn(async move {
+            client_upgrade.tunnel(upstream, early).await;
+            drop(tunnel_guard);
+        });
+    }
+    let (mut parts, body) = resp.into_parts();
+    let body = match leader {
+        // Boxed: rare, and large for every request's future to carry.
+        Some((leader, max)) => match Box::pin(lead(*leader, &mut parts, body, max)).await {
+            Ok(b) => b,
+            Err(e) => {
+                log.record.error = Some(format!("upstream body: {e}"));
+                return log.answer(&AppFault::BodyCut, accept);
+            }
+        },
+        None => ResponseBody::upstream(body),
+    };
+    // The client gets its own protocol version, whatever the upstream spoke.
+    parts.version = client_version;
+    log.record.status = parts.status.as_u16();
+    log.stamp(&mut parts.headers);
+    if log.visit.is_some() {
+        // A plain response's fields are not in the map (weir_http::fields).
+        use weir_http::server::Outgoing as _;
+        let received = body.received_fields().map(|r| r.values("cache-control"));
+        let shared = crate::visit::shared_cacheable_map(&parts.headers)
+            || received.is_some_and(crate::visit::shared_cacheable);
+        log.visit_cookie(Some((parts.status, shared)), &mut parts.headers);
+    }
+    Response::from_parts(parts, body.on_complete(log))
+}
+
+/// An answer from the app that cannot be passed on: 502.
+enum AppFault {
+    /// `101 Switching Protocols` to a request that asked for no upgrade.
+    UnaskedUpgrade,
+    /// A coalescing leader's upstream body failed while it was buffered.
+    BodyCut,
+}
+
+impl Reason for AppFault {
+    fn status(&self) -> StatusCode {
+        StatusCode::BAD_GATEWAY
+    }
+    fn label(&self) -> &str {
+        match self {
+            AppFault::UnaskedUpgrade => "unasked_upgrade",
+            AppFault::BodyCut => "upstream_body",
+        }
+    }
+    fn message(&self) -> String {
+        match self {
+            AppFault::UnaskedUpgrade => "the application switched protocols without being asked",
+            AppFault::BodyCut => "the application's answer was cut",
+        }
+        .into()
+    }
+    fn side(&self) -> Side {
+        Side::Upstream
+    }
+    fn templated(&self) -> bool {
+        false
+    }
+}
