@@ -9,13 +9,16 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use weir_http::connections::UpstreamBody;
 
-use super::log::{Place, RequestLog};
+use super::Routed;
+use super::exchange::Exchange;
+use super::log::Place;
 use crate::admission::{AdmissionQueue, Lane, Standing};
 use crate::challenge::Challenger;
 use crate::gateway::ClassAdmission;
-use crate::identity::ClientId;
+use crate::identity::ClientAddr;
 use crate::policy::route::RequestView;
 use crate::policy::{Admitted, ChallengeInstead, PageWhen, RejectReason};
+use crate::runtime::Runtime;
 use crate::upstream::{ForwardError, Pool};
 
 /// **Admission phase**: after the policy admitted the request (and after
@@ -35,38 +38,36 @@ use crate::upstream::{ForwardError, Pool};
 /// Result: `Ok` holding the slot in the log record until the response body
 /// ends, or why not (answered by the rescue, or with the page).
 pub(super) async fn admission(
-    pool: &Pool,
-    class: ClassAdmission,
+    ex: &mut Exchange<'_>,
+    routed: &Routed<'_>,
     view: &RequestView<'_>,
     admitted: Admitted,
-    challenger: Option<&Challenger>,
-    client: &ClientId,
-    log: &mut RequestLog,
 ) -> Result<(), Unadmitted> {
+    let pool = &routed.pool;
     let Some(queue) = &pool.admission else {
         return Ok(());
     };
     let now = tokio::time::Instant::now();
-    let mut place = place(queue, &class, view, &admitted, client, log, now);
-    let ask = admitted.challenge.zip(challenger);
+    let mut place = place(ex, queue, &routed.class, &admitted, now);
+    let ask = admitted.challenge.zip(ex.gw().challenger.as_deref());
     if let Some(ask) = ask {
         let deferred = admitted.deferred.is_some();
         match page_deadline(queue, &place, ask, deferred, now) {
             Some(deadline) => place.deadline = place.deadline.min(deadline),
-            None => return Err(challenge_page(ask.1, ask.0, view, client, now)),
+            None => return Err(challenge_page(ex, ask, view, now)),
         }
     }
     // Kept: a request the app refuses waits here again (`requeue`).
-    log.held.place = Some(place);
-    match slot(pool, queue, place, log).await {
+    ex.held().place = Some(place);
+    match slot(ex, pool, queue, place).await {
         Ok(()) => {
             if ask.is_some_and(|(c, _)| c.engaged) {
-                spared(pool, log);
+                spared(ex.rt(), pool);
             }
             Ok(())
         }
         Err(reason) => Err(match (ask, admitted.deferred) {
-            (Some((c, ch)), _) => challenge_page(ch, c, view, client, now),
+            (Some(ask), _) => challenge_page(ex, ask, view, now),
             (None, Some(d)) => Unadmitted::Deferred(d),
             (None, None) => Unadmitted::Reject(reason),
         }),
@@ -80,17 +81,15 @@ pub(super) async fn admission(
 /// answer teaches the pool (and lets the adaptive limit tell a slower mix
 /// from queueing).
 fn place(
+    ex: &Exchange<'_>,
     queue: &AdmissionQueue,
     class: &ClassAdmission,
-    view: &RequestView<'_>,
     admitted: &Admitted,
-    client: &ClientId,
-    log: &RequestLog,
     now: tokio::time::Instant,
 ) -> Place {
-    let shape = crate::admission::Shape::of(view.target);
+    let shape = crate::admission::Shape::of(ex.target());
     let class_lane = class.unproven_lane(queue, shape);
-    let visit = log.visit.as_ref().and_then(|(v, _)| v.turn());
+    let visit = ex.log().visit.as_ref().and_then(|(v, _)| v.turn());
     let proof = &admitted.proof;
     let standing = Standing {
         verified: proof.verified,
@@ -101,7 +100,9 @@ fn place(
     };
     let lane = queue.lanes().clamp(Lane::for_request(standing, class_lane));
     let cheap = class_lane < Lane::ANONYMOUS;
-    let key = turn(proof.pass, visit, cheap, client, &log.conn.rt.browsing, now);
+    let client = ex.client().client;
+    let browsing = ex.rt().browsing.record(client, cheap, now);
+    let key = turn(proof.pass, visit, browsing, client);
     Place {
         lane,
         key,
@@ -162,22 +163,20 @@ fn page_deadline(
 /// `crate::visit::RequestVisit::turn`), for weir's defaults have no
 /// challenge, and an address that browses like a person (mostly cheap
 /// pages, `cheap` saying whether this request is one), for clients that
-/// keep no cookie; everyone else shares by address prefix.
+/// keep no cookie (`browsing`, from `admission::BrowsingEvidence`);
+/// everyone else shares by address prefix.
 fn turn(
     pass: Option<u64>,
     visit: Option<u128>,
-    cheap: bool,
-    client: &ClientId,
-    browsing: &crate::admission::BrowsingEvidence,
-    now: tokio::time::Instant,
+    browsing: bool,
+    client: ClientAddr,
 ) -> crate::admission::FairKey {
     use crate::admission::FairKey;
-    let browsing = browsing.record(client.client, cheap, now);
     match (pass, visit) {
         (Some(id), _) => FairKey::of_visitor(id),
         (None, Some(id)) => FairKey::of_visit(id),
-        (None, None) if browsing => FairKey::of_browser(client.client),
-        (None, None) => FairKey::of(client.client),
+        (None, None) if browsing => FairKey::of_browser(client),
+        (None, None) => FairKey::of(client),
     }
 }
 
@@ -194,29 +193,29 @@ fn turn(
 /// Result: `Ok` with the new slot held in the log record, or the shed's
 /// reason (recorded as any shed).
 pub(super) async fn requeue(
+    ex: &mut Exchange<'_>,
     pool: &Pool,
     queue: &AdmissionQueue,
     again: Place,
-    log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
-    if let Some(permit) = log.held.permit.take() {
+    if let Some(permit) = ex.held().permit.take() {
         permit.complete(crate::admission::Outcome::Overloaded);
     }
-    let waited = log.record.queue_time;
-    let placed = slot(pool, queue, again, log).await;
-    log.record.queue_time += waited;
+    let waited = ex.record().queue_time;
+    let placed = slot(ex, pool, queue, again).await;
+    ex.record().queue_time += waited;
     placed
 }
 
 /// Waits for a slot in `place`'s lane and records it (metrics, the log's lane and
 /// queue time, the permit held until the answer ends), or records the shed.
 async fn slot(
+    ex: &mut Exchange<'_>,
     pool: &Pool,
     queue: &AdmissionQueue,
     place: Place,
-    log: &mut RequestLog,
 ) -> Result<(), RejectReason> {
-    let metrics = &log.conn.rt.metrics;
+    let metrics = &ex.rt().metrics;
     let Place {
         lane,
         key,
@@ -225,7 +224,7 @@ async fn slot(
         shape,
     } = place;
     let series = metrics.admitted(&pool.name, &queue.lanes().spec(lane).name);
-    log.record.lane = Some(series.lane.clone());
+    ex.record().lane = Some(series.lane.clone());
     match queue
         .acquire_proven(lane, key, proven, deadline, Some(shape))
         .await
@@ -234,11 +233,11 @@ async fn slot(
             permit.learn(shape);
             series.admitted.inc();
             series.wait.observe(permit.waited().as_secs_f64());
-            log.record.queue_time = permit.waited();
-            log.held.permit = Some(permit);
+            ex.record().queue_time = permit.waited();
+            ex.held().permit = Some(permit);
             Ok(())
         }
-        Err(shed) => Err(shed_reason(pool, queue, &shed, log)),
+        Err(shed) => Err(shed_reason(ex, pool, queue, &shed)),
     }
 }
 
@@ -246,38 +245,39 @@ async fn slot(
 /// counting the wait since `asked` (when it came to the queue) towards the
 /// no-script delay ([`Challenger::page_after`]).
 fn challenge_page(
-    ch: &Challenger,
-    c: ChallengeInstead,
+    ex: &Exchange<'_>,
+    (c, ch): (ChallengeInstead, &Challenger),
     view: &RequestView<'_>,
-    client: &ClientId,
     asked: tokio::time::Instant,
 ) -> Unadmitted {
     let (now, waited) = (std::time::SystemTime::now(), asked.elapsed());
-    let page = ch.page_after(view.target, client, view.headers, c.difficulty, now, waited);
+    let page = ch.page_after(
+        view.target,
+        ex.client(),
+        view.headers,
+        c.difficulty,
+        now,
+        waited,
+    );
     Unadmitted::Challenge(Box::new(page))
 }
 
 /// Counts a navigation served under pressure without being asked for proof
 /// (`weir_challenge_spared_total`).
-fn spared(pool: &Pool, log: &RequestLog) {
+fn spared(rt: &Runtime, pool: &Pool) {
     let labels = crate::observe::metrics::PoolLabels {
         pool: pool.name.clone(),
     };
-    log.conn
-        .rt
-        .metrics
-        .challenge_spared
-        .get_or_create(&labels)
-        .inc();
+    rt.metrics.challenge_spared.get_or_create(&labels).inc();
 }
 
 /// Records a request the queue shed (metrics, the pool's busy signal, the
 /// log's queue time) and names why, for the rescue's `503`.
 fn shed_reason(
+    ex: &mut Exchange<'_>,
     pool: &Pool,
     queue: &crate::admission::AdmissionQueue,
     shed: &crate::admission::Shed,
-    log: &mut RequestLog,
 ) -> RejectReason {
     use crate::observe::metrics::ShedLabels;
     pool.shed(Instant::now());
@@ -289,13 +289,8 @@ fn shed_reason(
         lane: shed_lane,
         reason: shed.reason.as_str(),
     };
-    log.conn
-        .rt
-        .metrics
-        .admission_shed
-        .get_or_create(&labels)
-        .inc();
-    log.record.queue_time = shed.waited;
+    ex.rt().metrics.admission_shed.get_or_create(&labels).inc();
+    ex.record().queue_time = shed.waited;
     RejectReason::Shed {
         cause: shed.reason.into(),
         retry_after: shed.retry_after,

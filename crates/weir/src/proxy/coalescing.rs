@@ -8,12 +8,10 @@ use std::sync::Arc;
 use http::{Request, Response};
 use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::connections::UpstreamBody;
-use weir_http::target::Target;
 
 use super::Routed;
-use super::log::RequestLog;
+use super::exchange::Exchange;
 use crate::admission::coalesce::{CoalesceKey, Leader, Role, SharedResponse, shareable};
-use crate::gateway::Gateway;
 use crate::observe::metrics::ClassLabels;
 use crate::policy::Proof;
 
@@ -48,34 +46,32 @@ impl Coalesced {
 /// admission like any request. May change: the coalescer, the log's
 /// `coalesced`.
 pub(super) async fn coalesce(
+    ex: &mut Exchange<'_>,
     req: &Request<RequestBody>,
-    target: &Target,
     routed: &Routed<'_>,
     proof: Proof,
-    gw: &Gateway,
-    log: &mut RequestLog,
 ) -> Coalesced {
     let (Some(max), Some(coalescer)) = (
         routed.class.coalesce_max_body,
-        gw.coalescers.get(routed.route.class.as_str()),
+        ex.gw().coalescers.get(routed.route.class.as_str()),
     ) else {
         return Coalesced::Alone;
     };
     if proof != Proof::default() || !http_body::Body::is_end_stream(req.body()) {
         return Coalesced::Alone;
     }
-    let Some(key) = CoalesceKey::for_request(target, req.headers()) else {
+    let Some(key) = CoalesceKey::for_request(ex.target(), req.headers()) else {
         return Coalesced::Alone;
     };
     match coalescer.join(key.in_pool(&routed.pool.name)) {
         Role::Leader(l) => {
-            log.record.coalesced = Some("leader");
+            ex.record().coalesced = Some("leader");
             Coalesced::Leader(Box::new(l), max)
         }
         Role::Follower(f) => match f.wait().await {
             Some(shared) => Coalesced::Shared(shared),
             None => {
-                log.record.coalesced = Some("unshared");
+                ex.record().coalesced = Some("unshared");
                 Coalesced::Alone
             }
         },
@@ -136,22 +132,19 @@ pub(super) async fn lead(
 
 /// A coalescing follower's answer: a copy of its leader's response.
 pub(super) fn shared_response(
+    ex: Exchange<'_>,
     shared: &SharedResponse,
-    mut log: Box<RequestLog>,
     req: &Request<RequestBody>,
 ) -> Response<ResponseBody> {
+    let rt = ex.rt();
+    let mut log = ex.into_log();
     let version = req.version();
     log.record.coalesced = Some("shared");
     log.record.status = shared.status.as_u16();
     let labels = ClassLabels {
         class: log.record.class.clone(),
     };
-    log.conn
-        .rt
-        .metrics
-        .coalesced_requests
-        .get_or_create(&labels)
-        .inc();
+    rt.metrics.coalesced_requests.get_or_create(&labels).inc();
     let mut headers = shared.headers.clone();
     log.stamp(&mut headers);
     let cacheable = crate::visit::shared_cacheable_map(&headers);

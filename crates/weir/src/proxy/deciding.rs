@@ -15,15 +15,16 @@ use http::{HeaderMap, Request, Response};
 use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::target::Target;
 
+use super::exchange::Exchange;
 use super::log::RequestLog;
 use crate::admission::{Lane, Shape};
 use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck};
 use crate::gateway::Gateway;
 use crate::identity::ClientAddr;
-use crate::identity::ClientId;
 use crate::identity::bots::BotId;
 use crate::identity::bots::signature::SignedRequest;
 use crate::identity::session::SessionState;
+use crate::observe::AccessRecord;
 use crate::observe::access_log::LoggedVisit;
 use crate::observe::metrics::{
     BotLabels, ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels,
@@ -48,28 +49,22 @@ use weir_limiter::MonoTime;
 /// because weir counted their pages. May change: the request's `Cookie`
 /// fields, the log's `visit` (the answer's cookie is made from it). Result:
 /// none; the rules read the visit from the log.
-pub(super) fn visit(
-    req: &mut Request<RequestBody>,
-    target: &Target,
-    route: &Route,
-    client: &ClientId,
-    gw: &Gateway,
-    log: &mut RequestLog,
-) {
+pub(super) fn visit(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, route: &Route) {
+    let (gw, target) = (ex.gw(), ex.target());
     let Some(visits) = &gw.visits else {
         return;
     };
     let now = SystemTime::now();
-    if let Some(mut visit) = visits.read(req.method(), req.headers(), client, now) {
+    if let Some(mut visit) = visits.read(req.method(), req.headers(), ex.client(), now) {
         if visit.navigation {
             let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
             visit.costly = !route.rules.is_empty()
                 || (gw.pools[route.pool].admission.as_ref()).is_some_and(|queue| {
                     class.unproven_lane(queue, Shape::of(target)) >= Lane::ANONYMOUS
                 });
-            log.record.visit = visit.prior.map(|v| LoggedVisit::of(&v, now));
+            ex.record().visit = visit.prior.map(|v| LoggedVisit::of(&v, now));
         }
-        log.visit = Some((visit, visits.clone()));
+        ex.log_mut().visit = Some((visit, visits.clone()));
     }
     weir_http::cookie::remove(req.headers_mut(), visits.cookie_name());
 }
@@ -80,18 +75,18 @@ pub(super) fn visit(
 /// verifier's cache, the log's `session`. Result: the session; a verified
 /// one is the only exemption weir honours.
 pub(super) async fn session(
-    gw: &Gateway,
+    ex: &mut Exchange<'_>,
     route: &Route,
     headers: &HeaderMap,
-    log: &mut RequestLog,
 ) -> SessionState {
+    let gw = ex.gw();
     let session = match &gw.sessions {
         Some(v) if !route.rules.is_empty() || gw.pools[route.pool].admission.is_some() => {
             v.check(headers).await
         }
         _ => SessionState::Anonymous,
     };
-    log.record.session = session.as_str();
+    ex.record().session = session.as_str();
     session
 }
 
@@ -102,20 +97,15 @@ pub(super) async fn session(
 /// reverse-DNS cache, `weir_bot_verifications_total`, the log's `bot`.
 /// Result: the crawler the request proved to be; `None` leaves it
 /// anonymous, like any request (a name in the User-Agent buys nothing).
-pub(super) async fn bot(
-    gw: &Gateway,
-    view: &RequestView<'_>,
-    client: &ClientId,
-    log: &mut RequestLog,
-) -> Option<BotId> {
-    let verifier = gw.bots.as_deref()?;
+pub(super) async fn bot(ex: &mut Exchange<'_>, view: &RequestView<'_>) -> Option<BotId> {
+    let verifier = ex.gw().bots.as_deref()?;
     if !verifier.wants(view.headers) {
         return None;
     }
     let target = view.target;
     let req = SignedRequest {
         method: target.method().as_str(),
-        scheme: if log.conn.edge.tls.is_some() {
+        scheme: if ex.conn().edge.tls.is_some() {
             "https"
         } else {
             "http"
@@ -126,21 +116,20 @@ pub(super) async fn bot(
         headers: view.headers,
     };
     // Boxed: rare, and a lookup's state would enlarge every request's future.
-    let check = Box::pin(verifier.check(&req, client.client.ip())).await;
+    let check = Box::pin(verifier.check(&req, ex.client().client.ip())).await;
     for a in &check.attempts {
         let labels = BotLabels {
             method: a.method.as_str(),
             result: a.result,
         };
-        log.conn
-            .rt
+        ex.rt()
             .metrics
             .bot_verifications
             .get_or_create(&labels)
             .inc();
     }
     let bot = check.bot?;
-    log.record.bot = verifier.label(bot);
+    ex.record().bot = verifier.label(bot);
     Some(bot)
 }
 
@@ -159,15 +148,14 @@ pub(super) async fn bot(
 /// the rescue, later phases skipped), or `Challenge` (answered with the
 /// page).
 pub(super) async fn decide(
+    ex: &mut Exchange<'_>,
     view: &RequestView<'_>,
     route: &Route,
-    client: &ClientId,
     session: &SessionState,
     bot: Option<BotId>,
-    gw: &Gateway,
-    log: &mut RequestLog,
 ) -> Decision {
-    log.record.class = route.class.shared();
+    let gw = ex.gw();
+    ex.record().class = route.class.shared();
     let mut proof = Proof {
         verified: session.is_verified(),
         pass: None,
@@ -184,9 +172,9 @@ pub(super) async fn decide(
         // one turn while the same people's searches went by their passes).
         let challenged = match route.challenge {
             ChallengeMode::Off => {
-                carried_pass(ch, view, client, log).map_or(Challenged::NotNow, Challenged::Pass)
+                carried_pass(ex, ch, view).map_or(Challenged::NotNow, Challenged::Pass)
             }
-            _ => challenge(ch, view, route, client, gw, log),
+            _ => challenge(ex, ch, view, route),
         };
         match challenged {
             Challenged::Pass(id) => proof.pass = Some(id),
@@ -203,7 +191,7 @@ pub(super) async fn decide(
         proof,
         challengeable: by_rules.is_some(),
     };
-    match decide_rules(view, route, client, facts, gw, log).await {
+    match decide_rules(ex, view, route, facts).await {
         Ruled::Admit(deferred) => {
             // A pass that would not lift a deferral is not worth asking for.
             let challenge = match &deferred {
@@ -223,7 +211,7 @@ pub(super) async fn decide(
             };
             let page = ch.page(
                 view.target,
-                client,
+                ex.client(),
                 view.headers,
                 c.difficulty,
                 SystemTime::now(),
@@ -254,26 +242,25 @@ enum Ruled {
 /// The client's requests in flight, then the class's rules: the second half
 /// of [`decide`].
 async fn decide_rules(
+    ex: &mut Exchange<'_>,
     view: &RequestView<'_>,
     route: &Route,
-    client: &ClientId,
     facts: Facts<'_>,
-    gw: &Gateway,
-    log: &mut RequestLog,
 ) -> Ruled {
-    let rt = &log.conn.rt;
+    let gw = ex.gw();
     let max = gw.edge.max_in_flight_per_ip;
-    let Some(slot) = rt
-        .client_in_flight
-        .acquire(client.client, max, gw.edge.conn.ipv6_prefix)
+    let Some(slot) =
+        ex.rt()
+            .client_in_flight
+            .acquire(ex.client().client, max, gw.edge.conn.ipv6_prefix)
     else {
         return Ruled::Reject(RejectReason::ClientInFlight { limit: max });
     };
-    log.held.in_flight = Some(slot);
+    ex.held().in_flight = Some(slot);
     if route.rules.is_empty() {
         return Ruled::Admit(None);
     }
-    rules(&route.rules, view, client, facts, gw, log).await
+    rules(ex, &route.rules, view, facts).await
 }
 
 /// What the challenge says of a request of a challenging class.
@@ -339,36 +326,29 @@ pub(super) fn pass_in_address(
 
 /// The id of the valid pass the request carries, if any (a bad, expired or
 /// foreign one counted as a challenge event, and the request unproven).
-fn carried_pass(
-    ch: &Challenger,
-    view: &RequestView<'_>,
-    client: &ClientId,
-    log: &mut RequestLog,
-) -> Option<u64> {
-    let check = ch.pass(view.headers, client, SystemTime::now());
+fn carried_pass(ex: &mut Exchange<'_>, ch: &Challenger, view: &RequestView<'_>) -> Option<u64> {
+    let check = ch.pass(view.headers, ex.client(), SystemTime::now());
     if let Some(e) = check.event() {
-        challenge_event(&log.conn.rt, &e);
+        challenge_event(ex.rt(), &e);
     }
     let PassCheck::Valid(t) = check else {
         return None;
     };
-    log.record.challenge = Some("pass");
+    ex.record().challenge = Some("pass");
     Some(t.id)
 }
 
 /// The challenge for a request of a challenging class (see [`Challenged`]).
 fn challenge(
+    ex: &mut Exchange<'_>,
     ch: &Challenger,
     view: &RequestView<'_>,
     route: &Route,
-    client: &ClientId,
-    gw: &Gateway,
-    log: &mut RequestLog,
 ) -> Challenged {
-    if let Some(id) = carried_pass(ch, view, client, log) {
+    if let Some(id) = carried_pass(ex, ch, view) {
         return Challenged::Pass(id);
     }
-    let rt = &log.conn.rt;
+    let (rt, gw, client) = (ex.rt(), ex.gw(), ex.client());
     let now = SystemTime::now();
     let pool = &gw.pools[route.pool];
     // Learned: only the shapes the app answers slowly, which a crawler flood
@@ -451,24 +431,22 @@ fn observe_pressure(ch: &Challenger, pool: &crate::upstream::Pool, rt: &Runtime)
 /// rules hold, shadow rejections, the rejection's level, key and
 /// collateral signal.
 async fn rules(
+    ex: &mut Exchange<'_>,
     rules: &[Rule],
     view: &RequestView<'_>,
-    client: &ClientId,
     facts: Facts<'_>,
-    gw: &Gateway,
-    log: &mut RequestLog,
 ) -> Ruled {
     use weir_limiter::Clock as _;
-    let rt = &log.conn.rt;
+    let (rt, gw) = (ex.rt(), ex.gw());
     let request = RequestFacts {
-        client,
+        client: ex.client(),
         method: view.target.method(),
         headers: view.headers,
         user: facts.user,
         pass: facts.proof.pass,
         bot: facts.proof.bot.is_some(),
         now: weir_limiter::MonotonicClock.now(),
-        browsing: browsing(log),
+        browsing: browsing(ex.log()),
         challengeable: facts.challengeable,
     };
     let mut observer = Live { rt, gw };
@@ -481,16 +459,16 @@ async fn rules(
     )
     .await;
     if !judged.shadow.is_empty() {
-        log.record.shadow_rules = Some(judged.shadow.iter().map(|r| r.rule.to_string()).collect());
+        ex.record().shadow_rules = Some(judged.shadow.iter().map(|r| r.rule.to_string()).collect());
     }
-    log.held.rule_guards = judged.guards;
+    ex.held().rule_guards = judged.guards;
     if judged.challenge.is_some() {
         return Ruled::Challenge;
     }
     let Some(r) = judged.rejection else {
         return Ruled::Admit(judged.deferral.map(Box::new));
     };
-    record_refusal(log, &r, judged.signal);
+    record_refusal(ex.record(), &r, judged.signal);
     Ruled::Reject(RejectReason::Rule(r))
 }
 
@@ -503,28 +481,19 @@ fn browsing(log: &RequestLog) -> bool {
 }
 
 /// A rule's refusal in the log: its level, key and collateral signal.
-fn record_refusal(log: &mut RequestLog, r: &RuleRejection, signal: Option<&'static str>) {
-    log.record.rule_level = Some(r.level);
-    log.record.rule_key = Some(r.key.clone());
-    log.record.collateral = signal;
+fn record_refusal(record: &mut AccessRecord, r: &RuleRejection, signal: Option<&'static str>) {
+    record.rule_level = Some(r.level);
+    record.rule_key = Some(r.key.clone());
+    record.collateral = signal;
 }
 
 /// A deferred request the lowest lane shed: refused with its rule's answer,
 /// reported and logged as that rule's rejection (which it now is).
-pub(super) fn deferral_refused(
-    deferral: Deferral,
-    client: &ClientId,
-    log: &mut RequestLog,
-) -> RejectReason {
+pub(super) fn deferral_refused(ex: &mut Exchange<'_>, deferral: Deferral) -> RejectReason {
     let rejection = &deferral.rejection;
-    count_rejection(
-        &log.conn.rt,
-        rejection,
-        client.client,
-        deferral.signal,
-        true,
-    );
-    record_refusal(log, rejection, deferral.signal);
+    let client = ex.client().client;
+    count_rejection(ex.rt(), rejection, client, deferral.signal, true);
+    record_refusal(ex.record(), rejection, deferral.signal);
     RejectReason::Rule(deferral.rejection)
 }
 
@@ -614,15 +583,12 @@ fn challenge_event(rt: &Runtime, e: &ChallengeEvent) {
 
 /// Answers with a challenger's response (a page, the script, a verdict),
 /// recording its events.
-pub(super) fn challenged(
-    resp: Response<Bytes>,
-    mut log: Box<RequestLog>,
-) -> Response<ResponseBody> {
+pub(super) fn challenged(mut ex: Exchange<'_>, resp: Response<Bytes>) -> Response<ResponseBody> {
     let events = crate::challenge::events(&resp);
     for e in events {
-        challenge_event(&log.conn.rt, e);
+        challenge_event(ex.rt(), e);
     }
-    log.record.decision = "challenge";
-    log.record.challenge = events.first().map(|e| e.labels().0);
-    log.respond_with(resp)
+    ex.record().decision = "challenge";
+    ex.record().challenge = events.first().map(|e| e.labels().0);
+    ex.respond_with(resp)
 }

@@ -15,12 +15,9 @@ use http::header;
 use http::{Request, Response, Version};
 use weir_http::body::RequestBody;
 use weir_http::connections::UpstreamBody;
-use weir_http::target::Target;
 
-use super::log::RequestLog;
-use super::{ConnCtx, Routed};
-use crate::gateway::Gateway;
-use crate::identity::ClientId;
+use super::Routed;
+use super::exchange::Exchange;
 use crate::observe::metrics::{PoolErrorLabels, PoolLabels};
 use crate::policy::RejectReason;
 use crate::respond::{Reason, Side};
@@ -38,17 +35,14 @@ use crate::upstream::{NoServer, Pool, ServerGuard};
 /// (server, upstream time, queue time, the admission slot and outcome).
 /// Result: the upstream's response head, or why there is none.
 pub(super) async fn forward(
+    ex: &mut Exchange<'_>,
     req: &mut Request<RequestBody>,
-    target: &Target,
-    client: &ClientId,
     routed: &Routed<'_>,
-    conn: &ConnCtx,
-    gw: &Gateway,
-    log: &mut RequestLog,
 ) -> Result<Response<UpstreamBody>, Unanswered> {
     let (route, pool) = (routed.route, &routed.pool);
+    let (conn, target) = (ex.conn(), ex.target());
     let hop = Hop {
-        client,
+        client: ex.client(),
         peer_trusted: conn.edge.peer_trusted,
         proxy_source: conn.edge.proxy_source,
         tls: conn.edge.tls.is_some(),
@@ -60,16 +54,16 @@ pub(super) async fn forward(
     // The app receives the path and host weir decided on.
     target.forward(req);
     let version = req.version();
-    gw.forwarding.apply(req.headers_mut(), &hop, version);
+    ex.gw().forwarding.apply(req.headers_mut(), &hop, version);
     // Counted only for a body there is: most requests have none.
     let bytes_in = (!http_body::Body::is_end_stream(req.body()))
-        .then(|| log.bytes_in.insert(Arc::default()).clone());
+        .then(|| ex.log_mut().bytes_in.insert(Arc::default()).clone());
     req.body_mut().watch(route.settings.body, bytes_in);
     let timeout = route
         .settings
         .response_timeout
         .unwrap_or(pool.response_timeout);
-    let mut result = send_with_failover(pool, req, timeout, log, &conn.rt).await;
+    let mut result = send_with_failover(ex, pool, req, timeout).await;
     // An idempotent read the app refused without a word waits for a slot
     // again and is sent once more (a bodyless GET as it is: its head was
     // only borrowed). Not charged to the retry budget: the budget keeps
@@ -79,31 +73,31 @@ pub(super) async fn forward(
         && e.refused()
         && weir_http::connections::is_idempotent_read(req.method())
         && http_body::Body::is_end_stream(req.body())
-        && let (Some(queue), Some(again)) = (&pool.admission, log.held.place.take())
+        && let (Some(queue), Some(again)) = (&pool.admission, ex.held().place.take())
     {
         tracing::debug!(error = %e, "refused by the app; waiting for a slot again");
         let labels = PoolLabels {
             pool: pool.name.clone(),
         };
-        conn.rt
+        ex.rt()
             .metrics
             .admission_requeued
             .get_or_create(&labels)
             .inc();
         // Boxed: rare, and its wait would enlarge every request's future.
         // Shed while it waited: no slot is held, nothing to tell the limit.
-        Box::pin(super::admit::requeue(pool, queue, again, log))
+        Box::pin(super::admit::requeue(ex, pool, queue, again))
             .await
             .map_err(Unanswered::Shed)?;
-        result = send_with_failover(pool, req, timeout, log, &conn.rt).await;
+        result = send_with_failover(ex, pool, req, timeout).await;
     }
-    let outcome = super::admit::admission_outcome(&result, log.record.upstream_time);
+    let outcome = super::admit::admission_outcome(&result, ex.record().upstream_time);
     // The app has answered (or failed): the slot is free now. What follows
     // is the body at the client's pace (a download read slowly, an event
     // stream, a tunnel), which is no measure of the app's load: held to
     // the body's end, a few streams took every slot of a cut limit and
     // everyone else waited out their deadline.
-    if let Some(permit) = log.held.permit.take() {
+    if let Some(permit) = ex.held().permit.take() {
         permit.complete(outcome);
     }
     result.map_err(Unanswered::Failed)
@@ -124,12 +118,12 @@ pub(super) enum Unanswered {
 /// the first one) or, for an idempotent read, when a kept-alive connection
 /// closed before any response. Every outcome feeds the server's health.
 async fn send_with_failover(
+    ex: &mut Exchange<'_>,
     pool: &Arc<Pool>,
     request: &mut Request<RequestBody>,
     timeout: Duration,
-    log: &mut RequestLog,
-    rt: &Runtime,
 ) -> Result<Response<UpstreamBody>, ForwardError> {
+    let rt = ex.rt();
     use http_body::Body as _;
     let idempotent = weir_http::connections::is_idempotent_read(request.method());
     // At most one retry: the copy it will send, made while the request is
@@ -156,7 +150,7 @@ async fn send_with_failover(
                 (Some(_), Some(copy)) => copy,
                 (Some(_), None) => return Err(ForwardError::NoServer),
             };
-            log.record.upstream = Some(guard.server.addr);
+            ex.record().upstream = Some(guard.server.addr);
             let handles = pool
                 .metrics
                 .get_or_init(|| rt.metrics.pool_handles(&pool.name));
@@ -167,8 +161,8 @@ async fn send_with_failover(
             match res {
                 Ok(resp) => {
                     handles.duration.observe(took.as_secs_f64());
-                    log.record.upstream_time = Some(took);
-                    log.held.server = Some(guard);
+                    ex.record().upstream_time = Some(took);
+                    ex.held().server = Some(guard);
                     return Ok(resp);
                 }
                 // Nothing listened, and the failover below has no copy to send

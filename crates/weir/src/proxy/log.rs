@@ -19,6 +19,7 @@ use weir_http::target::Target;
 
 use super::ConnCtx;
 use crate::edge::inflight::InFlightGuard;
+use crate::gateway::Gateway;
 use crate::identity::ClientId;
 use crate::observe::access_log::AccessRecord;
 use crate::observe::metrics::RuleLabels;
@@ -30,6 +31,8 @@ use crate::upstream::ServerGuard;
 /// its response body ends. Holds the request's slots until then.
 pub struct RequestLog {
     pub record: AccessRecord,
+    /// What the client accepts, for the answers weir makes itself.
+    accept: Accepts,
     started: Instant,
     /// The request body's bytes, counted as it is read (if it has one).
     pub(super) bytes_in: Option<Arc<AtomicU64>>,
@@ -133,6 +136,7 @@ impl RequestLog {
                 coalesced: None,
                 error: None,
             },
+            accept: Accepts::of(req.headers()),
             started,
             bytes_in: None,
             conn,
@@ -200,7 +204,7 @@ impl RequestLog {
     pub(super) fn answer(
         mut self: Box<Self>,
         reason: &(impl Reason + ?Sized),
-        accept: Accepts,
+        gw: &Gateway,
     ) -> Response<ResponseBody> {
         let label: Arc<str> = Arc::from(reason.label());
         self.record.rule = Some(label.to_string());
@@ -210,9 +214,7 @@ impl RequestLog {
             .rejections
             .get_or_create(&RuleLabels { rule: label })
             .inc();
-        let gw = self.conn.rt.gateway.load();
-        let resp = respond::answer(reason, accept, &gw.rejection);
-        drop(gw);
+        let resp = respond::answer(reason, self.accept, &gw.rejection);
         self.record.status = resp.status().as_u16();
         let mut resp = resp;
         self.stamp(resp.headers_mut());
@@ -225,10 +227,10 @@ impl RequestLog {
     pub(super) fn reject(
         mut self: Box<Self>,
         reason: &(impl Reason + ?Sized),
-        accept: Accepts,
+        gw: &Gateway,
     ) -> Response<ResponseBody> {
         self.record.decision = "reject";
-        self.answer(reason, accept)
+        self.answer(reason, gw)
     }
 
     /// Responds with a response weir made without a reason to record (the

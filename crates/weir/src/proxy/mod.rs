@@ -24,6 +24,7 @@
 mod admit;
 mod coalescing;
 mod deciding;
+mod exchange;
 mod forwarding;
 mod log;
 mod responding;
@@ -47,6 +48,7 @@ use crate::respond::Accepts;
 use crate::runtime::Runtime;
 use crate::upstream::Pool;
 use coalescing::Coalesced;
+use exchange::Exchange;
 use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::server::{ClientError, Handler};
 use weir_http::target::Target;
@@ -206,83 +208,70 @@ fn serve(
         // Identity: who is asking (first, so that a refused request's log
         // line names its client).
         let client = identify(&req, &conn, &gw, started);
-        let mut log = RequestLog::new(&mut req, &client, conn.clone(), started);
-        let accept = Accepts::of(req.headers());
+        let log = RequestLog::new(&mut req, &client, conn.clone(), started);
         // Target: the framing the codec left to weir, then the one reading
         // of method, authority, path and query.
         let target = match read_target(&mut req, &conn, &gw) {
             Ok(t) => t,
-            Err(why) => return unread(log, &req, why, accept),
+            Err(why) => return unread(log, &req, why, &gw),
         };
-        log.set_target(&target, req.uri());
+        let mut ex = Exchange::new(&conn, &gw, &client, &target, log);
+        ex.log_mut().set_target(&target, req.uri());
         // weir's own endpoints: the challenge's script and answer.
-        if let Some(ch) = gw.challenger.clone()
+        if let Some(ch) = gw.challenger.as_deref()
             && ch.is_challenge_path(target.path())
         {
             // Boxed: rare, and its state would enlarge every request's future.
-            let endpoint = weir_paths::challenge_endpoint(&ch, req, &target, &client, log, &gw);
-            return Box::pin(endpoint).await;
+            return Box::pin(weir_paths::challenge_endpoint(ex, ch, req)).await;
         }
         // Route: the pool and class.
         let route = match route(&gw, &target, &req) {
             Ok(r) => r,
-            Err(reason) => return log.reject(&reason, accept),
+            Err(reason) => return ex.reject(&reason),
         };
         // Visit: a navigation's visit read; weir's cookie kept from the app.
-        deciding::visit(&mut req, &target, route, &client, &gw, &mut log);
+        deciding::visit(&mut ex, &mut req, route);
         let view = RequestView {
             target: &target,
             headers: req.headers(),
         };
         // Session, verified crawler, then rules and challenge: the
         // policy's decision.
-        let session = deciding::session(&gw, route, req.headers(), &mut log).await;
-        let bot = deciding::bot(&gw, &view, &client, &mut log).await;
-        let decision = deciding::decide(&view, route, &client, &session, bot, &gw, &mut log).await;
-        log.record.decision = decision.as_str();
+        let session = deciding::session(&mut ex, route, req.headers()).await;
+        let bot = deciding::bot(&mut ex, &view).await;
+        let decision = deciding::decide(&mut ex, &view, route, &session, bot).await;
+        ex.record().decision = decision.as_str();
         let admitted = match decision {
             Decision::Admit(admitted) => admitted,
-            Decision::Reject(reason) => return log.answer(&reason, accept),
-            Decision::Challenge(page) => return deciding::challenged(*page, log),
+            Decision::Reject(reason) => return ex.answer(&reason),
+            Decision::Challenge(page) => return deciding::challenged(ex, *page),
         };
         let routed = Routed::new(route, &gw);
-        log.record.pool = Some(routed.pool.name.clone());
+        ex.record().pool = Some(routed.pool.name.clone());
         // Coalescing: identical anonymous GETs share one upstream request.
-        let coalesced =
-            coalescing::coalesce(&req, &target, &routed, admitted.proof, &gw, &mut log).await;
+        let coalesced = coalescing::coalesce(&mut ex, &req, &routed, admitted.proof).await;
         let leader = match coalesced {
-            Coalesced::Shared(shared) => return coalescing::shared_response(&shared, log, &req),
+            Coalesced::Shared(shared) => return coalescing::shared_response(ex, &shared, &req),
             other => other.leader(),
         };
         // Admission: a slot in the pool's queue, in the lane the proof buys;
         // proof buys priority, not entry (an unproven navigation that would
         // be refused or wait long is challenged instead).
-        let challenger = gw.challenger.as_deref();
-        let admission = admit::admission(
-            &routed.pool,
-            routed.class,
-            &view,
-            admitted,
-            challenger,
-            &client,
-            &mut log,
-        );
-        match admission.await {
+        match admit::admission(&mut ex, &routed, &view, admitted).await {
             Ok(()) => {}
-            Err(admit::Unadmitted::Challenge(page)) => return deciding::challenged(*page, log),
+            Err(admit::Unadmitted::Challenge(page)) => return deciding::challenged(ex, *page),
             Err(admit::Unadmitted::Deferred(d)) => {
-                let reason = deciding::deferral_refused(*d, &client, &mut log);
-                return log.answer(&reason, accept);
+                let reason = deciding::deferral_refused(&mut ex, *d);
+                return ex.answer(&reason);
             }
-            Err(admit::Unadmitted::Reject(reason)) => return log.answer(&reason, accept),
+            Err(admit::Unadmitted::Reject(reason)) => return ex.answer(&reason),
         }
         // Upstream: the request as decided, sent with failover.
         let client_side = responding::ClientSide::of(&mut req, leader);
-        let result =
-            forwarding::forward(&mut req, &target, &client, &routed, &conn, &gw, &mut log).await;
+        let result = forwarding::forward(&mut ex, &mut req, &routed).await;
         // Respond: the upstream's answer made the client's; the log record
         // is written when its body ends.
-        responding::respond(result, client_side, &conn, log, accept).await
+        responding::respond(ex, result, client_side).await
     }
 }
 
@@ -344,18 +333,18 @@ fn unread(
     mut log: Box<RequestLog>,
     req: &Request<RequestBody>,
     why: Unread,
-    accept: Accepts,
+    gw: &Gateway,
 ) -> Response<ResponseBody> {
     log.set_sent(req.uri());
     match why {
         Unread::Framing(refusal) => {
             // The body is not read: the connection cannot carry another request.
-            let mut resp = log.reject(&refusal, accept);
+            let mut resp = log.reject(&refusal, gw);
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             resp
         }
-        Unread::Target(reason) => log.reject(&reason, accept),
+        Unread::Target(reason) => log.reject(&reason, gw),
     }
 }
 

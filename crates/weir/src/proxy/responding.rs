@@ -10,13 +10,12 @@ use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::connections::UpstreamBody;
 use weir_http::server::ClientUpgrade;
 
-use super::ConnCtx;
 use super::coalescing::lead;
+use super::exchange::Exchange;
 use super::forwarding::Unanswered;
-use super::log::RequestLog;
 use crate::admission::coalesce::Leader;
 use crate::policy::{RejectReason, ShedCause};
-use crate::respond::{Accepts, Reason, Side};
+use crate::respond::{Reason, Side};
 use crate::upstream::forward::{ForwardError, strip_hop_by_hop};
 
 /// The client's side of the exchange, taken before the request is sent
@@ -46,11 +45,9 @@ impl ClientSide {
 /// reason. Result: the response; the log record goes with its body, and is
 /// written when the body ends.
 pub(super) async fn respond(
+    mut ex: Exchange<'_>,
     result: Result<Response<UpstreamBody>, Unanswered>,
     client_side: ClientSide,
-    conn: &ConnCtx,
-    mut log: Box<RequestLog>,
-    accept: Accepts,
 ) -> Response<ResponseBody> {
     let ClientSide {
         version: client_version,
@@ -59,32 +56,32 @@ pub(super) async fn respond(
     } = client_side;
     let mut resp = match result {
         Ok(resp) => resp,
-        Err(Unanswered::Shed(reason)) => return log.answer(&reason, accept),
+        Err(Unanswered::Shed(reason)) => return ex.answer(&reason),
         Err(Unanswered::Failed(ForwardError::NoHealthyServer)) => {
             let reason = RejectReason::Shed {
                 cause: ShedCause::NoHealthyServer,
                 retry_after: Duration::from_secs(1),
             };
-            return log.answer(&reason, accept);
+            return ex.answer(&reason);
         }
         Err(Unanswered::Failed(e)) => {
-            log.record.error = Some(e.to_string());
-            return log.answer(&e, accept);
+            ex.record().error = Some(e.to_string());
+            return ex.answer(&e);
         }
     };
-    log.record.upstream_status = Some(resp.status().as_u16());
+    ex.record().upstream_status = Some(resp.status().as_u16());
     let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     if is_101 && client_upgrade.is_none() {
         // A switch no one asked for: the client would get a connection it
         // cannot speak on (and the app's end of it is closed with `resp`).
-        return log.answer(&AppFault::UnaskedUpgrade, accept);
+        return ex.answer(&AppFault::UnaskedUpgrade);
     }
     strip_hop_by_hop(resp.headers_mut(), is_101 && client_upgrade.is_some());
     if is_101
         && let Some(client_upgrade) = client_upgrade
         && let Some((upstream, early)) = resp.body_mut().take_tunnel()
     {
-        let tunnel_guard = conn.edge.guard.clone();
+        let tunnel_guard = ex.conn().edge.guard.clone();
         tokio::spawn(async move {
             client_upgrade.tunnel(upstream, early).await;
             drop(tunnel_guard);
@@ -96,14 +93,15 @@ pub(super) async fn respond(
         Some((leader, max)) => match Box::pin(lead(*leader, &mut parts, body, max)).await {
             Ok(b) => b,
             Err(e) => {
-                log.record.error = Some(format!("upstream body: {e}"));
-                return log.answer(&AppFault::BodyCut, accept);
+                ex.record().error = Some(format!("upstream body: {e}"));
+                return ex.answer(&AppFault::BodyCut);
             }
         },
         None => ResponseBody::upstream(body),
     };
     // The client gets its own protocol version, whatever the upstream spoke.
     parts.version = client_version;
+    let mut log = ex.into_log();
     log.record.status = parts.status.as_u16();
     log.stamp(&mut parts.headers);
     if log.visit.is_some() {

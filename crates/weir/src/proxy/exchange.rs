@@ -1,0 +1,118 @@
+//! One request's context, [`Exchange`]: what every phase after the target
+//! reads (the connection, the gateway snapshot the request is decided
+//! under, its client and its target) and its record ([`RequestLog`]: the
+//! access-log line, what the client accepts, and the slots the request
+//! holds until its response ends).
+//!
+//! `serve` makes it once the target is read and hands it to each phase with
+//! that phase's own input; a phase returns its result. The answers weir
+//! makes itself go through it, so they are built from the request's own
+//! gateway and recorded once. Owns no decision, and is not shared: the
+//! log goes with the response's body when the exchange ends.
+
+use bytes::Bytes;
+use http::Response;
+use weir_http::body::ResponseBody;
+use weir_http::target::Target;
+
+use super::ConnCtx;
+use super::log::{Held, RequestLog};
+use crate::gateway::Gateway;
+use crate::identity::ClientId;
+use crate::observe::AccessRecord;
+use crate::respond::Reason;
+use crate::runtime::Runtime;
+
+/// One request's context (see the module doc). The references live as
+/// long as the request's future; each accessor hands one out for that
+/// whole life, so a phase can hold what it read while it writes the record.
+pub(super) struct Exchange<'a> {
+    conn: &'a ConnCtx,
+    gw: &'a Gateway,
+    client: &'a ClientId,
+    target: &'a Target,
+    log: Box<RequestLog>,
+}
+
+impl<'a> Exchange<'a> {
+    pub fn new(
+        conn: &'a ConnCtx,
+        gw: &'a Gateway,
+        client: &'a ClientId,
+        target: &'a Target,
+        log: Box<RequestLog>,
+    ) -> Exchange<'a> {
+        Exchange {
+            conn,
+            gw,
+            client,
+            target,
+            log,
+        }
+    }
+
+    /// The process: metrics, tallies, the client's in-flight counts.
+    pub fn rt(&self) -> &'a Runtime {
+        &self.conn.rt
+    }
+
+    /// The connection: what the edge said of it.
+    pub fn conn(&self) -> &'a ConnCtx {
+        self.conn
+    }
+
+    /// The configuration this request is decided under, from its start to
+    /// its end (a reload meanwhile applies to the next request).
+    pub fn gw(&self) -> &'a Gateway {
+        self.gw
+    }
+
+    pub fn client(&self) -> &'a ClientId {
+        self.client
+    }
+
+    pub fn target(&self) -> &'a Target {
+        self.target
+    }
+
+    /// The access-log line, as the phases learn it.
+    pub fn record(&mut self) -> &mut AccessRecord {
+        &mut self.log.record
+    }
+
+    /// The slots the request holds until its line is written.
+    pub fn held(&mut self) -> &mut Held {
+        &mut self.log.held
+    }
+
+    pub fn log(&self) -> &RequestLog {
+        &self.log
+    }
+
+    pub fn log_mut(&mut self) -> &mut RequestLog {
+        &mut self.log
+    }
+
+    /// Ends the exchange with weir's own answer for `reason` (the rescue),
+    /// from this request's gateway.
+    pub fn answer(self, reason: &(impl Reason + ?Sized)) -> Response<ResponseBody> {
+        self.log.answer(reason, self.gw)
+    }
+
+    /// [`Exchange::answer`] for a request refused before any decision.
+    pub fn reject(self, reason: &(impl Reason + ?Sized)) -> Response<ResponseBody> {
+        self.log.reject(reason, self.gw)
+    }
+
+    /// Ends the exchange with a response weir made without a reason to
+    /// record (the challenge's pages and script).
+    pub fn respond_with(self, resp: Response<Bytes>) -> Response<ResponseBody> {
+        self.log.respond_with(resp)
+    }
+
+    /// Ends the exchange, handing its record to whoever writes the
+    /// response (the respond phase, a coalesced copy).
+    pub fn into_log(self) -> Box<RequestLog> {
+        self.log
+    }
+}
