@@ -851,15 +851,13 @@ async fn write_response(
         .any(|v| has_token(v.as_bytes(), b"close"));
     let close = !keep_alive || asked_close || framing == OutFraming::UntilClose;
     let mut head = Vec::with_capacity(256 + response.headers().len() * 48);
-    encode_head(
-        &mut head,
-        status,
-        response.headers(),
-        response.body().received_fields(),
+    let hop = HopFraming {
         version,
         framing,
         close,
-    );
+    };
+    let (map, received) = (response.headers(), response.body().received_fields());
+    encode_head(&mut head, status, map, received, hop);
     let body = response.body_mut();
     if framing == OutFraming::None {
         write_all(wire, &mut [IoSlice::new(&head)]).await?;
@@ -959,6 +957,15 @@ fn has_token(value: &[u8], token: &[u8]) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
+/// How this hop sends a response: in the client's version, with the body's
+/// framing, and whether the connection closes after it.
+#[derive(Clone, Copy)]
+struct HopFraming {
+    version: Version,
+    framing: OutFraming,
+    close: bool,
+}
+
 /// The response head: status line, the response's fields but those that
 /// frame this hop (those in its map, then those `received` from the
 /// upstream as they came), then this hop's framing.
@@ -967,10 +974,13 @@ fn encode_head(
     status: StatusCode,
     map: &HeaderMap,
     received: Option<&ReceivedFields>,
-    version: Version,
-    framing: OutFraming,
-    close: bool,
+    hop: HopFraming,
 ) {
+    let HopFraming {
+        version,
+        framing,
+        close,
+    } = hop;
     out.extend_from_slice(if version == Version::HTTP_10 {
         b"HTTP/1.0 "
     } else {

@@ -605,18 +605,24 @@ fn spawn_accept_loops(
     let mut accepting = Vec::new();
     for (index, (client, spec)) in clients.into_iter().zip(specs).enumerate() {
         let mut thread = 0;
+        let at = serve::Listening {
+            thread: 0,
+            index,
+            spec,
+            edge,
+        };
         let on_workers = workers.accept_on(&client.copy, |l| {
             thread += 1;
-            let (spec, acceptor, stop) = (spec.clone(), acceptor.clone(), stop.clone());
-            serve::accept_loop(l, thread, index, spec, edge, acceptor, stop)
+            let at = serve::Listening {
+                thread,
+                ..at.clone()
+            };
+            serve::accept_loop(l, at, acceptor.clone(), stop.clone())
         });
         accepting.extend(on_workers.map_err(StartError::Workers)?);
         accepting.push(tokio::spawn(serve::accept_loop(
             client.listener,
-            0,
-            index,
-            spec,
-            edge,
+            at,
             acceptor.clone(),
             stop.clone(),
         )));

@@ -330,9 +330,11 @@ fn head_text(
         parts.status,
         &parts.headers,
         None,
-        version,
-        framing,
-        close,
+        HopFraming {
+            version,
+            framing,
+            close,
+        },
     );
     String::from_utf8(out).unwrap()
 }
@@ -450,9 +452,11 @@ fn forwarded_head_text(upstream: &[u8], added: &[(&str, &str)], framing: OutFram
         parts.status,
         &parts.headers,
         Some(&received),
-        Version::HTTP_11,
-        framing,
-        false,
+        HopFraming {
+            version: Version::HTTP_11,
+            framing,
+            close: false,
+        },
     );
     String::from_utf8(out).unwrap()
 }

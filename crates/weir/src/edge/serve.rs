@@ -159,14 +159,30 @@ macro_rules! drive {
     }};
 }
 
-/// Accepts connections on `listener` (listener `index` of the
-/// configuration, started as `spec` with `edge`) until `stop` is cancelled.
+/// The listener an accept loop serves: the accepting thread that runs the
+/// loop (0: the main runtime), the listener's place in the configuration,
+/// and its settings as the loop started (a connection takes the current
+/// ones, see [`admit`]).
+#[derive(Clone)]
+pub struct Listening {
+    pub thread: usize,
+    pub index: usize,
+    pub spec: ListenerSpec,
+    pub edge: EdgeSettings,
+}
+
+/// A connection the caps admitted: its peer, whether the peer is a trusted
+/// proxy, and its slot in the tracker (held until the connection ends).
+struct Admitted {
+    peer: PeerAddr,
+    peer_trusted: bool,
+    guard: ConnGuard,
+}
+
+/// Accepts connections on `listener` until `stop` is cancelled.
 pub async fn accept_loop<S: Service>(
     listener: TcpListener,
-    thread: usize,
-    index: usize,
-    spec: ListenerSpec,
-    edge: EdgeSettings,
+    at: Listening,
     acceptor: Arc<Acceptor<S>>,
     stop: CancellationToken,
 ) {
@@ -177,12 +193,12 @@ pub async fn accept_loop<S: Service>(
             biased;
             _ = stop.cancelled() => break,
             a = async {
-                acceptor.balance.hold_off(thread).await;
+                acceptor.balance.hold_off(at.thread).await;
                 listener.accept().await
             } => a,
         };
         match accepted {
-            Ok((stream, peer)) => admit(stream, peer, thread, index, &spec, edge, &acceptor),
+            Ok((stream, peer)) => admit(stream, peer, &at, &acceptor),
             Err(e) => {
                 // EMFILE/ENFILE: out of descriptors. Back off briefly instead of
                 // spinning; the connection stays in the backlog until then.
@@ -192,7 +208,7 @@ pub async fn accept_loop<S: Service>(
             }
         }
     }
-    take_backlog(listener, thread, index, &spec, edge, &acceptor);
+    take_backlog(listener, &at, &acceptor);
 }
 
 /// Stopping: connections the kernel has completed wait in this socket's
@@ -200,14 +216,7 @@ pub async fn accept_loop<S: Service>(
 /// non-blocking accepts until the queue is empty, not tokio's readiness,
 /// which may not have seen the last ones yet) and served like any other;
 /// the caller then closes the socket.
-fn take_backlog<S: Service>(
-    listener: TcpListener,
-    thread: usize,
-    index: usize,
-    spec: &ListenerSpec,
-    edge: EdgeSettings,
-    acceptor: &Arc<Acceptor<S>>,
-) {
+fn take_backlog<S: Service>(listener: TcpListener, at: &Listening, acceptor: &Arc<Acceptor<S>>) {
     let Ok(listener) = listener.into_std() else {
         return;
     };
@@ -220,11 +229,11 @@ fn take_backlog<S: Service>(
             Ok(s) => s,
             Err(_) => continue,
         };
-        admit(stream, peer, thread, index, spec, edge, acceptor);
+        admit(stream, peer, at, acceptor);
         taken += 1;
     }
     if taken > 0 {
-        tracing::info!(listener = %spec.address, connections = taken, "stopping: served the connections left in the accept queue");
+        tracing::info!(listener = %at.spec.address, connections = taken, "stopping: served the connections left in the accept queue");
     }
 }
 
@@ -233,10 +242,7 @@ fn take_backlog<S: Service>(
 fn admit<S: Service>(
     stream: TcpStream,
     peer: std::net::SocketAddr,
-    thread: usize,
-    index: usize,
-    spec: &ListenerSpec,
-    edge: EdgeSettings,
+    at: &Listening,
     acceptor: &Arc<Acceptor<S>>,
 ) {
     let peer = PeerAddr(peer);
@@ -247,20 +253,25 @@ fn admit<S: Service>(
     let guard = match acceptor.tracker.try_open(cap_ip) {
         Ok(g) => g,
         Err(refusal) => {
-            refuse(stream, refusal, spec.tls.is_none(), &acceptor.metrics);
+            refuse(stream, refusal, at.spec.tls.is_none(), &acceptor.metrics);
             return;
         }
     };
     acceptor.metrics.connections_accepted.inc();
     let (spec, edge) = acceptor
         .service
-        .listener(index)
-        .filter(|(l, _)| l.address == spec.address)
-        .unwrap_or_else(|| (spec.clone(), edge));
+        .listener(at.index)
+        .filter(|(l, _)| l.address == at.spec.address)
+        .unwrap_or_else(|| (at.spec.clone(), at.edge));
     let acceptor = acceptor.clone();
-    let share = acceptor.balance.opened(thread);
+    let share = acceptor.balance.opened(at.thread);
+    let admitted = Admitted {
+        peer,
+        peer_trusted,
+        guard,
+    };
     tokio::spawn(async move {
-        serve_connection(stream, peer, peer_trusted, spec, edge, guard, acceptor).await;
+        serve_connection(stream, admitted, spec, edge, acceptor).await;
         drop(share);
     });
 }
@@ -287,11 +298,13 @@ fn refuse(stream: TcpStream, refusal: Refusal, plain: bool, metrics: &Metrics) {
 )]
 fn serve_connection<S: Service>(
     stream: TcpStream,
-    peer: PeerAddr,
-    peer_trusted: bool,
+    Admitted {
+        peer,
+        peer_trusted,
+        mut guard,
+    }: Admitted,
     spec: ListenerSpec,
     edge: EdgeSettings,
-    mut guard: ConnGuard,
     acceptor: Arc<Acceptor<S>>,
 ) -> impl Future<Output = ()> + Send + 'static {
     async move {
@@ -594,9 +607,9 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> &'static str {
 #[cfg(test)]
 mod tests {
     /// The size of what `f` returns, without calling it.
-    fn returned_size<F, A, B, C, D, E, G, H, R>(_: F) -> usize
+    fn returned_size<F, A, B, C, D, E, R>(_: F) -> usize
     where
-        F: FnOnce(A, B, C, D, E, G, H) -> R,
+        F: FnOnce(A, B, C, D, E) -> R,
     {
         std::mem::size_of::<R>()
     }
@@ -609,6 +622,7 @@ mod tests {
     #[test]
     fn a_connection_s_task_stays_small() {
         let size = returned_size(super::serve_connection::<crate::proxy::Proxy>);
+        eprintln!("serve_connection's future: {size} bytes");
         assert!(size <= 1536, "serve_connection's future is {size} bytes");
     }
 }
