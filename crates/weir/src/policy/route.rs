@@ -95,6 +95,12 @@ pub struct RequestView<'a> {
     pub headers: &'a HeaderMap,
 }
 
+impl<'a> RequestView<'a> {
+    pub fn new(target: &'a Target, headers: &'a HeaderMap) -> RequestView<'a> {
+        RequestView { target, headers }
+    }
+}
+
 impl Route {
     pub fn matches(&self, req: &RequestView<'_>) -> bool {
         let target = req.target;

@@ -69,6 +69,20 @@ pub(super) fn visit(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, route
     weir_http::cookie::remove(req.headers_mut(), visits.cookie_name());
 }
 
+/// The policy phases in order, [`session`], [`bot`] and [`decide`]: the
+/// request's decision, recorded.
+pub(super) async fn policy(
+    ex: &mut Exchange<'_>,
+    view: &RequestView<'_>,
+    route: &Route,
+) -> Decision {
+    let session = session(ex, route, view.headers).await;
+    let bot = bot(ex, view).await;
+    let decision = decide(ex, view, route, &session, bot).await;
+    ex.record().decision = decision.as_str();
+    decision
+}
+
 /// **Session phase**: after routing, for a routed request. Asks the
 /// verifier (signed cookie, or the app's own answer) only when a rule or an
 /// admission lane of the route could use the answer. May change: the

@@ -84,7 +84,8 @@ pub(super) struct Place {
 impl RequestLog {
     /// The record of `req`, from `client`, started at `started`; `req` gets
     /// the request's id, so the app sees the id the log and the client see.
-    /// Boxed: it goes to the response body's completion hook in the end, and
+    /// The connection counts the request as started (and as finished when
+    /// the record is written, [`RequestLog::write`]). Boxed: it goes to the response body's completion hook in the end, and
     /// meanwhile the request's future is smaller by its size.
     pub(super) fn new<B>(
         req: &mut Request<B>,
@@ -97,6 +98,9 @@ impl RequestLog {
             Version::HTTP_10 => "HTTP/1.0",
             _ => "HTTP/1.1",
         };
+        conn.edge
+            .state
+            .request_started(req.version() == Version::HTTP_2);
         let log = Box::new(RequestLog {
             record: AccessRecord {
                 time: SystemTime::now(),

@@ -201,9 +201,6 @@ fn serve(
 ) -> impl Future<Output = Response<ResponseBody>> + Send {
     async move {
         let started = Instant::now();
-        conn.edge
-            .state
-            .request_started(req.version() == Version::HTTP_2);
         let gw = conn.rt.gateway.load_full();
         // Identity: who is asking (first, so that a refused request's log
         // line names its client).
@@ -218,9 +215,7 @@ fn serve(
         let mut ex = Exchange::new(&conn, &gw, &client, &target, log);
         ex.log_mut().set_target(&target, req.uri());
         // weir's own endpoints: the challenge's script and answer.
-        if let Some(ch) = gw.challenger.as_deref()
-            && ch.is_challenge_path(target.path())
-        {
+        if let Some(ch) = weir_paths::owner(&gw, &target) {
             // Boxed: rare, and its state would enlarge every request's future.
             return Box::pin(weir_paths::challenge_endpoint(ex, ch, req)).await;
         }
@@ -231,23 +226,15 @@ fn serve(
         };
         // Visit: a navigation's visit read; weir's cookie kept from the app.
         deciding::visit(&mut ex, &mut req, route);
-        let view = RequestView {
-            target: &target,
-            headers: req.headers(),
-        };
+        let view = RequestView::new(&target, req.headers());
         // Session, verified crawler, then rules and challenge: the
         // policy's decision.
-        let session = deciding::session(&mut ex, route, req.headers()).await;
-        let bot = deciding::bot(&mut ex, &view).await;
-        let decision = deciding::decide(&mut ex, &view, route, &session, bot).await;
-        ex.record().decision = decision.as_str();
-        let admitted = match decision {
+        let admitted = match deciding::policy(&mut ex, &view, route).await {
             Decision::Admit(admitted) => admitted,
             Decision::Reject(reason) => return ex.answer(&reason),
             Decision::Challenge(page) => return deciding::challenged(ex, *page),
         };
-        let routed = Routed::new(route, &gw);
-        ex.record().pool = Some(routed.pool.name.clone());
+        let routed = Routed::new(route, &mut ex);
         // Coalescing: identical anonymous GETs share one upstream request.
         let coalesced = coalescing::coalesce(&mut ex, &req, &routed, admitted.proof).await;
         let leader = match coalesced {
@@ -257,14 +244,8 @@ fn serve(
         // Admission: a slot in the pool's queue, in the lane the proof buys;
         // proof buys priority, not entry (an unproven navigation that would
         // be refused or wait long is challenged instead).
-        match admit::admission(&mut ex, &routed, &view, admitted).await {
-            Ok(()) => {}
-            Err(admit::Unadmitted::Challenge(page)) => return deciding::challenged(ex, *page),
-            Err(admit::Unadmitted::Deferred(d)) => {
-                let reason = deciding::deferral_refused(&mut ex, *d);
-                return ex.answer(&reason);
-            }
-            Err(admit::Unadmitted::Reject(reason)) => return ex.answer(&reason),
+        if let Err(why) = admit::admission(&mut ex, &routed, &view, admitted).await {
+            return unadmitted(ex, why);
         }
         // Upstream: the request as decided, sent with failover.
         let client_side = responding::ClientSide::of(&mut req, leader);
@@ -275,19 +256,36 @@ fn serve(
     }
 }
 
+/// The answer to a request admission did not admit: the challenge page, a
+/// deferring rule's refusal (reported as that rule's), or the shed's `503`.
+fn unadmitted(mut ex: Exchange<'_>, why: admit::Unadmitted) -> Response<ResponseBody> {
+    match why {
+        admit::Unadmitted::Challenge(page) => deciding::challenged(ex, *page),
+        admit::Unadmitted::Deferred(d) => {
+            let reason = deciding::deferral_refused(&mut ex, *d);
+            ex.answer(&reason)
+        }
+        admit::Unadmitted::Reject(reason) => ex.answer(&reason),
+    }
+}
+
 /// A routed request's destination: its route, the pool it names and the
 /// class's admission settings (looked up once, read by every later phase).
-pub(super) struct Routed<'a> {
+struct Routed<'a> {
     pub route: &'a Route,
     pub pool: Arc<Pool>,
     pub class: ClassAdmission,
 }
 
 impl<'a> Routed<'a> {
-    pub fn new(route: &'a Route, gw: &Gateway) -> Routed<'a> {
+    /// The destination of `route`, recorded as the request's pool.
+    pub(super) fn new(route: &'a Route, ex: &mut Exchange<'_>) -> Routed<'a> {
+        let gw = ex.gw();
+        let pool = gw.pools[route.pool].clone();
+        ex.record().pool = Some(pool.name.clone());
         Routed {
             route,
-            pool: gw.pools[route.pool].clone(),
+            pool,
             class: gw
                 .class_admission
                 .get(route.class.as_str())

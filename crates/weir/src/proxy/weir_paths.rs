@@ -8,9 +8,20 @@ use std::time::SystemTime;
 use http::{Request, Response};
 use weir_http::body::{RequestBody, ResponseBody};
 
+use weir_http::target::Target;
+
 use super::exchange::Exchange;
 use crate::challenge::Challenger;
+use crate::gateway::Gateway;
 use crate::policy::RejectReason;
+
+/// What serves `target` when it is one of weir's own paths: the
+/// challenger, for its script and its answers.
+pub(super) fn owner<'g>(gw: &'g Gateway, target: &Target) -> Option<&'g Challenger> {
+    gw.challenger
+        .as_deref()
+        .filter(|ch| ch.is_challenge_path(target.path()))
+}
 
 /// **Challenge endpoints**: `/.weir/challenge.js` and
 /// `/.weir/challenge/verify`, weir's own paths, served before any policy
