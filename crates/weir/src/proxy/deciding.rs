@@ -168,7 +168,6 @@ pub(super) async fn decide(
     session: &SessionState,
     bot: Option<BotId>,
 ) -> Decision {
-    let gw = ex.gw();
     ex.record().class = route.class.shared();
     let mut proof = Proof {
         verified: session.is_verified(),
@@ -176,26 +175,11 @@ pub(super) async fn decide(
         bot,
     };
     let mut instead = None;
-    if let Some(ch) = &gw.challenger
-        && !proof.verified
-        && proof.bot.is_none()
-    {
-        // A pass is proof on every request, not only where the class
-        // challenges: a person's cheap pages are their own turn too (a
-        // carrier NAT's pages, keyed by its /16, had waited seconds behind
-        // one turn while the same people's searches went by their passes).
-        let challenged = match route.challenge {
-            ChallengeMode::Off => {
-                carried_pass(ex, ch, view).map_or(Challenged::NotNow, Challenged::Pass)
-            }
-            _ => challenge(ex, ch, view, route),
-        };
-        match challenged {
-            Challenged::Pass(id) => proof.pass = Some(id),
-            Challenged::NotNow => {}
-            Challenged::Page(page) => return Decision::Challenge(page),
-            Challenged::Instead(c) => instead = Some(c),
-        }
+    match challenge_of(ex, view, route, &proof) {
+        Challenged::Pass(id) => proof.pass = Some(id),
+        Challenged::NotNow => {}
+        Challenged::Page(page) => return Decision::Challenge(page),
+        Challenged::Instead(c) => instead = Some(c),
     }
     // A cheap page's page stands in for the queue's `503` only: a rule's
     // refusal stays the rule's (what it counts, and alerts on).
@@ -220,18 +204,40 @@ pub(super) async fn decide(
         }
         Ruled::Reject(reason) => Decision::Reject(reason),
         Ruled::Challenge => {
-            let Some((ch, c)) = gw.challenger.as_ref().zip(by_rules) else {
+            let Some((ch, c)) = ex.gw().challenger.as_ref().zip(by_rules) else {
                 unreachable!("only a challengeable request is challenged by a rule")
             };
-            let page = ch.page(
-                view.target,
-                ex.client(),
-                view.headers,
-                c.difficulty,
-                SystemTime::now(),
-            );
+            let now = SystemTime::now();
+            let page = ch.page(view.target, ex.client(), view.headers, c.difficulty, now);
             Decision::Challenge(Box::new(page))
         }
+    }
+}
+
+/// The challenge's say on a request (see [`Challenged`]): none for a
+/// verified session or crawler, or without `[challenge]`; the pass it
+/// carries on a class that does not challenge; else [`challenge`]'s.
+fn challenge_of(
+    ex: &mut Exchange<'_>,
+    view: &RequestView<'_>,
+    route: &Route,
+    proof: &Proof,
+) -> Challenged {
+    let Some(ch) = &ex.gw().challenger else {
+        return Challenged::NotNow;
+    };
+    if proof.verified || proof.bot.is_some() {
+        return Challenged::NotNow;
+    }
+    // A pass is proof on every request, not only where the class
+    // challenges: a person's cheap pages are their own turn too (a
+    // carrier NAT's pages, keyed by its /16, had waited seconds behind
+    // one turn while the same people's searches went by their passes).
+    match route.challenge {
+        ChallengeMode::Off => {
+            carried_pass(ex, ch, view).map_or(Challenged::NotNow, Challenged::Pass)
+        }
+        _ => challenge(ex, ch, view, route),
     }
 }
 

@@ -20,6 +20,7 @@ use super::Routed;
 use super::exchange::Exchange;
 use crate::observe::metrics::{PoolErrorLabels, PoolLabels};
 use crate::policy::RejectReason;
+use crate::policy::route::Route;
 use crate::respond::{Reason, Side};
 use crate::runtime::Runtime;
 use crate::upstream::forward::{self, ForwardError, Hop, strip_hop_by_hop};
@@ -40,25 +41,7 @@ pub(super) async fn forward(
     routed: &Routed<'_>,
 ) -> Result<Response<UpstreamBody>, Unanswered> {
     let (route, pool) = (routed.route, &routed.pool);
-    let (conn, target) = (ex.conn(), ex.target());
-    let hop = Hop {
-        client: ex.client(),
-        peer_trusted: conn.edge.peer_trusted,
-        proxy_source: conn.edge.proxy_source,
-        tls: conn.edge.tls.is_some(),
-        authority: target.authority(),
-    };
-    let upgrade = is_upgrade(req);
-    strip_hop_by_hop(req.headers_mut(), upgrade);
-    req.headers_mut().remove(header::EXPECT);
-    // The app receives the path and host weir decided on.
-    target.forward(req);
-    let version = req.version();
-    ex.gw().forwarding.apply(req.headers_mut(), &hop, version);
-    // Counted only for a body there is: most requests have none.
-    let bytes_in = (!http_body::Body::is_end_stream(req.body()))
-        .then(|| ex.log_mut().bytes_in.insert(Arc::default()).clone());
-    req.body_mut().watch(route.settings.body, bytes_in);
+    as_decided(ex, req, route);
     let timeout = route
         .settings
         .response_timeout
@@ -103,6 +86,32 @@ pub(super) async fn forward(
     result.map_err(Unanswered::Failed)
 }
 
+/// Makes the request say what was decided on: hop-by-hop fields gone,
+/// `Expect` handled here, the canonical path and `Host`, the forwarding
+/// fields, and the class's body read timeout (its bytes counted for the
+/// log when it has a body).
+fn as_decided(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, route: &Route) {
+    let (conn, target) = (ex.conn(), ex.target());
+    let hop = Hop {
+        client: ex.client(),
+        peer_trusted: conn.edge.peer_trusted,
+        proxy_source: conn.edge.proxy_source,
+        tls: conn.edge.tls.is_some(),
+        authority: target.authority(),
+    };
+    let upgrade = is_upgrade(req);
+    strip_hop_by_hop(req.headers_mut(), upgrade);
+    req.headers_mut().remove(header::EXPECT);
+    // The app receives the path and host weir decided on.
+    target.forward(req);
+    let version = req.version();
+    ex.gw().forwarding.apply(req.headers_mut(), &hop, version);
+    // Counted only for a body there is: most requests have none.
+    let bytes_in = (!http_body::Body::is_end_stream(req.body()))
+        .then(|| ex.log_mut().bytes_in.insert(Arc::default()).clone());
+    req.body_mut().watch(route.settings.body, bytes_in);
+}
+
 /// Why the upstream phase has no response for the client.
 pub(super) enum Unanswered {
     /// Sending failed (no server, connect, timeout, exchange).
@@ -124,74 +133,118 @@ async fn send_with_failover(
     timeout: Duration,
 ) -> Result<Response<UpstreamBody>, ForwardError> {
     let rt = ex.rt();
-    use http_body::Body as _;
-    let idempotent = weir_http::connections::is_idempotent_read(request.method());
-    // At most one retry: the copy it will send, made while the request is
-    // whole. Boxed: the request's future stays small for the common case.
-    let mut retry_copy = (request.body().is_end_stream() && pool.servers.len() > 1)
-        .then(|| Box::new(weir_http::body::copy_bodyless(request)));
+    let mut failover = Failover::of(request, pool);
     // One clock read before and one after each attempt serve every
     // timestamp and duration below (they are per request, and add up).
     let mut sent = Instant::now();
     pool.record_request(sent);
-    let mut failed: Option<ServerGuard> = None;
-    // Only when an app did not listen.
-    let mut away: Option<NotListening> = None;
+    let handles = pool
+        .metrics
+        .get_or_init(|| rt.metrics.pool_handles(&pool.name));
     loop {
         // A block: what the attempt leaves (its result, large) is not held
         // across the wait for an app that did not listen.
         let refused_by = {
-            let skip = away.as_ref().and_then(|a| a.skip.as_ref());
-            let exclude = failed.as_ref().map(|g| &g.server).or(skip);
-            let guard = pick(pool, exclude, idempotent, sent, rt)?;
-            // The copy is only taken on a retry, which requires it.
-            let req = match (&failed, retry_copy.as_deref_mut()) {
-                (None, _) => &mut *request,
-                (Some(_), Some(copy)) => copy,
-                (Some(_), None) => return Err(ForwardError::NoServer),
-            };
+            let guard = pick(pool, failover.exclude(), failover.idempotent, sent, rt)?;
+            let req = failover.request(request)?;
             ex.record().upstream = Some(guard.server.addr);
-            let handles = pool
-                .metrics
-                .get_or_init(|| rt.metrics.pool_handles(&pool.name));
             handles.in_flight.inc();
             let res = forward::send(pool, &guard.server, req, timeout).await;
             handles.in_flight.dec();
             let took = observe_attempt(pool, &guard, &res, sent);
-            match res {
+            let e = match res {
                 Ok(resp) => {
                     handles.duration.observe(took.as_secs_f64());
                     ex.record().upstream_time = Some(took);
                     ex.held().server = Some(guard);
                     return Ok(resp);
                 }
-                // Nothing listened, and the failover below has no copy to send
-                // (or was used): the request itself was never sent, body and all.
-                Err(e)
-                    if e.not_listening()
-                        && (retry_copy.is_none() || failed.is_some())
-                        && away.as_ref().is_none_or(|a| a.may_wait()) =>
-                {
-                    count_failure(pool, &e, rt);
-                    guard.server.clone()
-                }
-                Err(e) => {
-                    count_failure(pool, &e, rt);
-                    let can_retry =
-                        e.retryable(idempotent) && failed.is_none() && retry_copy.is_some();
-                    if !can_retry || !retry_allowed(pool, rt) {
-                        return Err(e);
-                    }
-                    tracing::debug!(error = %e, "trying another server");
-                    failed = Some(guard);
-                    sent = Instant::now();
-                    continue;
-                }
+                Err(e) => e,
+            };
+            count_failure(pool, &e, rt);
+            if !failover.waits_for_the_app(&e) {
+                failover.retry(e, guard, pool, rt)?;
+                sent = Instant::now();
+                continue;
             }
+            guard.server.clone()
         };
-        let away = away.get_or_insert_with(|| NotListening::since(sent));
+        let away = failover
+            .away
+            .get_or_insert_with(|| NotListening::since(sent));
         away.again(pool, &refused_by).await;
         sent = Instant::now();
+    }
+}
+
+/// What the failover knows across a request's attempts.
+struct Failover {
+    idempotent: bool,
+    /// At most one retry: the copy it will send, made while the request is
+    /// whole. Boxed: the request's future stays small for the common case.
+    retry_copy: Option<Box<Request<RequestBody>>>,
+    /// The server the first attempt failed on, once it has.
+    failed: Option<ServerGuard>,
+    /// Only when an app did not listen.
+    away: Option<NotListening>,
+}
+
+impl Failover {
+    fn of(request: &Request<RequestBody>, pool: &Pool) -> Failover {
+        use http_body::Body as _;
+        let bodyless = request.body().is_end_stream();
+        Failover {
+            idempotent: weir_http::connections::is_idempotent_read(request.method()),
+            retry_copy: (bodyless && pool.servers.len() > 1)
+                .then(|| Box::new(weir_http::body::copy_bodyless(request))),
+            failed: None,
+            away: None,
+        }
+    }
+
+    /// The server the next attempt must not go to.
+    fn exclude(&self) -> Option<&Arc<crate::upstream::Server>> {
+        let skip = self.away.as_ref().and_then(|a| a.skip.as_ref());
+        self.failed.as_ref().map(|g| &g.server).or(skip)
+    }
+
+    /// What the next attempt sends: the request, or on a retry its copy
+    /// (taken only then, which requires it).
+    fn request<'r>(
+        &'r mut self,
+        request: &'r mut Request<RequestBody>,
+    ) -> Result<&'r mut Request<RequestBody>, ForwardError> {
+        match (&self.failed, self.retry_copy.as_deref_mut()) {
+            (None, _) => Ok(request),
+            (Some(_), Some(copy)) => Ok(copy),
+            (Some(_), None) => Err(ForwardError::NoServer),
+        }
+    }
+
+    /// Whether the request waits for an app that did not listen: nothing
+    /// listened, and the failover has no copy to send (or used it), so the
+    /// request itself was never sent, body and all.
+    fn waits_for_the_app(&self, e: &ForwardError) -> bool {
+        let unsent = self.retry_copy.is_none() || self.failed.is_some();
+        e.not_listening() && unsent && self.away.as_ref().is_none_or(|a| a.may_wait())
+    }
+
+    /// After attempt on `guard` failed with `e`: another server, if the
+    /// request may go once more and the pool's budget allows; else `e`.
+    fn retry(
+        &mut self,
+        e: ForwardError,
+        guard: ServerGuard,
+        pool: &Pool,
+        rt: &Runtime,
+    ) -> Result<(), ForwardError> {
+        let once_more = e.retryable(self.idempotent) && self.failed.is_none();
+        if !once_more || self.retry_copy.is_none() || !retry_allowed(pool, rt) {
+            return Err(e);
+        }
+        tracing::debug!(error = %e, "trying another server");
+        self.failed = Some(guard);
+        Ok(())
     }
 }
 

@@ -85,61 +85,20 @@ impl RequestLog {
     /// The record of `req`, from `client`, started at `started`; `req` gets
     /// the request's id, so the app sees the id the log and the client see.
     /// The connection counts the request as started (and as finished when
-    /// the record is written, [`RequestLog::write`]). Boxed: it goes to the response body's completion hook in the end, and
-    /// meanwhile the request's future is smaller by its size.
+    /// the record is written, [`RequestLog::write`]). Boxed: it goes to the
+    /// response body's completion hook in the end, and meanwhile the
+    /// request's future is smaller by its size.
     pub(super) fn new<B>(
         req: &mut Request<B>,
         client: &ClientId,
         conn: Arc<ConnCtx>,
         started: Instant,
     ) -> Box<Self> {
-        let proto = match req.version() {
-            Version::HTTP_2 => "HTTP/2",
-            Version::HTTP_10 => "HTTP/1.0",
-            _ => "HTTP/1.1",
-        };
         conn.edge
             .state
             .request_started(req.version() == Version::HTTP_2);
         let log = Box::new(RequestLog {
-            record: AccessRecord {
-                time: SystemTime::now(),
-                request_id: RequestId::of(req.headers(), client),
-                client: client.client.ip(),
-                peer: client.peer.ip(),
-                client_source: client.source.as_str(),
-                method: req.method().clone(),
-                target: None,
-                raw_target: None,
-                proto,
-                tls_version: conn.edge.tls.map(|t| t.version),
-                alpn: conn.edge.tls.and_then(|t| t.alpn),
-                user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
-                referer: req.headers().get(http::header::REFERER).cloned(),
-                class: unrouted(),
-                decision: "admit",
-                session: "anonymous",
-                bot: None,
-                challenge: None,
-                rule: None,
-                rule_level: None,
-                rule_key: None,
-                shadow_rules: None,
-                collateral: None,
-                visit: None,
-                pool: None,
-                upstream: None,
-                status: 0,
-                upstream_status: None,
-                bytes_in: 0,
-                bytes_out: 0,
-                duration: Duration::ZERO,
-                queue_time: Duration::ZERO,
-                lane: None,
-                upstream_time: None,
-                coalesced: None,
-                error: None,
-            },
+            record: first_record(req, client, &conn),
             accept: Accepts::of(req.headers()),
             started,
             bytes_in: None,
@@ -309,6 +268,54 @@ impl RequestLog {
         }
         drop(std::mem::take(&mut self.held));
         self.conn.edge.state.request_finished();
+    }
+}
+
+/// A request's record as it begins: who sent what, and how; the phases
+/// fill in the rest.
+fn first_record<B>(req: &Request<B>, client: &ClientId, conn: &ConnCtx) -> AccessRecord {
+    let proto = match req.version() {
+        Version::HTTP_2 => "HTTP/2",
+        Version::HTTP_10 => "HTTP/1.0",
+        _ => "HTTP/1.1",
+    };
+    AccessRecord {
+        time: SystemTime::now(),
+        request_id: RequestId::of(req.headers(), client),
+        client: client.client.ip(),
+        peer: client.peer.ip(),
+        client_source: client.source.as_str(),
+        method: req.method().clone(),
+        target: None,
+        raw_target: None,
+        proto,
+        tls_version: conn.edge.tls.map(|t| t.version),
+        alpn: conn.edge.tls.and_then(|t| t.alpn),
+        user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
+        referer: req.headers().get(http::header::REFERER).cloned(),
+        class: unrouted(),
+        decision: "admit",
+        session: "anonymous",
+        bot: None,
+        challenge: None,
+        rule: None,
+        rule_level: None,
+        rule_key: None,
+        shadow_rules: None,
+        collateral: None,
+        visit: None,
+        pool: None,
+        upstream: None,
+        status: 0,
+        upstream_status: None,
+        bytes_in: 0,
+        bytes_out: 0,
+        duration: Duration::ZERO,
+        queue_time: Duration::ZERO,
+        lane: None,
+        upstream_time: None,
+        coalesced: None,
+        error: None,
     }
 }
 

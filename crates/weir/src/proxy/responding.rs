@@ -56,18 +56,7 @@ pub(super) async fn respond(
     } = client_side;
     let mut resp = match result {
         Ok(resp) => resp,
-        Err(Unanswered::Shed(reason)) => return ex.answer(&reason),
-        Err(Unanswered::Failed(ForwardError::NoHealthyServer)) => {
-            let reason = RejectReason::Shed {
-                cause: ShedCause::NoHealthyServer,
-                retry_after: Duration::from_secs(1),
-            };
-            return ex.answer(&reason);
-        }
-        Err(Unanswered::Failed(e)) => {
-            ex.record().error = Some(e.to_string());
-            return ex.answer(&e);
-        }
+        Err(why) => return unanswered(ex, why),
     };
     ex.record().upstream_status = Some(resp.status().as_u16());
     let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -113,6 +102,26 @@ pub(super) async fn respond(
         log.visit_cookie(Some((parts.status, shared)), &mut parts.headers);
     }
     Response::from_parts(parts, body.on_complete(log))
+}
+
+/// The rescue's answer to a request the upstream phase has no response
+/// for: a shed's `503`, no healthy server's (a shed too: nothing was
+/// sent), or the failure's own, by its side.
+fn unanswered(mut ex: Exchange<'_>, why: Unanswered) -> Response<ResponseBody> {
+    match why {
+        Unanswered::Shed(reason) => ex.answer(&reason),
+        Unanswered::Failed(ForwardError::NoHealthyServer) => {
+            let reason = RejectReason::Shed {
+                cause: ShedCause::NoHealthyServer,
+                retry_after: Duration::from_secs(1),
+            };
+            ex.answer(&reason)
+        }
+        Unanswered::Failed(e) => {
+            ex.record().error = Some(e.to_string());
+            ex.answer(&e)
+        }
+    }
 }
 
 /// An answer from the app that cannot be passed on: 502.
