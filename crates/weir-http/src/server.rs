@@ -174,6 +174,16 @@ fn lock(wire: &SharedWire) -> MutexGuard<'_, Wire> {
 }
 
 impl Wire {
+    fn shared(stream: TcpStream, state: &Arc<ConnState>) -> SharedWire {
+        Arc::new(Mutex::new(Wire {
+            stream,
+            buf: BytesMut::new(),
+            body: Framing::Empty,
+            continue_owed: None,
+            state: state.clone(),
+        }))
+    }
+
     /// Reads into `buf`, first making room for `want` more bytes when little
     /// is free. (tokio's `poll_read` clears the socket's readiness after a
     /// short read, so an idle wait costs no extra system call.)
@@ -335,6 +345,87 @@ struct Head<B> {
     upgrade: Option<oneshot::Sender<Handoff>>,
 }
 
+/// A request being handled: the handler's future, and what the loop needs
+/// of the request to write the answer and go on.
+struct Handling<F> {
+    handling: Pin<Box<F>>,
+    version: Version,
+    keep_alive: bool,
+    head_request: bool,
+    upgrade: Option<oneshot::Sender<Handoff>>,
+}
+
+/// Hands `head`'s request to the handler. Not async: the head and the
+/// request (~700 bytes) are not kept in the connection's task across the
+/// awaits that follow, and an idle connection's task is that much smaller
+/// (10,000 idle connections are 10,000 of it: bench/README.md, "Idle
+/// memory").
+fn start<H: Handler>(
+    head: Head<H::RequestBody>,
+    handler: &H,
+) -> Handling<impl Future<Output = Box<Response<H::ResponseBody>>> + Send + use<H>> {
+    let Head {
+        request,
+        keep_alive,
+        head_request,
+        upgrade,
+    } = head;
+    let version = request.version();
+    // Boxed: an idle connection's task then holds a pointer, not the
+    // request's state. The box is allocated before the future is made, so
+    // that it is made in place: `Box::pin(future)` copied all of its 2.4
+    // KB, most of it not yet used, into memory that is cold with many
+    // connections busy (a third of weir's cache misses).
+    let handling = Box::into_pin(Box::write(Box::new_uninit(), handler.handle(request)));
+    Handling {
+        handling,
+        version,
+        keep_alive,
+        head_request,
+        upgrade,
+    }
+}
+
+/// What the connection does once a response is written.
+enum After {
+    /// Reads the next request.
+    Next,
+    /// Closes: the response or a command said so, or a `101` came without
+    /// an upgrade to hand over.
+    Close,
+    /// Hands the connection to the upgrade's tunnel.
+    Upgrade(oneshot::Sender<Handoff>),
+    /// Closes at once: the request's body was not read, and is not here to
+    /// be skipped.
+    Unread,
+}
+
+impl After {
+    fn response(
+        wire: &SharedWire,
+        state: &ConnState,
+        written: Written,
+        is_101: bool,
+        upgrade: Option<oneshot::Sender<Handoff>>,
+    ) -> After {
+        if is_101 {
+            return upgrade.map_or(After::Close, After::Upgrade);
+        }
+        if written.close {
+            return After::Close;
+        }
+        // A request body the proxy did not read (a rejection, an early
+        // answer) is skipped if it is already here.
+        if !lock(wire).skip_body() {
+            return After::Unread;
+        }
+        if state.command() != Command::None {
+            return After::Close;
+        }
+        After::Next
+    }
+}
+
 /// Serves HTTP/1 on `stream` until the client leaves, an error, or the
 /// tracker's command (`state`) closes it.
 pub async fn serve<H: Handler>(
@@ -343,43 +434,17 @@ pub async fn serve<H: Handler>(
     handler: H,
     limits: HeadLimits,
 ) -> Result<(), ClientError> {
-    let wire: SharedWire = Arc::new(Mutex::new(Wire {
-        stream,
-        buf: BytesMut::new(),
-        body: Framing::Empty,
-        continue_owed: None,
-        state: state.clone(),
-    }));
+    let wire = Wire::shared(stream, state);
     let mut refused = None;
     loop {
-        // The head is read and handed to the handler in this block: no
-        // await follows in it, so the head and the request (~700 bytes)
-        // are not kept in the task across the awaits below, and an idle
-        // connection's task is that much smaller (10,000 idle connections
-        // are 10,000 of it: bench/README.md, "Idle memory").
-        let (mut handling, version, keep_alive, head_request, upgrade) = {
-            let Head {
-                request,
-                keep_alive,
-                head_request,
-                upgrade,
-            } = match next_head(&wire, state, limits, &handler).await {
-                Ok(Some(head)) => head,
-                Ok(None) => break,
-                Err(e) => {
-                    refused = Some(e);
-                    break;
-                }
-            };
-            let version = request.version();
-            // Boxed: an idle connection's task then holds a pointer, not
-            // the request's state. The box is allocated before the future
-            // is made, so that it is made in place: `Box::pin(future)`
-            // copied all of its 2.4 KB, most of it not yet used, into
-            // memory that is cold with many connections busy (a third of
-            // weir's cache misses).
-            let handling = Box::into_pin(Box::write(Box::new_uninit(), handler.handle(request)));
-            (handling, version, keep_alive, head_request, upgrade)
+        // The next head, handed to the handler (not in an await: `start`).
+        let mut h = match next_head(&wire, state, limits, &handler).await {
+            Ok(Some(head)) => start(head, &handler),
+            Ok(None) => break,
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
         };
         // A client that closes while its request is handled (its body read
         // whole) has gone: the request is dropped, as hyper does, freeing its
@@ -387,36 +452,28 @@ pub async fn serve<H: Handler>(
         let watch_close = lock(&wire).body.is_end();
         let response = tokio::select! {
             biased;
-            r = &mut handling => r,
+            r = &mut h.handling => r,
             _ = commanded(state, Command::Abort) => return Ok(()),
             () = client_gone(&wire), if watch_close => return Ok(()),
         };
-        drop(handling);
+        drop(h.handling);
         let is_101 = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         let written = tokio::select! {
             biased;
-            w = write_response(&wire, response, version, head_request, keep_alive) => w?,
+            w = write_response(&wire, response, h.version, h.head_request, h.keep_alive) => w?,
             _ = commanded(state, Command::Abort) => return Ok(()),
         };
-        if is_101 {
-            if let Some(tx) = upgrade {
+        match After::response(&wire, state, written, is_101, h.upgrade) {
+            After::Next => {}
+            After::Close => break,
+            After::Upgrade(tx) => {
                 hand_over(wire, tx);
                 return Ok(());
             }
-            break;
-        }
-        if written.close {
-            break;
-        }
-        // A request body the proxy did not read (a rejection, an early
-        // answer) is skipped if it is already here; else the connection
-        // closes.
-        if !lock(&wire).skip_body() {
-            close(&wire, true).await;
-            return Ok(());
-        }
-        if state.command() != Command::None {
-            break;
+            After::Unread => {
+                close(&wire, true).await;
+                return Ok(());
+            }
         }
     }
     if let Some(e) = refused {
@@ -974,13 +1031,12 @@ fn encode_head(
     status: StatusCode,
     map: &HeaderMap,
     received: Option<&ReceivedFields>,
-    hop: HopFraming,
-) {
-    let HopFraming {
+    HopFraming {
         version,
         framing,
         close,
-    } = hop;
+    }: HopFraming,
+) {
     out.extend_from_slice(if version == Version::HTTP_10 {
         b"HTTP/1.0 "
     } else {

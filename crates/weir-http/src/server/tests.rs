@@ -588,5 +588,6 @@ impl Handler for Empty {
 #[test]
 fn a_connection_s_future_stays_small() {
     let size = returned_size(serve::<Empty>);
+    eprintln!("serve future: {size} bytes");
     assert!(size <= 1024, "serve's future is {size} bytes");
 }

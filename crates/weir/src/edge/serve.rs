@@ -313,22 +313,12 @@ fn serve_connection<S: Service>(
         if spec.proxy_protocol {
             // Boxed: its read buffer would otherwise be in every connection's
             // task for as long as it is open.
-            match Box::pin(proxy_protocol::read_header(&stream, edge.handshake_timeout)).await {
-                Ok(h) => {
-                    if peer_trusted {
-                        proxy_source = h
-                            .source
-                            .map(|s| crate::identity::ClientAddr::new(s.ip()).ip());
-                    } else {
-                        metrics.forwarding_warning("untrusted_proxy_protocol");
-                    }
-                }
-                Err(e) => {
-                    metrics.connection_error("proxy_protocol");
-                    tracing::debug!(peer = %peer.0, error = %e, "bad PROXY protocol header");
-                    return;
-                }
-            }
+            let Ok(source) =
+                Box::pin(proxy_header(&stream, &edge, peer, peer_trusted, metrics)).await
+            else {
+                return;
+            };
+            proxy_source = source;
             if let Some(ip) = proxy_source
                 && let Err(refusal) = guard.count_ip(ip)
             {
@@ -350,14 +340,9 @@ fn serve_connection<S: Service>(
             // Boxed: a task is as large as its largest state, and most
             // connections are plain.
             Some(tls) => {
-                let stream = match Box::pin(tls_handshake(stream, tls, &edge, &state)).await {
-                    Handshake::Done(stream) => stream,
-                    Handshake::Failed => {
-                        metrics.connection_error("tls_handshake");
-                        return;
-                    }
-                    // Nothing to count.
-                    Handshake::Stopped => return,
+                let handshake = Box::pin(tls_handshake(stream, tls, &edge, &state)).await;
+                let Some(stream) = handshake.done(metrics) else {
+                    return;
                 };
                 let session = TlsSession::of(stream.get_ref().1);
                 let handler = acceptor.service.connection(conn(Some(session)));
@@ -439,6 +424,48 @@ enum Handshake {
     Failed,
     /// The connection was told to close first.
     Stopped,
+}
+
+impl Handshake {
+    /// The stream to serve, or `None`, with a failure counted (a stop is
+    /// nothing to count).
+    fn done(self, metrics: &Metrics) -> Option<Box<TlsStream>> {
+        match self {
+            Handshake::Done(stream) => Some(stream),
+            Handshake::Failed => {
+                metrics.connection_error("tls_handshake");
+                None
+            }
+            Handshake::Stopped => None,
+        }
+    }
+}
+
+/// A connection's PROXY protocol header, read within `handshake_timeout`:
+/// the client it names when the peer is a trusted proxy (an untrusted
+/// peer's is read, counted and ignored), or `Err` when it is bad (counted;
+/// the connection closes).
+async fn proxy_header(
+    stream: &TcpStream,
+    edge: &EdgeSettings,
+    peer: PeerAddr,
+    peer_trusted: bool,
+    metrics: &Metrics,
+) -> Result<Option<IpAddr>, ()> {
+    match proxy_protocol::read_header(stream, edge.handshake_timeout).await {
+        Ok(h) if peer_trusted => Ok(h
+            .source
+            .map(|s| crate::identity::ClientAddr::new(s.ip()).ip())),
+        Ok(_) => {
+            metrics.forwarding_warning("untrusted_proxy_protocol");
+            Ok(None)
+        }
+        Err(e) => {
+            metrics.connection_error("proxy_protocol");
+            tracing::debug!(peer = %peer.0, error = %e, "bad PROXY protocol header");
+            Err(())
+        }
+    }
 }
 
 /// A TLS connection's handshake, bounded by `handshake_timeout`.
