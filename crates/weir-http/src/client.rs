@@ -390,19 +390,14 @@ pub fn parse_head(
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let code = parsed.code.unwrap_or(0);
-        let status = StatusCode::from_u16(code)
+        let status = StatusCode::from_u16(parsed.code.unwrap_or(0))
             .map_err(|_| ExchangeError::Framing("invalid status code"))?;
         if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
             // 100 Continue, 103 Early Hints: interim, not forwarded.
             buf.advance(len);
             continue;
         }
-        let version = if parsed.version == Some(0) {
-            Version::HTTP_10
-        } else {
-            Version::HTTP_11
-        };
+        let version = http_version(parsed.version);
         let mut hop = HopFields::default();
         let plain = if status == StatusCode::SWITCHING_PROTOCOLS {
             None
@@ -430,6 +425,15 @@ pub fn parse_head(
             framing,
             keep_alive,
         }));
+    }
+}
+
+/// The version httparse read (its minor digit: it reads HTTP/1.0 and 1.1
+/// only).
+fn http_version(minor: Option<u8>) -> Version {
+    match minor {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
     }
 }
 

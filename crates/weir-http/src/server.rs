@@ -587,14 +587,8 @@ async fn next_head<H: Handler>(
                     Poll::Ready(r) => Poll::Ready(Some(r)),
                 })
                 .await;
-                match read {
-                    None => {}
-                    Some(Ok(0)) if idle => return Ok(None),
-                    Some(Ok(0)) => return Err(ClientError::HeadCut),
-                    Some(Ok(_)) => state.bytes_read(),
-                    // A reset between requests is a client leaving.
-                    Some(Err(_)) if idle => return Ok(None),
-                    Some(Err(e)) => return Err(e.into()),
+                if !still_reading(read, idle, state)? {
+                    return Ok(None);
                 }
             }
             cmd = commanded(state, min) => {
@@ -612,14 +606,39 @@ async fn next_head<H: Handler>(
             // Idle for a while (the sweep says): the buffer goes back to the
             // allocator, and the connection costs its socket and a few
             // hundred bytes until its client's next bytes.
-            () = poll_fn(|cx| state.poll_release(cx)), if idle => {
-                let mut w = lock(wire);
-                if w.buf.is_empty() && w.buf.capacity() > 0 {
-                    w.buf = BytesMut::new();
-                    handler.buffers_released();
-                }
-            }
+            () = poll_fn(|cx| state.poll_release(cx)), if idle => release_buffer(wire, handler),
         }
+    }
+}
+
+/// What a read while waiting for a head says: go on (`true`), the client
+/// left between requests (`false`: it closed, or reset, which between
+/// requests is leaving too), or it cut a head short. `None`: readiness was
+/// stale, nothing read.
+fn still_reading(
+    read: Option<std::io::Result<usize>>,
+    idle: bool,
+    state: &ConnState,
+) -> Result<bool, ClientError> {
+    match read {
+        None => Ok(true),
+        Some(Ok(0)) if idle => Ok(false),
+        Some(Ok(0)) => Err(ClientError::HeadCut),
+        Some(Ok(_)) => {
+            state.bytes_read();
+            Ok(true)
+        }
+        Some(Err(_)) if idle => Ok(false),
+        Some(Err(e)) => Err(e.into()),
+    }
+}
+
+/// Gives an idle connection's read buffer back to the allocator.
+fn release_buffer<H: Handler>(wire: &SharedWire, handler: &H) {
+    let mut w = lock(wire);
+    if w.buf.is_empty() && w.buf.capacity() > 0 {
+        w.buf = BytesMut::new();
+        handler.buffers_released();
     }
 }
 
@@ -968,6 +987,7 @@ async fn write_body(
             }
         };
         let ended = body.is_end_stream();
+        // More than the length said is cut, and the connection closes.
         let data = match framing {
             OutFraming::Length(n) if sent + data.len() as u64 > n => {
                 close = true;
@@ -976,35 +996,45 @@ async fn write_body(
             _ => data,
         };
         sent += data.len() as u64;
-        {
-            let mut parts: SmallVec<[IoSlice<'_>; 5]> = SmallVec::new();
-            if let Some(h) = &head {
-                parts.push(IoSlice::new(h));
-            }
-            let chunked = framing == OutFraming::Chunked;
-            if chunked && !data.is_empty() {
-                parts.push(IoSlice::new(chunk_size_line(&mut size_line, data.len())));
-            }
-            parts.push(IoSlice::new(&data));
-            if chunked && !data.is_empty() {
-                parts.push(IoSlice::new(b"\r\n"));
-            }
-            if chunked && ended {
-                parts.push(IoSlice::new(b"0\r\n\r\n"));
-            }
-            write_all(wire, &mut parts).await?;
-        }
+        let chunked = (framing == OutFraming::Chunked).then_some(&mut size_line);
+        write_all(
+            wire,
+            &mut wire_parts(head.as_deref(), &data, chunked, ended),
+        )
+        .await?;
         head = None;
         if ended {
             break;
         }
     }
-    if let OutFraming::Length(n) = framing
-        && sent != n
-    {
-        close = true;
+    // Shorter than it said: the client cannot tell where the next begins.
+    Ok(close || matches!(framing, OutFraming::Length(n) if sent != n))
+}
+
+/// What one write of a body sends, in order: the head if it has not left
+/// yet, then `data`, framed as a chunk (its size line written into
+/// `chunked`'s buffer) with the last chunk after it when the body `ended`.
+fn wire_parts<'a>(
+    head: Option<&'a [u8]>,
+    data: &'a [u8],
+    chunked: Option<&'a mut [u8; 18]>,
+    ended: bool,
+) -> SmallVec<[IoSlice<'a>; 5]> {
+    let mut parts: SmallVec<[IoSlice<'a>; 5]> = SmallVec::new();
+    parts.extend(head.map(IoSlice::new));
+    let Some(size_line) = chunked else {
+        parts.push(IoSlice::new(data));
+        return parts;
+    };
+    if !data.is_empty() {
+        parts.push(IoSlice::new(chunk_size_line(size_line, data.len())));
+        parts.push(IoSlice::new(data));
+        parts.push(IoSlice::new(b"\r\n"));
     }
-    Ok(close)
+    if ended {
+        parts.push(IoSlice::new(b"0\r\n\r\n"));
+    }
+    parts
 }
 
 /// Whether a comma-separated header value holds `token` (any case).

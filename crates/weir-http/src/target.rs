@@ -311,22 +311,7 @@ impl Target {
         if !path.starts_with('/') {
             return Err(TargetError::InvalidForm);
         }
-        let (path_and_query, rewritten) = match normalise_path(path, policy)? {
-            // `http://a.example?q`: `path()` says `/`, the text has none, and
-            // the app must get `/?q` (found by the canonical_target fuzz
-            // target: weir forwarded `?q` as the request target).
-            Cow::Borrowed(_) if raw.as_str().starts_with('/') => (raw.clone(), false),
-            normalised => {
-                let mut text = normalised.into_owned();
-                if let Some(q) = raw.query() {
-                    text.push('?');
-                    text.push_str(q);
-                }
-                let pq = PathAndQuery::from_maybe_shared(Bytes::from(text))
-                    .map_err(|_| TargetError::InvalidForm)?;
-                (pq, true)
-            }
-        };
+        let (path_and_query, rewritten) = canonical(raw, policy)?;
         let decoded = match decode_for_matching(path_and_query.path()) {
             Cow::Borrowed(_) => None,
             Cow::Owned(d) => Some(d.into_boxed_str()),
@@ -635,6 +620,28 @@ fn hex_value(b: u8) -> Option<u8> {
 }
 
 const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
+
+/// The origin-form path and query the app gets for `raw` (its path
+/// normalised under `policy`, its query as sent), and whether that is
+/// other than what the client wrote.
+fn canonical(raw: &PathAndQuery, policy: PathPolicy) -> Result<(PathAndQuery, bool), TargetError> {
+    match normalise_path(raw.path(), policy)? {
+        // `http://a.example?q`: `path()` says `/`, the text has none, and
+        // the app must get `/?q` (found by the canonical_target fuzz
+        // target: weir forwarded `?q` as the request target).
+        Cow::Borrowed(_) if raw.as_str().starts_with('/') => Ok((raw.clone(), false)),
+        normalised => {
+            let mut text = normalised.into_owned();
+            if let Some(q) = raw.query() {
+                text.push('?');
+                text.push_str(q);
+            }
+            let pq = PathAndQuery::from_maybe_shared(Bytes::from(text))
+                .map_err(|_| TargetError::InvalidForm)?;
+            Ok((pq, true))
+        }
+    }
+}
 
 /// RFC 3986 §6.2.2 for an origin-form path (it starts with `/`): see the
 /// module docs for what is decoded, kept and refused.
