@@ -446,10 +446,10 @@ async fn the_live_page_draws_the_last_fifteen_minutes_and_they_move_under_load()
         "a chart without points: {drawn:?}"
     );
     assert!(points(&drawn[0]) >= 15, "{drawn:?}");
-    // Every outcome's area is drawn, the served one reaching above zero.
+    // Every outcome's line is drawn, the served one rising above zero.
     let served = page
         .eval(
-            "document.querySelector('#chart-outcomes polygon[data-series=served]')\
+            "document.querySelector('#chart-outcomes polyline[data-series=served]')\
              .getAttribute('points').split(' ').some(p => Number(p.split(',')[1]) < 130)",
         )
         .await;

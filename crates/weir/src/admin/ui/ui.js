@@ -124,9 +124,32 @@ function fmt(v) {
   return v.toFixed(v >= 10 ? 1 : 2).replace(/\.?0+$/, "");
 }
 
-// Draws `spec` ({series: [{name, color, get}], stacked, unit, max}) over
-// the kept seconds into `figure`: a grid, the axis labels, one polyline
-// per series (or stacked areas), and a legend of the latest values.
+// A count as an axis labels it: 1k, 10k, 1M.
+function short(v) {
+  if (v >= 1e6) return fmt(v / 1e6) + "M";
+  if (v >= 1e3) return fmt(v / 1e3) + "k";
+  return fmt(v);
+}
+
+// The vertical scale of a chart whose values reach `max`: linear from 0,
+// or (`log`) in powers of ten from 0 and 1 up, so that a flood three
+// hundred times the people's rate leaves the people's line readable.
+// Returns where a value sits and the grid's values.
+function scale(max, log) {
+  const span = H - TOP - BOTTOM;
+  if (log) {
+    const decades = Math.max(1, Math.ceil(Math.log10(Math.max(max, 1)) - 1e-9));
+    const y = (v) => TOP + span * (1 - Math.log10(1 + Math.min(v, 10 ** decades)) / Math.log10(1 + 10 ** decades));
+    return { y, grid: [0, ...Array.from({ length: decades }, (_, k) => 10 ** (k + 1))] };
+  }
+  const top = niceMax(max);
+  return { y: (v) => TOP + span * (1 - Math.min(v, top) / top), grid: [0, top / 2, top] };
+}
+
+// Draws `spec` ({series: [{name, color, get}], log, unit, max}) over the
+// kept seconds into `figure`: a grid, the axis labels, one polyline per
+// series (a second without a value breaks it), and a legend of the latest
+// values.
 function drawChart(figure, spec) {
   let svg = figure.querySelector("svg.chart");
   if (!svg) {
@@ -137,52 +160,34 @@ function drawChart(figure, spec) {
   const latest = seconds.length ? seconds[seconds.length - 1].at_unix_s : 0;
   const from = latest - (KEPT - 1);
   const x = (at) => LEFT + ((W - LEFT - RIGHT) * (at - from)) / (KEPT - 1);
-  // Each series' points; stacked series add the ones before them.
   const cols = spec.series.map((s) => seconds.map((sec) => [sec.at_unix_s, s.get(sec)]));
-  if (spec.stacked) {
-    for (let i = 1; i < cols.length; i++) {
-      cols[i] = cols[i].map(([at, v], j) => [at, (v ?? 0) + (cols[i - 1][j][1] ?? 0)]);
-    }
-  }
-  let top = spec.max ?? 0;
-  if (spec.max == null) for (const c of cols) for (const [, v] of c) if (v != null && v > top) top = v;
-  top = spec.max ?? niceMax(top);
-  const y = (v) => TOP + (H - TOP - BOTTOM) * (1 - Math.min(v, top) / top);
-  for (const f of [0, 0.5, 1]) {
-    svgEl("line", { class: "grid", x1: LEFT, x2: W - RIGHT, y1: y(f * top), y2: y(f * top) }, svg);
-    svgEl("text", { x: LEFT - 4, y: y(f * top) + 4, "text-anchor": "end" }, svg).textContent = fmt(f * top);
+  let max = spec.max ?? 0;
+  if (spec.max == null) for (const c of cols) for (const [, v] of c) if (v != null && v > max) max = v;
+  const { y, grid } = scale(max, spec.log);
+  for (const g of grid) {
+    svgEl("line", { class: "grid", x1: LEFT, x2: W - RIGHT, y1: y(g), y2: y(g) }, svg);
+    svgEl("text", { x: LEFT - 4, y: y(g) + 4, "text-anchor": "end" }, svg).textContent = short(g);
   }
   for (const [min, label] of [[15, "-15 min"], [10, "-10"], [5, "-5"], [0, "now"]]) {
     const at = latest - 60 * min;
     svgEl("text", { x: x(Math.max(at, from)), y: H - 4, "text-anchor": min === 15 ? "start" : min === 0 ? "end" : "middle" }, svg).textContent = label;
   }
   let points = 0;
-  const order = spec.stacked ? [...cols.keys()].reverse() : [...cols.keys()];
-  for (const i of order) {
-    const color = spec.series[i].color;
-    if (spec.stacked) {
-      const pts = cols[i].map(([at, v]) => `${x(at).toFixed(1)},${y(v).toFixed(1)}`);
-      if (pts.length === 0) continue;
-      const base = `${x(cols[i][cols[i].length - 1][0]).toFixed(1)},${y(0)} ${x(cols[i][0][0]).toFixed(1)},${y(0)}`;
-      svgEl("polygon", { points: pts.join(" ") + " " + base, fill: color, "fill-opacity": 0.85, stroke: color, "data-series": spec.series[i].name }, svg);
-      points += pts.length;
-    } else {
-      // A second without a value (no request: no latency) breaks the line.
-      let run = [];
-      const flush = () => {
-        if (run.length > 0) {
-          svgEl("polyline", { points: run.join(" "), fill: "none", stroke: color, "stroke-width": 2.5, "data-series": spec.series[i].name }, svg);
-          points += run.length;
-        }
-        run = [];
-      };
-      for (const [at, v] of cols[i]) {
-        if (v == null) flush();
-        else run.push(`${x(at).toFixed(1)},${y(v).toFixed(1)}`);
+  cols.forEach((col, i) => {
+    let run = [];
+    const flush = () => {
+      if (run.length > 0) {
+        svgEl("polyline", { points: run.join(" "), fill: "none", stroke: spec.series[i].color, "stroke-width": 2.5, "data-series": spec.series[i].name }, svg);
+        points += run.length;
       }
-      flush();
+      run = [];
+    };
+    for (const [at, v] of col) {
+      if (v == null) flush();
+      else run.push(`${x(at).toFixed(1)},${y(v).toFixed(1)}`);
     }
-  }
+    flush();
+  });
   svg.dataset.points = String(points);
   svg.dataset.latest = String(latest);
   const legend = figure.querySelector("ul");
@@ -207,12 +212,12 @@ const STATUSES = [
 const refusals = (s) => s.outcomes.refused + s.outcomes.shed;
 
 const CHARTS = {
-  "chart-outcomes": { stacked: true, series: OUTCOMES.map(([k, color]) => ({ name: k, color, get: (s) => s.outcomes[k] })) },
+  "chart-outcomes": { log: true, series: OUTCOMES.map(([k, color]) => ({ name: k, color, get: (s) => s.outcomes[k] })) },
   "chart-latency": { unit: " ms", series: [
     { name: "p50", color: "#0969da", get: (s) => s.p50_ms },
     { name: "p99", color: "#cf222e", get: (s) => s.p99_ms },
   ] },
-  "chart-statuses": { stacked: true, series: STATUSES.map(([k, color]) => ({ name: k, color, get: (s) => s.statuses[k] })) },
+  "chart-statuses": { log: true, series: STATUSES.map(([k, color]) => ({ name: k, color, get: (s) => s.statuses[k] })) },
   "chart-people": { unit: "%", max: 100, series: [
     { name: "with evidence of a person", color: "#cf222e", get: (s) => (refusals(s) > 0 ? (100 * s.refused_people) / refusals(s) : null) },
   ] },
