@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request};
@@ -58,15 +58,6 @@ fn checker(app: SocketAddr, clock: Arc<ManualClock>) -> AuthSubrequest {
 
 fn verifier(sub: AuthSubrequest) -> SessionVerifier {
     SessionVerifier::new(None, Some(sub), Arc::new(SystemWallClock))
-}
-
-/// Polls `cond` every 2 ms for at most 10 s.
-async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 #[tokio::test]
@@ -178,8 +169,8 @@ async fn one_shared_cookie_one_subrequest() {
         tasks.spawn(async move { sub.check(&login).await });
     }
     // Every check has joined the one sub-request, which the app is holding.
-    eventually("99 coalesced checks", || sub.stats().coalesced == 99).await;
-    eventually("one stalled sub-request", || app.snapshot().stalled == 1).await;
+    assert_eventually_async!(sub.stats().coalesced == 99, "99 coalesced checks");
+    assert_eventually_async!(app.snapshot().stalled == 1, "one stalled sub-request");
     app.unstall();
     let mut verified = 0;
     while let Some(done) = tasks.join_next().await {
@@ -247,7 +238,7 @@ async fn too_many_in_flight_is_busy_not_queued() {
         let sub = sub.clone();
         tokio::spawn(async move { sub.check(&with_cookies(&["wikiToken=a".into()])).await })
     };
-    eventually("one stalled sub-request", || app.snapshot().stalled == 1).await;
+    assert_eventually_async!(app.snapshot().stalled == 1, "one stalled sub-request");
     let other = sub.check(&with_cookies(&["wikiToken=b".into()])).await;
     assert_eq!(other, Some(AuthOutcome::Unknown(UnknownCause::Busy)));
     app.unstall();
