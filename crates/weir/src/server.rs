@@ -743,9 +743,7 @@ async fn record_timeline(rt: Arc<Runtime>, stop: CancellationToken) {
             _ = stop.cancelled() => break,
             _ = tick.tick() => {
                 let samples = pool_samples(&rt.gateway.load());
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
+                let now = crate::observe::timeline::unix_s(std::time::SystemTime::now());
                 rt.timeline.close_second(now, &samples);
             }
         }

@@ -207,10 +207,7 @@ impl Timeline {
         let c = &self.counting;
         let outcome = Outcome::of(r);
         c.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
-        if let Some(class) = (1..=5)
-            .contains(&(r.status / 100))
-            .then_some(r.status / 100)
-        {
+        if let class @ 1..=5 = r.status / 100 {
             c.statuses[usize::from(class - 1)].fetch_add(1, Ordering::Relaxed);
         }
         c.latency[bucket(r.duration)].fetch_add(1, Ordering::Relaxed);
@@ -345,7 +342,8 @@ fn most(items: impl Iterator<Item = (String, u64)>, top: usize) -> Vec<(String, 
     v
 }
 
-fn unix_s(t: std::time::SystemTime) -> u64 {
+/// Unix time in whole seconds.
+pub fn unix_s(t: std::time::SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
