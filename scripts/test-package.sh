@@ -12,9 +12,9 @@
 #     loopback with the packaged config (its address moved to loopback);
 #   - `dpkg --purge` removes it all.
 #
-# Builds with the `package-test` profile (release without LTO: the shipped
-# build's fat LTO takes minutes more on two cores and changes no file in the
-# package). Needs root for dpkg (sudo when not root); refuses to touch a
+# Builds with the `package-test` profile (unoptimised: the shipped build's
+# optimisation takes minutes more on two cores and changes no file in the
+# package but the binary's speed). Needs root for dpkg (sudo when not root); refuses to touch a
 # `weir` package it did not install. Everything it starts listens on 127.0.0.1 and is stopped on
 # exit.
 set -euo pipefail

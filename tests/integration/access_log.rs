@@ -3,9 +3,7 @@
 //! too, a file reopened on SIGUSR1 after logrotate moved it, and weir's own
 //! log as JSON lines when `[log] format = "json"`.
 
-use std::time::Duration;
-
-use crate::support::{HttpRequest, HttpUpstream, Signal, Weir};
+use crate::support::{HttpRequest, HttpUpstream, Signal, Weir, json_lines};
 
 fn config(upstream: std::net::SocketAddr, log: &std::path::Path, extra: &str) -> String {
     format!(
@@ -29,22 +27,6 @@ async fn start(
         .await
         .unwrap();
     (weir, dir, log)
-}
-
-/// The log's lines as JSON, once at least `n` are there.
-async fn lines(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
-    for _ in 0..100 {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("a JSON line"))
-            .collect();
-        if lines.len() >= n {
-            return lines;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("fewer than {n} lines in {}", path.display());
 }
 
 #[tokio::test]
@@ -79,7 +61,7 @@ async fn user_agent_referer_and_one_request_id_for_log_app_and_client() {
         .to_string();
     assert_eq!(r.text(), id, "the app received the same single id");
     assert_ne!(id, "chosen-by-the-client");
-    let line = &lines(&log, 1).await[0];
+    let line = &json_lines(&log, 1).await[0];
     assert_eq!(line["request_id"], id.as_str(), "{line}");
     assert_eq!(
         line["user_agent"], "Mozilla/5.0 (X11; Linux) \"quoted\"",
@@ -96,7 +78,7 @@ async fn user_agent_referer_and_one_request_id_for_log_app_and_client() {
     let id = refused
         .header("x-request-id")
         .expect("refusals carry the id");
-    let line = &lines(&log, 2).await[1];
+    let line = &json_lines(&log, 2).await[1];
     assert_eq!(line["request_id"], id, "{line}");
     assert_eq!(line["user_agent"], serde_json::Value::Null, "{line}");
 }
@@ -122,7 +104,7 @@ async fn a_trusted_proxys_request_id_is_kept() {
         r.text()
     );
     assert_eq!(
-        lines(&log, 1).await[0]["request_id"],
+        json_lines(&log, 1).await[0]["request_id"],
         "Root=1-5f84c7a9-ab12"
     );
 }
@@ -134,7 +116,7 @@ async fn sigusr1_reopens_the_access_log_after_rotation() {
     let addr = weir.listener(0);
     let get = |path: &'static str| async move { HttpRequest::get(path).send(addr).await.unwrap() };
     get("/before").await;
-    lines(&log, 1).await;
+    json_lines(&log, 1).await;
     // logrotate: move the file, then signal.
     let rotated = dir.path().join("access.log.1");
     std::fs::rename(&log, &rotated).unwrap();
@@ -145,7 +127,7 @@ async fn sigusr1_reopens_the_access_log_after_rotation() {
         weir.stderr()
     );
     get("/after").await;
-    let fresh = lines(&log, 1).await;
+    let fresh = json_lines(&log, 1).await;
     assert_eq!(fresh.len(), 1);
     assert_eq!(fresh[0]["path"], "/after");
     let old = std::fs::read_to_string(&rotated).unwrap();
@@ -225,7 +207,7 @@ async fn tls_version_and_alpn_are_logged() {
     let plain = HttpRequest::get("/").send(weir.listener(0)).await.unwrap();
     assert_eq!(plain.status, 200);
 
-    let lines = lines(&log, 5).await;
+    let lines = json_lines(&log, 5).await;
     let seen: Vec<(String, &serde_json::Value, &serde_json::Value)> = lines
         .iter()
         .map(|l| (l["proto"].to_string(), &l["tls_version"], &l["alpn"]))

@@ -39,8 +39,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Request, StatusCode};
 use weir::identity::session::{SignedCookie, SigningKeys};
@@ -84,14 +84,53 @@ fn app(workers: usize, backlog: usize, page_ms: f64, expensive_ms: f64) -> SimAp
 /// One client's results: (status, retry-after present, x-weir-reason).
 type Answer = (u16, bool, String);
 
+/// What a group of clients has been answered so far, counted as it happens:
+/// what the tests wait on instead of a fixed run time.
+#[derive(Default)]
+struct Tally {
+    answered: AtomicUsize,
+    ok: AtomicUsize,
+    shed: AtomicUsize,
+}
+
+impl Tally {
+    fn count(&self, status: u16) {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        match status {
+            200 => self.ok.fetch_add(1, Ordering::Relaxed),
+            503 => self.shed.fetch_add(1, Ordering::Relaxed),
+            _ => 0,
+        };
+    }
+
+    fn answered(&self) -> usize {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    fn ok(&self) -> usize {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    fn shed(&self) -> usize {
+        self.shed.load(Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (n, ok, shed) = (self.answered(), self.ok(), self.shed());
+        write!(f, "{n} answered ({ok} ok, {shed} shed)")
+    }
+}
+
 /// Sends GETs of `path` from `source` on one keep-alive connection until
-/// `stop`, with `cookie` if not empty.
+/// `stop`, with `cookie` if not empty, counting each answer in `tally`.
 async fn client_loop(
     source: IpAddr,
     to: SocketAddr,
     path: &'static str,
     cookie: String,
-    stop: Arc<AtomicBool>,
+    (stop, tally): (Arc<AtomicBool>, Arc<Tally>),
 ) -> Vec<Answer> {
     let mut out = Vec::new();
     let Ok(mut c) = H1::connect(source, to).await else {
@@ -105,6 +144,7 @@ async fn client_loop(
         let Ok((status, h, _)) = c.send(b.body(full("")).unwrap()).await else {
             break;
         };
+        tally.count(status.as_u16());
         out.push((
             status.as_u16(),
             h.contains_key("retry-after"),
@@ -123,6 +163,7 @@ struct Traffic {
     to: SocketAddr,
     stop: Arc<AtomicBool>,
     groups: Vec<Vec<tokio::task::JoinHandle<Vec<Answer>>>>,
+    tallies: Vec<Arc<Tally>>,
 }
 
 impl Traffic {
@@ -131,25 +172,34 @@ impl Traffic {
             to: weir,
             stop: Arc::new(AtomicBool::new(false)),
             groups: Vec::new(),
+            tallies: Vec::new(),
         }
     }
 
     /// Starts `count` clients, the `i`-th from `ip(net, i, 1)`, each asking
     /// for `path` with the cookie `cookie(i)` (none if empty).
     fn clients(&mut self, net: u8, count: u8, path: &'static str, cookie: impl Fn(u8) -> String) {
+        let tally = Arc::new(Tally::default());
         let group = (0..count)
             .map(|i| {
                 let to = self.to;
-                tokio::spawn(client_loop(
-                    ip(net, i, 1),
-                    to,
-                    path,
-                    cookie(i),
-                    self.stop.clone(),
-                ))
+                let ends = (self.stop.clone(), tally.clone());
+                tokio::spawn(client_loop(ip(net, i, 1), to, path, cookie(i), ends))
             })
             .collect();
         self.groups.push(group);
+        self.tallies.push(tally);
+    }
+
+    /// Waits (30 s at most) until the groups' answers so far, in the order
+    /// started, are `enough`.
+    async fn until(&self, enough: impl Fn(&[Arc<Tally>]) -> bool) {
+        assert_eventually_async!(
+            within = Duration::from_secs(30),
+            enough(&self.tallies),
+            "the clients were answered too little: {:?}",
+            self.tallies
+        );
     }
 
     /// Stops every client; each group's answers, in the order started.
@@ -187,23 +237,6 @@ async fn health_of(weir: &TestWeir, addr: SocketAddr) -> String {
         .find(|s| s["address"] == addr.to_string())
         .map(|s| s["health"].as_str().unwrap().to_string())
         .unwrap_or_default()
-}
-
-/// Polls `cond` every 50 ms until it holds or `within` passes; returns how
-/// long it took.
-async fn until<F, Fut>(within: Duration, mut cond: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if cond().await {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    None
 }
 
 fn overload_config(app: SocketAddr, expensive_timeout: &str) -> String {
@@ -249,7 +282,10 @@ async fn overload_waits_then_sheds_only_the_lowest_lane() {
     // 12 closed-loop crawlers on 100 ms requests against 3 slots: 4x.
     traffic.clients(20, 12, "/w/index.php?search=x", no_cookie);
     traffic.clients(30, 3, "/wiki/Page", no_cookie);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Long enough that the queue overflows many times over.
+    traffic
+        .until(|g| g[0].shed() >= 20 && g[0].ok() >= 20 && g[1].answered() >= 100)
+        .await;
     let [crawled, read] = <[_; 2]>::try_from(traffic.stop().await).unwrap();
 
     let snap = app.snapshot();
@@ -331,7 +367,9 @@ async fn verified_lane_waits_little_while_anonymous_is_shed() {
         format!("weir_session={token}")
     };
     traffic.clients(31, 2, "/w/index.php?search=x", session);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    traffic
+        .until(|g| g[0].shed() >= 20 && g[1].answered() >= 40)
+        .await;
     let [crawled, edited] = <[_; 2]>::try_from(traffic.stop().await).unwrap();
     assert!(crawled.iter().any(|a| a.0 == 503), "anonymous is shed");
     assert!(
@@ -377,9 +415,10 @@ max_queued = 400
     // One /16 (127.200.0.0/16) with 1,000 addresses, each sending rarely:
     // 150 tasks, each cycling over its own addresses, one request per
     // connection.
+    let (big_tally, small_tally) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
     let mut big = Vec::new();
     for t in 0..150u16 {
-        let stop = stop.clone();
+        let (stop, tally) = (stop.clone(), big_tally.clone());
         big.push(tokio::spawn(async move {
             let (mut ok, mut sent) = (0u32, 0u32);
             let mut n = t;
@@ -400,6 +439,7 @@ max_queued = 400
                     .body(full(""))
                     .unwrap();
                 if let Ok((s, _, _)) = c.send(req).await {
+                    tally.count(s.as_u16());
                     sent += 1;
                     ok += u32::from(s == StatusCode::OK);
                 }
@@ -411,15 +451,20 @@ max_queued = 400
     let mut small = Vec::new();
     for net in 1..=50u8 {
         for host in 1..=3u8 {
-            let stop = stop.clone();
+            let ends = (stop.clone(), small_tally.clone());
             small.push(tokio::spawn(async move {
                 let ip = IpAddr::V4(Ipv4Addr::new(127, net, 0, host));
-                let answers = client_loop(ip, to, "/page", String::new(), stop).await;
+                let answers = client_loop(ip, to, "/page", String::new(), ends).await;
                 (net, answers.iter().filter(|a| a.0 == 200).count() as u32)
             }));
         }
     }
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Enough served for a share to mean something (2 slots serve ~40 a second).
+    assert_eventually_async!(
+        within = Duration::from_secs(30),
+        big_tally.ok() + small_tally.ok() >= 150 && big_tally.answered() > 100,
+        "big {big_tally:?}, small {small_tally:?}"
+    );
     stop.store(true, Ordering::Relaxed);
     let (mut big_ok, mut big_sent) = (0, 0);
     for b in big {
@@ -490,14 +535,11 @@ silence = "1s"
         weir.addr,
         "/page",
         String::new(),
-        stop.clone(),
+        (stop.clone(), Arc::default()),
     ));
-    let slow = until(Duration::from_secs(5), || async {
-        health_of(&weir, a_addr).await == "slow"
-    })
-    .await;
-    assert!(
-        slow.is_some(),
+    assert_eventually_async!(
+        within = Duration::from_secs(5),
+        health_of(&weir, a_addr).await == "slow",
         "A never became slow: {}",
         status_doc(&weir).await
     );
@@ -505,11 +547,12 @@ silence = "1s"
 
     // B is killed: dead within fall x interval (+ generous slack).
     b.kill().await;
-    let dead = until(Duration::from_secs(3), || async {
-        health_of(&weir, b_addr).await == "dead"
-    })
-    .await;
-    assert!(dead.is_some(), "B not dead: {}", status_doc(&weir).await);
+    assert_eventually_async!(
+        within = Duration::from_secs(3),
+        health_of(&weir, b_addr).await == "dead",
+        "B not dead: {}",
+        status_doc(&weir).await
+    );
 
     // Only A is left, slow: it takes all the traffic and stays slow.
     let served_when_alone = a.snapshot().class("page");
@@ -532,11 +575,12 @@ silence = "1s"
     assert!(answers.len() > 20, "traffic ran: {}", answers.len());
 
     // No traffic: A's checks keep timing out and it falls silent: all dead.
-    let panic = until(Duration::from_secs(5), || async {
-        status_doc(&weir).await["pools"][0]["mode"] == "panic"
-    })
-    .await;
-    assert!(panic.is_some(), "{}", status_doc(&weir).await);
+    assert_eventually_async!(
+        within = Duration::from_secs(5),
+        status_doc(&weir).await["pools"][0]["mode"] == "panic",
+        "{}",
+        status_doc(&weir).await
+    );
     let (s, _, body) = get(weir.admin, "/readyz/pools/app", &[]).await;
     assert_eq!(
         (s, body.as_slice()),
@@ -624,7 +668,7 @@ slow_start = "8s"
     let weir = TestWeir::start(&config(&format!("\"{}\"", warm.addr()))).await;
     let mut traffic = Traffic::to(weir.addr);
     traffic.clients(50, 30, "/page", no_cookie);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    traffic.until(|g| g[0].ok() >= 100).await;
     // The replacement joins the pool by a reload.
     std::fs::write(
         &weir.config_path,
@@ -649,7 +693,14 @@ slow_start = "8s"
             .is_some(),
         "{doc}"
     );
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The replacement grows a worker a second from 2 while weir's cap on it
+    // grows over 8 s: 150 answers take it a few seconds into both.
+    assert_eventually_async!(
+        within = Duration::from_secs(20),
+        fresh.snapshot().served >= 150,
+        "the new server takes traffic as it warms: {:?}",
+        fresh.snapshot()
+    );
     let answers = traffic.stop().await.concat();
     let fresh_snap = fresh.snapshot();
     assert_eq!(fresh_snap.refused, 0, "never sent more than it could take");
@@ -733,8 +784,8 @@ async fn zero_config(app: &SimApp) -> TestWeir {
 }
 
 /// Sends 30 searches and 90 pages one at a time, then waits (up to 2 s)
-/// until the pool counts one expensive shape; returns how long that took.
-async fn learn_that_searches_are_expensive(weir: &TestWeir) -> Option<Duration> {
+/// until the pool counts one expensive shape.
+async fn learn_that_searches_are_expensive(weir: &TestWeir) {
     for i in 0..30u8 {
         let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
         assert_eq!(s, 200);
@@ -743,13 +794,14 @@ async fn learn_that_searches_are_expensive(weir: &TestWeir) -> Option<Duration> 
             assert_eq!(s, 200);
         }
     }
-    until(Duration::from_secs(2), || async {
+    assert_eventually_async!(
+        within = Duration::from_secs(2),
         metric(
             &weir.metrics().await,
             "weir_admission_expensive_shapes{pool=\"app\"}",
-        ) == 1.0
-    })
-    .await
+        ) == 1.0,
+        "one shape learned expensive"
+    );
 }
 
 /// Issue 19, item 5: with a listener and a pool only, admission is on. The
@@ -764,14 +816,19 @@ async fn zero_config_queues_a_flood_behind_cheap_pages_it_learned() {
     let app = app(4, 64, 10.0, 100.0);
     let weir = zero_config(&app).await;
     // A quiet spell: the app answers both shapes, weir learns which is slow.
-    let learned = learn_that_searches_are_expensive(&weir).await;
-    assert!(learned.is_some(), "one shape learned expensive");
+    learn_that_searches_are_expensive(&weir).await;
 
     // The flood: 24 closed-loop searchers (6x the workers) and 3 readers.
     let mut traffic = Traffic::to(weir.addr);
     traffic.clients(20, 24, "/w/index.php?search=x", no_cookie);
     traffic.clients(30, 3, "/wiki/Page", no_cookie);
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    traffic
+        .until(|g| g[0].answered() >= 120 && g[1].answered() >= 120)
+        .await;
+    assert_eventually_async!(
+        metric(&weir.metrics().await, "weir_admission_limit{pool=\"app\"}") < 24.0,
+        "the limit was cut below the flood"
+    );
     let answers = traffic.stop().await.concat();
     assert!(
         answers.iter().all(|a| a.0 == 200),
@@ -818,8 +875,6 @@ async fn zero_config_queues_a_flood_behind_cheap_pages_it_learned() {
         median(&pages),
         median(&searches)
     );
-    let limit = metric(&weir.metrics().await, "weir_admission_limit{pool=\"app\"}");
-    assert!(limit < 24.0, "the limit was cut below the flood: {limit}");
     drop(weir);
 }
 
@@ -836,10 +891,16 @@ async fn zero_config_backs_off_from_an_app_that_resets_when_full() {
     let weir = zero_config(&app).await;
     let mut traffic = Traffic::to(weir.addr);
     traffic.clients(40, 16, "/api/tile", no_cookie);
-    // The limit learns within a few one-second windows.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let limit = || async { metric(&weir.metrics().await, "weir_admission_limit{pool=\"app\"}") };
+    assert_eventually_async!(
+        limit().await <= 4.0,
+        "the limit backs off to the app's 4 workers: {}",
+        limit().await
+    );
     let refused_before = app.snapshot().refused;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Then two seconds' worth of answers (4 workers, 20 ms).
+    let answered = traffic.tallies[0].answered();
+    traffic.until(|g| g[0].answered() >= answered + 400).await;
     let refused_after = app.snapshot().refused;
     let answers = traffic.stop().await.concat();
     assert!(refused_before > 0, "the flood overflowed the app at first");
@@ -849,14 +910,14 @@ async fn zero_config_backs_off_from_an_app_that_resets_when_full() {
     );
     assert!(
         refused_after - refused_before < 10,
-        "the app stopped refusing once the limit backed off: {} refusals in 2 s \
-         (of {refused_after})",
+        "the app stopped refusing once the limit backed off: {} refusals in 400 \
+         answers (of {refused_after})",
         refused_after - refused_before
     );
-    let limit = metric(&weir.metrics().await, "weir_admission_limit{pool=\"app\"}");
     assert!(
-        limit <= 4.0,
-        "the limit holds at most the app's 4 workers: {limit}"
+        limit().await <= 4.0,
+        "the limit holds at most the app's 4 workers: {}",
+        limit().await
     );
     let served = answers.iter().filter(|a| a.0 == 200).count();
     let mut statuses = std::collections::BTreeMap::new();
@@ -949,7 +1010,11 @@ async fn a_refused_read_that_waits_past_its_deadline_is_shed() {
 
 /// Reads 4 pages, then one search, over and over from `source` until `stop`;
 /// returns the requests answered.
-async fn browse_loop(source: IpAddr, to: SocketAddr, stop: Arc<AtomicBool>) -> usize {
+async fn browse_loop(
+    source: IpAddr,
+    to: SocketAddr,
+    (stop, tally): (Arc<AtomicBool>, Arc<Tally>),
+) -> usize {
     let Ok(mut c) = H1::connect(source, to).await else {
         return 0;
     };
@@ -961,9 +1026,10 @@ async fn browse_loop(source: IpAddr, to: SocketAddr, stop: Arc<AtomicBool>) -> u
             format!("/wiki/Page{answered}")
         };
         let req = Request::get(path).header("host", "wiki.test");
-        if c.send(req.body(full("")).unwrap()).await.is_err() {
+        let Ok((status, _, _)) = c.send(req.body(full("")).unwrap()).await else {
             break;
-        }
+        };
+        tally.count(status.as_u16());
         answered += 1;
     }
     answered
@@ -981,10 +1047,10 @@ async fn zero_config_gives_people_behind_one_network_a_turn_each() {
     let app = app(4, 64, 2.0, 100.0);
     let weir = zero_config(&app).await;
     // A quiet spell: weir learns that searches are the expensive shape.
-    let learned = learn_that_searches_are_expensive(&weir).await;
-    assert!(learned.is_some(), "searches learned expensive");
+    learn_that_searches_are_expensive(&weir).await;
 
     let stop = Arc::new(AtomicBool::new(false));
+    let (crawled, browsed) = (Arc::new(Tally::default()), Arc::new(Tally::default()));
     let crawlers: Vec<_> = (0..6u8)
         .map(|i| {
             tokio::spawn(client_loop(
@@ -992,14 +1058,22 @@ async fn zero_config_gives_people_behind_one_network_a_turn_each() {
                 weir.addr,
                 "/w/index.php?search=x",
                 String::new(),
-                stop.clone(),
+                (stop.clone(), crawled.clone()),
             ))
         })
         .collect();
     let people: Vec<_> = (0..12u8)
-        .map(|i| tokio::spawn(browse_loop(ip(70, i, 1), weir.addr, stop.clone())))
+        .map(|i| {
+            let ends = (stop.clone(), browsed.clone());
+            tokio::spawn(browse_loop(ip(70, i, 1), weir.addr, ends))
+        })
         .collect();
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Forty searches of each side at least (one in five of people's requests).
+    assert_eventually_async!(
+        within = Duration::from_secs(30),
+        crawled.answered() >= 40 && browsed.answered() >= 200,
+        "crawlers {crawled:?}, people {browsed:?}"
+    );
     stop.store(true, Ordering::Relaxed);
     let mut answered = 120;
     for c in crawlers {
@@ -1081,20 +1155,20 @@ async fn a_visit_goes_before_the_pages_of_clients_weir_does_not_know() {
                 weir.addr,
                 "/wiki/Article",
                 String::new(),
-                stop.clone(),
+                (stop.clone(), Arc::default()),
             ))
         })
         .collect();
     // Once the flood holds a backlog, the person reads on: each page with
     // the visit the last one set, and one script of the page.
-    until(Duration::from_secs(5), || async {
+    assert_eventually_async!(
+        within = Duration::from_secs(5),
         metric(
             &weir.metrics().await,
             "weir_admission_queued{pool=\"app\",lane=\"newcomers\"}",
-        ) >= 6.0
-    })
-    .await
-    .expect("a backlog of newcomers");
+        ) >= 6.0,
+        "a backlog of newcomers"
+    );
     let mut sent = 1;
     for page in 0..6 {
         let mut headers = NAV.to_vec();

@@ -267,17 +267,7 @@ async fn chromium_without_javascript_follows_the_refresh_to_a_pass() {
     // The wait is 500 ms (the default: the page says 0 s and the site holds
     // the link for the rest); the inspector's evaluation runs even with the
     // page's scripts off.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        let body = page
-            .eval("document.body ? document.body.innerHTML : ''")
-            .await;
-        let body = body.as_str().unwrap_or_default().to_owned();
-        if body.contains("<p id=\"ok\">passed</p>") || Instant::now() > deadline {
-            break body;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let body = (page.body_once_it_shows("<p id=\"ok\">passed</p>", Duration::from_secs(30))).await;
     let seen = site.seen();
     let summary = summary(&seen);
     assert!(

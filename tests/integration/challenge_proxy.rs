@@ -117,7 +117,9 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
         ) >= 5.0,
         "{m}"
     );
-    let log = weir.access_log(12).await;
+    // The page, the API read, the POST, the answer, six with the pass, the
+    // other /24: 11.
+    let log = weir.access_log(11).await;
     assert!(
         log.iter()
             .any(|l| l["decision"] == "challenge" && l["challenge"] == "issued")
@@ -165,18 +167,11 @@ async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
     // Pressure: the app stalls, requests queue in weir's admission; a
     // navigation finds no room and is challenged.
     let waiting = stall_and_queue(&app, &weir).await;
-    let weir_ref = &weir;
-    let mut challenged = false;
-    for _ in 0..100 {
-        let (status, h, _) = get_from(ip("127.101.2.1"), weir_ref.addr, "/wiki/B", &NAV).await;
-        if status == 429 && h.contains_key("x-weir-challenge") {
-            challenged = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        challenged,
+    assert_eventually_async!(
+        {
+            let (status, h, _) = get_from(ip("127.101.2.1"), weir.addr, "/wiki/B", &NAV).await;
+            status == 429 && h.contains_key("x-weir-challenge")
+        },
         "a navigation is challenged while the queue is deep"
     );
 
@@ -204,17 +199,14 @@ async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
     let (status, h, _) = api.await.unwrap();
     assert_eq!(status, 200);
     assert!(!h.contains_key("x-weir-challenge"));
-    let mut calm = false;
-    for _ in 0..100 {
-        let (status, _, _) = get_from(ip("127.101.4.1"), weir_ref.addr, "/wiki/C", &NAV).await;
-        let m = weir.metrics().await;
-        if status == 200 && metric(&m, "weir_challenge_engaged{pool=\"app\"}") == 0.0 {
-            calm = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(calm, "challenges stop after the pressure passes");
+    assert_eventually_async!(
+        {
+            let (status, _, _) = get_from(ip("127.101.4.1"), weir.addr, "/wiki/C", &NAV).await;
+            let m = weir.metrics().await;
+            status == 200 && metric(&m, "weir_challenge_engaged{pool=\"app\"}") == 0.0
+        },
+        "challenges stop after the pressure passes"
+    );
     drop(weir);
     tokio::time::timeout(Duration::from_secs(5), app.shutdown())
         .await

@@ -17,7 +17,7 @@
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -405,18 +405,8 @@ async fn chromium_with_cookies_blocked_gets_the_page_once_and_then_the_app() {
 /// Waits until a tab shows the app's page at `path` (a minute at most);
 /// its body.
 async fn until_the_app(tab: &mut DevTools, path: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
     let want = format!("<p id=\"path\">{path}</p>");
-    loop {
-        let body = tab
-            .eval("document.body ? document.body.innerHTML : ''")
-            .await;
-        let body = body.as_str().unwrap_or_default().to_owned();
-        if body.contains(&want) || Instant::now() > deadline {
-            return body;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    tab.body_once_it_shows(&want, Duration::from_secs(60)).await
 }
 
 /// Two tabs of one browser open two pages at once: each gets the page,

@@ -270,6 +270,26 @@ async fn solve_a_challenge(weir: &Weir) {
     assert_eq!(answer.status, 303, "{answer}");
 }
 
+/// The panels whose query has no data in `prometheus`, each with what it got.
+async fn panels_without_data(prometheus: &Prometheus, queries: &[PanelQuery]) -> Vec<String> {
+    let mut missing = Vec::new();
+    for q in queries {
+        let result = prometheus.query(&q.expr).await;
+        // Data: at least one series with a number (a quantile of nothing is
+        // NaN, which a panel draws as nothing).
+        let finite = result.iter().any(|s| {
+            s["value"][1]
+                .as_str()
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_some_and(f64::is_finite)
+        });
+        if !finite {
+            missing.push(format!("{}: {} -> {:?}", q.panel, q.expr, result));
+        }
+    }
+    missing
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_query_returns_data_from_a_real_prometheus() {
     let queries = panel_queries();
@@ -294,33 +314,20 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
         .await
         .unwrap();
     assert_eq!(status, 200);
+    // Rounds of load, each with a challenge solved, until every panel has
+    // data: a rate needs an increase between two scrapes (a second apart).
     let started = Instant::now();
-    let mut round = 0;
-    while started.elapsed() < Duration::from_secs(8) {
+    let mut round = 0u8;
+    let missing = loop {
         load_round(&weir, round).await;
-        round += 1;
-    }
-    solve_a_challenge(&weir).await;
-    load_round(&weir, round).await;
-    drop(idle);
-    // Two more scrapes after the last event.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-
-    let mut missing = Vec::new();
-    for q in &queries {
-        let result = prometheus.query(&q.expr).await;
-        // Data: at least one series with a number (a quantile of nothing is
-        // NaN, which a panel draws as nothing).
-        let finite = result.iter().any(|s| {
-            s["value"][1]
-                .as_str()
-                .and_then(|v| v.parse::<f64>().ok())
-                .is_some_and(f64::is_finite)
-        });
-        if !finite {
-            missing.push(format!("{}: {} -> {:?}", q.panel, q.expr, result));
+        solve_a_challenge(&weir).await;
+        round = round.wrapping_add(1);
+        let missing = panels_without_data(&prometheus, &queries).await;
+        if missing.is_empty() || started.elapsed() > Duration::from_secs(30) {
+            break missing;
         }
-    }
+    };
+    drop(idle);
     assert!(
         missing.is_empty(),
         "{} of {} panel queries have no data:\n{}",

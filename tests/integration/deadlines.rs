@@ -62,6 +62,35 @@ async fn metrics(weir: &Weir) -> String {
         .text()
 }
 
+/// Reads one answer with a `content-length` (10 s at most).
+async fn read_one_answer(stream: &mut tokio::net::TcpStream) -> String {
+    let mut raw = Vec::new();
+    let whole = |raw: &[u8]| {
+        let text = String::from_utf8_lossy(raw);
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let length = (head.lines()).find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")?
+                .parse()
+                .ok()
+        })?;
+        (body.len() >= length).then(|| text.to_string())
+    };
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(answer) = whole(&raw) {
+                return answer;
+            }
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return String::from_utf8_lossy(&raw).into_owned(),
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    (tokio::time::timeout(Duration::from_secs(10), read).await).expect("an answer within 10 s")
+}
+
 /// Reads what the server sends until it closes (or `within` passes).
 async fn read_answer(stream: &mut tokio::net::TcpStream, within: Duration) -> String {
     let mut raw = Vec::new();
@@ -88,7 +117,14 @@ async fn a_client_that_stops_reading_holds_no_admission_slot_and_is_cut_at_the_s
         .write_all(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eventually_async!(
+        up.requests() == 1
+            && metrics(&weir)
+                .await
+                .contains("weir_admission_in_flight{pool=\"app\"} 0"),
+        "the app answered /big and its slot was given back:\n{}",
+        metrics(&weir).await
+    );
 
     // The only slot was the stalled client's until its answer began; the
     // next request does not wait for the send timeout (before: 2 s).
@@ -169,18 +205,28 @@ async fn a_body_longer_than_its_class_takes_is_413() {
     assert_eq!(r.header("x-weir-reason"), Some("client_body_too_large"));
     assert_eq!(up.requests(), before, "a refused body reached the app");
     // Chunked, so its length shows only as it comes: cut when it passes.
+    // Sent whole, the rest is here to skip, and the connection serves on.
+    let chunk = format!("258\r\n{}\r\n", "c".repeat(600));
+    let head = "POST /up HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n";
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"POST /up HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n")
+    let whole =
+        format!("{head}{chunk}{chunk}{chunk}0\r\n\r\nGET /next HTTP/1.1\r\nhost: t\r\n\r\n");
+    s.write_all(whole.as_bytes()).await.unwrap();
+    let answer = read_one_answer(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:.300}");
+    assert!(!answer.contains("connection: close"), "{answer:.300}");
+    let next = read_one_answer(&mut s).await;
+    assert!(next.starts_with("HTTP/1.1 200"), "kept alive: {next:.300}");
+    // Cut before the rest is sent: the answer says `close`, and it closes.
+    // (It once kept the keep-alive framing and closed without a word.)
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("{head}{chunk}{chunk}").as_bytes())
         .await
         .unwrap();
-    for _ in 0..3 {
-        s.write_all(format!("258\r\n{}\r\n", "c".repeat(600)).as_bytes())
-            .await
-            .unwrap();
-    }
-    let _ = s.write_all(b"0\r\n\r\n").await;
-    let answer = read_answer(&mut s, Duration::from_secs(10)).await;
+    let answer = read_one_answer(&mut s).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer:.300}");
+    assert!(answer.contains("connection: close"), "{answer:.300}");
+    assert_eq!(read_answer(&mut s, Duration::from_secs(10)).await, "");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

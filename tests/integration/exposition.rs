@@ -102,23 +102,22 @@ async fn metrics_pass_promtool_and_speak_both_formats() {
     }
     // A request is counted when its answer's last byte is handed on, which
     // can be just after the client read it: scrape until all three show.
-    let mut answered = 0;
-    for _ in 0..50 {
-        let text = HttpRequest::get("/metrics")
-            .send(weir.admin())
-            .await
-            .unwrap()
-            .text();
-        answered = text
-            .lines()
-            .filter(|l| l.starts_with("weir_request_duration_seconds_count{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum();
-        if answered >= 3 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let mut answered: u64;
+    assert_eventually_async!(
+        {
+            let text = HttpRequest::get("/metrics")
+                .send(weir.admin())
+                .await
+                .unwrap()
+                .text();
+            answered = (text.lines())
+                .filter(|l| l.starts_with("weir_request_duration_seconds_count{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum::<u64>();
+            answered >= 3
+        },
+        "{answered} of three requests timed"
+    );
     assert_eq!(answered, 3, "three requests timed");
 }
 

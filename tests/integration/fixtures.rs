@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -76,19 +76,7 @@ impl TestWeir {
 
     /// The access log's lines as JSON, waiting until at least `n` are written.
     pub async fn access_log(&self, n: usize) -> Vec<serde_json::Value> {
-        let path = self.dir.path().join("access.log");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let lines: Vec<serde_json::Value> = text
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect();
-            if lines.len() >= n || Instant::now() > deadline {
-                return lines;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::support::json_lines(&self.dir.path().join("access.log"), n).await
     }
 
     /// The metrics exposition from the admin API.
@@ -465,18 +453,13 @@ pub async fn stall_with_the_slot_held(
     app.stall();
     let addr = weir.addr;
     let holder = tokio::spawn(async move { get_from(from, addr, "/wiki/B", &[]).await.0 });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(
-        &weir.metrics().await,
-        "weir_admission_in_flight{pool=\"app\"}",
-    ) < 1.0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never taken"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eventually_async!(
+        metric(
+            &weir.metrics().await,
+            "weir_admission_in_flight{pool=\"app\"}",
+        ) >= 1.0,
+        "the slot was never taken"
+    );
     holder
 }
 

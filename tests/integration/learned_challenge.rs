@@ -58,17 +58,26 @@ async fn learn_shapes(weir: &TestWeir) {
     );
 }
 
-/// A request from `from` that is still waiting after `wait` (no answer yet).
+/// Requests holding a slot of the stalled app or waiting for one.
+fn held_or_queued(metrics: &str) -> f64 {
+    queued(metrics) + metric(metrics, "weir_admission_in_flight{pool=\"app\"}")
+}
+
+/// A request from `from`, once it holds a slot of the stalled app or waits
+/// for one (no answer yet).
 async fn still_waiting(
     weir: &TestWeir,
     from: &str,
     path: &str,
     headers: &'static [(&'static str, &'static str)],
-    wait: Duration,
 ) -> tokio::task::JoinHandle<http::StatusCode> {
+    let before = held_or_queued(&weir.metrics().await);
     let (addr, from, path) = (weir.addr, ip(from), path.to_string());
     let waiter = tokio::spawn(async move { get_from(from, addr, &path, headers).await.0 });
-    tokio::time::sleep(wait).await;
+    assert_eventually_async!(
+        held_or_queued(&weir.metrics().await) > before,
+        "it neither holds a slot nor waits for one"
+    );
     assert!(!waiter.is_finished(), "answered while the app was stalled");
     waiter
 }
@@ -97,15 +106,8 @@ async fn with_zero_configuration_a_long_wait_for_an_expensive_page_is_offered_th
     // Waiting beside it, and never challenged: a cheap page, and a search
     // that is not a navigation (an API call, a `fetch()`).
     let long = Duration::from_millis(2_500);
-    let page = still_waiting(&weir, "127.122.0.1", "/wiki/Cheap", &NAV, Duration::ZERO).await;
-    let api = still_waiting(
-        &weir,
-        "127.123.0.1",
-        "/w/index.php?search=api",
-        &[],
-        Duration::ZERO,
-    )
-    .await;
+    let page = still_waiting(&weir, "127.122.0.1", "/wiki/Cheap", &NAV).await;
+    let api = still_waiting(&weir, "127.123.0.1", "/w/index.php?search=api", &[]).await;
     // The search a person navigates to gets the page: at once if its wait
     // is expected to be long, else after `pressure.wait` (500 ms).
     let body = offered_the_page(&weir, long, "the navigation was not offered the challenge").await;
@@ -138,14 +140,11 @@ async fn a_disabled_challenge_offers_nothing() {
     let weir = TestWeir::start(&config(&app, off)).await;
     learn_shapes(&weir).await;
     let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
-    let search = still_waiting(
-        &weir,
-        "127.124.0.1",
-        "/w/index.php?search=person",
-        &NAV,
-        Duration::from_millis(2_000),
-    )
-    .await;
+    let search = still_waiting(&weir, "127.124.0.1", "/w/index.php?search=person", &NAV).await;
+    // Time is what this test is about: past `pressure.wait` (500 ms), when
+    // an enabled challenge would have been offered, nothing is.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert!(!search.is_finished(), "answered while the app was stalled");
     app.unstall();
     assert_eq!(
         search.await.unwrap(),

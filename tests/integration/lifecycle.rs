@@ -169,14 +169,10 @@ async fn config_file_change_is_picked_up() {
         format!("{base}{}", config(&[b.addr], "")),
     )
     .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while weir.server().runtime.gateway.load().version < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "file change not picked up"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_eventually_async!(
+        weir.server().runtime.gateway.load().version >= 2,
+        "file change not picked up"
+    );
     get(weir.addr, "/", &[]).await;
     assert_eq!(b.hits.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
@@ -196,11 +192,10 @@ async fn drain_under_load_loses_no_request() {
         }));
     }
     let server = weir.server.take().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while server.runtime.gateway.load().pools[0].in_flight() < 50 {
-        assert!(std::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert_eventually_async!(
+        server.runtime.gateway.load().pools[0].in_flight() >= 50,
+        "the 50 requests are in flight"
+    );
     let report = server
         .drain(
             Duration::from_secs(20),

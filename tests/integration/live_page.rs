@@ -292,16 +292,16 @@ struct Sent {
     other: u64,
 }
 
-/// Ordinary traffic beside a crawler the rule refuses, until `stop` (40 s
-/// at most): pages read from 127.0.7.0/24, the limited page from four
+/// Ordinary traffic beside a crawler the rule refuses, `batches` rounds of
+/// it or until `stop` (40 s at most): pages read from 127.0.7.0/24, the limited page from four
 /// addresses of 127.0.8.0/24 as `python-requests` (all but each
 /// address's first request refused), and now and then a burst of slow
 /// requests that queue.
-async fn load(addr: std::net::SocketAddr, stop: Arc<AtomicBool>) -> Sent {
+async fn load(addr: std::net::SocketAddr, batches: u32, stop: Arc<AtomicBool>) -> Sent {
     let mut sent = Sent::default();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
     let mut i: u32 = 0;
-    while !stop.load(Ordering::Relaxed) && tokio::time::Instant::now() < deadline {
+    while i < batches && !stop.load(Ordering::Relaxed) && tokio::time::Instant::now() < deadline {
         i += 1;
         let reader = IpAddr::from([127, 0, 7, (i % 200 + 1) as u8]);
         let crawler = IpAddr::from([127, 0, 8, (i % 4 + 1) as u8]);
@@ -346,11 +346,8 @@ fn summed(history: &serde_json::Value, path: &[&str]) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_fifteen_minutes_count_every_request_once() {
     let (_app, weir) = start().await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = tokio::spawn(load(weir.listener(0), stop.clone()));
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
-    stop.store(true, Ordering::Relaxed);
-    let sent = traffic.await.unwrap();
+    // Three bursts of slow requests among them.
+    let sent = load(weir.listener(0), 75, Arc::default()).await;
     assert!(sent.ok > 0 && sent.refused > 0, "{sent:?}");
     assert_eq!(sent.other, 0, "{sent:?}");
 
@@ -410,7 +407,7 @@ async fn the_live_page_draws_the_last_fifteen_minutes_and_they_move_under_load()
     // People refused by the rule (evidence of a person: their visits).
     refusals(&weir, 1, 3).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let traffic = tokio::spawn(load(weir.listener(0), stop.clone()));
+    let traffic = tokio::spawn(load(weir.listener(0), u32::MAX, stop.clone()));
 
     let url = format!("http://{}/ui", weir.admin());
     let chromium = Chromium::run(

@@ -341,11 +341,6 @@ engage_after = "10m"
     resume_and_stop(app, weir, holder).await;
 }
 
-/// Waits until a request waits for a slot of `app`.
-async fn until_queued(weir: &TestWeir) {
-    assert_eventually_async!(queued(&weir.metrics().await) >= 1.0, "never queued");
-}
-
 /// The access-log line of the request for `path`.
 async fn line_for(weir: &TestWeir, path: &str) -> serde_json::Value {
     let log = weir.access_log(1).await;
@@ -373,7 +368,8 @@ async fn a_client_that_leaves_while_queued_is_logged_as_499() {
         .write_all(b"GET /wiki/Given_up HTTP/1.1\r\nhost: a\r\n\r\n")
         .await
         .unwrap();
-    until_queued(&weir).await;
+    assert_eventually_async!(queued(&weir.metrics().await) >= 1.0, "never queued");
+    // The client's patience, the stimulus: it gives up 100 ms into its wait.
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(client);
     let line = line_for(&weir, "/wiki/Given_up").await;
@@ -409,7 +405,7 @@ async fn an_http2_stream_reset_while_queued_is_logged_and_its_connection_idles_o
         .body(full(""))
         .unwrap();
     let waiting = tokio::spawn(send.send_request(req));
-    until_queued(&weir).await;
+    assert_eventually_async!(queued(&weir.metrics().await) >= 1.0, "never queued");
     // Dropping the response resets the stream (RST_STREAM, CANCEL).
     waiting.abort();
     let line = line_for(&weir, "/wiki/Reset").await;

@@ -9,6 +9,7 @@ use weir_replay::engine::{Verdict, replay_files};
 use weir_replay::{ReaderOptions, TrailingField};
 
 use crate::fixtures::*;
+use crate::support::json_lines;
 
 // Windows long against the test's duration, so decisions depend on counts,
 // not on the one-second resolution of combined logs.
@@ -53,21 +54,6 @@ fn nginx_time(t: &str) -> String {
     )
 }
 
-/// The JSON lines of `path`, once at least `n` are written.
-async fn read_log(path: &std::path::Path, n: usize) -> Vec<serde_json::Value> {
-    for _ in 0..500 {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.lines().count() >= n {
-            return text
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect();
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("{} has fewer than {n} lines", path.display());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_of_each_format_matches_live_decisions() {
     let up = Upstream::start().await;
@@ -96,7 +82,7 @@ async fn replay_of_each_format_matches_live_decisions() {
         .await;
         sent += 1;
     }
-    let live = read_log(&live_log, sent).await;
+    let live = json_lines(&live_log, sent).await;
     let live_rejects: Vec<bool> = live.iter().map(|l| l["status"] == 429).collect();
     assert!(
         live_rejects.iter().filter(|r| **r).count() >= 10,

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use crate::support::ordinary::{
-    Counts, admission_limit, config, cut_admission_limit, get_workers, limited_client, ok_upstream,
-    overloaded_upstream, slow_upload,
+    Counts, admission_limit, config, cut_admission_limit, get_workers, limited_client, metric_at,
+    ok_upstream, overloaded_upstream, slow_upload,
 };
 use crate::support::process::send_signal;
 use crate::support::{Signal, Weir};
@@ -137,7 +137,7 @@ async fn ten_restarts_beside_the_old_process_fail_at_most_one_request_each_and_k
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
     let load = start_load(port, &stop, &counts);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    counts.under_way(20).await;
     let began = Instant::now();
     for k in 0..RESTARTS {
         limit_the_client(port, &format!("restart {k}, before")).await;
@@ -206,32 +206,28 @@ impl Activated {
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap();
-        let started = Instant::now();
-        while !ready.exists() {
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "generation {k} not ready\n{}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        assert_eventually_async!(
+            within = Duration::from_secs(15),
+            ready.exists(),
+            "generation {k} not ready\n{}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
         Activated { child, stderr }
     }
 
     async fn stop(mut self) -> std::process::ExitStatus {
         send_signal("weir", self.child.id(), Signal::Term).unwrap();
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(15),
-                "still draining\n{}",
-                std::fs::read_to_string(&self.stderr).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let mut status: Option<std::process::ExitStatus>;
+        assert_eventually_async!(
+            within = Duration::from_secs(15),
+            {
+                status = self.child.try_wait().unwrap();
+                status.is_some()
+            },
+            "still draining\n{}",
+            std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        );
+        status.unwrap()
     }
 }
 
@@ -261,7 +257,7 @@ async fn ten_stop_starts_on_an_activated_socket_fail_nothing_and_keep_limits() {
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
     let load = start_load(port, &stop, &counts);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    counts.under_way(20).await;
     let began = Instant::now();
     for k in 1..=RESTARTS {
         limit_the_client(port, &format!("restart {k}, before")).await;
@@ -310,9 +306,16 @@ async fn a_stopping_weir_serves_new_connections_until_its_earlier_work_is_done()
         32,
         Duration::from_millis(2500),
     ));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eventually_async!(
+        metric_at(weir.admin(), "weir_upstream_in_flight{pool=\"app\"}").await >= 1.0,
+        "the upload reached the app"
+    );
     weir.signal(Signal::Term).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eventually_async!(
+        weir.stderr().contains("still accepting"),
+        "{}",
+        weir.stderr()
+    );
     let during = crate::support::HttpRequest::get("/during-the-drain")
         .from([127, 62, 0, 2])
         .send(addr)

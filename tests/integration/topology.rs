@@ -4,6 +4,7 @@
 //! signals under load.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::fixtures::Upstream;
@@ -136,6 +137,8 @@ async fn without_trusted_proxies_weir_says_so_instead_of_silently_limiting_the_b
     // peer, and one peer carrying all traffic (the window needs 4 requests;
     // the next window's first request closes it).
     statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 4), 2).await;
+    // Time is the subject: the share is judged per one-second window, and
+    // only a request after it ends closes it (no event says it ended).
     tokio::time::sleep(Duration::from_millis(1100)).await;
     statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 3), 1).await;
     let m = metrics(&weir).await;
@@ -231,21 +234,19 @@ async fn sigterm_under_load_completes_every_in_flight_request_and_sighup_reloads
         .unwrap();
     weir.signal(Signal::Hup).unwrap();
     let admin = weir.admin();
-    let mut version = 0;
-    for _ in 0..100 {
+    let config_version = || async {
         let s = HttpRequest::get("/status")
             .send(admin)
             .await
             .unwrap()
             .text();
         let doc: serde_json::Value = serde_json::from_str(&s).unwrap();
-        version = doc["config_version"].as_u64().unwrap();
-        if version == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(version, 2, "SIGHUP applies the changed file");
+        doc["config_version"].as_u64().unwrap()
+    };
+    assert_eventually_async!(
+        config_version().await == 2,
+        "SIGHUP applies the changed file"
+    );
 
     let addr = weir.listener(0);
     let mut inflight = Vec::new();
@@ -259,7 +260,10 @@ async fn sigterm_under_load_completes_every_in_flight_request_and_sighup_reloads
                 .map(|r| r.status)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eventually_async!(
+        app.hits.load(Ordering::Relaxed) >= 40,
+        "all 40 requests reached the app"
+    );
     weir.signal(Signal::Term).unwrap();
     for r in inflight {
         assert_eq!(r.await.unwrap().expect("request completes"), 200);

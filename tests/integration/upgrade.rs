@@ -46,7 +46,7 @@ async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
         )));
     }
     // Steady state first, so the rate below is meaningful.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    counts.under_way(50).await;
 
     let started = Instant::now();
     let mut pids = vec![first];
@@ -214,15 +214,12 @@ async fn failed_upgrade_leaves_the_old_process_serving() {
     weir.write_config("[[listeners]]\naddress = \"nope\"\n")
         .unwrap();
     weir.signal(Signal::Usr2).unwrap();
-    let start = Instant::now();
-    while !weir.stderr().contains("the failed new process") {
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "{}",
-            weir.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eventually_async!(
+        within = Duration::from_secs(15),
+        weir.stderr().contains("the failed new process"),
+        "{}",
+        weir.stderr()
+    );
     let log = weir.stderr();
     // The failure is named, and the child was waited for (no zombie): it
     // failed on the config, either before or after taking the sockets.
@@ -286,7 +283,10 @@ async fn sigterm_under_load_finishes_every_request_and_exits_0() {
             Duration::from_millis(1500),
         )));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eventually_async!(
+        metric_at(weir.admin(), "weir_upstream_in_flight{pool=\"app\"}").await >= 6.0,
+        "the six uploads reached the app"
+    );
     let t = Instant::now();
     weir.signal(Signal::Term).unwrap();
     for u in uploads {
@@ -319,11 +319,17 @@ async fn second_sigterm_or_sigquit_stops_a_drain_fast() {
             .write_all(b"POST /upload HTTP/1.1\r\nhost: weir\r\ncontent-length: 1000\r\n\r\nabc")
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eventually_async!(
+            metric_at(weir.admin(), "weir_upstream_in_flight{pool=\"app\"}").await >= 1.0,
+            "the upload reached the app"
+        );
         let t = Instant::now();
-        for s in signals {
+        for (i, s) in signals.iter().enumerate() {
             weir.signal(*s).unwrap();
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            if i + 1 < signals.len() {
+                // The next signal is the second only once the first began the drain.
+                assert_eventually_async!(weir.stderr().contains("draining:"), "{}", weir.stderr());
+            }
         }
         let status = weir.wait_exit(Duration::from_secs(5)).await.unwrap();
         assert!(status.success(), "{signals:?}: {status}");

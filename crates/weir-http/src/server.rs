@@ -211,6 +211,26 @@ impl Wire {
         }
     }
 
+    /// Whether the rest of the request body is here (or taken): then the
+    /// connection can be kept past an answer given before it was read.
+    /// Decodes a copy of the buffer, so a proxy still reading loses nothing.
+    fn body_ends_in_buffer(&self) -> bool {
+        match self.body {
+            Framing::Length(left) => self.buf.len() as u64 >= left,
+            Framing::Chunked(chunk) if chunk != Chunk::Done => {
+                let (mut chunk, mut buf) = (chunk, self.buf.clone());
+                loop {
+                    match decode_chunk(&mut chunk, &mut buf) {
+                        Ok(Some(_)) => {}
+                        Ok(None) => return chunk == Chunk::Done,
+                        Err(_) => return false,
+                    }
+                }
+            }
+            other => other.is_end(),
+        }
+    }
+
     /// Discards what the buffer holds of the body; true once it has ended.
     fn skip_body(&mut self) -> bool {
         while let Ok(Some(_)) = self.decode_body() {}
@@ -458,9 +478,12 @@ pub async fn serve<H: Handler>(
         };
         drop(h.handling);
         let is_101 = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        // An answer given before the body was read says `close` unless the
+        // rest is here to skip: a client must not reuse what will be closed.
+        let keep_alive = h.keep_alive && (is_101 || lock(&wire).body_ends_in_buffer());
         let written = tokio::select! {
             biased;
-            w = write_response(&wire, response, h.version, h.head_request, h.keep_alive) => w?,
+            w = write_response(&wire, response, h.version, h.head_request, keep_alive) => w?,
             _ = commanded(state, Command::Abort) => return Ok(()),
         };
         match After::response(&wire, state, written, is_101, h.upgrade) {

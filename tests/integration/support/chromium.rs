@@ -281,6 +281,27 @@ impl DevTools {
         r["result"]["value"].clone()
     }
 
+    /// The page's body (its HTML) once it contains `what`, or as it is
+    /// after `within`: the caller asserts, with what else it knows.
+    pub async fn body_once_it_shows(&mut self, what: &str, within: Duration) -> String {
+        let mut body = String::new();
+        let shown = async {
+            loop {
+                let now = self
+                    .eval("document.body ? document.body.innerHTML : ''")
+                    .await;
+                body = now.as_str().unwrap_or_default().to_owned();
+                if body.contains(what) {
+                    return;
+                }
+                // A browser's page changes at its own pace; a check costs a round trip.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        let _ = tokio::time::timeout(within, shown).await;
+        body
+    }
+
     /// A PNG of the page as it is now.
     pub async fn screenshot(&mut self) -> Vec<u8> {
         let r = self

@@ -13,6 +13,7 @@
 //! - [`tls`]: a self-signed certificate, and a client that takes any.
 //! - [`chromium`]: headless Chromium, run to the end or driven over DevTools.
 //! - [`eventually`]: `assert_eventually!` / `assert_eventually_async!`.
+//! - [`json_lines`]: a JSON-lines log, once the lines expected are written.
 //! - [`h2frames`]: a raw HTTP/2 client, frames and header blocks by hand.
 //! - [`web_bot_auth`]: a crawler that signs its requests (Web Bot Auth).
 //! - [`ordinary`]: ordinary traffic run through an upgrade or a restart,
@@ -31,6 +32,7 @@ pub mod dnsmasq;
 pub mod eventually;
 pub mod h2frames;
 pub mod haproxy;
+pub mod json_lines;
 pub mod nginx;
 pub mod ordinary;
 pub mod ports;
@@ -46,6 +48,8 @@ pub mod weir;
 pub use client::{ClientError, HttpRequest, HttpResponse, KeepAliveClient, connect_from};
 #[allow(unused_imports)]
 pub use haproxy::Haproxy;
+#[allow(unused_imports)]
+pub use json_lines::json_lines;
 #[allow(unused_imports)]
 pub use nginx::Nginx;
 #[allow(unused_imports)]

@@ -71,11 +71,16 @@ pub async fn overloaded_upstream() -> HttpUpstream {
     .unwrap()
 }
 
-/// `weir_admission_limit{pool="app"}` as weir at `admin` exports it.
-pub async fn admission_limit(admin: SocketAddr) -> f64 {
+/// The value of `series` (name and labels) as weir at `admin` exports it now.
+pub async fn metric_at(admin: SocketAddr, series: &str) -> f64 {
     let r = HttpRequest::get("/metrics").send(admin).await.unwrap();
     let text = String::from_utf8_lossy(&r.body).into_owned();
-    crate::fixtures::metric(&text, "weir_admission_limit{pool=\"app\"}")
+    crate::fixtures::metric(&text, series)
+}
+
+/// `weir_admission_limit{pool="app"}` as weir at `admin` exports it.
+pub async fn admission_limit(admin: SocketAddr) -> f64 {
+    metric_at(admin, "weir_admission_limit{pool=\"app\"}").await
 }
 
 /// Cuts the open admission limit of weir at `addr` (one request the app
@@ -182,6 +187,18 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// Waits until `n` requests have been answered well: the load is under
+    /// way, so what an operation does next happens to traffic in flight.
+    pub async fn under_way(&self, n: u64) {
+        assert_eventually_async!(
+            self.ok.load(Ordering::Relaxed) >= n,
+            "the load answered {} of {n} requests, failed {}: {:?}",
+            self.ok.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+            self.errors.lock().unwrap()
+        );
+    }
+
     pub fn fail(&self, what: String) {
         self.failed.fetch_add(1, Ordering::Relaxed);
         let mut e = self.errors.lock().unwrap();

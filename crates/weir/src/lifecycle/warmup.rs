@@ -353,9 +353,11 @@ pub async fn run(warm_up: WarmUp, stop: CancellationToken) {
         Phase::Waiting { deadline, .. } => deadline,
         _ => return,
     };
+    metrics
+        .waiting
+        .set(readiness.phase().pending().len() as i64);
     loop {
         let pending = readiness.phase().pending().to_vec();
-        metrics.waiting.set(pending.len() as i64);
         let waiting: Vec<Arc<Pool>> = pools
             .iter()
             .filter(|p| pending.contains(&Awaited::Pool(p.name.clone())))
@@ -395,6 +397,11 @@ pub async fn run(warm_up: WarmUp, stop: CancellationToken) {
             events.extend(phase.tick(now));
             phase.settled()
         });
+        // Set with the phase, so the gauge and `/readyz` never disagree
+        // for a probe interval.
+        metrics
+            .waiting
+            .set(readiness.phase().pending().len() as i64);
         for e in events {
             report(&e, &metrics);
         }
