@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # weir's one test command (CI runs exactly this through .ci/run):
 #   install test servers if missing -> cargo fmt --check -> clippy -D warnings
-#   -> cargo test (doc tests first, then every target) -> the package test
+#   -> cargo test (doc tests first, then every target, the incident scenarios
+#   beside them) -> the package test
 #   (the .deb built, installed with dpkg, run, purged: scripts/test-package.sh).
 #
 # Tests build with [profile.test] from Cargo.toml: weir at opt-level 1 and
@@ -22,16 +23,33 @@ step "cargo fmt --check"
 cargo fmt --check
 
 step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets --quiet -- -D warnings
+# (`--test scenarios` too: `--all-targets` leaves out a `test = false` target.)
+cargo clippy --all-targets --test scenarios --quiet -- -D warnings
 
 step "cargo test --doc"
 cargo test --doc
 
-# Library, binary and end-to-end tests. Benchmarks are only compiled (by
-# clippy above): `--all-targets` would also run their mains, and the replay
-# bench alone writes a 2.4 GB log.
-step "cargo test --lib --bins --tests"
-cargo test --lib --bins --tests
+# Library, binary and end-to-end tests, and beside them the lab's incident
+# scenarios (tests/scenarios: minutes of load each, one at a time; the other
+# tests are light next to them, and running both at once saves the
+# scenarios' ten minutes). Benchmarks are only compiled (by clippy above):
+# `--all-targets` would also run their mains, and the replay bench alone
+# writes a 2.4 GB log.
+step "cargo test --lib --bins --tests, and the incident scenarios beside them"
+cargo test --lib --bins --tests --test scenarios --no-run
+scenarios_log=target/scenarios.log
+cargo test --test scenarios >"$scenarios_log" 2>&1 &
+scenarios=$!
+tests_status=0
+cargo test --lib --bins --tests || tests_status=$?
+step "the incident scenarios (cargo test --test scenarios)"
+scenarios_status=0
+wait "$scenarios" || scenarios_status=$?
+cat "$scenarios_log"
+if (( tests_status != 0 || scenarios_status != 0 )); then
+    echo "tests failed (exit $tests_status), scenarios (exit $scenarios_status)" >&2
+    exit 1
+fi
 
 step "package: build the .deb, install it, run the packaged weir, purge it"
 scripts/test-package.sh

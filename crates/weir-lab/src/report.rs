@@ -424,6 +424,14 @@ impl SimReport {
         !self.checks.iter().any(CheckResult::fails_run)
     }
 
+    /// Each check of `variant` and whether it holds (a pending one does).
+    pub fn checks_of(&self, variant: &str) -> Vec<(String, bool)> {
+        (self.checks.iter())
+            .filter(|c| c.variant == variant)
+            .map(|c| (c.check.clone(), !c.fails_run()))
+            .collect()
+    }
+
     /// The side-by-side terminal table and the check list.
     pub fn to_text(&self) -> String {
         let mut t = TextTable::new(&self.variants);
