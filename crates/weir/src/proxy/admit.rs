@@ -180,8 +180,8 @@ fn turn(
     }
 }
 
-/// **Requeue**: in the upstream phase, after the app refused an admitted
-/// request without a word ([`ForwardError::refused`]: its connection closed
+/// **Requeue**: between two upstream phases, when the first found the app
+/// refused an admitted idempotent read without a word ([`ForwardError::refused`]: its connection closed
 /// or reset with no response byte, which is how an app whose backlog is
 /// full turns requests away). Frees the request's slot as overload (the
 /// adaptive limit cuts at once), then waits for a slot again, in the same
@@ -195,9 +195,12 @@ fn turn(
 pub(super) async fn requeue(
     ex: &mut Exchange<'_>,
     pool: &Pool,
-    queue: &AdmissionQueue,
     again: Place,
 ) -> Result<(), RejectReason> {
+    // A pool without a queue has no place to wait in: sent again at once.
+    let Some(queue) = &pool.admission else {
+        return Ok(());
+    };
     if let Some(permit) = ex.held().permit.take() {
         permit.complete(crate::admission::Outcome::Overloaded);
     }

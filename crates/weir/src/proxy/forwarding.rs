@@ -18,6 +18,7 @@ use weir_http::connections::UpstreamBody;
 
 use super::Routed;
 use super::exchange::Exchange;
+use super::log::Place;
 use crate::observe::metrics::{PoolErrorLabels, PoolLabels};
 use crate::policy::RejectReason;
 use crate::policy::route::Route;
@@ -26,39 +27,40 @@ use crate::runtime::Runtime;
 use crate::upstream::forward::{self, ForwardError, Hop, strip_hop_by_hop};
 use crate::upstream::{NoServer, Pool, ServerGuard};
 
-/// **Upstream phase**: after admission gave the request a slot. Makes the
-/// request say what was decided on (hop-by-hop fields gone, `Expect`
-/// handled here, the canonical path and `Host`, the forwarding fields, the
-/// class's body read timeout), then sends it with failover; an idempotent
-/// read the app refused without a word is sent once more after waiting for
-/// a slot again ([`super::admit::requeue`]). May change: the request, the
-/// pool (connections, health, retry budget, the admission limit), the log
-/// (server, upstream time, queue time, the admission slot and outcome).
-/// Result: the upstream's response head, or why there is none.
+/// **Upstream phase**: after admission gave the request a slot and
+/// [`as_decided`] made it say what was decided on. Sends it with failover.
+/// May change: the pool (connections, health, retry budget, the admission
+/// limit), the log (server, upstream time, the admission slot and outcome).
+/// Result: the upstream's response head or why there is none; or, for an
+/// idempotent read the app refused without a word while it held a place
+/// in the queue, that place, to wait for a slot again and be sent once
+/// more (`serve` does, through [`super::admit::requeue`]; the slot it held
+/// is still in the log, for that to give back).
 pub(super) async fn forward(
     ex: &mut Exchange<'_>,
     req: &mut Request<RequestBody>,
     routed: &Routed<'_>,
-) -> Result<Response<UpstreamBody>, Unanswered> {
+) -> Sent {
     let (route, pool) = (routed.route, &routed.pool);
-    as_decided(ex, req, route);
     let timeout = route
         .settings
         .response_timeout
         .unwrap_or(pool.response_timeout);
-    let mut result = send_with_failover(ex, pool, req, timeout).await;
-    // An idempotent read the app refused without a word waits for a slot
-    // again and is sent once more (a bodyless GET as it is: its head was
-    // only borrowed). Not charged to the retry budget: the budget keeps
-    // retries from multiplying an app's load, and this one reaches the app
-    // only in a slot under the cut limit, in place of a new request.
-    if let Err(e) = &result
-        && e.refused()
+    let result = send_with_failover(ex, pool, req, timeout).await;
+    // A bodyless idempotent read goes again as it is (its head was only
+    // borrowed). Not charged to the retry budget: the budget keeps retries
+    // from multiplying an app's load, and this one reaches the app only in
+    // a slot under the cut limit, in place of a new request. Once: the
+    // place is taken.
+    let refused_read = matches!(&result, Err(e) if e.refused())
         && weir_http::connections::is_idempotent_read(req.method())
         && http_body::Body::is_end_stream(req.body())
-        && let (Some(queue), Some(again)) = (&pool.admission, ex.held().place.take())
+        && pool.admission.is_some();
+    if refused_read
+        && let Some(again) = ex.held().place.take()
+        && let Err(error) = result
     {
-        tracing::debug!(error = %e, "refused by the app; waiting for a slot again");
+        tracing::debug!(%error, "refused by the app; waiting for a slot again");
         let labels = PoolLabels {
             pool: pool.name.clone(),
         };
@@ -67,12 +69,7 @@ pub(super) async fn forward(
             .admission_requeued
             .get_or_create(&labels)
             .inc();
-        // Boxed: rare, and its wait would enlarge every request's future.
-        // Shed while it waited: no slot is held, nothing to tell the limit.
-        Box::pin(super::admit::requeue(ex, pool, queue, again))
-            .await
-            .map_err(Unanswered::Shed)?;
-        result = send_with_failover(ex, pool, req, timeout).await;
+        return Sent::Refused { again, error };
     }
     let outcome = super::admit::admission_outcome(&result, ex.record().upstream_time);
     // The app has answered (or failed): the slot is free now. What follows
@@ -83,14 +80,23 @@ pub(super) async fn forward(
     if let Some(permit) = ex.held().permit.take() {
         permit.complete(outcome);
     }
-    result.map_err(Unanswered::Failed)
+    Sent::Answered(result)
+}
+
+/// What the upstream phase got.
+pub(super) enum Sent {
+    /// The upstream's response head, or why there is none.
+    Answered(Result<Response<UpstreamBody>, ForwardError>),
+    /// An idempotent read the app refused without a word: its place in the
+    /// queue, to wait for a slot again in, and the refusal.
+    Refused { again: Place, error: ForwardError },
 }
 
 /// Makes the request say what was decided on: hop-by-hop fields gone,
 /// `Expect` handled here, the canonical path and `Host`, the forwarding
 /// fields, and the class's body read timeout (its bytes counted for the
-/// log when it has a body).
-fn as_decided(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, route: &Route) {
+/// log when it has a body). Once, before it is first sent.
+pub(super) fn as_decided(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, route: &Route) {
     let (conn, target) = (ex.conn(), ex.target());
     let hop = Hop {
         client: ex.client(),

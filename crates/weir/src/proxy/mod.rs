@@ -49,7 +49,9 @@ use crate::runtime::Runtime;
 use crate::upstream::Pool;
 use coalescing::Coalesced;
 use exchange::Exchange;
+use forwarding::{Sent, Unanswered};
 use weir_http::body::{RequestBody, ResponseBody};
+use weir_http::connections::UpstreamBody;
 use weir_http::server::{ClientError, Handler};
 use weir_http::target::Target;
 
@@ -247,12 +249,41 @@ fn serve(
         if let Err(why) = admit::admission(&mut ex, &routed, &view, admitted).await {
             return unadmitted(ex, why);
         }
-        // Upstream: the request as decided, sent with failover.
+        // Upstream: the request as decided, sent with failover; a read the
+        // app refused without a word waits for a slot again and goes once
+        // more.
         let client_side = responding::ClientSide::of(&mut req, leader);
-        let result = forwarding::forward(&mut ex, &mut req, &routed).await;
+        forwarding::as_decided(&mut ex, &mut req, routed.route);
+        let result = match forwarding::forward(&mut ex, &mut req, &routed).await {
+            Sent::Answered(result) => result.map_err(Unanswered::Failed),
+            // Boxed: rare, and its wait would enlarge every request's future.
+            Sent::Refused { again, .. } => {
+                Box::pin(send_again(&mut ex, &mut req, &routed, again)).await
+            }
+        };
         // Respond: the upstream's answer made the client's; the log record
         // is written when its body ends.
         responding::respond(ex, result, client_side).await
+    }
+}
+
+/// A read the app refused without a word, sent again once admission gives
+/// it a slot again in `again`, its place in the queue; or shed while it
+/// waited (no slot is held then, nothing to tell the limit).
+async fn send_again(
+    ex: &mut Exchange<'_>,
+    req: &mut Request<RequestBody>,
+    routed: &Routed<'_>,
+    again: log::Place,
+) -> Result<Response<UpstreamBody>, Unanswered> {
+    admit::requeue(ex, &routed.pool, again)
+        .await
+        .map_err(Unanswered::Shed)?;
+    match forwarding::forward(ex, req, routed).await {
+        Sent::Answered(result) => result.map_err(Unanswered::Failed),
+        // Its place was taken the first time, so this is not reached; were
+        // it, the refusal is the answer.
+        Sent::Refused { error, .. } => Err(Unanswered::Failed(error)),
     }
 }
 
