@@ -157,9 +157,9 @@ impl ServerConnections {
     /// the caller stops waiting once the request is sent whole (its client
     /// went away, or the response timeout passed): the response is then read
     /// and dropped in the background and the connection comes back to the
-    /// idle stack ([`finish_abandoned`]). A client that disconnected
-    /// mid-request cost an upstream connection each time: about a hundred
-    /// new ones whenever a load generator stopped (issue 21).
+    /// idle stack ([`finish_abandoned`]), so a client that disconnects
+    /// mid-request costs no upstream connection (a load generator stopping
+    /// would cost about a hundred new ones).
     async fn exchange<B: SendBody>(
         self: &Arc<Self>,
         conn: UpstreamConnection,

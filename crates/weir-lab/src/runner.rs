@@ -748,8 +748,7 @@ impl AppSupervisor {
     ///
     /// The killed instance's counters stay the current ones until its replacement
     /// runs; then they move to `past` and the new ones become current under one lock,
-    /// so a reader never counts an instance twice (before, a report taken during the
-    /// `down` time counted the killed instance twice).
+    /// so a reader never counts an instance twice, even during the `down` time.
     async fn restart(&self, down: Duration) {
         let mut current = self.current.lock().await;
         if let Some(app) = current.take() {

@@ -1,4 +1,4 @@
-//! A property of the whole request path (issue 17): for any spelling of a
+//! A property of the whole request path: for any spelling of a
 //! URL a client can send (escaped letters, dot segments, repeated slashes,
 //! detours through other directories, a host in other case with a trailing
 //! dot, query keys escaped or with `[]`), every stage decides as it does

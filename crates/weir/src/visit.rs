@@ -1,8 +1,8 @@
 //! The visit: a first-party cookie weir sets and signs on the pages it
 //! serves, counting the page views of one visit and its age, so that
 //! "browsing" is a visit weir itself saw rather than a header anyone can
-//! write (issue 37: a same-site `Referer` cost a crawler one header, and
-//! crawlers that sent it were counted as people).
+//! write (a same-site `Referer` costs a crawler one header, so crawlers
+//! that send it would be counted as people).
 //!
 //! ```text
 //! GET /wiki/A  (no cookie)        ─► page ─► Set-Cookie: weir_visit=<1 view, started now>

@@ -23,7 +23,7 @@ pub enum ChallengeMode {
     /// As `under_pressure`, for the request shapes the pool learned are
     /// expensive (`admission::shapes`) and only those. The default: a weir
     /// nobody configured offers proof where a flood of crawlers is costly,
-    /// and nowhere else (issue 36).
+    /// and nowhere else.
     #[default]
     Learned,
     /// Offered to a navigation that would not be served promptly (shed, over
@@ -69,8 +69,8 @@ pub struct ChallengeConfig {
     /// How long the refresh waits. The page asks the browser for the whole
     /// seconds of it (a meta refresh counts no fractions) and weir holds the
     /// link for the rest, so a person waits exactly this and no more. 500
-    /// ms: a person's page still comes well within 2 s under pressure
-    /// (issue 19), a crawler's fetch loop stalls a round trip and the wait
+    /// ms: a person's page still comes well within 2 s under pressure, a
+    /// crawler's fetch loop stalls a round trip and the wait
     /// per network and agent, and keeps a cookie; the pass it earns is
     /// limited per id like any other. 100 ms ..= 1 min.
     #[serde(default = "default_no_script_delay")]
