@@ -478,9 +478,12 @@ pub async fn serve<H: Handler>(
         };
         drop(h.handling);
         let is_101 = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        // An answer given before the body was read says `close` unless the
-        // rest is here to skip: a client must not reuse what will be closed.
-        let keep_alive = h.keep_alive && (is_101 || lock(&wire).body_ends_in_buffer());
+        // An answer says `close` when the connection will close after it: a
+        // command (a drain, an idle or shedding close), or a body given
+        // before it was read and not here to skip. A client must not send
+        // its next request into a closing socket.
+        let keep_alive = h.keep_alive
+            && (is_101 || (state.command() == Command::None && lock(&wire).body_ends_in_buffer()));
         let written = tokio::select! {
             biased;
             w = write_response(&wire, response, h.version, h.head_request, keep_alive) => w?,

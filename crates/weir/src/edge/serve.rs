@@ -350,7 +350,7 @@ fn serve_connection<S: Service>(
                     stream,
                     session,
                     &edge,
-                    hyper_service(handler),
+                    hyper_service(handler, &state),
                     &state,
                 ))
                 .await
@@ -376,20 +376,35 @@ fn serve_connection<S: Service>(
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A connection's handler as a hyper service (TLS and HTTP/2 connections).
-fn hyper_service<H>(handler: H) -> impl ConnService
+/// An HTTP/1 answer says `close` when the connection is to close after it
+/// (a drain, an idle or shedding close): hyper then closes it after this
+/// response instead of the client sending its next request into a closing
+/// socket. (Weir's own HTTP/1 codec does the same itself.)
+fn hyper_service<H>(handler: H, state: &Arc<ConnState>) -> impl ConnService
 where
     H: Handler<RequestBody = RequestBody, ResponseBody = ResponseBody> + Clone + Send + 'static,
 {
+    let state = state.clone();
     service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let http1 = req.version() != http::Version::HTTP_2;
         let answer = handler.handle(req.map(RequestBody::from));
+        let state = state.clone();
         async move {
             // hyper writes only the response's map.
             let (mut parts, mut body) = (*answer.await).into_parts();
             body.fields_into(&mut parts.headers);
+            if http1
+                && state.command() != Command::None
+                && parts.status != http::StatusCode::SWITCHING_PROTOCOLS
+            {
+                (parts.headers).insert(http::header::CONNECTION, CLOSE);
+            }
             Ok::<_, std::convert::Infallible>(hyper::Response::from_parts(parts, body))
         }
     })
 }
+
+const CLOSE: http::HeaderValue = http::HeaderValue::from_static("close");
 
 /// What hyper needs of the service a connection runs (the handler's).
 trait ConnService:
@@ -522,7 +537,8 @@ where
 {
     if h2c && starts_with_h2_preface(&stream, state).await {
         let io = TokioIo::new(TrackedIo::new(stream, state.clone()));
-        let mut conn = Box::pin(http2_builder(edge).serve_connection(io, hyper_service(handler)));
+        let mut conn =
+            Box::pin(http2_builder(edge).serve_connection(io, hyper_service(handler, state)));
         return drive!(conn.as_mut(), state);
     }
     let limits = weir_http::server::HeadLimits {

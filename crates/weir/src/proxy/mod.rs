@@ -35,9 +35,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::header::{self, HeaderValue};
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, Version};
 
-use crate::edge::{ConnState, Connection, EdgeSettings, ListenerSpec, Service};
+use crate::edge::{Connection, EdgeSettings, ListenerSpec, Service};
 use crate::gateway::{ClassAdmission, Gateway};
 use crate::identity::ClientId;
 use crate::identity::forwarded;
@@ -137,49 +137,34 @@ pub fn handle(
     req: Request<RequestBody>,
     conn: Arc<ConnCtx>,
 ) -> impl Future<Output = Box<Response<ResponseBody>>> + Send {
-    CloseWhenAsked {
-        http1: req.version() != Version::HTTP_2,
-        state: conn.edge.state.clone(),
+    Boxed {
         serving: serve(req, conn),
     }
 }
 
 pin_project_lite::pin_project! {
-    /// The request's answer, marked `Connection: close` when the connection
-    /// is to close (a drain, an idle or shedding close): hyper then closes
-    /// it after this response instead of the client sending its next
-    /// request into a closing socket. (A struct, not an `async fn`, which
-    /// would keep a copy of the request beside `serve`'s.)
-    struct CloseWhenAsked<F> {
+    /// The request's answer, boxed: the HTTP/1 connection passes it on
+    /// through its own future, whose memory is cold when many connections
+    /// are busy; a pointer moves there instead of 416 bytes, several times
+    /// a request. (A struct: an `async` block awaiting `serve` would keep
+    /// its future twice, as the block's capture and as what it awaits.)
+    struct Boxed<F> {
         #[pin]
         serving: F,
-        http1: bool,
-        state: Arc<ConnState>,
     }
 }
 
-impl<F> Future for CloseWhenAsked<F>
+impl<F> Future for Boxed<F>
 where
     F: Future<Output = Response<ResponseBody>>,
 {
-    /// Boxed: the HTTP/1 connection passes the answer on through its own
-    /// future, whose memory is cold when many connections are busy; a
-    /// pointer moves there instead of 416 bytes, several times a request.
     type Output = Box<Response<ResponseBody>>;
 
     fn poll(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let this = self.project();
-        let mut resp = std::task::ready!(this.serving.poll(cx));
-        if *this.http1
-            && this.state.command() != crate::edge::conn::Command::None
-            && resp.status() != StatusCode::SWITCHING_PROTOCOLS
-        {
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
+        let resp = std::task::ready!(self.project().serving.poll(cx));
         std::task::Poll::Ready(Box::new(resp))
     }
 }
