@@ -478,12 +478,7 @@ pub async fn serve<H: Handler>(
         };
         drop(h.handling);
         let is_101 = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        // An answer says `close` when the connection will close after it: a
-        // command (a drain, an idle or shedding close), or a body given
-        // before it was read and not here to skip. A client must not send
-        // its next request into a closing socket.
-        let keep_alive = h.keep_alive
-            && (is_101 || (state.command() == Command::None && lock(&wire).body_ends_in_buffer()));
+        let keep_alive = h.keep_alive && (is_101 || stays_open(&wire, state));
         let written = tokio::select! {
             biased;
             w = write_response(&wire, response, h.version, h.head_request, keep_alive) => w?,
@@ -510,6 +505,15 @@ pub async fn serve<H: Handler>(
     let unread = !lock(&wire).buf.is_empty();
     close(&wire, unread).await;
     Ok(())
+}
+
+/// Whether the connection stays open after the answer being written, so
+/// the answer may say keep-alive: not when a command (a drain, an idle or
+/// shedding close) closes it, nor when the answer came before the request
+/// body was read and the rest is not here to skip. A client must not send
+/// its next request into a closing socket.
+fn stays_open(wire: &SharedWire, state: &ConnState) -> bool {
+    state.command() == Command::None && lock(wire).body_ends_in_buffer()
 }
 
 /// Answers a head the codec could not read (when it has an answer: a

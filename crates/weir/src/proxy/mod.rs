@@ -234,21 +234,29 @@ fn serve(
         if let Err(why) = admit::admission(&mut ex, &routed, &view, admitted).await {
             return unadmitted(ex, why);
         }
-        // Upstream: the request as decided, sent with failover; a read the
-        // app refused without a word waits for a slot again and goes once
-        // more.
+        // Upstream: the request as decided, sent with failover.
         let client_side = responding::ClientSide::of(&mut req, leader);
-        forwarding::as_decided(&mut ex, &mut req, routed.route);
-        let result = match forwarding::forward(&mut ex, &mut req, &routed).await {
-            Sent::Answered(result) => result.map_err(Unanswered::Failed),
-            // Boxed: rare, and its wait would enlarge every request's future.
-            Sent::Refused { again, .. } => {
-                Box::pin(send_again(&mut ex, &mut req, &routed, again)).await
-            }
-        };
+        let result = upstream(&mut ex, &mut req, &routed).await;
         // Respond: the upstream's answer made the client's; the log record
         // is written when its body ends.
         responding::respond(ex, result, client_side).await
+    }
+}
+
+/// The upstream phase and what follows from it: the request made to say
+/// what was decided on, sent with failover ([`forwarding::forward`]); a
+/// read the app refused without a word waits for a slot again and is sent
+/// once more ([`send_again`]).
+async fn upstream(
+    ex: &mut Exchange<'_>,
+    req: &mut Request<RequestBody>,
+    routed: &Routed<'_>,
+) -> Result<Response<UpstreamBody>, Unanswered> {
+    forwarding::as_decided(ex, req, routed.route);
+    match forwarding::forward(ex, req, routed).await {
+        Sent::Answered(result) => result.map_err(Unanswered::Failed),
+        // Boxed: rare, and its wait would enlarge every request's future.
+        Sent::Refused { again, .. } => Box::pin(send_again(ex, req, routed, again)).await,
     }
 }
 
