@@ -36,7 +36,10 @@ cargo test --doc
 # `--all-targets` would also run their mains, and the replay bench alone
 # writes a 2.4 GB log.
 step "cargo test --lib --bins --tests, and the incident scenarios beside them"
-cargo test --lib --bins --tests --test scenarios --no-run
+# Built first, so neither waits on the other's build. (Two commands: with
+# `--tests`, a `test = false` target named by `--test` is left out.)
+cargo test --lib --bins --tests --no-run
+cargo test --test scenarios --no-run
 scenarios_log=target/scenarios.log
 cargo test --test scenarios >"$scenarios_log" 2>&1 &
 scenarios=$!

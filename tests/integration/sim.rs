@@ -4,12 +4,25 @@
 //! `--duration` and its HTML report. Each run lasts a few seconds at a few
 //! requests a second, so they run beside other tests.
 //!
-//! The incident scenarios, minutes long and heavy, are a test target of
-//! their own, run one at a time: tests/scenarios/main.rs.
+//! Also the two runs of the alert's timing: minutes long, but on the
+//! story's clock at a few requests a second, so they too are light.
+//!
+//! The other incident scenarios, minutes of heavy load each, are a test
+//! target of their own, run one at a time: tests/scenarios/main.rs.
+
+use std::path::Path;
 
 use weir_lab::cli::{SimOptions, run_scenario};
 use weir_lab::cohort::Outcome;
-use weir_lab::scenario::load_scenario_str;
+use weir_lab::report::SimReport;
+use weir_lab::scenario::{load_scenario_file, load_scenario_str};
+
+/// Runs a shipped scenario (`scenarios/NAME`) under every variant.
+fn run_shipped(name: &str) -> SimReport {
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios")).join(name);
+    let scenario = load_scenario_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+}
 
 const TINY: &str = r#"
 [scenario]
@@ -354,4 +367,49 @@ async fn the_report_opens_with_what_people_got() {
         std::fs::metadata(&shot).unwrap().len() > 10_000,
         "a screenshot"
     );
+}
+
+/// Incident 1's 17:00 peak at compression 5 (a refusal in the run is 5 of the
+/// story's, not 1,200): the shipped WeirRuleHittingPeople alert pages within 5 story
+/// minutes of the emergency bucket refusing people, and never under the recommended
+/// rules (issue 19 item 6).
+#[test]
+fn the_people_alert_fires_within_five_story_minutes_for_the_bucket_only() {
+    let report = run_shipped("2026-09-23-alert.toml");
+    let unmet = report.unmet(&["emergency", "recommended"]);
+    assert!(unmet.is_empty(), "{unmet:?}\n{}", report.to_text());
+    let emergency = report.variants.iter().find(|v| v.name == "emergency");
+    let alerts = emergency.and_then(|v| v.alerts.as_ref()).expect("replayed");
+    let fired = alerts.fired_at_min.get("WeirRuleHittingPeople").copied();
+    let refused = alerts.first_person_refused_min;
+    let after = fired.zip(refused).map(|(f, r)| f - r);
+    assert!(after.is_some_and(|m| m <= 5.0), "{}", report.to_text());
+    let recommended = report.variants.iter().find(|v| v.name == "recommended");
+    let alerts = recommended
+        .and_then(|v| v.alerts.as_ref())
+        .expect("replayed");
+    assert!(
+        !alerts.fired_at_min.contains_key("WeirRuleHittingPeople"),
+        "{}",
+        report.to_text()
+    );
+    assert!(report.passed());
+}
+
+/// The alert's timing with crawlers that hide among people (issue 37): it still
+/// pages within 5 story minutes for the emergency bucket, and never under the
+/// recommended rules, where only crawlers are refused (a same-site `Referer`
+/// counted as evidence would have paged there).
+#[test]
+fn the_people_alert_holds_against_crawlers_like_people() {
+    let report = run_shipped("2026-09-23-alert-crawlers-like-people.toml");
+    let unmet = report.unmet(&["emergency", "recommended"]);
+    assert!(unmet.is_empty(), "{unmet:?}\n{}", report.to_text());
+    let fired = |variant: &str| {
+        let v = report.variants.iter().find(|v| v.name == variant);
+        let alerts = v.and_then(|v| v.alerts.as_ref()).expect("replayed");
+        alerts.fired_at_min.get("WeirRuleHittingPeople").copied()
+    };
+    assert!(fired("emergency").is_some(), "{}", report.to_text());
+    assert_eq!(fired("recommended"), None, "{}", report.to_text());
 }

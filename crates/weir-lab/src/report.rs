@@ -424,6 +424,21 @@ impl SimReport {
         !self.checks.iter().any(CheckResult::fails_run)
     }
 
+    /// What keeps `variants` from passing: per variant with no check, or with
+    /// a check that fails the run, a line naming it. Empty when they pass.
+    pub fn unmet(&self, variants: &[&str]) -> Vec<String> {
+        let mut unmet = Vec::new();
+        for variant in variants {
+            let results = self.checks_of(variant);
+            if results.is_empty() {
+                unmet.push(format!("{variant}: no checks"));
+            } else if results.iter().any(|(_, holds)| !holds) {
+                unmet.push(format!("{variant}: {results:?}"));
+            }
+        }
+        unmet
+    }
+
     /// Each check of `variant` and whether it holds (a pending one does).
     pub fn checks_of(&self, variant: &str) -> Vec<(String, bool)> {
         (self.checks.iter())
