@@ -42,14 +42,23 @@ PHASES = [
     ("target", r"weir::proxy::read_target|weir_http::target::"),
     ("identity", r"weir::proxy::identify|weir::identity::"),
     ("route", r"weir::proxy::route\b|weir::policy::route::"),
-    ("session", r"weir::proxy::policy::session"),
-    ("rules", r"weir::proxy::policy::|weir::policy::|weir::challenge::|weir_limiter::"),
-    ("coalesce", r"weir::proxy::upstream::coalesce|Routed::new|weir::admission::coalesce"),
+    # Two names each: the phase files as they are (proxy/deciding.rs,
+    # coalescing.rs, forwarding.rs, responding.rs, weir_paths.rs) and as
+    # they were before 2026-12-06 (policy.rs, upstream.rs), so older
+    # builds still split.
+    ("session", r"weir::proxy::(policy|deciding)::session"),
+    ("rules", r"weir::proxy::(policy|deciding|weir_paths)::|weir::policy::|weir::challenge::"
+              r"|weir_limiter::"),
+    ("coalesce", r"weir::proxy::upstream::coalesce|weir::proxy::coalescing::|Routed::new"
+                 r"|weir::admission::coalesce"),
     ("admission", r"weir::proxy::admit::|weir::admission::"),
-    ("respond", r"weir::proxy::upstream::respond|CloseWhenAsked|weir::proxy::upstream::Answer"),
-    ("forward", r"weir::proxy::upstream::|weir::upstream::|weir_http::connections::"
-                r"|weir_http::client::|weir_http::body::RequestBody"),
-    ("request glue", r"weir::proxy::serve|weir::proxy::handle|weir::proxy::ConnHandler"),
+    ("respond", r"weir::proxy::upstream::respond|CloseWhenAsked|weir::proxy::upstream::Answer"
+                r"|weir::proxy::responding::"),
+    ("forward", r"weir::proxy::upstream::|weir::proxy::forwarding::|weir::upstream::"
+                r"|weir_http::connections::|weir_http::client::|weir_http::body::RequestBody"),
+    ("request glue", r"weir::proxy::serve|weir::proxy::handle|weir::proxy::ConnHandler"
+                     r"|weir::proxy::upstream\b|weir::proxy::send_again|weir::proxy::Boxed"
+                     r"|weir::proxy::exchange::"),
 ]
 # An async fn's inlined body is named `{async_fn#0}` by its debug info,
 # without its path: such frames are placed by their source file.
@@ -57,9 +66,12 @@ FILES = [
     ("metrics", r"observe/metrics\.rs"),
     ("log", r"observe/access_log\.rs|proxy/log\.rs"),
     ("identity", r"/identity/"),
-    ("rules", r"proxy/policy\.rs|/policy/|/challenge/|weir-limiter/"),
+    ("rules", r"proxy/(policy|deciding|weir_paths)\.rs|/policy/|/challenge/|weir-limiter/"),
+    ("coalesce", r"proxy/coalescing\.rs"),
     ("admission", r"proxy/admit\.rs|/admission/"),
-    ("forward", r"proxy/upstream\.rs|/upstream/|weir-http/src/(client|connections)\.rs"),
+    ("respond", r"proxy/responding\.rs"),
+    ("forward", r"proxy/(upstream|forwarding)\.rs|/upstream/"
+                r"|weir-http/src/(client|connections)\.rs"),
 ]
 FILES_COMPILED = [(name, re.compile(p)) for name, p in FILES]
 ORDER = ["parse", "target", "identity", "route", "session", "rules", "coalesce",
