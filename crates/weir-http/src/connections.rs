@@ -126,7 +126,7 @@ impl ServerConnections {
         addr: SocketAddr,
         settings: &ConnSettings,
         req: &mut Request<B>,
-    ) -> Result<Response<UpstreamBody>, SendError> {
+    ) -> Result<Box<Response<UpstreamBody>>, SendError> {
         let resendable = is_idempotent_read(req.method()) && req.body().is_end_stream();
         while let Some(Idle { mut conn, since }) = self.pop() {
             let idle_for = since.elapsed();
@@ -203,7 +203,14 @@ impl ServerConnections {
         .map_err(Failure::Sent)
     }
 
-    fn wrap(self: &Arc<Self>, sent: Exchanged, settings: &ConnSettings) -> Response<UpstreamBody> {
+    /// The response, boxed: it passes through several futures on its way
+    /// to the client (failover, the upstream and respond phases), and each
+    /// would copy it (a header map and the body's state) once or twice.
+    fn wrap(
+        self: &Arc<Self>,
+        sent: Exchanged,
+        settings: &ConnSettings,
+    ) -> Box<Response<UpstreamBody>> {
         let Exchanged {
             head,
             conn,
@@ -226,7 +233,7 @@ impl ServerConnections {
         if body.is_end_stream() && !body.tunnel {
             body.release();
         }
-        let mut resp = Response::new(body);
+        let mut resp = Box::new(Response::new(body));
         *resp.status_mut() = head.status;
         *resp.version_mut() = head.version;
         *resp.headers_mut() = head.headers;

@@ -322,7 +322,7 @@ pub(super) enum Unadmitted {
 /// counted as nothing, the limit would stay where the backlog overflows,
 /// and its refusals reach people as 502s.
 pub(super) fn admission_outcome(
-    result: &Result<Response<UpstreamBody>, ForwardError>,
+    result: &Result<Box<Response<UpstreamBody>>, ForwardError>,
     upstream_time: Option<Duration>,
 ) -> crate::admission::Outcome {
     use crate::admission::Outcome;

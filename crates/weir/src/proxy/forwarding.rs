@@ -31,16 +31,17 @@ use crate::upstream::{NoServer, Pool, ServerGuard};
 /// [`as_decided`] made it say what was decided on. Sends it with failover.
 /// May change: the pool (connections, health, retry budget, the admission
 /// limit), the log (server, upstream time, the admission slot and outcome).
-/// Result: the upstream's response head or why there is none; or, for an
+/// Result: the upstream's response head or why there is none; for an
 /// idempotent read the app refused without a word while it held a place
-/// in the queue, that place, to wait for a slot again and be sent once
-/// more (`serve` does, through [`super::admit::requeue`]; the slot it held
-/// is still in the log, for that to give back).
+/// in the queue, [`Unanswered::Refused`] with that place, to wait for a
+/// slot again and be sent once more (`serve` does, through
+/// [`super::admit::requeue`]; the slot it held is still in the log, for
+/// that to give back).
 pub(super) async fn forward(
     ex: &mut Exchange<'_>,
     req: &mut Request<RequestBody>,
     routed: &Routed<'_>,
-) -> Sent {
+) -> Result<Box<Response<UpstreamBody>>, Unanswered> {
     let (route, pool) = (routed.route, &routed.pool);
     let timeout = route
         .settings
@@ -69,7 +70,10 @@ pub(super) async fn forward(
             .admission_requeued
             .get_or_create(&labels)
             .inc();
-        return Sent::Refused { again, error };
+        return Err(Unanswered::Refused {
+            again: Box::new(again),
+            error,
+        });
     }
     let outcome = super::admit::admission_outcome(&result, ex.record().upstream_time);
     // The app has answered (or failed): the slot is free now. What follows
@@ -80,16 +84,7 @@ pub(super) async fn forward(
     if let Some(permit) = ex.held().permit.take() {
         permit.complete(outcome);
     }
-    Sent::Answered(result)
-}
-
-/// What the upstream phase got.
-pub(super) enum Sent {
-    /// The upstream's response head, or why there is none.
-    Answered(Result<Response<UpstreamBody>, ForwardError>),
-    /// An idempotent read the app refused without a word: its place in the
-    /// queue, to wait for a slot again in, and the refusal.
-    Refused { again: Place, error: ForwardError },
+    result.map_err(Unanswered::Failed)
 }
 
 /// Makes the request say what was decided on: hop-by-hop fields gone,
@@ -126,6 +121,14 @@ pub(super) enum Unanswered {
     /// shed it while it waited for a slot to be sent again: the shed's own
     /// `503`, as any shed.
     Shed(RejectReason),
+    /// An idempotent read the app refused without a word: its place in the
+    /// queue, to wait for a slot again in, and the refusal (the answer, if
+    /// it is not sent again). Boxed: rare, and the place is large for
+    /// every request's result to carry.
+    Refused {
+        again: Box<Place>,
+        error: ForwardError,
+    },
 }
 
 /// Sends the request; a bodyless request is re-sent once to another server,
@@ -137,7 +140,7 @@ async fn send_with_failover(
     pool: &Arc<Pool>,
     request: &mut Request<RequestBody>,
     timeout: Duration,
-) -> Result<Response<UpstreamBody>, ForwardError> {
+) -> Result<Box<Response<UpstreamBody>>, ForwardError> {
     let rt = ex.rt();
     let mut failover = Failover::of(request, pool);
     // One clock read before and one after each attempt serve every
@@ -278,7 +281,7 @@ fn pick(
 fn observe_attempt(
     pool: &Pool,
     guard: &ServerGuard,
-    res: &Result<Response<UpstreamBody>, ForwardError>,
+    res: &Result<Box<Response<UpstreamBody>>, ForwardError>,
     sent: Instant,
 ) -> Duration {
     let answered = Instant::now();
@@ -294,7 +297,7 @@ fn observe_attempt(
 /// failed) at `answered`: from the request sent whole to its answer (an
 /// upload's pace is the client's, and says nothing of the app).
 fn app_time(
-    res: &Result<Response<UpstreamBody>, ForwardError>,
+    res: &Result<Box<Response<UpstreamBody>>, ForwardError>,
     sent: Instant,
     answered: Instant,
 ) -> Duration {
@@ -393,7 +396,7 @@ fn retry_allowed(pool: &Pool, rt: &Runtime) -> bool {
 /// What one exchange says about the server's health; `None` when it says
 /// nothing (the client's upload stalled or stopped).
 fn health_outcome(
-    res: &Result<Response<UpstreamBody>, ForwardError>,
+    res: &Result<Box<Response<UpstreamBody>>, ForwardError>,
     took: Duration,
 ) -> Option<crate::upstream::health::RequestOutcome> {
     use crate::upstream::health::RequestOutcome;

@@ -49,7 +49,7 @@ use crate::runtime::Runtime;
 use crate::upstream::Pool;
 use coalescing::Coalesced;
 use exchange::Exchange;
-use forwarding::{Sent, Unanswered};
+use forwarding::Unanswered;
 use weir_http::body::{RequestBody, ResponseBody};
 use weir_http::connections::UpstreamBody;
 use weir_http::server::{ClientError, Handler};
@@ -189,12 +189,10 @@ fn serve(
     async move {
         let started = Instant::now();
         let gw = conn.rt.gateway.load_full();
-        // Identity: who is asking (first, so that a refused request's log
-        // line names its client).
+        // Identity: who is asking (first: a refused request's line names it).
         let client = identify(&req, &conn, &gw, started);
         let log = RequestLog::new(&mut req, &client, conn.clone(), started);
-        // Target: the framing the codec left to weir, then the one reading
-        // of method, authority, path and query.
+        // Target: the codec's leftover framing, then the one canonical reading.
         let target = match read_target(&mut req, &conn, &gw) {
             Ok(t) => t,
             Err(why) => return unread(log, &req, why, &gw),
@@ -214,8 +212,7 @@ fn serve(
         // Visit: a navigation's visit read; weir's cookie kept from the app.
         deciding::visit(&mut ex, &mut req, route);
         let view = RequestView::new(&target, req.headers());
-        // Session, verified crawler, then rules and challenge: the
-        // policy's decision.
+        // Session, verified crawler, rules and challenge: the decision.
         let admitted = match deciding::policy(&mut ex, &view, route).await {
             Decision::Admit(admitted) => admitted,
             Decision::Reject(reason) => return ex.answer(&reason),
@@ -228,56 +225,39 @@ fn serve(
             Coalesced::Shared(shared) => return coalescing::shared_response(ex, &shared, &req),
             other => other.leader(),
         };
-        // Admission: a slot in the pool's queue, in the lane the proof buys;
-        // proof buys priority, not entry (an unproven navigation that would
-        // be refused or wait long is challenged instead).
+        // Admission: a slot in the queue, in the lane the proof buys (an
+        // unproven navigation that would be refused or wait is challenged).
         if let Err(why) = admit::admission(&mut ex, &routed, &view, admitted).await {
             return unadmitted(ex, why);
         }
-        // Upstream: the request as decided, sent with failover.
+        // Upstream: the request as decided, sent with failover (a read the
+        // app refused without a word goes again, once, after a slot).
         let client_side = responding::ClientSide::of(&mut req, leader);
-        let result = upstream(&mut ex, &mut req, &routed).await;
-        // Respond: the upstream's answer made the client's; the log record
-        // is written when its body ends.
+        forwarding::as_decided(&mut ex, &mut req, routed.route);
+        let mut result = forwarding::forward(&mut ex, &mut req, &routed).await;
+        if let Err(Unanswered::Refused { again, .. }) = result {
+            result = Box::pin(send_again(&mut ex, &mut req, &routed, *again)).await;
+        }
+        // Respond: the answer made the client's; its line written at its end.
         responding::respond(ex, result, client_side).await
-    }
-}
-
-/// The upstream phase and what follows from it: the request made to say
-/// what was decided on, sent with failover ([`forwarding::forward`]); a
-/// read the app refused without a word waits for a slot again and is sent
-/// once more ([`send_again`]).
-async fn upstream(
-    ex: &mut Exchange<'_>,
-    req: &mut Request<RequestBody>,
-    routed: &Routed<'_>,
-) -> Result<Response<UpstreamBody>, Unanswered> {
-    forwarding::as_decided(ex, req, routed.route);
-    match forwarding::forward(ex, req, routed).await {
-        Sent::Answered(result) => result.map_err(Unanswered::Failed),
-        // Boxed: rare, and its wait would enlarge every request's future.
-        Sent::Refused { again, .. } => Box::pin(send_again(ex, req, routed, again)).await,
     }
 }
 
 /// A read the app refused without a word, sent again once admission gives
 /// it a slot again in `again`, its place in the queue; or shed while it
-/// waited (no slot is held then, nothing to tell the limit).
+/// waited (no slot is held then, nothing to tell the limit). Its place is
+/// taken now, so a second refusal is the answer. (`serve` boxes it: rare,
+/// and its wait would enlarge every request's future.)
 async fn send_again(
     ex: &mut Exchange<'_>,
     req: &mut Request<RequestBody>,
     routed: &Routed<'_>,
     again: log::Place,
-) -> Result<Response<UpstreamBody>, Unanswered> {
+) -> Result<Box<Response<UpstreamBody>>, Unanswered> {
     admit::requeue(ex, &routed.pool, again)
         .await
         .map_err(Unanswered::Shed)?;
-    match forwarding::forward(ex, req, routed).await {
-        Sent::Answered(result) => result.map_err(Unanswered::Failed),
-        // Its place was taken the first time, so this is not reached; were
-        // it, the refusal is the answer.
-        Sent::Refused { error, .. } => Err(Unanswered::Failed(error)),
-    }
+    forwarding::forward(ex, req, routed).await
 }
 
 /// The answer to a request admission did not admit: the challenge page, a

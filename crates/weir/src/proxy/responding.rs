@@ -46,7 +46,7 @@ impl ClientSide {
 /// written when the body ends.
 pub(super) async fn respond(
     mut ex: Exchange<'_>,
-    result: Result<Response<UpstreamBody>, Unanswered>,
+    result: Result<Box<Response<UpstreamBody>>, Unanswered>,
     client_side: ClientSide,
 ) -> Response<ResponseBody> {
     let ClientSide {
@@ -117,7 +117,7 @@ fn unanswered(mut ex: Exchange<'_>, why: Unanswered) -> Response<ResponseBody> {
             };
             ex.answer(&reason)
         }
-        Unanswered::Failed(e) => {
+        Unanswered::Failed(e) | Unanswered::Refused { error: e, .. } => {
             ex.record().error = Some(e.to_string());
             ex.answer(&e)
         }

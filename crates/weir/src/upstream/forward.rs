@@ -249,7 +249,7 @@ pub async fn send(
     server: &Server,
     req: &mut Request<RequestBody>,
     timeout: Duration,
-) -> Result<Response<UpstreamBody>, ForwardError> {
+) -> Result<Box<Response<UpstreamBody>>, ForwardError> {
     *req.version_mut() = Version::HTTP_11;
     // The timeout runs from the request sent whole (and bounds each stall
     // of its body): an upload at a client's pace is not the app's delay.
