@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::conn::RequestInProgress;
 use crate::connections::UpstreamBody;
 use crate::fields::ReceivedFields;
 use crate::server::{EdgeBody, Outgoing};
@@ -293,6 +294,10 @@ pub struct ResponseBody {
     inner: Inner,
     bytes_out: u64,
     on_complete: Option<Box<dyn OnComplete>>,
+    /// The request this answers, finished on the connection once the hook
+    /// ran (or the body is dropped): for a codec that lets go of the body
+    /// only when it is done with it (hyper).
+    request: Option<RequestInProgress>,
 }
 
 impl ResponseBody {
@@ -301,6 +306,7 @@ impl ResponseBody {
             inner: Inner::Upstream(body),
             bytes_out: 0,
             on_complete: None,
+            request: None,
         }
     }
 
@@ -310,6 +316,7 @@ impl ResponseBody {
             inner: Inner::Resumed(read, rest),
             bytes_out: 0,
             on_complete: None,
+            request: None,
         }
     }
 
@@ -319,6 +326,7 @@ impl ResponseBody {
             inner: Inner::Full((!b.is_empty()).then_some(b)),
             bytes_out: 0,
             on_complete: None,
+            request: None,
         }
     }
 
@@ -340,10 +348,18 @@ impl ResponseBody {
         self
     }
 
+    /// Finishes `request` on its connection when the body ends, after the
+    /// completion hook (or when the body is dropped).
+    pub fn in_progress(mut self, request: RequestInProgress) -> Self {
+        self.request = Some(request);
+        self
+    }
+
     fn finish(&mut self, error: Option<String>) {
         if let Some(hook) = self.on_complete.take() {
             hook.complete(self.bytes_out, error);
         }
+        self.request = None;
     }
 }
 

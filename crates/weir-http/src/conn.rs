@@ -53,6 +53,18 @@ pub struct ConnState {
     clock: Arc<ConnClock>,
 }
 
+/// A request in progress on a connection: counted as started when made
+/// ([`ConnState::start_request`]), as finished when dropped (its response
+/// ended or was abandoned, or the request was dropped before one began).
+#[derive(Debug)]
+pub struct RequestInProgress(Arc<ConnState>);
+
+impl Drop for RequestInProgress {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
 impl ConnState {
     /// A connection opened now, with the supervisor's id for it.
     pub fn new(id: u64, clock: Arc<ConnClock>) -> ConnState {
@@ -103,7 +115,18 @@ impl ConnState {
         asked
     }
 
-    /// A request started on this connection.
+    /// A request started on this connection, finished when what this
+    /// returns is dropped: the codec that read the request holds it until
+    /// the response is written (HTTP/1) or hands it to the response body
+    /// (hyper: [`crate::body::ResponseBody::in_progress`]). So the
+    /// supervisor's counts hold whatever handler serves the request.
+    pub fn start_request(self: &Arc<Self>, h2: bool) -> RequestInProgress {
+        self.request_started(h2);
+        RequestInProgress(self.clone())
+    }
+
+    /// A request started on this connection ([`ConnState::start_request`]
+    /// pairs it with its finish).
     pub fn request_started(&self, h2: bool) {
         if h2 {
             self.h2.store(true, Ordering::Relaxed);

@@ -35,7 +35,7 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 use crate::BoxError;
-use crate::conn::{Command, ConnState, close_grace};
+use crate::conn::{Command, ConnState, RequestInProgress, close_grace};
 use crate::fields::ReceivedFields;
 use crate::framing::{
     Chunk, FieldRole, Framing, FramingError, HopFields, chunk_size_line, decode_chunk,
@@ -369,6 +369,8 @@ struct Head<B> {
 /// of the request to write the answer and go on.
 struct Handling<F> {
     handling: Pin<Box<F>>,
+    /// Finished when the response is written, or the request dropped.
+    _in_progress: RequestInProgress,
     version: Version,
     keep_alive: bool,
     head_request: bool,
@@ -383,6 +385,7 @@ struct Handling<F> {
 fn start<H: Handler>(
     head: Head<H::RequestBody>,
     handler: &H,
+    state: &Arc<ConnState>,
 ) -> Handling<impl Future<Output = Box<Response<H::ResponseBody>>> + Send + use<H>> {
     let Head {
         request,
@@ -391,6 +394,7 @@ fn start<H: Handler>(
         upgrade,
     } = head;
     let version = request.version();
+    let in_progress = state.start_request(false);
     // Boxed: an idle connection's task then holds a pointer, not the
     // request's state. The box is allocated before the future is made, so
     // that it is made in place: `Box::pin(future)` copied all of its 2.4
@@ -399,6 +403,7 @@ fn start<H: Handler>(
     let handling = Box::into_pin(Box::write(Box::new_uninit(), handler.handle(request)));
     Handling {
         handling,
+        _in_progress: in_progress,
         version,
         keep_alive,
         head_request,
@@ -458,8 +463,10 @@ pub async fn serve<H: Handler>(
     let mut refused = None;
     loop {
         // The next head, handed to the handler (not in an await: `start`).
+        // The request is in progress on the connection (for its
+        // supervisor) until its response is written, whatever the handler.
         let mut h = match next_head(&wire, state, limits, &handler).await {
-            Ok(Some(head)) => start(head, &handler),
+            Ok(Some(head)) => start(head, &handler, state),
             Ok(None) => break,
             Err(e) => {
                 refused = Some(e);

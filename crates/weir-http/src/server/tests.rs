@@ -591,3 +591,84 @@ fn a_connection_s_future_stays_small() {
     eprintln!("serve future: {size} bytes");
     assert!(size <= 1024, "serve's future is {size} bytes");
 }
+
+/// A handler that answers each request with an empty 200 once `go` says
+/// so, and knows nothing of the connection's counts.
+#[derive(Clone)]
+struct WhenTold {
+    go: Arc<tokio::sync::Semaphore>,
+}
+
+impl Handler for WhenTold {
+    type RequestBody = RequestBody;
+    type ResponseBody = ResponseBody;
+
+    fn handle(
+        &self,
+        _: Request<RequestBody>,
+    ) -> impl Future<Output = Box<Response<ResponseBody>>> + Send + use<> {
+        let go = self.go.clone();
+        async move {
+            go.acquire().await.unwrap().forget();
+            Box::new(Response::new(ResponseBody::empty()))
+        }
+    }
+}
+
+/// Waits (at most 5 s) until `done` holds of `state`.
+async fn until(state: &ConnState, done: impl Fn(&ConnState) -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(5), async {
+        while !done(state) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "requests {}, in flight {}",
+        state.requests(),
+        state.in_flight()
+    );
+}
+
+/// The codec counts a request in progress on its connection from its head
+/// to its response written, whatever the handler does: the supervisor's
+/// idle and drain decisions read it.
+#[tokio::test]
+async fn the_codec_counts_each_request_in_progress_until_its_response_is_written() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let state = Arc::new(ConnState::new(0, crate::conn::ConnClock::new()));
+    let go = Arc::new(tokio::sync::Semaphore::new(0));
+    let serving = tokio::spawn({
+        let (state, handler) = (state.clone(), WhenTold { go: go.clone() });
+        async move { serve(server, &state, handler, LIMITS).await }
+    });
+    let mut got = vec![0u8; 4096];
+    for n in 1..=2 {
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await
+            .unwrap();
+        until(&state, |s| s.requests() == n).await;
+        assert_eq!(state.in_flight(), 1, "request {n} is in progress");
+        assert!(state.idle_for().is_none());
+        go.add_permits(1);
+        let read = client.read(&mut got).await.unwrap();
+        assert!(got[..read].starts_with(b"HTTP/1.1 200 OK\r\n"));
+        until(&state, |s| s.in_flight() == 0).await;
+        assert!(state.idle_for().is_some(), "idle after request {n}");
+    }
+    // A request dropped before its answer (the client left) is finished too.
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    until(&state, |s| s.requests() == 3).await;
+    drop(client);
+    serving.await.unwrap().unwrap();
+    assert_eq!(state.in_flight(), 0);
+}

@@ -376,7 +376,9 @@ fn serve_connection<S: Service>(
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A connection's handler as a hyper service (TLS and HTTP/2 connections).
-/// An HTTP/1 answer says `close` when the connection is to close after it
+/// Each request is in progress on the connection (for the tracker's idle
+/// and drain decisions) from its head until its response body ends or is
+/// dropped. An HTTP/1 answer says `close` when the connection is to close after it
 /// (a drain, an idle or shedding close): hyper then closes it after this
 /// response instead of the client sending its next request into a closing
 /// socket. (Weir's own HTTP/1 codec does the same itself.)
@@ -387,6 +389,7 @@ where
     let state = state.clone();
     service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let http1 = req.version() != http::Version::HTTP_2;
+        let in_progress = state.start_request(!http1);
         let answer = handler.handle(req.map(RequestBody::from));
         let state = state.clone();
         async move {
@@ -399,6 +402,7 @@ where
             {
                 (parts.headers).insert(http::header::CONNECTION, CLOSE);
             }
+            let body = body.in_progress(in_progress);
             Ok::<_, std::convert::Infallible>(hyper::Response::from_parts(parts, body))
         }
     })

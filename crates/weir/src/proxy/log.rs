@@ -84,19 +84,14 @@ pub(super) struct Place {
 impl RequestLog {
     /// The record of `req`, from `client`, started at `started`; `req` gets
     /// the request's id, so the app sees the id the log and the client see.
-    /// The connection counts the request as started (and as finished when
-    /// the record is written, [`RequestLog::write`]). Boxed: it goes to the
-    /// response body's completion hook in the end, and meanwhile the
-    /// request's future is smaller by its size.
+    /// Boxed: it goes to the response body's completion hook in the end,
+    /// and meanwhile the request's future is smaller by its size.
     pub(super) fn new<B>(
         req: &mut Request<B>,
         client: &ClientId,
         conn: Arc<ConnCtx>,
         started: Instant,
     ) -> Box<Self> {
-        conn.edge
-            .state
-            .request_started(req.version() == Version::HTTP_2);
         let log = Box::new(RequestLog {
             record: first_record(req, client, &conn),
             accept: Accepts::of(req.headers()),
@@ -221,9 +216,8 @@ impl Drop for RequestLog {
     /// HTTP/1 connection closed, its HTTP/2 stream reset) while the request
     /// waited for a slot or for the app. Written with nginx's 499, so that
     /// people who gave up waiting are in the log and in
-    /// `weir_requests_total`, and the connection's count of requests in
-    /// flight falls again (else an HTTP/2 connection whose streams were
-    /// reset would stay busy, never idle).
+    /// `weir_requests_total`. (The connection's count of requests in flight
+    /// is the edge's: `weir_http::conn::RequestInProgress`.)
     fn drop(&mut self) {
         if self.written {
             return;
@@ -267,7 +261,6 @@ impl RequestLog {
             rt.metrics.access_log_dropped.inc();
         }
         drop(std::mem::take(&mut self.held));
-        self.conn.edge.state.request_finished();
     }
 }
 
