@@ -69,15 +69,20 @@ pub(super) fn visit(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, route
     weir_http::cookie::remove(req.headers_mut(), visits.cookie_name());
 }
 
-/// The policy phases in order, [`session`], [`bot`] and [`decide`]: the
-/// request's decision, recorded.
+/// The policy phases in order, [`session`], [`bot`] and [`decide`], each
+/// result recorded here as it comes (the log's `session`, `bot`, `class`
+/// and `decision`): the request's decision.
 pub(super) async fn policy(
     ex: &mut Exchange<'_>,
     view: &RequestView<'_>,
     route: &Route,
 ) -> Decision {
     let session = session(ex, route, view.headers).await;
+    ex.record().session = session.as_str();
     let bot = bot(ex, view).await;
+    let verifier = ex.gw().bots.as_deref();
+    ex.record().bot = bot.zip(verifier).and_then(|(bot, v)| v.label(bot));
+    ex.record().class = route.class.shared();
     let decision = decide(ex, view, route, &session, bot).await;
     ex.record().decision = decision.as_str();
     decision
@@ -86,8 +91,8 @@ pub(super) async fn policy(
 /// **Session phase**: after routing, for a routed request. Asks the
 /// verifier (signed cookie, or the app's own answer) only when a rule or an
 /// admission lane of the route could use the answer. May change: the
-/// verifier's cache, the log's `session`. Result: the session; a verified
-/// one is the only exemption weir honours.
+/// verifier's cache. Result: the session; a verified one is the only
+/// exemption weir honours.
 pub(super) async fn session(
     ex: &mut Exchange<'_>,
     route: &Route,
@@ -100,7 +105,6 @@ pub(super) async fn session(
         }
         _ => SessionState::Anonymous,
     };
-    ex.record().session = session.as_str();
     session
 }
 
@@ -108,8 +112,7 @@ pub(super) async fn session(
 /// `[bots]` lists crawlers and the request signs (Web Bot Auth) or claims a
 /// crawler checked by reverse DNS. Checks the signature, then the claim
 /// (waiting at most `bots.dns_wait` for a lookup). May change: the
-/// reverse-DNS cache, `weir_bot_verifications_total`, the log's `bot`.
-/// Result: the crawler the request proved to be; `None` leaves it
+/// reverse-DNS cache, `weir_bot_verifications_total`. Result: the crawler the request proved to be; `None` leaves it
 /// anonymous, like any request (a name in the User-Agent buys nothing).
 pub(super) async fn bot(ex: &mut Exchange<'_>, view: &RequestView<'_>) -> Option<BotId> {
     let verifier = ex.gw().bots.as_deref()?;
@@ -142,9 +145,7 @@ pub(super) async fn bot(ex: &mut Exchange<'_>, view: &RequestView<'_>) -> Option
             .get_or_create(&labels)
             .inc();
     }
-    let bot = check.bot?;
-    ex.record().bot = verifier.label(bot);
-    Some(bot)
+    check.bot
 }
 
 /// **Rules-and-challenge phase**: after the bots phase. In order: the
@@ -156,7 +157,7 @@ pub(super) async fn bot(ex: &mut Exchange<'_>, view: &RequestView<'_>) -> Option
 /// (`limits.max_requests_in_flight_per_ip`), the class's rules (a rule a
 /// pass exempts challenges such a navigation instead of refusing it; a
 /// deferring rule sends the request to the lowest lane). May change:
-/// limiter state, the log (class, challenge, rule fields, the slots the
+/// limiter state, the log (challenge, rule fields, the slots the
 /// client and the rules hold), metrics. Result: `Admit` with what the
 /// request proved and how admission is to treat it, `Reject` (answered by
 /// the rescue, later phases skipped), or `Challenge` (answered with the
@@ -168,7 +169,6 @@ pub(super) async fn decide(
     session: &SessionState,
     bot: Option<BotId>,
 ) -> Decision {
-    ex.record().class = route.class.shared();
     let mut proof = Proof {
         verified: session.is_verified(),
         pass: None,
