@@ -19,8 +19,8 @@
 use std::net::SocketAddr;
 use std::process::Command;
 
-use super::ports::{PORT_ATTEMPTS, find_program, free_addrs, is_port_taken};
-use super::process::{FixtureError, START_DEADLINE, ServerProcess, temp_dir};
+use super::ports::{find_program, free_addrs, start_on_loopback};
+use super::process::{FixtureError, ServerProcess};
 
 /// A running dnsmasq; stopped and reaped on drop.
 pub struct Dnsmasq {
@@ -36,47 +36,40 @@ impl Dnsmasq {
     /// names under `.test` locally.
     pub async fn start(records: &[&str]) -> Result<Dnsmasq, FixtureError> {
         let program = find_program("dnsmasq")?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let dir = temp_dir("dnsmasq")?;
-            let addr = free_addrs("dnsmasq", 1)?[0];
-            let mut command = Command::new(&program);
-            command
-                .args([
-                    "--keep-in-foreground",
-                    "--conf-file=/dev/null",
-                    "--no-resolv",
-                    "--no-hosts",
-                    "--no-poll",
-                    "--listen-address=127.0.0.1",
-                    "--bind-interfaces",
-                    "--user=root",
-                    "--group=root",
-                    "--log-queries",
-                    "--log-facility=-",
-                    "--local=/test/",
-                ])
-                .arg(format!("--port={}", addr.port()))
-                .arg(format!(
-                    "--pid-file={}",
-                    dir.path().join("dnsmasq.pid").display()
-                ))
-                .args(records);
-            let mut process = ServerProcess::spawn("dnsmasq", command, dir.path(), Vec::new())?;
-            // It listens on TCP too, on the same port.
-            match process.wait_accepting(&[addr], START_DEADLINE).await {
-                Ok(()) => {
-                    return Ok(Dnsmasq {
-                        process,
-                        addr,
-                        _dir: dir,
-                    });
-                }
-                Err(e) if attempt < PORT_ATTEMPTS && is_port_taken(&e) => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        // It listens on TCP too, on the same port.
+        let (process, addrs, dir) = start_on_loopback(
+            "dnsmasq",
+            &[],
+            || free_addrs("dnsmasq", 1),
+            |dir, addrs| {
+                let mut command = Command::new(&program);
+                command
+                    .args([
+                        "--keep-in-foreground",
+                        "--conf-file=/dev/null",
+                        "--no-resolv",
+                        "--no-hosts",
+                        "--no-poll",
+                        "--listen-address=127.0.0.1",
+                        "--bind-interfaces",
+                        "--user=root",
+                        "--group=root",
+                        "--log-queries",
+                        "--log-facility=-",
+                        "--local=/test/",
+                    ])
+                    .arg(format!("--port={}", addrs[0].port()))
+                    .arg(format!("--pid-file={}", dir.join("dnsmasq.pid").display()))
+                    .args(records);
+                Ok(command)
+            },
+        )
+        .await?;
+        Ok(Dnsmasq {
+            process,
+            addr: addrs[0],
+            _dir: dir,
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {

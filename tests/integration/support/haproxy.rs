@@ -21,10 +21,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 
-use super::ports::{PORT_ATTEMPTS, find_program, free_addrs, is_port_taken};
-use super::process::{FixtureError, START_DEADLINE, ServerProcess, Signal, temp_dir, write_file};
-
-type ConfigBody = Box<dyn Fn(&[SocketAddr]) -> String + Send + Sync>;
+use super::ports::{find_program, free_addrs, start_on_loopback};
+use super::process::{ConfigBody, ConfigFn, FixtureError, ServerProcess, Signal, write_file};
 
 /// Builds a [`Haproxy`]. The config closure returns everything after
 /// `global` (defaults, frontends, backends) for the allocated addresses.
@@ -49,38 +47,31 @@ impl HaproxyBuilder {
     }
 
     /// Everything after `global`.
-    pub fn config(
-        mut self,
-        body: impl Fn(&[SocketAddr]) -> String + Send + Sync + 'static,
-    ) -> Self {
+    pub fn config(mut self, body: impl ConfigFn) -> Self {
         self.config = Some(Box::new(body));
         self
     }
 
     pub async fn start(self) -> Result<Haproxy, FixtureError> {
         let program = find_program("haproxy")?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let dir = temp_dir("haproxy")?;
-            let addrs = free_addrs("haproxy", self.ports)?;
-            let cfg = dir.path().join("haproxy.cfg");
-            write_file("haproxy", &cfg, &self.render(dir.path(), &addrs))?;
-            let mut command = Command::new(&program);
-            command.arg("-db").arg("-f").arg(&cfg);
-            let mut process = ServerProcess::spawn("haproxy", command, dir.path(), Vec::new())?;
-            match process.wait_accepting(&addrs, START_DEADLINE).await {
-                Ok(()) => {
-                    return Ok(Haproxy {
-                        process,
-                        addrs,
-                        dir,
-                    });
-                }
-                Err(e) if attempt < PORT_ATTEMPTS && is_port_taken(&e) => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        let (process, addrs, dir) = start_on_loopback(
+            "haproxy",
+            &[],
+            || free_addrs("haproxy", self.ports),
+            |dir, addrs| {
+                let cfg = dir.join("haproxy.cfg");
+                write_file("haproxy", &cfg, &self.render(dir, addrs))?;
+                let mut command = Command::new(&program);
+                command.arg("-db").arg("-f").arg(&cfg);
+                Ok(command)
+            },
+        )
+        .await?;
+        Ok(Haproxy {
+            process,
+            addrs,
+            dir,
+        })
     }
 
     fn render(&self, dir: &Path, addrs: &[SocketAddr]) -> String {

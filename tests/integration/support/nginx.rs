@@ -23,12 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use super::ports::{PORT_ATTEMPTS, find_program, free_addrs, is_port_taken};
+use super::ports::{find_program, free_addrs, start_on_loopback};
 use super::process::{
-    FixtureError, POLL, START_DEADLINE, ServerProcess, Signal, temp_dir, write_file,
+    ConfigBody, ConfigFn, FixtureError, POLL, START_DEADLINE, ServerProcess, Signal, write_file,
 };
-
-type ConfigBody = Box<dyn Fn(&[SocketAddr]) -> String + Send + Sync>;
 
 /// Builds an [`Nginx`]. `http` and `stream` bodies go inside `http { }` and
 /// `stream { }`; each closure gets the pre-allocated listen addresses.
@@ -67,16 +65,13 @@ impl NginxBuilder {
     }
 
     /// The body of `http { }`.
-    pub fn http(mut self, body: impl Fn(&[SocketAddr]) -> String + Send + Sync + 'static) -> Self {
+    pub fn http(mut self, body: impl ConfigFn) -> Self {
         self.http = Some(Box::new(body));
         self
     }
 
     /// The body of `stream { }`.
-    pub fn stream(
-        mut self,
-        body: impl Fn(&[SocketAddr]) -> String + Send + Sync + 'static,
-    ) -> Self {
+    pub fn stream(mut self, body: impl ConfigFn) -> Self {
         self.stream = Some(Box::new(body));
         self
     }
@@ -84,50 +79,45 @@ impl NginxBuilder {
     /// Starts nginx and waits until every allocated address accepts.
     pub async fn start(self) -> Result<Nginx, FixtureError> {
         let program = find_program("nginx")?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let dir = temp_dir("nginx")?;
-            // Workers run as `nobody` when the master is root; they must reach
-            // the temp paths inside this dir (tempfile makes it 0700).
-            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).map_err(
-                |source| FixtureError::Setup {
-                    server: "nginx".to_owned(),
-                    what: "temp dir permissions".to_owned(),
-                    source,
-                },
-            )?;
-            let addrs = free_addrs("nginx", self.ports)?;
-            let conf = dir.path().join("nginx.conf");
-            write_file("nginx", &conf, &self.render(dir.path(), &addrs))?;
-            let error_log = dir.path().join("error.log");
-            let mut command = Command::new(&program);
-            command
-                .arg("-p")
-                .arg(dir.path())
-                .arg("-c")
-                .arg(&conf)
-                // Errors before the config is read go here, not /var/log/nginx.
-                .arg("-e")
-                .arg(&error_log);
-            let mut process =
-                ServerProcess::spawn("nginx", command, dir.path(), vec![error_log.clone()])?;
-            match process.wait_accepting(&addrs, START_DEADLINE).await {
-                Ok(()) => {
-                    return Ok(Nginx {
-                        process,
-                        addrs,
-                        conf,
-                        error_log,
-                        program,
-                        builder: self,
-                        dir,
-                    });
-                }
-                Err(e) if attempt < PORT_ATTEMPTS && is_port_taken(&e) => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        let (process, addrs, dir) = start_on_loopback(
+            "nginx",
+            &["error.log"],
+            || free_addrs("nginx", self.ports),
+            |dir, addrs| {
+                // Workers run as `nobody` when the master is root; they must
+                // reach the temp paths inside this dir (tempfile makes it 0700).
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(
+                    |source| FixtureError::Setup {
+                        server: "nginx".to_owned(),
+                        what: "temp dir permissions".to_owned(),
+                        source,
+                    },
+                )?;
+                let conf = dir.join("nginx.conf");
+                write_file("nginx", &conf, &self.render(dir, addrs))?;
+                let error_log = dir.join("error.log");
+                let mut command = Command::new(&program);
+                command
+                    .arg("-p")
+                    .arg(dir)
+                    .arg("-c")
+                    .arg(&conf)
+                    // Errors before the config is read go here, not /var/log/nginx.
+                    .arg("-e")
+                    .arg(&error_log);
+                Ok(command)
+            },
+        )
+        .await?;
+        Ok(Nginx {
+            process,
+            addrs,
+            conf: dir.path().join("nginx.conf"),
+            error_log: dir.path().join("error.log"),
+            program,
+            builder: self,
+            dir,
+        })
     }
 
     fn render(&self, dir: &Path, addrs: &[SocketAddr]) -> String {
@@ -260,10 +250,7 @@ impl Nginx {
     /// config with `nginx -t`, then reloads (see [`Nginx::reload`]). A config
     /// nginx rejects is an error carrying nginx's message, and the old config
     /// stays in force.
-    pub async fn reload_http(
-        &mut self,
-        body: impl Fn(&[SocketAddr]) -> String + Send + Sync + 'static,
-    ) -> Result<(), FixtureError> {
+    pub async fn reload_http(&mut self, body: impl ConfigFn) -> Result<(), FixtureError> {
         self.builder.http = Some(Box::new(body));
         let previous = std::fs::read_to_string(&self.conf).unwrap_or_default();
         write_file(

@@ -9,9 +9,10 @@
 //! process may take the port; fixtures retry a few times instead.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use super::process::FixtureError;
+use super::process::{FixtureError, START_DEADLINE, ServerProcess, temp_dir};
 
 /// How many times a fixture tries fresh ports when a start fails because a
 /// port was taken between our probe and the server's bind.
@@ -65,4 +66,40 @@ pub fn find_program(name: &str) -> Result<PathBuf, FixtureError> {
             ),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         })
+}
+
+/// Starts a server on loopback ports it cannot choose itself (nginx,
+/// HAProxy, Redis, dnsmasq): in a fresh temp dir, on the addresses
+/// `choose_addrs` gives, `command` writes its config and returns the command
+/// that runs it; spawned as a [`ServerProcess`] (whose error messages carry
+/// the `extra_logs` files of the dir, too), it is waited for until every
+/// address accepts. A start that failed because another process
+/// took a port between our probe and the server's bind is tried again with
+/// a fresh dir and fresh addresses, up to [`PORT_ATTEMPTS`] times. Returns
+/// the process, the addresses it accepts on, and the dir it runs in.
+pub async fn start_on_loopback(
+    server: &str,
+    extra_logs: &[&str],
+    choose_addrs: impl Fn() -> Result<Vec<SocketAddr>, FixtureError>,
+    command: impl Fn(&Path, &[SocketAddr]) -> Result<Command, FixtureError>,
+) -> Result<(ServerProcess, Vec<SocketAddr>, tempfile::TempDir), FixtureError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let dir = temp_dir(server)?;
+        let addrs = choose_addrs()?;
+        let logs = extra_logs
+            .iter()
+            .map(|name| dir.path().join(name))
+            .collect();
+        let mut process =
+            ServerProcess::spawn(server, command(dir.path(), &addrs)?, dir.path(), logs)?;
+        match process.wait_accepting(&addrs, START_DEADLINE).await {
+            Ok(()) => {
+                return Ok((process, addrs, dir));
+            }
+            Err(e) if attempt < PORT_ATTEMPTS && is_port_taken(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }

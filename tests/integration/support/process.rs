@@ -19,6 +19,14 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal as RawSignal};
 
+/// A closure that writes a server's config for the listen addresses the
+/// fixture allocated (nginx's `http {}` body, HAProxy's sections).
+pub trait ConfigFn: Fn(&[SocketAddr]) -> String + Send + Sync + 'static {}
+impl<F: Fn(&[SocketAddr]) -> String + Send + Sync + 'static> ConfigFn for F {}
+
+/// A [`ConfigFn`] a builder keeps until the server starts (or reloads).
+pub type ConfigBody = Box<dyn ConfigFn>;
+
 /// How long a server gets to start accepting on its ports.
 pub const START_DEADLINE: Duration = Duration::from_secs(15);
 /// How long a server gets to stop on SIGTERM before the group is killed.

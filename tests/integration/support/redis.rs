@@ -17,8 +17,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 
-use super::ports::{PORT_ATTEMPTS, find_program, free_addrs, is_port_taken};
-use super::process::{FixtureError, START_DEADLINE, ServerProcess, Signal, temp_dir, write_file};
+use super::ports::{find_program, free_addrs, start_on_loopback};
+use super::process::{FixtureError, ServerProcess, Signal, write_file};
 
 /// Builds a [`Redis`].
 pub struct RedisBuilder {
@@ -58,32 +58,33 @@ impl RedisBuilder {
 
     pub async fn start(self) -> Result<Redis, FixtureError> {
         let program = find_program("redis-server")?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let dir = temp_dir("redis")?;
-            let addrs = match self.addr {
-                Some(a) => vec![a],
-                None => free_addrs("redis", 1)?,
-            };
-            let addr = addrs[0];
-            if self.tls {
-                write_certificates(dir.path())?;
-            }
-            let conf = dir.path().join("redis.conf");
-            write_file("redis", &conf, &self.render(dir.path(), addr))?;
-            let mut command = Command::new(&program);
-            command.arg(&conf);
-            if self.sentinel {
-                command.arg("--sentinel");
-            }
-            let mut process = ServerProcess::spawn("redis", command, dir.path(), Vec::new())?;
-            match process.wait_accepting(&addrs, START_DEADLINE).await {
-                Ok(()) => return Ok(Redis { process, addr, dir }),
-                Err(e) if attempt < PORT_ATTEMPTS && is_port_taken(&e) => continue,
-                Err(e) => return Err(e),
-            }
-        }
+        let (process, addrs, dir) = start_on_loopback(
+            "redis",
+            &[],
+            || match self.addr {
+                Some(a) => Ok(vec![a]),
+                None => free_addrs("redis", 1),
+            },
+            |dir, addrs| {
+                if self.tls {
+                    write_certificates(dir)?;
+                }
+                let conf = dir.join("redis.conf");
+                write_file("redis", &conf, &self.render(dir, addrs[0]))?;
+                let mut command = Command::new(&program);
+                command.arg(&conf);
+                if self.sentinel {
+                    command.arg("--sentinel");
+                }
+                Ok(command)
+            },
+        )
+        .await?;
+        Ok(Redis {
+            process,
+            addr: addrs[0],
+            dir,
+        })
     }
 
     fn render(&self, dir: &Path, addr: SocketAddr) -> String {
