@@ -22,6 +22,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use weir::config::{ProcessEnv, load_file};
+
+use crate::support::WeirConfig;
 use weir::server::Server;
 
 pub type BoxBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
@@ -246,7 +248,9 @@ fn futures_stream(
     tokio_stream_from(rx)
 }
 
-fn tokio_stream_from<T: Send + 'static>(
+/// The items a tokio channel receives, as a [`futures_core::Stream`] (for a
+/// streamed body).
+pub fn tokio_stream_from<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures_core::Stream<Item = T> + Send + Sync + 'static {
     struct S<T>(tokio::sync::mpsc::Receiver<T>);
@@ -299,6 +303,27 @@ impl H1 {
         let (parts, body) = resp.into_parts();
         let body = body.collect().await?.to_bytes().to_vec();
         Ok((parts.status, parts.headers, body))
+    }
+
+    /// A GET of `path` with `Host: t` and no body; panics if the connection
+    /// fails.
+    pub async fn get(&mut self, path: &str) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+        self.send_to_t(Request::get(path), "").await
+    }
+
+    /// A POST of `body` to `path` with `Host: t`; panics if the connection
+    /// fails.
+    pub async fn post(&mut self, path: &str, body: &str) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+        self.send_to_t(Request::post(path), body).await
+    }
+
+    async fn send_to_t(
+        &mut self,
+        request: http::request::Builder,
+        body: &str,
+    ) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+        let request = request.header("host", "t").body(full(body)).unwrap();
+        self.send(request).await.unwrap()
     }
 }
 
@@ -396,11 +421,17 @@ pub fn nav_with_cookie(cookie: &str) -> Vec<(&'static str, &str)> {
 /// A simulated app (weir_lab's) with 2 workers answering in a few
 /// milliseconds, on loopback: one that can be stalled.
 pub fn small_sim_app() -> weir_lab::app::SimApp {
+    two_worker_sim_app(0.01)
+}
+
+/// A simulated app (weir_lab's) with 2 workers, a backlog of 64 and its
+/// times scaled by `time_scale`, on loopback.
+pub fn two_worker_sim_app(time_scale: f64) -> weir_lab::app::SimApp {
     weir_lab::app::SimApp::start(
         weir_lab::app::AppConfig {
             workers: 2,
             backlog: 64,
-            time_scale: 0.01,
+            time_scale,
             ..Default::default()
         },
         "127.0.0.1:0".parse().unwrap(),
@@ -420,13 +451,34 @@ pub fn legacy_client()
     hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
 }
 
-/// A minimal config: one listener, one pool with the given servers.
+/// A minimal config: one listener, one pool with the given servers, then
+/// `extra` (tables).
 pub fn config(servers: &[SocketAddr], extra: &str) -> String {
-    let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [{}]\n\n{extra}\n",
-        list.join(", ")
-    )
+    WeirConfig::servers(servers).then(extra).toml()
+}
+
+/// An [`Upstream`], and weir in front of it with [`config`] (one listener,
+/// the pool `app` of that upstream) and `extra`.
+pub async fn weir_in_front(extra: &str) -> (Upstream, TestWeir) {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&config(&[up.addr], extra)).await;
+    (up, weir)
+}
+
+/// An [`Upstream`], and weir in front of it on one TLS listener, its
+/// self-signed certificate and key written to `dir`.
+pub async fn weir_on_tls(dir: &std::path::Path) -> (Upstream, TestWeir) {
+    let up = Upstream::start().await;
+    let (cert, key) = crate::support::tls::tls_files(dir);
+    let tls = format!("tls = {{ cert = \"{cert}\", key = \"{key}\" }}");
+    let weir = TestWeir::start(&WeirConfig::new(up.addr).listener_keys(&tls).toml()).await;
+    (up, weir)
+}
+
+/// The value of `series` in `metrics` (an exposition) is `expected`.
+#[track_caller]
+pub fn assert_metric(metrics: &str, series: &str, expected: f64) {
+    assert_eq!(metric(metrics, series), expected, "{series} in:\n{metrics}");
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters (a form
@@ -472,6 +524,11 @@ pub async fn resume_and_stop(
 ) {
     app.unstall();
     assert_eq!(holder.await.unwrap(), 200);
+    stop(app, weir).await;
+}
+
+/// Stops weir, then the app behind it (within 5 s).
+pub async fn stop(app: weir_lab::app::SimApp, weir: TestWeir) {
     drop(weir);
     tokio::time::timeout(Duration::from_secs(5), app.shutdown())
         .await

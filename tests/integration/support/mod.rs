@@ -8,6 +8,8 @@
 //!   a fresh temp dir on OS-chosen 127.0.0.1 ports (the load balancer in
 //!   front of weir, or the state store behind it).
 //! - [`weir`]: the weir binary under test, addresses from its ready file.
+//! - [`weir_config`]: a test's weir config: the listener, pool and routes
+//!   every test repeats, and the test's own tables.
 //! - [`upstream`]: an in-test hyper server (echo, counters).
 //! - [`client`]: raw and keep-alive HTTP clients with a chosen source address.
 //! - [`tls`]: a self-signed certificate, and a client that takes any.
@@ -42,6 +44,7 @@ pub mod tls;
 pub mod upstream;
 pub mod web_bot_auth;
 pub mod weir;
+pub mod weir_config;
 
 // Re-exported so tests import from `support` alone; not every test uses all.
 #[allow(unused_imports)]
@@ -60,3 +63,5 @@ pub use redis::Redis;
 pub use upstream::{HttpUpstream, UpstreamRequest};
 #[allow(unused_imports)]
 pub use weir::{ReadyFile, Weir};
+#[allow(unused_imports)]
+pub use weir_config::WeirConfig;
