@@ -47,6 +47,7 @@ use weir::identity::session::{SignedCookie, SigningKeys};
 use weir_lab::app::{AppConfig, ClassRule, ServiceTime, SimApp};
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef-admission";
 
@@ -240,28 +241,12 @@ async fn health_of(weir: &TestWeir, addr: SocketAddr) -> String {
 }
 
 fn overload_config(app: SocketAddr, expensive_timeout: &str) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-
-[pools.app]
-servers = ["{app}"]
-
-[pools.app.admission]
-max_in_flight = 3
-workers = 4
-queue_timeout = "5s"
-
-[[routes]]
-pool = "app"
-class = "expensive"
-query_keys = ["search"]
-
-[[routes]]
-pool = "app"
-class = "page"
-
-[classes.expensive]
+    WeirConfig::new(app)
+        .admission("max_in_flight = 3\nworkers = 4\nqueue_timeout = \"5s\"")
+        .route_with("expensive", r#"query_keys = ["search"]"#)
+        .route("page")
+        .then(format!(
+            r#"[classes.expensive]
 lane = "anonymous"
 queue_timeout = "{expensive_timeout}"
 
@@ -269,7 +254,8 @@ queue_timeout = "{expensive_timeout}"
 cookie = "weir_session"
 keys = ["{KEY}"]
 "#
-    )
+        ))
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,7 +331,7 @@ async fn overload_waits_then_sheds_only_the_lowest_lane() {
         ) >= shed.len() as f64,
         "{m}"
     );
-    assert_eq!(metric(&m, "weir_admission_limit{pool=\"app\"}"), 3.0);
+    assert_metric(&m, "weir_admission_limit{pool=\"app\"}", 3.0);
     drop(weir);
 }
 
@@ -394,22 +380,9 @@ async fn verified_lane_waits_little_while_anonymous_is_shed() {
 async fn one_big_network_gets_one_share() {
     // 2 slots of 50 ms: ~40 requests/s for everyone.
     let app = app(3, 2, 50.0, 50.0);
-    let weir = TestWeir::start(&format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-
-[pools.app]
-servers = ["{}"]
-
-[pools.app.admission]
-max_in_flight = 2
-workers = 3
-queue_timeout = "1s"
-max_queued = 400
-"#,
-        app.addr()
-    ))
-    .await;
+    let cfg = WeirConfig::new(app.addr())
+        .admission("max_in_flight = 2\nworkers = 3\nqueue_timeout = \"1s\"\nmax_queued = 400");
+    let weir = TestWeir::start(&cfg.toml()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let to = weir.addr;
     // One /16 (127.200.0.0/16) with 1,000 addresses, each sending rarely:
@@ -506,26 +479,21 @@ async fn slow_dead_and_panic() {
     .unwrap();
     let b = app(4, 8, 5.0, 5.0);
     let (a_addr, b_addr) = (a.addr(), b.addr());
-    let weir = TestWeir::start(&format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-
-[pools.app]
-servers = ["{a_addr}", "{b_addr}"]
-
-[pools.app.admission]
-max_in_flight = 8
-workers = 10
-
-[pools.app.health]
+    let weir = TestWeir::start(
+        &WeirConfig::servers(&[a_addr, b_addr])
+            .admission("max_in_flight = 8\nworkers = 10")
+            .then(
+                r#"[pools.app.health]
 path = "/healthz"
 interval = "100ms"
 timeout = "50ms"
 fall = 2
 rise = 2
 silence = "1s"
-"#
-    ))
+"#,
+            )
+            .toml(),
+    )
     .await;
 
     // Traffic while A's checks time out: A is slow, not dead, and still used.
@@ -592,34 +560,14 @@ silence = "1s"
 
     // Panic mode: a write gets 503 at once, a read still reaches A.
     let mut c = H1::connect(ip(40, 0, 2), weir.addr).await.unwrap();
-    let (s, h, _) = c
-        .send(
-            Request::post("/page")
-                .header("host", "t")
-                .body(full("x"))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let (s, h, _) = c.post("/page", "x").await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(h["x-weir-reason"], "no_healthy_upstream");
     assert!(h.contains_key("retry-after"));
-    let (s, _, _) = c
-        .send(
-            Request::get("/page")
-                .header("host", "t")
-                .body(full(""))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let (s, _, _) = c.get("/page").await;
     assert_eq!(s, StatusCode::OK, "panic mode serves reads");
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_pool_state{pool=\"app\",state=\"down\"}"),
-        1.0,
-        "{m}"
-    );
+    assert_metric(&m, "weir_pool_state{pool=\"app\",state=\"down\"}", 1.0);
     assert!(
         metric(
             &m,
@@ -746,15 +694,7 @@ min_per_second = 0
     let mut c = H1::connect(ip(60, 0, 1), weir.addr).await.unwrap();
     let (mut ok, mut bad) = (0, 0);
     for _ in 0..40 {
-        let (s, _, _) = c
-            .send(
-                Request::get("/x")
-                    .header("host", "t")
-                    .body(full(""))
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
+        let (s, _, _) = c.get("/x").await;
         match s {
             StatusCode::OK => ok += 1,
             StatusCode::BAD_GATEWAY => bad += 1,
@@ -776,11 +716,7 @@ min_per_second = 0
 
 /// weir with a listener and a pool in front of `app`, nothing else.
 async fn zero_config(app: &SimApp) -> TestWeir {
-    TestWeir::start(&format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{}\"]\n",
-        app.addr()
-    ))
-    .await
+    TestWeir::start(&WeirConfig::new(app.addr()).toml()).await
 }
 
 /// Sends 30 searches and 90 pages one at a time, then waits (up to 2 s)
@@ -1001,10 +937,7 @@ async fn a_refused_read_that_waits_past_its_deadline_is_shed() {
     );
     assert_eq!(app.snapshot().refused, 1);
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_admission_requeued_total{pool=\"app\"}"),
-        1.0
-    );
+    assert_metric(&m, "weir_admission_requeued_total{pool=\"app\"}", 1.0);
     drop(weir);
 }
 

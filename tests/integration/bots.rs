@@ -325,8 +325,5 @@ async fn verified_crawlers_skip_the_challenge_and_wait_in_their_lane() {
     assert_eq!(count("web_bot_auth", "unknown_key"), 1.0, "{m}");
     assert_eq!(count("fcrdns", "verified"), 1.0, "{m}");
     assert_eq!(count("fcrdns", "not_confirmed"), 2.0, "{m}");
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
-        .await
-        .unwrap();
+    stop(app, weir).await;
 }

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use http::Request;
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 const KEY: &str = PRESSURE_KEY;
 
@@ -15,25 +16,19 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// Pages always challenged, limited per pass; `[challenge]` last.
 fn config(up: std::net::SocketAddr) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["{up}"]
-[[routes]]
-pool = "app"
-class = "page"
-[classes.page]
+    WeirConfig::new(up)
+        .route("page")
+        .then(
+            r#"[classes.page]
 challenge = "always"
 [[classes.page.rules]]
 name = "per-pass"
-limits = [{{ per = "token", rate = 5, window = "1m" }}]
-[challenge]
-keys = ["{KEY}"]
-difficulty = 10
-"#
-    )
+limits = [{ per = "token", rate = 5, window = "1m" }]"#,
+        )
+        .challenge(KEY, 10)
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,13 +97,10 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
         ) >= 2.0,
         "{m}"
     );
-    assert_eq!(
-        metric(
-            &m,
-            "weir_challenge_events_total{event=\"solved\",reason=\"\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_challenge_events_total{event=\"solved\",reason=\"\"}",
         1.0,
-        "{m}"
     );
     assert!(
         metric(
@@ -134,13 +126,10 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
             .any(|l| l["rule"] == "per-pass" && l["collateral"] == "pass"),
         "{log:?}"
     );
-    assert_eq!(
-        metric(
-            &m,
-            "weir_rule_collateral_total{rule=\"per-pass\",signal=\"pass\",enforced=\"yes\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_rule_collateral_total{rule=\"per-pass\",signal=\"pass\",enforced=\"yes\"}",
         1.0,
-        "{m}"
     );
 }
 
@@ -207,10 +196,7 @@ async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
         },
         "challenges stop after the pressure passes"
     );
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
-        .await
-        .unwrap();
+    stop(app, weir).await;
 }
 
 /// Issue 19: the challenge is priority, not a gate. While the pressure is
@@ -232,16 +218,8 @@ async fn under_pressure_a_navigation_is_served_while_the_app_has_room() {
         assert_eq!(w.await.unwrap(), 200);
     }
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_challenge_engaged{pool=\"app\"}"),
-        1.0,
-        "{m}"
-    );
-    assert_eq!(
-        metric(&m, "weir_challenge_spared_total{pool=\"app\"}"),
-        0.0,
-        "{m}"
-    );
+    assert_metric(&m, "weir_challenge_engaged{pool=\"app\"}", 1.0);
+    assert_metric(&m, "weir_challenge_spared_total{pool=\"app\"}", 0.0);
     for i in 0..3u8 {
         let (status, h, body) = get_from(
             format!("127.102.1.{}", i + 1).parse().unwrap(),
@@ -254,20 +232,9 @@ async fn under_pressure_a_navigation_is_served_while_the_app_has_room() {
         assert!(!h.contains_key("x-weir-challenge"));
     }
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_challenge_engaged{pool=\"app\"}"),
-        1.0,
-        "{m}"
-    );
-    assert_eq!(
-        metric(&m, "weir_challenge_spared_total{pool=\"app\"}"),
-        3.0,
-        "{m}"
-    );
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
-        .await
-        .unwrap();
+    assert_metric(&m, "weir_challenge_engaged{pool=\"app\"}", 1.0);
+    assert_metric(&m, "weir_challenge_spared_total{pool=\"app\"}", 3.0);
+    stop(app, weir).await;
 }
 
 /// Issue 17: exemptions match the page the app serves, not the spelling.
@@ -334,21 +301,15 @@ async fn a_no_script_refresh_followed_at_once_is_held_until_its_delay_and_earns_
         "{waited:?}"
     );
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_challenge_events_total{event=\"solved\",reason=\"no_script\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_challenge_events_total{event=\"solved\",reason=\"no_script\"}",
         1.0,
-        "{m}"
     );
-    assert_eq!(
-        metric(
-            &m,
-            "weir_challenge_events_total{event=\"failed\",reason=\"too_early\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_challenge_events_total{event=\"failed\",reason=\"too_early\"}",
         0.0,
-        "{m}"
     );
 }
 
@@ -370,13 +331,10 @@ async fn a_challenge_path_in_the_wrong_method_is_refused_with_its_reason() {
     assert_eq!(h["allow"], "POST");
     assert_eq!(h["x-weir-reason"], "challenge_method_not_allowed");
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_rejections_total{rule=\"challenge_method_not_allowed\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_rejections_total{rule=\"challenge_method_not_allowed\"}",
         1.0,
-        "{m}"
     );
     assert_eq!(up.hits.load(std::sync::atomic::Ordering::Relaxed), 0);
 }

@@ -336,9 +336,10 @@ async fn unshareable_responses_are_not_shared() {
         assert!(leaders >= 1 && leaders + unshared == 8, "{path}: {log:#?}");
     }
     let metrics = weir.metrics().await;
-    assert_eq!(
-        metric(&metrics, "weir_coalesced_requests_total{class=\"page\"}"),
-        0.0
+    assert_metric(
+        &metrics,
+        "weir_coalesced_requests_total{class=\"page\"}",
+        0.0,
     );
 }
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use weir::challenge::{page_nonce, pow};
 
 use crate::fixtures::{H1, Upstream, full, urlencode};
+use crate::support::WeirConfig;
 use crate::support::{HttpRequest, Weir};
 
 /// The window Grafana's `$__rate_interval` stands for here: four scrapes at
@@ -92,42 +93,24 @@ fn every_panel_query_passes_promtool() {
 const KEY: &str = "dashboard-test-key-0123456789abcdef0123";
 
 fn config(up: SocketAddr) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[admin]
-address = "127.0.0.1:0"
-[limits]
-keepalive_idle_timeout = "1s"
-[pools.app]
-servers = ["{up}"]
-[pools.app.admission]
-max_in_flight = 2
-max_queued = 3
-[pools.app.health]
-path = "/healthz"
-interval = "1s"
-[[routes]]
-pool = "app"
-class = "page"
-path_prefix = "/wiki/"
-[[routes]]
-pool = "app"
-class = "slow"
-path_prefix = "/slow/"
-[[routes]]
-pool = "app"
-class = "api"
-[classes.page]
+    WeirConfig::new(up)
+        .admin()
+        .then("[limits]\nkeepalive_idle_timeout = \"1s\"")
+        .admission("max_in_flight = 2\nmax_queued = 3")
+        .then("[pools.app.health]\npath = \"/healthz\"\ninterval = \"1s\"")
+        .route_with("page", "path_prefix = \"/wiki/\"")
+        .route_with("slow", "path_prefix = \"/slow/\"")
+        .route("api")
+        .then(
+            r#"[classes.page]
 challenge = "always"
 [[classes.api.rules]]
 name = "api-per-address"
-limits = [{{ per = "ip", rate = 2, window = "1m" }}, {{ per = "site", rate = 100000, window = "1m" }}]
-[challenge]
-keys = ["{KEY}"]
-difficulty = 8
-"#
-    )
+limits = [{ per = "ip", rate = 2, window = "1m" }, { per = "site", rate = 100000, window = "1m" }]
+"#,
+        )
+        .challenge(KEY, 8)
+        .toml()
 }
 
 /// A Prometheus scraping `target` every second, its data in a scratch dir.
@@ -304,15 +287,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
     // A kept-alive connection left idle past keepalive_idle_timeout: weir
     // closes it (weir_connections_closed_total{reason="idle_timeout"}).
     let mut idle = H1::connect(ip(240), weir.listener(0)).await.unwrap();
-    let (status, _, _) = idle
-        .send(
-            http::Request::get("/api/idle")
-                .header("host", "t")
-                .body(full(""))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let (status, _, _) = idle.get("/api/idle").await;
     assert_eq!(status, 200);
     // Rounds of load, each with a challenge solved, until every panel has
     // data: a rate needs an increase between two scrapes (a second apart).

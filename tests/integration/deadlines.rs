@@ -11,32 +11,16 @@ use bytes::Bytes;
 use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{HttpRequest, HttpUpstream, Weir};
+use crate::support::{HttpRequest, HttpUpstream, Weir, WeirConfig};
 
 fn config(up: SocketAddr, extra: &str) -> String {
-    format!(
-        r#"[process]
-watch_config = false
-
-[admin]
-address = "127.0.0.1:0"
-
-[access_log]
-target = "off"
-
-[[listeners]]
-address = "127.0.0.1:0"
-
-[pools.app]
-servers = ["{up}"]
-
-[[routes]]
-pool = "app"
-class = "page"
-
-{extra}
-"#
-    )
+    WeirConfig::new(up)
+        .then("[process]\nwatch_config = false")
+        .admin()
+        .access_log_off()
+        .route("page")
+        .then(extra)
+        .toml()
 }
 
 /// An upstream answering `/big` with 64 MiB (more than loopback's socket

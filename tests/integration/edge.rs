@@ -31,24 +31,11 @@ async fn read_until_closed(s: &mut tokio::net::TcpStream, limit: Duration) -> (S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_address_cap_refuses_only_that_address() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(
-        &[up.addr],
-        "[limits]\nmax_connections_per_ip = 3\n",
-    ))
-    .await;
+    let (_up, weir) = weir_in_front("[limits]\nmax_connections_per_ip = 3\n").await;
     let mut held = Vec::new();
     for _ in 0..3 {
         let mut c = H1::connect(ip("127.0.5.1"), weir.addr).await.unwrap();
-        let (status, _, _) = c
-            .send(
-                Request::get("/")
-                    .header("host", "t")
-                    .body(full(""))
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
+        let (status, _, _) = c.get("/").await;
         assert_eq!(status, 200);
         held.push(c);
     }
@@ -65,33 +52,24 @@ async fn per_address_cap_refuses_only_that_address() {
         assert_eq!(status, 200);
     }
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_connections_refused_total{reason=\"per_ip_cap\"}"),
+    assert_metric(
+        &m,
+        "weir_connections_refused_total{reason=\"per_ip_cap\"}",
         1.0,
-        "{m}"
     );
     drop(held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn global_cap_closes_idle_keepalive_first_then_refuses() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(&[up.addr], "[limits]\nmax_connections = 4\n")).await;
+    let (_up, weir) = weir_in_front("[limits]\nmax_connections = 4\n").await;
     // Four idle keep-alive connections fill the cap.
     let mut idle = Vec::new();
     for i in 0..4 {
         let mut c = H1::connect(ip(&format!("127.0.6.{}", i + 1)), weir.addr)
             .await
             .unwrap();
-        let (status, _, _) = c
-            .send(
-                Request::get("/")
-                    .header("host", "t")
-                    .body(full(""))
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
+        let (status, _, _) = c.get("/").await;
         assert_eq!(status, 200);
         idle.push(c);
     }
@@ -103,10 +81,10 @@ async fn global_cap_closes_idle_keepalive_first_then_refuses() {
         metric(&m, "weir_connections_closed_total{reason=\"shed_idle\"}") >= 1.0,
         "{m}"
     );
-    assert_eq!(
-        metric(&m, "weir_connections_refused_total{reason=\"global_cap\"}"),
+    assert_metric(
+        &m,
+        "weir_connections_refused_total{reason=\"global_cap\"}",
         0.0,
-        "{m}"
     );
 
     // Now fill the cap with busy (slow) requests: new connections are refused fast.
@@ -159,12 +137,9 @@ async fn refused_read(source: IpAddr, to: std::net::SocketAddr) -> (String, bool
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_are_cut_and_idle_keepalive_closed() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(
-        &[up.addr],
-        "[limits]\nheader_read_timeout = \"1s\"\nkeepalive_idle_timeout = \"2s\"\n",
-    ))
-    .await;
+    let (_up, weir) =
+        weir_in_front("[limits]\nheader_read_timeout = \"1s\"\nkeepalive_idle_timeout = \"2s\"\n")
+            .await;
     // Slowloris: half a request head, then nothing.
     let mut slow = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     slow.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nX-Slow: ")
@@ -192,24 +167,14 @@ async fn slow_headers_are_cut_and_idle_keepalive_closed() {
 
     // An idle keep-alive connection is closed after the idle timeout.
     let mut c = H1::connect(ip("127.0.0.1"), weir.addr).await.unwrap();
-    c.send(
-        Request::get("/")
-            .header("host", "t")
-            .body(full(""))
-            .unwrap(),
-    )
-    .await
-    .unwrap();
+    c.get("/").await;
     assert_eventually_async!(c.sender.is_closed(), "the idle connection closed");
 
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_connections_closed_total{reason=\"header_timeout\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_connections_closed_total{reason=\"header_timeout\"}",
         3.0,
-        "{m}"
     );
     assert!(
         metric(&m, "weir_connections_closed_total{reason=\"idle_timeout\"}") >= 1.0,
@@ -219,12 +184,7 @@ async fn slow_headers_are_cut_and_idle_keepalive_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_or_too_many_headers_get_431() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(
-        &[up.addr],
-        "[limits]\nmax_header_bytes = 8192\nmax_headers = 20\n",
-    ))
-    .await;
+    let (up, weir) = weir_in_front("[limits]\nmax_header_bytes = 8192\nmax_headers = 20\n").await;
     let big = "a".repeat(10_000);
     let many: String = (0..40).map(|i| format!("X-H{i}: v\r\n")).collect();
     for extra in [format!("X-Big: {big}\r\n"), many] {
@@ -253,12 +213,7 @@ async fn oversized_or_too_many_headers_get_431() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_per_client_cap_answers_429() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(
-        &[up.addr],
-        "[limits]\nmax_requests_in_flight_per_ip = 2\n",
-    ))
-    .await;
+    let (_up, weir) = weir_in_front("[limits]\nmax_requests_in_flight_per_ip = 2\n").await;
     let mut slow = Vec::new();
     for _ in 0..2 {
         let addr = weir.addr;
@@ -293,8 +248,7 @@ async fn in_flight_per_client_cap_answers_429() {
 /// leave the connection unanswered). A near-preface is HTTP/1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_preface_is_http2_and_a_near_one_http1() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let (_up, weir) = weir_in_front("").await;
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     for part in [&PREFACE[..1], &PREFACE[1..9], &PREFACE[9..]] {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::fixtures::*;
 use crate::support::h2frames::*;
-use crate::support::tls::{tls_connect, tls_files};
+use crate::support::tls::tls_connect;
 
 /// What the RFC asks of the server after a case's frames.
 #[derive(Debug, Clone, Copy)]
@@ -486,14 +486,8 @@ async fn rfc_9113_on_h2c() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rfc_9113_on_tls() {
-    let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = tls_files(dir.path());
-    let tls = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\ntls = {{ cert = \"{cert}\", key = \"{key}\" }}\n\n[pools.app]\nservers = [\"{}\"]\n",
-        up.addr
-    );
-    let weir = TestWeir::start(&tls).await;
+    let (_up, weir) = weir_on_tls(dir.path()).await;
     let addr = weir.addr;
     let (total, failed) = run_suite("https", || async move {
         RawH2::over(Box::new(tls_connect(addr, &[b"h2"]).await))

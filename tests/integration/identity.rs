@@ -14,8 +14,7 @@ fn ip(s: &str) -> IpAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_for_from_untrusted_peer_is_ignored_and_counted() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let (_up, weir) = weir_in_front("").await;
     let (status, _, body) = get_from(
         ip("127.0.3.4"),
         weir.addr,
@@ -31,24 +30,17 @@ async fn forwarded_for_from_untrusted_peer_is_ignored_and_counted() {
     assert_eq!(log[0]["client"], "127.0.3.4");
     assert_eq!(log[0]["client_source"], "peer");
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_forwarding_header_warnings_total{kind=\"untrusted_peer\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_forwarding_header_warnings_total{kind=\"untrusted_peer\"}",
         1.0,
-        "{m}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trusted_chains_resolve_to_the_rightmost_untrusted_hop() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(
-        &[up.addr],
-        "[identity]\ntrusted_proxies = [\"127.0.9.0/24\", \"10.0.0.0/8\"]\n",
-    ))
-    .await;
+    let (_up, weir) =
+        weir_in_front("[identity]\ntrusted_proxies = [\"127.0.9.0/24\", \"10.0.0.0/8\"]\n").await;
     let lb = ip("127.0.9.1");
     // (sent X-Forwarded-For, expected client)
     let cases = [
@@ -77,12 +69,7 @@ async fn trusted_chains_resolve_to_the_rightmost_untrusted_hop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_forwarding_headers_never_panic() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(
-        &[up.addr],
-        "[identity]\ntrusted_proxies = [\"127.0.9.1\"]\n",
-    ))
-    .await;
+    let (_up, weir) = weir_in_front("[identity]\ntrusted_proxies = [\"127.0.9.1\"]\n").await;
     let junk = [
         "",
         ",,,",
@@ -156,9 +143,9 @@ async fn proxy_protocol_v1_and_v2_from_a_trusted_peer() {
     let resp = raw_request(&mut s, b"PROXY TCP4 nonsense\r\n").await;
     assert!(resp.is_empty(), "{resp}");
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_connection_errors_total{kind=\"proxy_protocol\"}"),
+    assert_metric(
+        &m,
+        "weir_connection_errors_total{kind=\"proxy_protocol\"}",
         1.0,
-        "{m}"
     );
 }

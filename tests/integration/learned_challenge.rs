@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -18,24 +19,31 @@ fn ip(s: &str) -> IpAddr {
 /// listener, a pool of one admission slot (so that a request waits) and
 /// `rest`; the state directory is the test's.
 fn config(app: &weir_lab::app::SimApp, rest: &str) -> String {
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[state]\ndir = \"{{{{dir}}}}/state\"\n\
-         [pools.app]\nservers = [\"{}\"]\n[pools.app.admission]\nmax_in_flight = 1\nworkers = 2\n{rest}",
-        app.addr()
-    )
+    WeirConfig::new(app.addr())
+        .then("[state]\ndir = \"{{dir}}/state\"")
+        .admission(&format!("max_in_flight = 1\nworkers = 2\n{rest}"))
+        .toml()
 }
 
 fn slow_search_app() -> weir_lab::app::SimApp {
-    weir_lab::app::SimApp::start(
-        weir_lab::app::AppConfig {
-            workers: 2,
-            backlog: 64,
-            time_scale: 0.5,
-            ..Default::default()
-        },
-        "127.0.0.1:0".parse().unwrap(),
-    )
-    .unwrap()
+    two_worker_sim_app(0.5)
+}
+
+/// A [`slow_search_app`] behind weir with [`config`]`(rest)`, once weir has
+/// learned its shapes ([`learn_shapes`]) and the app stalled with a page
+/// from 127.121.0.1 holding its one slot (the handle gives its status).
+async fn learned_then_stalled(
+    rest: &str,
+) -> (
+    weir_lab::app::SimApp,
+    TestWeir,
+    tokio::task::JoinHandle<http::StatusCode>,
+) {
+    let app = slow_search_app();
+    let weir = TestWeir::start(&config(&app, rest)).await;
+    learn_shapes(&weir).await;
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    (app, weir, holder)
 }
 
 /// Teaches weir the app's shapes: enough answers of pages and of searches
@@ -126,10 +134,7 @@ async fn with_zero_configuration_a_long_wait_for_an_expensive_page_is_offered_th
     assert_eq!(holder.await.unwrap(), 200);
     assert_eq!(page.await.unwrap(), 200);
     assert_eq!(api.await.unwrap(), 200);
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
-        .await
-        .unwrap();
+    stop(app, weir).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,11 +168,8 @@ async fn a_disabled_challenge_offers_nothing() {
 /// shed is what this test is about, and the generated key still serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_shed_from_the_queue_gets_the_challenge_not_a_503() {
-    let app = slow_search_app();
     let rest = "max_queued = 1\n[challenge.pressure]\nwait = \"10s\"\n";
-    let weir = TestWeir::start(&config(&app, rest)).await;
-    learn_shapes(&weir).await;
-    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    let (app, weir, holder) = learned_then_stalled(rest).await;
     let (addr, person) = (weir.addr, ip("127.124.0.1"));
     let search =
         tokio::spawn(
@@ -195,13 +197,10 @@ async fn a_person_shed_from_the_queue_gets_the_challenge_not_a_503() {
     assert_eq!(status, 429, "the challenge, not a 503");
     assert_eq!(h["x-weir-challenge"], "1");
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_admission_shed_total{pool=\"app\",lane=\"anonymous\",reason=\"lower_lane_shed\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_admission_shed_total{pool=\"app\",lane=\"anonymous\",reason=\"lower_lane_shed\"}",
         1.0,
-        "{m}"
     );
     // Its pass (weir's own key) is the pass lane: served once the app is back.
     let (answered, _, cookie) = solve_challenge(person, addr, &body, 12, NAV[2].1).await;
@@ -224,11 +223,8 @@ async fn a_person_shed_from_the_queue_gets_the_challenge_not_a_503() {
 /// `pressure.wait` is 3 s so that once (3 s) and twice (6 s) are far apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learned_class_offers_the_page_once_the_navigation_has_waited_pressure_wait() {
-    let app = slow_search_app();
     let rest = "[challenge.pressure]\nwait = \"3s\"\n";
-    let weir = TestWeir::start(&config(&app, rest)).await;
-    learn_shapes(&weir).await;
-    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    let (app, weir, holder) = learned_then_stalled(rest).await;
     let started = std::time::Instant::now();
     offered_the_page(
         &weir,
@@ -253,11 +249,8 @@ async fn a_learned_class_offers_the_page_once_the_navigation_has_waited_pressure
 /// answered at once (milliseconds) are far apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_no_script_delay_counts_the_wait_for_the_page() {
-    let app = slow_search_app();
     let rest = "[challenge]\nno_script_delay = \"3s\"\n[challenge.pressure]\nwait = \"3s\"\n";
-    let weir = TestWeir::start(&config(&app, rest)).await;
-    learn_shapes(&weir).await;
-    let holder = stall_with_the_slot_held(&app, &weir, ip("127.121.0.1")).await;
+    let (app, weir, holder) = learned_then_stalled(rest).await;
     let started = std::time::Instant::now();
     let body = offered_the_page(&weir, Duration::from_secs(5), "no page after the wait").await;
     assert!(

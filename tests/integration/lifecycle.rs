@@ -153,9 +153,9 @@ async fn reload_applies_valid_config_and_refuses_invalid() {
         "old config still serves"
     );
     let m = weir.metrics().await;
-    assert_eq!(metric(&m, "weir_reloads_total{result=\"ok\"}"), 1.0);
-    assert_eq!(metric(&m, "weir_reloads_total{result=\"invalid\"}"), 1.0);
-    assert_eq!(metric(&m, "weir_config_version"), 2.0);
+    assert_metric(&m, "weir_reloads_total{result=\"ok\"}", 1.0);
+    assert_metric(&m, "weir_reloads_total{result=\"invalid\"}", 1.0);
+    assert_metric(&m, "weir_config_version", 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 const KEY: &str = "priority-key-for-tests-0123456789abcdef";
 
@@ -14,25 +15,20 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-/// A config in front of `app` with one admission slot (two workers: the
-/// second is the health check's), then `rest`.
-fn one_slot(app: &weir_lab::app::SimApp, rest: &str) -> String {
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[pools.app]\nservers = [\"{}\"]\n\
-         [pools.app.admission]\nmax_in_flight = 1\nworkers = 2\n{rest}",
-        app.addr()
-    )
+/// The admission keys of a pool with one slot (two workers: the second is
+/// the health check's).
+const ONE_SLOT: &str = "max_in_flight = 1\nworkers = 2\n";
+
+/// A config in front of `app` with one admission slot.
+fn one_slot(app: &weir_lab::app::SimApp) -> WeirConfig {
+    WeirConfig::new(app.addr()).admission(ONE_SLOT)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferring_rule_serves_from_spare_capacity_and_refuses_when_the_app_is_busy() {
     let app = small_sim_app();
-    let cfg = one_slot(
-        &app,
-        r#"[[routes]]
-pool = "app"
-class = "page"
-[classes.page]
+    let cfg = one_slot(&app).route("page").then(
+        r#"[classes.page]
 queue_timeout = "300ms"
 [[classes.page.rules]]
 name = "share"
@@ -40,22 +36,19 @@ when_over = "defer"
 limits = [{ per = "site", rate = 1, window = "1m" }]
 "#,
     );
-    let weir = TestWeir::start(&cfg).await;
+    let weir = TestWeir::start(&cfg.toml()).await;
     // Within the limit, then over it while the app is idle: both served.
     for who in ["127.110.0.1", "127.110.0.2"] {
         let (status, _, _) = get_from(ip(who), weir.addr, "/wiki/A", &[]).await;
         assert_eq!(status, 200, "{who}");
     }
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_rule_decisions_total{rule=\"share\",result=\"defer\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_rule_decisions_total{rule=\"share\",result=\"defer\"}",
         1.0,
-        "{m}"
     );
-    assert_eq!(metric(&m, "weir_rejections_total{rule=\"share\"}"), 0.0);
+    assert_metric(&m, "weir_rejections_total{rule=\"share\"}", 0.0);
     let log = weir.access_log(2).await;
     assert_eq!(log[1]["lane"], "deferred", "{log:?}");
     assert_eq!(log[1]["status"], 200);
@@ -69,11 +62,7 @@ limits = [{ per = "site", rate = 1, window = "1m" }]
     assert_eq!(h["x-weir-reason"], "share");
     assert!(h.contains_key("retry-after"));
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_rejections_total{rule=\"share\"}"),
-        1.0,
-        "{m}"
-    );
+    assert_metric(&m, "weir_rejections_total{rule=\"share\"}", 1.0);
     let refused = weir.access_log(3).await;
     let refused = refused.last().unwrap();
     assert_eq!(refused["rule"], "share", "{refused}");
@@ -85,30 +74,22 @@ limits = [{ per = "site", rate = 1, window = "1m" }]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_navigation_over_a_rule_a_pass_exempts_is_challenged_and_its_pass_lets_it_through() {
     let up = Upstream::start().await;
-    let cfg = format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["{}"]
-[[routes]]
-pool = "app"
-class = "page"
-[classes.page]
+    let cfg = WeirConfig::new(up.addr)
+        .route("page")
+        .then(
+            r#"[classes.page]
 challenge = "under_pressure"
 [[classes.page.rules]]
 name = "per-ip"
 exempt = ["pass"]
-limits = [{{ per = "ip", rate = 1, window = "1m" }}]
+limits = [{ per = "ip", rate = 1, window = "1m" }]
 [[classes.page.rules]]
 name = "per-pass"
-limits = [{{ per = "token", rate = 3, window = "1m" }}]
-[challenge]
-keys = ["{KEY}"]
-difficulty = 8
+limits = [{ per = "token", rate = 3, window = "1m" }]
 "#,
-        up.addr
-    );
-    let weir = TestWeir::start(&cfg).await;
+        )
+        .challenge(KEY, 8);
+    let weir = TestWeir::start(&cfg.toml()).await;
     let me = ip("127.111.0.1");
     assert_eq!(get_from(me, weir.addr, "/wiki/A", &NAV).await.0, 200);
     // Over `per-ip`: a navigation is asked for proof, not refused...
@@ -122,20 +103,13 @@ difficulty = 8
     assert_eq!(h["x-weir-reason"], "per-ip");
     assert!(!h.contains_key("x-weir-challenge"));
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_rule_decisions_total{rule=\"per-ip\",result=\"challenge\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_rule_decisions_total{rule=\"per-ip\",result=\"challenge\"}",
         1.0,
-        "{m}"
     );
     // Only the API request was a refusal.
-    assert_eq!(
-        metric(&m, "weir_rejections_total{rule=\"per-ip\"}"),
-        1.0,
-        "{m}"
-    );
+    assert_metric(&m, "weir_rejections_total{rule=\"per-ip\"}", 1.0);
 
     // The pass exempts from `per-ip`; `per-pass` limits it by its own key.
     let (status, _, cookie) = solve_challenge(me, weir.addr, &page, 8, "Mozilla/5.0 test").await;
@@ -161,27 +135,21 @@ difficulty = 8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferred_navigation_a_pass_exempts_is_challenged_on_a_long_wait_without_pressure() {
     let app = small_sim_app();
-    let cfg = one_slot(
-        &app,
-        &format!(
-            r#"[[routes]]
-pool = "app"
-class = "page"
-[classes.page]
+    let cfg = one_slot(&app)
+        .route("page")
+        .then(
+            r#"[classes.page]
 challenge = "under_pressure"
 queue_timeout = "30s"
 [[classes.page.rules]]
 name = "per-16"
 exempt = ["pass"]
 when_over = "defer"
-limits = [{{ per = "network", rate = 1, window = "1m" }}]
-[challenge]
-keys = ["{KEY}"]
-difficulty = 8
-"#
-        ),
-    );
-    let weir = TestWeir::start(&cfg).await;
+limits = [{ per = "network", rate = 1, window = "1m" }]
+"#,
+        )
+        .challenge(KEY, 8);
+    let weir = TestWeir::start(&cfg.toml()).await;
     // The /16's share, then the app stalls with one request in its one slot.
     assert_eq!(
         get_from(ip("127.112.0.1"), weir.addr, "/wiki/A", &NAV)
@@ -203,15 +171,12 @@ difficulty = 8
     assert_eq!(status, 429);
     assert_eq!(h["x-weir-challenge"], "1");
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_rule_decisions_total{rule=\"per-16\",result=\"defer\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_rule_decisions_total{rule=\"per-16\",result=\"defer\"}",
         1.0,
-        "{m}"
     );
-    assert_eq!(metric(&m, "weir_rejections_total{rule=\"per-16\"}"), 0.0);
+    assert_metric(&m, "weir_rejections_total{rule=\"per-16\"}", 0.0);
     // Its pass exempts from the /16's share: served once the app is back.
     let (status, _, cookie) =
         solve_challenge(neighbour, weir.addr, &page, 8, "Mozilla/5.0 test").await;
@@ -221,10 +186,7 @@ difficulty = 8
     let with_pass = nav_with_cookie(&cookie);
     let (status, h, _) = get_from(neighbour, weir.addr, "/wiki/C", &with_pass).await;
     assert_eq!(status, 200, "{h:?}");
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
-        .await
-        .unwrap();
+    stop(app, weir).await;
 }
 
 /// A pass is proof on every request, not only on the class that challenged:
@@ -236,31 +198,20 @@ difficulty = 8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_is_proof_on_a_class_that_does_not_challenge() {
     let up = Upstream::start().await;
-    let cfg = format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["{}"]
-[[routes]]
-pool = "app"
-class = "search"
-query_keys = ["search"]
-[[routes]]
-pool = "app"
-class = "page"
-[classes.search]
+    let cfg = WeirConfig::new(up.addr)
+        .route_with("search", r#"query_keys = ["search"]"#)
+        .route("page")
+        .then(
+            r#"[classes.search]
 challenge = "always"
 [[classes.page.rules]]
 name = "per-ip"
 exempt = ["pass"]
-limits = [{{ per = "ip", rate = 1, window = "1m" }}]
-[challenge]
-keys = ["{KEY}"]
-difficulty = 8
+limits = [{ per = "ip", rate = 1, window = "1m" }]
 "#,
-        up.addr
-    );
-    let weir = TestWeir::start(&cfg).await;
+        )
+        .challenge(KEY, 8);
+    let weir = TestWeir::start(&cfg.toml()).await;
     let me = ip("127.114.0.1");
     let (status, h, page) = get_from(me, weir.addr, "/w/index.php?search=x", &NAV).await;
     assert_eq!(status, 429);
@@ -297,25 +248,22 @@ difficulty = 8
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_navigation_that_waits_twice_pressure_wait_gets_the_page_before_pressure_engages() {
     let app = small_sim_app();
-    let cfg = one_slot(
-        &app,
-        &format!(
-            r#"[[routes]]
-pool = "app"
-class = "page"
-[classes.page]
+    let cfg = one_slot(&app)
+        .route("page")
+        .then(
+            r#"[classes.page]
 challenge = "under_pressure"
 queue_timeout = "30s"
-[challenge]
-keys = ["{KEY}"]
-difficulty = 8
-[challenge.pressure]
+"#,
+        )
+        .challenge(KEY, 8)
+        .then(
+            r#"[challenge.pressure]
 wait = "100ms"
 engage_after = "10m"
-"#
-        ),
-    );
-    let weir = TestWeir::start(&cfg).await;
+"#,
+        );
+    let weir = TestWeir::start(&cfg.toml()).await;
     let holder = stall_with_the_slot_held(&app, &weir, ip("127.115.0.1")).await;
     let started = std::time::Instant::now();
     let (status, h, _) = tokio::time::timeout(
@@ -333,11 +281,7 @@ engage_after = "10m"
         started.elapsed()
     );
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_challenge_engaged{pool=\"app\"}"),
-        0.0,
-        "{m}"
-    );
+    assert_metric(&m, "weir_challenge_engaged{pool=\"app\"}", 0.0);
     resume_and_stop(app, weir, holder).await;
 }
 
@@ -356,12 +300,10 @@ async fn line_for(weir: &TestWeir, path: &str) -> serde_json::Value {
 async fn a_client_that_leaves_while_queued_is_logged_as_499() {
     use tokio::io::AsyncWriteExt;
     let app = small_sim_app();
-    let cfg = one_slot(
-        &app,
-        r#"queue_timeout = "30s"
-"#,
-    );
-    let weir = TestWeir::start(&cfg).await;
+    // The slot's queue waits 30 s.
+    let cfg =
+        WeirConfig::new(app.addr()).admission(&format!("{ONE_SLOT}queue_timeout = \"30s\"\n"));
+    let weir = TestWeir::start(&cfg.toml()).await;
     let holder = stall_with_the_slot_held(&app, &weir, ip("127.117.0.1")).await;
     let mut client = connect_from(ip("127.118.0.1"), weir.addr).await.unwrap();
     client
@@ -390,8 +332,8 @@ async fn a_client_that_leaves_while_queued_is_logged_as_499() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_stream_reset_while_queued_is_logged_and_its_connection_idles_out() {
     let app = small_sim_app();
-    let cfg = one_slot(&app, "[limits]\nkeepalive_idle_timeout = \"1s\"\n");
-    let weir = TestWeir::start(&cfg).await;
+    let cfg = one_slot(&app).then("[limits]\nkeepalive_idle_timeout = \"1s\"\n");
+    let weir = TestWeir::start(&cfg.toml()).await;
     let holder = stall_with_the_slot_held(&app, &weir, ip("127.119.0.1")).await;
     let stream = connect_from(ip("127.120.0.1"), weir.addr).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http2::handshake(

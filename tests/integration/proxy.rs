@@ -10,7 +10,7 @@ use hyper::body::Frame;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::fixtures::*;
-use crate::support::tls::{tls_connect, tls_files};
+use crate::support::tls::tls_connect;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_keeps_host_sets_forwarding_headers_and_strips_hop_by_hop() {
@@ -111,7 +111,7 @@ async fn one_gib_upload_and_large_download_stream_with_flat_memory() {
             }
         }
     });
-    let stream = ReceiverStream(rx);
+    let stream = tokio_stream_from(rx);
     let body = BodyExt::boxed(StreamBody::new(stream));
     let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.addr)
         .await
@@ -156,17 +156,6 @@ async fn one_gib_upload_and_large_download_stream_with_flat_memory() {
     let log = weir.access_log(2).await;
     assert_eq!(log[0]["bytes_in"], GIB);
     assert_eq!(log[1]["bytes_out"], 256u64 << 20);
-}
-
-struct ReceiverStream<T>(tokio::sync::mpsc::Receiver<T>);
-impl<T> futures_core::Stream for ReceiverStream<T> {
-    type Item = T;
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<T>> {
-        self.0.poll_recv(cx)
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,14 +228,8 @@ async fn http2_prior_knowledge() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_alpn_h2_and_http11() {
-    let up = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = tls_files(dir.path());
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\ntls = {{ cert = \"{cert}\", key = \"{key}\" }}\n\n[pools.app]\nservers = [\"{}\"]\n",
-        up.addr
-    );
-    let weir = TestWeir::start(&cfg).await;
+    let (_up, weir) = weir_on_tls(dir.path()).await;
 
     // HTTP/2 over TLS.
     let tls = tls_connect(weir.addr, &[b"h2"]).await;

@@ -14,9 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 
-use crate::fixtures::{Upstream, metric};
+use crate::fixtures::{Upstream, assert_metric, metric};
 use crate::support::process::send_signal;
-use crate::support::{HttpRequest, HttpUpstream, Redis, Signal, Weir};
+use crate::support::{HttpRequest, HttpUpstream, Redis, Signal, Weir, WeirConfig};
 
 /// An address nothing listens on (yet).
 fn unused_addr() -> SocketAddr {
@@ -69,31 +69,21 @@ async fn until_ready(w: &Weir, within: Duration) -> String {
 }
 
 fn redis_config(app: SocketAddr, redis: SocketAddr) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[admin]
-address = "127.0.0.1:0"
-[access_log]
-target = "off"
-[process]
-watch_config = false
-[state]
-redis_url = "redis://{redis}/0"
-[pools.app]
-servers = ["{app}"]
-[[routes]]
-pool = "app"
-path_prefix = "/limited"
-class = "limited"
-[[routes]]
-pool = "app"
-class = "open"
-[[classes.limited.rules]]
+    WeirConfig::new(app)
+        .admin()
+        .access_log_off()
+        .then(format!(
+            "[process]\nwatch_config = false\n[state]\nredis_url = \"redis://{redis}/0\""
+        ))
+        .route_with("limited", "path_prefix = \"/limited\"")
+        .route("open")
+        .then(
+            r#"[[classes.limited.rules]]
 name = "per-ip"
-limits = [{{ per = "ip", rate = 3, window = "1m" }}]
-"#
-    )
+limits = [{ per = "ip", rate = 3, window = "1m" }]
+"#,
+        )
+        .toml()
 }
 
 /// Blue/green on two processes sharing one Redis, no snapshot file: a
@@ -154,20 +144,16 @@ async fn blue_green_through_redis_keeps_a_limited_client_limited() {
 }
 
 fn warm_up_config(app: SocketAddr, api: SocketAddr, timeout: &str) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[admin]
-address = "127.0.0.1:0"
-[access_log]
-target = "off"
-[process]
+    // The route to `api` comes before the one to `app`.
+    WeirConfig::new(app)
+        .admin()
+        .access_log_off()
+        .then(format!(
+            r#"[process]
 watch_config = false
 drain_timeout = "2s"
 [lifecycle]
 ready_upstream_timeout = "{timeout}"
-[pools.app]
-servers = ["{app}"]
 [pools.api]
 servers = ["{api}"]
 [pools.api.health]
@@ -176,12 +162,10 @@ interval = "200ms"
 [[routes]]
 pool = "api"
 path_prefix = "/api"
-class = "api"
-[[routes]]
-pool = "app"
-class = "open"
-"#
-    )
+class = "api""#
+        ))
+        .route("open")
+        .toml()
 }
 
 async fn ok_upstream() -> HttpUpstream {
@@ -235,8 +219,8 @@ async fn readyz_waits_for_a_pool_until_it_answers() {
     let st = status(&weir).await;
     assert_eq!(st["warm_up"]["phase"], "ready", "{st}");
     let m = metrics(&weir).await;
-    assert_eq!(metric(&m, "weir_warmup_waiting"), 0.0);
-    assert_eq!(metric(&m, "weir_warmup_timeouts_total"), 0.0);
+    assert_metric(&m, "weir_warmup_waiting", 0.0);
+    assert_metric(&m, "weir_warmup_timeouts_total", 0.0);
     assert!(metric(&m, "weir_warmup_seconds") > 0.0, "{m}");
     assert!(weir.stderr().contains("warm-up done"), "{}", weir.stderr());
 }
@@ -267,8 +251,8 @@ async fn readiness_stops_waiting_at_the_timeout() {
         serde_json::json!(["pool app"])
     );
     let m = metrics(&weir).await;
-    assert_eq!(metric(&m, "weir_warmup_timeouts_total"), 1.0);
-    assert_eq!(metric(&m, "weir_warmup_waiting"), 0.0);
+    assert_metric(&m, "weir_warmup_timeouts_total", 1.0);
+    assert_metric(&m, "weir_warmup_waiting", 0.0);
     let log = weir.stderr();
     assert!(
         log.contains("warm-up timed out") && log.contains("ERROR"),

@@ -58,21 +58,15 @@ async fn a_stalled_upload_is_the_clients_408_not_a_502() {
         0.0,
         "not the app's error"
     );
-    assert_eq!(
-        metric(
-            &m,
-            "weir_connection_errors_total{kind=\"client_body_timeout\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_connection_errors_total{kind=\"client_body_timeout\"}",
         1.0,
-        "{m}"
     );
-    assert_eq!(
-        metric(
-            &m,
-            "weir_requests_total{class=\"upload\",status=\"408\",decision=\"admit\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_requests_total{class=\"upload\",status=\"408\",decision=\"admit\"}",
         1.0,
-        "{m}"
     );
 }
 

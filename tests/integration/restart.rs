@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::support::ordinary::{
     Counts, admission_limit, config, cut_admission_limit, get_workers, limited_client, metric_at,
-    ok_upstream, overloaded_upstream, slow_upload,
+    ok_upstream, overloaded_upstream, slow_upload, start_weir,
 };
 use crate::support::process::send_signal;
 use crate::support::{Signal, Weir};
@@ -291,11 +291,7 @@ async fn ten_stop_starts_on_an_activated_socket_fail_nothing_and_keep_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_weir_serves_new_connections_until_its_earlier_work_is_done() {
     let up = ok_upstream().await;
-    let mut weir = Weir::builder()
-        .config(config(up.addr(), "20s"))
-        .start()
-        .await
-        .unwrap();
+    let mut weir = start_weir(&up, "20s").await;
     let addr = weir.listener(0);
     let source = IpAddr::V4(Ipv4Addr::new(127, 62, 0, 1));
     // Earlier work: an upload sent over 2.5 s, in flight at the signal.

@@ -5,26 +5,22 @@
 use std::net::IpAddr;
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// Every request in class `expensive`, and `rules` (tables).
 fn rules_config(up: std::net::SocketAddr, rules: &str) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
+    WeirConfig::new(up).route("expensive").then(rules).toml()
+}
 
-[pools.app]
-servers = ["{up}"]
-
-[[routes]]
-pool = "app"
-class = "expensive"
-
-{rules}
-"#
-    )
+/// An upstream, and weir in front of it with [`rules_config`]'s `rules`.
+async fn rules_weir(rules: &str) -> (Upstream, TestWeir) {
+    let up = Upstream::start().await;
+    let weir = TestWeir::start(&rules_config(up.addr, rules)).await;
+    (up, weir)
 }
 
 /// Sends one GET from each source; returns how many got each status.
@@ -47,9 +43,7 @@ async fn burst(weir: &TestWeir, sources: &[IpAddr], headers: &[(&str, &str)]) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_level_holds_a_flood_from_many_24s_in_one_16() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&rules_config(
-        up.addr,
+    let (_up, weir) = rules_weir(
         r#"[[classes.expensive.rules]]
 name = "anon-expensive"
 limits = [
@@ -58,7 +52,7 @@ limits = [
   { per = "network", rate = 30, window = "10m" },
 ]
 "#,
-    ))
+    )
     .await;
     // 40 /24s inside 127.20.0.0/16, two addresses each: every address and
     // every /24 stays under its own limit; only the /16 level can hold them.
@@ -79,38 +73,28 @@ limits = [
     );
     assert_eq!(fired[0]["rule_key"], "127.20.0.0/16");
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_rejections_total{rule=\"anon-expensive\"}"),
+    assert_metric(&m, "weir_rejections_total{rule=\"anon-expensive\"}", 50.0);
+    assert_metric(
+        &m,
+        "weir_rule_decisions_total{rule=\"anon-expensive\",result=\"reject\"}",
         50.0,
-        "{m}"
-    );
-    assert_eq!(
-        metric(
-            &m,
-            "weir_rule_decisions_total{rule=\"anon-expensive\",result=\"reject\"}"
-        ),
-        50.0
     );
     // The level that did the work, as the dashboard shows it.
-    assert_eq!(
-        metric(
-            &m,
-            "weir_rule_rejections_total{rule=\"anon-expensive\",level=\"network\",enforced=\"yes\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_rule_rejections_total{rule=\"anon-expensive\",level=\"network\",enforced=\"yes\"}",
         50.0,
-        "{m}"
     );
-    assert_eq!(
-        metric(&m, "weir_rule_rejected_clients{rule=\"anon-expensive\"}"),
-        50.0
+    assert_metric(
+        &m,
+        "weir_rule_rejected_clients{rule=\"anon-expensive\"}",
+        50.0,
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn site_level_holds_a_flood_over_many_16s_and_ip_level_spares_neighbours() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&rules_config(
-        up.addr,
+    let (_up, weir) = rules_weir(
         r#"[[classes.expensive.rules]]
 name = "per-ip"
 limits = [{ per = "ip", rate = 3, window = "1m" }]
@@ -119,7 +103,7 @@ limits = [{ per = "ip", rate = 3, window = "1m" }]
 name = "site"
 limits = [{ per = "site", rate = 25, window = "1m" }]
 "#,
-    ))
+    )
     .await;
     // One noisy address: limited by `per-ip` after 3; its neighbour is not.
     let noisy = vec![ip("127.30.0.1"); 5];
@@ -142,14 +126,12 @@ limits = [{ per = "site", rate = 25, window = "1m" }]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejections_carry_retry_after_ratelimit_headers_and_negotiated_bodies() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&rules_config(
-        up.addr,
+    let (_up, weir) = rules_weir(
         r#"[[classes.expensive.rules]]
 name = "tight"
 limits = [{ per = "ip", rate = 1, window = "1m" }]
 "#,
-    ))
+    )
     .await;
     let me = ip("127.31.0.1");
     assert_eq!(get_from(me, weir.addr, "/", &[]).await.0, 200);
@@ -180,28 +162,23 @@ limits = [{ per = "ip", rate = 1, window = "1m" }]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_mode_changes_no_response_but_counts() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&rules_config(
-        up.addr,
+    let (_up, weir) = rules_weir(
         r#"[[classes.expensive.rules]]
 name = "trial"
 shadow = true
 limits = [{ per = "subnet", rate = 2, window = "1m" }]
 "#,
-    ))
+    )
     .await;
     let sources: Vec<IpAddr> = (1..=6).map(|n| ip(&format!("127.32.0.{n}"))).collect();
     assert_eq!(burst(&weir, &sources, &[]).await, (6, 0));
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
-            "weir_rule_decisions_total{rule=\"trial\",result=\"shadow_reject\"}"
-        ),
+    assert_metric(
+        &m,
+        "weir_rule_decisions_total{rule=\"trial\",result=\"shadow_reject\"}",
         4.0,
-        "{m}"
     );
-    assert_eq!(metric(&m, "weir_rejections_total{rule=\"trial\"}"), 0.0);
+    assert_metric(&m, "weir_rejections_total{rule=\"trial\"}", 0.0);
     let log = weir.access_log(6).await;
     assert_eq!(log[5]["shadow_rules"][0], "trial");
     assert_eq!(log[5]["status"], 200);

@@ -10,6 +10,7 @@ use weir::identity::session::{SignedCookie, SigningKeys};
 use weir_lab::app::{AppConfig, SimApp};
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef-test-key";
 
@@ -18,23 +19,11 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn weir_config(app: SocketAddr) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-
-[pools.app]
-servers = ["{app}"]
-
-[[routes]]
-pool = "app"
-class = "expensive"
-methods = ["GET"]
-
-[[routes]]
-pool = "app"
-class = "other"
-
-[[classes.expensive.rules]]
+    WeirConfig::new(app)
+        .route_with("expensive", r#"methods = ["GET"]"#)
+        .route("other")
+        .then(format!(
+            r#"[[classes.expensive.rules]]
 name = "anon"
 exempt = ["verified"]
 limits = [{{ per = "ip", rate = 1, window = "1m" }}]
@@ -48,7 +37,8 @@ pool = "app"
 path = "/whoami"
 cookies = ["wikiUserID", "wikiToken"]
 "#
-    )
+        ))
+        .toml()
 }
 
 /// Status of `n` GETs from `source` carrying `cookie`.
@@ -105,15 +95,7 @@ async fn only_verified_sessions_are_exempt() {
 
     // A real login (through weir): the app says who it is; exempt.
     let mut c = H1::connect(ip("127.70.0.2"), weir.addr).await.unwrap();
-    let (status, h, _) = c
-        .send(
-            http::Request::post("/login")
-                .header("host", "t")
-                .body(full(""))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let (status, h, _) = c.post("/login", "").await;
     assert_eq!(status, 200);
     let editor = cookies_of(&h);
     assert!(editor.contains("wikiToken="), "{editor}");
@@ -159,10 +141,7 @@ async fn only_verified_sessions_are_exempt() {
         sessions.contains(&"verified") && sessions.contains(&"unverified"),
         "{sessions:?}"
     );
-    drop(weir);
-    tokio::time::timeout(Duration::from_secs(5), app.shutdown())
-        .await
-        .unwrap();
+    stop(app, weir).await;
 }
 
 /// Issue 20 item 7: examples/mediawiki.toml as shipped, in front of a

@@ -6,36 +6,27 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::fixtures::Upstream;
-use crate::support::{HttpRequest, Redis, Signal, Weir};
+use crate::support::{HttpRequest, Redis, Signal, Weir, WeirConfig};
 
 fn config(app: SocketAddr, redis: SocketAddr) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[admin]
-address = "127.0.0.1:0"
-[access_log]
-target = "off"
-[state]
-redis_url = "redis://{redis}/0"
-redis_command_timeout = "100ms"
-[pools.app]
-servers = ["{app}"]
-[[routes]]
-pool = "app"
-class = "other"
-path_prefix = "/other"
-[[routes]]
-pool = "app"
-class = "api"
-[[classes.api.rules]]
+    WeirConfig::new(app)
+        .admin()
+        .access_log_off()
+        .then(format!(
+            "[state]\nredis_url = \"redis://{redis}/0\"\nredis_command_timeout = \"100ms\""
+        ))
+        .route_with("other", "path_prefix = \"/other\"")
+        .route("api")
+        .then(
+            r#"[[classes.api.rules]]
 name = "site"
-limits = [{{ per = "site", rate = 300, window = "1m" }}]
+limits = [{ per = "site", rate = 300, window = "1m" }]
 [[classes.other.rules]]
 name = "per-ip"
-limits = [{{ per = "ip", rate = 100, window = "1m" }}]
-"#
-    )
+limits = [{ per = "ip", rate = 100, window = "1m" }]
+"#,
+        )
+        .toml()
 }
 
 /// The keys `redis-cli --scan` finds for `pattern`.

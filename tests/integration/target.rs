@@ -13,6 +13,7 @@ use http_body_util::BodyExt as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 /// Sends `head` (a whole request, CRLFs included) on a fresh connection and
 /// returns the status and the body of the answer.
@@ -47,29 +48,16 @@ async fn get_as(addr: SocketAddr, target: &str, host: &str) -> (u16, String) {
 }
 
 fn wiki(up: SocketAddr, extra: &str) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-
-[pools.wiki]
-servers = ["{up}"]
-
-[[routes]]
-pool = "wiki"
-class = "expensive"
-path_prefix = "/w/index.php"
-query_keys = ["search"]
-
-[[routes]]
-pool = "wiki"
-class = "admin"
-host = "admin.example"
-
-[[routes]]
-pool = "wiki"
-class = "page"
-
-[[classes.expensive.rules]]
+    WeirConfig::new(up)
+        .pool_name("wiki")
+        .route_with(
+            "expensive",
+            "path_prefix = \"/w/index.php\"\nquery_keys = [\"search\"]",
+        )
+        .route_with("admin", "host = \"admin.example\"")
+        .route("page")
+        .then(format!(
+            r#"[[classes.expensive.rules]]
 name = "site-search"
 limits = [{{ per = "site", rate = 1, window = "1h" }}]
 
@@ -78,7 +66,8 @@ name = "admin"
 limits = [{{ per = "site", rate = 1, window = "1h" }}]
 {extra}
 "#
-    )
+        ))
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,14 +116,8 @@ async fn spellings_of_a_page_meet_its_rule() {
     }
     assert_eq!(up.hits.load(std::sync::atomic::Ordering::Relaxed), 1);
     let m = weir.metrics().await;
-    assert_eq!(
-        metric(&m, "weir_rejections_total{rule=\"site-search\"}"),
-        10.0
-    );
-    assert_eq!(
-        metric(&m, "weir_rejections_total{rule=\"encoded_slash\"}"),
-        1.0
-    );
+    assert_metric(&m, "weir_rejections_total{rule=\"site-search\"}", 10.0);
+    assert_metric(&m, "weir_rejections_total{rule=\"encoded_slash\"}", 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,11 +25,7 @@ use crate::support::{HttpRequest, Signal, Weir, connect_from};
 async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
     become_subreaper();
     let up = ok_upstream().await;
-    let mut weir = Weir::builder()
-        .config(config(up.addr(), "10s"))
-        .start()
-        .await
-        .unwrap();
+    let mut weir = start_weir(&up, "10s").await;
     let _group = GroupGuard(weir.child_pid());
     let addr = weir.listener(0);
     let first = weir.pid();
@@ -185,11 +181,7 @@ async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
 async fn an_upgrade_keeps_the_learned_admission_limit() {
     become_subreaper();
     let up = overloaded_upstream().await;
-    let mut weir = Weir::builder()
-        .config(config(up.addr(), "5s"))
-        .start()
-        .await
-        .unwrap();
+    let mut weir = start_weir(&up, "5s").await;
     let _group = GroupGuard(weir.child_pid());
     let (addr, old) = (weir.listener(0), weir.pid());
     let learned = cut_admission_limit(addr, weir.admin()).await;
@@ -267,11 +259,7 @@ async fn failed_upgrade_leaves_the_old_process_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_finishes_every_request_and_exits_0() {
     let up = ok_upstream().await;
-    let mut weir = Weir::builder()
-        .config(config(up.addr(), "20s"))
-        .start()
-        .await
-        .unwrap();
+    let mut weir = start_weir(&up, "20s").await;
     let addr = weir.listener(0);
     let mut uploads = Vec::new();
     for i in 0..6u8 {
@@ -307,11 +295,7 @@ async fn second_sigterm_or_sigquit_stops_a_drain_fast() {
     // (signals, in order)
     let cases: [&[Signal]; 2] = [&[Signal::Term, Signal::Term], &[Signal::Quit]];
     for signals in cases {
-        let mut weir = Weir::builder()
-            .config(config(up.addr(), "60s"))
-            .start()
-            .await
-            .unwrap();
+        let mut weir = start_weir(&up, "60s").await;
         let addr = weir.listener(0);
         // An upload that stalls: a drain alone would wait 60 s for it.
         let mut stalled = connect_from([127, 54, 0, 1].into(), addr).await.unwrap();

@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -15,30 +16,19 @@ fn ip(s: &str) -> IpAddr {
 /// that is browsing after three pages (no minimum age, so the test need not
 /// wait a minute).
 fn visit_config(up: std::net::SocketAddr) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-
-[pools.app]
-servers = ["{up}"]
-
-[[routes]]
-pool = "app"
-class = "expensive"
-query_keys = ["search"]
-
-[[routes]]
-pool = "app"
-class = "page"
-
-[visit]
+    WeirConfig::new(up)
+        .route_with("expensive", r#"query_keys = ["search"]"#)
+        .route("page")
+        .then(
+            r#"[visit]
 min_age = "0s"
 
 [[classes.expensive.rules]]
 name = "one-search"
-limits = [{{ per = "ip", rate = 1, window = "10m" }}]
-"#
-    )
+limits = [{ per = "ip", rate = 1, window = "10m" }]
+"#,
+        )
+        .toml()
 }
 
 /// `NAV` from `source` with `cookie` (if any) and extra headers; returns the

@@ -7,7 +7,7 @@
 //! Does not: run the operation itself, or assert (the tests do, on
 //! [`Counts`]).
 
-use super::{HttpRequest, HttpUpstream, Weir, connect_from};
+use super::{HttpRequest, HttpUpstream, Weir, WeirConfig, connect_from};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -21,40 +21,34 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub fn config(upstream: SocketAddr, drain: &str) -> String {
-    format!(
-        r#"[process]
-watch_config = false
-drain_timeout = "{drain}"
-
-[admin]
-address = "127.0.0.1:0"
-
-[access_log]
-target = "off"
-
-[[listeners]]
-address = "127.0.0.1:0"
-
-[pools.app]
-servers = ["{upstream}"]
-
-[[routes]]
-pool = "app"
-path_prefix = "/limited"
-class = "default"
-
-[[routes]]
-pool = "app"
-class = "open"
-
-# 5 an hour: once limited, a client stays limited for the whole test. (At
+    WeirConfig::new(upstream)
+        .then(format!(
+            "[process]\nwatch_config = false\ndrain_timeout = \"{drain}\""
+        ))
+        .admin()
+        .access_log_off()
+        .route_with("default", "path_prefix = \"/limited\"")
+        .route("open")
+        .then(
+            r#"# 5 an hour: once limited, a client stays limited for the whole test. (At
 # 5 a minute one request came free every 12 s, and a run of restarts that
 # took longer than that found the client "forgotten".)
 [[classes.default.rules]]
 name = "r"
-limits = [{{ per = "ip", rate = 5, window = "1h" }}]
-"#
-    )
+limits = [{ per = "ip", rate = 5, window = "1h" }]
+"#,
+        )
+        .toml()
+}
+
+/// weir started with [`config`] in front of `upstream`, draining for
+/// `drain`.
+pub async fn start_weir(upstream: &HttpUpstream, drain: &str) -> Weir {
+    Weir::builder()
+        .config(config(upstream.addr(), drain))
+        .start()
+        .await
+        .unwrap()
 }
 
 /// An upstream that answers `/overloaded` with `503` (an app out of
