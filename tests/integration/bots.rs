@@ -8,7 +8,7 @@
 
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use weir::identity::bots::signature::SignedRequest;
 use weir::identity::bots::{BotCheck, BotVerifier};

@@ -142,7 +142,6 @@ async fn pressure_site(disengage_after: &str) -> (weir_lab::app::SimApp, TestWei
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
-    use std::time::Duration;
     let (app, weir) = pressure_site("300ms").await;
 
     // Calm: a navigation goes straight through.
@@ -205,7 +204,6 @@ async fn challenges_appear_only_under_pressure_and_stop_after_it_passes() {
 /// free while someone is turned away. Counted as spared.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_pressure_a_navigation_is_served_while_the_app_has_room() {
-    use std::time::Duration;
     let (app, weir) = pressure_site("10m").await;
     let waiting = stall_and_queue(&app, &weir).await;
     // Engaged and full: challenged (at once: no wait, no rule charged).

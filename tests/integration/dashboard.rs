@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use weir::challenge::{page_nonce, pow};
 
-use crate::fixtures::{H1, Upstream, full, urlencode};
+use crate::fixtures::{H1, Upstream, urlencode};
 use crate::support::WeirConfig;
 use crate::support::{HttpRequest, Weir};
 

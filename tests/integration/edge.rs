@@ -5,7 +5,6 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use http::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::fixtures::*;

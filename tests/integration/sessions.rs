@@ -4,7 +4,7 @@
 //! does; a forged one does not.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use weir::identity::session::{SignedCookie, SigningKeys};
 use weir_lab::app::{AppConfig, SimApp};
