@@ -1,9 +1,11 @@
 //! Loopback ports for servers that cannot report an OS-chosen port (nginx,
-//! HAProxy, Redis), and lookup of their executables.
+//! HAProxy, Redis, dnsmasq), lookup of their executables, and the start
+//! sequence those fixtures share.
 //!
 //! Owns: asking the OS for free 127.0.0.1 ports, telling "port taken" start
-//! failures apart so a fixture can retry with fresh ports, and finding server
-//! binaries in PATH or the sbin directories Debian installs them to.
+//! failures apart so a fixture can retry with fresh ports
+//! ([`start_on_loopback`] does), and finding server binaries in PATH or the
+//! sbin directories Debian installs them to.
 //!
 //! Does not: reserve ports. Between our probe and the server's bind another
 //! process may take the port; fixtures retry a few times instead.
@@ -71,12 +73,12 @@ pub fn find_program(name: &str) -> Result<PathBuf, FixtureError> {
 /// Starts a server on loopback ports it cannot choose itself (nginx,
 /// HAProxy, Redis, dnsmasq): in a fresh temp dir, on the addresses
 /// `choose_addrs` gives, `command` writes its config and returns the command
-/// that runs it; spawned as a [`ServerProcess`] (whose error messages carry
-/// the `extra_logs` files of the dir, too), it is waited for until every
-/// address accepts. A start that failed because another process
-/// took a port between our probe and the server's bind is tried again with
-/// a fresh dir and fresh addresses, up to [`PORT_ATTEMPTS`] times. Returns
-/// the process, the addresses it accepts on, and the dir it runs in.
+/// that runs it; spawned as a [`ServerProcess`] (whose error messages also
+/// carry the `extra_logs` files of the dir), it is waited for until every
+/// address accepts. A start that failed because another process took a port
+/// between our probe and the server's bind is tried again with a fresh dir
+/// and fresh addresses, up to [`PORT_ATTEMPTS`] times. Returns the process,
+/// the addresses it accepts on, and the dir it runs in.
 pub async fn start_on_loopback(
     server: &str,
     extra_logs: &[&str],
