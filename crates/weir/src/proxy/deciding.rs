@@ -99,13 +99,12 @@ pub(super) async fn session(
     headers: &HeaderMap,
 ) -> SessionState {
     let gw = ex.gw();
-    let session = match &gw.sessions {
+    match &gw.sessions {
         Some(v) if !route.rules.is_empty() || gw.pools[route.pool].admission.is_some() => {
             v.check(headers).await
         }
         _ => SessionState::Anonymous,
-    };
-    session
+    }
 }
 
 /// **Bots phase**: after the session phase, for a routed request, when
