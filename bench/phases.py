@@ -56,6 +56,10 @@ PHASES = [
                 r"|weir::proxy::responding::"),
     ("forward", r"weir::proxy::upstream::|weir::proxy::forwarding::|weir::upstream::"
                 r"|weir_http::connections::|weir_http::client::|weir_http::body::RequestBody"),
+    # TLS and hyper's codecs (the TLS listener, HTTP/2): named by their
+    # crates, since weir's own frames do not call into them.
+    ("tls", r"rustls::|tokio_rustls::|ring::aead|ring_core_[0-9_]*_(aes|gcm|chacha)"),
+    ("hyper", r"\bh2::|hyper::|weir::edge::serve::hyper_service"),
     ("request glue", r"weir::proxy::serve|weir::proxy::handle|weir::proxy::ConnHandler"
                      r"|weir::proxy::upstream\b|weir::proxy::send_again|weir::proxy::Boxed"
                      r"|weir::proxy::exchange::"),
@@ -75,7 +79,8 @@ FILES = [
 ]
 FILES_COMPILED = [(name, re.compile(p)) for name, p in FILES]
 ORDER = ["parse", "target", "identity", "route", "session", "rules", "coalesce",
-         "admission", "forward", "respond", "write", "log", "metrics", "request glue",
+         "admission", "forward", "respond", "write", "log", "metrics", "tls", "hyper",
+         "request glue",
          "runtime/edge"]
 COMPILED = [(name, re.compile(p)) for name, p in PHASES]
 

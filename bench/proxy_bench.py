@@ -133,8 +133,10 @@ class Server:
 
 
 def nginx_main(d, workers, conns):
+    # bench/callgrind.py measures nginx as one process (`master_process off`).
+    master = "off" if nginx_single_process else "on"
     return (
-        f"daemon off;\nmaster_process on;\nworker_processes {workers};\n"
+        f"daemon off;\nmaster_process {master};\nworker_processes {workers};\n"
         f"worker_rlimit_nofile 20000;\npid {d}/nginx.pid;\nerror_log {d}/error.log notice;\n"
         f"events {{ worker_connections {conns}; }}\n"
     )
@@ -157,7 +159,8 @@ def start_nginx(name, conf_text, workdir, port, pin):
     with open(conf, "w") as f:
         f.write(conf_text(d))
     err = os.path.join(d, "error.log")
-    s = Server(name, ["nginx", "-p", d, "-c", conf, "-e", err], d, port, [err], pin)
+    argv = nginx_prefix + ["nginx", "-p", d, "-c", conf, "-e", err]
+    s = Server(name, argv, d, port, [err], pin)
     wait_port(port, s.proc, START_DEADLINE, s.logs)
     return s
 
@@ -192,23 +195,57 @@ def upstream_accepts(port):
     return int(text.splitlines()[2].split()[0]) - 1
 
 
+# What "the same work" as weir's bench config means for nginx (issue 39):
+# a rate limit on the client address that never refuses (weir's rule charges
+# three levels; nginx has no /24 or /16 key without a map, so one), and a
+# JSON access line with the fields weir's line carries, buffered as weir's
+# writer is, to /dev/null as weir's; the request id passed upstream as weir
+# does. `--nginx-work plain` runs the nginx of the earlier runs instead (the
+# default log format, no limit).
+NGINX_SAME_WORK = (
+    "limit_req_zone $binary_remote_addr zone=perip:10m rate=1000000r/s;\n"
+    "log_format weir escape=json '{\"time\":\"$time_iso8601\",\"request_id\":\"$request_id\","
+    "\"client\":\"$remote_addr\",\"method\":\"$request_method\",\"path\":\"$uri\","
+    "\"query\":\"$args\",\"proto\":\"$server_protocol\",\"tls\":\"$ssl_protocol\","
+    "\"alpn\":\"$ssl_alpn_protocol\",\"user_agent\":\"$http_user_agent\","
+    "\"referer\":\"$http_referer\",\"status\":$status,\"bytes_in\":$request_length,"
+    "\"bytes_out\":$bytes_sent,\"duration_s\":$request_time,\"upstream\":\"$upstream_addr\","
+    "\"upstream_status\":\"$upstream_status\",\"upstream_s\":\"$upstream_response_time\"}';\n"
+    "access_log /dev/null weir buffer=64k flush=1s;\n"
+)
+NGINX_SAME_WORK_LOCATION = (
+    "    limit_req zone=perip burst=1000000 nodelay;\n"
+    "    proxy_set_header X-Request-Id $request_id;\n"
+)
+NGINX_WORK = {"same": (NGINX_SAME_WORK, NGINX_SAME_WORK_LOCATION),
+              "plain": ("access_log /dev/null;\n", "")}
+# Set by main (`--nginx-work`).
+nginx_work = "same"
+# Set by bench/callgrind.py: nginx as one process, started through a wrapper
+# (valgrind) given as a command prefix.
+nginx_single_process = False
+nginx_prefix = []
+
+
 def start_nginx_proxy(workdir, upstream_port, pin, name="nginx", workers=1, tls=None):
     """nginx in front of the upstream: `workers` worker processes; with
-    `tls` = (cert, key), HTTPS (OpenSSL) with HTTP/2 offered by ALPN."""
+    `tls` = (cert, key), HTTPS (OpenSSL) with HTTP/2 offered by ALPN. It does
+    the work `nginx_work` names (`NGINX_WORK`: the same as weir's, or plain)."""
     port = free_port()
     listen = f"listen 127.0.0.1:{port} backlog=4096"
     if tls:
         listen += (f" ssl http2; ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};\n"
                    "  ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:tls:10m")
+    http_work, location_work = NGINX_WORK[nginx_work]
     def conf(d):
         # Enough connections for 10,000 idle clients + upstream.
         return nginx_main(d, workers, 19000) + (
-            "http {\n" + nginx_http_common(d) + "access_log /dev/null;\n"
-            f"upstream app {{ server 127.0.0.1:{upstream_port}; keepalive 1024; }}\n"
+            "http {\n" + nginx_http_common(d) + http_work
+            + f"upstream app {{ server 127.0.0.1:{upstream_port}; keepalive 1024; }}\n"
             f"server {{ {listen};\n"
             "  location / { proxy_pass http://app; proxy_http_version 1.1;\n"
-            "    proxy_set_header Connection \"\";\n"
-            "    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; } }\n}\n"
+            "    proxy_set_header Connection \"\";\n" + location_work
+            + "    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; } }\n}\n"
         )
     return start_nginx(name, conf, workdir, port, pin)
 
@@ -482,7 +519,13 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--pin", action="store_true",
                     help="pin upstream+wrk to CPU 1 and the proxy to CPU 0")
+    ap.add_argument("--nginx-work", choices=sorted(NGINX_WORK), default="same",
+                    help="same: nginx does weir's work (a rate limit on the client address, "
+                         "a buffered JSON access line, the request id upstream); plain: "
+                         "the default log and no limit, as in runs before 2026-12-06")
     args = ap.parse_args()
+    global nginx_work
+    nginx_work = args.nginx_work
 
     here = os.path.dirname(os.path.abspath(__file__))
     host = socket.gethostname().split(".")[0]
@@ -660,7 +703,7 @@ def main():
         with open(os.path.join(out, "meta.txt"), "w") as f:
             f.write(f"date {stamp}\nhost {host}\nnproc {os.cpu_count()}\n"
                     f"rounds {args.rounds}\nduration_s {args.duration}\nconns {conns_list}\n"
-                    f"pin {args.pin}\nskipped {skipped}\n")
+                    f"pin {args.pin}\nnginx_work {args.nginx_work}\nskipped {skipped}\n")
             for cmd in (["nginx", "-v"], ["haproxy", "-v"], ["wrk", "-v"], ["uname", "-a"]):
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 f.write((r.stdout + r.stderr).splitlines()[0] if (r.stdout + r.stderr) else "")
