@@ -288,9 +288,14 @@ impl Challenger {
     /// The pass on this request, checked with no store. Any one valid
     /// `weir_pass` cookie among several is enough.
     pub fn pass(&self, headers: &HeaderMap, client: &ClientId, now: SystemTime) -> PassCheck {
-        let binding = Binding::of(client.client, user_agent(headers));
+        // The binding (two SHA-256 digests) only for a request that carries
+        // a pass: most carry none, and it was a seventh of a request's work
+        // (bench/README.md, "TLS and HTTP/2 under callgrind").
+        let mut binding = None;
         let mut first_rejection = None;
         for value in weir_http::cookie::values(headers, &self.cookie_name) {
+            let binding =
+                *binding.get_or_insert_with(|| Binding::of(client.client, user_agent(headers)));
             match token::verify(&self.token_keys, value, binding, now) {
                 Ok(pass) => return PassCheck::Valid(pass),
                 Err(r) => {
