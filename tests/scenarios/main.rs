@@ -88,6 +88,18 @@ fn assert_checks_hold(report: &SimReport, variants: &[&str]) {
     assert!(report.passed());
 }
 
+/// The checks of `variant` in `report`, after asserting that every one of
+/// them passed.
+fn passed_checks_of(report: &SimReport, variant: &str) -> Vec<(String, bool)> {
+    let results = report.checks_of(variant);
+    assert!(
+        results.iter().all(|(_, passed)| *passed),
+        "{variant}: {results:?}\n{}",
+        report.to_text()
+    );
+    results
+}
+
 fn connection_exhaustion_reproduces_and_per_ip_caps_fix_it() {
     let report = run_file("nginx-connection-exhaustion.toml");
     // The original reproduces the incident; the recommended fixes it.
@@ -142,13 +154,8 @@ fn crawlers_like_people_meet_the_flood_scenarios_configs_and_people() {
 /// are measured for docs/lab.md).
 fn connection_flood_with_defaults_keeps_people_served() {
     let report = run_variants("connection-flood.toml", &["zero-config"]);
-    let results = report.checks_of("zero-config");
+    let results = passed_checks_of(&report, "zero-config");
     assert!(results.len() >= 4, "{results:?}");
-    assert!(
-        results.iter().all(|(_, passed)| *passed),
-        "{results:?}\n{}",
-        report.to_text()
-    );
     let flood = report.variants[0]
         .cohorts
         .iter()
@@ -166,23 +173,13 @@ fn connection_flood_with_defaults_keeps_people_served() {
 /// requests starved every expensive one (logins, uploads: 503 after 10 s).
 fn connection_flood_that_fills_the_app_gets_only_what_people_leave() {
     let report = run_variants("connection-flood-app-full.toml", &["zero-config"]);
-    let results = report.checks_of("zero-config");
+    let results = passed_checks_of(&report, "zero-config");
     assert!(results.len() >= 8, "{results:?}");
-    assert!(
-        results.iter().all(|(_, passed)| *passed),
-        "{results:?}\n{}",
-        report.to_text()
-    );
 }
 
 fn container_replacement_warming_pool_is_not_flooded() {
     let report = run_file("2026-10-04-container-replacement.toml");
     for variant in ["original", "recommended"] {
-        let results = report.checks_of(variant);
-        assert!(
-            results.iter().all(|(_, passed)| *passed),
-            "{variant}: {results:?}\n{}",
-            report.to_text()
-        );
+        passed_checks_of(&report, variant);
     }
 }
