@@ -3,14 +3,21 @@
 //! too, a file reopened on SIGUSR1 after logrotate moved it, and weir's own
 //! log as JSON lines when `[log] format = "json"`.
 
-use crate::support::{HttpRequest, HttpUpstream, Signal, Weir, json_lines};
+use crate::support::{HttpRequest, HttpUpstream, Signal, Weir, WeirConfig, json_lines};
 
+/// The `[access_log]` table writing to the file `log`.
+fn access_log_to(log: &std::path::Path) -> String {
+    format!("[access_log]\ntarget = \"{}\"\n", log.display())
+}
+
+/// weir in front of `upstream` with the admin endpoint, the access log
+/// written to `log`, then `extra` (tables).
 fn config(upstream: std::net::SocketAddr, log: &std::path::Path, extra: &str) -> String {
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
-         [pools.app]\nservers = [\"{upstream}\"]\n[access_log]\ntarget = \"{}\"\n{extra}",
-        log.display()
-    )
+    WeirConfig::new(upstream)
+        .admin()
+        .then(access_log_to(log))
+        .then(extra)
+        .toml()
 }
 
 /// A weir in front of `upstream` logging to a file in a fresh directory:
@@ -184,13 +191,11 @@ async fn tls_version_and_alpn_are_logged() {
     let (cert, key) = crate::support::tls::tls_files(dir.path());
     let log = dir.path().join("access.log");
     let weir = Weir::builder()
-        .config(format!(
-            "[[listeners]]\naddress = \"127.0.0.1:0\"\n\
-             [[listeners]]\naddress = \"127.0.0.1:0\"\ntls = {{ cert = \"{cert}\", key = \"{key}\" }}\n\
-             [pools.app]\nservers = [\"{}\"]\n[access_log]\ntarget = \"{}\"\n",
-            app.addr(),
-            log.display()
-        ))
+        .config(
+            WeirConfig::new(app.addr())
+                .tls_listener(&cert, &key)
+                .then(access_log_to(&log)),
+        )
         .start()
         .await
         .unwrap();

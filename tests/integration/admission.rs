@@ -40,14 +40,14 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use http::{Request, StatusCode};
-use weir::identity::session::{SignedCookie, SigningKeys};
 use weir_lab::app::{AppConfig, ClassRule, ServiceTime, SimApp};
 
 use crate::fixtures::*;
 use crate::support::WeirConfig;
+use crate::support::ports::unused_addr;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef-admission";
 
@@ -339,12 +339,8 @@ async fn overload_waits_then_sheds_only_the_lowest_lane() {
 async fn verified_lane_waits_little_while_anonymous_is_shed() {
     let app = app(4, 2, 20.0, 100.0);
     let weir = TestWeir::start(&overload_config(app.addr(), "300ms")).await;
-    let signer = SignedCookie::new("weir_session", SigningKeys::new(&[KEY]).unwrap());
-    let expires = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 3600;
+    let signer = session_signer(KEY);
+    let expires = an_hour_from_now();
     let mut traffic = Traffic::to(weir.addr);
     traffic.clients(21, 12, "/w/index.php?search=x", no_cookie);
     // Editors ask for the same expensive pages as the crawlers.
@@ -672,10 +668,7 @@ slow_start = "8s"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_budget_caps_retries() {
     let good = Upstream::start().await;
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let closed = unused_addr();
     let weir = TestWeir::start(&format!(
         r#"[[listeners]]
 address = "127.0.0.1:0"
@@ -722,14 +715,7 @@ async fn zero_config(app: &SimApp) -> TestWeir {
 /// Sends 30 searches and 90 pages one at a time, then waits (up to 2 s)
 /// until the pool counts one expensive shape.
 async fn learn_that_searches_are_expensive(weir: &TestWeir) {
-    for i in 0..30u8 {
-        let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
-        assert_eq!(s, 200);
-        for _ in 0..3 {
-            let (s, _, _) = get(weir.addr, &format!("/wiki/Page{i}"), &[]).await;
-            assert_eq!(s, 200);
-        }
-    }
+    searches_then_pages(weir.addr).await;
     assert_eventually_async!(
         within = Duration::from_secs(2),
         metric(

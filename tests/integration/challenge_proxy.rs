@@ -90,24 +90,20 @@ async fn navigations_are_challenged_and_a_solved_answer_earns_a_pass() {
     assert_eq!(h["x-weir-challenge"], "1");
 
     let m = weir.metrics().await;
-    assert!(
-        metric(
-            &m,
-            "weir_challenge_events_total{event=\"issued\",reason=\"\"}"
-        ) >= 2.0,
-        "{m}"
+    assert_metric_at_least(
+        &m,
+        "weir_challenge_events_total{event=\"issued\",reason=\"\"}",
+        2.0,
     );
     assert_metric(
         &m,
         "weir_challenge_events_total{event=\"solved\",reason=\"\"}",
         1.0,
     );
-    assert!(
-        metric(
-            &m,
-            "weir_challenge_events_total{event=\"pass_admitted\",reason=\"\"}"
-        ) >= 5.0,
-        "{m}"
+    assert_metric_at_least(
+        &m,
+        "weir_challenge_events_total{event=\"pass_admitted\",reason=\"\"}",
+        5.0,
     );
     // The page, the API read, the POST, the answer, six with the pass, the
     // other /24: 11.

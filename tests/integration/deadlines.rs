@@ -23,6 +23,26 @@ fn config(up: SocketAddr, extra: &str) -> String {
         .toml()
 }
 
+/// [`upstream`], and weir in front of it with [`config`] and `extra`.
+async fn start(extra: &str) -> (HttpUpstream, Weir) {
+    let up = upstream().await;
+    let weir = Weir::builder()
+        .config(config(up.addr(), extra))
+        .start()
+        .await
+        .unwrap();
+    (up, weir)
+}
+
+/// [`start`], and a raw TCP connection to weir's listener.
+async fn start_with_a_connection(extra: &str) -> (HttpUpstream, Weir, tokio::net::TcpStream) {
+    let (up, weir) = start(extra).await;
+    let s = tokio::net::TcpStream::connect(weir.listener(0))
+        .await
+        .unwrap();
+    (up, weir, s)
+}
+
 /// An upstream answering `/big` with 64 MiB (more than loopback's socket
 /// buffers hold) and anything else with the length of the body it read.
 async fn upstream() -> HttpUpstream {
@@ -36,14 +56,6 @@ async fn upstream() -> HttpUpstream {
     })
     .await
     .unwrap()
-}
-
-async fn metrics(weir: &Weir) -> String {
-    HttpRequest::get("/metrics")
-        .send(weir.admin())
-        .await
-        .unwrap()
-        .text()
 }
 
 /// Reads one answer with a `content-length` (10 s at most).
@@ -87,12 +99,7 @@ async fn read_answer(stream: &mut tokio::net::TcpStream, within: Duration) -> St
 /// the send timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_holds_no_admission_slot_and_is_cut_at_the_send_timeout() {
-    let up = upstream().await;
-    let cfg = config(
-        up.addr(),
-        "[limits]\nsend_timeout = \"2s\"\n\n[pools.app.admission]\nmax_in_flight = 1\nqueue_timeout = \"60s\"\n",
-    );
-    let weir = Weir::builder().config(cfg).start().await.unwrap();
+    let (up, weir) = start("[limits]\nsend_timeout = \"2s\"\n\n[pools.app.admission]\nmax_in_flight = 1\nqueue_timeout = \"60s\"\n").await;
     // Asks for 64 MiB and reads none of it, with a small receive window.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
@@ -103,11 +110,12 @@ async fn a_client_that_stops_reading_holds_no_admission_slot_and_is_cut_at_the_s
         .unwrap();
     assert_eventually_async!(
         up.requests() == 1
-            && metrics(&weir)
+            && weir
+                .metrics()
                 .await
                 .contains("weir_admission_in_flight{pool=\"app\"} 0"),
         "the app answered /big and its slot was given back:\n{}",
-        metrics(&weir).await
+        weir.metrics().await
     );
 
     // The only slot was the stalled client's until its answer began; the
@@ -123,24 +131,18 @@ async fn a_client_that_stops_reading_holds_no_admission_slot_and_is_cut_at_the_s
     assert!(waited < Duration::from_millis(1500), "{waited:?}");
     let cut = "weir_connections_closed_total{reason=\"send_timeout\"} 1";
     assert_eventually_async!(
-        metrics(&weir).await.contains(cut),
+        weir.metrics().await.contains(cut),
         "never cut at the send timeout:\n{}",
-        metrics(&weir).await
+        weir.metrics().await
     );
     eprintln!("a request behind a client that stopped reading waited {waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_dripped_within_its_read_timeout_is_cut_at_the_minimum_rate() {
-    let up = upstream().await;
-    let cfg = config(
-        up.addr(),
-        "[limits]\nbody_read_timeout = \"2s\"\nmin_body_rate = 100\n",
-    );
-    let weir = Weir::builder().config(cfg).start().await.unwrap();
-    let mut s = tokio::net::TcpStream::connect(weir.listener(0))
-        .await
-        .unwrap();
+    let (_up, _weir, mut s) =
+        start_with_a_connection("[limits]\nbody_read_timeout = \"2s\"\nmin_body_rate = 100\n")
+            .await;
     s.write_all(b"POST /up HTTP/1.1\r\nhost: t\r\ncontent-length: 1000\r\n\r\n")
         .await
         .unwrap();
@@ -169,9 +171,7 @@ async fn a_body_dripped_within_its_read_timeout_is_cut_at_the_minimum_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_longer_than_its_class_takes_is_413() {
-    let up = upstream().await;
-    let cfg = config(up.addr(), "[classes.page]\nmax_body_bytes = 1000\n");
-    let weir = Weir::builder().config(cfg).start().await.unwrap();
+    let (up, weir) = start("[classes.page]\nmax_body_bytes = 1000\n").await;
     let addr = weir.listener(0);
 
     let r = HttpRequest::post("/up", vec![b'a'; 1000])
@@ -215,15 +215,7 @@ async fn a_body_longer_than_its_class_takes_is_413() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_verify_endpoint_times_out_a_cut_body_like_any_other() {
-    let up = upstream().await;
-    let cfg = config(
-        up.addr(),
-        "[limits]\nbody_read_timeout = \"2s\"\n\n[classes.page]\nchallenge = \"always\"\n\n[challenge]\nkeys = [\"challenge-key-for-tests-0123456789abcdef\"]\n",
-    );
-    let weir = Weir::builder().config(cfg).start().await.unwrap();
-    let mut s = tokio::net::TcpStream::connect(weir.listener(0))
-        .await
-        .unwrap();
+    let (_up, _weir, mut s) = start_with_a_connection("[limits]\nbody_read_timeout = \"2s\"\n\n[classes.page]\nchallenge = \"always\"\n\n[challenge]\nkeys = [\"challenge-key-for-tests-0123456789abcdef\"]\n").await;
     s.write_all(
         b"POST /.weir/challenge/verify HTTP/1.1\r\nhost: t\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: 1000\r\n\r\nnonce=",
     )

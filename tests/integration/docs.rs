@@ -22,6 +22,13 @@ fn schema_keys() -> Vec<String> {
         .collect()
 }
 
+/// Nothing is `missing` from the document `doc`; else the failure lists
+/// the `what` (keys, metrics) it lacks.
+#[track_caller]
+fn assert_none_missing(missing: &[&String], what: &str, doc: &str) {
+    assert!(missing.is_empty(), "{what} missing from {doc}: {missing:?}");
+}
+
 #[test]
 fn every_config_key_is_documented() {
     let doc = read("docs/configuration.md");
@@ -42,10 +49,7 @@ fn every_config_key_is_documented() {
                 && !doc.contains(&format!("`[[{toml}"))
         })
         .collect();
-    assert!(
-        missing.is_empty(),
-        "keys missing from docs/configuration.md: {missing:?}"
-    );
+    assert_none_missing(&missing, "keys", "docs/configuration.md");
 }
 
 #[test]
@@ -66,10 +70,7 @@ fn every_metric_is_documented() {
         .iter()
         .filter(|n| !doc.contains(&format!("`weir_{n}")))
         .collect();
-    assert!(
-        missing.is_empty(),
-        "metrics missing from docs/metrics.md: {missing:?}"
-    );
+    assert_none_missing(&missing, "metrics", "docs/metrics.md");
 }
 
 #[test]

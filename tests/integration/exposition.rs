@@ -7,15 +7,12 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use crate::support::{HttpRequest, Weir};
+use crate::support::{HttpRequest, Weir, WeirConfig};
 
-const CONFIG: &str = r#"[[listeners]]
-address = "127.0.0.1:0"
-[admin]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["127.0.0.1:9"]
-"#;
+/// One listener and the admin endpoint (the app is never reached).
+fn config() -> String {
+    WeirConfig::new("127.0.0.1:9").admin().toml()
+}
 
 /// `promtool check metrics` on `text`: its exit code and what it said.
 fn promtool(text: &str) -> (i32, String) {
@@ -40,7 +37,7 @@ fn promtool(text: &str) -> (i32, String) {
 
 #[tokio::test]
 async fn metrics_pass_promtool_and_speak_both_formats() {
-    let weir = Weir::builder().config(CONFIG).start().await.unwrap();
+    let weir = Weir::builder().config(config()).start().await.unwrap();
     // Some traffic first, so labelled families and histograms have samples.
     for _ in 0..3 {
         let _ = HttpRequest::get("/x").send(weir.listener(0)).await;

@@ -278,6 +278,25 @@ pub async fn connect_from(source: IpAddr, to: SocketAddr) -> std::io::Result<Tcp
     socket.connect(to).await
 }
 
+/// An HTTP/2 client connection over `io` (a TCP or TLS stream), the
+/// connection driven by a task of its own.
+pub async fn h2_over<T>(io: T) -> hyper::client::conn::http2::SendRequest<BoxBody>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// HTTP/2 with prior knowledge on a new TCP connection to `addr`.
+pub async fn h2c(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<BoxBody> {
+    h2_over(TcpStream::connect(addr).await.unwrap()).await
+}
+
 /// An HTTP/1.1 connection (hyper client) from a chosen source address.
 pub struct H1 {
     pub sender: hyper::client::conn::http1::SendRequest<BoxBody>,
@@ -291,6 +310,12 @@ impl H1 {
             .map_err(std::io::Error::other)?;
         tokio::spawn(conn.with_upgrades());
         Ok(H1 { sender })
+    }
+
+    /// An HTTP/1.1 connection from 127.0.0.1 to `to` (panics if it cannot
+    /// connect).
+    pub async fn local(to: SocketAddr) -> H1 {
+        H1::connect(IpAddr::from([127, 0, 0, 1]), to).await.unwrap()
     }
 
     /// Sends a request; returns status, headers and the whole body.
@@ -479,6 +504,43 @@ pub async fn weir_on_tls(dir: &std::path::Path) -> (Upstream, TestWeir) {
 #[track_caller]
 pub fn assert_metric(metrics: &str, series: &str, expected: f64) {
     assert_eq!(metric(metrics, series), expected, "{series} in:\n{metrics}");
+}
+
+/// Sends 30 searches (`/w/index.php?search=qN`), each followed by three
+/// pages (`/wiki/PageN`), one at a time to `addr`; each is served (200).
+pub async fn searches_then_pages(addr: SocketAddr) {
+    for i in 0..30u8 {
+        let (s, _, _) = get(addr, &format!("/w/index.php?search=q{i}"), &[]).await;
+        assert_eq!(s, 200);
+        for _ in 0..3 {
+            let (s, _, _) = get(addr, &format!("/wiki/Page{i}"), &[]).await;
+            assert_eq!(s, 200);
+        }
+    }
+}
+
+/// What signs `weir_session` cookies with `key`, as weir checks them.
+pub fn session_signer(key: &str) -> weir::identity::session::SignedCookie {
+    use weir::identity::session::{SignedCookie, SigningKeys};
+    SignedCookie::new("weir_session", SigningKeys::new(&[key]).unwrap())
+}
+
+/// An hour from now, in seconds since the Unix epoch (a session's expiry).
+pub fn an_hour_from_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600
+}
+
+/// The value of `series` in `metrics` (an exposition) is at least `least`.
+#[track_caller]
+pub fn assert_metric_at_least(metrics: &str, series: &str, least: f64) {
+    assert!(
+        metric(metrics, series) >= least,
+        "{series} below {least} in:\n{metrics}"
+    );
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters (a form

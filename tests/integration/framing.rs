@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 use crate::support::tls::{tls_connect, tls_files};
 
 /// The status line's code of everything `stream` answers to `bytes`.
@@ -25,12 +26,7 @@ async fn status<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, bytes: &[u8]) 
 /// A weir with a plain and a TLS listener in front of `up`.
 async fn both_listeners(up: SocketAddr, dir: &std::path::Path) -> (TestWeir, SocketAddr) {
     let (cert, key) = tls_files(dir);
-    let weir = TestWeir::start(&format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n\
-         [[listeners]]\naddress = \"127.0.0.1:0\"\ntls = {{ cert = \"{cert}\", key = \"{key}\" }}\n\n\
-         [pools.app]\nservers = [\"{up}\"]\n"
-    ))
-    .await;
+    let weir = TestWeir::start(&WeirConfig::new(up).tls_listener(&cert, &key).toml()).await;
     let tls = weir.server().listeners[1];
     (weir, tls)
 }
@@ -108,8 +104,7 @@ async fn smuggling_shapes_get_one_answer_on_both_listeners() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switch_no_one_asked_for_is_not_passed_on() {
     // The test upstream answers `/ws` with 101 whatever the request says.
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let (_up, weir) = weir_in_front("").await;
     let plain = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     let got = status(
         plain,

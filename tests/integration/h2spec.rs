@@ -472,8 +472,7 @@ fn report(on: &str, total: usize, failed: &[(String, String)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rfc_9113_on_h2c() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let (_up, weir) = weir_in_front("").await;
     let addr = weir.addr;
     let (total, failed) = run_suite("http", || async move {
         RawH2::over(Box::new(

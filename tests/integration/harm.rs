@@ -38,10 +38,9 @@ fn ordinary_app() -> OrdinaryApp {
     OrdinaryApp::start(OrdinaryAppConfig::default(), "127.0.0.1:0".parse().unwrap()).unwrap()
 }
 
+/// A listener and the pool `app` of `app`, then `extra` (tables).
 fn zero_config(app: SocketAddr, extra: &str) -> String {
-    format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n\n[pools.app]\nservers = [\"{app}\"]\n{extra}"
-    )
+    config(&[app], extra)
 }
 
 fn source(n: u8) -> IpAddr {
@@ -226,14 +225,7 @@ async fn a_reload_that_changes_admission_keeps_what_it_learned() {
     for b in burst {
         b.await.unwrap();
     }
-    for i in 0..30u8 {
-        let (s, _, _) = get(weir.addr, &format!("/w/index.php?search=q{i}"), &[]).await;
-        assert_eq!(s, 200);
-        for _ in 0..3 {
-            let (s, _, _) = get(weir.addr, &format!("/wiki/Page{i}"), &[]).await;
-            assert_eq!(s, 200);
-        }
-    }
+    searches_then_pages(weir.addr).await;
     let shapes = |m: &str| metric(m, "weir_admission_expensive_shapes{pool=\"app\"}");
     let mut before: String;
     assert_eventually_async!(
@@ -308,32 +300,34 @@ fn assert_harmless(direct: &Row, weir: &Row, allowed: u64) {
     }
 }
 
+/// For each of `operations` in turn: the ordinary mix against the app
+/// alone and through weir ([`ordinary`]), and through weir nothing fails
+/// ([`assert_harmless`] with none allowed).
+async fn assert_no_failures_through(operations: &[Operation]) {
+    for &op in operations {
+        let (direct, weir) = ordinary(op).await;
+        assert_harmless(&direct, &weir, 0);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordinary_traffic_steady_and_through_reloads_fails_nothing() {
-    let (direct, weir) = ordinary(Operation::Steady).await;
-    assert_harmless(&direct, &weir, 0);
-    let (direct, weir) = ordinary(Operation::Reload).await;
-    assert_harmless(&direct, &weir, 0);
+    assert_no_failures_through(&[Operation::Steady, Operation::Reload]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordinary_traffic_through_upgrades_fails_nothing() {
-    let (direct, weir) = ordinary(Operation::Upgrade).await;
-    assert_harmless(&direct, &weir, 0);
+    assert_no_failures_through(&[Operation::Upgrade]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordinary_traffic_through_restarts_beside_and_on_an_activated_socket_fails_nothing() {
-    let (direct, weir) = ordinary(Operation::ReusePortRestart).await;
-    assert_harmless(&direct, &weir, 0);
-    let (direct, weir) = ordinary(Operation::ActivatedRestart).await;
-    assert_harmless(&direct, &weir, 0);
+    assert_no_failures_through(&[Operation::ReusePortRestart, Operation::ActivatedRestart]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordinary_traffic_through_a_blue_green_switch_behind_nginx_fails_nothing() {
-    let (direct, weir) = ordinary(Operation::BlueGreen).await;
-    assert_harmless(&direct, &weir, 0);
+    assert_no_failures_through(&[Operation::BlueGreen]).await;
 }
 
 /// A plain stop/start (the next process starts once the old has exited):

@@ -7,6 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weir_http::proxy_protocol::{encode_v1, encode_v2};
 
 use crate::fixtures::*;
+use crate::support::WeirConfig;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -86,12 +87,10 @@ async fn garbage_forwarding_headers_never_panic() {
         assert_eq!(status, 200, "case {i}: {j:?}");
     }
     let m = weir.metrics().await;
-    assert!(
-        metric(
-            &m,
-            "weir_forwarding_header_warnings_total{kind=\"malformed\"}"
-        ) >= 3.0,
-        "{m}"
+    assert_metric_at_least(
+        &m,
+        "weir_forwarding_header_warnings_total{kind=\"malformed\"}",
+        3.0,
     );
 }
 
@@ -110,10 +109,10 @@ async fn raw_request(stream: &mut tokio::net::TcpStream, prefix: &[u8]) -> Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_protocol_v1_and_v2_from_a_trusted_peer() {
     let up = Upstream::start().await;
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = true\n\n[identity]\ntrusted_proxies = [\"127.0.9.1\"]\n\n[pools.app]\nservers = [\"{}\"]\n",
-        up.addr
-    );
+    let cfg = WeirConfig::new(up.addr)
+        .listener_keys("proxy_protocol = true")
+        .then("[identity]\ntrusted_proxies = [\"127.0.9.1\"]\n")
+        .toml();
     let weir = TestWeir::start(&cfg).await;
     let src = "198.51.100.20:40000".parse().unwrap();
     let dst = weir.addr;

@@ -90,6 +90,20 @@ async fn still_waiting(
     waiter
 }
 
+/// [`offered_the_page`] within 5 s (`why` if not), but no sooner than 3 s
+/// (the `pressure.wait` of the tests that call it) after this call (`early`
+/// if sooner); its body.
+async fn offered_the_page_after_the_wait(weir: &TestWeir, why: &str, early: &str) -> Vec<u8> {
+    let started = std::time::Instant::now();
+    let body = offered_the_page(weir, Duration::from_secs(5), why).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "{early}: {:?}",
+        started.elapsed()
+    );
+    body
+}
+
 /// A person's search navigation from 127.124.0.1, answered within `within`
 /// with the challenge page (`why` if not); its body.
 async fn offered_the_page(weir: &TestWeir, within: Duration, why: &str) -> Vec<u8> {
@@ -225,18 +239,12 @@ async fn a_person_shed_from_the_queue_gets_the_challenge_not_a_503() {
 async fn a_learned_class_offers_the_page_once_the_navigation_has_waited_pressure_wait() {
     let rest = "[challenge.pressure]\nwait = \"3s\"\n";
     let (app, weir, holder) = learned_then_stalled(rest).await;
-    let started = std::time::Instant::now();
-    offered_the_page(
+    offered_the_page_after_the_wait(
         &weir,
-        Duration::from_secs(5),
         "no page after 5 s: twice `pressure.wait` (6 s) is the off-pressure fallback",
+        "it waited first (the estimate was short)",
     )
     .await;
-    assert!(
-        started.elapsed() >= Duration::from_secs(3),
-        "it waited first (the estimate was short): {:?}",
-        started.elapsed()
-    );
     resume_and_stop(app, weir, holder).await;
 }
 
@@ -251,13 +259,12 @@ async fn a_learned_class_offers_the_page_once_the_navigation_has_waited_pressure
 async fn the_no_script_delay_counts_the_wait_for_the_page() {
     let rest = "[challenge]\nno_script_delay = \"3s\"\n[challenge.pressure]\nwait = \"3s\"\n";
     let (app, weir, holder) = learned_then_stalled(rest).await;
-    let started = std::time::Instant::now();
-    let body = offered_the_page(&weir, Duration::from_secs(5), "no page after the wait").await;
-    assert!(
-        started.elapsed() >= Duration::from_secs(3),
-        "the page came after the wait: {:?}",
-        started.elapsed()
-    );
+    let body = offered_the_page_after_the_wait(
+        &weir,
+        "no page after the wait",
+        "the page came after the wait",
+    )
+    .await;
     let link = no_script_link(&body);
     let refresh = get_from(ip("127.124.0.1"), weir.addr, &link, &NAV);
     let (status, h, _) = tokio::time::timeout(Duration::from_secs(2), refresh)

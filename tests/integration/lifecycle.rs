@@ -17,9 +17,7 @@ async fn post_admin(
     weir: &TestWeir,
     fields: &[(&str, &str)],
 ) -> (u16, Option<String>, serde_json::Value) {
-    let mut c = H1::connect("127.0.0.1".parse().unwrap(), weir.admin)
-        .await
-        .unwrap();
+    let mut c = H1::local(weir.admin).await;
     let mut req = Request::post("/reload");
     for (k, v) in fields {
         req = req.header(*k, *v);
@@ -105,22 +103,29 @@ async fn admin_changes_need_no_page_and_the_token() {
     assert_eq!(status, 401, "the old token still guards");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reload_applies_valid_config_and_refuses_invalid() {
+/// `base` (tables), then [`config`] with the pool of `up` alone.
+fn pointed_at(base: &str, up: &Upstream) -> String {
+    format!("{base}{}", config(&[up.addr], ""))
+}
+
+/// Two upstreams, and weir in front of the first with [`pointed_at`].
+async fn two_upstreams_serving_the_first(base: &str) -> (Upstream, Upstream, TestWeir) {
     let a = Upstream::start().await;
     let b = Upstream::start().await;
+    let weir = TestWeir::start(&pointed_at(base, &a)).await;
+    (a, b, weir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_applies_valid_config_and_refuses_invalid() {
     let base = "[process]\nwatch_config = false\n[admin]\naddress = \"127.0.0.1:0\"\n[access_log]\ntarget = \"off\"\n";
-    let weir = TestWeir::start(&format!("{base}{}", config(&[a.addr], ""))).await;
+    let (a, b, weir) = two_upstreams_serving_the_first(base).await;
     let (status, _, _) = get(weir.addr, "/", &[]).await;
     assert_eq!(status, 200);
     assert_eq!(a.hits.load(std::sync::atomic::Ordering::Relaxed), 1);
 
     // Valid: point the pool at b.
-    std::fs::write(
-        &weir.config_path,
-        format!("{base}{}", config(&[b.addr], "")),
-    )
-    .unwrap();
+    std::fs::write(&weir.config_path, pointed_at(base, &b)).unwrap();
     let (code, doc) = post_reload(&weir).await;
     assert_eq!(code, 200, "{doc}");
     assert_eq!(doc["version"], 2);
@@ -160,15 +165,9 @@ async fn reload_applies_valid_config_and_refuses_invalid() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_file_change_is_picked_up() {
-    let a = Upstream::start().await;
-    let b = Upstream::start().await;
     let base = "[process]\nwatch_interval = \"200ms\"\n[access_log]\ntarget = \"off\"\n";
-    let weir = TestWeir::start(&format!("{base}{}", config(&[a.addr], ""))).await;
-    std::fs::write(
-        &weir.config_path,
-        format!("{base}{}", config(&[b.addr], "")),
-    )
-    .unwrap();
+    let (_a, b, weir) = two_upstreams_serving_the_first(base).await;
+    std::fs::write(&weir.config_path, pointed_at(base, &b)).unwrap();
     assert_eventually_async!(
         weir.server().runtime.gateway.load().version >= 2,
         "file change not picked up"
@@ -179,8 +178,7 @@ async fn config_file_change_is_picked_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_under_load_loses_no_request() {
-    let up = Upstream::start().await;
-    let mut weir = TestWeir::start(&config(&[up.addr], "")).await;
+    let (_up, mut weir) = weir_in_front("").await;
     let addr = weir.addr;
     let mut inflight = Vec::new();
     for i in 0..50u32 {

@@ -13,31 +13,21 @@ use std::time::Duration;
 
 use crate::fixtures::Upstream;
 use crate::support::chromium::{Chromium, DevTools, artifacts_dir};
-use crate::support::{HttpRequest, HttpUpstream, Weir};
+use crate::support::{HttpRequest, HttpUpstream, Weir, WeirConfig};
 
 const TOKEN: &str = "live-page-token-0123456789";
 
 fn config(upstream: std::net::SocketAddr) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[admin]
-address = "127.0.0.1:0"
-token = "{TOKEN}"
-[pools.app]
-servers = ["{upstream}"]
-[pools.app.admission]
-max_in_flight = 4
-# Pages to read, and the page its rule limits.
-[[routes]]
-pool = "app"
-path_prefix = "/read"
-class = "reading"
-[[routes]]
-pool = "app"
-path_prefix = "/slow"
-class = "reading"
-[[routes]]
+    WeirConfig::new(upstream)
+        .then(format!(
+            "[admin]\naddress = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"
+        ))
+        .admission("max_in_flight = 4")
+        // Pages to read, and the page its rule limits.
+        .route_with("reading", r#"path_prefix = "/read""#)
+        .route_with("reading", r#"path_prefix = "/slow""#)
+        .then(
+            r#"[[routes]]
 pool = "app"
 # A visit of pages weir served makes a visit browsing here at once (a
 # person's visit is several pages over a minute by default: docs/metrics.md).
@@ -45,9 +35,10 @@ pool = "app"
 min_age = "0s"
 [[classes.default.rules]]
 name = "per-address"
-limits = [{{ per = "ip", rate = 1, window = "1m" }}]
-"#
-    )
+limits = [{ per = "ip", rate = 1, window = "1m" }]
+"#,
+        )
+        .toml()
 }
 
 /// From each of `n` addresses in 127.0.5.0/24, as a browser keeping weir's
@@ -83,6 +74,19 @@ async fn start() -> (Upstream, Weir) {
         .await
         .unwrap();
     (app, weir)
+}
+
+/// Checks that `png` is a PNG, keeps it as `name` in the artifacts dir,
+/// and says where (`what screenshot: PATH (N bytes)`).
+fn keep_png(png: &[u8], name: &str, what: &str) {
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
+    let shot = artifacts_dir().join(name);
+    std::fs::write(&shot, png).unwrap();
+    eprintln!(
+        "{what} screenshot: {} ({} bytes)",
+        shot.display(),
+        png.len()
+    );
 }
 
 /// Polls `expression` until `done` holds for its value (bounded).
@@ -123,13 +127,7 @@ async fn the_live_page_shows_rules_pools_and_updates_and_reloads_with_the_token(
     );
 
     let url = format!("http://{}/ui", weir.admin());
-    let chromium = Chromium::run(
-        &[
-            "--remote-debugging-port=0".to_string(),
-            "--window-size=1200,900".to_string(),
-        ],
-        &url,
-    );
+    let chromium = Chromium::with_devtools(&url, "1200,900");
     let mut page = chromium.devtools().await;
 
     // Updates arrive (one a second) and fill the tables.
@@ -236,14 +234,7 @@ async fn the_live_page_shows_rules_pools_and_updates_and_reloads_with_the_token(
     );
 
     let png = page.screenshot().await;
-    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
-    let shot = artifacts_dir().join("live-page.png");
-    std::fs::write(&shot, &png).unwrap();
-    eprintln!(
-        "live page screenshot: {} ({} bytes)",
-        shot.display(),
-        png.len()
-    );
+    keep_png(&png, "live-page.png", "live page");
 }
 
 #[tokio::test]
@@ -410,13 +401,7 @@ async fn the_live_page_draws_the_last_fifteen_minutes_and_they_move_under_load()
     let traffic = tokio::spawn(load(weir.listener(0), u32::MAX, stop.clone()));
 
     let url = format!("http://{}/ui", weir.admin());
-    let chromium = Chromium::run(
-        &[
-            "--remote-debugging-port=0".to_string(),
-            "--window-size=1400,1500".to_string(),
-        ],
-        &url,
-    );
+    let chromium = Chromium::with_devtools(&url, "1400,1500");
     let mut page = chromium.devtools().await;
 
     // The charts draw, and move: the newest second drawn changes.
@@ -485,12 +470,5 @@ async fn the_live_page_draws_the_last_fifteen_minutes_and_they_move_under_load()
     stop.store(true, Ordering::Relaxed);
     let sent = traffic.await.unwrap();
     assert!(sent.ok > 0 && sent.refused > 0, "{sent:?}");
-    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"));
-    let shot = artifacts_dir().join("live-page-charts.png");
-    std::fs::write(&shot, &png).unwrap();
-    eprintln!(
-        "live page charts screenshot: {} ({} bytes)",
-        shot.display(),
-        png.len()
-    );
+    keep_png(&png, "live-page-charts.png", "live page charts");
 }

@@ -369,16 +369,11 @@ fn a_pass_without_a_challenge_and_a_deferring_concurrency_rule_are_refused_by_na
     let path = dir.path().join("weir.toml");
     std::fs::write(
         &path,
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[challenge]
-enabled = false
-[pools.app]
-servers = ["127.0.0.1:9"]
-[[routes]]
-pool = "app"
-class = "page"
-[[classes.page.rules]]
+        WeirConfig::new("127.0.0.1:9")
+            .then("[challenge]\nenabled = false\n")
+            .route("page")
+            .then(
+                r#"[[classes.page.rules]]
 name = "per-ip"
 exempt = ["pass"]
 limits = [{ per = "ip", rate = 1, window = "1m" }]
@@ -389,6 +384,8 @@ per = "subnet"
 max = 4
 when_over = "defer"
 "#,
+            )
+            .toml(),
     )
     .unwrap();
     let loaded = weir::config::load_file(&path, &weir::config::ProcessEnv).unwrap();

@@ -15,31 +15,13 @@ use bytes::Bytes;
 use http_body_util::Full;
 
 use crate::fixtures::{Upstream, assert_metric, metric};
+use crate::support::ports::unused_addr;
 use crate::support::process::send_signal;
 use crate::support::{HttpRequest, HttpUpstream, Redis, Signal, Weir, WeirConfig};
-
-/// An address nothing listens on (yet).
-fn unused_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
 
 async fn readyz(w: &Weir) -> (u16, String) {
     let r = HttpRequest::get("/readyz").send(w.admin()).await.unwrap();
     (r.status, r.text())
-}
-
-async fn status(w: &Weir) -> serde_json::Value {
-    let r = HttpRequest::get("/status").send(w.admin()).await.unwrap();
-    serde_json::from_str(&r.text()).unwrap()
-}
-
-async fn metrics(w: &Weir) -> String {
-    HttpRequest::get("/metrics")
-        .send(w.admin())
-        .await
-        .unwrap()
-        .text()
 }
 
 async fn get_from(w: &Weir, source: Ipv4Addr) -> u16 {
@@ -97,7 +79,7 @@ async fn blue_green_through_redis_keeps_a_limited_client_limited() {
     let mut blue = Weir::builder().config(&cfg).start().await.unwrap();
     // Ready means Redis is in use (the warm-up waits for it).
     until_ready(&blue, Duration::from_secs(15)).await;
-    assert_eq!(status(&blue).await["state"]["shared"]["in_use"], true);
+    assert_eq!(blue.status().await["state"]["shared"]["in_use"], true);
 
     let limited = Ipv4Addr::new(127, 61, 0, 1);
     let mut seen = Vec::new();
@@ -111,7 +93,7 @@ async fn blue_green_through_redis_keeps_a_limited_client_limited() {
     assert_ne!(green.listener(0), blue.listener(0));
     let ready = until_ready(&green, Duration::from_secs(15)).await;
     assert!(ready.starts_with("ready\n"), "{ready}");
-    let st = status(&green).await;
+    let st = green.status().await;
     // It says where its limits come from: nothing restored, Redis in use.
     assert_eq!(st["state"]["restored"], "not_configured", "{st}");
     assert_eq!(st["state"]["restored_keys"], 0, "{st}");
@@ -122,7 +104,7 @@ async fn blue_green_through_redis_keeps_a_limited_client_limited() {
     // Its first request from the limited client: still limited.
     assert_eq!(get_from(&green, limited).await, 429, "{}", green.stderr());
     assert_eq!(get_from(&green, Ipv4Addr::new(127, 61, 0, 2)).await, 200);
-    let st = status(&green).await;
+    let st = green.status().await;
     assert!(
         st["state"]["shared"]["round_trips_ok"].as_u64() >= Some(1),
         "decided through Redis: {st}"
@@ -138,7 +120,7 @@ async fn blue_green_through_redis_keeps_a_limited_client_limited() {
     );
     assert_eq!(get_from(&green, limited).await, 429);
     assert_eq!(
-        metric(&metrics(&green).await, "weir_warmup_timeouts_total"),
+        metric(&green.metrics().await, "weir_warmup_timeouts_total"),
         0.0
     );
 }
@@ -199,13 +181,13 @@ async fn readyz_waits_for_a_pool_until_it_answers() {
     assert_eq!(code, 503, "{body}");
     assert!(body.starts_with("waiting for pool app to answer"), "{body}");
     assert!(!body.contains("pool api,"), "{body}");
-    let st = status(&weir).await;
+    let st = weir.status().await;
     assert_eq!(st["warm_up"]["phase"], "waiting", "{st}");
     assert_eq!(
         st["warm_up"]["waiting_for"],
         serde_json::json!(["pool app"])
     );
-    assert_eq!(metric(&metrics(&weir).await, "weir_warmup_waiting"), 1.0);
+    assert_eq!(metric(&weir.metrics().await, "weir_warmup_waiting"), 1.0);
     // Traffic is served meanwhile: readiness is only the orchestrator's cue.
     let r = HttpRequest::get("/api/x")
         .send(weir.listener(0))
@@ -216,9 +198,9 @@ async fn readyz_waits_for_a_pool_until_it_answers() {
     let _app = Upstream::start_on(app_addr).await;
     let body = until_ready(&weir, Duration::from_secs(15)).await;
     assert!(!body.contains("timed out"), "{body}");
-    let st = status(&weir).await;
+    let st = weir.status().await;
     assert_eq!(st["warm_up"]["phase"], "ready", "{st}");
-    let m = metrics(&weir).await;
+    let m = weir.metrics().await;
     assert_metric(&m, "weir_warmup_waiting", 0.0);
     assert_metric(&m, "weir_warmup_timeouts_total", 0.0);
     assert!(metric(&m, "weir_warmup_seconds") > 0.0, "{m}");
@@ -244,13 +226,13 @@ async fn readiness_stops_waiting_at_the_timeout() {
         body.contains("warm-up timed out after 2s: pool app never answered"),
         "{body}"
     );
-    let st = status(&weir).await;
+    let st = weir.status().await;
     assert_eq!(st["warm_up"]["phase"], "timed_out", "{st}");
     assert_eq!(
         st["warm_up"]["never_answered"],
         serde_json::json!(["pool app"])
     );
-    let m = metrics(&weir).await;
+    let m = weir.metrics().await;
     assert_metric(&m, "weir_warmup_timeouts_total", 1.0);
     assert_metric(&m, "weir_warmup_waiting", 0.0);
     let log = weir.stderr();

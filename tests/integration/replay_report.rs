@@ -6,21 +6,21 @@
 use std::fmt::Write as _;
 use std::process::Command;
 
+use crate::support::WeirConfig;
 use crate::support::chromium::{Chromium, keep_screenshot};
 
-const CONFIG: &str = r#"
-[[listeners]]
-address = "127.0.0.1:0"
-[pools.app]
-servers = ["127.0.0.1:9"]
-[[routes]]
-pool = "app"
-class = "expensive"
-query_keys = ["search"]
-[[routes]]
-pool = "app"
-class = "page"
+/// The app (never reached: replay only reads the rules), searches in the
+/// class `expensive`, the rest in `page`; `expensive`'s rules are
+/// [`RULES`].
+fn replay_config() -> String {
+    WeirConfig::new("127.0.0.1:9")
+        .route_with("expensive", r#"query_keys = ["search"]"#)
+        .route("page")
+        .then(RULES)
+        .toml()
+}
 
+const RULES: &str = r#"
 [[classes.expensive.rules]]
 name = "anon"
 limits = [
@@ -74,7 +74,7 @@ fn log() -> String {
 async fn replay_reports_in_the_logs_zone_with_breakdowns_and_an_html_chart() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("weir.toml");
-    std::fs::write(&config, CONFIG).unwrap();
+    std::fs::write(&config, replay_config()).unwrap();
     let access = dir.path().join("access.log");
     std::fs::write(&access, log()).unwrap();
     let (json, html) = (dir.path().join("r.json"), dir.path().join("r.html"));
@@ -158,15 +158,8 @@ async fn replay_reports_in_the_logs_zone_with_breakdowns_and_an_html_chart() {
     // The page, as a real browser renders it.
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("in-flight"), "the not-replayed note");
-    let dom = Chromium::run(
-        &[
-            "--dump-dom".to_string(),
-            "--window-size=1000,1600".to_string(),
-        ],
-        &format!("file://{}", html.display()),
-    )
-    .output()
-    .await;
+    let url = format!("file://{}", html.display());
+    let dom = Chromium::dump_dom(&url, "1000,1600").await;
     let bars = dom.matches("class=\"bar\"").count();
     assert!(
         (5..=10).contains(&bars),
@@ -175,6 +168,5 @@ async fn replay_reports_in_the_logs_zone_with_breakdowns_and_an_html_chart() {
     assert_eq!(dom.matches("class=\"breakdown\"").count(), 3, "{dom}");
     assert!(dom.contains("GPTBot") && dom.contains("198.51.100.0/24"));
     assert!(dom.contains("UTC+01:00"));
-    let url = format!("file://{}", html.display());
     keep_screenshot(&url, "1000,1600", "replay-report.png").await;
 }

@@ -10,6 +10,22 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::fixtures::*;
 
+/// Everything the server sent on `s` until it closed (10 s at most),
+/// asserting that it is weir's own answer with `status` and, in
+/// `x-weir-reason`, `reason`.
+async fn answer_with_reason(s: &mut tokio::net::TcpStream, status: u16, reason: &str) -> String {
+    let answer = read_all(s).await;
+    assert!(
+        answer.starts_with(&format!("HTTP/1.1 {status} ")),
+        "{answer}"
+    );
+    assert!(
+        answer.contains(&format!("x-weir-reason: {reason}")),
+        "{answer}"
+    );
+    answer
+}
+
 /// Everything the server sent on `s` until it closed (or 10 s).
 async fn read_all(s: &mut tokio::net::TcpStream) -> String {
     let mut out = Vec::new();
@@ -36,12 +52,7 @@ async fn a_stalled_upload_is_the_clients_408_not_a_502() {
     .await
     .unwrap();
     // ... and nothing more: the class allows 300 ms between chunks.
-    let answer = read_all(&mut s).await;
-    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
-    assert!(
-        answer.contains("x-weir-reason: client_body_timeout"),
-        "{answer}"
-    );
+    let answer = answer_with_reason(&mut s, 408, "client_body_timeout").await;
     assert!(
         answer.contains("the request body stopped arriving"),
         "{answer}"
@@ -72,8 +83,7 @@ async fn a_stalled_upload_is_the_clients_408_not_a_502() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_the_codec_cannot_read_is_answered_with_its_reason() {
-    let up = Upstream::start().await;
-    let weir = TestWeir::start(&config(&[up.addr], "[limits]\nmax_headers = 20\n")).await;
+    let (up, weir) = weir_in_front("[limits]\nmax_headers = 20\n").await;
     let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     let mut head = String::from("GET / HTTP/1.1\r\nHost: wiki.example\r\n");
     for i in 0..30 {
@@ -81,12 +91,7 @@ async fn a_head_the_codec_cannot_read_is_answered_with_its_reason() {
     }
     head.push_str("\r\n");
     s.write_all(head.as_bytes()).await.unwrap();
-    let answer = read_all(&mut s).await;
-    assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
-    assert!(
-        answer.contains("x-weir-reason: header_too_large"),
-        "{answer}"
-    );
+    let answer = answer_with_reason(&mut s, 431, "header_too_large").await;
     assert!(
         answer.to_ascii_lowercase().contains("connection: close"),
         "{answer}"
@@ -95,9 +100,7 @@ async fn a_head_the_codec_cannot_read_is_answered_with_its_reason() {
     s.write_all(b"GET / HTTP/1.1\r\nHost: wiki.example\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n")
         .await
         .unwrap();
-    let answer = read_all(&mut s).await;
-    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
-    assert!(answer.contains("x-weir-reason: bad_request"), "{answer}");
+    let answer = answer_with_reason(&mut s, 400, "bad_request").await;
     assert!(
         answer.contains("both Transfer-Encoding and Content-Length"),
         "{answer}"

@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use crate::support::ordinary::{
-    Counts, admission_limit, config, cut_admission_limit, get_workers, limited_client, metric_at,
-    ok_upstream, overloaded_upstream, slow_upload, start_weir,
+    Counts, activation_socket, admission_limit, config, cut_admission_limit, get_workers,
+    limited_client, metric_at, ok_upstream, overloaded_upstream, slow_upload, start_weir,
+    stop_load,
 };
 use crate::support::process::send_signal;
 use crate::support::{Signal, Weir};
@@ -67,18 +68,6 @@ fn start_load(
         }));
     }
     load
-}
-
-async fn stop_load(load: Vec<JoinHandle<()>>, stop: &AtomicBool, counts: &Counts) {
-    stop.store(true, Ordering::Relaxed);
-    for task in load {
-        let joined = tokio::time::timeout(Duration::from_secs(20), task).await;
-        assert!(
-            joined.is_ok(),
-            "a load worker is stuck: {:?}",
-            counts.errors.lock().unwrap()
-        );
-    }
 }
 
 /// Makes the dedicated client limited (5 a minute) and checks it is.
@@ -243,8 +232,7 @@ async fn ten_stop_starts_on_an_activated_socket_fail_nothing_and_keep_limits() {
     let up = ok_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     // What systemd holds for weir.socket: it outlives every process.
-    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = socket.local_addr().unwrap();
+    let (socket, port) = activation_socket();
     let cfg_path = dir.path().join("weir.toml");
     let cfg = restart_config(
         up.addr(),

@@ -151,12 +151,10 @@ limits = [{ per = "ip", rate = 1, window = "1m" }]
     assert!(String::from_utf8_lossy(&body).contains("Try again in"));
     // A browser navigation that is refused counts as possible human collateral.
     let m = weir.metrics().await;
-    assert!(
-        metric(
-            &m,
-            "weir_rule_collateral_total{rule=\"tight\",signal=\"low_rate\",enforced=\"yes\"}"
-        ) >= 1.0,
-        "{m}"
+    assert_metric_at_least(
+        &m,
+        "weir_rule_collateral_total{rule=\"tight\",signal=\"low_rate\",enforced=\"yes\"}",
+        1.0,
     );
 }
 

@@ -28,6 +28,14 @@ fn start_app() -> SimApp {
     SimApp::start(cfg, "127.0.0.1:0".parse().expect("literal")).expect("start sim app")
 }
 
+/// The app ([`start_app`]), and a sub-request config asking it about the
+/// `wikiToken` cookie, for the test to adjust.
+fn app_checking_wiki_token() -> (SimApp, AuthSubrequestConfig) {
+    let app = start_app();
+    let cfg = AuthSubrequestConfig::new(app.addr(), &["wikiToken"]);
+    (app, cfg)
+}
+
 /// `name=value` pairs of every `Set-Cookie` of one request to the app.
 async fn cookies_from(app: SocketAddr, method: Method, path: &str) -> Vec<String> {
     let client: Client<HttpConnector, Empty<Bytes>> =
@@ -215,8 +223,7 @@ async fn app_down_is_unknown_and_counted() {
 
 #[tokio::test]
 async fn slow_app_times_out_as_unknown() {
-    let app = start_app();
-    let mut cfg = AuthSubrequestConfig::new(app.addr(), &["wikiToken"]);
+    let (app, mut cfg) = app_checking_wiki_token();
     cfg.timeout = Duration::from_millis(100);
     let sub = AuthSubrequest::new(cfg, Arc::new(ManualClock::default())).expect("cfg");
     app.stall();
@@ -228,8 +235,7 @@ async fn slow_app_times_out_as_unknown() {
 
 #[tokio::test]
 async fn too_many_in_flight_is_busy_not_queued() {
-    let app = start_app();
-    let mut cfg = AuthSubrequestConfig::new(app.addr(), &["wikiToken"]);
+    let (app, mut cfg) = app_checking_wiki_token();
     cfg.max_in_flight = 1;
     cfg.timeout = Duration::from_secs(20);
     let sub = Arc::new(AuthSubrequest::new(cfg, Arc::new(ManualClock::default())).expect("cfg"));
@@ -252,8 +258,7 @@ async fn too_many_in_flight_is_busy_not_queued() {
 
 #[tokio::test]
 async fn bounded_cache_over_a_live_app() {
-    let app = start_app();
-    let mut cfg = AuthSubrequestConfig::new(app.addr(), &["wikiToken"]);
+    let (app, mut cfg) = app_checking_wiki_token();
     cfg.max_entries = 8;
     let sub = AuthSubrequest::new(cfg, Arc::new(ManualClock::default())).expect("cfg");
     for i in 0..40 {

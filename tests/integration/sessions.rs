@@ -4,7 +4,6 @@
 //! does; a forged one does not.
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use weir::identity::session::{SignedCookie, SigningKeys};
 use weir_lab::app::{AppConfig, SimApp};
@@ -114,12 +113,8 @@ async fn only_verified_sessions_are_exempt() {
     );
 
     // A signed cookie weir can check: exempt; a forged one: not.
-    let signer = SignedCookie::new("weir_session", SigningKeys::new(&[KEY]).unwrap());
-    let expires = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 3600;
+    let signer = session_signer(KEY);
+    let expires = an_hour_from_now();
     let good = format!("weir_session={}", signer.issue("alice", expires).unwrap());
     assert_eq!(
         statuses(&weir, ip("127.70.0.4"), &good, 4).await,

@@ -24,6 +24,12 @@ fn run_shipped(name: &str) -> SimReport {
     run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Runs the scenario `toml` under every variant.
+fn run_str(toml: &str) -> SimReport {
+    let scenario = load_scenario_str(toml, None).unwrap_or_else(|e| panic!("{e}"));
+    run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
 const TINY: &str = r#"
 [scenario]
 name = "tiny"
@@ -66,8 +72,7 @@ check = "humans.served == 1"
 
 #[test]
 fn tiny_run_agrees_with_the_apps_own_counters() {
-    let scenario = load_scenario_str(TINY, None).unwrap_or_else(|e| panic!("{e}"));
-    let report = run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let report = run_str(TINY);
     let v = &report.variants[0];
     let (mut sent, mut served, mut reached, mut unfinished) = (0, 0, 0, 0);
     for c in &v.cohorts {
@@ -170,9 +175,7 @@ check = "crawlers.rejected_429 >= 0.3"
 /// the weir-only parts of the report stay empty.
 #[test]
 fn rival_gateways_run_in_front_of_the_app() {
-    let scenario = load_scenario_str(&quick_scenario("rivals", RIVALS), None)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let report = run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let report = run_str(&quick_scenario("rivals", RIVALS));
     assert!(report.passed(), "{}", report.to_text());
     for v in &report.variants {
         let reached: u64 = v.cohorts.iter().map(|c| c.reached_app).sum();
@@ -239,9 +242,7 @@ check = "crawlers.challenges_solved_count >= 1"
 
 #[test]
 fn people_solve_the_challenge_and_non_navigations_never_see_it() {
-    let scenario = load_scenario_str(&quick_scenario("challenge in the lab", CHALLENGED), None)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let report = run_scenario(&scenario, &SimOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let report = run_str(&quick_scenario("challenge in the lab", CHALLENGED));
     let results = report.checks_of("always");
     assert!(
         results.iter().all(|(_, p)| *p),
@@ -340,15 +341,7 @@ async fn the_report_opens_with_what_people_got() {
             && at("requests/s by outcome") < at("<pre>"),
         "the picture, the seconds, then the table"
     );
-    let dom = Chromium::run(
-        &[
-            "--dump-dom".to_string(),
-            "--window-size=1000,1200".to_string(),
-        ],
-        &format!("file://{}", html.display()),
-    )
-    .output()
-    .await;
+    let dom = Chromium::dump_dom(&format!("file://{}", html.display()), "1000,1200").await;
     assert!(
         dom.contains("plain: served 100.0% (") && dom.contains("% served</text>"),
         "one labelled bar for the one variant: {dom}"

@@ -14,25 +14,23 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::support::nginx::load_balancer_http;
 use crate::support::{
     FixtureError, Haproxy, HttpRequest, HttpUpstream, KeepAliveClient, Nginx, Redis, Signal, Weir,
 };
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 55);
 
+/// nginx on `listen` balancing onto `upstream`.
 fn load_balancer_config(listen: SocketAddr, upstream: SocketAddr) -> String {
-    format!(
-        "upstream app {{ server {upstream}; keepalive 8; }}\n\
-         server {{\n\
-             listen {listen};\n\
-             location / {{\n\
-                 proxy_pass http://app;\n\
-                 proxy_http_version 1.1;\n\
-                 proxy_set_header Connection \"\";\n\
-                 proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
-             }}\n\
-         }}"
-    )
+    load_balancer_http(listen, "app", upstream, 8, "")
+}
+
+/// Sends SIGTERM to `weir` and waits (10 s at most) for it to exit;
+/// `exits` says what it was expected to do.
+async fn terminate(weir: &mut Weir, exits: &str) -> std::process::ExitStatus {
+    weir.signal(Signal::Term).expect("send TERM");
+    weir.wait_exit(Duration::from_secs(10)).await.expect(exits)
 }
 
 #[tokio::test]
@@ -323,11 +321,7 @@ async fn weir_fixture_reads_ready_file_signals_and_waits_for_exit() {
         "{}",
         weir.stdout()
     );
-    weir.signal(Signal::Term).expect("send TERM");
-    let status = weir
-        .wait_exit(Duration::from_secs(10))
-        .await
-        .expect("exits");
+    let status = terminate(&mut weir, "exits").await;
     assert_eq!(status.code(), Some(3));
     assert!(weir.stdout().contains("got-term"));
 }
@@ -393,10 +387,6 @@ async fn weir_binary_runs_proxies_and_drains_on_term() {
         weir.stdout()
     );
 
-    weir.signal(Signal::Term).expect("send TERM");
-    let status = weir
-        .wait_exit(Duration::from_secs(10))
-        .await
-        .expect("drains and exits");
+    let status = terminate(&mut weir, "drains and exits").await;
     assert!(status.success(), "{status}\nstderr:\n{}", weir.stderr());
 }

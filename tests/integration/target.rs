@@ -218,18 +218,6 @@ async fn methods_are_case_sensitive_on_both_listeners() {
     assert_eq!(up.hits.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
 
-async fn h2c(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<BoxBody> {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    send
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authority_and_host_agree_on_http2() {
     let up = Upstream::start().await;

@@ -7,42 +7,52 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::fixtures::Upstream;
-use crate::support::{Haproxy, HttpRequest, Nginx, Signal, Weir};
+use crate::fixtures::{Upstream, assert_metric_at_least};
+use crate::support::nginx::load_balancer_http;
+use crate::support::{Haproxy, HttpRequest, Nginx, Signal, Weir, WeirConfig};
 
+/// nginx on `listen` balancing onto `weir`, passing the Host on.
 fn lb_config(listen: SocketAddr, weir: SocketAddr) -> String {
-    format!(
-        "upstream weir {{ server {weir}; keepalive 16; }}\n\
-         server {{\n\
-             listen {listen};\n\
-             location / {{\n\
-                 proxy_pass http://weir;\n\
-                 proxy_http_version 1.1;\n\
-                 proxy_set_header Connection \"\";\n\
-                 proxy_set_header Host $host;\n\
-                 proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
-             }}\n\
-         }}"
-    )
+    load_balancer_http(listen, "weir", weir, 16, "proxy_set_header Host $host;")
 }
 
+/// Starts the weir binary with `config`.
+async fn start_weir(config: impl Into<String>) -> Weir {
+    Weir::builder()
+        .config(config)
+        .start()
+        .await
+        .expect("weir starts")
+}
+
+/// The app behind weir, two requests a minute per client, with the admin
+/// endpoint and `identity` (tables that say how weir finds the client).
 fn weir_config(upstream: SocketAddr, identity: &str) -> String {
-    format!(
-        r#"[[listeners]]
-address = "127.0.0.1:0"
-[admin]
-address = "127.0.0.1:0"
-{identity}
-[pools.app]
-servers = ["{upstream}"]
-[[routes]]
-pool = "app"
-class = "api"
-[[classes.api.rules]]
+    WeirConfig::new(upstream)
+        .admin()
+        .then(identity)
+        .route("api")
+        .then(
+            r#"[[classes.api.rules]]
 name = "per-client"
-limits = [{{ per = "ip", rate = 2, window = "1m" }}]
-"#
-    )
+limits = [{ per = "ip", rate = 2, window = "1m" }]
+"#,
+        )
+        .toml()
+}
+
+/// The app, a weir with [`weir_config`] in front of it, and a real nginx
+/// load balancer in front of weir.
+async fn weir_behind_nginx(identity: &str) -> (Upstream, Weir, Nginx) {
+    let app = Upstream::start().await;
+    let weir = start_weir(weir_config(app.addr, identity)).await;
+    let target = weir.listener(0);
+    let nginx = Nginx::builder()
+        .http(move |a| lb_config(a[0], target))
+        .start()
+        .await
+        .expect("nginx starts");
+    (app, weir, nginx)
 }
 
 async fn statuses_via(lb: SocketAddr, client: Ipv4Addr, n: usize) -> Vec<u16> {
@@ -58,31 +68,10 @@ async fn statuses_via(lb: SocketAddr, client: Ipv4Addr, n: usize) -> Vec<u16> {
     out
 }
 
-async fn metrics(weir: &Weir) -> String {
-    HttpRequest::get("/metrics")
-        .send(weir.admin())
-        .await
-        .expect("metrics")
-        .text()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_real_nginx_load_balancer_each_client_is_limited_alone() {
-    let app = Upstream::start().await;
-    let weir = Weir::builder()
-        .config(weir_config(
-            app.addr,
-            "[identity]\ntrusted_proxies = [\"127.0.0.1/32\"]\n",
-        ))
-        .start()
-        .await
-        .expect("weir starts");
-    let target = weir.listener(0);
-    let nginx = Nginx::builder()
-        .http(move |a| lb_config(a[0], target))
-        .start()
-        .await
-        .expect("nginx starts");
+    let (_app, weir, nginx) =
+        weir_behind_nginx("[identity]\ntrusted_proxies = [\"127.0.0.1/32\"]\n").await;
     let a = Ipv4Addr::new(127, 50, 0, 1);
     let b = Ipv4Addr::new(127, 50, 0, 2);
     assert_eq!(statuses_via(nginx.addr(0), a, 3).await, vec![200, 200, 429]);
@@ -107,23 +96,12 @@ async fn behind_a_real_nginx_load_balancer_each_client_is_limited_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_trusted_proxies_weir_says_so_instead_of_silently_limiting_the_balancer() {
-    let app = Upstream::start().await;
     // The PostHog configuration: an IP limit, a load balancer in front, no
     // trusted proxies. Every client looks like the balancer...
-    let weir = Weir::builder()
-        .config(weir_config(
-            app.addr,
-            "[identity]\ndominant_peer_min_requests = 4\ndominant_peer_window = \"1s\"\n",
-        ))
-        .start()
-        .await
-        .expect("weir starts");
-    let target = weir.listener(0);
-    let nginx = Nginx::builder()
-        .http(move |a| lb_config(a[0], target))
-        .start()
-        .await
-        .expect("nginx starts");
+    let (_app, weir, nginx) = weir_behind_nginx(
+        "[identity]\ndominant_peer_min_requests = 4\ndominant_peer_window = \"1s\"\n",
+    )
+    .await;
     assert_eq!(
         statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 1), 2).await,
         vec![200, 200]
@@ -141,13 +119,11 @@ async fn without_trusted_proxies_weir_says_so_instead_of_silently_limiting_the_b
     // only a request after it ends closes it (no event says it ended).
     tokio::time::sleep(Duration::from_millis(1100)).await;
     statuses_via(nginx.addr(0), Ipv4Addr::new(127, 51, 0, 3), 1).await;
-    let m = metrics(&weir).await;
-    assert!(
-        crate::fixtures::metric(
-            &m,
-            "weir_forwarding_header_warnings_total{kind=\"untrusted_peer\"}"
-        ) >= 1.0,
-        "{m}"
+    let m = weir.metrics().await;
+    assert_metric_at_least(
+        &m,
+        "weir_forwarding_header_warnings_total{kind=\"untrusted_peer\"}",
+        1.0,
     );
     assert!(
         m.contains("weir_forwarding_header_warnings_total{kind=\"dominant_peer\"} 1"),
@@ -164,15 +140,12 @@ async fn without_trusted_proxies_weir_says_so_instead_of_silently_limiting_the_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_haproxy_with_proxy_protocol_v1_and_v2() {
     let app = Upstream::start().await;
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = true\n[admin]\naddress = \"127.0.0.1:0\"\n[identity]\ntrusted_proxies = [\"127.0.0.1\"]\n[pools.app]\nservers = [\"{}\"]\n",
-        app.addr
-    );
-    let weir = Weir::builder()
-        .config(cfg)
-        .start()
-        .await
-        .expect("weir starts");
+    let cfg = WeirConfig::new(app.addr)
+        .listener_keys("proxy_protocol = true")
+        .admin()
+        .then("[identity]\ntrusted_proxies = [\"127.0.0.1\"]\n")
+        .toml();
+    let weir = start_weir(cfg).await;
     let target = weir.listener(0);
     let haproxy = Haproxy::builder()
         .ports(2)
@@ -220,31 +193,14 @@ async fn behind_haproxy_with_proxy_protocol_v1_and_v2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_completes_every_in_flight_request_and_sighup_reloads() {
     let app = Upstream::start().await;
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n[access_log]\ntarget = \"off\"\n[pools.app]\nservers = [\"{}\"]\n",
-        app.addr
-    );
-    let mut weir = Weir::builder()
-        .config(cfg.clone())
-        .start()
-        .await
-        .expect("weir starts");
+    let cfg = WeirConfig::new(app.addr).admin().access_log_off().toml();
+    let mut weir = start_weir(cfg.clone()).await;
     // SIGHUP: a changed file is applied.
     weir.write_config(&cfg.replace("[access_log]", "[limits]\nmax_headers = 50\n[access_log]"))
         .unwrap();
     weir.signal(Signal::Hup).unwrap();
-    let admin = weir.admin();
-    let config_version = || async {
-        let s = HttpRequest::get("/status")
-            .send(admin)
-            .await
-            .unwrap()
-            .text();
-        let doc: serde_json::Value = serde_json::from_str(&s).unwrap();
-        doc["config_version"].as_u64().unwrap()
-    };
     assert_eventually_async!(
-        config_version().await == 2,
+        weir.status().await["config_version"].as_u64().unwrap() == 2,
         "SIGHUP applies the changed file"
     );
 
@@ -310,16 +266,12 @@ fn rss_mib(pid: u32) -> u64 {
 async fn holds_ten_thousand_keep_alive_connections() {
     const CONNS: usize = 10_000;
     let app = Upstream::start().await;
-    let cfg = format!(
-        "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n[access_log]\ntarget = \"off\"\n\
-         [limits]\nmax_connections = 12000\nkeepalive_idle_timeout = \"5m\"\n[pools.app]\nservers = [\"{}\"]\n",
-        app.addr
-    );
-    let weir = Weir::builder()
-        .config(cfg)
-        .start()
-        .await
-        .expect("weir starts");
+    let cfg = WeirConfig::new(app.addr)
+        .admin()
+        .access_log_off()
+        .then("[limits]\nmax_connections = 12000\nkeepalive_idle_timeout = \"5m\"\n")
+        .toml();
+    let weir = start_weir(cfg).await;
     let addr = weir.listener(0);
     let rss_before = rss_mib(weir.pid());
     // The clients live in this test process, weir in its own: each side needs
@@ -349,14 +301,7 @@ async fn holds_ten_thousand_keep_alive_connections() {
         CONNS,
         "every connection was accepted and served"
     );
-    let status: serde_json::Value = serde_json::from_str(
-        &HttpRequest::get("/status")
-            .send(weir.admin())
-            .await
-            .unwrap()
-            .text(),
-    )
-    .unwrap();
+    let status = weir.status().await;
     assert!(
         status["connections"]["open"].as_u64().unwrap() >= CONNS as u64,
         "{status}"
@@ -368,7 +313,7 @@ async fn holds_ten_thousand_keep_alive_connections() {
             "a held connection still serves"
         );
     }
-    let m = metrics(&weir).await;
+    let m = weir.metrics().await;
     // The refusal series exist from the start (at 0); none may have counted.
     let refused: Vec<&str> = m
         .lines()
@@ -502,16 +447,13 @@ fn worker_run_times(pid: u32) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_each_accept_and_serve_connections() {
     let app = Upstream::start().await;
-    let mut weir = Weir::builder()
-        .config(format!(
-            "[[listeners]]\naddress = \"127.0.0.1:0\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
-             [pools.app]\nservers = [\"{}\"]\n[[routes]]\npool = \"app\"\nclass = \"page\"\n\
-             [process]\nworkers = 2\n",
-            app.addr
-        ))
-        .start()
-        .await
-        .expect("weir starts");
+    let mut weir = start_weir(
+        WeirConfig::new(app.addr)
+            .admin()
+            .route("page")
+            .then("[process]\nworkers = 2\n"),
+    )
+    .await;
     let pid = weir.child_pid();
     let before = worker_run_times(pid);
     assert_eq!(before.len(), 2, "worker threads: {before:?}");

@@ -18,15 +18,14 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::ordinary::*;
+use crate::support::ports::unused_addr;
 use crate::support::process::send_signal;
 use crate::support::{HttpRequest, Signal, Weir, connect_from};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
-    become_subreaper();
     let up = ok_upstream().await;
-    let mut weir = start_weir(&up, "10s").await;
-    let _group = GroupGuard(weir.child_pid());
+    let (mut weir, _group) = start_weir_to_upgrade(&up, "10s").await;
     let addr = weir.listener(0);
     let first = weir.pid();
 
@@ -100,15 +99,7 @@ async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
         }
     }
     let upgrading = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    for task in load {
-        let joined = tokio::time::timeout(Duration::from_secs(20), task).await;
-        assert!(
-            joined.is_ok(),
-            "a load worker is stuck: {:?}",
-            counts.errors.lock().unwrap()
-        );
-    }
+    stop_load(load, &stop, &counts).await;
 
     // Every generation but the last exits 0 (reaped here as orphans).
     let reaping = Instant::now();
@@ -173,16 +164,22 @@ async fn hundred_upgrades_under_load_refuse_nothing_and_keep_limits() {
     );
 }
 
+/// The new process `new` answers a request on `addr`; then it is killed
+/// (the test is done with it).
+async fn serves_then_kill(addr: std::net::SocketAddr, new: u32) {
+    let r = HttpRequest::get("/x").send(addr).await.unwrap();
+    assert_eq!(r.status, 200);
+    send_signal("weir", new, Signal::Kill).unwrap();
+}
+
 /// The admission limit weir learned goes to the new process with the
 /// sockets: an app the old process had cut to one request at a time (it
 /// answered `503`, overloaded) does not meet a new process that starts open
 /// and sends it everything at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_keeps_the_learned_admission_limit() {
-    become_subreaper();
     let up = overloaded_upstream().await;
-    let mut weir = start_weir(&up, "5s").await;
-    let _group = GroupGuard(weir.child_pid());
+    let (mut weir, _group) = start_weir_to_upgrade(&up, "5s").await;
     let (addr, old) = (weir.listener(0), weir.pid());
     let learned = cut_admission_limit(addr, weir.admin()).await;
 
@@ -191,9 +188,7 @@ async fn an_upgrade_keeps_the_learned_admission_limit() {
     assert_ne!(new, old);
     let now = admission_limit(weir.admin()).await;
     assert_eq!(now, learned, "{}", weir.stderr());
-    let r = HttpRequest::get("/x").send(addr).await.unwrap();
-    assert_eq!(r.status, 200);
-    send_signal("weir", new, Signal::Kill).unwrap();
+    serves_then_kill(addr, new).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,9 +246,7 @@ async fn failed_upgrade_leaves_the_old_process_serving() {
             .unwrap()
             .success()
     );
-    let r = HttpRequest::get("/x").send(addr).await.unwrap();
-    assert_eq!(r.status, 200);
-    send_signal("weir", new, Signal::Kill).unwrap();
+    serves_then_kill(addr, new).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,8 +327,7 @@ async fn second_sigterm_or_sigquit_stops_a_drain_fast() {
 async fn socket_activation_and_ready_notification() {
     let up = ok_upstream().await;
     let dir = tempfile::tempdir().unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap();
+    let (listener, port) = activation_socket();
     let cfg =
         config(up.addr(), "5s").replace("127.0.0.1:0\"\n\n[pools", &format!("{port}\"\n\n[pools"));
     assert!(cfg.contains(&port.to_string()));
@@ -395,10 +387,7 @@ async fn socket_activation_and_ready_notification() {
 /// connects to upstreams per request, never at start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starts_serving_within_a_second_with_an_unreachable_upstream() {
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    let closed = unused_addr();
     let t = Instant::now();
     let weir = Weir::builder()
         .config(config(closed, "5s"))

@@ -78,6 +78,30 @@ impl Chromium {
         Chromium { process, _dir: dir }
     }
 
+    /// Starts Chromium with the DevTools protocol on
+    /// (`--remote-debugging-port=0`, for [`Chromium::devtools`]) showing
+    /// `url` in a `window` (`"W,H"`).
+    pub fn with_devtools(url: &str, window: &str) -> Chromium {
+        Chromium::run(
+            &[
+                "--remote-debugging-port=0".to_string(),
+                format!("--window-size={window}"),
+            ],
+            url,
+        )
+    }
+
+    /// The DOM of `url` as Chromium renders it in a `window` (`"W,H"`): what
+    /// a `--dump-dom` run prints.
+    pub async fn dump_dom(url: &str, window: &str) -> String {
+        Chromium::run(
+            &["--dump-dom".to_string(), format!("--window-size={window}")],
+            url,
+        )
+        .output()
+        .await
+    }
+
     /// Waits for Chromium to exit (bounded) and returns what it printed.
     pub async fn output(mut self) -> String {
         match self.process.wait_exit(CHROMIUM_DEADLINE).await {

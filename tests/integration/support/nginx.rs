@@ -285,3 +285,30 @@ impl Nginx {
         self.reload().await
     }
 }
+
+/// The body of an `http { }` block for a load balancer: a server on
+/// `listen` passing every request to the upstream block `name` (the one
+/// server `server`, `keepalive` idle connections kept) over HTTP/1.1
+/// keep-alive, with `directives` (more lines for `location /`, may be
+/// empty) and the client appended to X-Forwarded-For.
+pub fn load_balancer_http(
+    listen: SocketAddr,
+    name: &str,
+    server: SocketAddr,
+    keepalive: u32,
+    directives: &str,
+) -> String {
+    format!(
+        "upstream {name} {{ server {server}; keepalive {keepalive}; }}\n\
+         server {{\n\
+             listen {listen};\n\
+             location / {{\n\
+                 proxy_pass http://{name};\n\
+                 proxy_http_version 1.1;\n\
+                 proxy_set_header Connection \"\";\n\
+                 {directives}\n\
+                 proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
+             }}\n\
+         }}"
+    )
+}

@@ -148,6 +148,16 @@ impl Drop for GroupGuard {
     }
 }
 
+/// For a test that upgrades weir: this process becomes the generations'
+/// subreaper ([`become_subreaper`]), weir starts in front of `upstream`
+/// ([`start_weir`]), and the guard kills every generation when dropped.
+pub async fn start_weir_to_upgrade(upstream: &HttpUpstream, drain: &str) -> (Weir, GroupGuard) {
+    become_subreaper();
+    let weir = start_weir(upstream, drain).await;
+    let group = GroupGuard(weir.child_pid());
+    (weir, group)
+}
+
 pub async fn wait_new_pid(weir: &mut Weir, old: u32, deadline: Duration) -> u32 {
     let start = Instant::now();
     loop {
@@ -162,6 +172,29 @@ pub async fn wait_new_pid(weir: &mut Weir, old: u32, deadline: Duration) -> u32 
             weir.stderr()
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A listening socket on loopback as systemd holds one for socket
+/// activation (it outlives the processes it is handed to), and its address.
+pub fn activation_socket() -> (std::net::TcpListener, SocketAddr) {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
+}
+
+/// Sets `stop`, then waits (20 s each at most) until every load worker in
+/// `load` has ended; a stuck one fails the test with the first errors in
+/// `counts`.
+pub async fn stop_load(load: Vec<tokio::task::JoinHandle<()>>, stop: &AtomicBool, counts: &Counts) {
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        let joined = tokio::time::timeout(Duration::from_secs(20), task).await;
+        assert!(
+            joined.is_ok(),
+            "a load worker is stuck: {:?}",
+            counts.errors.lock().unwrap()
+        );
     }
 }
 

@@ -105,3 +105,10 @@ pub async fn start_on_loopback(
         }
     }
 }
+
+/// An address on loopback that nothing listens on (yet): bound to learn a
+/// free port, then closed.
+pub fn unused_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}

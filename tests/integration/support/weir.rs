@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::client::HttpRequest;
 use super::process::{
     FixtureError, POLL, START_DEADLINE, ServerProcess, Signal, send_signal, temp_dir, write_file,
 };
@@ -176,6 +177,25 @@ impl Weir {
 
     pub fn admin(&self) -> SocketAddr {
         self.ready.admin
+    }
+
+    /// The admin endpoint's `/metrics` text (panics if it does not answer).
+    pub async fn metrics(&self) -> String {
+        HttpRequest::get("/metrics")
+            .send(self.admin())
+            .await
+            .expect("metrics")
+            .text()
+    }
+
+    /// The admin endpoint's `/status` document (panics if it does not answer
+    /// with JSON).
+    pub async fn status(&self) -> serde_json::Value {
+        let r = HttpRequest::get("/status")
+            .send(self.admin())
+            .await
+            .expect("status");
+        serde_json::from_str(&r.text()).expect("status is JSON")
     }
 
     /// The pid weir reported in its ready file.

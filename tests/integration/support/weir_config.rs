@@ -25,6 +25,7 @@ use std::fmt::Display;
 /// tables in the order they were added.
 pub struct WeirConfig {
     listener_keys: String,
+    more_listeners: Vec<String>,
     pool: String,
     servers: Vec<String>,
     parts: Vec<Part>,
@@ -47,6 +48,7 @@ impl WeirConfig {
     pub fn servers(servers: &[impl Display]) -> Self {
         Self {
             listener_keys: String::new(),
+            more_listeners: Vec::new(),
             pool: "app".to_owned(),
             servers: servers.iter().map(|s| s.to_string()).collect(),
             parts: Vec::new(),
@@ -63,6 +65,18 @@ impl WeirConfig {
     pub fn listener_keys(mut self, keys: &str) -> Self {
         self.listener_keys = keys.to_owned();
         self
+    }
+
+    /// Another listener on `127.0.0.1:0`, after the first, with `keys`.
+    pub fn another_listener(mut self, keys: &str) -> Self {
+        self.more_listeners.push(keys.to_owned());
+        self
+    }
+
+    /// Another listener on `127.0.0.1:0` serving TLS with the certificate
+    /// and key in these files (see `support::tls::tls_files`).
+    pub fn tls_listener(self, cert: &str, key: &str) -> Self {
+        self.another_listener(&format!("tls = {{ cert = \"{cert}\", key = \"{key}\" }}"))
     }
 
     /// A route sending `class` to the pool, for every request it matches.
@@ -115,11 +129,19 @@ impl WeirConfig {
     pub fn toml(&self) -> String {
         let servers: Vec<String> = self.servers.iter().map(|s| format!("\"{s}\"")).collect();
         let mut text = format!(
-            "[[listeners]]\naddress = \"127.0.0.1:0\"\n{listener}\n[pools.{pool}]\nservers = [{servers}]\n",
-            listener = self.listener_keys,
+            "[[listeners]]\naddress = \"127.0.0.1:0\"\n{}\n",
+            self.listener_keys
+        );
+        for keys in &self.more_listeners {
+            text.push_str(&format!(
+                "[[listeners]]\naddress = \"127.0.0.1:0\"\n{keys}\n"
+            ));
+        }
+        text.push_str(&format!(
+            "[pools.{pool}]\nservers = [{servers}]\n",
             pool = self.pool,
             servers = servers.join(", "),
-        );
+        ));
         for part in &self.parts {
             match part {
                 Part::Route { class, keys } => text.push_str(&format!(
