@@ -34,6 +34,74 @@ pub fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> 
     Ok(socket.into())
 }
 
+/// Makes the kernel drop new connection attempts (a SYN without ACK) to
+/// `socket`, while handshakes already under way, and connections already
+/// open, go on. For the last moments before weir closes a socket it alone
+/// holds: closing a listening socket resets every connection the kernel
+/// completed since the last `accept`, after the client had sent its request
+/// (a failure the client cannot tell from any other). A dropped SYN is sent
+/// again after a second, to the next process or to a closed port (a
+/// refusal, which a client can tell). Never for a socket another process
+/// keeps (systemd's, a successor's): the filter is the socket's, not this
+/// process's.
+///
+/// A classic BPF socket filter: written by hand because it is four
+/// instructions, and the kernel runs it on the TCP header (offset 13: the
+/// flags).
+#[cfg(target_os = "linux")]
+pub fn stop_new_handshakes(socket: &TcpListener) -> std::io::Result<()> {
+    use socket2::SockFilter;
+    const SYN: u32 = 0x02;
+    const ACK: u32 = 0x10;
+    let program = [
+        // A = the TCP flags byte.
+        SockFilter::new(BPF_LD | BPF_B | BPF_ABS, 0, 0, 13),
+        SockFilter::new(BPF_ALU | BPF_AND | BPF_K, 0, 0, SYN | ACK),
+        // SYN without ACK: the next instruction (drop), else the one after.
+        SockFilter::new(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, SYN),
+        SockFilter::new(BPF_RET | BPF_K, 0, 0, 0),
+        SockFilter::new(BPF_RET | BPF_K, 0, 0, u32::MAX),
+    ];
+    socket2::SockRef::from(socket).attach_filter(&program)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn stop_new_handshakes(_socket: &TcpListener) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Removes a filter [`stop_new_handshakes`] may have left on a socket
+/// handed to this process (none is expected: a process hands its sockets
+/// on only when it does not close them).
+#[cfg(target_os = "linux")]
+pub fn accept_new_handshakes(socket: &TcpListener) {
+    // ENOENT when there is none, the usual case.
+    let _ = socket2::SockRef::from(socket).detach_filter();
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn accept_new_handshakes(_socket: &TcpListener) {}
+
+// Classic BPF opcodes (linux/bpf_common.h).
+#[cfg(target_os = "linux")]
+const BPF_LD: u16 = 0x00;
+#[cfg(target_os = "linux")]
+const BPF_B: u16 = 0x10;
+#[cfg(target_os = "linux")]
+const BPF_ABS: u16 = 0x20;
+#[cfg(target_os = "linux")]
+const BPF_ALU: u16 = 0x04;
+#[cfg(target_os = "linux")]
+const BPF_AND: u16 = 0x50;
+#[cfg(target_os = "linux")]
+const BPF_K: u16 = 0x00;
+#[cfg(target_os = "linux")]
+const BPF_JMP: u16 = 0x05;
+#[cfg(target_os = "linux")]
+const BPF_JEQ: u16 = 0x10;
+#[cfg(target_os = "linux")]
+const BPF_RET: u16 = 0x06;
+
 /// A listener as configured (binding happens once, at start).
 #[derive(Clone)]
 pub struct ListenerSpec {
@@ -68,4 +136,41 @@ pub struct EdgeSettings {
     /// `[limits]`' request-body limits, for bodies read before a route is
     /// known (the challenge's answer).
     pub body: weir_http::body::BodyLimits,
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use std::io::{ErrorKind, Read, Write};
+    use std::net::TcpStream;
+
+    use super::*;
+
+    /// With new handshakes stopped, an open connection still carries data
+    /// and a new one is never completed: its SYN is dropped (no accept, no
+    /// refusal, no reset). With the filter removed, new ones complete.
+    #[test]
+    fn a_listener_that_stops_new_handshakes_keeps_its_open_connections() {
+        let listener = bind("127.0.0.1:0".parse().unwrap(), false).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut open = TcpStream::connect(addr).unwrap();
+        listener.set_nonblocking(false).unwrap();
+        let (mut served, _) = listener.accept().unwrap();
+
+        stop_new_handshakes(&listener).unwrap();
+        let late = TcpStream::connect_timeout(&addr, Duration::from_millis(300));
+        assert_eq!(late.map_err(|e| e.kind()).err(), Some(ErrorKind::TimedOut));
+        open.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        served.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        listener.set_nonblocking(true).unwrap();
+        assert_eq!(
+            listener.accept().map_err(|e| e.kind()).err(),
+            Some(ErrorKind::WouldBlock),
+            "nothing completed behind the filter"
+        );
+
+        accept_new_handshakes(&listener);
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    }
 }

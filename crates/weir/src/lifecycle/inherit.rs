@@ -69,9 +69,9 @@ pub struct Inherited {
 
 impl Inherited {
     /// Removes and returns the first socket serving `role` at `want`.
-    pub fn take(&mut self, role: SocketRole, want: SocketAddr) -> Option<TcpListener> {
+    pub fn take(&mut self, role: SocketRole, want: SocketAddr) -> Option<InheritedListener> {
         let i = self.listeners.iter().position(|l| l.serves(role, want))?;
-        Some(self.listeners.swap_remove(i).listener)
+        Some(self.listeners.swap_remove(i))
     }
 }
 
@@ -83,6 +83,9 @@ pub struct ListeningSocket {
     /// The address as configured (port 0 stays 0).
     pub configured: SocketAddr,
     pub socket: TcpListener,
+    /// systemd keeps this socket open (socket activation) and queues on it
+    /// for the next process: weir's exit does not close it.
+    pub held_by_systemd: bool,
 }
 
 #[cfg(test)]
