@@ -88,6 +88,32 @@ def cpu_ticks(pids):
     return user, system
 
 
+def proc_events(pids):
+    """(minor page faults, voluntary context switches, involuntary ones) of
+    the processes, summed over their threads: a thread that sleeps in
+    epoll_wait and is woken switches voluntarily once a wake-up; a fault
+    is kernel time no system call count shows."""
+    faults = voluntary = involuntary = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                faults += int(f.read().rsplit(")", 1)[1].split()[7])
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except (OSError, IndexError, ValueError):
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            voluntary += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches:"):
+                            involuntary += int(line.split()[1])
+            except (OSError, ValueError):
+                pass
+    return faults, voluntary, involuntary
+
+
 def rss_kib(pids):
     total = 0
     for pid in pids:
@@ -604,6 +630,7 @@ def main():
                     proxy_pids = servers[t].pids() if t in servers else []
                     up_pids = upstream.pids()
                     (pu0, ps0), u0 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
+                    e0 = proc_events(proxy_pids)
                     a0 = upstream_accepts(upstream.port)
                     if t in H2_TARGETS:
                         text = run_h2load(port_of[t], c, args.duration, pin_other,
@@ -612,6 +639,7 @@ def main():
                         text = run_wrk(port_of[t], c, args.duration, pin_other,
                                        "https" if t in TLS_TARGETS else "http")
                     (pu1, ps1), u1 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
+                    e1 = proc_events(proxy_pids)
                     # Minus the reading of a0's own connection.
                     opened = upstream_accepts(upstream.port) - a0 - 1
                     p0, p1 = pu0 + ps0, pu1 + ps1
@@ -624,12 +652,18 @@ def main():
                            "proxy_cpu_us_per_req": round((p1 - p0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
                            "proxy_user_us_per_req": round((pu1 - pu0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
                            "proxy_sys_us_per_req": round((ps1 - ps0) / CLK_TCK * 1e6 / req, 2) if proxy_pids else "",
+                           "proxy_faults_per_kreq": round((e1[0] - e0[0]) * 1000 / req, 2) if proxy_pids else "",
+                           "proxy_wakeups_per_req": round((e1[1] - e0[1]) / req, 3) if proxy_pids else "",
+                           "proxy_preempted_per_kreq": round((e1[2] - e0[2]) * 1000 / req, 2) if proxy_pids else "",
                            "upstream_cpu_us_per_req": round((u1 - u0) / CLK_TCK * 1e6 / req, 2),
                            "upstream_conns_opened": opened}
                     rows.append(row)
                     print(f"  round {r + 1} c={c:<5} {t:<9} {w['rps']:>10.0f} req/s  "
                           f"p50 {fmt(w['p50_ms'], '.2f')} ms  p99 {fmt(w['p99_ms'], '.2f')} ms  "
-                          f"cpu {fmt(row['proxy_cpu_us_per_req'] or None, '.1f')} us/req  "
+                          f"cpu {fmt(row['proxy_cpu_us_per_req'] or None, '.1f')} us/req "
+                          f"(sys {fmt(row['proxy_sys_us_per_req'] or None, '.1f')})  "
+                          f"wake {fmt(row['proxy_wakeups_per_req'] or None, '.3f')}/req  "
+                          f"faults {fmt(row['proxy_faults_per_kreq'] or None, '.1f')}/kreq  "
                           f"upstream +{opened} conns"
                           + (f"  ERRORS {w['socket_errors']} non2xx {w['non_2xx']}"
                              if w["socket_errors"] or w["non_2xx"] else ""), flush=True)
@@ -657,6 +691,12 @@ def main():
                     "proxy_user_us_per_req": round(med([x["proxy_user_us_per_req"] for x in rs]), 2)
                     if t in servers else float("nan"),
                     "proxy_sys_us_per_req": round(med([x["proxy_sys_us_per_req"] for x in rs]), 2)
+                    if t in servers else float("nan"),
+                    "proxy_faults_per_kreq": round(med([x["proxy_faults_per_kreq"] for x in rs]), 2)
+                    if t in servers else float("nan"),
+                    "proxy_wakeups_per_req": round(med([x["proxy_wakeups_per_req"] for x in rs]), 3)
+                    if t in servers else float("nan"),
+                    "proxy_preempted_per_kreq": round(med([x["proxy_preempted_per_kreq"] for x in rs]), 2)
                     if t in servers else float("nan"),
                     "upstream_cpu_us_per_req": round(med([x["upstream_cpu_us_per_req"] for x in rs]), 2),
                     "errors": sum(x["socket_errors"] + x["non_2xx"] for x in rs),

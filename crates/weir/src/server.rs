@@ -655,7 +655,9 @@ fn spawn_accept_loops(
         tracker: runtime.tracker.clone(),
         metrics: runtime.metrics.clone(),
         service: Proxy::new(runtime.clone()),
-        balance: Arc::new(AcceptBalance::new(1 + workers.len())),
+        balance: Arc::new(AcceptBalance::new(1 + workers.len(), |thread| {
+            runtime.metrics.worker_connections(thread)
+        })),
     });
     let edge = runtime.gateway.load().edge;
     let mut accepting = Vec::new();

@@ -15,10 +15,14 @@
 //! (busy, or gone) delays the others' accepts, never stops them.
 //!
 //! It refuses nothing: the connection caps are the tracker's.
+//!
+//! The counts are the exported `weir_worker_connections{worker}` gauges, so
+//! an operator (and the bench) sees the split the hold-off acts on.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
 
 /// Longest a thread over its share stays out of `accept` before it accepts
 /// anyway.
@@ -32,15 +36,22 @@ const SLACK: usize = 8;
 /// Open connections per accepting thread (index 0: the first thread).
 #[derive(Debug)]
 pub struct AcceptBalance {
-    open: Box<[AtomicUsize]>,
+    open: Box<[Gauge]>,
 }
 
 impl AcceptBalance {
-    /// A balance over `threads` accepting threads (at least one).
-    pub fn new(threads: usize) -> AcceptBalance {
+    /// A balance over `threads` accepting threads (at least one), counting
+    /// in the gauges `gauge(thread)` gives.
+    pub fn new(threads: usize, gauge: impl Fn(usize) -> Gauge) -> AcceptBalance {
         AcceptBalance {
-            open: (0..threads.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+            open: (0..threads.max(1)).map(gauge).collect(),
         }
+    }
+
+    /// A balance whose counts are its own (not exported).
+    #[cfg(test)]
+    fn unexported(threads: usize) -> AcceptBalance {
+        AcceptBalance::new(threads, |_| Gauge::default())
     }
 
     /// Whether `thread` holds more than its share of the connections.
@@ -48,7 +59,7 @@ impl AcceptBalance {
         let mine = self.count(thread);
         let least_other = (self.open.iter().enumerate())
             .filter(|(i, _)| *i != thread)
-            .map(|(_, n)| n.load(Ordering::Relaxed))
+            .map(|(_, n)| open_count(n))
             .min();
         least_other.is_some_and(|least| mine > least + SLACK + least / 8)
     }
@@ -65,7 +76,7 @@ impl AcceptBalance {
     /// Counts a connection `thread` accepted until the returned guard drops.
     pub fn opened(self: &Arc<Self>, thread: usize) -> ThreadConn {
         let thread = thread.min(self.open.len() - 1);
-        self.open[thread].fetch_add(1, Ordering::Relaxed);
+        self.open[thread].inc();
         ThreadConn {
             balance: self.clone(),
             thread,
@@ -74,10 +85,12 @@ impl AcceptBalance {
 
     /// Open connections counted for `thread`.
     pub fn count(&self, thread: usize) -> usize {
-        self.open
-            .get(thread)
-            .map_or(0, |n| n.load(Ordering::Relaxed))
+        self.open.get(thread).map_or(0, open_count)
     }
+}
+
+fn open_count(gauge: &Gauge) -> usize {
+    usize::try_from(gauge.get()).unwrap_or(0)
 }
 
 /// One open connection of one thread; dropping it uncounts it.
@@ -89,7 +102,7 @@ pub struct ThreadConn {
 
 impl Drop for ThreadConn {
     fn drop(&mut self) {
-        self.balance.open[self.thread].fetch_sub(1, Ordering::Relaxed);
+        self.balance.open[self.thread].dec();
     }
 }
 
@@ -99,7 +112,7 @@ mod tests {
 
     #[test]
     fn a_thread_ahead_by_more_than_the_slack_is_over_its_share() {
-        let b = Arc::new(AcceptBalance::new(2));
+        let b = Arc::new(AcceptBalance::unexported(2));
         let mut held: Vec<ThreadConn> = (0..20).map(|_| b.opened(0)).collect();
         held.extend((0..10).map(|_| b.opened(1)));
         assert!(b.over_share(0), "20 against 10: 10 > 8 + 1");
@@ -113,14 +126,14 @@ mod tests {
 
     #[test]
     fn one_thread_is_never_over_its_share() {
-        let b = Arc::new(AcceptBalance::new(1));
+        let b = Arc::new(AcceptBalance::unexported(1));
         let _held: Vec<ThreadConn> = (0..100).map(|_| b.opened(0)).collect();
         assert!(!b.over_share(0));
     }
 
     #[tokio::test(start_paused = true)]
     async fn holding_off_is_bounded() {
-        let b = Arc::new(AcceptBalance::new(2));
+        let b = Arc::new(AcceptBalance::unexported(2));
         let _held: Vec<ThreadConn> = (0..50).map(|_| b.opened(0)).collect();
         let start = tokio::time::Instant::now();
         b.hold_off(0).await;

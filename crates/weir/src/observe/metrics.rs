@@ -73,6 +73,11 @@ pub struct BotLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabels {
+    pub worker: usize,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -342,6 +347,9 @@ pub struct Metrics {
     recent_rule_results: Recent<RuleResultLabels, Counter>,
     pub rejections: Family<RuleLabels, Counter>,
     pub connections_open: Gauge,
+    /// Client connections open per worker thread (`edge::balance` counts in
+    /// them).
+    worker_connections: Family<WorkerLabels, Gauge>,
     pub connections_accepted: Counter,
     pub connection_buffers_released: Counter,
     pub connections_refused: Family<ReasonLabels, Counter>,
@@ -417,6 +425,7 @@ impl Metrics {
             recent_rule_results: Recent::new(RECENT_SERIES),
             rejections: Family::default(),
             connections_open: Gauge::default(),
+            worker_connections: Family::default(),
             connections_accepted: Counter::default(),
             connection_buffers_released: Counter::default(),
             connections_refused: Family::default(),
@@ -513,6 +522,11 @@ impl Metrics {
             "connections_open",
             "Client connections currently open",
             self.connections_open.clone(),
+        );
+        registry.register(
+            "worker_connections",
+            "Client connections currently open, by the worker thread that accepted them",
+            self.worker_connections.clone(),
         );
         registry.register(
             "connections_accepted",
@@ -839,6 +853,13 @@ impl Metrics {
     }
 
     /// The OpenMetrics text exposition (what Prometheus asks for first).
+    /// The gauge of client connections open on worker thread `worker`.
+    pub fn worker_connections(&self, worker: usize) -> Gauge {
+        self.worker_connections
+            .get_or_create(&WorkerLabels { worker })
+            .clone()
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
