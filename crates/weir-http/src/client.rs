@@ -132,15 +132,26 @@ pub struct UpstreamConnection {
     read_buf: BytesMut,
     /// The request head being written (kept: its capacity is reused).
     write_buf: Vec<u8>,
+    /// The scheduler whose I/O driver `io` is registered with (see
+    /// [`crate::connections::run_as_scheduler`]).
+    scheduler: usize,
 }
 
 impl UpstreamConnection {
+    /// A connection over `io`, registered with the calling thread's
+    /// scheduler.
     pub fn new(io: TcpStream) -> Self {
         UpstreamConnection {
             io,
             read_buf: BytesMut::new(),
             write_buf: Vec::new(),
+            scheduler: crate::connections::current_scheduler(),
         }
+    }
+
+    /// The scheduler whose I/O driver reports this connection's readiness.
+    pub fn scheduler(&self) -> usize {
+        self.scheduler
     }
 
     /// Whether an idle connection can take a request: the server has not

@@ -81,10 +81,52 @@ pub enum SendError {
     Closed(ExchangeError),
 }
 
-/// The idle connections of one server.
-#[derive(Debug, Default)]
+thread_local! {
+    static SCHEDULER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Names the scheduler the calling thread runs: 0 (the default) for the
+/// first, 1, 2, ... for weir's extra worker threads. A connection opened on
+/// a scheduler is reused on it.
+pub fn run_as_scheduler(index: usize) {
+    SCHEDULER.with(|s| s.set(index));
+}
+
+/// The scheduler the calling thread runs (see [`run_as_scheduler`]).
+pub fn current_scheduler() -> usize {
+    SCHEDULER.with(std::cell::Cell::get)
+}
+
+/// Schedulers with idle stacks of their own; more share them (modulo).
+const SCHEDULER_STACKS: usize = 16;
+
+/// The idle connections of one server, one stack per scheduler. A socket's
+/// readiness comes from the I/O driver of the scheduler that opened it:
+/// used from another thread, each event waits for that thread to poll its
+/// driver and wake this one (with two workers, a p99 three times nginx's at
+/// 1,000 connections, bench/README.md "Two workers"). So a connection goes
+/// back to the stack of the scheduler that opened it, and a request takes
+/// one from its own scheduler's stack. `max_idle` holds per stack, as
+/// nginx's `keepalive` does per worker.
+#[derive(Debug)]
 pub struct ServerConnections {
-    idle: Mutex<Vec<Idle>>,
+    idle: Box<[IdleStack]>,
+}
+
+/// One scheduler's idle connections, alone on its cache line: the threads
+/// never contend for one line.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct IdleStack(Mutex<Vec<Idle>>);
+
+impl Default for ServerConnections {
+    fn default() -> Self {
+        ServerConnections {
+            idle: (0..SCHEDULER_STACKS)
+                .map(|_| IdleStack::default())
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -94,13 +136,19 @@ struct Idle {
 }
 
 impl ServerConnections {
+    fn stack(&self, scheduler: usize) -> &Mutex<Vec<Idle>> {
+        &self.idle[scheduler % self.idle.len()].0
+    }
+
     fn pop(&self) -> Option<Idle> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
+        let stack = self.stack(current_scheduler());
+        stack.lock().unwrap_or_else(|e| e.into_inner()).pop()
     }
 
     fn push(&self, mut conn: UpstreamConnection, settings: &ConnSettings) {
         conn.park();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let stack = self.stack(conn.scheduler());
+        let mut idle = stack.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() >= settings.max_idle {
             return;
         }
@@ -497,5 +545,38 @@ impl Body for UpstreamBody {
             Framing::Length(n) => SizeHint::with_exact(n),
             _ => SizeHint::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection goes back to the stack of the scheduler that opened it,
+    /// and a request takes one from its own scheduler's stack: used from
+    /// another thread, its readiness would come from the other thread's
+    /// driver.
+    #[tokio::test]
+    async fn an_idle_connection_is_kept_for_the_scheduler_that_opened_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let settings = ConnSettings {
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+            max_idle: 4,
+        };
+        let home = ServerConnections::default();
+        run_as_scheduler(1);
+        let conn = connect(listener.local_addr().unwrap(), settings.connect_timeout)
+            .await
+            .unwrap();
+        let _server_side = listener.accept().await.unwrap();
+        home.push(conn, &settings);
+        run_as_scheduler(0);
+        assert!(home.pop().is_none(), "scheduler 0 took scheduler 1's");
+        run_as_scheduler(1);
+        let idle = home.pop().expect("scheduler 1 takes its own back");
+        assert_eq!(idle.conn.scheduler(), 1);
+        run_as_scheduler(0);
     }
 }

@@ -10,10 +10,13 @@
 //! and 0.73x its requests/s (bench/README.md, "Two workers"); one thread had
 //! already been moved to the single-threaded scheduler for the same reason.
 //!
-//! Does not: balance connections between threads (the kernel wakes the
-//! threads waiting in `accept`; a thread busy with its connections accepts
-//! fewer), or run anything but accept loops and the connections they take:
-//! the admin API, health checks, sweeps and reloads stay on the first thread.
+//! Each thread names its scheduler to weir-http
+//! (`connections::run_as_scheduler`), so the upstream connections it opens
+//! are reused by it alone: their readiness comes from its own I/O driver.
+//!
+//! Does not: balance connections between threads (`edge::balance` does),
+//! or run anything but accept loops and the connections they take: the
+//! admin API, health checks, sweeps and reloads stay on the first thread.
 
 use std::io;
 
@@ -40,7 +43,7 @@ impl Workers {
     /// enabled), named `weir-worker` like the first.
     pub fn start(extra: usize) -> io::Result<Workers> {
         let mut workers = Vec::with_capacity(extra);
-        for _ in 0..extra {
+        for index in 1..=extra {
             let scheduler = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -49,6 +52,7 @@ impl Workers {
             std::thread::Builder::new()
                 .name("weir-worker".into())
                 .spawn(move || {
+                    weir_http::connections::run_as_scheduler(index);
                     scheduler.block_on(async {
                         // Err: the sender was dropped, which is the signal.
                         // Meanwhile the thread's lag is measured for the
