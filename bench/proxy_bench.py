@@ -88,6 +88,12 @@ def cpu_ticks(pids):
     return user, system
 
 
+# A row's proxy counts, with the digits their medians keep.
+PROXY_COUNTS = [("proxy_cpu_us_per_req", 2), ("proxy_user_us_per_req", 2),
+                ("proxy_sys_us_per_req", 2), ("proxy_faults_per_kreq", 2),
+                ("proxy_wakeups_per_req", 3), ("proxy_preempted_per_kreq", 2)]
+
+
 def proc_events(pids):
     """(minor page faults, voluntary context switches, involuntary ones) of
     the processes, summed over their threads: a thread that sleeps in
@@ -102,29 +108,29 @@ def proc_events(pids):
         except (OSError, IndexError, ValueError):
             continue
         for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/status") as f:
-                    for line in f:
-                        if line.startswith("voluntary_ctxt_switches:"):
-                            voluntary += int(line.split()[1])
-                        elif line.startswith("nonvoluntary_ctxt_switches:"):
-                            involuntary += int(line.split()[1])
-            except (OSError, ValueError):
-                pass
+            status = status_numbers(f"/proc/{pid}/task/{tid}/status")
+            voluntary += status.get("voluntary_ctxt_switches", 0)
+            involuntary += status.get("nonvoluntary_ctxt_switches", 0)
     return faults, voluntary, involuntary
 
 
+def status_numbers(path):
+    """The leading number of each field of a /proc status file ({} if gone)."""
+    numbers = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                first = value.split()[:1]
+                if first and first[0].isdigit():
+                    numbers[name] = int(first[0])
+    except OSError:
+        pass
+    return numbers
+
+
 def rss_kib(pids):
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
+    return sum(status_numbers(f"/proc/{pid}/status").get("VmRSS", 0) for pid in pids)
 
 
 class Server:
@@ -686,18 +692,9 @@ def main():
                     "rps_median": round(med([x["rps"] for x in rs])),
                     "p50_ms": round(med([x["p50_ms"] for x in rs]), 3),
                     "p99_ms": round(med([x["p99_ms"] for x in rs]), 3),
-                    "proxy_cpu_us_per_req": round(med([x["proxy_cpu_us_per_req"] for x in rs]), 2)
-                    if t in servers else float("nan"),
-                    "proxy_user_us_per_req": round(med([x["proxy_user_us_per_req"] for x in rs]), 2)
-                    if t in servers else float("nan"),
-                    "proxy_sys_us_per_req": round(med([x["proxy_sys_us_per_req"] for x in rs]), 2)
-                    if t in servers else float("nan"),
-                    "proxy_faults_per_kreq": round(med([x["proxy_faults_per_kreq"] for x in rs]), 2)
-                    if t in servers else float("nan"),
-                    "proxy_wakeups_per_req": round(med([x["proxy_wakeups_per_req"] for x in rs]), 3)
-                    if t in servers else float("nan"),
-                    "proxy_preempted_per_kreq": round(med([x["proxy_preempted_per_kreq"] for x in rs]), 2)
-                    if t in servers else float("nan"),
+                    # The proxy's own counts (none for `direct`).
+                    **{key: round(med([x[key] for x in rs]), digits) if t in servers else float("nan")
+                       for key, digits in PROXY_COUNTS},
                     "upstream_cpu_us_per_req": round(med([x["upstream_cpu_us_per_req"] for x in rs]), 2),
                     "errors": sum(x["socket_errors"] + x["non_2xx"] for x in rs),
                     # After warm-up: every round but the target's first at

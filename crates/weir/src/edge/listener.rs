@@ -50,17 +50,18 @@ pub fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> 
 /// flags).
 #[cfg(target_os = "linux")]
 pub fn stop_new_handshakes(socket: &TcpListener) -> std::io::Result<()> {
+    use bpf::*;
     use socket2::SockFilter;
     const SYN: u32 = 0x02;
     const ACK: u32 = 0x10;
     let program = [
         // A = the TCP flags byte.
-        SockFilter::new(BPF_LD | BPF_B | BPF_ABS, 0, 0, 13),
-        SockFilter::new(BPF_ALU | BPF_AND | BPF_K, 0, 0, SYN | ACK),
+        SockFilter::new(LD | B | ABS, 0, 0, 13),
+        SockFilter::new(ALU | AND | K, 0, 0, SYN | ACK),
         // SYN without ACK: the next instruction (drop), else the one after.
-        SockFilter::new(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, SYN),
-        SockFilter::new(BPF_RET | BPF_K, 0, 0, 0),
-        SockFilter::new(BPF_RET | BPF_K, 0, 0, u32::MAX),
+        SockFilter::new(JMP | JEQ | K, 0, 1, SYN),
+        SockFilter::new(RET | K, 0, 0, 0),
+        SockFilter::new(RET | K, 0, 0, u32::MAX),
     ];
     socket2::SockRef::from(socket).attach_filter(&program)
 }
@@ -82,25 +83,19 @@ pub fn accept_new_handshakes(socket: &TcpListener) {
 #[cfg(not(target_os = "linux"))]
 pub fn accept_new_handshakes(_socket: &TcpListener) {}
 
-// Classic BPF opcodes (linux/bpf_common.h).
+/// Classic BPF opcodes (linux/bpf_common.h).
 #[cfg(target_os = "linux")]
-const BPF_LD: u16 = 0x00;
-#[cfg(target_os = "linux")]
-const BPF_B: u16 = 0x10;
-#[cfg(target_os = "linux")]
-const BPF_ABS: u16 = 0x20;
-#[cfg(target_os = "linux")]
-const BPF_ALU: u16 = 0x04;
-#[cfg(target_os = "linux")]
-const BPF_AND: u16 = 0x50;
-#[cfg(target_os = "linux")]
-const BPF_K: u16 = 0x00;
-#[cfg(target_os = "linux")]
-const BPF_JMP: u16 = 0x05;
-#[cfg(target_os = "linux")]
-const BPF_JEQ: u16 = 0x10;
-#[cfg(target_os = "linux")]
-const BPF_RET: u16 = 0x06;
+mod bpf {
+    pub const LD: u16 = 0x00;
+    pub const B: u16 = 0x10;
+    pub const ABS: u16 = 0x20;
+    pub const ALU: u16 = 0x04;
+    pub const AND: u16 = 0x50;
+    pub const K: u16 = 0x00;
+    pub const JMP: u16 = 0x05;
+    pub const JEQ: u16 = 0x10;
+    pub const RET: u16 = 0x06;
+}
 
 /// A listener as configured (binding happens once, at start).
 #[derive(Clone)]
