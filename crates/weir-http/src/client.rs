@@ -133,7 +133,7 @@ pub struct UpstreamConnection {
     /// The request head being written (kept: its capacity is reused).
     write_buf: Vec<u8>,
     /// The scheduler whose I/O driver `io` is registered with (see
-    /// [`crate::connections::run_as_scheduler`]).
+    /// [`crate::scheduler::run_as_scheduler`]).
     scheduler: usize,
 }
 
@@ -145,7 +145,7 @@ impl UpstreamConnection {
             io,
             read_buf: BytesMut::new(),
             write_buf: Vec::new(),
-            scheduler: crate::connections::current_scheduler(),
+            scheduler: crate::scheduler::current_scheduler(),
         }
     }
 

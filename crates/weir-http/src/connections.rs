@@ -27,6 +27,7 @@ use tokio::net::TcpStream;
 
 use crate::client::{ExchangeError, Failure, Framing, ResponseHead, SendBody, UpstreamConnection};
 use crate::fields::ReceivedFields;
+use crate::scheduler::current_scheduler;
 
 /// How a pool's connections are opened and kept.
 #[derive(Debug, Clone, Copy)]
@@ -79,22 +80,6 @@ pub enum SendError {
     /// request may be sent again (RFC 9112 §9.3.1).
     #[error("kept-alive connection closed before a response: {0}")]
     Closed(ExchangeError),
-}
-
-thread_local! {
-    static SCHEDULER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Names the scheduler the calling thread runs: 0 (the default) for the
-/// first, 1, 2, ... for weir's extra worker threads. A connection opened on
-/// a scheduler is reused on it.
-pub fn run_as_scheduler(index: usize) {
-    SCHEDULER.with(|s| s.set(index));
-}
-
-/// The scheduler the calling thread runs (see [`run_as_scheduler`]).
-pub fn current_scheduler() -> usize {
-    SCHEDULER.with(std::cell::Cell::get)
 }
 
 /// Schedulers with idle stacks of their own; more share them (modulo).
@@ -566,17 +551,17 @@ mod tests {
             max_idle: 4,
         };
         let home = ServerConnections::default();
-        run_as_scheduler(1);
+        crate::scheduler::run_as_scheduler(1);
         let conn = connect(listener.local_addr().unwrap(), settings.connect_timeout)
             .await
             .unwrap();
         let _server_side = listener.accept().await.unwrap();
         home.push(conn, &settings);
-        run_as_scheduler(0);
+        crate::scheduler::run_as_scheduler(0);
         assert!(home.pop().is_none(), "scheduler 0 took scheduler 1's");
-        run_as_scheduler(1);
+        crate::scheduler::run_as_scheduler(1);
         let idle = home.pop().expect("scheduler 1 takes its own back");
         assert_eq!(idle.conn.scheduler(), 1);
-        run_as_scheduler(0);
+        crate::scheduler::run_as_scheduler(0);
     }
 }

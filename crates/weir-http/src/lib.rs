@@ -15,6 +15,8 @@
 //! - [`cookie`]: the one reader of `Cookie` fields.
 //! - [`proxy_protocol`]: PROXY protocol v1 and v2 headers.
 //! - [`target`]: the canonical request target every stage reads.
+//! - [`scheduler`]: which worker thread the caller runs, for the upstream
+//!   connections that must stay on it.
 //!
 //! TLS and HTTP/2 are hyper's (weir's `edge` drives them); this crate
 //! decides nothing about which requests may pass.
@@ -27,6 +29,7 @@ pub mod cookie;
 pub mod fields;
 pub mod framing;
 pub mod proxy_protocol;
+pub mod scheduler;
 pub mod server;
 pub mod target;
 

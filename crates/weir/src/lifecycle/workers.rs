@@ -11,7 +11,7 @@
 //! already been moved to the single-threaded scheduler for the same reason.
 //!
 //! Each thread names its scheduler to weir-http
-//! (`connections::run_as_scheduler`), so the upstream connections it opens
+//! (`scheduler::run_as_scheduler`), so the upstream connections it opens
 //! are reused by it alone: their readiness comes from its own I/O driver.
 //!
 //! Does not: balance connections between threads (`edge::balance` does),
@@ -52,7 +52,7 @@ impl Workers {
             std::thread::Builder::new()
                 .name("weir-worker".into())
                 .spawn(move || {
-                    weir_http::connections::run_as_scheduler(index);
+                    weir_http::scheduler::run_as_scheduler(index);
                     scheduler.block_on(async {
                         // Err: the sender was dropped, which is the signal.
                         // Meanwhile the thread's lag is measured for the
