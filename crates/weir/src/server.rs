@@ -378,19 +378,19 @@ impl Server {
         &self,
         stop_now: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
     ) {
-        let mut stopped = 0;
+        let mut stopped_any = false;
         for s in &self.sockets {
             if s.role != SocketRole::Client || s.held_by_systemd {
                 continue;
             }
             match listener::stop_new_handshakes(&s.socket) {
-                Ok(()) => stopped += 1,
+                Ok(()) => stopped_any = true,
                 Err(e) => {
                     tracing::warn!(address = %s.configured, error = %e, "draining: could not stop new handshakes; closing the socket may reset some")
                 }
             }
         }
-        if stopped > 0 {
+        if stopped_any {
             tokio::select! {
                 _ = tokio::time::sleep(HANDSHAKE_SETTLE) => {}
                 _ = stop_now.as_mut() => {}

@@ -852,7 +852,6 @@ impl Metrics {
         self.registry.sub_registry_with_prefix("weir")
     }
 
-    /// The OpenMetrics text exposition (what Prometheus asks for first).
     /// The gauge of client connections open on worker thread `worker`.
     pub fn worker_connections(&self, worker: usize) -> Gauge {
         self.worker_connections
@@ -860,6 +859,7 @@ impl Metrics {
             .clone()
     }
 
+    /// The OpenMetrics text exposition (what Prometheus asks for first).
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
