@@ -89,7 +89,7 @@ fn place(
 ) -> Place {
     let shape = crate::admission::Shape::of(ex.target());
     let class_lane = class.unproven_lane(queue, shape);
-    let visit = ex.log().visit.as_ref().and_then(|(v, _)| v.turn());
+    let visit = ex.log().visit().and_then(|(v, _)| v.turn());
     let proof = &admitted.proof;
     let standing = Standing {
         verified: proof.verified,
@@ -204,10 +204,7 @@ pub(super) async fn requeue(
     if let Some(permit) = ex.held().permit.take() {
         permit.complete(crate::admission::Outcome::Overloaded);
     }
-    let waited = ex.record().queue_time;
-    let placed = slot(ex, pool, queue, again).await;
-    ex.record().queue_time += waited;
-    placed
+    slot(ex, pool, queue, again).await
 }
 
 /// Waits for a slot in `place`'s lane and records it (metrics, the log's lane and
@@ -227,7 +224,7 @@ async fn slot(
         shape,
     } = place;
     let series = metrics.admitted(&pool.name, &queue.lanes().spec(lane).name);
-    ex.record().lane = Some(series.lane.clone());
+    ex.log_mut().in_lane(series.lane.clone());
     match queue
         .acquire_proven(lane, key, proven, deadline, Some(shape))
         .await
@@ -236,7 +233,7 @@ async fn slot(
             permit.learn(shape);
             series.admitted.inc();
             series.wait.observe(permit.waited().as_secs_f64());
-            ex.record().queue_time = permit.waited();
+            ex.log_mut().waited(permit.waited());
             ex.held().permit = Some(permit);
             Ok(())
         }
@@ -293,7 +290,7 @@ fn shed_reason(
         reason: shed.reason.as_str(),
     };
     ex.rt().metrics.admission_shed.get_or_create(&labels).inc();
-    ex.record().queue_time = shed.waited;
+    ex.log_mut().waited(shed.waited);
     RejectReason::Shed {
         cause: shed.reason.into(),
         retry_after: shed.retry_after,

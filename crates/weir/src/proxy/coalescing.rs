@@ -1,6 +1,6 @@
 //! **Coalescing phase**: identical anonymous GETs share one upstream
 //! request. The stage is `admission::coalesce`; this phase joins a request
-//! to its group, records its role in the log, buffers a leader's response
+//! to its group, buffers a leader's response
 //! for its followers, and answers a follower with a copy.
 
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use weir_http::connections::UpstreamBody;
 
 use super::Routed;
 use super::exchange::Exchange;
+use super::log::RequestLog;
 use crate::admission::coalesce::{CoalesceKey, Leader, Role, SharedResponse, shareable};
 use crate::observe::metrics::ClassLabels;
 use crate::policy::Proof;
@@ -24,6 +25,9 @@ pub(super) enum Coalesced {
     Leader(Box<Leader>, usize),
     /// Its leader's response, to answer with a copy: no upstream request.
     Shared(Arc<SharedResponse>),
+    /// A follower whose leader's response could not be shared: it goes
+    /// upstream itself.
+    Unshared,
 }
 
 impl Coalesced {
@@ -31,8 +35,22 @@ impl Coalesced {
     pub fn leader(self) -> Option<(Box<Leader>, usize)> {
         match self {
             Coalesced::Leader(leader, max) => Some((leader, max)),
-            Coalesced::Alone | Coalesced::Shared(_) => None,
+            Coalesced::Alone | Coalesced::Shared(_) | Coalesced::Unshared => None,
         }
+    }
+
+    /// Recorded in `log` (its `coalesced`, for a request not alone), and
+    /// passed on. (Taken and given back: a result `serve` lent out would
+    /// keep its place in the request's future past every later wait.)
+    pub fn recorded(self, log: &mut RequestLog) -> Coalesced {
+        let role = match self {
+            Coalesced::Alone => return self,
+            Coalesced::Leader(..) => "leader",
+            Coalesced::Shared(_) => "shared",
+            Coalesced::Unshared => "unshared",
+        };
+        log.coalesced(role);
+        self
     }
 }
 
@@ -43,10 +61,10 @@ impl Coalesced {
 /// no pass, no body, and (the key refuses them) no `Cookie`,
 /// `Authorization`, `Range`, `Upgrade` or condition. A follower whose
 /// leader's response cannot be shared goes upstream itself, through
-/// admission like any request. May change: the coalescer, the log's
-/// `coalesced`.
+/// admission like any request. May change: the coalescer. Result: how the
+/// request joined (`serve` records its role).
 pub(super) async fn coalesce(
-    ex: &mut Exchange<'_>,
+    ex: &Exchange<'_>,
     req: &Request<RequestBody>,
     routed: &Routed<'_>,
     proof: Proof,
@@ -64,16 +82,10 @@ pub(super) async fn coalesce(
         return Coalesced::Alone;
     };
     match coalescer.join(key.in_pool(&routed.pool.name)) {
-        Role::Leader(l) => {
-            ex.record().coalesced = Some("leader");
-            Coalesced::Leader(Box::new(l), max)
-        }
+        Role::Leader(l) => Coalesced::Leader(Box::new(l), max),
         Role::Follower(f) => match f.wait().await {
             Some(shared) => Coalesced::Shared(shared),
-            None => {
-                ex.record().coalesced = Some("unshared");
-                Coalesced::Alone
-            }
+            None => Coalesced::Unshared,
         },
     }
 }
@@ -139,10 +151,9 @@ pub(super) fn shared_response(
     let rt = ex.rt();
     let mut log = ex.into_log();
     let version = req.version();
-    log.record.coalesced = Some("shared");
-    log.record.status = shared.status.as_u16();
+    log.passed_on(shared.status);
     let labels = ClassLabels {
-        class: log.record.class.clone(),
+        class: log.class().clone(),
     };
     rt.metrics.coalesced_requests.get_or_create(&labels).inc();
     let mut headers = shared.headers.clone();

@@ -8,6 +8,7 @@
 //! holds). They build no response: the composer answers a `Reject` through
 //! the rescue and a `Challenge` with its page.
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -24,8 +25,6 @@ use crate::identity::ClientAddr;
 use crate::identity::bots::BotId;
 use crate::identity::bots::signature::SignedRequest;
 use crate::identity::session::SessionState;
-use crate::observe::AccessRecord;
-use crate::observe::access_log::LoggedVisit;
 use crate::observe::metrics::{
     BotLabels, ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels,
 };
@@ -35,6 +34,7 @@ use crate::policy::rules::{
 };
 use crate::policy::{Admitted, ChallengeInstead, Decision, PageWhen, Proof, RejectReason};
 use crate::runtime::Runtime;
+use crate::visit::{RequestVisit, Visits};
 use weir_limiter::MonoTime;
 
 /// **Visit phase**: after routing, for every routed request while
@@ -47,45 +47,46 @@ use weir_limiter::MonoTime;
 /// has no use for it, and a cache keyed on `Cookie` (or coalescing, which
 /// refuses requests with one) must not see people's requests as personal
 /// because weir counted their pages. May change: the request's `Cookie`
-/// fields, the log's `visit` (the answer's cookie is made from it). Result:
-/// none; the rules read the visit from the log.
-pub(super) fn visit(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, route: &Route) {
+/// fields. Result: the visit the request is part of, if it carries one
+/// (`serve` keeps it in the log, where the rules and the answer's cookie
+/// read it).
+pub(super) fn visit(
+    ex: &Exchange<'_>,
+    req: &mut Request<RequestBody>,
+    route: &Route,
+) -> Option<(RequestVisit, Arc<Visits>)> {
     let (gw, target) = (ex.gw(), ex.target());
-    let Some(visits) = &gw.visits else {
-        return;
-    };
+    let visits = gw.visits.as_ref()?;
     let now = SystemTime::now();
-    if let Some(mut visit) = visits.read(req.method(), req.headers(), ex.client(), now) {
-        if visit.navigation {
-            let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
-            visit.costly = !route.rules.is_empty()
-                || (gw.pools[route.pool].admission.as_ref()).is_some_and(|queue| {
-                    class.unproven_lane(queue, Shape::of(target)) >= Lane::ANONYMOUS
-                });
-            ex.record().visit = visit.prior.map(|v| LoggedVisit::of(&v, now));
-        }
-        ex.log_mut().visit = Some((visit, visits.clone()));
-    }
+    let read = visits.read(req.method(), req.headers(), ex.client(), now);
     weir_http::cookie::remove(req.headers_mut(), visits.cookie_name());
+    let mut visit = read?;
+    if visit.navigation {
+        let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
+        visit.costly = !route.rules.is_empty()
+            || (gw.pools[route.pool].admission.as_ref()).is_some_and(|queue| {
+                class.unproven_lane(queue, Shape::of(target)) >= Lane::ANONYMOUS
+            });
+    }
+    Some((visit, visits.clone()))
 }
 
-/// The policy phases in order, [`session`], [`bot`] and [`decide`], each
-/// result recorded here as it comes (the log's `session`, `bot`, `class`
-/// and `decision`): the request's decision.
+/// The policy phases in order, [`session`], [`bot`] and [`decide`]: the
+/// request's decision (`serve` records it). Who the request proved to be
+/// and its class are recorded before the decision is made (held across
+/// its wait, they would be in every request's future).
 pub(super) async fn policy(
     ex: &mut Exchange<'_>,
     view: &RequestView<'_>,
     route: &Route,
 ) -> Decision {
     let session = session(ex, route, view.headers).await;
-    ex.record().session = session.as_str();
     let bot = bot(ex, view).await;
     let verifier = ex.gw().bots.as_deref();
-    ex.record().bot = bot.zip(verifier).and_then(|(bot, v)| v.label(bot));
-    ex.record().class = route.class.shared();
-    let decision = decide(ex, view, route, &session, bot).await;
-    ex.record().decision = decision.as_str();
-    decision
+    let crawler = bot.zip(verifier).and_then(|(bot, v)| v.label(bot));
+    ex.log_mut()
+        .identified(session.as_str(), crawler, route.class.shared());
+    decide(ex, view, route, &session, bot).await
 }
 
 /// **Session phase**: after routing, for a routed request. Asks the
@@ -353,7 +354,7 @@ fn carried_pass(ex: &mut Exchange<'_>, ch: &Challenger, view: &RequestView<'_>) 
     let PassCheck::Valid(t) = check else {
         return None;
     };
-    ex.record().challenge = Some("pass");
+    ex.log_mut().pass_carried();
     Some(t.id)
 }
 
@@ -478,7 +479,8 @@ async fn rules(
     )
     .await;
     if !judged.shadow.is_empty() {
-        ex.record().shadow_rules = Some(judged.shadow.iter().map(|r| r.rule.to_string()).collect());
+        ex.log_mut()
+            .shadowed(judged.shadow.iter().map(|r| r.rule.to_string()).collect());
     }
     ex.held().rule_guards = judged.guards;
     if judged.challenge.is_some() {
@@ -487,23 +489,16 @@ async fn rules(
     let Some(r) = judged.rejection else {
         return Ruled::Admit(judged.deferral.map(Box::new));
     };
-    record_refusal(ex.record(), &r, judged.signal);
+    ex.log_mut().refused_by_rule(&r, judged.signal);
     Ruled::Reject(RejectReason::Rule(r))
 }
 
 /// Whether the request is a navigation in a visit weir counts as a
 /// person's (`crate::visit::Visits::is_browsing`).
 fn browsing(log: &RequestLog) -> bool {
-    log.visit.as_ref().is_some_and(|(visit, visits)| {
+    log.visit().is_some_and(|(visit, visits)| {
         visit.navigation && (visit.prior).is_some_and(|v| visits.is_browsing(&v, SystemTime::now()))
     })
-}
-
-/// A rule's refusal in the log: its level, key and collateral signal.
-fn record_refusal(record: &mut AccessRecord, r: &RuleRejection, signal: Option<&'static str>) {
-    record.rule_level = Some(r.level);
-    record.rule_key = Some(r.key.clone());
-    record.collateral = signal;
 }
 
 /// A deferred request the lowest lane shed: refused with its rule's answer,
@@ -512,7 +507,7 @@ pub(super) fn deferral_refused(ex: &mut Exchange<'_>, deferral: Deferral) -> Rej
     let rejection = &deferral.rejection;
     let client = ex.client().client;
     count_rejection(ex.rt(), rejection, client, deferral.signal, true);
-    record_refusal(ex.record(), rejection, deferral.signal);
+    ex.log_mut().refused_by_rule(rejection, deferral.signal);
     RejectReason::Rule(deferral.rejection)
 }
 
@@ -607,7 +602,7 @@ pub(super) fn challenged(mut ex: Exchange<'_>, resp: Response<Bytes>) -> Respons
     for e in events {
         challenge_event(ex.rt(), e);
     }
-    ex.record().decision = "challenge";
-    ex.record().challenge = events.first().map(|e| e.labels().0);
+    ex.log_mut()
+        .challenged(events.first().map(|e| e.labels().0));
     ex.respond_with(resp)
 }

@@ -19,7 +19,6 @@ use super::ConnCtx;
 use super::log::{Held, RequestLog};
 use crate::gateway::Gateway;
 use crate::identity::ClientId;
-use crate::observe::AccessRecord;
 use crate::respond::Reason;
 use crate::runtime::Runtime;
 
@@ -73,11 +72,6 @@ impl<'a> Exchange<'a> {
 
     pub fn target(&self) -> &'a Target {
         self.target
-    }
-
-    /// The access-log line, as the phases learn it.
-    pub fn record(&mut self) -> &mut AccessRecord {
-        &mut self.log.record
     }
 
     /// The slots the request holds until its line is written.

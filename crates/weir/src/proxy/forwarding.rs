@@ -75,7 +75,7 @@ pub(super) async fn forward(
             error,
         });
     }
-    let outcome = super::admit::admission_outcome(&result, ex.record().upstream_time);
+    let outcome = super::admit::admission_outcome(&result, ex.log().upstream_time());
     // The app has answered (or failed): the slot is free now. What follows
     // is the body at the client's pace (a download read slowly, an event
     // stream, a tunnel), which is no measure of the app's load: held to
@@ -108,8 +108,8 @@ pub(super) fn as_decided(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, 
     let version = req.version();
     ex.gw().forwarding.apply(req.headers_mut(), &hop, version);
     // Counted only for a body there is: most requests have none.
-    let bytes_in = (!http_body::Body::is_end_stream(req.body()))
-        .then(|| ex.log_mut().bytes_in.insert(Arc::default()).clone());
+    let bytes_in =
+        (!http_body::Body::is_end_stream(req.body())).then(|| ex.log_mut().count_bytes_in());
     req.body_mut().watch(route.settings.body, bytes_in);
 }
 
@@ -156,7 +156,7 @@ async fn send_with_failover(
         let refused_by = {
             let guard = pick(pool, failover.exclude(), failover.idempotent, sent, rt)?;
             let req = failover.request(request)?;
-            ex.record().upstream = Some(guard.server.addr);
+            ex.log_mut().sent_to(guard.server.addr);
             handles.in_flight.inc();
             let res = forward::send(pool, &guard.server, req, timeout).await;
             handles.in_flight.dec();
@@ -164,7 +164,7 @@ async fn send_with_failover(
             let e = match res {
                 Ok(resp) => {
                     handles.duration.observe(took.as_secs_f64());
-                    ex.record().upstream_time = Some(took);
+                    ex.log_mut().answered_after(took);
                     ex.held().server = Some(guard);
                     return Ok(resp);
                 }

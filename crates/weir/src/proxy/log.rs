@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http::{Request, Response, Uri, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use weir_http::body::{OnComplete, ResponseBody};
 use weir_http::target::Target;
 
@@ -21,27 +21,32 @@ use super::ConnCtx;
 use crate::edge::inflight::InFlightGuard;
 use crate::gateway::Gateway;
 use crate::identity::ClientId;
-use crate::observe::access_log::AccessRecord;
+use crate::observe::access_log::{AccessRecord, LoggedVisit};
 use crate::observe::metrics::RuleLabels;
 use crate::observe::request_id::{RequestId, X_REQUEST_ID};
+use crate::policy::Decision;
+use crate::policy::rules::RuleRejection;
 use crate::respond::{self, Accepts, Reason};
 use crate::upstream::ServerGuard;
+use crate::visit::{RequestVisit, Visits};
 
 /// The access-log line and request metrics of one request, written once when
 /// its response body ends. Holds the request's slots until then.
 pub struct RequestLog {
-    pub record: AccessRecord,
+    /// The line, written only here: the phases say what they found
+    /// through the methods below, named for it.
+    record: AccessRecord,
     /// What the client accepts, for the answers weir makes itself.
     accept: Accepts,
     started: Instant,
     /// The request body's bytes, counted as it is read (if it has one).
-    pub(super) bytes_in: Option<Arc<AtomicU64>>,
+    bytes_in: Option<Arc<AtomicU64>>,
     pub(super) conn: Arc<ConnCtx>,
     /// What the request holds until its line is written.
     pub(super) held: Held,
     /// A navigation's visit: what its cookie said, and the cookie the page
     /// answered to it carries (`visit_cookie`).
-    pub(super) visit: Option<(crate::visit::RequestVisit, Arc<crate::visit::Visits>)>,
+    visit: Option<(RequestVisit, Arc<Visits>)>,
     /// The line is written (the response ended, or the request was dropped
     /// before one began): never twice.
     written: bool,
@@ -148,6 +153,140 @@ impl RequestLog {
         if let Some(cookie) = visits.next(visit, served, tls, SystemTime::now()) {
             headers.append(http::header::SET_COOKIE, cookie);
         }
+    }
+
+    /// A request's visit, as the visit phase read it: kept for the rules
+    /// and the answer's cookie; a navigation's is the log's `visit`.
+    pub(super) fn visited(&mut self, visit: Option<(RequestVisit, Arc<Visits>)>) {
+        if let Some((v, _)) = &visit
+            && v.navigation
+        {
+            let now = SystemTime::now();
+            self.record.visit = v.prior.map(|v| LoggedVisit::of(&v, now));
+        }
+        self.visit = visit;
+    }
+
+    /// Who the request proved to be (its session: `anonymous`,
+    /// `verified`, `unverified`; the verified crawler's name), and the
+    /// class it is decided in: known before the decision, so a request
+    /// dropped while the rules wait is logged with its class.
+    pub(super) fn identified(
+        &mut self,
+        session: &'static str,
+        crawler: Option<Arc<str>>,
+        class: Arc<str>,
+    ) {
+        self.record.session = session;
+        self.record.bot = crawler;
+        self.record.class = class;
+    }
+
+    /// The policy's decision, recorded and passed on. (Taken and given
+    /// back: a result `serve` lent to the log would keep its place in the
+    /// request's future past every later wait.)
+    pub(super) fn decided(&mut self, decision: Decision) -> Decision {
+        self.record.decision = decision.as_str();
+        decision
+    }
+
+    /// The request's visit and the visits it is counted by, if it carries one.
+    pub(super) fn visit(&self) -> Option<&(RequestVisit, Arc<Visits>)> {
+        self.visit.as_ref()
+    }
+
+    /// A counter of the request body's bytes as they are read, for the
+    /// log's `bytes_in` (made only for a request with a body).
+    pub(super) fn count_bytes_in(&mut self) -> Arc<AtomicU64> {
+        self.bytes_in.insert(Arc::default()).clone()
+    }
+
+    /// The request's class, for metrics of what happened to it.
+    pub(super) fn class(&self) -> &Arc<str> {
+        &self.record.class
+    }
+
+    /// Weir's own endpoints (the challenge's script and answer) are logged
+    /// as the class `challenge`.
+    pub(super) fn weir_endpoint(&mut self) {
+        self.record.class = Arc::from("challenge");
+    }
+
+    /// The request carried a valid challenge pass (`challenge: "pass"`).
+    pub(super) fn pass_carried(&mut self) {
+        self.record.challenge = Some("pass");
+    }
+
+    /// Rules in shadow mode that would have refused the request.
+    pub(super) fn shadowed(&mut self, rules: Vec<String>) {
+        self.record.shadow_rules = Some(rules);
+    }
+
+    /// A rule's refusal: its level, key and the collateral signal (why the
+    /// refused client may be a person).
+    pub(super) fn refused_by_rule(&mut self, r: &RuleRejection, signal: Option<&'static str>) {
+        self.record.rule_level = Some(r.level);
+        self.record.rule_key = Some(r.key.clone());
+        self.record.collateral = signal;
+    }
+
+    /// Answered with the challenge: its first event (`issued`, `solved`, ...).
+    pub(super) fn challenged(&mut self, event: Option<&'static str>) {
+        self.record.decision = "challenge";
+        self.record.challenge = event;
+    }
+
+    /// The pool the route named.
+    pub(super) fn routed(&mut self, pool: Arc<str>) {
+        self.record.pool = Some(pool);
+    }
+
+    /// The request's role in coalescing (`leader`, `shared`, `unshared`).
+    pub(super) fn coalesced(&mut self, role: &'static str) {
+        self.record.coalesced = Some(role);
+    }
+
+    /// The admission lane the request waits in.
+    pub(super) fn in_lane(&mut self, lane: Arc<str>) {
+        self.record.lane = Some(lane);
+    }
+
+    /// A wait in the admission queue (a request sent again after the app
+    /// refused it waits twice: the log's `queue_ms` is both).
+    pub(super) fn waited(&mut self, wait: Duration) {
+        self.record.queue_time += wait;
+    }
+
+    /// The upstream server an attempt went to (the last one is logged).
+    pub(super) fn sent_to(&mut self, server: std::net::SocketAddr) {
+        self.record.upstream = Some(server);
+    }
+
+    /// The app's response head came `took` after the request was sent.
+    pub(super) fn answered_after(&mut self, took: Duration) {
+        self.record.upstream_time = Some(took);
+    }
+
+    /// When the app's response head came, after the request was sent.
+    pub(super) fn upstream_time(&self) -> Option<Duration> {
+        self.record.upstream_time
+    }
+
+    /// The status the app answered with (the client's may differ: a `101`
+    /// no one asked for is weir's `502`).
+    pub(super) fn app_answered(&mut self, status: StatusCode) {
+        self.record.upstream_status = Some(status.as_u16());
+    }
+
+    /// Why the request failed, for the log's `error`, before weir's answer.
+    pub(super) fn failed(&mut self, error: String) {
+        self.record.error = Some(error);
+    }
+
+    /// The status the client gets with the app's response (or a
+    /// coalesced copy of it).
+    pub(super) fn passed_on(&mut self, status: StatusCode) {
+        self.record.status = status.as_u16();
     }
 
     /// The request target as the client sent it.

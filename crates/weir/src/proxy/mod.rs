@@ -210,28 +210,28 @@ fn serve(
             Err(reason) => return ex.reject(&reason),
         };
         // Visit: a navigation's visit read; weir's cookie kept from the app.
-        deciding::visit(&mut ex, &mut req, route);
+        let visit = deciding::visit(&ex, &mut req, route);
+        ex.log_mut().visited(visit);
         let view = RequestView::new(&target, req.headers());
         // Session, verified crawler, rules and challenge: the decision.
-        let admitted = match deciding::policy(&mut ex, &view, route).await {
+        let decision = deciding::policy(&mut ex, &view, route).await;
+        let admitted = match ex.log_mut().decided(decision) {
             Decision::Admit(admitted) => admitted,
             Decision::Reject(reason) => return ex.answer(&reason),
             Decision::Challenge(page) => return deciding::challenged(ex, *page),
         };
         let routed = Routed::new(route, &mut ex);
         // Coalescing: identical anonymous GETs share one upstream request.
-        let coalesced = coalescing::coalesce(&mut ex, &req, &routed, admitted.proof).await;
-        let leader = match coalesced {
+        let coalesced = coalescing::coalesce(&ex, &req, &routed, admitted.proof).await;
+        let leader = match coalesced.recorded(ex.log_mut()) {
             Coalesced::Shared(shared) => return coalescing::shared_response(ex, &shared, &req),
             other => other.leader(),
         };
-        // Admission: a slot in the queue, in the lane the proof buys (an
-        // unproven navigation that would be refused or wait is challenged).
+        // Admission: a slot in the lane the proof buys (or the challenge).
         if let Err(why) = admit::admission(&mut ex, &routed, &view, admitted).await {
             return unadmitted(ex, why);
         }
-        // Upstream: the request as decided, sent with failover (a read the
-        // app refused without a word goes again, once, after a slot).
+        // Upstream: as decided, with failover (a read refused unanswered: again).
         let client_side = responding::ClientSide::of(&mut req, leader);
         forwarding::as_decided(&mut ex, &mut req, routed.route);
         let mut result = forwarding::forward(&mut ex, &mut req, &routed).await;
@@ -286,7 +286,7 @@ impl<'a> Routed<'a> {
     pub(super) fn new(route: &'a Route, ex: &mut Exchange<'_>) -> Routed<'a> {
         let gw = ex.gw();
         let pool = gw.pools[route.pool].clone();
-        ex.record().pool = Some(pool.name.clone());
+        ex.log_mut().routed(pool.name.clone());
         Routed {
             route,
             pool,

@@ -58,7 +58,7 @@ pub(super) async fn respond(
         Ok(resp) => resp,
         Err(why) => return unanswered(ex, why),
     };
-    ex.record().upstream_status = Some(resp.status().as_u16());
+    ex.log_mut().app_answered(resp.status());
     let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     if is_101 && client_upgrade.is_none() {
         // A switch no one asked for: the client would get a connection it
@@ -82,7 +82,7 @@ pub(super) async fn respond(
         Some((leader, max)) => match Box::pin(lead(*leader, &mut parts, body, max)).await {
             Ok(b) => b,
             Err(e) => {
-                ex.record().error = Some(format!("upstream body: {e}"));
+                ex.log_mut().failed(format!("upstream body: {e}"));
                 return ex.answer(&AppFault::BodyCut);
             }
         },
@@ -91,9 +91,9 @@ pub(super) async fn respond(
     // The client gets its own protocol version, whatever the upstream spoke.
     parts.version = client_version;
     let mut log = ex.into_log();
-    log.record.status = parts.status.as_u16();
+    log.passed_on(parts.status);
     log.stamp(&mut parts.headers);
-    if log.visit.is_some() {
+    if log.visit().is_some() {
         // A plain response's fields are not in the map (weir_http::fields).
         use weir_http::server::Outgoing as _;
         let received = body.received_fields().map(|r| r.values("cache-control"));
@@ -118,7 +118,7 @@ fn unanswered(mut ex: Exchange<'_>, why: Unanswered) -> Response<ResponseBody> {
             ex.answer(&reason)
         }
         Unanswered::Failed(e) | Unanswered::Refused { error: e, .. } => {
-            ex.record().error = Some(e.to_string());
+            ex.log_mut().failed(e.to_string());
             ex.answer(&e)
         }
     }

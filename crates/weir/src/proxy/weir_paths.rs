@@ -2,7 +2,6 @@
 //! `/.weir/challenge/verify`, served before any policy phase (the page
 //! they serve is the decision's; see `deciding`).
 
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::{Request, Response};
@@ -37,7 +36,7 @@ pub(super) async fn challenge_endpoint(
 ) -> Response<ResponseBody> {
     use http_body_util::BodyExt as _;
     let (gw, client, target) = (ex.gw(), ex.client(), ex.target());
-    ex.record().class = Arc::from("challenge");
+    ex.log_mut().weir_endpoint();
     let (parts, mut body) = req.into_parts();
     let max = gw.edge.max_in_flight_per_ip;
     let Some(slot) = ex
