@@ -2,8 +2,9 @@
 # Installs the Debian packages weir's tests and benchmarks run against, and only
 # those that are missing: nginx, haproxy, wrk, redis-server, chromium,
 # prometheus (for promtool), dnsmasq-base (a DNS server for the crawler
-# reverse-DNS tests: the binary only, no service), and the clients the
-# challenge must never break (lynx, w3m, newsboat, wget, curl).
+# reverse-DNS tests: the binary only, no service), iproute2 (`ss`: a test
+# reads what a stopped Redis was sent), and the clients the challenge must
+# never break (lynx, w3m, newsboat, wget, curl).
 #
 # Usage: scripts/install-test-deps.sh [PACKAGE...]   (default: all of the above)
 #
@@ -17,7 +18,7 @@
 # anything but Debian/Ubuntu (it says so and fails instead).
 set -euo pipefail
 
-ALL_PACKAGES=(nginx haproxy wrk redis-server chromium prometheus dnsmasq-base lynx w3m newsboat wget curl)
+ALL_PACKAGES=(nginx haproxy wrk redis-server chromium prometheus dnsmasq-base iproute2 lynx w3m newsboat wget curl)
 if [[ $# -gt 0 ]]; then
     wanted=("$@")
 else

@@ -317,6 +317,10 @@ async fn a_client_that_leaves_while_queued_is_logged_as_499() {
     let line = line_for(&weir, "/wiki/Given_up").await;
     assert_eq!(line["status"], 499, "{line}");
     assert!(line["lane"].is_string(), "it waited in a lane: {line}");
+    // What the phases before the wait found is in the line too.
+    assert_eq!(line["class"], "default", "{line}");
+    assert_eq!(line["pool"], "app", "{line}");
+    assert_eq!(line["decision"], "admit", "{line}");
     assert!(line["upstream"].is_null(), "{line}");
     assert!(line["duration_ms"].as_f64().unwrap() >= 100.0, "{line}");
     let m = weir.metrics().await;

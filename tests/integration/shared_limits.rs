@@ -364,3 +364,68 @@ async fn instances_follow_a_sentinel_failover() {
         instances[0].stderr()
     );
 }
+
+/// Bytes waiting unread in the receive queues of the connections to `port`
+/// on loopback (`ss`'s Recv-Q of the listening side's sockets): what a
+/// stopped server has been sent.
+fn unread_bytes_at(port: u16) -> usize {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-Htn",
+            "state",
+            "established",
+            &format!("( sport = :{port} )"),
+        ])
+        .output()
+        .expect("ss (iproute2)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
+}
+
+/// A request whose client leaves while its rule waits for Redis is logged
+/// (499) with what the phases before the decision found: its class, its
+/// session. Recorded before the decision's wait, not after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_its_rule_waits_for_redis_is_logged_with_its_class() {
+    use tokio::io::AsyncWriteExt;
+    let app = Upstream::start().await;
+    let redis = Redis::builder().start().await.expect("redis starts");
+    let cfg = WeirConfig::new(app.addr)
+        .then(format!(
+            "[state]\nredis_url = \"redis://{}/0\"\nredis_command_timeout = \"10s\"",
+            redis.addr()
+        ))
+        .route("api")
+        .then(
+            r#"[[classes.api.rules]]
+name = "site"
+limits = [{ per = "site", rate = 300, window = "1m" }]
+"#,
+        )
+        .toml();
+    let weir = crate::fixtures::TestWeir::start(&cfg).await;
+    // Redis answers once (the connection is made), then stops answering.
+    let (status, _, _) = crate::fixtures::get(weir.addr, "/api/first", &[]).await;
+    assert_eq!(status, 200);
+    redis.signal(Signal::Stop).unwrap();
+    let mut client = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    client
+        .write_all(b"GET /api/left HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    // The rule's round trip has reached the stopped Redis.
+    let port = redis.addr().port();
+    assert_eventually_async!(unread_bytes_at(port) > 0, "the rule never asked Redis");
+    drop(client);
+    let log = weir.access_log(2).await;
+    redis.signal(Signal::Cont).unwrap();
+    let line = log
+        .iter()
+        .find(|r| r["path"] == "/api/left")
+        .expect("a line");
+    assert_eq!(line["status"], 499, "{line}");
+    assert_eq!(line["class"], "api", "{line}");
+    assert_eq!(line["session"], "anonymous", "{line}");
+}

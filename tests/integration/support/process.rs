@@ -85,6 +85,9 @@ pub enum Signal {
     Usr1,
     Usr2,
     Kill,
+    /// Stops the process where it is (it holds its sockets, answers nothing).
+    Stop,
+    Cont,
 }
 
 impl Signal {
@@ -97,6 +100,8 @@ impl Signal {
             Signal::Usr1 => RawSignal::USR1,
             Signal::Usr2 => RawSignal::USR2,
             Signal::Kill => RawSignal::KILL,
+            Signal::Stop => RawSignal::STOP,
+            Signal::Cont => RawSignal::CONT,
         }
     }
 }
