@@ -406,9 +406,17 @@ limits = [{ per = "site", rate = 300, window = "1m" }]
         )
         .toml();
     let weir = crate::fixtures::TestWeir::start(&cfg).await;
-    // Redis answers once (the connection is made), then stops answering.
-    let (status, _, _) = crate::fixtures::get(weir.addr, "/api/first", &[]).await;
-    assert_eq!(status, 200);
+    // weir starts deciding locally and reaches Redis by itself: the rule
+    // must be Redis's (a round trip answered) before Redis stops answering.
+    let answered = "weir_redis_round_trips_total{result=\"ok\"}";
+    assert_eventually_async!(
+        {
+            let (status, _, _) = crate::fixtures::get(weir.addr, "/api/first", &[]).await;
+            assert_eq!(status, 200);
+            crate::fixtures::metric(&weir.metrics().await, answered) >= 1.0
+        },
+        "no rule reached Redis"
+    );
     redis.signal(Signal::Stop).unwrap();
     let mut client = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     client
@@ -419,12 +427,17 @@ limits = [{ per = "site", rate = 300, window = "1m" }]
     let port = redis.addr().port();
     assert_eventually_async!(unread_bytes_at(port) > 0, "the rule never asked Redis");
     drop(client);
-    let log = weir.access_log(2).await;
+    let mut line: Option<serde_json::Value>;
+    assert_eventually_async!(
+        {
+            let log = weir.access_log(1).await;
+            line = log.into_iter().find(|r| r["path"] == "/api/left");
+            line.is_some()
+        },
+        "no line for the request that was left"
+    );
     redis.signal(Signal::Cont).unwrap();
-    let line = log
-        .iter()
-        .find(|r| r["path"] == "/api/left")
-        .expect("a line");
+    let line = line.unwrap();
     assert_eq!(line["status"], 499, "{line}");
     assert_eq!(line["class"], "api", "{line}");
     assert_eq!(line["session"], "anonymous", "{line}");
