@@ -261,8 +261,13 @@ async fn connect_refused_fails_over_to_another_server() {
     );
     let weir = TestWeir::start(&cfg).await;
     for _ in 0..6 {
-        let (status, _, _) = get(weir.addr, "/", &[]).await;
+        let (status, _, body) = get(weir.addr, "/", &[("x-mark", "kept")]).await;
         assert_eq!(status, 200);
+        // Sent again as it is (no copy): the retry carries the whole head.
+        let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        for field in ["x-mark", "x-request-id", "x-forwarded-for", "host"] {
+            assert!(seen["headers"][field].is_string(), "{field}: {seen}");
+        }
     }
     let m = weir.metrics().await;
     assert!(

@@ -176,18 +176,6 @@ impl From<Incoming> for RequestBody {
     }
 }
 
-/// A copy of a request whose body is empty, to send it again: its head, and
-/// an empty body of its own.
-pub fn copy_bodyless(req: &http::Request<RequestBody>) -> http::Request<RequestBody> {
-    debug_assert!(req.body().is_end_stream());
-    let mut copy = http::Request::new(RequestBody::empty());
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    copy
-}
-
 impl RequestBody {
     /// When the body next times out if nothing arrives: the read timeout
     /// from now, or the rate's deadline if sooner.

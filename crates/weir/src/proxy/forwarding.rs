@@ -189,9 +189,11 @@ async fn send_with_failover(
 /// What the failover knows across a request's attempts.
 struct Failover {
     idempotent: bool,
-    /// At most one retry: the copy it will send, made while the request is
-    /// whole. Boxed: the request's future stays small for the common case.
-    retry_copy: Option<Box<Request<RequestBody>>>,
+    /// A request without a body to a pool of more than one server may go
+    /// to a second one, once. It goes as it is: an attempt writes its head
+    /// and leaves it whole (the connections' own resend on a stale
+    /// connection relies on that too), so no copy is made up front.
+    resendable: bool,
     /// The server the first attempt failed on, once it has.
     failed: Option<ServerGuard>,
     /// Only when an app did not listen.
@@ -204,8 +206,7 @@ impl Failover {
         let bodyless = request.body().is_end_stream();
         Failover {
             idempotent: weir_http::connections::is_idempotent_read(request.method()),
-            retry_copy: (bodyless && pool.servers.len() > 1)
-                .then(|| Box::new(weir_http::body::copy_bodyless(request))),
+            resendable: bodyless && pool.servers.len() > 1,
             failed: None,
             away: None,
         }
@@ -217,24 +218,23 @@ impl Failover {
         self.failed.as_ref().map(|g| &g.server).or(skip)
     }
 
-    /// What the next attempt sends: the request, or on a retry its copy
-    /// (taken only then, which requires it).
+    /// What the next attempt sends: the request, on a retry only if it
+    /// may be sent again.
     fn request<'r>(
-        &'r mut self,
+        &self,
         request: &'r mut Request<RequestBody>,
     ) -> Result<&'r mut Request<RequestBody>, ForwardError> {
-        match (&self.failed, self.retry_copy.as_deref_mut()) {
-            (None, _) => Ok(request),
-            (Some(_), Some(copy)) => Ok(copy),
-            (Some(_), None) => Err(ForwardError::NoServer),
+        if self.failed.is_some() && !self.resendable {
+            return Err(ForwardError::NoServer);
         }
+        Ok(request)
     }
 
     /// Whether the request waits for an app that did not listen: nothing
-    /// listened, and the failover has no copy to send (or used it), so the
-    /// request itself was never sent, body and all.
+    /// listened, and the failover has no second server to send it to (or
+    /// used it), so the request itself was never sent, body and all.
     fn waits_for_the_app(&self, e: &ForwardError) -> bool {
-        let unsent = self.retry_copy.is_none() || self.failed.is_some();
+        let unsent = !self.resendable || self.failed.is_some();
         e.not_listening() && unsent && self.away.as_ref().is_none_or(|a| a.may_wait())
     }
 
@@ -248,7 +248,7 @@ impl Failover {
         rt: &Runtime,
     ) -> Result<(), ForwardError> {
         let once_more = e.retryable(self.idempotent) && self.failed.is_none();
-        if !once_more || self.retry_copy.is_none() || !retry_allowed(pool, rt) {
+        if !once_more || !self.resendable || !retry_allowed(pool, rt) {
             return Err(e);
         }
         tracing::debug!(error = %e, "trying another server");
