@@ -78,7 +78,7 @@ pub mod token;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use weir_http::target::Target;
 
@@ -701,11 +701,14 @@ fn keeps_cookies(headers: &HeaderMap) -> bool {
     weir_http::cookie::value(headers, page::COOKIE_PROBE).is_some()
 }
 
+/// `Sec-Fetch-Mode`, named once: a `&str` name is parsed on every lookup.
+const SEC_FETCH_MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+
 /// A browser navigation: `Sec-Fetch-Mode: navigate` when the browser sends
 /// fetch metadata (it then decides; a `fetch()` asking for HTML is not a
 /// navigation), else an `Accept` that lists HTML with a non-zero q.
 pub fn is_navigation(headers: &HeaderMap) -> bool {
-    if let Some(mode) = headers.get("sec-fetch-mode") {
+    if let Some(mode) = headers.get(SEC_FETCH_MODE) {
         return mode.as_bytes().eq_ignore_ascii_case(b"navigate");
     }
     headers
@@ -741,7 +744,7 @@ pub fn is_navigation(headers: &HeaderMap) -> bool {
 /// its fetch metadata to skip the page gains nothing it would not get by
 /// asking for `*/*`.
 pub fn is_browser(headers: &HeaderMap) -> bool {
-    if headers.contains_key("sec-fetch-mode") {
+    if headers.contains_key(SEC_FETCH_MODE) {
         return true;
     }
     let ua = user_agent(headers);

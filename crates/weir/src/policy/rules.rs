@@ -406,7 +406,8 @@ pub struct Judgement {
     pub shadow: Vec<RuleRejection>,
     /// Concurrency slots held until the response ends.
     pub guards: Vec<InflightGuard>,
-    /// Why a refused client may be a person (see [`collateral_signal`]).
+    /// Why a refused client may be a person (see [`collateral_signal`]);
+    /// `None` too when nothing refused or deferred the request.
     pub signal: Option<&'static str>,
 }
 
@@ -427,13 +428,20 @@ pub async fn judge(
     for &(index, result) in &ev.results {
         observer.result(&rules[index], result);
     }
-    let signal = collateral_signal(
-        facts.user.is_some(),
-        facts.pass.is_some(),
-        facts.browsing,
-        facts.headers,
-        low_rate,
-    );
+    // Read only for a request something refused or deferred: most pass,
+    // and the headers' reading (`is_navigation`) is not free.
+    let refused = ev.rejection.is_some() || ev.deferral.is_some() || !ev.shadow.is_empty();
+    let signal = refused
+        .then(|| {
+            collateral_signal(
+                facts.user.is_some(),
+                facts.pass.is_some(),
+                facts.browsing,
+                facts.headers,
+                low_rate,
+            )
+        })
+        .flatten();
     for shadow in &ev.shadow {
         observer.rejected(shadow, client, signal, false);
     }
