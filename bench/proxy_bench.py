@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -138,6 +139,8 @@ class Server:
 
     def __init__(self, name, argv, workdir, port, logs, pin=None, stdout_null=False):
         self.name, self.port, self.logs = name, port, logs
+        # weir's admin address (its ready file), where it has one.
+        self.admin = None
         self.stdout = open(os.devnull if stdout_null else os.path.join(workdir, f"{name}.stdout"), "w")
         self.stderr_path = os.path.join(workdir, f"{name}.stderr")
         self.stderr = open(self.stderr_path, "w")
@@ -225,6 +228,40 @@ def upstream_accepts(port):
         text = r.read().decode()
     # "Active connections: N \nserver accepts handled requests\n A H R \n..."
     return int(text.splitlines()[2].split()[0]) - 1
+
+
+def worker_connections(admin):
+    """weir's open client connections per worker thread, from its
+    `weir_worker_connections{worker}` gauges (the accept balance's own
+    counts, `edge::balance`): a list, one count a worker."""
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith("weir_worker_connections{")]
+
+
+def run_sampling_balance(run, server, duration):
+    """Runs `run()` (a load generator, returning its output) and, halfway
+    through, reads how many connections each of `server`'s workers holds:
+    (output, max/min of the counts), or NaN where there is nothing to read
+    (one worker, no admin address)."""
+    if not getattr(server, "admin", None):
+        return run(), float("nan")
+    counts = []
+
+    def sample():
+        time.sleep(duration / 2)
+        try:
+            counts.extend(worker_connections(server.admin))
+        except OSError:
+            pass
+    t = threading.Thread(target=sample)
+    t.start()
+    text = run()
+    t.join()
+    if len(counts) < 2 or min(counts) <= 0:
+        return text, float("nan")
+    return text, round(max(counts) / min(counts), 3)
 
 
 # What "the same work" as weir's bench config means for nginx (issue 39):
@@ -380,6 +417,7 @@ def start_weir(workdir, name, config, weir_bin, pin):
                 info = json.load(f)
             s.ports = [int(a.rsplit(":", 1)[1]) for a in info["listeners"]]
             s.port = s.ports[0]
+            s.admin = info.get("admin")
             break
         except (OSError, ValueError, KeyError, IndexError):
             pass
@@ -472,6 +510,10 @@ def parse_h2load(out):
 BASELINE = {"weir-w2": "nginx-w2", "weir-tls": "nginx-tls", "weir-h2": "nginx-h2"}
 # Targets loaded with h2load (HTTP/2) instead of wrk; https for wrk.
 H2_TARGETS = {"nginx-h2", "weir-h2"}
+# Two workers, and the one-worker target of the same kind their CPU a
+# request is paired with (issue 39: within 5%).
+ONE_WORKER = {"weir-w2": "weir", "nginx-w2": "nginx"}
+TWO_WORKER_WEIRS = {"weir-w2"}
 TLS_TARGETS = {"nginx-tls", "weir-tls"}
 
 
@@ -512,11 +554,11 @@ def idle_memory(target, server, n, here):
             "bytes_per_conn": round(per_conn)}
 
 
-def paired_ratio(rows, target, conns, key):
+def paired_ratio(rows, target, conns, key, base=None):
     """Median over rounds of target's `key` divided by its nginx's (see
-    `BASELINE`) in that round."""
+    `BASELINE`), or `base`'s, in that round."""
     ratios = []
-    base = baseline_of(target)
+    base = base or baseline_of(target)
     for r in {x["round"] for x in rows}:
         a = [x[key] for x in rows if (x["round"], x["target"], x["conns"]) == (r, target, conns)]
         b = [x[key] for x in rows if (x["round"], x["target"], x["conns"]) == (r, base, conns)]
@@ -639,11 +681,15 @@ def main():
                     e0 = proc_events(proxy_pids)
                     a0 = upstream_accepts(upstream.port)
                     if t in H2_TARGETS:
-                        text = run_h2load(port_of[t], c, args.duration, pin_other,
-                                          args.h2_streams)
+                        load = lambda: run_h2load(port_of[t], c, args.duration, pin_other,
+                                                  args.h2_streams)
                     else:
-                        text = run_wrk(port_of[t], c, args.duration, pin_other,
-                                       "https" if t in TLS_TARGETS else "http")
+                        load = lambda: run_wrk(port_of[t], c, args.duration, pin_other,
+                                               "https" if t in TLS_TARGETS else "http")
+                    if t in TWO_WORKER_WEIRS:
+                        text, balance = run_sampling_balance(load, servers[t], args.duration)
+                    else:
+                        text, balance = load(), float("nan")
                     (pu1, ps1), u1 = cpu_ticks(proxy_pids), sum(cpu_ticks(up_pids))
                     e1 = proc_events(proxy_pids)
                     # Minus the reading of a0's own connection.
@@ -662,7 +708,8 @@ def main():
                            "proxy_wakeups_per_req": round((e1[1] - e0[1]) / req, 3) if proxy_pids else "",
                            "proxy_preempted_per_kreq": round((e1[2] - e0[2]) * 1000 / req, 2) if proxy_pids else "",
                            "upstream_cpu_us_per_req": round((u1 - u0) / CLK_TCK * 1e6 / req, 2),
-                           "upstream_conns_opened": opened}
+                           "upstream_conns_opened": opened,
+                           "worker_conns_max_min": balance}
                     rows.append(row)
                     print(f"  round {r + 1} c={c:<5} {t:<9} {w['rps']:>10.0f} req/s  "
                           f"p50 {fmt(w['p50_ms'], '.2f')} ms  p99 {fmt(w['p99_ms'], '.2f')} ms  "
@@ -700,6 +747,11 @@ def main():
                     # After warm-up: every round but the target's first at
                     # this connection count (the pool fills in that one).
                     "upstream_conns_after_warmup": sum(x["upstream_conns_opened"] for x in rs[1:]),
+                    # Two workers: the largest of the rounds' max/min of
+                    # connections per worker, sampled halfway through.
+                    "worker_conns_max_min": max((x["worker_conns_max_min"] for x in rs
+                                                 if x["worker_conns_max_min"] == x["worker_conns_max_min"]),
+                                                default=float("nan")),
                 }
             for t in base:
                 s = base[t]
@@ -713,6 +765,10 @@ def main():
                 # moves less with the machine than a ratio of medians does.
                 s["cpu_vs_nginx_paired"] = paired_ratio(rows, t, c, "proxy_cpu_us_per_req")
                 s["p99_vs_nginx_paired"] = paired_ratio(rows, t, c, "p99_ms")
+                # Two workers against one: CPU a request, paired by round.
+                s["cpu_vs_one_worker_paired"] = paired_ratio(
+                    rows, t, c, "proxy_cpu_us_per_req", base=ONE_WORKER.get(t)) \
+                    if t in ONE_WORKER else float("nan")
                 summary.append(s)
 
         with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
@@ -781,6 +837,13 @@ def main():
             print(f"{s['target']:<9} {s['conns']:>5} {fmt(s['proxy_user_us_per_req'], '.1f'):>6} "
                   f"{fmt(s['proxy_sys_us_per_req'], '.1f'):>6} "
                   f"{fmt(s['cpu_vs_nginx_paired'], '.2f'):>11} {fmt(s['p99_vs_nginx_paired'], '.2f'):>11}")
+        for s in summary:
+            if s["target"] in ONE_WORKER:
+                print(f"{s['target']} at {s['conns']} conns: cpu/req x"
+                      f"{fmt(s['cpu_vs_one_worker_paired'], '.2f')} against "
+                      f"{ONE_WORKER[s['target']]} (paired)"
+                      + (f", connections per worker max/min {fmt(s['worker_conns_max_min'], '.2f')}"
+                         if s["target"] in TWO_WORKER_WEIRS else ""))
         # Admission's own cost: the same weir with a queue that never fills.
         by = {(s["target"], s["conns"]): s for s in summary}
         for c in conns_list:
