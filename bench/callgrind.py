@@ -20,7 +20,7 @@ on 127.0.0.1 and stops when done.
     bench/callgrind.py --proto h2 --phases nginx target/release/weir
 
 Does not: build anything, or simulate caches (add `--cache-sim` for that:
-then last-level misses per request are printed too).
+then last-level misses per request are printed too, by phase with `--phases`).
 """
 import argparse
 import glob

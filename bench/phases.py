@@ -18,7 +18,10 @@ frame that names a phase:
 
 So a `malloc` called by the access log counts as `log`, and a metric
 incremented inside `forward` counts as `metrics`. What no phase names (the
-scheduler, epoll, connection accept) is `runtime/edge`.
+scheduler, epoll, connection accept) is `runtime/edge`. With a dump made
+under `--cache-sim=yes` the last-level data misses (`DLmr` + `DLmw`) are
+given to the phases the same way, in a column of their own: where a
+request's memory went cold while it waited.
 
     bench/phases.py DUMP BINARY REQUESTS [PHASE...]   (PHASE: list its top functions)
 
@@ -97,27 +100,36 @@ def classify_name(name, file=""):
 
 
 def parse_dump(path):
-    """Self costs and calls per function: {fn: {"ob", "self": {addr: ir},
-    "calls": [(site, callee, ir)]}}."""
-    fns = collections.defaultdict(lambda: {"ob": None, "self": collections.Counter(), "calls": []})
+    """Self costs and calls per function: {fn: {"ob", "self": {addr: cost},
+    "calls": [(site, callee, cost)]}}, a cost being (instructions,
+    last-level data misses); the misses are 0 unless the dump was made with
+    `--cache-sim=yes` (its `DLmr` and `DLmw` events)."""
+    fns = collections.defaultdict(lambda: {"ob": None, "self": collections.defaultdict(lambda: [0, 0]),
+                                           "calls": []})
     ob = fn = cfn = None
     pending_call = False
     events = None
+    miss_at = ()
     with open(path) as f:
         for line in f:
             if line.startswith("events:"):
                 events = line.split()[1:]
+                # Columns after the address and the line number.
+                miss_at = tuple(events.index(e) + 2 for e in ("DLmr", "DLmw") if e in events)
                 continue
             c = line[0]
             if c == "0" and line.startswith("0x"):
                 parts = line.split()
                 addr = int(parts[0], 16)
                 ir = int(parts[2]) if len(parts) > 2 else 0
+                miss = sum(int(parts[i]) for i in miss_at if i < len(parts))
                 if pending_call:
-                    fns[fn]["calls"].append((addr, cfn, ir))
+                    fns[fn]["calls"].append((addr, cfn, (ir, miss)))
                     pending_call = False
                 else:
-                    fns[fn]["self"][addr] += ir
+                    cost = fns[fn]["self"][addr]
+                    cost[0] += ir
+                    cost[1] += miss
             elif line.startswith("ob="):
                 ob = line[3:].strip()
             elif line.startswith("fn="):
@@ -172,7 +184,7 @@ def attribute(fns, binary):
     # the caller's own share).
     callers = collections.defaultdict(list)
     for fn, f in fns.items():
-        for site, callee, ir in f["calls"]:
+        for site, callee, (ir, _) in f["calls"]:
             if callee != fn:
                 callers[callee].append((fn, site_phase(fn, site), ir))
     share = {}
@@ -196,21 +208,18 @@ def attribute(fns, binary):
         return share[fn]
 
     sys.setrecursionlimit(10000)
-    totals = collections.Counter()
+    totals, misses = collections.Counter(), collections.Counter()
     detail = collections.defaultdict(collections.Counter)
     for fn, f in fns.items():
-        for addr, ir in f["self"].items():
+        for addr, (ir, miss) in f["self"].items():
             p = site_phase(fn, addr)
             chain = frames.get(addr) if fn in mine_set else None
             label = short(chain[0][0] if chain else fn)
-            if p:
-                totals[p] += ir
-                detail[p][label] += ir
-            else:
-                for q, frac in shares(fn).items():
-                    totals[q] += ir * frac
-                    detail[q][label] += ir * frac
-    return totals, detail
+            for q, frac in ({p: 1.0} if p else shares(fn)).items():
+                totals[q] += ir * frac
+                misses[q] += miss * frac
+                detail[q][label] += ir * frac
+    return totals, misses, detail
 
 
 def short(name):
@@ -228,16 +237,20 @@ def short(name):
 
 def report(dump, binary, requests, out=sys.stdout, detail_of=()):
     fns = parse_dump(dump)
-    totals, detail = attribute(fns, binary)
-    allocator = sum(sum(f["self"].values()) for n, f in fns.items()
+    totals, misses, detail = attribute(fns, binary)
+    allocator = sum(c[0] for n, f in fns.items() for c in f["self"].values()
                     if re.search(r"_rjem_|je_|jemalloc|^(malloc|free|realloc|sdallocx)$", n))
-    memcpy = sum(sum(f["self"].values()) for n, f in fns.items()
+    memcpy = sum(c[0] for n, f in fns.items() for c in f["self"].values()
                  if re.search(r"memcpy|memmove", n))
-    whole = sum(totals.values())
-    print(f"  phase            instr/request  share   (of {whole / requests:,.0f})", file=out)
+    whole, missed = sum(totals.values()), sum(misses.values())
+    # Last-level misses by phase, when the dump simulated the caches.
+    miss_col = (lambda p: f"  {misses.get(p, 0) / requests:>9.1f}") if missed else (lambda p: "")
+    print(f"  phase            instr/request  share   (of {whole / requests:,.0f})"
+          + (f"  LL misses/request (of {missed / requests:.1f})" if missed else ""), file=out)
     for p in ORDER:
         v = totals.get(p, 0) / requests
-        print(f"  {p:<16} {v:>13,.0f}  {100 * totals.get(p, 0) / whole:>4.1f}%", file=out)
+        print(f"  {p:<16} {v:>13,.0f}  {100 * totals.get(p, 0) / whole:>4.1f}%" + miss_col(p),
+              file=out)
     print(f"  (inside those: allocator {allocator / requests:,.0f}, memcpy "
           f"{memcpy / requests:,.0f} instructions/request)", file=out, flush=True)
     for p in detail_of:
