@@ -123,7 +123,8 @@ fn respond(
         }
     }
     let pass = ch.pass(headers, &client, now);
-    if !matches!(pass, PassCheck::Valid(_)) && ch.eligible(&target, headers, &client) {
+    let navigation = weir::challenge::is_navigation(headers);
+    if !matches!(pass, PassCheck::Valid(_)) && ch.eligible(&target, headers, navigation, &client) {
         return (ch.page(&target, &client, headers, difficulty, now), None);
     }
     let marker = match pass {

@@ -171,7 +171,10 @@ impl Stages {
             client: ClientAddr::new(peer.ip()),
             source: AddrSource::Peer,
         };
-        let challenged = self.challenger.eligible(target, &headers, &client);
+        let navigation = crate::challenge::is_navigation(&headers);
+        let challenged = self
+            .challenger
+            .eligible(target, &headers, navigation, &client);
         let key = CoalesceKey::for_request(target, &http::HeaderMap::new());
         let mut forwarded = http::Request::builder()
             .uri(raw)

@@ -266,14 +266,17 @@ impl Visits {
     /// for anything else (scripts, images, APIs), the visit its cookie
     /// carries if it carries one, for its turn in admission alone. Nothing
     /// is hashed for a request that is no navigation and has no cookie.
+    /// `navigation` is [`crate::challenge::is_navigation`] of `headers`,
+    /// read by the caller (the proxy reads it once for every phase that
+    /// asks).
     pub fn read(
         &self,
         method: &http::Method,
         headers: &HeaderMap,
+        navigation: bool,
         client: &ClientId,
         now: SystemTime,
     ) -> Option<RequestVisit> {
-        let navigation = crate::challenge::is_navigation(headers);
         let mut cookies = weir_http::cookie::values(headers, &self.cookie).peekable();
         if !navigation && cookies.peek().is_none() {
             return None;
@@ -458,6 +461,11 @@ mod tests {
     use crate::identity::{AddrSource, ClientAddr, PeerAddr};
     use std::time::UNIX_EPOCH;
 
+    /// What the proxy passes `Visits::read` for `headers`.
+    fn navigating(headers: &HeaderMap) -> bool {
+        crate::challenge::is_navigation(headers)
+    }
+
     const KEY: &str = "0123456789abcdef0123456789abcdef";
     const UA: &str = "Mozilla/5.0 Firefox/140.0";
 
@@ -508,7 +516,7 @@ mod tests {
     ) -> (Option<Visit>, Option<String>) {
         let h = navigation(ua, cookie);
         let mut rv = v
-            .read(&http::Method::GET, &h, &client(ip), t(at))
+            .read(&http::Method::GET, &h, navigating(&h), &client(ip), t(at))
             .expect("a navigation");
         rv.costly = costly;
         let set = v.next(&rv, served, false, t(at)).map(|set| {
@@ -627,6 +635,7 @@ mod tests {
             v.read(
                 &http::Method::GET,
                 &navigation(ua, Some(cookie)),
+                true,
                 &client(ip),
                 t(at),
             )
@@ -660,6 +669,7 @@ mod tests {
         let rv = other_key.read(
             &http::Method::GET,
             &navigation(UA, Some(&c1)),
+            true,
             &client("203.0.113.7"),
             t(10),
         );
@@ -678,7 +688,13 @@ mod tests {
         if script {
             h.insert("sec-fetch-mode", HeaderValue::from_static("no-cors"));
         }
-        let mut rv = v.read(&http::Method::GET, &h, &client("203.0.113.7"), t(30))?;
+        let mut rv = v.read(
+            &http::Method::GET,
+            &h,
+            navigating(&h),
+            &client("203.0.113.7"),
+            t(30),
+        )?;
         assert_eq!(rv.navigation, !script);
         rv.costly = costly;
         rv.turn()
@@ -737,8 +753,14 @@ mod tests {
         let (_, one) = view(&v, "203.0.113.7", UA, None, 0);
         let mut script = navigation(UA, Some(&one));
         script.insert("sec-fetch-mode", HeaderValue::from_static("no-cors"));
-        let rv = (v.read(&http::Method::GET, &script, &client("203.0.113.7"), t(5)))
-            .expect("a visit's cookie is read on any request");
+        let rv = (v.read(
+            &http::Method::GET,
+            &script,
+            navigating(&script),
+            &client("203.0.113.7"),
+            t(5),
+        ))
+        .expect("a visit's cookie is read on any request");
         assert_eq!((rv.navigation, rv.page_view), (false, false));
         assert_eq!(rv.prior.map(|p| p.views), Some(1));
         let none = HeaderMap::new();
@@ -751,7 +773,13 @@ mod tests {
         assert!(v.next(&costly, ok, false, t(5)).is_none(), "nor costly");
         let mut bare = script.clone();
         bare.remove("cookie");
-        let rv = v.read(&http::Method::GET, &bare, &client("203.0.113.7"), t(5));
+        let rv = v.read(
+            &http::Method::GET,
+            &bare,
+            navigating(&bare),
+            &client("203.0.113.7"),
+            t(5),
+        );
         assert!(rv.is_none(), "no cookie: nothing read");
     }
 
@@ -761,7 +789,7 @@ mod tests {
         let c = client("203.0.113.7");
         let ok = http::StatusCode::OK;
         let nav = v
-            .read(&http::Method::GET, &navigation(UA, None), &c, t(0))
+            .read(&http::Method::GET, &navigation(UA, None), true, &c, t(0))
             .unwrap();
         let costly = RequestVisit {
             costly: true,
@@ -771,11 +799,12 @@ mod tests {
         api.insert("accept", HeaderValue::from_static("application/json"));
         api.insert("cookie", HeaderValue::from_static("weir_visit=x"));
         assert!(
-            v.read(&http::Method::GET, &api, &c, t(0)).is_none(),
+            v.read(&http::Method::GET, &api, navigating(&api), &c, t(0))
+                .is_none(),
             "not a navigation: not read"
         );
         let post = v
-            .read(&http::Method::POST, &navigation(UA, None), &c, t(0))
+            .read(&http::Method::POST, &navigation(UA, None), true, &c, t(0))
             .unwrap();
         let none = HeaderMap::new();
         let mut public = HeaderMap::new();

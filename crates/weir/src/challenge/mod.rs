@@ -32,7 +32,8 @@
 //! headers.insert("user-agent", "Mozilla/5.0".parse().unwrap());
 //! let page_target = Target::parse("GET", "/wiki/Page", Some("wiki.example"), PathPolicy::default()).unwrap();
 //!
-//! assert!(challenger.eligible(&page_target, &headers, &client));
+//! let navigation = weir::challenge::is_navigation(&headers);
+//! assert!(challenger.eligible(&page_target, &headers, navigation, &client));
 //! assert_eq!(challenger.pass(&headers, &client, now), PassCheck::Missing);
 //! let page = challenger.page(&page_target, &client, &headers, challenger.base_difficulty(), now);
 //! assert_eq!(page.headers()["x-weir-challenge"], "1");
@@ -308,17 +309,28 @@ impl Challenger {
 
     /// Whether this request may be challenged: a browser navigation to a
     /// page that is not exempt, from a client that is not allow-listed.
-    pub fn eligible(&self, target: &Target, headers: &HeaderMap, client: &ClientId) -> bool {
-        self.exemption(target, headers, client).is_none()
+    /// `navigation` is [`is_navigation`] of `headers`, read by the caller:
+    /// the proxy reads it once for the visit and the challenge.
+    pub fn eligible(
+        &self,
+        target: &Target,
+        headers: &HeaderMap,
+        navigation: bool,
+        client: &ClientId,
+    ) -> bool {
+        self.exemption(target, headers, navigation, client)
+            .is_none()
     }
 
     /// Why this request is never challenged, if it is not eligible. Paths
     /// and query keys are the target's canonical ones, as the app reads
     /// them: `/static/../w/index.php` is not under `/static/`.
+    /// `navigation`: as [`Challenger::eligible`]'s.
     pub fn exemption(
         &self,
         target: &Target,
         headers: &HeaderMap,
+        navigation: bool,
         client: &ClientId,
     ) -> Option<Exemption> {
         let method = target.method();
@@ -329,7 +341,7 @@ impl Challenger {
         if target.path().starts_with(WEIR_PREFIX) {
             return Some(Exemption::WeirPath);
         }
-        if !is_navigation(headers) {
+        if !navigation {
             return Some(Exemption::NotNavigation);
         }
         if self.exempt_paths.iter().any(|p| p == path)

@@ -168,9 +168,11 @@ fn eligibility_table() {
     ];
     for (method, uri, ip, hdrs, want) in cases {
         let t = target(method, uri);
-        let got = ch.exemption(&t, &headers(hdrs), &client(ip));
+        let h = headers(hdrs);
+        let got = ch.exemption(&t, &h, is_navigation(&h), &client(ip));
         assert_eq!(&got, want, "{method} {uri} from {ip} {hdrs:?}");
-        assert_eq!(ch.eligible(&t, &headers(hdrs), &client(ip)), want.is_none());
+        let eligible = ch.eligible(&t, &h, is_navigation(&h), &client(ip));
+        assert_eq!(eligible, want.is_none());
     }
 }
 

@@ -81,13 +81,13 @@ pub(super) async fn admission(
 /// answer teaches the pool (and lets the adaptive limit tell a slower mix
 /// from queueing).
 fn place(
-    ex: &Exchange<'_>,
+    ex: &mut Exchange<'_>,
     queue: &AdmissionQueue,
     class: &ClassAdmission,
     admitted: &Admitted,
     now: tokio::time::Instant,
 ) -> Place {
-    let shape = crate::admission::Shape::of(ex.target());
+    let shape = ex.shape();
     let class_lane = class.unproven_lane(queue, shape);
     let visit = ex.log().visit().and_then(|(v, _)| v.turn());
     let proof = &admitted.proof;

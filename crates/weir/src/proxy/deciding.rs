@@ -18,7 +18,7 @@ use weir_http::target::Target;
 
 use super::exchange::Exchange;
 use super::log::RequestLog;
-use crate::admission::{Lane, Shape};
+use crate::admission::Lane;
 use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck};
 use crate::gateway::Gateway;
 use crate::identity::ClientAddr;
@@ -51,22 +51,22 @@ use weir_limiter::MonoTime;
 /// (`serve` keeps it in the log, where the rules and the answer's cookie
 /// read it).
 pub(super) fn visit(
-    ex: &Exchange<'_>,
+    ex: &mut Exchange<'_>,
     req: &mut Request<RequestBody>,
     route: &Route,
 ) -> Option<(RequestVisit, Arc<Visits>)> {
-    let (gw, target) = (ex.gw(), ex.target());
+    let gw = ex.gw();
     let visits = gw.visits.as_ref()?;
     let now = SystemTime::now();
-    let read = visits.read(req.method(), req.headers(), ex.client(), now);
+    let navigation = ex.navigation(req.headers());
+    let read = visits.read(req.method(), req.headers(), navigation, ex.client(), now);
     weir_http::cookie::remove(req.headers_mut(), visits.cookie_name());
     let mut visit = read?;
     if visit.navigation {
         let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
         visit.costly = !route.rules.is_empty()
-            || (gw.pools[route.pool].admission.as_ref()).is_some_and(|queue| {
-                class.unproven_lane(queue, Shape::of(target)) >= Lane::ANONYMOUS
-            });
+            || (gw.pools[route.pool].admission.as_ref())
+                .is_some_and(|queue| class.unproven_lane(queue, ex.shape()) >= Lane::ANONYMOUS);
     }
     Some((visit, visits.clone()))
 }
@@ -368,6 +368,7 @@ fn challenge(
     if let Some(id) = carried_pass(ex, ch, view) {
         return Challenged::Pass(id);
     }
+    let (navigation, shape) = (ex.navigation(view.headers), ex.shape());
     let (rt, gw, client) = (ex.rt(), ex.gw(), ex.client());
     let now = SystemTime::now();
     let pool = &gw.pools[route.pool];
@@ -377,9 +378,9 @@ fn challenge(
     // person who waited gets the challenge, not a `503`). A pool without a
     // queue learns nothing and sheds nothing: no page.
     let queue = pool.admission.as_ref();
-    let expensive = queue.is_some_and(|q| q.shapes().is_expensive(Shape::of(view.target)));
+    let expensive = queue.is_some_and(|q| q.shapes().is_expensive(shape));
     if route.challenge == ChallengeMode::Learned && !expensive {
-        if queue.is_none() || !ch.eligible(view.target, view.headers, client) {
+        if queue.is_none() || !ch.eligible(view.target, view.headers, navigation, client) {
             return Challenged::NotNow;
         }
         return Challenged::Instead(ChallengeInstead {
@@ -389,7 +390,7 @@ fn challenge(
         });
     }
     let (engaged, difficulty) = observe_pressure(ch, pool, rt);
-    if !ch.eligible(view.target, view.headers, client) {
+    if !ch.eligible(view.target, view.headers, navigation, client) {
         return Challenged::NotNow;
     }
     match route.challenge {

@@ -11,12 +11,13 @@
 //! log goes with the response's body when the exchange ends.
 
 use bytes::Bytes;
-use http::Response;
+use http::{HeaderMap, Response};
 use weir_http::body::ResponseBody;
 use weir_http::target::Target;
 
 use super::ConnCtx;
 use super::log::{Held, RequestLog};
+use crate::admission::Shape;
 use crate::gateway::Gateway;
 use crate::identity::ClientId;
 use crate::respond::Reason;
@@ -31,6 +32,11 @@ pub(super) struct Exchange<'a> {
     client: &'a ClientId,
     target: &'a Target,
     log: Box<RequestLog>,
+    /// Read on first ask, for the phases that ask after it (the visit, the
+    /// challenge, admission): each reads the request's headers or hashes
+    /// its path and query, some hundreds of instructions a time.
+    navigation: Option<bool>,
+    shape: Option<Shape>,
 }
 
 impl<'a> Exchange<'a> {
@@ -47,6 +53,8 @@ impl<'a> Exchange<'a> {
             client,
             target,
             log,
+            navigation: None,
+            shape: None,
         }
     }
 
@@ -72,6 +80,18 @@ impl<'a> Exchange<'a> {
 
     pub fn target(&self) -> &'a Target {
         self.target
+    }
+
+    /// Whether the request is a browser navigation
+    /// ([`crate::challenge::is_navigation`] of `headers`, the request's
+    /// own: read on the first ask only).
+    pub fn navigation(&mut self, headers: &HeaderMap) -> bool {
+        *(self.navigation).get_or_insert_with(|| crate::challenge::is_navigation(headers))
+    }
+
+    /// The target's shape, what admission learns costs by.
+    pub fn shape(&mut self) -> Shape {
+        *(self.shape).get_or_insert_with(|| Shape::of(self.target))
     }
 
     /// The slots the request holds until its line is written.

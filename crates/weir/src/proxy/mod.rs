@@ -210,7 +210,7 @@ fn serve(
             Err(reason) => return ex.reject(&reason),
         };
         // Visit: a navigation's visit read; weir's cookie kept from the app.
-        let visit = deciding::visit(&ex, &mut req, route);
+        let visit = deciding::visit(&mut ex, &mut req, route);
         ex.log_mut().visited(visit);
         let view = RequestView::new(&target, req.headers());
         // Session, verified crawler, rules and challenge: the decision.
