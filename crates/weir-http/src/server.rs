@@ -679,21 +679,31 @@ fn release_buffer<H: Handler>(wire: &SharedWire, handler: &H) {
     }
 }
 
-/// Parses the request head at the start of `w.buf` and removes it; `None`
-/// A request head as httparse found it: its length, and where its parts
-/// are in the buffer (nothing copied; cut once the head is frozen).
+/// A request head as httparse found it: its length, and where its target
+/// is in the buffer (nothing copied; cut once the head is frozen). Its
+/// fields are in the [`RawFields`] it was scanned into.
 struct RawHead {
     len: usize,
     method: Method,
     version: Version,
     path: std::ops::Range<usize>,
-    fields: SmallVec<[(HeaderName, usize, usize); 16]>,
 }
 
-/// Finds the request head at the start of `buf`; `None` if more bytes are
-/// needed. Field names are taken now (they are few and short); the target
-/// and values are left as ranges of `buf`.
-fn scan_head(buf: &[u8], limits: HeadLimits) -> Result<Option<RawHead>, ClientError> {
+/// A head's fields as scanned: each name, and where its value is in the
+/// buffer. Lent to [`scan_head`] and [`decide_head`] by the caller, not
+/// returned in the head: 16 slots are 800 bytes, and each move of the head
+/// copied them all (four moves a request, some 500 instructions).
+type RawFields = SmallVec<[(HeaderName, usize, usize); 16]>;
+
+/// Finds the request head at the start of `buf`, its fields put in
+/// `fields`; `None` if more bytes are needed. Field names are taken now
+/// (they are few and short); the target and values are left as ranges of
+/// `buf`.
+fn scan_head(
+    buf: &[u8],
+    limits: HeadLimits,
+    fields: &mut RawFields,
+) -> Result<Option<RawHead>, ClientError> {
     let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_HEADERS];
     let mut heap = Vec::new();
     let slots = if limits.max_headers <= STACK_HEADERS {
@@ -729,7 +739,7 @@ fn scan_head(buf: &[u8], limits: HeadLimits) -> Result<Option<RawHead>, ClientEr
     let base = buf.as_ptr() as usize;
     let path = parsed.path.unwrap_or("");
     let path_at = path.as_ptr() as usize - base;
-    let mut fields = SmallVec::new();
+    fields.clear();
     for h in parsed.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| ClientError::Malformed("invalid header name"))?;
@@ -741,7 +751,6 @@ fn scan_head(buf: &[u8], limits: HeadLimits) -> Result<Option<RawHead>, ClientEr
         method,
         version,
         path: path_at..path_at + path.len(),
-        fields,
     }))
 }
 
@@ -768,27 +777,32 @@ pub struct ReadHead {
 /// does (`None`: more bytes are needed), copying it. For the fuzz targets
 /// and tests; a connection reads its own buffer without the copy.
 pub fn read_head(buf: &[u8], limits: HeadLimits) -> Result<Option<ReadHead>, ClientError> {
-    let Some(raw) = scan_head(buf, limits)? else {
+    let mut fields = RawFields::new();
+    let Some(raw) = scan_head(buf, limits, &mut fields)? else {
         return Ok(None);
     };
     let head = Bytes::copy_from_slice(&buf[..raw.len]);
-    decide_head(raw, head).map(Some)
+    decide_head(raw, &mut fields, head).map(Some)
 }
 
 /// Everything the codec decides about a head httparse found: the target,
 /// the fields, the body's framing, keep-alive. `head_bytes` is the head
-/// itself (values are sliced from it).
-fn decide_head(raw: RawHead, head_bytes: Bytes) -> Result<ReadHead, ClientError> {
+/// itself (values are sliced from it); `fields` are its fields as scanned
+/// (taken out).
+fn decide_head(
+    raw: RawHead,
+    fields: &mut RawFields,
+    head_bytes: Bytes,
+) -> Result<ReadHead, ClientError> {
     let RawHead {
         len,
         method,
         version,
         path: path_range,
-        mut fields,
     } = raw;
     let uri = Uri::from_maybe_shared(head_bytes.slice(path_range))
         .map_err(|_| ClientError::Malformed("invalid request target"))?;
-    let (headers, hop, expect_continue, upgrade) = field_map(&mut fields, &head_bytes)?;
+    let (headers, hop, expect_continue, upgrade) = field_map(fields, &head_bytes)?;
     let body = body_framing(&hop, version)?;
     let HopFields {
         close,
@@ -815,7 +829,8 @@ fn parse_head<B: From<EdgeBody>>(
     w: &mut Wire,
     limits: HeadLimits,
 ) -> Result<Option<Head<B>>, ClientError> {
-    let Some(raw) = scan_head(&w.buf, limits)? else {
+    let mut fields = RawFields::new();
+    let Some(raw) = scan_head(&w.buf, limits, &mut fields)? else {
         return Ok(None);
     };
     let head_bytes = w.buf.split_to(raw.len).freeze();
@@ -829,7 +844,7 @@ fn parse_head<B: From<EdgeBody>>(
         expect_continue,
         upgrade,
         ..
-    } = decide_head(raw, head_bytes)?;
+    } = decide_head(raw, &mut fields, head_bytes)?;
     w.continue_owed =
         (expect_continue && version == Version::HTTP_11 && !body.is_end()).then_some(0);
     w.body = body;
@@ -858,7 +873,7 @@ fn parse_head<B: From<EdgeBody>>(
 /// copied), the framing and connection fields they carry (spent, not put
 /// in the map), and whether they ask for `100 Continue` or an upgrade.
 fn field_map(
-    fields: &mut SmallVec<[(HeaderName, usize, usize); 16]>,
+    fields: &mut RawFields,
     head_bytes: &Bytes,
 ) -> Result<(HeaderMap, HopFields, bool, bool), ClientError> {
     // Room for the forwarding fields the proxy adds: growing the map
