@@ -39,9 +39,21 @@ pub struct ConnSettings {
     pub response_timeout: Duration,
     /// Idle connections older than this are closed instead of reused.
     pub idle_timeout: Duration,
-    /// Idle connections kept per server; more are closed.
+    /// Idle connections kept per server; more are closed once idle for
+    /// [`SURPLUS_LINGER`] (0: none is kept).
     pub max_idle: usize,
 }
+
+/// How long idle connections beyond `max_idle` are kept. A burst of more
+/// requests at once than `max_idle` gives back more connections than that,
+/// and the next burst, a moment later, needs as many again. Closed at once
+/// (as nginx's `keepalive N` does), each burst opened them anew: with
+/// HTTP/2 clients at 1,000 connections, over half of the requests opened
+/// an upstream connection, and weir's CPU a request doubled
+/// (bench/README.md, "Upstream connections a burst gives back"). Kept a
+/// moment, they are reused; what a burst that does not come back left is
+/// closed this long after.
+pub const SURPLUS_LINGER: Duration = Duration::from_secs(1);
 
 /// Idle time after which a server's keep-alive timeout may close a
 /// connection just as a request is written to it (node's default is 5 s,
@@ -120,32 +132,52 @@ struct Idle {
     since: Instant,
 }
 
+/// Closes a stack's idle connections that are past their time: any idle
+/// longer than the idle timeout, and those beyond `max_idle` idle longer
+/// than [`SURPLUS_LINGER`]. The oldest are at the bottom (parked in order,
+/// taken from the top), so the purge stops at the first one still in
+/// time: a look at one connection when nothing is due.
+fn purge(idle: &mut Vec<Idle>, settings: &ConnSettings, now: Instant) {
+    let len = idle.len();
+    let due = idle
+        .iter()
+        .enumerate()
+        .take_while(|(i, c)| {
+            let age = now.saturating_duration_since(c.since);
+            let surplus = len - i > settings.max_idle;
+            age > settings.idle_timeout || (surplus && age > SURPLUS_LINGER)
+        })
+        .count();
+    if due > 0 {
+        idle.drain(..due);
+    }
+}
+
 impl ServerConnections {
     fn stack(&self, scheduler: usize) -> &Mutex<Vec<Idle>> {
         &self.idle[scheduler % self.idle.len()].0
     }
 
-    fn pop(&self) -> Option<Idle> {
+    /// The most recently parked connection of this scheduler, and how long
+    /// it was idle; those past their time are closed first ([`purge`]).
+    fn pop(&self, settings: &ConnSettings) -> Option<(UpstreamConnection, Duration)> {
+        let now = Instant::now();
         let stack = self.stack(current_scheduler());
-        stack.lock().unwrap_or_else(|e| e.into_inner()).pop()
+        let mut idle = stack.lock().unwrap_or_else(|e| e.into_inner());
+        purge(&mut idle, settings, now);
+        let Idle { conn, since } = idle.pop()?;
+        Some((conn, now.saturating_duration_since(since)))
     }
 
     fn push(&self, mut conn: UpstreamConnection, settings: &ConnSettings) {
-        conn.park();
-        let stack = self.stack(conn.scheduler());
-        let mut idle = stack.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() >= settings.max_idle {
+        if settings.max_idle == 0 {
             return;
         }
+        conn.park();
         let now = Instant::now();
-        // The oldest are at the bottom; drop those past the idle timeout.
-        let expired = idle
-            .iter()
-            .take_while(|i| now.duration_since(i.since) > settings.idle_timeout)
-            .count();
-        if expired > 0 {
-            idle.drain(..expired);
-        }
+        let stack = self.stack(conn.scheduler());
+        let mut idle = stack.lock().unwrap_or_else(|e| e.into_inner());
+        purge(&mut idle, settings, now);
         idle.push(Idle { conn, since: now });
     }
 
@@ -161,8 +193,7 @@ impl ServerConnections {
         req: &mut Request<B>,
     ) -> Result<Box<Response<UpstreamBody>>, SendError> {
         let resendable = is_idempotent_read(req.method()) && req.body().is_end_stream();
-        while let Some(Idle { mut conn, since }) = self.pop() {
-            let idle_for = since.elapsed();
+        while let Some((mut conn, idle_for)) = self.pop(settings) {
             if idle_for > settings.idle_timeout || !conn.is_reusable() {
                 continue;
             }
@@ -558,10 +589,96 @@ mod tests {
         let _server_side = listener.accept().await.unwrap();
         home.push(conn, &settings);
         crate::scheduler::run_as_scheduler(0);
-        assert!(home.pop().is_none(), "scheduler 0 took scheduler 1's");
+        assert!(
+            home.pop(&settings).is_none(),
+            "scheduler 0 took scheduler 1's"
+        );
         crate::scheduler::run_as_scheduler(1);
-        let idle = home.pop().expect("scheduler 1 takes its own back");
-        assert_eq!(idle.conn.scheduler(), 1);
+        let (conn, _) = home.pop(&settings).expect("scheduler 1 takes its own back");
+        assert_eq!(conn.scheduler(), 1);
         crate::scheduler::run_as_scheduler(0);
+    }
+
+    fn settings(max_idle: usize) -> ConnSettings {
+        ConnSettings {
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+            max_idle,
+        }
+    }
+
+    /// `n` connections to a listener on loopback (and their server sides,
+    /// kept open).
+    async fn connections(n: usize) -> (Vec<UpstreamConnection>, Vec<tokio::net::TcpStream>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (mut conns, mut servers) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            conns.push(connect(addr, Duration::from_secs(5)).await.unwrap());
+            servers.push(listener.accept().await.unwrap().0);
+        }
+        (conns, servers)
+    }
+
+    /// A burst of more requests at once than `max_idle` gives back more
+    /// connections than that: all are kept for the next burst. (They were
+    /// closed beyond `max_idle`, and each burst opened them anew.)
+    #[tokio::test]
+    async fn a_burst_s_connections_beyond_max_idle_are_kept_for_the_next_burst() {
+        let settings = settings(2);
+        let (conns, _servers) = connections(5).await;
+        let pool = ServerConnections::default();
+        for conn in conns {
+            pool.push(conn, &settings);
+        }
+        let mut again = 0;
+        while pool.pop(&settings).is_some() {
+            again += 1;
+        }
+        assert_eq!(
+            again, 5,
+            "the burst's five connections are there for the next"
+        );
+    }
+
+    /// Beyond `max_idle`, a connection idle for `SURPLUS_LINGER` is closed,
+    /// the oldest first; within it, at the idle timeout.
+    #[tokio::test]
+    async fn the_surplus_goes_a_moment_after_the_burst_and_the_rest_at_the_idle_timeout() {
+        let settings = settings(2);
+        let (conns, _servers) = connections(5).await;
+        let start = Instant::now();
+        let mut idle: Vec<Idle> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, conn)| Idle {
+                conn,
+                since: start + Duration::from_millis(100 * i as u64),
+            })
+            .collect();
+        purge(&mut idle, &settings, start + Duration::from_millis(900));
+        assert_eq!(idle.len(), 5, "within the linger: all kept");
+        // 1.15 s: the two oldest are past the linger, and beyond max_idle.
+        purge(&mut idle, &settings, start + Duration::from_millis(1_150));
+        assert_eq!(idle.len(), 3, "the two oldest went; the third is in time");
+        purge(&mut idle, &settings, start + Duration::from_secs(5));
+        let kept: Vec<_> = idle.iter().map(|i| i.since - start).collect();
+        let newest = [Duration::from_millis(300), Duration::from_millis(400)];
+        assert_eq!(kept, newest, "max_idle kept, the most recent");
+        purge(&mut idle, &settings, start + Duration::from_secs(61));
+        assert!(idle.is_empty(), "past the idle timeout: none");
+    }
+
+    /// `max_idle = 0` keeps none, not even for a moment.
+    #[tokio::test]
+    async fn max_idle_zero_keeps_no_connection() {
+        let settings = settings(0);
+        let (conns, _servers) = connections(2).await;
+        let pool = ServerConnections::default();
+        for conn in conns {
+            pool.push(conn, &settings);
+        }
+        assert!(pool.pop(&settings).is_none());
     }
 }
