@@ -169,6 +169,21 @@ impl ServerConnections {
         Some((conn, now.saturating_duration_since(since)))
     }
 
+    /// Closes the idle connections past their time in every stack
+    /// ([`purge`]): what parking and taking do as they go, for a server
+    /// that traffic has left (the surplus of its last burst would otherwise
+    /// hold its sockets until the next request). Run on a timer.
+    pub fn purge_idle(&self, settings: &ConnSettings) {
+        let now = Instant::now();
+        for stack in &self.idle {
+            purge(
+                &mut stack.0.lock().unwrap_or_else(|e| e.into_inner()),
+                settings,
+                now,
+            );
+        }
+    }
+
     fn push(&self, mut conn: UpstreamConnection, settings: &ConnSettings) {
         if settings.max_idle == 0 {
             return;
@@ -668,6 +683,27 @@ mod tests {
         assert_eq!(kept, newest, "max_idle kept, the most recent");
         purge(&mut idle, &settings, start + Duration::from_secs(61));
         assert!(idle.is_empty(), "past the idle timeout: none");
+    }
+
+    /// The timer's purge closes what parking and taking would have, with
+    /// no request coming (here: an idle timeout every connection is past).
+    #[tokio::test]
+    async fn the_timer_purges_a_server_no_request_comes_to() {
+        let (conns, _servers) = connections(3).await;
+        let pool = ServerConnections::default();
+        for conn in conns {
+            pool.push(conn, &settings(2));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        let lapsed = ConnSettings {
+            idle_timeout: Duration::from_millis(1),
+            ..settings(2)
+        };
+        pool.purge_idle(&lapsed);
+        assert!(
+            pool.pop(&settings(2)).is_none(),
+            "all past the idle timeout"
+        );
     }
 
     /// `max_idle = 0` keeps none, not even for a moment.

@@ -774,7 +774,8 @@ async fn sweep(rt: Arc<Runtime>, stop: CancellationToken) {
     }
 }
 
-/// Health checks, silence, slow-start ramps and pool gauges, over the pools
+/// Health checks, silence, slow-start ramps, idle upstream connections past
+/// their time and pool gauges, over the pools
 /// of whichever gateway is current (so a reload needs no restart of this).
 async fn maintain_upstreams(rt: Arc<Runtime>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(crate::upstream::checks::ROUND);

@@ -5,7 +5,8 @@
 //! ([`crate::admission::AdmissionQueue::try_acquire_health`]), so it never
 //! queues behind traffic and never takes the app's last worker; when the
 //! slot is busy the round is skipped, which is not a failure. The round also
-//! re-evaluates silence, moves slow-start caps with time, and refreshes the
+//! re-evaluates silence, moves slow-start caps with time, closes idle
+//! upstream connections past their time, and refreshes the
 //! pool gauges. What a result *means* is `health`'s business, not this
 //! module's.
 
@@ -25,11 +26,13 @@ use weir_http::body::RequestBody;
 pub const ROUND: Duration = Duration::from_millis(100);
 
 /// Runs one round over `pools` at `now`: ticks health, updates slow-start
-/// capacity, starts due checks (each on its own task) and exports gauges.
+/// capacity, closes idle connections past their time, starts due checks
+/// (each on its own task) and exports gauges.
 pub fn round(pools: &[Arc<Pool>], metrics: &Arc<Metrics>, now: Instant) {
     for pool in pools {
         pool.tick(now);
         pool.update_capacity(now);
+        pool.purge_idle();
         let Some(settings) = pool.checks.clone() else {
             continue;
         };

@@ -450,6 +450,15 @@ impl Pool {
         }
     }
 
+    /// Closes the servers' idle connections past their time (the surplus
+    /// of a burst after a second, any after the idle timeout), for servers
+    /// no request has come to since.
+    pub fn purge_idle(&self) {
+        for s in &self.servers {
+            s.connections.purge_idle(&self.conn);
+        }
+    }
+
     fn on_transition(
         &self,
         st: &mut ServerState,
