@@ -774,9 +774,9 @@ async fn sweep(rt: Arc<Runtime>, stop: CancellationToken) {
     }
 }
 
-/// Health checks, silence, slow-start ramps, idle upstream connections past
-/// their time and pool gauges, over the pools
-/// of whichever gateway is current (so a reload needs no restart of this).
+/// Health checks, silence, slow-start ramps, idle upstream connections
+/// past their time and pool gauges, over the pools of whichever gateway is
+/// current (so a reload needs no restart of this).
 async fn maintain_upstreams(rt: Arc<Runtime>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(crate::upstream::checks::ROUND);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

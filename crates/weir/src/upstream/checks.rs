@@ -6,9 +6,8 @@
 //! queues behind traffic and never takes the app's last worker; when the
 //! slot is busy the round is skipped, which is not a failure. The round also
 //! re-evaluates silence, moves slow-start caps with time, closes idle
-//! upstream connections past their time, and refreshes the
-//! pool gauges. What a result *means* is `health`'s business, not this
-//! module's.
+//! upstream connections past their time, and refreshes the pool gauges.
+//! What a result *means* is `health`'s business, not this module's.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
