@@ -4,10 +4,11 @@ writes on exit can guide the optimised build (scripts/build-pgo.sh).
 
 Owns: the upstream for the mix (nginx: a small answer and a 64 KiB file), a
 weir config like an operator's (a rate-limited class, a TLS listener,
-forwarding fields from an untrusted client), and the wrk runs of the mix.
+forwarding fields from an untrusted client), and the wrk (and, for HTTP/2,
+h2load) runs of the mix.
 
 The mix is not the benchmark's request: it also holds bodies both ways, TLS,
-refusals (429) and larger answers, so that no path is laid out as cold only
+HTTP/2, refusals (429) and larger answers, so that no path is laid out as cold only
 because the benchmark does not visit it. The plain GET still carries most of
 the weight, as it does in front of a real site.
 
@@ -36,6 +37,9 @@ MIX = [
      ["/", "-H", "X-Forwarded-For: 192.0.2.1"]),
 ]
 TLS_MIX = [("GET small over TLS", 50, 3, ["/"])]
+# HTTP/2 over TLS, the path browsers take: (what, connections, streams a
+# connection, seconds). Without it the profile laid HTTP/2 out as cold.
+H2_MIX = [("GET small over HTTP/2", 100, 10, 3)]
 
 
 def start_upstream(workdir):
@@ -93,6 +97,17 @@ def wrk(scheme, port, what, conns, seconds, argv, post):
         raise RuntimeError(f"wrk failed for {what}:\n{out.stdout}\n{out.stderr}")
 
 
+def h2load(port, what, conns, streams, seconds):
+    cmd = ["h2load", "-t1", f"-c{conns}", f"-m{streams}", f"-D{seconds}",
+           f"https://127.0.0.1:{port}/"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    line = next((x.strip() for x in out.stdout.splitlines() if x.startswith("finished in")),
+                "no requests")
+    print(f"pgo_train: {what}: {line}", flush=True)
+    if out.returncode != 0 or "finished in" not in out.stdout:
+        raise RuntimeError(f"h2load failed for {what}:\n{out.stdout}\n{out.stderr}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--weir-bin", required=True, help="weir built with -Cprofile-generate")
@@ -114,6 +129,8 @@ def main():
             if tls:
                 for what, conns, seconds, argv in TLS_MIX:
                     wrk("https", weir.ports[1], what, conns, seconds, argv, post)
+                for what, conns, streams, seconds in H2_MIX:
+                    h2load(weir.ports[1], what, conns, streams, seconds)
         finally:
             # SIGTERM: weir drains and exits 0, which writes the profile.
             weir.stop()

@@ -23,7 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-test-deps.sh nginx wrk
+# nghttp2-client: h2load, for the mix's HTTP/2.
+scripts/install-test-deps.sh nginx wrk nghttp2-client
 if ! command -v python3 >/dev/null 2>&1; then
     scripts/install-test-deps.sh python3
 fi
