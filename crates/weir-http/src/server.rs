@@ -486,28 +486,11 @@ pub async fn serve<H: Handler>(
         drop(h.handling);
         let is_101 = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         let keep_alive = h.keep_alive && (is_101 || stays_open(&wire, state));
-        // Made where it is polled, not moved there (as `select!` would): a
-        // future not yet polled is copied whole, 664 bytes here.
-        let written = {
-            let mut writing = std::pin::pin!(write_response(
-                &wire,
-                response,
-                h.version,
-                h.head_request,
-                keep_alive
-            ));
-            poll_fn(|cx| {
-                if let Poll::Ready(w) = writing.as_mut().poll(cx) {
-                    return Poll::Ready(Some(w));
-                }
-                state.poll_command(Command::Abort, cx).map(|_| None)
-            })
-            .await
+        let written = tokio::select! {
+            biased;
+            w = write_response(&wire, response, h.version, h.head_request, keep_alive) => w?,
+            _ = commanded(state, Command::Abort) => return Ok(()),
         };
-        let Some(written) = written else {
-            return Ok(());
-        };
-        let written = written?;
         match After::response(&wire, state, written, is_101, h.upgrade) {
             After::Next => {}
             After::Close => break,

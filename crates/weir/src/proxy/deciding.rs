@@ -370,7 +370,6 @@ fn challenge(
     }
     let (navigation, shape) = (ex.navigation(view.headers), ex.shape());
     let (rt, gw, client) = (ex.rt(), ex.gw(), ex.client());
-    let now = SystemTime::now();
     let pool = &gw.pools[route.pool];
     // Learned: only the shapes the app answers slowly, which a crawler flood
     // is made of, are worth a visitor's proof while they wait; a cheap page
@@ -399,7 +398,7 @@ fn challenge(
             client,
             view.headers,
             difficulty,
-            now,
+            SystemTime::now(),
         ))),
         // Proof buys priority: the page only where the navigation would
         // otherwise be refused, or wait long while pressure is on.
