@@ -77,6 +77,13 @@ impl Site {
 
 /// The site's request path: weir's paths, then the pass, then the challenge,
 /// else the "original page", which says whether a valid pass arrived.
+/// This harness's per-network budget (one process's, as weir's).
+fn budget() -> &'static weir::challenge::ChallengeBudget {
+    static BUDGET: std::sync::OnceLock<weir::challenge::ChallengeBudget> =
+        std::sync::OnceLock::new();
+    BUDGET.get_or_init(Default::default)
+}
+
 fn respond(
     ch: &Challenger,
     difficulty: u8,
@@ -97,7 +104,14 @@ fn respond(
     )
     .expect("the browser's request reads one way");
     let now = SystemTime::now();
-    if let Some(left) = ch.refresh_hold(&target, headers, &client, now) {
+    let asker = weir::challenge::Asker {
+        client: &client,
+        headers,
+        tls: false,
+    };
+    let budget = budget();
+    let at = weir::challenge::At { now, budget };
+    if let Some(left) = ch.refresh_hold(&target, asker, now) {
         // As weir does: an early no-script link waits out its delay. This
         // handler is synchronous; `block_in_place` keeps the runtime's
         // other tasks (the browser's devtools connection) moving.
@@ -111,7 +125,7 @@ fn respond(
                 .and_then(|c| c.parse().ok())
         });
         let body = &req.body[..req.body.len().min(challenge::MAX_VERIFY_BODY + 1)];
-        if let Some(answered) = ch.handle(&target, headers, body, &client, false, now) {
+        if let Some(answered) = ch.handle(&target, asker, body, at) {
             // A path in the wrong method: weir's rescue answers it; its status
             // is all this harness's browser needs.
             let resp = answered.unwrap_or_else(|refused| {
@@ -125,7 +139,7 @@ fn respond(
     let pass = ch.pass(headers, &client, now);
     let navigation = weir::challenge::is_navigation(headers);
     if !matches!(pass, PassCheck::Valid(_)) && ch.eligible(&target, headers, navigation, &client) {
-        return (ch.page(&target, &client, headers, difficulty, now), None);
+        return (ch.page(&target, asker, difficulty, at), None);
     }
     let marker = match pass {
         PassCheck::Valid(t) => format!("<p id=\"ok\">passed</p><p id=\"pass\">{}</p>", t.id),

@@ -280,7 +280,8 @@ async fn a_no_script_refresh_followed_at_once_is_held_until_its_delay_and_earns_
     let (status, _, body) = get_from(me, weir.addr, "/wiki/Page?x=2", &NAV).await;
     assert_eq!(status, 429);
     let link = no_script_link(&body);
-    let (status, h, _) = get_from(me, weir.addr, &link, &nav_with_cookie(JAR)).await;
+    let probe = jar(&body);
+    let (status, h, _) = get_from(me, weir.addr, &link, &nav_with_cookie(&probe)).await;
     let waited = asked.elapsed();
     assert_eq!(status, 303, "{h:?}");
     assert_eq!(h["location"], "/wiki/Page?x=2");

@@ -400,7 +400,7 @@ pub async fn solve_challenge(
             Request::post("/.weir/challenge/verify")
                 .header("host", "t")
                 .header("user-agent", user_agent)
-                .header("cookie", JAR)
+                .header("cookie", jar(page))
                 .header("content-type", "application/x-www-form-urlencoded")
                 .body(full(&form))
                 .unwrap(),
@@ -424,10 +424,12 @@ pub const NAV: [(&str, &str); 3] = [
     ("user-agent", "Mozilla/5.0 test"),
 ];
 
-/// The cookie a challenge page sets, as a browser that keeps cookies sends
-/// it back to the challenge's paths (without it, the pass comes in the
-/// address too).
-pub const JAR: &str = "weir_cookies=1";
+/// The cookie a challenge page sets (its probe), as a browser that keeps
+/// cookies sends it back to the challenge's paths (without it, the pass
+/// comes in the address instead).
+pub fn jar(page: &[u8]) -> String {
+    weir::challenge::page_probe(page).expect("the page carries its challenge")
+}
 
 /// The `<noscript>` refresh link of a challenge page, as a browser without
 /// JavaScript follows it.

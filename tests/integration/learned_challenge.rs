@@ -266,7 +266,9 @@ async fn the_no_script_delay_counts_the_wait_for_the_page() {
     )
     .await;
     let link = no_script_link(&body);
-    let refresh = get_from(ip("127.124.0.1"), weir.addr, &link, &NAV);
+    let probe = jar(&body);
+    let headers = nav_with_cookie(&probe);
+    let refresh = get_from(ip("127.124.0.1"), weir.addr, &link, &headers);
     let (status, h, _) = tokio::time::timeout(Duration::from_secs(2), refresh)
         .await
         .expect("the refresh was held for the delay the queue's wait had spent");

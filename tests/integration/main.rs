@@ -98,6 +98,10 @@ mod challenge;
 
 // The challenge in weir's request path: navigations only, passes, token keys.
 mod challenge_proxy;
+// What a pass costs and who sees it (issue 54): never the app, the log or
+// another site; `Secure` behind a TLS proxy; passes minted in a loop wait
+// one network's turn.
+mod pass;
 // Clients that must never break under the challenge (issue 40, item 2):
 // feed readers, curl, crawlers, previews, text browsers, Chromium without
 // cookies and with two tabs.

@@ -256,11 +256,32 @@ pub fn challenge_answer(data: &[u8]) {
         HeaderValue::from_static("application/x-www-form-urlencoded"),
     );
     let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    let answered = ch.handle(&target, &headers, data, &client(), false, now);
-    assert!(
-        matches!(answered, Some(Ok(_))),
-        "a POST to the verify path is always answered by the challenge"
-    );
+    let client = client();
+    let asker = weir::challenge::Asker {
+        client: &client,
+        headers: &headers,
+        tls: false,
+    };
+    let budget = weir::challenge::ChallengeBudget::default();
+    let at = weir::challenge::At {
+        now,
+        budget: &budget,
+    };
+    let answered = ch.handle(&target, asker, data, at);
+    // Answered (a pass, or back to the page) or refused as junk; a forged
+    // answer never earns a pass.
+    match answered {
+        Some(Ok(resp)) => assert!(
+            resp.headers().get(http::header::SET_COOKIE).is_none()
+                && !resp.headers()[http::header::LOCATION]
+                    .as_bytes()
+                    .windows(10)
+                    .any(|w| w == b"weir_pass="),
+            "a pass for an answer nobody was asked"
+        ),
+        Some(Err(_)) => {}
+        None => panic!("a POST to the verify path is always the challenge's"),
+    }
 }
 
 /// A pass-token cookie: a forged one never passes.

@@ -30,6 +30,11 @@ pub fn value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     pairs(headers).find_map(|(k, v)| (k == name).then_some(v))
 }
 
+/// The name of every cookie the request carries, in order.
+pub fn names(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    pairs(headers).map(|(k, _)| k)
+}
+
 /// Removes every pair of the cookie `name` from the request's `Cookie`
 /// fields (a field left empty goes), keeping the others as sent. Returns
 /// whether any was removed. For cookies that are the gateway's own, which

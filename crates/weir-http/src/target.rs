@@ -376,34 +376,46 @@ impl Target {
             .is_some_and(|q| query_keys(q).any(|k| keys.iter().any(|want| *k == *want.as_ref())))
     }
 
-    /// Takes the first `key=value` pair whose key is spelled exactly `key`
-    /// out of the query and returns its value as written; the rest of the
-    /// query stays as received (no `?` when nothing is left). For a pair
-    /// the gateway itself put in a URL, which the app must not see: only
-    /// the gateway's spelling is its own.
-    pub fn take_query_pair(&mut self, key: &str) -> Option<String> {
-        let query = self.query()?;
+    /// Takes every `key=value` pair whose key reads as `key` to the app
+    /// (as [`query_keys`] reads keys: `weir_pass`, `%77eir_pass`,
+    /// `weir_pass[]`) out of the query, and returns their values as
+    /// written, in order; the rest of the query stays as received (no `?`
+    /// when nothing is left). For a pair the gateway itself put in a URL,
+    /// which the app must not see in any spelling or number.
+    pub fn take_query_pairs(&mut self, key: &str) -> Vec<String> {
+        let Some(query) = self.query() else {
+            return Vec::new();
+        };
         // Most queries carry no such key: look before splitting.
-        memchr::memmem::find(query.as_bytes(), key.as_bytes())?;
-        let mut value = None;
+        let bytes = query.as_bytes();
+        if memchr::memmem::find(bytes, key.as_bytes()).is_none()
+            && memchr::memchr(b'%', bytes).is_none()
+        {
+            return Vec::new();
+        }
+        let mut values = Vec::new();
         let mut kept: Vec<&str> = Vec::new();
         for pair in query.split('&') {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            if value.is_none() && k == key {
-                value = Some(v.to_owned());
+            if !k.is_empty() && query_keys(k).next().is_some_and(|read| read == key) {
+                values.push(v.to_owned());
             } else {
                 kept.push(pair);
             }
         }
-        let value = value?;
+        if values.is_empty() {
+            return values;
+        }
         let mut text = self.path().to_owned();
         if !kept.is_empty() {
             text.push('?');
             text.push_str(&kept.join("&"));
         }
-        // A path and query read before, less one pair, reads again.
-        self.path_and_query = PathAndQuery::from_maybe_shared(Bytes::from(text)).ok()?;
-        Some(value)
+        // A path and query read before, less some pairs, reads again.
+        if let Ok(pq) = PathAndQuery::from_maybe_shared(Bytes::from(text)) {
+            self.path_and_query = pq;
+        }
+        values
     }
 
     /// Makes `req` say what was decided on: its path the canonical one (an

@@ -369,6 +369,9 @@ pub struct ClientPlan {
     pub offset: Duration,
     /// A crawler that runs a real (headless) browser and so solves challenges.
     pub headless: bool,
+    /// A crawler that runs no JavaScript but follows a challenge page's
+    /// no-script refresh after its wait (Scrapy's default middleware does).
+    pub follows_refresh: bool,
 }
 
 type ClientBody = http_body_util::Either<http_body_util::Full<Bytes>, TrickleBody>;
@@ -525,14 +528,31 @@ fn article_of(cohort: &Cohort, jar: &CookieJar, path: &str) -> Option<String> {
     (jar.last_page.as_deref() != Some(article.as_str())).then_some(article)
 }
 
-/// Whether a cohort's client solves the challenges it meets: people do, a
-/// crawler only if it runs a headless browser.
-fn solves_challenges(kind: CohortKind, plan: &ClientPlan) -> bool {
-    match kind {
-        CohortKind::Humans | CohortKind::Editors => true,
-        CohortKind::Crawlers => plan.headless,
-        _ => false,
-    }
+/// How a cohort's client gets past the challenges it meets, if it does:
+/// people by the page's script (or, with scripts off, its refresh), a
+/// crawler only if it runs a headless browser (the script) or follows the
+/// page's no-script refresh.
+fn challenge_skill(cohort: &Cohort, plan: &ClientPlan) -> Option<Skill> {
+    let script = match cohort.kind {
+        CohortKind::Humans | CohortKind::Editors => cohort.javascript,
+        CohortKind::Crawlers if plan.headless => true,
+        CohortKind::Crawlers if plan.follows_refresh => false,
+        _ => return None,
+    };
+    Some(if script {
+        Skill::Script
+    } else {
+        Skill::Refresh
+    })
+}
+
+/// How a client passes a challenge page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Skill {
+    /// Runs the page's script: the proof of work.
+    Script,
+    /// Runs no script, follows the page's `<noscript>` refresh after its wait.
+    Refresh,
 }
 
 /// What a client keeps from one request to the next: its connection (and
@@ -557,7 +577,7 @@ impl ClientSession {
         path: &str,
         cancel: &mut watch::Receiver<bool>,
     ) -> Answer {
-        let solves = solves_challenges(cohort.kind, plan);
+        let skill = challenge_skill(cohort, plan);
         let exchange = exchange(
             ctx,
             cohort,
@@ -566,7 +586,7 @@ impl ClientSession {
             &mut self.jar,
             method,
             path,
-            solves,
+            skill,
         );
         tokio::select! {
             r = tokio::time::timeout(cohort.timeout, exchange) => match r {
@@ -757,13 +777,13 @@ async fn exchange(
     jar: &mut CookieJar,
     method: Method,
     path: &str,
-    solves: bool,
+    skill: Option<Skill>,
 ) -> Answer {
     let method_again = method.clone();
     let Some(sender) = ready_connection(ctx, src, conn).await else {
         return Answer::failed(Outcome::ConnError);
     };
-    let browser = sends_as_browser(cohort, solves);
+    let browser = sends_as_browser(cohort, skill.is_some());
     let Ok(request) = build_request(cohort, jar, method, path, browser) else {
         return Answer::failed(Outcome::Other);
     };
@@ -807,7 +827,10 @@ async fn exchange(
     if !keep {
         *conn = None;
     }
-    let passed = challenged && solves && pass_challenge(ctx, cohort, src, jar, &body).await;
+    let passed = match skill.filter(|_| challenged) {
+        Some(skill) => pass_challenge(ctx, cohort, src, jar, &body, skill).await,
+        None => false,
+    };
     if passed {
         jar.solved = true;
         let retry = Box::pin(exchange(
@@ -818,7 +841,7 @@ async fn exchange(
             jar,
             method_again,
             path,
-            false,
+            None,
         ))
         .await;
         return Answer {
@@ -923,8 +946,9 @@ async fn pass_challenge(
     src: Ipv4Addr,
     jar: &mut CookieJar,
     body: &[u8],
+    skill: Skill,
 ) -> bool {
-    if !cohort.javascript {
+    if skill == Skill::Refresh {
         return follow_refresh(ctx, cohort, src, jar, body).await == Some(true);
     }
     let Some((nonce, bits)) = challenge_of(body) else {
@@ -1147,13 +1171,18 @@ mod tests {
             Default::default(),
         )
         .unwrap();
-        let page = ch.page(
-            &target,
-            &client,
-            &http::HeaderMap::new(),
-            12,
-            std::time::SystemTime::now(),
-        );
+        let headers = http::HeaderMap::new();
+        let asker = weir::challenge::Asker {
+            client: &client,
+            headers: &headers,
+            tls: false,
+        };
+        let budget = weir::challenge::ChallengeBudget::default();
+        let at = weir::challenge::At {
+            now: std::time::SystemTime::now(),
+            budget: &budget,
+        };
+        let page = ch.page(&target, asker, 12, at);
         let (wait, url) = refresh_of(page.body()).expect("a refresh");
         assert_eq!(wait, Duration::from_secs(4));
         let nonce = weir::challenge::page_nonce(page.body()).unwrap();
@@ -1305,6 +1334,7 @@ mod tests {
             hash_rate: None,
             session_cookie_share: 0.0,
             headless_share: 0.0,
+            refresh_share: 0.0,
             user_agent: "test".into(),
             host: "wiki.example.org".into(),
             timeout: Duration::from_secs(1),

@@ -275,14 +275,21 @@ pub fn run_variant(
     if let Some(recorded) = &observed.metrics {
         report.alerts = replay_alerts(scenario, variant, recorded, &stats, alert_series)?;
     }
-    keep_if_asked(dir, &variant.name, &stats);
+    keep_if_asked(dir, &variant.name, &stats, &owners);
     Ok(report)
 }
 
 /// `WEIR_SIM_KEEP`: keep the run's directory (weir's access log and state files,
-/// and `refused.tsv`: the request id of every answer that was not a page, and
-/// whose client got it) to look at, and say where it is.
-fn keep_if_asked(dir: tempfile::TempDir, variant: &str, stats: &[Arc<CohortStats>]) {
+/// `refused.tsv`: the request id of every answer that was not a page, and
+/// whose client got it, and `owners.tsv`: each client address and its
+/// cohort, `(shared)` for an address two cohorts share) to look at, and say
+/// where it is.
+fn keep_if_asked(
+    dir: tempfile::TempDir,
+    variant: &str,
+    stats: &[Arc<CohortStats>],
+    owners: &HashMap<IpAddr, String>,
+) {
     if std::env::var_os("WEIR_SIM_KEEP").is_some() {
         let mut tsv = String::new();
         for s in stats {
@@ -292,6 +299,10 @@ fn keep_if_asked(dir: tempfile::TempDir, variant: &str, stats: &[Arc<CohortStats
             }
         }
         let _ = std::fs::write(dir.path().join("refused.tsv"), tsv);
+        let owned: String = (owners.iter())
+            .map(|(addr, cohort)| format!("{addr}\t{cohort}\n"))
+            .collect();
+        let _ = std::fs::write(dir.path().join("owners.tsv"), owned);
         let kept = dir.keep();
         eprintln!("weir sim: {variant}'s access log is in {}", kept.display());
     }
@@ -440,6 +451,13 @@ fn plan_clients(scenario: &Scenario) -> Result<(Vec<Vec<ClientPlan>>, Owners), R
             // The same even spread, offset so it does not coincide with the cookie one.
             let hs = cohort.headless_share;
             let headless = ((a + 2) as f64 * hs).floor() > ((a + 1) as f64 * hs).floor();
+            // The addresses that follow the no-script refresh: the same
+            // spread over the addresses that run no browser.
+            let rs = cohort.refresh_share / (1.0 - hs).max(f64::EPSILON);
+            let b = a - ((a + 1) as f64 * hs).floor() as usize;
+            let follows_refresh = !headless
+                && cohort.refresh_share > 0.0
+                && ((b + 3) as f64 * rs).floor() > ((b + 2) as f64 * rs).floor();
             let seed = seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             let offset = cohort.ramp.mul_f64(i as f64 / cohort.clients.max(1) as f64);
             clients.push(ClientPlan {
@@ -448,6 +466,7 @@ fn plan_clients(scenario: &Scenario) -> Result<(Vec<Vec<ClientPlan>>, Owners), R
                 seed,
                 offset,
                 headless,
+                follows_refresh,
             });
         }
         plans.push(clients);

@@ -242,6 +242,7 @@ impl CohortKind {
             "concurrency",
             "session_cookie_share",
             "headless_share",
+            "refresh_share",
             "among",
             "browser_like",
         ];
@@ -349,6 +350,11 @@ pub struct CohortConfig {
     /// challenge (people always do). Default 0.
     #[serde(default)]
     pub headless_share: Option<f64>,
+    /// crawlers: share of addresses that run no JavaScript but follow the
+    /// challenge page's no-script refresh after its wait, as Scrapy's
+    /// default middleware follows a meta refresh (issue 54). Default 0.
+    #[serde(default)]
+    pub refresh_share: Option<f64>,
     /// crawlers: a share of the addresses that are other cohorts' own, as a
     /// residential proxy network's exits are people's phones and home
     /// connections (`[{ cohort = "carrier", share = 0.17 }]`: 17% of the
@@ -532,6 +538,8 @@ pub struct Cohort {
     pub hash_rate: Option<f64>,
     pub session_cookie_share: f64,
     pub headless_share: f64,
+    /// crawlers: share of addresses that follow the no-script refresh.
+    pub refresh_share: f64,
     pub user_agent: String,
     pub host: String,
     pub timeout: Duration,
@@ -939,6 +947,16 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
     let session_cookie_share =
         problems.fraction(c.session_cookie_share, 0.0, "session_cookie_share");
     let headless_share = problems.fraction(c.headless_share, 0.0, "headless_share");
+    let refresh_share = problems.fraction(c.refresh_share, 0.0, "refresh_share");
+    if headless_share + refresh_share > 1.0 {
+        problems.report_field(
+            "refresh_share",
+            format!(
+                "headless_share + refresh_share = {} is over 1",
+                headless_share + refresh_share
+            ),
+        );
+    }
     let browser_like = c.browser_like.unwrap_or(false);
     check_phases(&c.phases, problems);
     let (clients, addresses) = cohort_size(c, problems);
@@ -970,6 +988,7 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
         hash_rate: c.hash_rate.filter(|r| *r > 0.0),
         session_cookie_share,
         headless_share,
+        refresh_share,
         user_agent: c.user_agent.clone().unwrap_or_else(|| {
             let like = if browser_like {
                 CohortKind::Humans
@@ -1484,6 +1503,46 @@ rate = 1.0
         assert_eq!(crawlers.among.iter().map(|(_, n)| n).sum::<usize>(), 100);
     }
 
+    /// The crawlers-that-follow-the-refresh scenario (issue 54) copies the
+    /// crawlers-like-people scenario but for its crawlers' `refresh_share`.
+    #[test]
+    fn crawlers_that_follow_the_refresh_differ_in_that_alone() {
+        let like = shipped("2026-09-23-crawlers-like-people.toml");
+        let refresh = shipped("2026-09-23-crawlers-follow-refresh.toml");
+        let debug = |s: &Scenario| format!("{:?} {:?} {:?}", s.file.app, s.file.health, s.alerts);
+        assert_eq!(debug(&like), debug(&refresh));
+        let meta = |s: &Scenario| {
+            let m = &s.file.scenario;
+            format!(
+                "{:?}",
+                (
+                    m.duration.0,
+                    m.compression,
+                    &m.story_start,
+                    m.grace.0,
+                    m.seed
+                )
+            )
+        };
+        assert_eq!(meta(&like), meta(&refresh));
+        assert_eq!(like.variants.len(), refresh.variants.len());
+        for (l, r) in like.variants.iter().zip(&refresh.variants) {
+            assert_eq!((&l.name, &l.config_text), (&r.name, &r.config_text));
+        }
+        assert_eq!(all_but_crawlers(&like), all_but_crawlers(&refresh));
+        let crawlers = |s: &Scenario| {
+            let c = s.cohorts.iter().find(|c| c.kind == CohortKind::Crawlers);
+            c.expect("crawlers").clone()
+        };
+        let (l, r) = (crawlers(&like), crawlers(&refresh));
+        assert_eq!((l.refresh_share, r.refresh_share), (0.0, 0.9));
+        let same = Cohort {
+            refresh_share: 0.0,
+            ..r
+        };
+        assert_eq!(format!("{l:?}"), format!("{same:?}"));
+    }
+
     /// The alert-timing scenario with crawlers like people copies the alert
     /// scenario but for its crawlers, which are the crawlers-like-people
     /// scenario's (at the alert scenario's rate).
@@ -1532,6 +1591,6 @@ rate = 1.0
                 n += 1;
             }
         }
-        assert_eq!(n, 9);
+        assert_eq!(n, 10);
     }
 }

@@ -276,7 +276,8 @@ struct SentinelSource {
 }
 
 /// The sentinels to ask for the primary: [`RedisLimiter::with_sentinel`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Its `Debug` shows no password (the primary's, or one in a node's URL).
+#[derive(Clone, PartialEq, Eq)]
 pub struct SentinelSettings {
     /// Sentinel addresses (`host:port`) or URLs (`redis://[:password@]host:port`).
     pub nodes: Vec<String>,
@@ -287,6 +288,24 @@ pub struct SentinelSettings {
     /// The primary's password, if it has one (the sentinels' own goes in
     /// their URLs).
     pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `redis://:password@host` shows as `redis://[redacted]@host`.
+        let nodes: Vec<String> = (self.nodes.iter())
+            .map(|n| match (n.split_once("://"), n.rsplit_once('@')) {
+                (Some((scheme, _)), Some((_, host))) => format!("{scheme}://[redacted]@{host}"),
+                _ => n.clone(),
+            })
+            .collect();
+        f.debug_struct("SentinelSettings")
+            .field("nodes", &nodes)
+            .field("master", &self.master)
+            .field("db", &self.db)
+            .field("password", &self.password.as_ref().map(|_| "[redacted]"))
+            .finish()
+    }
 }
 
 impl SentinelSettings {

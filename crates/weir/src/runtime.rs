@@ -42,6 +42,9 @@ pub struct Runtime {
     pub timeline: crate::observe::timeline::Timeline,
     /// The challenge's: each pool's pressure (kept across reloads).
     pub pressure: PressureTable,
+    /// The challenge's: pages and passes each network drew (kept across
+    /// reloads).
+    pub challenge_budget: crate::challenge::ChallengeBudget,
     /// Admission's: which addresses browse like people, across every pool
     /// (kept across reloads).
     pub browsing: crate::admission::BrowsingEvidence,
@@ -130,6 +133,7 @@ impl Runtime {
             timeline: Default::default(),
             last_reload: Mutex::new(None),
             pressure: PressureTable::default(),
+            challenge_budget: Default::default(),
             browsing: crate::admission::BrowsingEvidence::new(),
             warnings: Warnings::new(WARN_INTERVAL),
             state_missing: std::sync::atomic::AtomicBool::new(false),

@@ -393,6 +393,7 @@ pub fn sweep(rt: &Runtime) {
     for p in gw.rule_stores.partitions() {
         p.store.sweep(now);
     }
+    rt.challenge_budget.sweep(now);
 }
 
 /// Starts the shared (Redis) limiter when `state.redis_url` is set. It never

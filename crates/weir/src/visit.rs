@@ -79,6 +79,9 @@ pub const VIEWS_PER_COSTLY: u16 = 2;
 /// NAT those waited in the carrier's one turn, 2-8 s at the 2026-09-23
 /// flood's peak in the lab.
 pub const TURN_MIN_VIEWS: u16 = 1;
+/// Pages served in a visit before a no-script pass is proof in it
+/// ([`RequestVisit::reads_more_than_it_costs`]).
+pub const PROOF_MIN_VIEWS: u16 = 3;
 const TOKEN_LEN: usize = BODY_LEN + TAG_LEN;
 const TOKEN_CHARS: usize = (TOKEN_LEN * 4).div_ceil(3);
 
@@ -210,11 +213,35 @@ impl RequestVisit {
                 | u128::from(agent)
         })
     }
+
+    /// Whether the visit reads more than it costs, as people read: at
+    /// least [`PROOF_MIN_VIEWS`] pages served before this request, and
+    /// more than one and a half for each costly navigation, this one
+    /// included. What makes a no-script pass proof of a person
+    /// (`proxy::deciding`).
+    ///
+    /// A ratio, not a difference: a crawler that reads an article before
+    /// each expensive page, and now and then one more (1.25 a page in the
+    /// lab), reads more pages than it costs by a margin that grows with
+    /// every round, and never reads one and a half. People read about six
+    /// pages a search; one and a half, not [`VIEWS_PER_COSTLY`], so a
+    /// person who searched four times in eleven pages still counts (the
+    /// lab's people without JavaScript had one page in 170 wait out its
+    /// timeout at two). Three pages at least: a visit of two is a crawler's
+    /// article, article, search as often as a person's.
+    pub fn reads_more_than_it_costs(&self) -> bool {
+        self.prior.is_some_and(|v| {
+            let costly = u32::from(v.costly) + u32::from(self.costly);
+            v.views >= PROOF_MIN_VIEWS && 2 * u32::from(v.views) > 3 * costly
+        })
+    }
 }
 
 /// The visit cookie of one configuration: its keys and thresholds.
 pub struct Visits {
     keys: Keyring,
+    /// When the cookie is `Secure` (`challenge.secure_cookies`).
+    secure: crate::challenge::SecureCookies,
     cookie: String,
     min_views: u16,
     min_age: Duration,
@@ -234,7 +261,11 @@ impl std::fmt::Debug for Visits {
 impl Visits {
     /// The visit cookie for `c`, signed with keys derived from `secrets`
     /// (the challenge's, or weir's own: one secret, a key per purpose).
-    pub fn new<S: AsRef<str>>(c: &VisitConfig, secrets: &[S]) -> Result<Visits, VisitConfigError> {
+    pub fn new<S: AsRef<str>>(
+        c: &VisitConfig,
+        secrets: &[S],
+        secure: crate::challenge::SecureCookies,
+    ) -> Result<Visits, VisitConfigError> {
         if !weir_http::cookie::is_settable_name(&c.cookie) {
             return Err(VisitConfigError::CookieName(c.cookie.clone()));
         }
@@ -248,6 +279,7 @@ impl Visits {
             .map_err(|e| VisitConfigError::Key(e.to_string()))?;
         Ok(Visits {
             keys,
+            secure,
             cookie: c.cookie.clone(),
             min_views: c.min_views,
             min_age: c.min_age.0,
@@ -335,6 +367,7 @@ impl Visits {
                 visit.page_view && status.is_success() && !visit.costly
             }
             ServedBy::Weir => false,
+            ServedBy::Challenge => return None,
         };
         if !visit.navigation || (!view && !visit.costly) {
             return None;
@@ -358,7 +391,7 @@ impl Visits {
             self.cookie,
             self.idle.as_secs()
         );
-        if tls {
+        if self.secure.applies(tls) {
             cookie.push_str("; Secure");
         }
         HeaderValue::from_str(&cookie).ok()
@@ -420,8 +453,14 @@ pub enum ServedBy {
         status: http::StatusCode,
         shared_cacheable: bool,
     },
-    /// weir's own: a refusal, a shed, a challenge page.
+    /// weir's own: a refusal, a shed.
     Weir,
+    /// The challenge's page: nothing counts. The navigation comes back
+    /// once the page is passed and counts then; counted twice, a person's
+    /// search under pressure had weighed two costly pages against their
+    /// reading, and a person without JavaScript lost the visit that makes
+    /// their no-script pass proof (issue 54).
+    Challenge,
 }
 
 /// Whether a shared cache may store a response whose `Cache-Control`
@@ -470,7 +509,7 @@ mod tests {
     const UA: &str = "Mozilla/5.0 Firefox/140.0";
 
     fn visits() -> Visits {
-        Visits::new(&VisitConfig::default(), &[KEY]).unwrap()
+        Visits::new(&VisitConfig::default(), &[KEY], Default::default()).unwrap()
     }
 
     fn client(ip: &str) -> ClientId {
@@ -664,6 +703,7 @@ mod tests {
         let other_key = Visits::new(
             &VisitConfig::default(),
             &["another-key-of-32-bytes-or-more-0000"],
+            Default::default(),
         )
         .unwrap();
         let rv = other_key.read(
@@ -744,6 +784,46 @@ mod tests {
             let next = next.expect("a costly navigation counts");
             assert_eq!(turn_of(&v, &next, false, false), None, "{at}");
             (cookie, at) = (Some(next), at + 2);
+        }
+    }
+
+    /// What makes a no-script pass proof (issue 54): three pages read or
+    /// more, and more than one and a half for each costly navigation, this
+    /// one included. A person's visit passes (also one with a run of
+    /// searches); a crawler's article before each expensive page, with now
+    /// and then one more, never does, however long it goes on.
+    #[test]
+    fn a_visit_reads_more_than_it_costs_as_people_read() {
+        let binding = Binding::of(
+            ClientAddr::new("203.0.113.7".parse().unwrap()),
+            UA.as_bytes(),
+        );
+        let rv = |prior: Option<(u16, u16)>, this_costly| RequestVisit {
+            prior: prior.map(|(views, costly)| Visit {
+                started: 0,
+                last: 0,
+                views,
+                costly,
+            }),
+            navigation: true,
+            page_view: true,
+            costly: this_costly,
+            binding,
+        };
+        #[rustfmt::skip]
+        let cases = [
+            (None,          true,  false, "no visit yet"),
+            (Some((3, 0)),  true,  true,  "three pages, then a search"),
+            (Some((2, 0)),  true,  false, "two pages are too few"),
+            (Some((7, 3)),  true,  true,  "four searches in eleven pages"),
+            (Some((40, 7)), true,  true,  "a person's 85% pages"),
+            (Some((6, 3)),  true,  false, "as many searches as pages, nearly"),
+            (Some((3, 1)),  true,  false, "article, search, article, article, search"),
+            (Some((25, 20)), true, false, "an article before each, and one in five more"),
+            (Some((4, 2)),  false, true,  "a page, not costly"),
+        ];
+        for (prior, this, want, what) in cases {
+            assert_eq!(rv(prior, this).reads_more_than_it_costs(), want, "{what}");
         }
     }
 
@@ -833,6 +913,12 @@ mod tests {
             next(&costly, ServedBy::Weir).is_some(),
             "a costly one refused counts"
         );
+        // Regression (issue 54): the page and the navigation that comes
+        // back after it had counted as two costly pages.
+        assert!(
+            next(&costly, ServedBy::Challenge).is_none(),
+            "the challenge's page counts nothing: its navigation comes back"
+        );
         assert!(next(&post, page(ok, &none)).is_none(), "not a page view");
         let secure = v.next(&nav, page(ok, &none), true, t(0)).unwrap();
         assert!(secure.to_str().unwrap().ends_with("; Secure"));
@@ -840,7 +926,11 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused_by_name() {
-        let bad = |c: VisitConfig| Visits::new(&c, &[KEY]).unwrap_err().to_string();
+        let bad = |c: VisitConfig| {
+            Visits::new(&c, &[KEY], Default::default())
+                .unwrap_err()
+                .to_string()
+        };
         let name = bad(VisitConfig {
             cookie: "a b".into(),
             ..VisitConfig::default()
@@ -856,7 +946,7 @@ mod tests {
             ..VisitConfig::default()
         });
         assert!(idle.starts_with("idle:"), "{idle}");
-        let short = Visits::new(&VisitConfig::default(), &["short"])
+        let short = Visits::new(&VisitConfig::default(), &["short"], Default::default())
             .unwrap_err()
             .to_string();
         assert!(short.starts_with("signing key:"), "{short}");

@@ -179,31 +179,35 @@ fn query_keys_are_read_as_apps_decode_them() {
 }
 
 #[test]
-fn a_pair_taken_from_the_query_leaves_the_rest_as_received() {
+fn pairs_taken_from_the_query_leave_the_rest_as_received() {
     let take = |uri: &str| {
         let mut t = read(uri).unwrap();
-        let value = t.take_query_pair("weir_pass");
-        (value, t.path_and_query().to_owned())
+        let values = t.take_query_pairs("weir_pass");
+        (values, t.path_and_query().to_owned())
     };
-    let some = |v: &str, rest: &str| (Some(v.to_owned()), rest.to_owned());
-    assert_eq!(take("/w?weir_pass=abc"), some("abc", "/w"));
+    let some = |v: &[&str], rest: &str| {
+        let v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+        (v, rest.to_owned())
+    };
+    assert_eq!(take("/w?weir_pass=abc"), some(&["abc"], "/w"));
     assert_eq!(
         take("/w?a=1&weir_pass=abc&b=%20"),
-        some("abc", "/w?a=1&b=%20")
+        some(&["abc"], "/w?a=1&b=%20")
     );
+    // Regression (issue 54): only the first was taken, and the second
+    // reached the app and the log.
     assert_eq!(
-        take("/w?weir_pass=x&weir_pass=y"),
-        some("x", "/w?weir_pass=y")
+        take("/w?weir_pass=junk&weir_pass=T"),
+        some(&["junk", "T"], "/w")
     );
-    assert_eq!(take("/w?weir_pass"), some("", "/w"));
-    // Only the gateway's own spelling is the gateway's.
-    for uri in [
-        "/w?%77eir_pass=abc",
-        "/w?weir_passport=1",
-        "/w?xweir_pass=1",
-        "/w",
-    ] {
-        assert_eq!(take(uri), (None, uri.to_owned()), "{uri}");
+    assert_eq!(take("/w?weir_pass"), some(&[""], "/w"));
+    // Every spelling the app reads as the key.
+    assert_eq!(
+        take("/w?%77eir_pass=a&weir%5Fpass=b&weir_pass[]=c&q=1"),
+        some(&["a", "b", "c"], "/w?q=1")
+    );
+    for uri in ["/w?weir_passport=1", "/w?xweir_pass=1", "/w?q=%20", "/w"] {
+        assert_eq!(take(uri), (Vec::new(), uri.to_owned()), "{uri}");
     }
 }
 

@@ -28,7 +28,7 @@ pub const MIN_TOKEN_LEN: usize = 16;
 /// `[admin]`; rebuilt on reload, so a new token applies at once.
 #[derive(Debug, Clone, Default)]
 pub struct AdminGuard {
-    token: Option<String>,
+    token: Option<crate::config::Secret>,
     /// Lowercase names (without port) accepted in `Host` besides IP
     /// addresses and `localhost`.
     hosts: Vec<String>,
@@ -74,7 +74,7 @@ impl AdminGuard {
 
     /// `token`: already checked to be at least [`MIN_TOKEN_LEN`] long;
     /// `hosts`: names accepted in `Host`.
-    pub fn new(token: Option<String>, hosts: &[String]) -> AdminGuard {
+    pub fn new(token: Option<crate::config::Secret>, hosts: &[String]) -> AdminGuard {
         AdminGuard {
             token,
             hosts: hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
@@ -206,7 +206,7 @@ mod tests {
     #[test]
     fn named_hosts_and_tokens() {
         let token = "0123456789abcdef0123".to_string();
-        let guard = AdminGuard::new(Some(token.clone()), &["Weir-Admin.internal".into()]);
+        let guard = AdminGuard::new(Some(token.as_str().into()), &["Weir-Admin.internal".into()]);
         let post = |fields: &[(&str, &str)]| guard.check(&Method::POST, &headers(fields));
         let auth = format!("Bearer {token}");
         assert_eq!(

@@ -52,13 +52,17 @@ impl FairKey {
         }
     }
 
-    /// The key of one proven visitor (`id`: a challenge pass), a network of
-    /// its own: however many visitors share an address block (a carrier
-    /// NAT), each gets its own turn.
-    pub fn of_visitor(id: u64) -> FairKey {
+    /// The key of one pass holder (`id`: its pass), under the network it
+    /// came from: a turn of its own among the addresses of its /24, but
+    /// its /16 and /24 are the client's real ones, so many passes from one
+    /// network share that network's turn rather than multiply it (a
+    /// crawler that mints passes, a farm behind one /24). People behind
+    /// one carrier NAT are turns of their own by their visits
+    /// ([`FairKey::of_visit`]).
+    pub fn of_pass(client: ClientAddr, id: u64) -> FairKey {
         FairKey {
-            network: PrefixKey::visitor(id, Level::Network),
-            subnet: PrefixKey::visitor(id, Level::Subnet),
+            network: client.key(Level::Network),
+            subnet: client.key(Level::Subnet),
             address: PrefixKey::visitor(id, Level::Address),
         }
     }

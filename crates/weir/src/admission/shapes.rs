@@ -331,12 +331,13 @@ impl ShapeCosts {
         }
     }
 
-    /// Whether `shape` is expensive: its own cost once learned, else its
-    /// prefix's.
-    pub fn is_expensive(&self, shape: Shape) -> bool {
+    /// What is known of `shape`'s cost: judged by its own answers once
+    /// learned, else by its prefix's; `Unknown` when neither has enough
+    /// answers; `Learning` while no shape of the pool has been judged.
+    pub fn judgement(&self, shape: Shape) -> Judgement {
         let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let Some(cheapest) = t.cheapest_secs else {
-            return false;
+            return Judgement::Learning;
         };
         let cost = t
             .shapes
@@ -344,7 +345,17 @@ impl ShapeCosts {
             .filter(|c| c.samples >= MIN_SAMPLES)
             .or_else(|| t.prefixes.get(&shape.prefix))
             .filter(|c| c.samples >= MIN_SAMPLES);
-        cost.is_some_and(|c| is_expensive(c.floor_secs, cheapest))
+        match cost {
+            None => Judgement::Unknown,
+            Some(c) if is_expensive(c.floor_secs, cheapest) => Judgement::Expensive,
+            Some(_) => Judgement::Cheap,
+        }
+    }
+
+    /// Whether `shape` is expensive: its own cost once learned, else its
+    /// prefix's.
+    pub fn is_expensive(&self, shape: Shape) -> bool {
+        self.judgement(shape) == Judgement::Expensive
     }
 
     /// Whether `shape` is fast: judged by its own answers (not its
@@ -375,6 +386,17 @@ impl ShapeCosts {
             .filter(|c| c.samples >= MIN_SAMPLES && is_expensive(c.floor_secs, typical))
             .count()
     }
+}
+
+/// What [`ShapeCosts::judgement`] knows of a shape's cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judgement {
+    Cheap,
+    Expensive,
+    /// The pool has judged shapes, but neither this one nor its prefix.
+    Unknown,
+    /// The pool has judged no shape yet (a first start).
+    Learning,
 }
 
 fn is_expensive(floor_secs: f64, typical_secs: f64) -> bool {

@@ -11,7 +11,7 @@
 
 use serde::Deserialize;
 
-use crate::config::ConfigDuration;
+use crate::config::{ConfigDuration, Secret};
 use crate::identity::TrustedProxyError;
 
 /// Per class: when its browser navigations are challenged.
@@ -49,7 +49,7 @@ pub struct ChallengeConfig {
     /// keys. Empty: weir's own, generated once and kept in the state
     /// directory (`state.dir`), shared by the processes that share it.
     #[serde(default)]
-    pub keys: Vec<String>,
+    pub keys: Vec<Secret>,
     /// How long a pass cookie is valid. 12 h: a reader solves about once a
     /// day; a leaked or farmed token expires the same day (and its id is rate
     /// limited meanwhile). Between 1 minute and 7 days.
@@ -119,6 +119,38 @@ pub struct ChallengeConfig {
     /// The page's words, for localisation.
     #[serde(default)]
     pub text: ChallengeText,
+    /// When weir's cookies (the pass, the page's probe, the visit) carry
+    /// `Secure`: `"auto"` (the default) when the client reached weir over
+    /// TLS, weir's own listener's or a TLS-terminating proxy's in
+    /// `identity.trusted_proxies` that says so with `X-Forwarded-Proto:
+    /// https` (or `Forwarded: proto=https`); `"always"`; `"never"`.
+    #[serde(default)]
+    pub secure_cookies: SecureCookies,
+}
+
+/// `challenge.secure_cookies`: when weir's cookies are `Secure`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecureCookies {
+    /// When the client's connection is TLS (weir's, or a trusted proxy's
+    /// that says so). Never on a plain-HTTP site, where a `Secure` cookie
+    /// would never come back (and a pass that never comes back is a loop).
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl SecureCookies {
+    /// Whether a cookie to a client whose connection is TLS (`tls`) is
+    /// `Secure`.
+    pub fn applies(self, tls: bool) -> bool {
+        match self {
+            SecureCookies::Auto => tls,
+            SecureCookies::Always => true,
+            SecureCookies::Never => false,
+        }
+    }
 }
 
 impl Default for ChallengeConfig {
@@ -141,6 +173,7 @@ impl Default for ChallengeConfig {
             allow_cidrs: Vec::new(),
             good_bots: Vec::new(),
             text: ChallengeText::default(),
+            secure_cookies: SecureCookies::Auto,
         }
     }
 }

@@ -67,11 +67,32 @@ pub fn prepare(config: &crate::config::Config) {
     if !wanted(config) {
         return;
     }
-    if let Some(dir) = state_dir(&config.state)
-        && let Err(e) = read_or_create(&dir.join(FILE_NAME))
-    {
-        own_key_warning(&e);
+    let Some(dir) = state_dir(&config.state) else {
+        return;
+    };
+    let path = dir.join(FILE_NAME);
+    match read_or_create(&path) {
+        Ok(_) => {
+            if let Some(mode) = loose_mode(&path) {
+                tracing::warn!(
+                    path = %path.display(),
+                    mode = format!("{mode:o}"),
+                    "the challenge key can be read by others than its owner: anyone who \
+                     reads it can sign passes; make it 0600 (chmod 600)"
+                );
+            }
+        }
+        Err(e) => own_key_warning(&e),
     }
+}
+
+/// The permission bits of the key file at `path` when others than its
+/// owner may read or write it (anything wider than 0600): whoever reads
+/// the key can sign passes for any network.
+pub fn loose_mode(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then_some(mode)
 }
 
 /// The key to sign with: the state directory's if it holds one, else this
@@ -238,6 +259,26 @@ mod tests {
         let not_a_dir = dir.path().join(FILE_NAME);
         let e = read_or_create(&not_a_dir.join(FILE_NAME)).expect_err("a file, not a directory");
         assert!(e.to_string().contains("challenge.key"), "{e}");
+    }
+
+    /// Issue 54: an existing key file others may read is warned about.
+    #[test]
+    fn a_key_file_wider_than_0600_is_noticed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(FILE_NAME);
+        read_or_create(&path).expect("created");
+        assert_eq!(loose_mode(&path), None, "weir writes it 0600");
+        for (mode, loose) in [
+            (0o644, true),
+            (0o640, true),
+            (0o606, true),
+            (0o400, false),
+            (0o600, false),
+        ] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            assert_eq!(loose_mode(&path), loose.then_some(mode), "{mode:o}");
+        }
     }
 
     #[test]

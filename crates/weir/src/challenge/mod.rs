@@ -14,7 +14,7 @@
 //!
 //! ```
 //! use std::time::SystemTime;
-//! use weir::challenge::{ChallengeConfig, Challenger, PassCheck, pow};
+//! use weir::challenge::{Asker, At, ChallengeBudget, ChallengeConfig, Challenger, PassCheck, PassKind, pow};
 //! use weir::identity::{AddrSource, ClientAddr, ClientId, PeerAddr};
 //! use weir_http::target::{PathPolicy, Target};
 //!
@@ -24,9 +24,10 @@
 //!     ..ChallengeConfig::default()
 //! };
 //! let challenger = Challenger::new(&config).unwrap();
+//! let budget = ChallengeBudget::default(); // the process's, across reloads
 //! let peer: std::net::SocketAddr = "203.0.113.7:50000".parse().unwrap();
 //! let client = ClientId { peer: PeerAddr(peer), client: ClientAddr::new(peer.ip()), source: AddrSource::Peer };
-//! let now = SystemTime::now();
+//! let at = At { now: SystemTime::now(), budget: &budget };
 //! let mut headers = http::HeaderMap::new();
 //! headers.insert("accept", "text/html".parse().unwrap());
 //! headers.insert("user-agent", "Mozilla/5.0".parse().unwrap());
@@ -34,46 +35,54 @@
 //!
 //! let navigation = weir::challenge::is_navigation(&headers);
 //! assert!(challenger.eligible(&page_target, &headers, navigation, &client));
-//! assert_eq!(challenger.pass(&headers, &client, now), PassCheck::Missing);
-//! let page = challenger.page(&page_target, &client, &headers, challenger.base_difficulty(), now);
+//! assert_eq!(challenger.pass(&headers, &client, at.now), PassCheck::Missing);
+//! let asker = Asker { client: &client, headers: &headers, tls: true };
+//! let page = challenger.page(&page_target, asker, challenger.base_difficulty(), at);
 //! assert_eq!(page.headers()["x-weir-challenge"], "1");
+//! // The page's probe cookie, which the browser sends back with its answer.
+//! let probe = page.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
 //!
 //! // What the page's script does:
 //! let nonce = weir::challenge::page_nonce(page.body()).unwrap();
 //! let counter = pow::solve(&nonce, 8);
-//! let form = format!("nonce={nonce}&counter={counter}");
+//! let form = weir::challenge::answer_form(&nonce, counter);
 //! let verify = Target::parse("POST", "/.weir/challenge/verify", Some("wiki.example"), PathPolicy::default()).unwrap();
-//! // The browser keeps cookies: it sends back the one the page set (without
-//! // it, the pass would come in the address too).
-//! headers.insert("cookie", "weir_cookies=1".parse().unwrap());
+//! headers.insert("cookie", probe.parse().unwrap());
+//! let asker = Asker { client: &client, headers: &headers, tls: true };
 //! let answer = challenger
-//!     .handle(&verify, &headers, form.as_bytes(), &client, true, now)
+//!     .handle(&verify, asker, form.as_bytes(), at)
 //!     .expect("a challenge path")
-//!     .expect("served in its method");
+//!     .expect("answered from the page's browser");
 //! assert_eq!(answer.status(), 303);
 //! assert_eq!(answer.headers()["location"], "/wiki/Page");
 //! let cookie = answer.headers()["set-cookie"].to_str().unwrap();
 //! assert!(cookie.starts_with("weir_pass=") && cookie.contains("; Secure"));
 //!
 //! headers.insert("cookie", cookie.split(';').next().unwrap().parse().unwrap());
-//! assert!(matches!(challenger.pass(&headers, &client, now), PassCheck::Valid(_)));
+//! assert!(matches!(challenger.pass(&headers, &client, at.now), PassCheck::Valid(p) if p.kind == PassKind::Work));
 //! ```
 //!
 //! Owns: [`Challenger`] (eligibility, pass check, page, the `/.weir/` paths),
-//! [`token`] (the cookie), [`pow`] (the work), [`page`] (HTML, script, CSP),
-//! [`pressure`] (when `under_pressure` engages) and the `[challenge]` config
-//! ([`ChallengeConfig`], [`ChallengeMode`]). Does not: read request bodies
-//! (the caller hands [`Challenger::handle`] at most [`MAX_VERIFY_BODY`]
-//! bytes), keep any per-client state, rate-limit pass holders (the rules do,
-//! keyed by [`PassToken::id`]) or record metrics (it returns
-//! [`ChallengeEvent`]s). See `docs/challenge.md`.
+//! [`token`] (the cookie and its kinds), [`pow`] (the work), [`page`]
+//! (HTML, script, CSP), [`pressure`] (when `under_pressure` engages),
+//! [`budget`] (what one network may draw), [`secret`] (keeping the pass
+//! one) and the `[challenge]` config ([`ChallengeConfig`],
+//! [`ChallengeMode`]). Does not: read request bodies (the caller hands
+//! [`Challenger::handle`] at most [`MAX_VERIFY_BODY`] bytes), keep any
+//! per-client state (the budget is per network), decide what a pass is
+//! worth (`proxy::deciding`: proof for work, or a wait in a person's
+//! visit), rate-limit pass holders (the rules do, keyed by
+//! [`PassToken::id`]) or record metrics (it returns [`ChallengeEvent`]s).
+//! See `docs/challenge.md`.
 
+pub mod budget;
 pub mod config;
 pub mod keyfile;
 pub mod keyring;
 pub mod page;
 pub mod pow;
 pub mod pressure;
+pub mod secret;
 pub mod token;
 
 use std::time::{Duration, SystemTime};
@@ -83,16 +92,18 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use weir_http::target::Target;
 
+pub use budget::ChallengeBudget;
 pub use config::{
     ChallengeConfig, ChallengeConfigError, ChallengeMode, ChallengeText, GoodBotConfig,
-    PressureConfig,
+    PressureConfig, SecureCookies,
 };
 pub use page::{CHALLENGE_HEADER, REFRESH_PATH, SCRIPT_PATH, VERIFY_PATH};
 pub use pow::PowRejection;
 pub use pressure::{Pressure, PressureChange, PressureSettings};
-pub use token::{PassToken, TokenRejection};
+pub use token::{PassKind, PassToken, TokenRejection};
 
 use crate::identity::{ClientId, TrustedProxies};
+use budget::Draw;
 use keyring::{Binding, Keyring, Purpose};
 use page::PageTemplate;
 
@@ -228,6 +239,7 @@ pub struct Challenger {
     allow: TrustedProxies,
     good_bots: Vec<GoodBot>,
     template: PageTemplate,
+    secure: SecureCookies,
 }
 
 impl Challenger {
@@ -259,6 +271,7 @@ impl Challenger {
             allow,
             good_bots,
             template: PageTemplate::new(&c.text, no_script_delay),
+            secure: c.secure_cookies,
         })
     }
 
@@ -286,8 +299,15 @@ impl Challenger {
         &self.cookie_name
     }
 
-    /// The pass on this request, checked with no store. Any one valid
-    /// `weir_pass` cookie among several is enough.
+    /// When weir's cookies (the pass, the page's probe, the visit) go out
+    /// `Secure`.
+    pub fn secure_cookies(&self) -> SecureCookies {
+        self.secure
+    }
+
+    /// The pass on this request, checked with no store against the
+    /// `pass_ttl` in force. Any one valid `weir_pass` cookie among several
+    /// is enough.
     pub fn pass(&self, headers: &HeaderMap, client: &ClientId, now: SystemTime) -> PassCheck {
         // The binding (two SHA-256 digests) only for a request that carries
         // a pass: most carry none, and it was a seventh of a request's work
@@ -297,7 +317,7 @@ impl Challenger {
         for value in weir_http::cookie::values(headers, &self.cookie_name) {
             let binding =
                 *binding.get_or_insert_with(|| Binding::of(client.client, user_agent(headers)));
-            match token::verify(&self.token_keys, value, binding, now) {
+            match token::verify(&self.token_keys, value, binding, now, self.pass_ttl) {
                 Ok(pass) => return PassCheck::Valid(pass),
                 Err(r) => {
                     first_rejection.get_or_insert(r);
@@ -374,12 +394,11 @@ impl Challenger {
     pub fn page(
         &self,
         target: &Target,
-        client: &ClientId,
-        headers: &HeaderMap,
+        asker: Asker<'_>,
         difficulty: u8,
-        now: SystemTime,
+        at: At<'_>,
     ) -> Response<Bytes> {
-        self.page_after(target, client, headers, difficulty, now, Duration::ZERO)
+        self.page_after(target, asker, difficulty, at, Duration::ZERO)
     }
 
     /// [`Challenger::page`] for a navigation that has already `waited` for
@@ -392,50 +411,54 @@ impl Challenger {
     /// `pressure.wait`, then the whole delay again, then the page, and came
     /// past 2 s where the app was slow (docs/lab.md, crawlers like people).
     /// A crawler pays the same wait either way, in the queue or on the page.
+    ///
+    /// The nonce's seed (its pass's id) is a fresh one while the client's
+    /// network is within its budget of pages ([`budget`]), else the
+    /// network's own.
     pub fn page_after(
         &self,
         target: &Target,
-        client: &ClientId,
-        headers: &HeaderMap,
+        asker: Asker<'_>,
         difficulty: u8,
-        now: SystemTime,
+        at: At<'_>,
         waited: Duration,
     ) -> Response<Bytes> {
-        let return_path = target.path_and_query();
-        let binding = Binding::of(client.client, user_agent(headers));
-        let issued = Issued { now, waited };
-        let status = StatusCode::TOO_MANY_REQUESTS;
-        self.challenge(binding, difficulty, return_path, status, issued, Vec::new())
-    }
-
-    fn challenge(
-        &self,
-        binding: Binding,
-        difficulty: u8,
-        return_path: &str,
-        status: StatusCode,
-        issued: Issued,
-        mut events: Vec<ChallengeEvent>,
-    ) -> Response<Bytes> {
+        let binding = asker.binding();
+        let seed = at.draw(Draw::Page, binding, rand::random::<u64>());
         let challenge = pow::issue(
             &self.pow_keys,
             binding,
             difficulty,
-            rand::random::<u64>(),
-            return_path,
-            issued.now.checked_sub(issued.waited).unwrap_or(issued.now),
+            seed,
+            target.path_and_query(),
+            at.now.checked_sub(waited).unwrap_or(at.now),
         );
-        let mut resp = self.template.render(
-            &challenge.nonce,
-            challenge.difficulty,
-            status,
-            issued.waited,
-        );
-        events.push(ChallengeEvent::Issued {
-            difficulty: challenge.difficulty,
-        });
-        resp.extensions_mut().insert(ChallengeEvents(events));
+        let probe = self.probe_cookie(seed, asker.tls);
+        let mut resp = self
+            .template
+            .render(&challenge.nonce, challenge.difficulty, waited, &probe);
+        resp.extensions_mut()
+            .insert(ChallengeEvents(vec![ChallengeEvent::Issued {
+                difficulty: challenge.difficulty,
+            }]));
         resp
+    }
+
+    /// The `Set-Cookie` of a page's probe ([`page::COOKIE_PROBE`]): named
+    /// after the page's seed, so each page's answer can tell whether the
+    /// browser that brings it was shown that page, and two tabs' pages do
+    /// not overwrite each other's; sent only to the challenge's own paths,
+    /// for as long as the page can be answered.
+    fn probe_cookie(&self, seed: u64, tls: bool) -> String {
+        let mut cookie = format!(
+            "{}{seed:016x}=1; Path={CHALLENGE_PATHS}; Max-Age={}; HttpOnly; SameSite=Lax",
+            page::COOKIE_PROBE,
+            self.solve_ttl.as_secs()
+        );
+        if self.secure.applies(tls) {
+            cookie.push_str("; Secure");
+        }
+        cookie
     }
 
     /// Whether `uri` is one of the paths [`Challenger::handle`] serves (so
@@ -446,20 +469,20 @@ impl Challenger {
 
     /// Serves `/.weir/challenge.js`, `/.weir/challenge/verify` and
     /// `/.weir/challenge/refresh` (the no-script link); `None` for every
-    /// other path. A correct answer gets `303` to where the visitor
-    /// was going with the pass cookie (`Secure` when `tls`); a wrong or
-    /// expired one a fresh challenge (429), a forged or malformed one a fresh
-    /// challenge with 403. Events are in the response's extensions.
-    /// A request to one of these paths that they do not serve is refused
-    /// with its [`EndpointRefusal`], answered as any refusal.
+    /// other path. Events are in the response's extensions.
+    ///
+    /// An answer or a link is redeemed ([`Challenger::redeem`]) only from
+    /// the page's own site (never `Sec-Fetch-Site: cross-site` or
+    /// `same-site`, nor an `Origin` of another host), and only for a nonce
+    /// weir signed: anything else is refused with its [`EndpointRefusal`]
+    /// (a plain `403`, no nonce: junk mints nothing). A request to one of
+    /// these paths in a method they do not take is refused too.
     pub fn handle(
         &self,
         target: &Target,
-        headers: &HeaderMap,
+        asker: Asker<'_>,
         body: &[u8],
-        client: &ClientId,
-        tls: bool,
-        now: SystemTime,
+        at: At<'_>,
     ) -> Option<Result<Response<Bytes>, EndpointRefusal>> {
         let method = target.method();
         let read = method == Method::GET || method == Method::HEAD;
@@ -467,31 +490,134 @@ impl Challenger {
         Some(match target.path() {
             SCRIPT_PATH if read => Ok(self.template.script()),
             SCRIPT_PATH => refused("GET, HEAD"),
-            VERIFY_PATH if method == Method::POST => {
-                Ok(self.verify(headers, body, client, tls, now))
-            }
+            VERIFY_PATH if method == Method::POST => self.verify(target, asker, body, at),
             VERIFY_PATH => refused("POST"),
-            REFRESH_PATH if read => self.refresh(target, headers, client, tls, now),
+            REFRESH_PATH if read => self.refresh(target, asker, at),
             REFRESH_PATH => refused("GET, HEAD"),
             _ => return None,
         })
     }
 
-    /// A correct answer's response: `303` back to where the visitor was
-    /// going, with the pass cookie (`Secure` when `tls`). An answer from a
-    /// browser that kept no cookie of the page ([`page::COOKIE_PROBE`])
-    /// gets the pass in the address too, for that page: with cookies off,
-    /// the cookie alone would send it back to the page, again and again.
-    /// (`jar`: the browser keeps cookies.)
+    /// `POST /.weir/challenge/verify`: the page's answer.
+    fn verify(
+        &self,
+        target: &Target,
+        asker: Asker<'_>,
+        body: &[u8],
+        at: At<'_>,
+    ) -> Result<Response<Bytes>, EndpointRefusal> {
+        let answer = (body.len() <= MAX_VERIFY_BODY)
+            .then(|| parse_answer(body))
+            .flatten();
+        let Some((nonce, counter)) = answer else {
+            return Err(EndpointRefusal::Forged(PowRejection::Malformed));
+        };
+        self.redeem(target, asker, &nonce, at, |binding| {
+            pow::verify(
+                &self.pow_keys,
+                &nonce,
+                counter,
+                binding,
+                self.solve_ttl,
+                at.now,
+            )
+            .map(|solved| (solved, PassKind::Work))
+        })
+    }
+
+    /// `GET /.weir/challenge/refresh?nonce=`: a browser without JavaScript
+    /// that waited `no_script_delay` gets a [`PassKind::Wait`] pass; with
+    /// `no_script` off, 404 (weir serves no such path then).
+    fn refresh(
+        &self,
+        target: &Target,
+        asker: Asker<'_>,
+        at: At<'_>,
+    ) -> Result<Response<Bytes>, EndpointRefusal> {
+        let Some(wait) = self.no_script_delay else {
+            return Err(EndpointRefusal::NoScriptOff);
+        };
+        let Some(nonce) = refresh_nonce(target) else {
+            return Err(EndpointRefusal::Forged(PowRejection::Malformed));
+        };
+        self.redeem(target, asker, &nonce, at, |binding| {
+            pow::verify_waited(
+                &self.pow_keys,
+                &nonce,
+                binding,
+                wait,
+                self.solve_ttl,
+                at.now,
+            )
+            .map(|solved| (solved, PassKind::Wait))
+        })
+    }
+
+    /// Redeems `nonce` for a pass of the kind `check` finds, in order:
+    ///
+    /// 1. from the page's own site ([`cross_site`]), else refused;
+    /// 2. a nonce weir signed, else refused (a plain `403`: no new nonce);
+    /// 3. brought by the browser that was shown its page: the page set a
+    ///    probe cookie named after it, and a browser that brings other
+    ///    pages' probes but not this one's was sent by someone else's page
+    ///    (refused: it would overwrite that browser's pass with another's);
+    /// 4. `check`: the work or the wait, the age, the network and browser.
+    ///    A signed nonce that fails it is answered `303` back to its page,
+    ///    which decides afresh (a new page if the visitor still needs one;
+    ///    nothing is minted here).
+    ///
+    /// The pass: `303` to where the visitor was going, with the cookie when
+    /// the browser brought this page's probe (it keeps cookies), else in
+    /// the address only: a browser that keeps no cookies would be sent
+    /// back to the page, again and again, and one that was not shown the
+    /// page keeps the pass it had. Its id is the nonce's seed while the
+    /// network is within its budget of passes, else the network's.
+    fn redeem(
+        &self,
+        target: &Target,
+        asker: Asker<'_>,
+        nonce: &str,
+        at: At<'_>,
+        check: impl FnOnce(Binding) -> Result<(pow::Solved, PassKind), PowRejection>,
+    ) -> Result<Response<Bytes>, EndpointRefusal> {
+        if cross_site(asker.headers, target) {
+            return Err(EndpointRefusal::CrossSite);
+        }
+        let opened = pow::open(&self.pow_keys, nonce).map_err(EndpointRefusal::Forged)?;
+        let jar = match probe(asker.headers, opened.seed) {
+            Probe::This => true,
+            Probe::None => false,
+            Probe::Others => return Err(EndpointRefusal::NotShownThePage),
+        };
+        let binding = asker.binding();
+        match check(binding) {
+            Ok((solved, kind)) => Ok(self.solved(&solved, kind, (binding, jar), asker.tls, at)),
+            Err(reason) => Ok(back_to_the_page(&opened.return_path, reason)),
+        }
+    }
+
+    /// A redeemed nonce's response: `303` back to where the visitor was
+    /// going, with the pass cookie when the browser keeps cookies (`jar`),
+    /// else the pass in the address (see [`Challenger::redeem`]).
     fn solved(
         &self,
         solved: &pow::Solved,
+        kind: PassKind,
         (binding, jar): (Binding, bool),
         tls: bool,
-        now: SystemTime,
-        no_script: bool,
+        at: At<'_>,
     ) -> Response<Bytes> {
-        let cookie = token::issue(&self.token_keys, solved.seed, binding, now, self.pass_ttl);
+        let id = at.draw(Draw::Pass, binding, solved.seed);
+        let minted = token::Minted {
+            id,
+            kind,
+            now: at.now,
+            ttl: self.pass_ttl,
+        };
+        let cookie = token::issue(&self.token_keys, minted, binding);
+        let mut resp = Response::new(Bytes::new());
+        *resp.status_mut() = StatusCode::SEE_OTHER;
+        let h = resp.headers_mut();
         let location = if jar {
             solved.return_path.clone()
         } else {
@@ -502,98 +628,34 @@ impl Challenger {
             };
             format!("{}{joint}{}={cookie}", solved.return_path, self.cookie_name)
         };
-        let mut set_cookie = format!(
-            "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
-            self.cookie_name,
-            self.pass_ttl.as_secs()
-        );
-        if tls {
-            set_cookie.push_str("; Secure");
-        }
-        let mut resp = Response::new(Bytes::new());
-        *resp.status_mut() = StatusCode::SEE_OTHER;
-        let h = resp.headers_mut();
         // Both values are ASCII built here: a checked local path and
         // base64; fall back to `/` rather than fail.
         h.insert(
             header::LOCATION,
             HeaderValue::from_str(&location).unwrap_or(HeaderValue::from_static("/")),
         );
-        if let Ok(v) = HeaderValue::from_str(&set_cookie) {
-            h.insert(header::SET_COOKIE, v);
+        if jar {
+            let mut set_cookie = format!(
+                "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
+                self.cookie_name,
+                self.pass_ttl.as_secs()
+            );
+            if self.secure.applies(tls) {
+                set_cookie.push_str("; Secure");
+            }
+            if let Ok(v) = HeaderValue::from_str(&set_cookie) {
+                h.insert(header::SET_COOKIE, v);
+            }
         }
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         resp.extensions_mut()
             .insert(ChallengeEvents(vec![ChallengeEvent::Solved {
                 difficulty: solved.difficulty,
-                time_to_solve: now.duration_since(solved.issued).unwrap_or_default(),
-                pass_id: solved.seed,
-                no_script,
+                time_to_solve: at.now.duration_since(solved.issued).unwrap_or_default(),
+                pass_id: id,
+                no_script: kind == PassKind::Wait,
             }]));
         resp
-    }
-
-    fn verify(
-        &self,
-        headers: &HeaderMap,
-        body: &[u8],
-        client: &ClientId,
-        tls: bool,
-        now: SystemTime,
-    ) -> Response<Bytes> {
-        let binding = Binding::of(client.client, user_agent(headers));
-        let answer = (body.len() <= MAX_VERIFY_BODY)
-            .then(|| parse_answer(body))
-            .flatten();
-        let result = match &answer {
-            Some((nonce, counter)) => pow::verify(
-                &self.pow_keys,
-                nonce,
-                *counter,
-                binding,
-                self.solve_ttl,
-                now,
-            ),
-            None => Err(PowRejection::Malformed),
-        };
-        match result {
-            Ok(solved) => self.solved(&solved, (binding, keeps_cookies(headers)), tls, now, false),
-            Err(reason) => self.failed(
-                answer.as_ref().map(|(n, _)| n.as_str()),
-                reason,
-                binding,
-                now,
-            ),
-        }
-    }
-
-    /// `GET /.weir/challenge/refresh?nonce=`: a browser without JavaScript
-    /// that waited `no_script_delay` gets the pass as a solver does; too
-    /// early, expired or foreign, a fresh challenge; with `no_script` off,
-    /// 404 (weir serves no such path then).
-    fn refresh(
-        &self,
-        target: &Target,
-        headers: &HeaderMap,
-        client: &ClientId,
-        tls: bool,
-        now: SystemTime,
-    ) -> Result<Response<Bytes>, EndpointRefusal> {
-        let Some(wait) = self.no_script_delay else {
-            return Err(EndpointRefusal::NoScriptOff);
-        };
-        let binding = Binding::of(client.client, user_agent(headers));
-        let nonce = refresh_nonce(target);
-        let result = match &nonce {
-            Some(nonce) => {
-                pow::verify_waited(&self.pow_keys, nonce, binding, wait, self.solve_ttl, now)
-            }
-            None => Err(PowRejection::Malformed),
-        };
-        Ok(match result {
-            Ok(solved) => self.solved(&solved, (binding, keeps_cookies(headers)), tls, now, true),
-            Err(reason) => self.failed(nonce.as_deref(), reason, binding, now),
-        })
     }
 
     /// How long to hold a `/.weir/challenge/refresh` link that came before
@@ -610,8 +672,7 @@ impl Challenger {
     pub fn refresh_hold(
         &self,
         target: &Target,
-        headers: &HeaderMap,
-        client: &ClientId,
+        asker: Asker<'_>,
         now: SystemTime,
     ) -> Option<Duration> {
         let wait = self.no_script_delay?;
@@ -619,49 +680,123 @@ impl Challenger {
         if target.path() != REFRESH_PATH || !(method == Method::GET || method == Method::HEAD) {
             return None;
         }
+        if cross_site(asker.headers, target) {
+            return None;
+        }
         let nonce = refresh_nonce(target)?;
-        let binding = Binding::of(client.client, user_agent(headers));
-        pow::wait_left(&self.pow_keys, &nonce, binding, wait, self.solve_ttl, now)
-            .ok()
-            .filter(|left| !left.is_zero())
-    }
-
-    /// A fresh challenge after a refused answer, counted as failed.
-    fn failed(
-        &self,
-        nonce: Option<&str>,
-        reason: PowRejection,
-        binding: Binding,
-        now: SystemTime,
-    ) -> Response<Bytes> {
-        // Keep the destination and difficulty only from a nonce we signed;
-        // anything else starts over at `/`.
-        let opened = nonce.and_then(|nonce| pow::open(&self.pow_keys, nonce).ok());
-        let (path, bits) = opened.as_ref().map_or(("/", self.base_difficulty), |o| {
-            (
-                o.return_path.as_str(),
-                o.difficulty.max(self.base_difficulty),
-            )
-        });
-        let status = match reason {
-            PowRejection::Malformed | PowRejection::BadSignature => StatusCode::FORBIDDEN,
-            _ => StatusCode::TOO_MANY_REQUESTS,
-        };
-        let issued = Issued {
+        pow::wait_left(
+            &self.pow_keys,
+            &nonce,
+            asker.binding(),
+            wait,
+            self.solve_ttl,
             now,
-            waited: Duration::ZERO,
-        };
-        let events = vec![ChallengeEvent::Failed(reason)];
-        self.challenge(binding, bits, path, status, issued, events)
+        )
+        .ok()
+        .filter(|left| !left.is_zero())
     }
 }
 
-/// When a challenge is issued: `now`, less what the navigation `waited`
-/// for its page (see [`Challenger::page_after`]).
+/// The challenge's own paths: the probe cookie's `Path`.
+const CHALLENGE_PATHS: &str = "/.weir/challenge/";
+
+/// Who asks, as the challenge's pages and answers depend on it.
 #[derive(Clone, Copy)]
-struct Issued {
-    now: SystemTime,
-    waited: Duration,
+pub struct Asker<'a> {
+    pub client: &'a ClientId,
+    pub headers: &'a HeaderMap,
+    /// The client reached weir over TLS: weir's listener, or a trusted
+    /// proxy that said so (`X-Forwarded-Proto: https`). Weir's cookies are
+    /// then `Secure` (see [`SecureCookies`]).
+    pub tls: bool,
+}
+
+impl Asker<'_> {
+    /// What a pass or a nonce is bound to: the client's network and browser.
+    fn binding(&self) -> Binding {
+        Binding::of(self.client.client, user_agent(self.headers))
+    }
+}
+
+/// When the challenge answers, and the per-network budget it draws ids
+/// from (the process's, kept across reloads).
+#[derive(Clone, Copy)]
+pub struct At<'a> {
+    pub now: SystemTime,
+    pub budget: &'a ChallengeBudget,
+}
+
+impl At<'_> {
+    fn draw(&self, draw: Draw, binding: Binding, fresh: u64) -> u64 {
+        use weir_limiter::Clock as _;
+        self.budget
+            .id(draw, binding, fresh, weir_limiter::MonotonicClock.now())
+    }
+}
+
+/// Whether a request to the challenge's paths comes from another site's
+/// page: fetch metadata that says `cross-site` or `same-site` (a sibling
+/// subdomain is another site's page too), or, from a browser that sends
+/// none, an `Origin` that is not this host. A meta refresh and the page's
+/// own form are `same-origin`; a typed or bookmarked link `none`.
+fn cross_site(headers: &HeaderMap, target: &Target) -> bool {
+    if let Some(site) = headers.get(SEC_FETCH_SITE) {
+        let site = site.as_bytes();
+        return !(site.eq_ignore_ascii_case(b"same-origin") || site.eq_ignore_ascii_case(b"none"));
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return false;
+    };
+    let host = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, host)| host);
+    let ours = target.authority().map(|a| a.as_str());
+    host.is_none() || ours.is_none_or(|ours| !host.is_some_and(|h| h.eq_ignore_ascii_case(ours)))
+}
+
+/// `Sec-Fetch-Site`, named once.
+const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
+
+/// Which of the challenge's probe cookies an answer brings.
+enum Probe {
+    /// This page's: the browser was shown it, and keeps cookies.
+    This,
+    /// None: a browser that keeps no cookies.
+    None,
+    /// Other pages' only: a browser that keeps cookies and was not shown
+    /// this page (someone else's page sent it here).
+    Others,
+}
+
+fn probe(headers: &HeaderMap, seed: u64) -> Probe {
+    let ours = format!("{}{seed:016x}", page::COOKIE_PROBE);
+    let mut any = false;
+    for name in weir_http::cookie::names(headers) {
+        if name == ours {
+            return Probe::This;
+        }
+        any |= name.starts_with(page::COOKIE_PROBE);
+    }
+    if any { Probe::Others } else { Probe::None }
+}
+
+/// The answer to a nonce weir signed that did not earn a pass (a wrong
+/// counter, expired, another network or browser, a link followed too
+/// early): back to its page, which decides afresh, and counted as failed.
+fn back_to_the_page(return_path: &str, reason: PowRejection) -> Response<Bytes> {
+    let mut resp = Response::new(Bytes::new());
+    *resp.status_mut() = StatusCode::SEE_OTHER;
+    let h = resp.headers_mut();
+    h.insert(
+        header::LOCATION,
+        HeaderValue::from_str(return_path).unwrap_or(HeaderValue::from_static("/")),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp.extensions_mut()
+        .insert(ChallengeEvents(vec![ChallengeEvent::Failed(reason)]));
+    resp
 }
 
 /// The `nonce` of a `/.weir/challenge/refresh?nonce=` link, decoded.
@@ -681,6 +816,14 @@ pub fn page_nonce(html: &[u8]) -> Option<String> {
     let start = html.find(marker)? + marker.len();
     let len = html[start..].find('"')?;
     Some(html[start..start + len].to_string())
+}
+
+/// The probe cookie (`name=value`) a challenge page's HTML set, as its
+/// browser sends it back with the answer: for tests and the lab's
+/// simulated browsers, beside [`page_nonce`].
+pub fn page_probe(html: &[u8]) -> Option<String> {
+    let seed = pow::seed_of(&page_nonce(html)?)?;
+    Some(format!("{}{seed:016x}=1", page::COOKIE_PROBE))
 }
 
 /// The form a solved page posts to `/.weir/challenge/verify`, as the page's
@@ -705,12 +848,6 @@ pub fn user_agent(headers: &HeaderMap) -> &[u8] {
     headers
         .get(header::USER_AGENT)
         .map_or(&[], |v| v.as_bytes())
-}
-
-/// Whether a request to the challenge's paths carries the cookie its page
-/// set: the browser keeps cookies.
-fn keeps_cookies(headers: &HeaderMap) -> bool {
-    weir_http::cookie::value(headers, page::COOKIE_PROBE).is_some()
 }
 
 /// `Sec-Fetch-Mode`, named once: a `&str` name is parsed on every lookup.
@@ -831,6 +968,28 @@ pub enum EndpointRefusal {
     /// The no-script refresh while `no_script` is off: `404`, as for any
     /// path weir does not serve.
     NoScriptOff,
+    /// Sent by another site's page (`Sec-Fetch-Site`, `Origin`): `403`.
+    CrossSite,
+    /// A nonce weir did not sign, or no nonce: `403`, and no new nonce.
+    Forged(PowRejection),
+    /// A browser that keeps cookies brought a nonce whose page it was not
+    /// shown (its probe cookie is missing): `403`.
+    NotShownThePage,
+}
+
+impl EndpointRefusal {
+    /// The event a refusal counts as: a failed answer, for those that
+    /// brought one.
+    pub fn event(&self) -> Option<ChallengeEvent> {
+        match self {
+            EndpointRefusal::Forged(r) => Some(ChallengeEvent::Failed(*r)),
+            EndpointRefusal::CrossSite => Some(ChallengeEvent::Failed(PowRejection::CrossSite)),
+            EndpointRefusal::NotShownThePage => {
+                Some(ChallengeEvent::Failed(PowRejection::NotShownThePage))
+            }
+            EndpointRefusal::MethodNotAllowed { .. } | EndpointRefusal::NoScriptOff => None,
+        }
+    }
 }
 
 impl crate::respond::Reason for EndpointRefusal {
@@ -838,6 +997,9 @@ impl crate::respond::Reason for EndpointRefusal {
         match self {
             EndpointRefusal::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             EndpointRefusal::NoScriptOff => StatusCode::NOT_FOUND,
+            EndpointRefusal::CrossSite
+            | EndpointRefusal::Forged(_)
+            | EndpointRefusal::NotShownThePage => StatusCode::FORBIDDEN,
         }
     }
 
@@ -845,6 +1007,9 @@ impl crate::respond::Reason for EndpointRefusal {
         match self {
             EndpointRefusal::MethodNotAllowed { .. } => "challenge_method_not_allowed",
             EndpointRefusal::NoScriptOff => "challenge_no_script_off",
+            EndpointRefusal::CrossSite => "challenge_cross_site",
+            EndpointRefusal::Forged(_) => "challenge_forged",
+            EndpointRefusal::NotShownThePage => "challenge_not_shown_the_page",
         }
     }
 
@@ -854,6 +1019,11 @@ impl crate::respond::Reason for EndpointRefusal {
                 format!("this path takes {allow} only")
             }
             EndpointRefusal::NoScriptOff => "no such path".into(),
+            EndpointRefusal::CrossSite => "the check is answered from its own page only".into(),
+            EndpointRefusal::Forged(_) => "not a check this site gave".into(),
+            EndpointRefusal::NotShownThePage => {
+                "this browser was not shown that check; open the page again".into()
+            }
         }
     }
 

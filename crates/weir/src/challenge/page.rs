@@ -28,11 +28,12 @@ use super::config::ChallengeText;
 pub const SCRIPT_PATH: &str = "/.weir/challenge.js";
 /// Where the page posts its answer.
 pub const VERIFY_PATH: &str = "/.weir/challenge/verify";
-/// The cookie the page sets so that the answer can tell whether the browser
-/// keeps cookies: an answer without it gets its pass in the address it
-/// returns to instead (`Challenger::handle`). Sent only to the challenge's
-/// own paths.
-pub const COOKIE_PROBE: &str = "weir_cookies";
+/// The start of the name of the cookie each page sets (its seed follows),
+/// so that the answer can tell whether the browser keeps cookies and was
+/// shown that page: an answer without any gets its pass in the address it
+/// returns to instead, one with other pages' only is refused
+/// (`Challenger::handle`). Sent only to the challenge's own paths.
+pub const COOKIE_PROBE: &str = "weir_cookies_";
 /// Where a browser without JavaScript is sent after the wait
 /// (`?nonce=...`, by the page's `<noscript>` meta refresh).
 pub const REFRESH_PATH: &str = "/.weir/challenge/refresh";
@@ -96,13 +97,14 @@ impl PageTemplate {
     }
 
     /// The challenge page for one request, whose navigation has already
-    /// `waited` for it (the no-script refresh asks for the rest of its delay).
+    /// `waited` for it (the no-script refresh asks for the rest of its
+    /// delay), setting the page's `probe` cookie (a `Set-Cookie` value).
     pub fn render(
         &self,
         nonce: &str,
         difficulty: u8,
-        status: StatusCode,
         waited: std::time::Duration,
+        probe: &str,
     ) -> Response<Bytes> {
         let t = &self.text;
         let e = escape;
@@ -166,7 +168,7 @@ impl PageTemplate {
             version = self.script_version,
         );
         let mut resp = Response::new(Bytes::from(html));
-        *resp.status_mut() = status;
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let h = resp.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -183,12 +185,10 @@ impl PageTemplate {
             HeaderValue::from_static("same-origin"),
         );
         h.insert(CHALLENGE_HEADER, HeaderValue::from_static("1"));
-        h.insert(
-            header::SET_COOKIE,
-            HeaderValue::from_static(
-                "weir_cookies=1; Path=/.weir/challenge/; Max-Age=3600; HttpOnly; SameSite=Lax",
-            ),
-        );
+        // Made here of a checked name, hex and constants.
+        if let Ok(probe) = HeaderValue::from_str(probe) {
+            h.insert(header::SET_COOKIE, probe);
+        }
         resp
     }
 
@@ -241,8 +241,8 @@ mod tests {
         let resp = PageTemplate::new(&ChallengeText::default(), None).render(
             "Tk9OQ0U",
             16,
-            StatusCode::TOO_MANY_REQUESTS,
             std::time::Duration::ZERO,
+            "weir_cookies_1=1",
         );
         let headers = resp.headers().clone();
         (
@@ -312,8 +312,8 @@ mod tests {
         let resp = PageTemplate::new(&text, None).render(
             "n",
             1,
-            StatusCode::TOO_MANY_REQUESTS,
             std::time::Duration::ZERO,
+            "weir_cookies_1=1",
         );
         let html = String::from_utf8(resp.into_body().to_vec()).unwrap();
         assert!(html.contains("<h1>&lt;script&gt;alert(1)&lt;/script&gt;</h1>"));

@@ -77,6 +77,10 @@ pub enum PowRejection {
     InsufficientWork,
     #[error("no-script link followed before its wait was over")]
     TooEarly,
+    #[error("sent by another site's page")]
+    CrossSite,
+    #[error("brought by a browser that was not shown its page")]
+    NotShownThePage,
 }
 
 impl PowRejection {
@@ -90,6 +94,8 @@ impl PowRejection {
             PowRejection::OtherAgent => "other_agent",
             PowRejection::InsufficientWork => "insufficient_work",
             PowRejection::TooEarly => "too_early",
+            PowRejection::CrossSite => "cross_site",
+            PowRejection::NotShownThePage => "not_shown_the_page",
         }
     }
 }
@@ -174,6 +180,16 @@ pub fn open(keys: &Keyring, nonce: &str) -> Result<Opened, PowRejection> {
         return_path,
         binding,
     })
+}
+
+/// The seed a nonce carries, read without its signature: what names the
+/// page's probe cookie. For simulated browsers (tests, the lab) that know
+/// the page's body but not its fields; weir itself reads it from a nonce
+/// it verified ([`open`]).
+pub fn seed_of(nonce: &str) -> Option<u64> {
+    let raw = URL_SAFE_NO_PAD.decode(nonce).ok()?;
+    let seed = raw.get(26..34)?;
+    (raw.first() == Some(&VERSION)).then(|| u64::from_be_bytes(seed.try_into().unwrap_or_default()))
 }
 
 /// Checks an answer: signature, age, binding, then the work itself.

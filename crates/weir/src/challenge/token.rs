@@ -1,22 +1,29 @@
 //! The pass token: the `weir_pass` cookie a browser earns by solving a
-//! challenge, checked on every request with no store.
+//! challenge (or, without JavaScript, by waiting out its refresh), checked
+//! on every request with no store.
 //!
-//! Format (version 1), base64url without padding of 73 bytes, 98 characters:
+//! Format (version 2), base64url without padding of 74 bytes, 99 characters:
 //!
 //! ```text
 //! offset  bytes  field
-//!      0      1  version = 1
-//!      1      8  id         (u64 big-endian; the rate-limit key of the holder)
-//!      9      8  issued     (Unix seconds, big-endian)
-//!     17      8  expires    (Unix seconds, big-endian)
-//!     25      8  prefix tag (SHA-256 of the client's /24 or /48, first 8 bytes)
-//!     33      8  agent tag  (SHA-256 of the User-Agent, first 8 bytes)
-//!     41     32  HMAC-SHA256 over bytes 0..41 (pass-token key, see keyring.rs)
+//!      0      1  version = 2
+//!      1      1  kind       (1 = work: the page's proof of work; 2 = wait: its no-script refresh)
+//!      2      8  id         (u64 big-endian; the rate-limit key of the holder)
+//!     10      8  issued     (Unix seconds, big-endian)
+//!     18      8  expires    (Unix seconds, big-endian)
+//!     26      8  prefix tag (SHA-256 of the client's /24 or /48, first 8 bytes)
+//!     34      8  agent tag  (SHA-256 of the User-Agent, first 8 bytes)
+//!     42     32  HMAC-SHA256 over bytes 0..42 (pass-token key, see keyring.rs)
 //! ```
 //!
-//! Owns: encoding, signing and verifying that format. Does not: decide who
-//! gets a token (the `/.weir/challenge/verify` handler does, in `mod.rs`),
-//! remember tokens, or rate-limit by `id` (the lead's rules do).
+//! Version 1 (no kind: every pass was worth the same, however it was
+//! earned) is refused: its holder solves once more.
+//!
+//! Owns: encoding, signing and verifying that format, and the lifetime a
+//! pass has under the configuration in force. Does not: decide who gets a
+//! token (the `/.weir/challenge/verify` handler does, in `mod.rs`), what a
+//! kind is worth (`proxy::deciding`), remember tokens, or rate-limit by
+//! `id` (the rules do).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,8 +32,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::keyring::{Binding, Keyring, TAG_LEN};
 
-const VERSION: u8 = 1;
-const BODY_LEN: usize = 41;
+const VERSION: u8 = 2;
+const BODY_LEN: usize = 42;
 /// Bytes of a decoded token.
 pub const TOKEN_LEN: usize = BODY_LEN + TAG_LEN;
 /// Characters of an encoded token (base64url, no padding).
@@ -42,13 +49,52 @@ pub fn is_well_formed(text: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// How a pass was earned, which decides what it is worth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassKind {
+    /// The page's proof of work: the browser ran its script.
+    Work,
+    /// The page's no-script refresh, followed after its wait: a browser
+    /// without JavaScript, or any client that follows a meta refresh (as
+    /// Scrapy does by default). Worth less than work: proof only in a visit
+    /// weir counts as a person's (`proxy::deciding`).
+    Wait,
+}
+
+impl PassKind {
+    fn byte(self) -> u8 {
+        match self {
+            PassKind::Work => 1,
+            PassKind::Wait => 2,
+        }
+    }
+
+    fn of_byte(b: u8) -> Option<PassKind> {
+        match b {
+            1 => Some(PassKind::Work),
+            2 => Some(PassKind::Wait),
+            _ => None,
+        }
+    }
+
+    /// A bounded label for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PassKind::Work => "work",
+            PassKind::Wait => "wait",
+        }
+    }
+}
+
 /// A valid pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PassToken {
     /// Random per solved challenge; the same for every token minted from one
-    /// solution. Rate-limit pass holders by this: a token shared by a crawler
-    /// farm is limited as one client.
+    /// solution, and one per network for the passes a network redeemed
+    /// over its budget (`super::budget`). Rate-limit pass holders by this:
+    /// a token shared by a crawler farm is limited as one client.
     pub id: u64,
+    pub kind: PassKind,
     pub issued: SystemTime,
     pub expires: SystemTime,
 }
@@ -81,29 +127,42 @@ impl TokenRejection {
     }
 }
 
+/// What a new token says besides its binding.
+#[derive(Debug, Clone, Copy)]
+pub struct Minted {
+    pub id: u64,
+    pub kind: PassKind,
+    pub now: SystemTime,
+    pub ttl: Duration,
+}
+
 /// Makes a signed token for `binding`, valid from `now` for `ttl`.
-pub fn issue(keys: &Keyring, id: u64, binding: Binding, now: SystemTime, ttl: Duration) -> String {
-    let issued = unix_secs(now);
-    let expires = issued.saturating_add(ttl.as_secs());
+pub fn issue(keys: &Keyring, m: Minted, binding: Binding) -> String {
+    let issued = unix_secs(m.now);
+    let expires = issued.saturating_add(m.ttl.as_secs());
     let mut raw = [0u8; TOKEN_LEN];
     raw[0] = VERSION;
-    raw[1..9].copy_from_slice(&id.to_be_bytes());
-    raw[9..17].copy_from_slice(&issued.to_be_bytes());
-    raw[17..25].copy_from_slice(&expires.to_be_bytes());
-    raw[25..33].copy_from_slice(&binding.prefix);
-    raw[33..41].copy_from_slice(&binding.agent);
+    raw[1] = m.kind.byte();
+    raw[2..10].copy_from_slice(&m.id.to_be_bytes());
+    raw[10..18].copy_from_slice(&issued.to_be_bytes());
+    raw[18..26].copy_from_slice(&expires.to_be_bytes());
+    raw[26..34].copy_from_slice(&binding.prefix);
+    raw[34..42].copy_from_slice(&binding.agent);
     let tag = keys.sign(&raw[..BODY_LEN]);
     raw[BODY_LEN..].copy_from_slice(&tag);
     URL_SAFE_NO_PAD.encode(raw)
 }
 
 /// Checks a cookie value. Order matters for the reason reported: nothing
-/// but the signature is believed until it verifies.
+/// but the signature is believed until it verifies. A pass lives until its
+/// `expires`, and no longer than `ttl` (the `pass_ttl` in force) from when
+/// it was issued: shortening `pass_ttl` shortens the passes out there too.
 pub fn verify(
     keys: &Keyring,
     cookie_value: &str,
     binding: Binding,
     now: SystemTime,
+    ttl: Duration,
 ) -> Result<PassToken, TokenRejection> {
     if cookie_value.len() != TOKEN_CHARS {
         return Err(TokenRejection::Malformed);
@@ -122,20 +181,23 @@ pub fn verify(
         b.copy_from_slice(&raw[at..at + 8]);
         u64::from_be_bytes(b)
     };
-    let id = u64_at(1);
-    let issued = u64_at(9);
-    let expires = u64_at(17);
-    if unix_secs(now) >= expires {
+    let kind = PassKind::of_byte(raw[1]).ok_or(TokenRejection::Malformed)?;
+    let id = u64_at(2);
+    let issued = u64_at(10);
+    let expires = u64_at(18);
+    let ends = expires.min(issued.saturating_add(ttl.as_secs()));
+    if unix_secs(now) >= ends {
         return Err(TokenRejection::Expired);
     }
-    if raw[25..33] != binding.prefix {
+    if raw[26..34] != binding.prefix {
         return Err(TokenRejection::OtherPrefix);
     }
-    if raw[33..41] != binding.agent {
+    if raw[34..42] != binding.agent {
         return Err(TokenRejection::OtherAgent);
     }
     Ok(PassToken {
         id,
+        kind,
         issued: UNIX_EPOCH + Duration::from_secs(issued),
         expires: UNIX_EPOCH + Duration::from_secs(expires),
     })
@@ -174,17 +236,36 @@ mod tests {
         c.into_iter().collect()
     }
 
+    fn mint(secrets: &[&str], id: u64, b: Binding, now: SystemTime, ttl: Duration) -> String {
+        let kind = PassKind::Work;
+        issue(&keys(secrets), Minted { id, kind, now, ttl }, b)
+    }
+
     #[test]
     #[allow(clippy::type_complexity)] // one tuple per table row
     fn verify_table() {
         let now = t(1_800_000_000);
         let ua = "Mozilla/5.0 Firefox/140.0";
-        let good = issue(&keys(&[A]), 42, bind("203.0.113.7", ua), now, HOUR);
-        let v6 = issue(&keys(&[A]), 7, bind("2001:db8:1:2::1", ua), now, HOUR);
-        let other_key = issue(&keys(&[B]), 42, bind("203.0.113.7", ua), now, HOUR);
+        let good = mint(&[A], 42, bind("203.0.113.7", ua), now, HOUR);
+        let v6 = mint(&[A], 7, bind("2001:db8:1:2::1", ua), now, HOUR);
+        let other_key = mint(&[B], 42, bind("203.0.113.7", ua), now, HOUR);
         let pow_key = {
             let pow = Keyring::new(&[A], Purpose::PowChallenge).unwrap();
-            issue(&pow, 42, bind("203.0.113.7", ua), now, HOUR)
+            let m = Minted {
+                id: 42,
+                kind: PassKind::Work,
+                now,
+                ttl: HOUR,
+            };
+            issue(&pow, m, bind("203.0.113.7", ua))
+        };
+        // A kind no version-2 token has, signed as one would be.
+        let odd_kind = {
+            let mut raw = URL_SAFE_NO_PAD.decode(&good).unwrap();
+            raw[1] = 9;
+            let tag = keys(&[A]).sign(&raw[..BODY_LEN]);
+            raw[BODY_LEN..].copy_from_slice(&tag);
+            URL_SAFE_NO_PAD.encode(raw)
         };
         assert_eq!(good.len(), TOKEN_CHARS);
         let ok = |id| Ok::<u64, TokenRejection>(id);
@@ -207,22 +288,51 @@ mod tests {
             ("v6 same /48, new /64",      v6.clone(),   &[A],    "2001:db8:1:ffff::9", ua, now,                    ok(7)),
             ("v6 other /48",              v6,           &[A],    "2001:db8:2:2::1", ua, now,                       Err(OtherPrefix)),
             ("empty",                     String::new(), &[A],   "203.0.113.7",   ua, now,                         Err(Malformed)),
-            ("truncated",                 good[..97].to_string(), &[A], "203.0.113.7", ua, now,                    Err(Malformed)),
+            ("truncated",                 good[..98].to_string(), &[A], "203.0.113.7", ua, now,                    Err(Malformed)),
             ("not base64",                "!".repeat(TOKEN_CHARS), &[A], "203.0.113.7", ua, now,                   Err(Malformed)),
-            ("other version",             format!("Ag{}", &good[2..]), &[A], "203.0.113.7", ua, now,              Err(Malformed)),
+            ("version 1",                 format!("AQ{}", &good[2..]), &[A], "203.0.113.7", ua, now,              Err(Malformed)),
+            ("a kind of no version",      odd_kind,     &[A],    "203.0.113.7",   ua, now,                         Err(Malformed)),
         ];
         for (name, token, secrets, ip, agent, at, want) in cases {
-            let got = verify(&keys(secrets), &token, bind(ip, agent), at).map(|p| p.id);
+            let got = verify(&keys(secrets), &token, bind(ip, agent), at, HOUR).map(|p| p.id);
             assert_eq!(got, want, "{name}");
         }
     }
 
     #[test]
-    fn times_round_trip() {
+    fn times_and_kind_round_trip() {
         let now = t(1_800_000_000);
-        let token = issue(&keys(&[A]), 1, bind("10.0.0.1", ""), now, HOUR);
-        let pass = verify(&keys(&[A]), &token, bind("10.0.0.1", ""), now).unwrap();
-        assert_eq!(pass.issued, now);
-        assert_eq!(pass.expires, now + HOUR);
+        for kind in [PassKind::Work, PassKind::Wait] {
+            let m = Minted {
+                id: 1,
+                kind,
+                now,
+                ttl: HOUR,
+            };
+            let token = issue(&keys(&[A]), m, bind("10.0.0.1", ""));
+            let pass = verify(&keys(&[A]), &token, bind("10.0.0.1", ""), now, HOUR).unwrap();
+            assert_eq!(
+                (pass.issued, pass.expires, pass.kind),
+                (now, now + HOUR, kind)
+            );
+        }
+    }
+
+    /// Regression (issue 54): only `expires` was checked, so shortening
+    /// `pass_ttl` left every pass already issued its old lifetime.
+    #[test]
+    fn a_shortened_pass_ttl_shortens_the_passes_out_there() {
+        let now = t(1_800_000_000);
+        let twelve_hours = 12 * HOUR;
+        let token = mint(&[A], 5, bind("10.0.0.1", "ua"), now, twelve_hours);
+        let check = |at, ttl| verify(&keys(&[A]), &token, bind("10.0.0.1", "ua"), at, ttl);
+        assert!(check(now + 2 * HOUR, twelve_hours).is_ok());
+        assert_eq!(check(now + 2 * HOUR, HOUR), Err(TokenRejection::Expired));
+        assert!(check(now + HOUR / 2, HOUR).is_ok());
+        // A longer ttl does not lengthen a pass past its own expiry.
+        assert_eq!(
+            check(now + twelve_hours, 24 * HOUR),
+            Err(TokenRejection::Expired)
+        );
     }
 }

@@ -11,6 +11,7 @@
 mod env;
 mod load;
 mod schema;
+mod secret;
 
 pub use env::{Env, ProcessEnv};
 pub(crate) use load::digest;
@@ -18,3 +19,4 @@ pub use load::{
     ConfigError, ConfigErrors, KeyPath, LoadedConfig, TomlLocator, line_of, load_file, load_str,
 };
 pub use schema::*;
+pub use secret::Secret;

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+use super::Secret;
+
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -97,7 +99,7 @@ pub struct SignedCookieConfig {
     pub cookie: String,
     /// HMAC keys, at least 32 bytes each; the first signs, all verify (rotation).
     /// Write them as `${ENV}` references, not literals.
-    pub keys: Vec<String>,
+    pub keys: Vec<Secret>,
 }
 
 /// The auth sub-request.
@@ -197,7 +199,7 @@ pub struct StateConfig {
     /// (`redis://host:6379/0`). Unset: limits are per instance. When Redis is
     /// unreachable weir decides with its local state and recovers by itself.
     #[serde(default)]
-    pub redis_url: Option<String>,
+    pub redis_url: Option<Secret>,
     /// PEM CA certificates a `rediss://` Redis is checked against, instead
     /// of the system's roots.
     #[serde(default)]
@@ -237,7 +239,7 @@ pub struct RedisSentinelConfig {
     pub db: i64,
     /// The primary's password (`${WEIR_REDIS_PASSWORD}`), if it has one.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
 }
 
 impl RedisSentinelConfig {
@@ -247,7 +249,7 @@ impl RedisSentinelConfig {
             nodes: self.nodes.clone(),
             master: self.master.clone(),
             db: self.db,
-            password: self.password.clone(),
+            password: self.password.as_deref().map(str::to_owned),
         }
     }
 }
@@ -413,7 +415,7 @@ pub struct AdminConfig {
     /// When set, `POST /reload` (and any request that changes something)
     /// needs `Authorization: Bearer TOKEN`. Reloadable.
     #[serde(default)]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     /// Names accepted in `Host` on a changing request, besides IP
     /// addresses and `localhost` (DNS rebinding). Reloadable.
     #[serde(default)]

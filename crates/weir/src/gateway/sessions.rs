@@ -56,7 +56,7 @@ pub(super) fn challenger(
     }
     if c.keys.is_empty() {
         c.keys
-            .push(crate::challenge::keyfile::signing_key(&cfg.state));
+            .push(crate::challenge::keyfile::signing_key(&cfg.state).into());
     }
     match crate::challenge::Challenger::new(&c) {
         Ok(ch) => Some(Arc::new(ch)),
@@ -81,9 +81,10 @@ pub(super) fn visits(
     let configured = cfg.challenge.as_ref().map(|c| c.keys.as_slice());
     let secrets = match configured {
         Some(keys) if !keys.is_empty() => keys.to_vec(),
-        _ => vec![crate::challenge::keyfile::signing_key(&cfg.state)],
+        _ => vec![crate::challenge::keyfile::signing_key(&cfg.state).into()],
     };
-    match crate::visit::Visits::new(&cfg.visit, &secrets) {
+    let secure = (cfg.challenge.as_ref()).map_or_else(Default::default, |c| c.secure_cookies);
+    match crate::visit::Visits::new(&cfg.visit, &secrets, secure) {
         Ok(v) => Some(Arc::new(v)),
         Err(e) => {
             errors.push(loaded.error_at(&KeyPath::root().key("visit"), e.to_string()));

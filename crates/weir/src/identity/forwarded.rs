@@ -183,6 +183,36 @@ pub fn resolve(
     found(current.0, current.1, warning)
 }
 
+/// Whether the client's own connection was TLS, as the trusted proxy in
+/// front says: `X-Forwarded-Proto: https` (the last value: the hop next to
+/// weir wrote it), or the last `Forwarded` element's `proto=https`. Only
+/// for a peer weir trusts; anyone else's word is no evidence. Decides
+/// whether weir's cookies are `Secure` behind a TLS-terminating balancer.
+pub fn proto_is_https(headers: &HeaderMap, peer_trusted: bool) -> bool {
+    if !peer_trusted {
+        return false;
+    }
+    let last = |name| {
+        (headers.get_all(name).iter().next_back())
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .map(str::trim)
+    };
+    if let Some(proto) = last(X_FORWARDED_PROTO) {
+        return proto.eq_ignore_ascii_case("https");
+    }
+    last(FORWARDED).is_some_and(|element| {
+        element.split(';').any(|pair| {
+            pair.split_once('=').is_some_and(|(k, v)| {
+                k.trim().eq_ignore_ascii_case("proto")
+                    && v.trim().trim_matches('"').eq_ignore_ascii_case("https")
+            })
+        })
+    })
+}
+
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 fn is_ows(b: u8) -> bool {
     b == b' ' || b == b'\t'
 }

@@ -156,15 +156,20 @@ fn page_deadline(
     }
 }
 
-/// Whose turn in its lane the request waits for. A pass holder is a
-/// visitor of its own: a hundred people behind one carrier NAT are a
-/// hundred turns, not one (their passes are limited by their own key). So
-/// is a visit whose pages say a person is reading (`visit`, see
-/// `crate::visit::RequestVisit::turn`), for weir's defaults have no
-/// challenge, and an address that browses like a person (mostly cheap
-/// pages, `cheap` saying whether this request is one), for clients that
-/// keep no cookie (`browsing`, from `admission::BrowsingEvidence`);
-/// everyone else shares by address prefix.
+/// Whose turn in its lane the request waits for. A visit whose pages say
+/// a person is reading is a visitor of its own (`visit`, see
+/// `crate::visit::RequestVisit::turn`): a hundred people behind one
+/// carrier NAT are a hundred turns, not one. So is an address that
+/// browses like a person (mostly cheap pages, `cheap` saying whether this
+/// request is one), for clients that keep no cookie (`browsing`, from
+/// `admission::BrowsingEvidence`). A pass holder is a turn of its own
+/// under its real network ([`FairKey::of_pass`]): a pass is proof of a
+/// browser, not of a person, and passes minted from one network do not
+/// multiply its turn (issue 54: each had been a network of its own, and
+/// crawlers that followed the no-script refresh took people's turns).
+/// Everyone else shares by address prefix.
+///
+/// [`FairKey::of_pass`]: crate::admission::FairKey::of_pass
 fn turn(
     pass: Option<u64>,
     visit: Option<u128>,
@@ -172,10 +177,10 @@ fn turn(
     client: ClientAddr,
 ) -> crate::admission::FairKey {
     use crate::admission::FairKey;
-    match (pass, visit) {
-        (Some(id), _) => FairKey::of_visitor(id),
-        (None, Some(id)) => FairKey::of_visit(id),
-        (None, None) if browsing => FairKey::of_browser(client),
+    match (visit, pass) {
+        (Some(id), _) => FairKey::of_visit(id),
+        (None, _) if browsing => FairKey::of_browser(client),
+        (None, Some(id)) => FairKey::of_pass(client, id),
         (None, None) => FairKey::of(client),
     }
 }
@@ -250,14 +255,13 @@ fn challenge_page(
     view: &RequestView<'_>,
     asked: tokio::time::Instant,
 ) -> Unadmitted {
-    let (now, waited) = (std::time::SystemTime::now(), asked.elapsed());
+    let asker = ex.asker(view.headers);
     let page = ch.page_after(
         view.target,
-        ex.client(),
-        view.headers,
+        asker,
         c.difficulty,
-        now,
-        waited,
+        ex.challenge_at(),
+        asked.elapsed(),
     );
     Unadmitted::Challenge(Box::new(page))
 }

@@ -159,7 +159,11 @@ pub(super) fn shared_response(
     let mut headers = shared.headers.clone();
     log.stamp(&mut headers);
     let cacheable = crate::visit::shared_cacheable_map(&headers);
-    log.visit_cookie(Some((shared.status, cacheable)), &mut headers);
+    let served = crate::visit::ServedBy::App {
+        status: shared.status,
+        shared_cacheable: cacheable,
+    };
+    log.own_fields(served, &mut headers);
     let body = ResponseBody::full(shared.body.clone()).on_complete(log);
     let mut resp = Response::new(body);
     *resp.status_mut() = shared.status;

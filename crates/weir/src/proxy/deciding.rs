@@ -19,7 +19,7 @@ use weir_http::target::Target;
 use super::exchange::Exchange;
 use super::log::RequestLog;
 use crate::admission::Lane;
-use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck};
+use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck, PassKind, PassToken};
 use crate::gateway::Gateway;
 use crate::identity::ClientAddr;
 use crate::identity::bots::BotId;
@@ -64,9 +64,22 @@ pub(super) fn visit(
     let mut visit = read?;
     if visit.navigation {
         let class = (gw.class_admission.get(route.class.as_str()).copied()).unwrap_or_default();
+        let queue = gw.pools[route.pool].admission.as_ref();
+        let shape = ex.shape();
         visit.costly = !route.rules.is_empty()
-            || (gw.pools[route.pool].admission.as_ref())
-                .is_some_and(|queue| class.unproven_lane(queue, ex.shape()) >= Lane::ANONYMOUS);
+            || queue.is_some_and(|queue| class.unproven_lane(queue, shape) >= Lane::ANONYMOUS);
+        // A learned class's page (a `GET`: a form's `POST`, a login, is
+        // part of a person's path) of a shape not judged yet is weighed as
+        // costly: the visit is evidence of a person, and a crawler whose
+        // expensive pages were served before their shapes were learned had
+        // counted them as pages read (and its turn, and its no-script
+        // pass's proof, with them). While the pool has judged no shape at
+        // all (its first second or so), pages count as they are.
+        if class.lane.is_none() && !visit.costly && visit.page_view {
+            use crate::admission::shapes::Judgement;
+            let judged = queue.map(|q| q.shapes().judgement(shape));
+            visit.costly = judged == Some(Judgement::Unknown);
+        }
     }
     Some((visit, visits.clone()))
 }
@@ -207,8 +220,12 @@ pub(super) async fn decide(
             let Some((ch, c)) = ex.gw().challenger.as_ref().zip(by_rules) else {
                 unreachable!("only a challengeable request is challenged by a rule")
             };
-            let now = SystemTime::now();
-            let page = ch.page(view.target, ex.client(), view.headers, c.difficulty, now);
+            let page = ch.page(
+                view.target,
+                ex.asker(view.headers),
+                c.difficulty,
+                ex.challenge_at(),
+            );
             Decision::Challenge(Box::new(page))
         }
     }
@@ -235,9 +252,36 @@ fn challenge_of(
     // one turn while the same people's searches went by their passes).
     match route.challenge {
         ChallengeMode::Off => {
-            carried_pass(ex, ch, view).map_or(Challenged::NotNow, Challenged::Pass)
+            carried_pass(ex, ch, view).map_or(Challenged::NotNow, |t| worth(ex, t))
         }
         _ => challenge(ex, ch, view, route),
+    }
+}
+
+/// What a valid pass is worth to this request. A pass is proof (the
+/// `pass` lane, its own client for the rules that count passes, exempt
+/// from the rules that name `pass`) when its browser did the page's work,
+/// or when it waited out the no-script refresh in a visit that has read
+/// more pages than it asked costly ones of, this one included
+/// (`crate::visit::RequestVisit::reads_more_than_it_costs`): a person
+/// without JavaScript. A wait alone proves a client follows a meta
+/// refresh, as Scrapy does by default: it only spends the challenge's
+/// say (the request is not offered the page again) and the request waits
+/// as the unproven do. A crawler that reads an article before each
+/// expensive page reads as many as it costs, and stays there.
+///
+/// Why: a pass that cost a 500 ms wait had bought a turn of its own above
+/// everyone unproven for 12 hours, and crawlers that followed the refresh
+/// took people's turns: people within 2 s 86% in the lab
+/// (`2026-09-23-crawlers-follow-refresh.toml`), 14% in the replay.
+fn worth(ex: &mut Exchange<'_>, pass: PassToken) -> Challenged {
+    let persons_visit = || (ex.log().visit()).is_some_and(|(v, _)| v.reads_more_than_it_costs());
+    if pass.kind == PassKind::Work || persons_visit() {
+        ex.log_mut().pass_carried();
+        Challenged::Pass(pass.id)
+    } else {
+        ex.log_mut().wait_pass_alone();
+        Challenged::NotNow
     }
 }
 
@@ -299,16 +343,20 @@ enum Challenged {
 /// **Target phase, its last step** (with the challenge on): a pass that
 /// came in the address (a browser that keeps no cookies gets it there,
 /// `Challenger::handle`) is taken out of the target and the request's URI,
-/// so the app, the rules and the log never see it, and is read as the
-/// cookie it stands for. Nothing changes for a request without one.
+/// every occurrence in every spelling, so the app, the rules and the log
+/// never see it, and read as the cookie it stands for. Nothing changes
+/// for a request without one. Result: whether a pass came in the address
+/// (the answer then keeps the browser from sending it on,
+/// `challenge::secret::REFERRER_POLICY`).
 pub(super) fn pass_in_address(
     ch: &Challenger,
     req: &mut Request<RequestBody>,
     target: &mut Target,
-) {
-    let Some(token) = target.take_query_pair(ch.pass_name()) else {
-        return;
-    };
+) -> bool {
+    let tokens = target.take_query_pairs(ch.pass_name());
+    if tokens.is_empty() {
+        return false;
+    }
     let mut parts = req.uri().clone().into_parts();
     parts.path_and_query = target.path_and_query().parse().ok();
     if let Ok(uri) = http::Uri::from_parts(parts) {
@@ -316,14 +364,17 @@ pub(super) fn pass_in_address(
     }
     // Only a token's spelling becomes a cookie: `?weir_pass=x;session=y`
     // in a link someone was sent must not set the app's `session`.
-    if !crate::challenge::token::is_well_formed(&token) {
-        return;
+    let pairs: Vec<String> = (tokens.iter())
+        .filter(|t| crate::challenge::token::is_well_formed(t))
+        .map(|t| format!("{}={t}", ch.pass_name()))
+        .collect();
+    if pairs.is_empty() {
+        return true;
     }
     // Into one `Cookie` field with the others (RFC 6265 5.4; HTTP/2 sends
     // several, which RFC 9113 8.2.3 joins with "; " for HTTP/1): a browser
     // that keeps no cookies sends none. A field that is not text stays as
     // sent, and the pass goes beside it.
-    let pair = format!("{}={token}", ch.pass_name());
     let headers = req.headers_mut();
     let mut text: Vec<&str> = Vec::new();
     let mut opaque = Vec::new();
@@ -333,29 +384,33 @@ pub(super) fn pass_in_address(
             Err(_) => opaque.push(field.clone()),
         }
     }
-    text.push(&pair);
+    text.extend(pairs.iter().map(String::as_str));
     // The name is a checked token and the pass base64url: a field value.
     let Ok(joined) = http::HeaderValue::from_str(&text.join("; ")) else {
-        return;
+        return true;
     };
     headers.insert(http::header::COOKIE, joined);
     for field in opaque {
         headers.append(http::header::COOKIE, field);
     }
+    true
 }
 
-/// The id of the valid pass the request carries, if any (a bad, expired or
-/// foreign one counted as a challenge event, and the request unproven).
-fn carried_pass(ex: &mut Exchange<'_>, ch: &Challenger, view: &RequestView<'_>) -> Option<u64> {
+/// The valid pass the request carries, if any (a bad, expired or foreign
+/// one counted as a challenge event, and the request unproven).
+fn carried_pass(
+    ex: &mut Exchange<'_>,
+    ch: &Challenger,
+    view: &RequestView<'_>,
+) -> Option<PassToken> {
     let check = ch.pass(view.headers, ex.client(), SystemTime::now());
     if let Some(e) = check.event() {
         challenge_event(ex.rt(), &e);
     }
-    let PassCheck::Valid(t) = check else {
-        return None;
-    };
-    ex.log_mut().pass_carried();
-    Some(t.id)
+    match check {
+        PassCheck::Valid(t) => Some(t),
+        _ => None,
+    }
 }
 
 /// The challenge for a request of a challenging class (see [`Challenged`]).
@@ -365,11 +420,12 @@ fn challenge(
     view: &RequestView<'_>,
     route: &Route,
 ) -> Challenged {
-    if let Some(id) = carried_pass(ex, ch, view) {
-        return Challenged::Pass(id);
+    if let Some(pass) = carried_pass(ex, ch, view) {
+        return worth(ex, pass);
     }
     let (navigation, shape) = (ex.navigation(view.headers), ex.shape());
     let (rt, gw, client) = (ex.rt(), ex.gw(), ex.client());
+    let (asker, at) = (ex.asker(view.headers), ex.challenge_at());
     let pool = &gw.pools[route.pool];
     // Learned: only the shapes the app answers slowly, which a crawler flood
     // is made of, are worth a visitor's proof while they wait; a cheap page
@@ -393,13 +449,9 @@ fn challenge(
         return Challenged::NotNow;
     }
     match route.challenge {
-        ChallengeMode::Always => Challenged::Page(Box::new(ch.page(
-            view.target,
-            client,
-            view.headers,
-            difficulty,
-            SystemTime::now(),
-        ))),
+        ChallengeMode::Always => {
+            Challenged::Page(Box::new(ch.page(view.target, asker, difficulty, at)))
+        }
         // Proof buys priority: the page only where the navigation would
         // otherwise be refused, or wait long while pressure is on.
         // A learned class offers it on an expected long wait whether or not
@@ -582,7 +634,7 @@ fn count_rejection(
 
 /// Counts a challenge event (`weir_challenge_events_total`, and the time to
 /// solve of a solved one).
-fn challenge_event(rt: &Runtime, e: &ChallengeEvent) {
+pub(super) fn challenge_event(rt: &Runtime, e: &ChallengeEvent) {
     let (event, reason) = e.labels();
     rt.metrics
         .challenge_events

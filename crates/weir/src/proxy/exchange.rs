@@ -94,6 +94,34 @@ impl<'a> Exchange<'a> {
         *(self.shape).get_or_insert_with(|| Shape::of(self.target))
     }
 
+    /// Whether the client reached weir over TLS: this listener's, or a
+    /// trusted proxy's that says so (`identity::forwarded::proto_is_https`).
+    pub fn client_tls(&self, headers: &HeaderMap) -> bool {
+        let edge = &self.conn.edge;
+        edge.tls.is_some() || crate::identity::forwarded::proto_is_https(headers, edge.peer_trusted)
+    }
+
+    /// Who asks the challenge: the client, the request's `headers`, and
+    /// whether its connection is TLS.
+    pub fn asker<'h>(&self, headers: &'h HeaderMap) -> crate::challenge::Asker<'h>
+    where
+        'a: 'h,
+    {
+        crate::challenge::Asker {
+            client: self.client,
+            headers,
+            tls: self.client_tls(headers),
+        }
+    }
+
+    /// When the challenge answers this request, with the process's budget.
+    pub fn challenge_at(&self) -> crate::challenge::At<'a> {
+        crate::challenge::At {
+            now: std::time::SystemTime::now(),
+            budget: &self.conn.rt.challenge_budget,
+        }
+    }
+
     /// The slots the request holds until its line is written.
     pub fn held(&mut self) -> &mut Held {
         &mut self.log.held

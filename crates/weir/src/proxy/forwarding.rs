@@ -103,6 +103,10 @@ pub(super) fn as_decided(ex: &mut Exchange<'_>, req: &mut Request<RequestBody>, 
     let upgrade = is_upgrade(req);
     strip_hop_by_hop(req.headers_mut(), upgrade);
     req.headers_mut().remove(header::EXPECT);
+    // The pass is weir's and a secret: the app never sees it.
+    if let Some(ch) = &ex.gw().challenger {
+        weir_http::cookie::remove(req.headers_mut(), ch.pass_name());
+    }
     // The app receives the path and host weir decided on.
     target.forward(req);
     let version = req.version();

@@ -45,11 +45,17 @@ pub struct RequestLog {
     /// What the request holds until its line is written.
     pub(super) held: Held,
     /// A navigation's visit: what its cookie said, and the cookie the page
-    /// answered to it carries (`visit_cookie`).
+    /// answered to it carries (`own_fields`).
     visit: Option<(RequestVisit, Arc<Visits>)>,
     /// The line is written (the response ended, or the request was dropped
     /// before one began): never twice.
     written: bool,
+    /// A pass came in the request's address: the browser's address bar
+    /// holds it, and the answer keeps it from going on in a `Referer`.
+    pass_in_address: bool,
+    /// The client reached weir over TLS (weir's, or a trusted proxy's that
+    /// says so): weir's cookies may be `Secure` (`challenge.secure_cookies`).
+    client_tls: bool,
 }
 
 /// The slots one request holds, each taken by the phase that got it and
@@ -98,6 +104,11 @@ impl RequestLog {
         started: Instant,
     ) -> Box<Self> {
         let log = Box::new(RequestLog {
+            client_tls: conn.edge.tls.is_some()
+                || crate::identity::forwarded::proto_is_https(
+                    req.headers(),
+                    conn.edge.peer_trusted,
+                ),
             record: first_record(req, client, &conn),
             accept: Accepts::of(req.headers()),
             started,
@@ -106,6 +117,7 @@ impl RequestLog {
             held: Held::default(),
             visit: None,
             written: false,
+            pass_in_address: false,
         });
         log.stamp(req.headers_mut());
         log
@@ -129,27 +141,28 @@ impl RequestLog {
         );
     }
 
-    /// Puts the next visit cookie on the answer to a navigation, the app's
-    /// (`Some((status, shared_cacheable))`) or weir's own (`None`), when it
-    /// counts (`crate::visit::Visits::next`). The answer's other
-    /// `Set-Cookie`s stay.
-    pub(super) fn visit_cookie(
-        &self,
-        app: Option<(http::StatusCode, bool)>,
-        headers: &mut http::HeaderMap,
-    ) {
-        use crate::visit::ServedBy;
+    /// Whether a pass came in the request's address (the target phase says).
+    pub(super) fn pass_in_address(&mut self, came: bool) {
+        self.pass_in_address = came;
+    }
+
+    /// What weir adds to every answer, the app's or its own (`served`): the
+    /// next visit cookie on the answer to a navigation, when it counts
+    /// (`crate::visit::Visits::next`; the answer's other `Set-Cookie`s
+    /// stay), and, where the request's address held a pass, a
+    /// `Referrer-Policy` that keeps it from going on
+    /// (`challenge::secret::REFERRER_POLICY`).
+    pub(super) fn own_fields(&self, served: crate::visit::ServedBy, headers: &mut http::HeaderMap) {
+        if self.pass_in_address {
+            headers.insert(
+                http::header::REFERRER_POLICY,
+                crate::challenge::secret::REFERRER_POLICY,
+            );
+        }
         let Some((visit, visits)) = &self.visit else {
             return;
         };
-        let tls = self.conn.edge.tls.is_some();
-        let served = match app {
-            Some((status, shared_cacheable)) => ServedBy::App {
-                status,
-                shared_cacheable,
-            },
-            None => ServedBy::Weir,
-        };
+        let tls = self.client_tls;
         if let Some(cookie) = visits.next(visit, served, tls, SystemTime::now()) {
             headers.append(http::header::SET_COOKIE, cookie);
         }
@@ -212,9 +225,16 @@ impl RequestLog {
         self.record.class = Arc::from("challenge");
     }
 
-    /// The request carried a valid challenge pass (`challenge: "pass"`).
+    /// The request carried a valid challenge pass that is proof here
+    /// (`challenge: "pass"`).
     pub(super) fn pass_carried(&mut self) {
         self.record.challenge = Some("pass");
+    }
+
+    /// The request carried a valid no-script pass outside a visit weir
+    /// counts as a person's: not proof (`challenge: "wait_pass"`).
+    pub(super) fn wait_pass_alone(&mut self) {
+        self.record.challenge = Some("wait_pass");
     }
 
     /// Rules in shadow mode that would have refused the request.
@@ -292,7 +312,11 @@ impl RequestLog {
     /// The request target as the client sent it.
     pub(super) fn set_sent(&mut self, sent: &Uri) {
         let text = sent.path_and_query().map_or("/", |p| p.as_str());
-        self.record.raw_target = Some(text.to_owned());
+        // A pass in an address weir could not read stays out of the log too.
+        let gw = self.conn.rt.gateway.load();
+        let clean = (gw.challenger.as_deref())
+            .and_then(|ch| crate::challenge::secret::without_pass(text, ch.pass_name()));
+        self.record.raw_target = Some(clean.unwrap_or_else(|| text.to_owned()));
     }
 
     /// Answers with weir's own response for `reason` (the rescue), recording
@@ -315,7 +339,7 @@ impl RequestLog {
         self.record.status = resp.status().as_u16();
         let mut resp = resp;
         self.stamp(resp.headers_mut());
-        self.visit_cookie(None, resp.headers_mut());
+        self.own_fields(crate::visit::ServedBy::Weir, resp.headers_mut());
         resp.map(|b| b.on_complete(self))
     }
 
@@ -339,7 +363,7 @@ impl RequestLog {
         self.record.status = resp.status().as_u16();
         let mut resp = resp;
         self.stamp(resp.headers_mut());
-        self.visit_cookie(None, resp.headers_mut());
+        self.own_fields(crate::visit::ServedBy::Challenge, resp.headers_mut());
         resp.map(|b| ResponseBody::full(b).on_complete(self))
     }
 }

@@ -191,10 +191,17 @@ fn serve(
         let gw = conn.rt.gateway.load_full();
         // Identity: who is asking (first: a refused request's line names it).
         let client = identify(&req, &conn, &gw, started);
-        let log = RequestLog::new(&mut req, &client, conn.clone(), started);
+        // The pass is a secret: out of the `Referer` before the record copies it.
+        if let Some(ch) = &gw.challenger {
+            pass_out_of_the_referer(ch, &mut req);
+        }
+        let mut log = RequestLog::new(&mut req, &client, conn.clone(), started);
         // Target: the codec's leftover framing, then the one canonical reading.
         let target = match read_target(&mut req, &conn, &gw) {
-            Ok(t) => t,
+            Ok((t, pass_in_address)) => {
+                log.pass_in_address(pass_in_address);
+                t
+            }
             Err(why) => return unread(log, &req, why, &gw),
         };
         let mut ex = Exchange::new(&conn, &gw, &client, &target, log);
@@ -310,23 +317,35 @@ enum Unread {
 /// the same refusals on both listeners (HTTP/2's header count, codings
 /// other than chunked), then the canonical target every later phase reads.
 /// Changes only a pass that came in the address (with the challenge on:
-/// [`deciding::pass_in_address`]). Result: the target, or why the request is
-/// refused.
+/// [`deciding::pass_in_address`]). Result: the target and whether a pass
+/// came in its address, or why the request is refused.
 fn read_target(
     req: &mut Request<RequestBody>,
     conn: &ConnCtx,
     gw: &crate::gateway::Gateway,
-) -> Result<Target, Unread> {
+) -> Result<(Target, bool), Unread> {
     let hyper_read = conn.edge.tls.is_some() || req.version() == Version::HTTP_2;
     if let Some(refusal) = hyper_read.then(|| framing(req, gw)).flatten() {
         return Err(Unread::Framing(refusal));
     }
     let mut target =
         Target::of(req, gw.path_policy).map_err(|e| Unread::Target(RejectReason::Target(e)))?;
-    if let Some(ch) = &gw.challenger {
-        deciding::pass_in_address(ch, req, &mut target);
+    let pass_in_address = (gw.challenger.as_deref())
+        .is_some_and(|ch| deciding::pass_in_address(ch, req, &mut target));
+    Ok((target, pass_in_address))
+}
+
+/// A pass in the `Referer` (the page before held it in its address) taken
+/// out, before the log records the field or the app sees it
+/// (`challenge::secret`).
+fn pass_out_of_the_referer(ch: &crate::challenge::Challenger, req: &mut Request<RequestBody>) {
+    let headers = req.headers_mut();
+    let Some(referer) = headers.get(header::REFERER) else {
+        return;
+    };
+    if let Some(clean) = crate::challenge::secret::referer_without_pass(referer, ch.pass_name()) {
+        headers.insert(header::REFERER, clean);
     }
-    Ok(target)
 }
 
 /// A refusal of a request whose target was not read (its framing, or the

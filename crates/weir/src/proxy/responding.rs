@@ -99,7 +99,11 @@ pub(super) async fn respond(
         let received = body.received_fields().map(|r| r.values("cache-control"));
         let shared = crate::visit::shared_cacheable_map(&parts.headers)
             || received.is_some_and(crate::visit::shared_cacheable);
-        log.visit_cookie(Some((parts.status, shared)), &mut parts.headers);
+        let served = crate::visit::ServedBy::App {
+            status: parts.status,
+            shared_cacheable: shared,
+        };
+        log.own_fields(served, &mut parts.headers);
     }
     Response::from_parts(parts, body.on_complete(log))
 }

@@ -65,21 +65,19 @@ pub(super) async fn challenge_endpoint(
     };
     // A no-script link that came before its delay (the page asks for whole
     // seconds only) waits out the rest here, under the address's in-flight
-    // slot, instead of bouncing to a fresh challenge.
-    if let Some(left) = ch.refresh_hold(target, &parts.headers, client, SystemTime::now()) {
+    // slot, instead of bouncing back to its page.
+    let asker = ex.asker(&parts.headers);
+    if let Some(left) = ch.refresh_hold(target, asker, SystemTime::now()) {
         tokio::time::sleep(left).await;
     }
-    let tls = ex.conn().edge.tls.is_some();
-    match ch.handle(
-        target,
-        &parts.headers,
-        &bytes,
-        client,
-        tls,
-        SystemTime::now(),
-    ) {
+    match ch.handle(target, asker, &bytes, ex.challenge_at()) {
         Some(Ok(resp)) => super::deciding::challenged(ex, resp),
-        Some(Err(refusal)) => ex.reject(&refusal),
+        Some(Err(refusal)) => {
+            if let Some(e) = refusal.event() {
+                super::deciding::challenge_event(ex.rt(), &e);
+            }
+            ex.reject(&refusal)
+        }
         None => ex.answer(&RejectReason::NoRoute),
     }
 }

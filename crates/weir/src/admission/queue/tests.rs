@@ -518,9 +518,10 @@ async fn expected_wait_counts_what_higher_lanes_will_take_meanwhile() {
 
 #[tokio::test(start_paused = true)]
 async fn visitors_of_one_network_each_get_a_turn() {
-    // A hundred people behind one carrier NAT, each with a pass, against
-    // one crawler network's backlog in the same lane: keyed by pass, each
-    // person is a flow of its own; keyed by address, all would share one.
+    // A hundred people behind one carrier NAT, each in a visit weir
+    // counted, against one crawler network's backlog in the same lane:
+    // keyed by visit, each person is a flow of its own; keyed by address,
+    // all would share one.
     let q = queue(1);
     let held = now_acquire(&q, Lane::PASS, key(10, 0, 0, 1)).await.unwrap();
     let crawler: Vec<_> = (0..4)
@@ -528,7 +529,7 @@ async fn visitors_of_one_network_each_get_a_turn() {
         .collect();
     settle().await;
     let people: Vec<_> = (0..3)
-        .map(|id| wait(&q, Lane::PASS, FairKey::of_visitor(id), secs(60)))
+        .map(|id| wait(&q, Lane::PASS, FairKey::of_visit(id), secs(60)))
         .collect();
     settle().await;
     let handles: Vec<_> = (crawler.into_iter().map(|h| ("crawler", h)))
@@ -539,6 +540,36 @@ async fn visitors_of_one_network_each_get_a_turn() {
         order,
         [
             "crawler", "person", "person", "person", "crawler", "crawler"
+        ]
+    );
+}
+
+/// Issue 54: passes minted in one network share its turn. A client that
+/// holds a hundred passes from one /24 waits one turn for all of them
+/// against a person's network, where each pass had been a network of its
+/// own (and a hundred turns to the person's one).
+#[tokio::test(start_paused = true)]
+async fn passes_of_one_network_share_its_turn() {
+    let q = queue(1);
+    let held = now_acquire(&q, Lane::PASS, key(10, 0, 0, 1)).await.unwrap();
+    let minted = |id| FairKey::of_pass(ClientAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9))), id);
+    let crawler: Vec<_> = (0..4)
+        .map(|id| wait(&q, Lane::PASS, minted(id), secs(60)))
+        .collect();
+    settle().await;
+    let person = FairKey::of_pass(ClientAddr::new(IpAddr::V4(Ipv4Addr::new(20, 0, 0, 1))), 99);
+    let people: Vec<_> = (0..2)
+        .map(|_| wait(&q, Lane::PASS, person, secs(60)))
+        .collect();
+    settle().await;
+    let handles: Vec<_> = (crawler.into_iter().map(|h| ("crawler", h)))
+        .chain(people.into_iter().map(|h| ("person", h)))
+        .collect();
+    let order = serve_order(held, handles, 6).await;
+    assert_eq!(
+        order,
+        [
+            "crawler", "person", "crawler", "person", "crawler", "crawler"
         ]
     );
 }
