@@ -230,7 +230,10 @@ pub fn check_sentinel_settings(
         })?;
     }
     redis::sentinel::Sentinel::build(settings.urls()).map_err(|source| RedisSetupError::BadUrl {
-        url: settings.urls().join(","),
+        // A node's URL may carry the sentinels' password.
+        url: (settings.urls().iter().map(|u| redact_url(u)))
+            .collect::<Vec<_>>()
+            .join(","),
         source,
     })
 }
@@ -292,13 +295,7 @@ pub struct SentinelSettings {
 
 impl std::fmt::Debug for SentinelSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // `redis://:password@host` shows as `redis://[redacted]@host`.
-        let nodes: Vec<String> = (self.nodes.iter())
-            .map(|n| match (n.split_once("://"), n.rsplit_once('@')) {
-                (Some((scheme, _)), Some((_, host))) => format!("{scheme}://[redacted]@{host}"),
-                _ => n.clone(),
-            })
-            .collect();
+        let nodes: Vec<String> = self.nodes.iter().map(|n| redact_url(n)).collect();
         f.debug_struct("SentinelSettings")
             .field("nodes", &nodes)
             .field("master", &self.master)

@@ -474,6 +474,27 @@ fn redact_url_hides_passwords_only() {
     }
 }
 
+/// Issue 54: no secret in any `Debug`: the primary's password and one in a
+/// sentinel's URL.
+#[test]
+fn sentinel_settings_show_no_password() {
+    let settings = SentinelSettings {
+        nodes: vec![
+            "redis://:node-secret@127.0.0.1:26379".into(),
+            "127.0.0.1:26380".into(),
+        ],
+        master: "m".into(),
+        db: 0,
+        password: Some("primary-secret".into()),
+    };
+    let shown = format!("{settings:?}");
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(
+        shown.contains("127.0.0.1:26379") && shown.contains("***"),
+        "{shown}"
+    );
+}
+
 #[test]
 fn key_names_and_patterns_share_one_prefix() {
     let cases = [
