@@ -1049,7 +1049,7 @@ fn visit_cookie(h: &http::HeaderMap) -> Option<String> {
 /// each expensive page, and at the 2026-09-23 flood's peak people's pages
 /// waited 2 to 8 s behind those articles in one lane). A visit weir counted
 /// (one page served before) lifts a person's pages, and the scripts of
-/// those pages, from `newcomers` to `pass`; a flood of cookieless page
+/// those pages, from `newcomers` to `visits`; a flood of cookieless page
 /// fetches waits in `newcomers` and is still served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_visit_goes_before_the_pages_of_clients_weir_does_not_know() {
@@ -1131,7 +1131,7 @@ async fn a_visit_goes_before_the_pages_of_clients_weir_does_not_know() {
     assert_eq!(read.len(), sent, "{read:?}");
     assert_eq!(read[0].0, "newcomers", "a first page: no visit yet");
     assert!(
-        read[1..].iter().all(|(lane, _)| lane == "pass"),
+        read[1..].iter().all(|(lane, _)| lane == "visits"),
         "pages and the script in the visit: {read:?}"
     );
     let mut flood_waits: Vec<f64> = (0..12u8)

@@ -182,15 +182,6 @@ fn behind_proxy(client: &str) -> Vec<(String, String)> {
     vec![("x-forwarded-for".into(), client.into())]
 }
 
-/// The number of requests waiting in a lane of the `app` pool.
-async fn queued(weir: &TestWeir, lane: &str) -> f64 {
-    let m = weir.metrics().await;
-    metric(
-        &m,
-        &format!("weir_admission_queued{{pool=\"app\",lane=\"{lane}\"}}"),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verified_crawlers_skip_the_challenge_and_wait_in_their_lane() {
     let dns = Dnsmasq::start(ZONE).await.unwrap();
@@ -269,7 +260,7 @@ async fn verified_crawlers_skip_the_challenge_and_wait_in_their_lane() {
         .await
     });
     assert_eventually_async!(
-        queued(&weir, "bots").await == 2.0,
+        waiting_in(&weir, "bots").await == 2.0,
         "the crawlers never queued in the bots lane: {}",
         weir.metrics().await
     );

@@ -612,6 +612,12 @@ pub fn queued(metrics: &str) -> f64 {
         .sum()
 }
 
+/// Requests waiting in `lane` of the pool `app`.
+pub async fn waiting_in(weir: &TestWeir, lane: &str) -> f64 {
+    let series = format!("weir_admission_queued{{pool=\"app\",lane=\"{lane}\"}}");
+    metric(&weir.metrics().await, &series)
+}
+
 /// A 2-worker app behind weir with one admission slot, a class challenged
 /// `under_pressure` (4 queued requests engage it at once), calm after
 /// `disengage_after`; `page` adds lines to `[classes.page]` and `tables`

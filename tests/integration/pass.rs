@@ -241,16 +241,16 @@ async fn mint_twelve(weir: &TestWeir, how: Earned) -> Vec<(IpAddr, String)> {
 /// person's is answered first or second. Each pass had been a network of
 /// its own, above everyone unproven, and the person's came thirteenth.
 /// Passes of the no-script wait buy no lane either: they wait where the
-/// unproven do (here `newcomers`), as the person without a pass does; passes
-/// of work wait in `pass`, as the person's does.
+/// unproven do (here `anonymous`, the class's lane), as the person without a
+/// pass does; passes of work wait in `pass`, as the person's does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_minted_in_a_loop_wait_one_network_s_turn() {
-    for (how, lane) in [(Earned::Waiting, "newcomers"), (Earned::Working, "pass")] {
+    for (how, lane) in [(Earned::Waiting, "anonymous"), (Earned::Working, "pass")] {
         let app = small_sim_app();
         let cfg = WeirConfig::new(app.addr())
             .admission("max_in_flight = 1\nworkers = 2\n")
             .route("page")
-            .then("[classes.page]\nchallenge = \"always\"\n")
+            .then("[classes.page]\nchallenge = \"always\"\nlane = \"anonymous\"\n")
             .challenge(KEY, 8)
             .then("no_script_delay = \"100ms\"\n");
         let weir = TestWeir::start(&cfg.toml()).await;

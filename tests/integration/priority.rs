@@ -190,11 +190,13 @@ limits = [{ per = "network", rate = 1, window = "1m" }]
 }
 
 /// A pass is proof on every request, not only on the class that challenged:
-/// a person's cheap pages go by their pass too (their own turn in
-/// admission, exempt from rules that name `pass`). Before, a class without
-/// a challenge never read the pass, and a carrier NAT's pages shared one
-/// turn for its /16 (waits of 1-3.6 s in the 2026-09-23 scenario) while the
-/// same people's searches went by their passes.
+/// a person's cheap pages are exempt from rules that name `pass` too, and
+/// go in a turn of their pass's own (under its network). Before, a class
+/// without a challenge never read the pass, and a carrier NAT's pages
+/// shared one turn for its /16 (waits of 1-3.6 s in the 2026-09-23
+/// scenario) while the same people's searches went by their passes. A pass
+/// alone lifts no cheap page above strangers' (issue 55: it proves a
+/// browser, and crawlers run browsers); a person's visit does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_is_proof_on_a_class_that_does_not_challenge() {
     let up = Upstream::start().await;
@@ -229,7 +231,7 @@ limits = [{ per = "ip", rate = 1, window = "1m" }]
     assert_eq!(pages.len(), 3, "{log:?}");
     for r in pages {
         assert_eq!(r["challenge"], "pass", "{r}");
-        assert_eq!(r["lane"], "pass", "{r}");
+        assert_eq!(r["lane"], "newcomers", "{r}");
         assert!(r["rule"].is_null(), "{r}");
     }
     // Without it, the same address is over `per-ip` at once.
@@ -403,4 +405,117 @@ when_over = "defer"
     );
     assert!(err.contains("classes.page.rules[1].when_over"), "{err}");
     assert!(err.contains("a concurrency rule cannot defer"), "{err}");
+}
+
+/// Issue 55: admission ranks by the evidence of a person, not the proof of
+/// a browser (crawlers run browsers). With the app's one slot held, a
+/// crawler's search with a pass of work waits in `pass`, a stranger's
+/// first page in `newcomers`, and a person's search in a visit weir counted
+/// (three pages read, then a pass) in `visits`. Released, the person's goes
+/// first and the stranger's second, though they came last and second; the
+/// crawler's waits for both. Before, a pass was the top rank a stranger
+/// could earn, and a browser earned it as a person did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persons_visit_ranks_above_a_pass_and_a_pass_below_strangers_pages() {
+    let app = small_sim_app();
+    let cfg = one_slot(&app)
+        .route_with("search", r#"query_keys = ["search"]"#)
+        .route("page")
+        .then("[classes.search]\nchallenge = \"always\"\nlane = \"anonymous\"\n")
+        .challenge(KEY, 8);
+    let weir = TestWeir::start(&cfg.toml()).await;
+    let addr = weir.addr;
+    // A pass each, from the search's page.
+    let pass_of = |who: IpAddr| async move {
+        let (_, _, page) = get_from(who, addr, "/w/index.php?search=a", &NAV).await;
+        let (status, _, cookie) = solve_challenge(who, addr, &page, 8, "Mozilla/5.0 test").await;
+        assert_eq!(status, 303);
+        cookie
+    };
+    let (crawler, person, stranger) = (ip("127.150.0.1"), ip("127.151.0.1"), ip("127.152.0.1"));
+    let crawler_pass = pass_of(crawler).await;
+    let person_pass = pass_of(person).await;
+    // The person reads three pages, keeping the visit's cookie.
+    let mut visit = String::new();
+    for n in 0..3 {
+        let mut sent = NAV.to_vec();
+        if !visit.is_empty() {
+            sent.push(("cookie", &visit));
+        }
+        let (status, h, _) = get_from(person, addr, &format!("/wiki/Read{n}"), &sent).await;
+        assert_eq!(status, 200);
+        let set = h
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok());
+        let next = set.filter(|v| v.starts_with("weir_visit=")).last();
+        visit = next
+            .expect("a page read counts")
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned();
+    }
+    let person_cookie = format!("{visit}; {person_pass}");
+
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.153.0.1")).await;
+    let crawls = tokio::spawn(async move {
+        get_from(
+            crawler,
+            addr,
+            "/w/index.php?search=crawl",
+            &nav_with_cookie(&crawler_pass),
+        )
+        .await
+        .0
+    });
+    assert_eventually_async!(
+        waiting_in(&weir, "pass").await >= 1.0,
+        "the crawler's search never queued"
+    );
+    let reads = tokio::spawn(async move { get_from(stranger, addr, "/wiki/First", &NAV).await.0 });
+    assert_eventually_async!(
+        waiting_in(&weir, "newcomers").await >= 1.0,
+        "the stranger's page never queued"
+    );
+    let searches = tokio::spawn(async move {
+        get_from(
+            person,
+            addr,
+            "/w/index.php?search=person",
+            &nav_with_cookie(&person_cookie),
+        )
+        .await
+        .0
+    });
+    assert_eventually_async!(
+        waiting_in(&weir, "visits").await >= 1.0,
+        "the person's search never queued"
+    );
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
+    for waiting in [searches, reads, crawls] {
+        assert_eq!(waiting.await.unwrap(), 200);
+    }
+    let log = weir.access_log(2 * 2 + 3 + 1 + 3).await;
+    let order: Vec<(&str, &str)> = (log.iter())
+        .filter_map(|l| Some((l["path"].as_str()?, l["lane"].as_str()?)))
+        .filter(|(p, _)| {
+            [
+                "/w/index.php?search=crawl",
+                "/wiki/First",
+                "/w/index.php?search=person",
+            ]
+            .contains(p)
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("/w/index.php?search=person", "visits"),
+            ("/wiki/First", "newcomers"),
+            ("/w/index.php?search=crawl", "pass"),
+        ]
+    );
+    stop(app, weir).await;
 }

@@ -46,6 +46,10 @@ fn main() {
             crawlers_that_follow_the_refresh_buy_no_turn_above_people,
         ),
         trial(
+            "crawlers_that_run_a_browser_rank_below_people",
+            crawlers_that_run_a_browser_rank_below_people,
+        ),
+        trial(
             "connection_flood_with_defaults_keeps_people_served",
             connection_flood_with_defaults_keeps_people_served,
         ),
@@ -161,6 +165,17 @@ fn crawlers_like_people_meet_the_flood_scenarios_configs_and_people() {
 fn crawlers_that_follow_the_refresh_buy_no_turn_above_people() {
     let weir = ["zero-config", "recommended"];
     let report = run_variants("2026-09-23-crawlers-follow-refresh.toml", &weir);
+    assert_checks_hold(&report, &weir);
+}
+
+/// Issue 55: the crawlers-like-people flood where half of the crawler
+/// addresses run a real browser and solve every challenge. People rank
+/// above them by the evidence of a visit, not the proof of a browser: zero
+/// configuration and the recommended configuration each meet people's
+/// checks.
+fn crawlers_that_run_a_browser_rank_below_people() {
+    let weir = ["zero-config", "recommended"];
+    let report = run_variants("2026-09-23-crawlers-run-a-browser.toml", &weir);
     assert_checks_hold(&report, &weir);
 }
 

@@ -1543,6 +1543,46 @@ rate = 1.0
         assert_eq!(format!("{l:?}"), format!("{same:?}"));
     }
 
+    /// The crawlers-that-run-a-browser scenario (issue 55) copies the
+    /// crawlers-like-people scenario but for its crawlers' `headless_share`.
+    #[test]
+    fn crawlers_that_run_a_browser_differ_in_that_alone() {
+        let like = shipped("2026-09-23-crawlers-like-people.toml");
+        let browser = shipped("2026-09-23-crawlers-run-a-browser.toml");
+        let debug = |s: &Scenario| format!("{:?} {:?} {:?}", s.file.app, s.file.health, s.alerts);
+        assert_eq!(debug(&like), debug(&browser));
+        let meta = |s: &Scenario| {
+            let m = &s.file.scenario;
+            format!(
+                "{:?}",
+                (
+                    m.duration.0,
+                    m.compression,
+                    &m.story_start,
+                    m.grace.0,
+                    m.seed
+                )
+            )
+        };
+        assert_eq!(meta(&like), meta(&browser));
+        assert_eq!(like.variants.len(), browser.variants.len());
+        for (l, b) in like.variants.iter().zip(&browser.variants) {
+            assert_eq!((&l.name, &l.config_text), (&b.name, &b.config_text));
+        }
+        assert_eq!(all_but_crawlers(&like), all_but_crawlers(&browser));
+        let crawlers = |s: &Scenario| {
+            let c = s.cohorts.iter().find(|c| c.kind == CohortKind::Crawlers);
+            c.expect("crawlers").clone()
+        };
+        let (l, b) = (crawlers(&like), crawlers(&browser));
+        assert_eq!((l.headless_share, b.headless_share), (0.1, 0.5));
+        let same = Cohort {
+            headless_share: 0.1,
+            ..b
+        };
+        assert_eq!(format!("{l:?}"), format!("{same:?}"));
+    }
+
     /// The alert-timing scenario with crawlers like people copies the alert
     /// scenario but for its crawlers, which are the crawlers-like-people
     /// scenario's (at the alert scenario's rate).
@@ -1591,6 +1631,6 @@ rate = 1.0
                 n += 1;
             }
         }
-        assert_eq!(n, 10);
+        assert_eq!(n, 11);
     }
 }

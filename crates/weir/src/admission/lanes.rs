@@ -1,15 +1,17 @@
 //! Priority lanes: which waiting requests are served first and shed last.
 //!
 //! A [`Lane`] is an index into an ordered, validated list of [`LaneSpec`]s
-//! ([`Lanes`]); index 0 is the most important. The standard set is
-//! `verified` (a checked login) > `pass` (holders of a pass token, and cheap
-//! pages in a visit weir counted) > `newcomers` (cheap pages of clients weir
-//! has no evidence of: a visit's first page, a crawler's article fetches) >
-//! `bots` (crawlers that proved who they are) > `anonymous` (anonymous
-//! expensive requests) > `deferred` (requests over a rule that
-//! defers instead of refusing: served only with capacity nobody else wants,
-//! shed first), but the count, names, depths, waits and shares are data, so
-//! a deployment can add or merge lanes without code changes.
+//! ([`Lanes`]); index 0 is the most important. The standard set ranks by
+//! the evidence of a person, not the proof of a browser (crawlers run
+//! browsers): `verified` (a checked login) > `visits` (every request of a
+//! visit weir counted as a person's: pages read over time) > `newcomers`
+//! (cheap pages of clients weir has no evidence of: a visit's first page, a
+//! crawler's article fetches) > `pass` (a challenge pass alone: a browser,
+//! which a crawler can run) > `bots` (crawlers that proved who they are) >
+//! `anonymous` (anonymous expensive requests) > `deferred` (requests over a
+//! rule that defers instead of refusing: served only with capacity nobody
+//! else wants, shed first), but the count, names, depths, waits and shares
+//! are data, so a deployment can add or merge lanes without code changes.
 //!
 //! A lane may have a guaranteed [`Share`] of slot grants: while it has
 //! waiters it gets at least that share even when higher lanes wait too
@@ -39,26 +41,29 @@ pub struct Standing {
     /// Over a rule with `when_over = "defer"`.
     pub deferred: bool,
     /// In a visit whose pages say a person is reading
-    /// (`crate::visit::RequestVisit::turn`).
+    /// (`crate::visit::RequestVisit::person`).
     pub visit: bool,
 }
 
 impl Lane {
     /// Verified sessions, in [`Lanes::standard`].
     pub const VERIFIED: Lane = Lane(0);
-    /// Pass-token holders and cheap pages in a visit weir counted, in
+    /// Every request of a visit weir counted as a person's, in
     /// [`Lanes::standard`].
-    pub const PASS: Lane = Lane(1);
+    pub const VISITS: Lane = Lane(1);
     /// Cheap pages of clients weir has no evidence of, in
     /// [`Lanes::standard`].
     pub const NEWCOMERS: Lane = Lane(2);
+    /// Expensive requests with a challenge pass (and no visit of a
+    /// person's), in [`Lanes::standard`].
+    pub const PASS: Lane = Lane(3);
     /// Verified crawlers (Web Bot Auth, reverse DNS), in [`Lanes::standard`].
-    pub const BOTS: Lane = Lane(3);
+    pub const BOTS: Lane = Lane(4);
     /// Anonymous expensive requests, in [`Lanes::standard`].
-    pub const ANONYMOUS: Lane = Lane(4);
+    pub const ANONYMOUS: Lane = Lane(5);
     /// Requests over a rule with `when_over = "defer"`, in
     /// [`Lanes::standard`]: the app's spare capacity, nothing more.
-    pub const DEFERRED: Lane = Lane(5);
+    pub const DEFERRED: Lane = Lane(6);
 
     /// The lane's position, 0 being the most important.
     pub fn index(self) -> usize {
@@ -71,24 +76,27 @@ impl Lane {
         Lane(i.min(MAX_LANES - 1) as u8)
     }
 
-    /// The lane of one request: a request a rule deferred waits in
-    /// `deferred` whatever it proved (the rule judged it; only what the rule
-    /// exempts escapes it); verified sessions use the top lane; a pass token
-    /// lifts a request to at least `pass`; a verified crawler to at least
-    /// `bots`; a visit weir counted lifts a cheap page from `newcomers` to
-    /// `pass` (evidence, not proof: it lifts nothing else); everyone else
-    /// gets the route class's lane. (Indices of [`Lanes::standard`].)
+    /// The lane of one request, by the evidence of a person before the
+    /// proof of a browser: a request a rule deferred waits in `deferred`
+    /// whatever it showed (the rule judged it; only what the rule exempts
+    /// escapes it); verified sessions use the top lane; a visit weir counted
+    /// as a person's lifts every request of it to at least `visits` (its
+    /// logins, edits and searches as its pages); a pass token to at least
+    /// `pass`, below strangers' cheap pages (a pass proves a browser, and
+    /// crawlers run browsers); a verified crawler to at least `bots`;
+    /// everyone else gets the route class's lane. (Indices of
+    /// [`Lanes::standard`].)
     pub fn for_request(standing: Standing, class_lane: Lane) -> Lane {
         if standing.deferred {
             Lane::DEFERRED
         } else if standing.verified {
             Lane::VERIFIED
+        } else if standing.visit {
+            class_lane.min(Lane::VISITS)
         } else if standing.pass {
             class_lane.min(Lane::PASS)
         } else if standing.bot {
             class_lane.min(Lane::BOTS)
-        } else if standing.visit && class_lane == Lane::NEWCOMERS {
-            Lane::PASS
         } else {
             class_lane
         }
@@ -210,8 +218,8 @@ impl Lanes {
         Ok(Lanes { specs })
     }
 
-    /// `verified` > `pass` > `newcomers` > `bots` > `anonymous` > `deferred`, each waiting
-    /// up to 10 s. Lower lanes are shallower: they are shed first anyway, and
+    /// `verified` > `visits` > `newcomers` > `pass` > `bots` > `anonymous` >
+    /// `deferred`, each waiting up to 10 s. Lower lanes are shallower: they are shed first anyway, and
     /// a deep queue of crawler requests only delays the answer that tells
     /// them to back off. `newcomers` is guaranteed [`DEFAULT_NEWCOMERS_SHARE`]
     /// of grants while it waits; `bots` [`DEFAULT_BOTS_SHARE`] of
@@ -231,7 +239,7 @@ impl Lanes {
                     yields_to_proof: false,
                 },
                 LaneSpec {
-                    name: "pass".into(),
+                    name: "visits".into(),
                     max_depth: 1024,
                     max_wait: wait,
                     share: Share::ZERO,
@@ -242,6 +250,13 @@ impl Lanes {
                     max_depth: 1024,
                     max_wait: wait,
                     share: Share(DEFAULT_NEWCOMERS_SHARE),
+                    yields_to_proof: false,
+                },
+                LaneSpec {
+                    name: "pass".into(),
+                    max_depth: 1024,
+                    max_wait: wait,
+                    share: Share::ZERO,
                     yields_to_proof: false,
                 },
                 LaneSpec {
@@ -358,9 +373,11 @@ mod tests {
         assert_eq!(lanes.by_name("anonymous"), Some(Lane::ANONYMOUS));
         assert_eq!(lanes.by_name("deferred"), Some(Lane::DEFERRED));
         assert_eq!(lanes.lowest(), Lane::DEFERRED);
-        assert!(Lane::PASS.outranks(Lane::NEWCOMERS) && Lane::NEWCOMERS.outranks(Lane::BOTS));
-        assert!(Lane::BOTS.outranks(Lane::ANONYMOUS));
+        assert!(Lane::VISITS.outranks(Lane::NEWCOMERS) && Lane::NEWCOMERS.outranks(Lane::PASS));
+        assert!(Lane::PASS.outranks(Lane::BOTS) && Lane::BOTS.outranks(Lane::ANONYMOUS));
         assert_eq!(lanes.by_name("newcomers"), Some(Lane::NEWCOMERS));
+        assert_eq!(lanes.by_name("visits"), Some(Lane::VISITS));
+        assert_eq!(lanes.by_name("pass"), Some(Lane::PASS));
         assert_eq!(lanes.spec(Lane::NEWCOMERS).share.fraction(), 0.05);
         assert_eq!(lanes.spec(Lane::BOTS).share.fraction(), 0.1);
         assert_eq!(lanes.spec(Lane::ANONYMOUS).share.fraction(), 0.05);
@@ -373,45 +390,32 @@ mod tests {
     #[test]
     fn lane_of_a_request() {
         use Lane as L;
+        #[rustfmt::skip]
         let cases = [
             // verified, pass, bot, deferred by a rule, visit, class lane, want
-            (true, false, false, false, false, L::ANONYMOUS, L::VERIFIED),
-            (true, true, false, false, false, L::PASS, L::VERIFIED),
-            (true, false, true, false, false, L::ANONYMOUS, L::VERIFIED),
-            (false, true, false, false, false, L::ANONYMOUS, L::PASS),
-            (false, true, false, false, false, L::NEWCOMERS, L::PASS),
-            (false, true, false, false, false, L::VERIFIED, L::VERIFIED),
-            (false, false, true, false, false, L::ANONYMOUS, L::BOTS),
-            (false, false, true, false, false, L::PASS, L::PASS),
-            (false, false, true, false, false, L::NEWCOMERS, L::NEWCOMERS),
-            (
-                false,
-                false,
-                false,
-                false,
-                false,
-                L::ANONYMOUS,
-                L::ANONYMOUS,
-            ),
-            (false, false, false, false, false, L::PASS, L::PASS),
-            (
-                false,
-                false,
-                false,
-                false,
-                false,
-                L::NEWCOMERS,
-                L::NEWCOMERS,
-            ),
-            // A visit lifts a stranger's cheap page, and nothing else.
-            (false, false, false, false, true, L::NEWCOMERS, L::PASS),
-            (false, false, false, false, true, L::ANONYMOUS, L::ANONYMOUS),
-            (false, false, false, false, true, L::BOTS, L::BOTS),
-            (false, false, false, true, true, L::NEWCOMERS, L::DEFERRED),
-            (false, false, false, true, false, L::PASS, L::DEFERRED),
-            (false, true, false, true, false, L::ANONYMOUS, L::DEFERRED),
-            (false, false, true, true, false, L::ANONYMOUS, L::DEFERRED),
-            (true, false, false, true, false, L::VERIFIED, L::DEFERRED),
+            (true,  false, false, false, false, L::ANONYMOUS, L::VERIFIED),
+            (true,  true,  false, false, false, L::PASS,      L::VERIFIED),
+            (true,  false, true,  false, false, L::ANONYMOUS, L::VERIFIED),
+            (false, true,  false, false, false, L::ANONYMOUS, L::PASS),
+            // A pass alone lifts no cheap page: it ranks below strangers'.
+            (false, true,  false, false, false, L::NEWCOMERS, L::NEWCOMERS),
+            (false, true,  false, false, false, L::VERIFIED,  L::VERIFIED),
+            (false, false, true,  false, false, L::ANONYMOUS, L::BOTS),
+            (false, false, true,  false, false, L::PASS,      L::PASS),
+            (false, false, true,  false, false, L::NEWCOMERS, L::NEWCOMERS),
+            (false, false, false, false, false, L::ANONYMOUS, L::ANONYMOUS),
+            (false, false, false, false, false, L::PASS,      L::PASS),
+            (false, false, false, false, false, L::NEWCOMERS, L::NEWCOMERS),
+            // A person's visit lifts every request of it, above a pass.
+            (false, false, false, false, true,  L::NEWCOMERS, L::VISITS),
+            (false, false, false, false, true,  L::ANONYMOUS, L::VISITS),
+            (false, true,  false, false, true,  L::ANONYMOUS, L::VISITS),
+            (false, false, false, false, true,  L::BOTS,      L::VISITS),
+            (false, false, false, true,  true,  L::NEWCOMERS, L::DEFERRED),
+            (false, false, false, true,  false, L::PASS,      L::DEFERRED),
+            (false, true,  false, true,  false, L::ANONYMOUS, L::DEFERRED),
+            (false, false, true,  true,  false, L::ANONYMOUS, L::DEFERRED),
+            (true,  false, false, true,  false, L::VERIFIED,  L::DEFERRED),
         ];
         for (verified, pass, bot, deferred, visit, class, want) in cases {
             let standing = Standing {
@@ -451,7 +455,7 @@ mod tests {
     #[test]
     fn unknown_lane_is_clamped_to_lowest() {
         let lanes = Lanes::new(vec![spec("a"), spec("b")]).unwrap();
-        assert_eq!(lanes.clamp(Lane::ANONYMOUS), Lane::PASS);
+        assert_eq!(lanes.clamp(Lane::ANONYMOUS), Lane::VISITS);
         assert_eq!(lanes.spec(Lane::DEFERRED).name, "b");
         assert_eq!(lanes.lane(2), None);
     }

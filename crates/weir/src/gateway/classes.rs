@@ -107,7 +107,9 @@ fn admission(
             None => {
                 errors.push(loaded.error_at(
                     &root.key("classes").key(name).key("lane"),
-                    format!("`{l}` is not a lane (verified, pass, bots, anonymous)"),
+                    format!(
+                        "`{l}` is not a lane (verified, visits, newcomers, pass, bots, anonymous, deferred)"
+                    ),
                 ));
                 None
             }

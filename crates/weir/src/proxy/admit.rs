@@ -89,7 +89,7 @@ fn place(
 ) -> Place {
     let shape = ex.shape();
     let class_lane = class.unproven_lane(queue, shape);
-    let visit = ex.log().visit().and_then(|(v, _)| v.turn());
+    let visit = ex.log().visit().and_then(|(v, _)| v.person());
     let proof = &admitted.proof;
     let standing = Standing {
         verified: proof.verified,
@@ -106,7 +106,7 @@ fn place(
     Place {
         lane,
         key,
-        proven: standing.verified || standing.pass || standing.bot,
+        proven: standing.verified || standing.pass || standing.bot || standing.visit,
         deadline: match class.queue_timeout {
             Some(t) => now + t,
             None => queue.deadline(lane, now),

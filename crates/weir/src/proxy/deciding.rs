@@ -423,6 +423,7 @@ fn challenge(
     if let Some(pass) = carried_pass(ex, ch, view) {
         return worth(ex, pass);
     }
+
     let (navigation, shape) = (ex.navigation(view.headers), ex.shape());
     let (rt, gw, client) = (ex.rt(), ex.gw(), ex.client());
     let (asker, at) = (ex.asker(view.headers), ex.challenge_at());
