@@ -444,11 +444,11 @@ async fn a_persons_visit_ranks_above_a_pass_and_a_pass_below_strangers_pages() {
         }
         let (status, h, _) = get_from(person, addr, &format!("/wiki/Read{n}"), &sent).await;
         assert_eq!(status, 200);
-        let set = h
+        let mut set = h
             .get_all("set-cookie")
             .iter()
             .filter_map(|v| v.to_str().ok());
-        let next = set.filter(|v| v.starts_with("weir_visit=")).last();
+        let next = set.rfind(|v| v.starts_with("weir_visit="));
         visit = next
             .expect("a page read counts")
             .split(';')
