@@ -670,13 +670,15 @@ fn next_send(
 ) -> Option<Instant> {
     let mut from = prev;
     loop {
-        let f = clock.fraction(from);
-        let rate = cohort.rate * cohort.factor_at(f);
-        let boundary = cohort
-            .phases
-            .iter()
-            .find(|p| p.at > f)
-            .map(|p| clock.at(p.at));
+        // Phases by their instants, not by the fraction of the run: a
+        // phase's start read back as a fraction can fall just short of it
+        // (0.44 of 28 s), and the send then waited for that same boundary
+        // forever (a run with such a phase never began).
+        let phase = (cohort.phases.iter()).rfind(|p| clock.at(p.at) <= from);
+        let rate = cohort.rate * phase.map_or(1.0, |p| p.factor);
+        let boundary = (cohort.phases.iter())
+            .map(|p| clock.at(p.at))
+            .find(|at| *at > from);
         if rate > 0.0 {
             let u: f64 = rng.random();
             let gap = -(1.0 - u).ln() / rate;
@@ -1270,6 +1272,45 @@ mod tests {
         assert!((450..=550).contains(&per_phase[0]), "{per_phase:?}");
         assert_eq!(per_phase[1], 0, "paused");
         assert!((720..=880).contains(&per_phase[2]), "{per_phase:?}");
+    }
+
+    /// Regression: a phase at 0.44 of a 28 s run began at an instant that,
+    /// read back as a fraction of the run, fell just short of 0.44, and the
+    /// next send waited for that boundary again and again: the run never
+    /// began, its generator spinning a core.
+    #[test]
+    fn phases_at_any_fraction_end_their_waits() {
+        let start = Instant::now();
+        let clock = RunClock::new(start, Duration::from_secs(28), Duration::ZERO);
+        let at = |at, factor| Phase { at, factor };
+        let cohort = Cohort {
+            phases: vec![
+                at(0.214, 2.0),
+                at(0.40, 30.0),
+                at(0.44, 2.0),
+                at(0.643, 6.0),
+            ],
+            ..test_cohort(0.02)
+        };
+        // On a thread of its own: the bug spun inside `next_send`.
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for seed in 0..50 {
+                let mut rng = SmallRng::seed_from_u64(seed);
+                let mut t = start;
+                while let Some(next) = next_send(&cohort, &clock, t, &mut rng) {
+                    assert!(next >= t, "time runs forward");
+                    if next >= clock.at(1.0) {
+                        break;
+                    }
+                    t = next;
+                }
+            }
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(Duration::from_secs(20))
+            .expect("every send was planned: no phase boundary was waited for forever");
     }
 
     #[test]
