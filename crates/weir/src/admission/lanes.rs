@@ -178,6 +178,14 @@ pub const DEFAULT_BOTS_SHARE: u32 = 100_000;
 /// in.
 pub const DEFAULT_NEWCOMERS_SHARE: u32 = 50_000;
 
+/// The `pass` lane's share in [`Lanes::standard`], in millionths: one
+/// grant in twenty of those that go to unproven networks with a backlog
+/// of their own (`pass_share = 0.05`; the lane yields to proof). A pass
+/// alone goes ahead of nothing, but a person who just solved the page
+/// waits no longer than before for what it was for: without it a flood of
+/// crawlers' cheap pages in `newcomers` held every pass until it ebbed.
+pub const DEFAULT_PASS_SHARE: u32 = 50_000;
+
 /// The `anonymous` lane's share in [`Lanes::standard`], in millionths: one
 /// grant in twenty while unproven expensive requests wait
 /// (`anonymous_share = 0.05`). Without it a flood of cheap requests from a
@@ -222,7 +230,8 @@ impl Lanes {
     /// `deferred`, each waiting up to 10 s. Lower lanes are shallower: they are shed first anyway, and
     /// a deep queue of crawler requests only delays the answer that tells
     /// them to back off. `newcomers` is guaranteed [`DEFAULT_NEWCOMERS_SHARE`]
-    /// of grants while it waits; `bots` [`DEFAULT_BOTS_SHARE`] of
+    /// of grants while it waits; `pass` [`DEFAULT_PASS_SHARE`] of those to
+    /// unproven floods; `bots` [`DEFAULT_BOTS_SHARE`] of
     /// grants while it waits: a verified crawler is slowed by people, never
     /// starved; `anonymous` [`DEFAULT_ANONYMOUS_SHARE`], so a flood of cheap
     /// requests does not starve every expensive one. `deferred` holds just enough to keep the app's slots busy
@@ -256,8 +265,8 @@ impl Lanes {
                     name: "pass".into(),
                     max_depth: 1024,
                     max_wait: wait,
-                    share: Share::ZERO,
-                    yields_to_proof: false,
+                    share: Share(DEFAULT_PASS_SHARE),
+                    yields_to_proof: true,
                 },
                 LaneSpec {
                     name: "bots".into(),
@@ -379,6 +388,8 @@ mod tests {
         assert_eq!(lanes.by_name("visits"), Some(Lane::VISITS));
         assert_eq!(lanes.by_name("pass"), Some(Lane::PASS));
         assert_eq!(lanes.spec(Lane::NEWCOMERS).share.fraction(), 0.05);
+        assert_eq!(lanes.spec(Lane::PASS).share.fraction(), 0.05);
+        assert!(lanes.spec(Lane::PASS).yields_to_proof);
         assert_eq!(lanes.spec(Lane::BOTS).share.fraction(), 0.1);
         assert_eq!(lanes.spec(Lane::ANONYMOUS).share.fraction(), 0.05);
         assert!(lanes.spec(Lane::DEFERRED).share.is_zero());

@@ -777,6 +777,12 @@ pub struct AdmissionSettings {
     /// it waits, even when visits wait too (0 ..= 1; 0 = strict priority).
     #[serde(default = "default_newcomers_share")]
     pub newcomers_share: f64,
+    /// The least share of the app's slots the `pass` lane (a pass alone,
+    /// no visit of a person's) gets while it waits behind unproven floods
+    /// (0 ..= 1; 0 = strict priority). Taken only from grants to networks
+    /// with a backlog and no proof.
+    #[serde(default = "default_pass_share")]
+    pub pass_share: f64,
     /// The least share of the app's slots verified crawlers get while they
     /// wait, even when people wait too (0 ..= 1; 0 = only what people
     /// leave). Everything, when nobody else waits.
@@ -801,6 +807,7 @@ impl Default for AdmissionSettings {
             queue_timeout: default_queue_timeout(),
             slow_start: default_slow_start(),
             newcomers_share: default_newcomers_share(),
+            pass_share: default_pass_share(),
             bots_share: default_bots_share(),
             anonymous_share: default_anonymous_share(),
         }
@@ -1111,6 +1118,9 @@ fn default_queue_timeout() -> ConfigDuration {
     ConfigDuration::secs(10)
 }
 fn default_newcomers_share() -> f64 {
+    0.05
+}
+fn default_pass_share() -> f64 {
     0.05
 }
 fn default_bots_share() -> f64 {

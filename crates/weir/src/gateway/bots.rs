@@ -384,6 +384,11 @@ mod tests {
             share[0].starts_with("weir.toml:6: pools.app.admission.newcomers_share: admission.newcomers_share = 2 is not a share"),
             "{share:?}"
         );
+        let share = errors("[pools.app.admission]\npass_share = 1.01\n");
+        assert!(
+            share[0].starts_with("weir.toml:6: pools.app.admission.pass_share: admission.pass_share = 1.01 is not a share"),
+            "{share:?}"
+        );
         // Good: keys from a file and inline, and reverse DNS on a given server.
         let ok = format!(
             "[bots]\ndns_servers = [\"127.0.0.1:5353\"]\n[[bots.crawlers]]\nname = \"a\"\nkeys_file = \"{good}\"\n[[bots.crawlers]]\nname = \"googlebot\"\nuser_agent = \"Googlebot\"\ndomains = [\"googlebot.com\", \"google.com.\"]\n"

@@ -215,6 +215,7 @@ impl PoolError {
             PoolError::Share { key, .. } => Some(match *key {
                 "anonymous_share" => &["admission", "anonymous_share"],
                 "newcomers_share" => &["admission", "newcomers_share"],
+                "pass_share" => &["admission", "pass_share"],
                 _ => &["admission", "bots_share"],
             }),
         }
@@ -728,6 +729,7 @@ fn check_health(h: &HealthCheckSettings, errors: &mut Vec<(usize, PoolError)>) {
 /// The shares of the standard lanes that have one, as a pool sets them.
 struct LaneShares {
     newcomers: Share,
+    pass: Share,
     bots: Share,
     anonymous: Share,
 }
@@ -741,6 +743,7 @@ fn pool_lanes(a: &AdmissionSettings, shares: LaneShares) -> Lanes {
         max_wait: a.queue_timeout.0,
         share: match lane {
             Lane::NEWCOMERS => shares.newcomers,
+            Lane::PASS => shares.pass,
             Lane::BOTS => shares.bots,
             Lane::ANONYMOUS => shares.anonymous,
             _ => spec.share,
@@ -777,6 +780,7 @@ fn build_admission(
     };
     let shares = LaneShares {
         newcomers: share("newcomers_share", a.newcomers_share),
+        pass: share("pass_share", a.pass_share),
         bots: share("bots_share", a.bots_share),
         anonymous: share("anonymous_share", a.anonymous_share),
     };
