@@ -15,6 +15,20 @@
 
 use std::path::Path;
 
+mod chromium_person;
+
+// The integration tests' Chromium driver and what it stands on (its
+// `super::` is this crate's root here).
+#[allow(dead_code)]
+#[path = "../integration/support/chromium.rs"]
+mod chromium;
+#[allow(dead_code)]
+#[path = "../integration/support/ports.rs"]
+mod ports;
+#[allow(dead_code)]
+#[path = "../integration/support/process.rs"]
+mod process;
+
 use libtest_mimic::{Arguments, Failed, Trial};
 use weir_lab::cli::{SimOptions, run_scenario};
 use weir_lab::report::SimReport;
@@ -79,15 +93,20 @@ fn run_file(name: &str) -> SimReport {
 
 /// Runs the named variants of a shipped scenario (all when `variants` is empty).
 fn run_variants(name: &str, variants: &[&str]) -> SimReport {
-    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .join("scenarios")
-        .join(name);
-    let scenario = load_scenario_file(&path).unwrap_or_else(|e| panic!("{e}"));
     let options = SimOptions {
         variants: variants.iter().map(|v| v.to_string()).collect(),
         ..SimOptions::default()
     };
-    run_scenario(&scenario, &options).unwrap_or_else(|e| panic!("{e}"))
+    run_with(name, &options)
+}
+
+/// Runs a shipped scenario with `options`.
+fn run_with(name: &str, options: &SimOptions) -> SimReport {
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .join("scenarios")
+        .join(name);
+    let scenario = load_scenario_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    run_scenario(&scenario, options).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn assert_checks_hold(report: &SimReport, variants: &[&str]) {
@@ -173,10 +192,43 @@ fn crawlers_that_follow_the_refresh_buy_no_turn_above_people() {
 /// above them by the evidence of a visit, not the proof of a browser: zero
 /// configuration and the recommended configuration each meet people's
 /// checks.
+///
+/// And a real person beside the cohorts: headless Chromium reads twelve
+/// pages from a third of the run on, through the crawlers' peak, solving any
+/// challenge with the page's script. Every page it asked for is shown, after
+/// one challenge at most; the times are printed (issue 55).
 fn crawlers_that_run_a_browser_rank_below_people() {
     let weir = ["zero-config", "recommended"];
-    let report = run_variants("2026-09-23-crawlers-run-a-browser.toml", &weir);
+    let reads = chromium_person::Reads::default();
+    let options = SimOptions {
+        variants: weir.iter().map(|v| v.to_string()).collect(),
+        beside: Some(chromium_person::person(0.33, reads.clone())),
+        ..SimOptions::default()
+    };
+    let report = run_with("2026-09-23-crawlers-run-a-browser.toml", &options);
+    let reads = reads.lock().unwrap().clone();
+    let table = chromium_person::table(&reads);
+    eprintln!("{table}");
     assert_checks_hold(&report, &weir);
+    for variant in weir {
+        let read = reads.iter().filter(|r| r.variant == variant).count();
+        assert!(
+            read >= 6,
+            "{variant}: the person read {read} pages\n{table}"
+        );
+        // A person who solved the page keeps its pass: never a second one.
+        let challenged = (reads.iter())
+            .filter(|r| r.variant == variant && r.challenged)
+            .count();
+        assert!(
+            challenged <= 1,
+            "{variant}: challenged {challenged} times\n{table}"
+        );
+    }
+    assert!(
+        reads.iter().all(|r| r.took.is_some()),
+        "a page never shown\n{table}"
+    );
 }
 
 /// A connection flood against weir's defaults: people, logins and uploads are served

@@ -284,6 +284,7 @@ fn main() -> ExitCode {
                 progress: weir_lab::runner::Progress::for_stderr(),
                 duration,
                 alert_series,
+                beside: None,
             },
         ),
         Command::Replay {

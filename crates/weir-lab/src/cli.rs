@@ -55,6 +55,9 @@ pub struct SimOptions {
     /// rules` file of weir's series on the story's clock) in this directory, to
     /// tune alert rules against the run offline.
     pub alert_series: Option<PathBuf>,
+    /// Something to run beside each variant's load (a real browser reading
+    /// pages through the flood, in the scenario tests).
+    pub beside: Option<super::runner::Beside>,
 }
 
 /// `weir sim SCENARIO.toml`: runs, prints the table to stdout, writes files.
@@ -84,8 +87,7 @@ pub fn demo(
         json: None,
         html: Some(html.unwrap_or_else(|| PathBuf::from(DEMO_HTML))),
         progress,
-        duration: None,
-        alert_series: None,
+        ..SimOptions::default()
     };
     println!("{}\n", scenario.file.scenario.description.trim());
     let report = run_scenario(&scenario, &options)?;
@@ -151,12 +153,7 @@ pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimRepo
     }
     let mut variants = Vec::new();
     for v in selected {
-        variants.push(run_variant(
-            scenario,
-            v,
-            options.progress,
-            options.alert_series.as_deref(),
-        )?);
+        variants.push(run_variant(scenario, v, options)?);
     }
     let mut checks = Vec::new();
     for e in &scenario.checks {

@@ -202,15 +202,42 @@ impl Progress {
     }
 }
 
-/// Runs one variant of `scenario`. `progress` shows its status on stderr while it
-/// runs; `alert_series` keeps the alert replay's promtool file there (see
-/// [`crate::alerts`]).
+/// Something run beside a variant's load, told where the gateway listens and
+/// when the load runs ([`Running`]): it starts what it runs on a thread of
+/// its own and returns at once. What the lab's cohorts cannot be: a real
+/// headless browser reading pages through the flood, in the scenario
+/// tests.
+#[derive(Clone)]
+pub struct Beside(pub Arc<dyn Fn(Running) + Send + Sync>);
+
+impl std::fmt::Debug for Beside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Beside(..)")
+    }
+}
+
+/// A variant's run, as [`Beside`] is told it.
+#[derive(Debug, Clone)]
+pub struct Running {
+    /// The variant's name.
+    pub variant: String,
+    /// Where the cohorts send: the gateway, or the load balancer in front.
+    pub target: SocketAddr,
+    /// When the load starts, and how long it runs (grace not included).
+    pub start: std::time::Instant,
+    pub duration: Duration,
+}
+
+/// Runs one variant of `scenario`. `options.progress` shows its status on
+/// stderr while it runs; `options.alert_series` keeps the alert replay's
+/// promtool file there (see [`crate::alerts`]); `options.beside` runs
+/// beside its load.
 pub fn run_variant(
     scenario: &Scenario,
     variant: &Variant,
-    progress: Progress,
-    alert_series: Option<&Path>,
+    options: &crate::cli::SimOptions,
 ) -> Result<VariantReport, RunError> {
+    let (progress, alert_series) = (options.progress, options.alert_series.as_deref());
     let meta = &scenario.file.scenario;
     let dir = tempfile::tempdir().map_err(RunError::Setup)?;
     let rts = Runtimes {
@@ -243,6 +270,15 @@ pub fn run_variant(
         .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
         .collect();
     let observers = Observers::start(scenario, &rts.app, &supervisor, &gateway, &stats, clock);
+    if let Some(Beside(beside)) = &options.beside {
+        let lead = clock.start.saturating_duration_since(Instant::now());
+        beside(Running {
+            variant: variant.name.clone(),
+            target,
+            start: std::time::Instant::now() + lead,
+            duration,
+        });
+    }
     drive_load(
         scenario,
         &rts.load,
