@@ -1083,7 +1083,8 @@ fn count_log_rejections(
         let flagged = v
             .get("collateral")
             .and_then(|c| c.as_str())
-            .is_some_and(weir::policy::rules::is_person_evidence);
+            .and_then(weir::evidence::Collateral::from_name)
+            .is_some_and(weir::evidence::Collateral::is_person_evidence);
         let person = people.contains(cohort);
         let r = rules.entry(rule.to_string()).or_default();
         *r.by_cohort.entry(cohort.to_string()).or_default() += 1;

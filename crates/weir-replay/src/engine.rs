@@ -508,7 +508,7 @@ impl RuleObserver for Tally<'_> {
         &mut self,
         rejection: &RuleRejection,
         client: ClientAddr,
-        signal: Option<&'static str>,
+        signal: Option<weir::evidence::Collateral>,
         enforced: bool,
     ) {
         let rr = rule_report(self.rules, &rejection.rule);
@@ -526,8 +526,8 @@ impl RuleObserver for Tally<'_> {
             .entry(self.families.family(self.user_agent))
             .or_insert(0) += 1;
         if let Some(s) = signal {
-            *rr.collateral.entry(s).or_insert(0) += 1;
-            if weir::policy::rules::is_person_evidence(s) {
+            *rr.collateral.entry(s.as_str()).or_insert(0) += 1;
+            if s.is_person_evidence() {
                 *rr.people_minutes.entry(self.minute).or_insert(0) += 1;
             }
         }

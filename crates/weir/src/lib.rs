@@ -25,6 +25,7 @@ pub mod calendar;
 pub mod challenge;
 pub mod config;
 pub mod edge;
+pub mod evidence;
 pub mod gateway;
 pub mod identity;
 pub mod lifecycle;

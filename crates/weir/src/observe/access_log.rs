@@ -78,9 +78,9 @@ pub struct AccessRecord {
     /// Rules that would have rejected the request in shadow mode.
     pub shadow_rules: Option<Vec<String>>,
     /// Why the rejected client may be a person, the strongest evidence it
-    /// showed (`policy::rules::collateral_signal`): verified, pass,
-    /// browsing, low_rate, browser.
-    pub collateral: Option<&'static str>,
+    /// showed (found by `policy::rules::collateral_signal`): verified,
+    /// pass, browsing, low_rate, browser.
+    pub collateral: Option<crate::evidence::Collateral>,
     /// A navigation's visit (`crate::visit`) before this request.
     pub visit: Option<LoggedVisit>,
     pub pool: Option<Arc<str>>,
@@ -183,7 +183,7 @@ impl AccessRecord {
                 w.out.push(b']');
             }
         }
-        w.opt_token(key!("collateral"), self.collateral);
+        w.opt_token(key!("collateral"), self.collateral.map(|c| c.as_str()));
         match self.visit {
             Some(v) => {
                 w.uint(key!("visit_views"), u64::from(v.views));

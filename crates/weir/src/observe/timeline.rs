@@ -348,11 +348,11 @@ pub fn unix_s(t: std::time::SystemTime) -> u64 {
 }
 
 /// Whether a refused request showed evidence of a person: the rules'
-/// collateral evidence (`policy::rules::is_person_evidence`), a verified
+/// collateral evidence ([`crate::evidence::Collateral::is_person_evidence`]), a verified
 /// session, or a challenge pass.
 fn shows_a_person(r: &AccessRecord) -> bool {
     r.collateral
-        .is_some_and(crate::policy::rules::is_person_evidence)
+        .is_some_and(crate::evidence::Collateral::is_person_evidence)
         || r.session == "verified"
         || r.challenge == Some("pass")
 }
@@ -509,7 +509,7 @@ mod tests {
         r.rule_level = Some("ip");
         r.user_agent = Some(http::HeaderValue::from_str(ua).unwrap());
         r.client = IpAddr::from(client);
-        r.collateral = collateral;
+        r.collateral = collateral.and_then(crate::evidence::Collateral::from_name);
         r
     }
 

@@ -31,6 +31,7 @@ use http::{HeaderMap, HeaderName, Method};
 use smallvec::SmallVec;
 
 use crate::config::digest;
+use crate::evidence::Collateral;
 use crate::identity::{ClientAddr, ClientId, Level};
 use weir_http::cookie::value as cookie_value;
 use weir_limiter::redis::RuleCheck;
@@ -308,7 +309,7 @@ impl RuleResult {
 pub struct Deferral {
     pub rejection: RuleRejection,
     /// Why the client may be a person ([`collateral_signal`]).
-    pub signal: Option<&'static str>,
+    pub signal: Option<Collateral>,
     /// Whether a challenge pass would have exempted the request: a
     /// navigation that can earn one is better challenged than refused.
     pub pass_exempts: bool,
@@ -387,7 +388,7 @@ pub trait RuleObserver {
         &mut self,
         rejection: &RuleRejection,
         client: ClientAddr,
-        signal: Option<&'static str>,
+        signal: Option<Collateral>,
         enforced: bool,
     );
 }
@@ -408,7 +409,7 @@ pub struct Judgement {
     pub guards: Vec<InflightGuard>,
     /// Why a refused client may be a person (see [`collateral_signal`]);
     /// `None` too when nothing refused or deferred the request.
-    pub signal: Option<&'static str>,
+    pub signal: Option<Collateral>,
 }
 
 /// **The rules phase**, live and in `weir replay` alike: counts the
@@ -484,28 +485,20 @@ pub fn collateral_signal(
     browsing: bool,
     headers: &HeaderMap,
     low_rate: bool,
-) -> Option<&'static str> {
+) -> Option<Collateral> {
     if verified {
-        Some("verified")
+        Some(Collateral::Verified)
     } else if pass {
-        Some("pass")
+        Some(Collateral::Pass)
     } else if browsing {
-        Some("browsing")
+        Some(Collateral::Browsing)
     } else if low_rate {
-        Some("low_rate")
+        Some(Collateral::LowRate)
     } else if crate::challenge::is_navigation(headers) {
-        Some("browser")
+        Some(Collateral::Browser)
     } else {
         None
     }
-}
-
-/// Whether a collateral signal is evidence of a person (`verified`,
-/// `pass`, `browsing`), not only a hint (`low_rate`, `browser`): what the
-/// `WeirRuleHittingPeople` alert, the replay's people line and the lab's
-/// precision count.
-pub fn is_person_evidence(signal: &str) -> bool {
-    matches!(signal, "verified" | "pass" | "browsing")
 }
 
 /// Evaluates `rules` in order. `global_shadow` puts every rule in shadow mode.
@@ -804,7 +797,7 @@ mod tests {
         ];
         for (i, (verified, pass, browsing, h, low, want)) in cases.into_iter().enumerate() {
             let got = collateral_signal(verified, pass, browsing, h, low);
-            assert_eq!(got, want, "case {i}");
+            assert_eq!(got.map(Collateral::as_str), want, "case {i}");
         }
     }
 

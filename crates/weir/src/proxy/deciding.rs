@@ -20,6 +20,7 @@ use super::exchange::Exchange;
 use super::log::RequestLog;
 use crate::admission::Lane;
 use crate::challenge::{ChallengeEvent, ChallengeMode, Challenger, PassCheck, PassKind, PassToken};
+use crate::evidence::Collateral;
 use crate::gateway::Gateway;
 use crate::identity::ClientAddr;
 use crate::identity::bots::BotId;
@@ -585,7 +586,7 @@ impl RuleObserver for Live<'_> {
         &mut self,
         rejection: &RuleRejection,
         client: ClientAddr,
-        signal: Option<&'static str>,
+        signal: Option<Collateral>,
         enforced: bool,
     ) {
         count_rejection(self.rt, rejection, client, signal, enforced);
@@ -598,7 +599,7 @@ fn count_rejection(
     rt: &Runtime,
     rejection: &RuleRejection,
     client: ClientAddr,
-    signal: Option<&'static str>,
+    signal: Option<Collateral>,
     enforced: bool,
 ) {
     let m = &rt.metrics;
@@ -614,7 +615,7 @@ fn count_rejection(
         m.rule_collateral
             .get_or_create(&CollateralLabels {
                 rule: rejection.rule.clone(),
-                signal,
+                signal: signal.as_str(),
                 enforced,
             })
             .inc();
@@ -623,7 +624,7 @@ fn count_rejection(
     let distinct = rt.rejected_clients.record(
         &rejection.rule,
         client.ip(),
-        signal.is_some_and(crate::policy::rules::is_person_evidence),
+        signal.is_some_and(Collateral::is_person_evidence),
         minute,
     );
     m.rule_rejected_clients

@@ -244,7 +244,11 @@ impl RequestLog {
 
     /// A rule's refusal: its level, key and the collateral signal (why the
     /// refused client may be a person).
-    pub(super) fn refused_by_rule(&mut self, r: &RuleRejection, signal: Option<&'static str>) {
+    pub(super) fn refused_by_rule(
+        &mut self,
+        r: &RuleRejection,
+        signal: Option<crate::evidence::Collateral>,
+    ) {
         self.record.rule_level = Some(r.level);
         self.record.rule_key = Some(r.key.clone());
         self.record.collateral = signal;
