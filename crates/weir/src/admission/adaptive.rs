@@ -20,7 +20,8 @@
 //!   app could serve.
 //! - **Every slot used, latency flat**: the limit grows by `s × sqrt(limit)`
 //!   (Gradient2's headroom), or doubles while *probing*: until the first
-//!   congestion, and again after five such windows in a row (demand grew).
+//!   congestion, and again after five such windows in a row (demand grew),
+//!   by a quarter instead once latency has cut it ([`REPROBE_GROWTH`]).
 //! - **Fewer than half the slots used**: unchanged (the app-limited rule:
 //!   nothing was learned about more concurrency).
 //! - **A dropped request** (upstream timeout, overload 503, reset):
@@ -65,6 +66,13 @@ const OWN_LAG_POLLS: f64 = 2.0;
 /// Flat windows with every slot used, in a row, before the limit probes
 /// (doubles) again.
 const REPROBE_AFTER: u32 = 5;
+/// How much a probe grows the limit a window once latency has cut it:
+/// the app's knee is known to be near, and a doubling past it filled the
+/// app's own backlog, first in first out whatever weir's lanes said, for
+/// the window it took to see it (issue 55: people's pages waited behind
+/// 20-36 requests in a lab app's backlog). Before the first latency cut,
+/// and after a cut for dropped requests, a probe doubles.
+const REPROBE_GROWTH: f64 = 1.25;
 /// Windows averaged plainly before the long-term latency becomes an
 /// exponential average.
 const WARM_UP_WINDOWS: u32 = 10;
@@ -297,6 +305,8 @@ pub struct GradientLimit {
     last_drop_cut: Option<Instant>,
     /// The last cut was for dropped requests, not for latency.
     cut_by_drop: bool,
+    /// Latency has cut the limit at least once ([`REPROBE_GROWTH`]).
+    cut_by_latency_once: bool,
     /// The most in flight of a recent calm window (0 until one closes),
     /// fading by [`CALM_PEAK_FADE`] a window.
     calm_peak: f64,
@@ -322,6 +332,7 @@ impl GradientLimit {
             ceiling: None,
             last_drop_cut: None,
             cut_by_drop: false,
+            cut_by_latency_once: false,
             window: Window::new(now),
         })
     }
@@ -511,7 +522,8 @@ impl GradientLimit {
                 self.probing = true;
             }
             if self.probing {
-                self.limit * 2.0
+                let near_the_knee = self.cut_by_latency_once && !self.cut_by_drop;
+                self.limit * if near_the_knee { REPROBE_GROWTH } else { 2.0 }
             } else {
                 self.limit + cfg.smoothing * self.limit.sqrt()
             }
@@ -538,6 +550,7 @@ impl GradientLimit {
         self.probing = false;
         self.flat_saturated = 0;
         self.cut_by_drop = false;
+        self.cut_by_latency_once = true;
         let base = self.limit.min(w.max_in_flight as f64);
         let gradient = (cfg.tolerance * long / short).clamp(0.5, 1.0);
         let smoothed = base * (1.0 - cfg.smoothing) + base * gradient * cfg.smoothing;
@@ -726,6 +739,131 @@ mod tests {
             ..state
         });
         assert_eq!(quiet.limit(), RESUMED_FLOOR);
+    }
+
+    /// A model app for the limit to drive, on an injected clock: `workers`
+    /// serve a request `service` long each, `backlog` more wait in its
+    /// accept queue, and a request sent beyond both is refused (dropped).
+    /// weir's own queue holds what the limit does not let through.
+    struct ModelApp {
+        workers: usize,
+        backlog: usize,
+        service: Duration,
+        /// Requests being served: when each ends, when it was sent, how
+        /// many were in flight when it was.
+        serving: Vec<(Instant, Instant, usize)>,
+        /// Requests in the app's backlog: when sent, in flight then.
+        waiting: std::collections::VecDeque<(Instant, usize)>,
+        /// Requests waiting in weir for a slot.
+        queued: u64,
+    }
+
+    impl ModelApp {
+        fn new(workers: usize, backlog: usize, service: Duration) -> ModelApp {
+            ModelApp {
+                workers,
+                backlog,
+                service,
+                serving: Vec::new(),
+                waiting: Default::default(),
+                queued: 0,
+            }
+        }
+
+        fn in_flight(&self) -> usize {
+            self.serving.len() + self.waiting.len()
+        }
+
+        /// One tick at `now`: answers that end feed the limit, the backlog
+        /// moves to free workers, then weir sends what the limit allows.
+        fn tick(&mut self, g: &mut GradientLimit, now: Instant) {
+            let (done, busy): (Vec<_>, Vec<_>) = self
+                .serving
+                .drain(..)
+                .partition(|(ends, _, _)| *ends <= now);
+            self.serving = busy;
+            for (_, sent, in_flight) in done {
+                let latency = now.saturating_duration_since(sent);
+                let sample = Sample {
+                    latency,
+                    started: sent,
+                    in_flight,
+                    dropped: false,
+                    own_lag: Duration::ZERO,
+                };
+                g.on_sample(now, sample);
+            }
+            while self.serving.len() < self.workers {
+                let Some((sent, in_flight)) = self.waiting.pop_front() else {
+                    break;
+                };
+                self.serving.push((now + self.service, sent, in_flight));
+            }
+            while self.queued > 0 && self.in_flight() < g.limit() {
+                self.queued -= 1;
+                let in_flight = self.in_flight() + 1;
+                if self.serving.len() < self.workers {
+                    self.serving.push((now + self.service, now, in_flight));
+                } else if self.waiting.len() < self.backlog {
+                    self.waiting.push_back((now, in_flight));
+                } else {
+                    let sample = Sample {
+                        latency: ms(1),
+                        started: now,
+                        in_flight,
+                        dropped: true,
+                        own_lag: Duration::ZERO,
+                    };
+                    g.on_sample(now, sample);
+                }
+            }
+        }
+    }
+
+    /// Issue 55, item 3: under a flood the app cannot serve, the limit
+    /// does not overfill the app's own backlog again and again by probing
+    /// (a backlog is first in, first out, whatever weir's lanes said). An
+    /// app of 10 workers (400 ms a request) and a backlog of 64, asked 40 a
+    /// second (1.6x what it serves) after 10 calm seconds: from 10 s into
+    /// the flood on, the backlog holds at most 10 (a probe that doubled
+    /// filled it to 18).
+    #[test]
+    fn under_a_flood_probes_do_not_fill_the_apps_backlog() {
+        let start = Instant::now();
+        let mut now = start;
+        let mut g = limiter(now);
+        let mut app = ModelApp::new(10, 64, ms(400));
+        let tick = ms(10);
+        let mut owed = 0.0;
+        let (mut deepest, mut sum, mut n, mut idle) = (0usize, 0usize, 0usize, 0usize);
+        for _ in 0..6000u32 {
+            now += tick;
+            let t = now.duration_since(start).as_secs_f64();
+            owed += if t < 10.0 { 15.0 } else { 40.0 } * tick.as_secs_f64();
+            while owed >= 1.0 {
+                app.queued += 1;
+                owed -= 1.0;
+            }
+            app.tick(&mut g, now);
+            if t > 20.0 {
+                deepest = deepest.max(app.waiting.len());
+                sum += app.waiting.len();
+                n += 1;
+                idle += usize::from(app.serving.len() < app.workers);
+            }
+        }
+        let mean = sum as f64 / n as f64;
+        assert!(
+            deepest <= 10,
+            "the app's backlog reached {deepest} (mean {mean:.1})"
+        );
+        // And no worker idles while weir holds the flood back.
+        let idle = idle as f64 / n as f64;
+        assert!(
+            idle < 0.01,
+            "workers idled {:.1}% of the time",
+            idle * 100.0
+        );
     }
 
     #[test]
