@@ -435,27 +435,7 @@ async fn a_persons_visit_ranks_above_a_pass_and_a_pass_below_strangers_pages() {
     let (crawler, person, stranger) = (ip("127.150.0.1"), ip("127.151.0.1"), ip("127.152.0.1"));
     let crawler_pass = pass_of(crawler).await;
     let person_pass = pass_of(person).await;
-    // The person reads three pages, keeping the visit's cookie.
-    let mut visit = String::new();
-    for n in 0..3 {
-        let mut sent = NAV.to_vec();
-        if !visit.is_empty() {
-            sent.push(("cookie", &visit));
-        }
-        let (status, h, _) = get_from(person, addr, &format!("/wiki/Read{n}"), &sent).await;
-        assert_eq!(status, 200);
-        let mut set = h
-            .get_all("set-cookie")
-            .iter()
-            .filter_map(|v| v.to_str().ok());
-        let next = set.rfind(|v| v.starts_with("weir_visit="));
-        visit = next
-            .expect("a page read counts")
-            .split(';')
-            .next()
-            .unwrap()
-            .to_owned();
-    }
+    let visit = read_three_pages(person, addr).await;
     let person_cookie = format!("{visit}; {person_pass}");
 
     let holder = stall_with_the_slot_held(&app, &weir, ip("127.153.0.1")).await;
@@ -517,5 +497,133 @@ async fn a_persons_visit_ranks_above_a_pass_and_a_pass_below_strangers_pages() {
             ("/w/index.php?search=crawl", "pass"),
         ]
     );
+    stop(app, weir).await;
+}
+
+/// A person reads three pages from `who`, keeping the visit's cookie: its
+/// `weir_visit=...` after the third.
+async fn read_three_pages(who: IpAddr, addr: std::net::SocketAddr) -> String {
+    let mut visit = String::new();
+    for n in 0..3 {
+        let mut sent = NAV.to_vec();
+        if !visit.is_empty() {
+            sent.push(("cookie", &visit));
+        }
+        let (status, h, _) = get_from(who, addr, &format!("/wiki/Read{n}"), &sent).await;
+        assert_eq!(status, 200);
+        let mut set = h
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok());
+        let next = set.rfind(|v| v.starts_with("weir_visit="));
+        visit = next
+            .expect("a page read counts")
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned();
+    }
+    visit
+}
+
+/// A `POST` from `who` with `headers` and a small form body, on a fresh
+/// connection: its status.
+async fn post_from(
+    who: IpAddr,
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> http::StatusCode {
+    let mut c = H1::connect(who, addr).await.unwrap();
+    let mut b = http::Request::post(path)
+        .header("host", "test.local")
+        .header("content-type", "application/x-www-form-urlencoded");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    c.send(b.body(full("user=a&password=b")).unwrap())
+        .await
+        .unwrap()
+        .0
+}
+
+/// Issue 55: a person's logins and API calls rank as their visit does,
+/// before any session exists. With the app's one slot held, a stranger's
+/// login `POST` (a form's navigation) waits in `anonymous`, the class's
+/// lane; the same login from a person who has read three pages, and that
+/// person's API call (a script's `fetch`, no navigation), wait in
+/// `visits`, and both are answered before the stranger's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persons_login_and_api_calls_rank_as_their_visit() {
+    let app = small_sim_app();
+    let cfg = one_slot(&app)
+        .route_with("api", r#"query_keys = ["action"]"#)
+        .route("page")
+        .then("[classes.api]\nlane = \"anonymous\"\n");
+    let weir = TestWeir::start(&cfg.toml()).await;
+    let addr = weir.addr;
+    let (person, stranger) = (ip("127.160.0.1"), ip("127.161.0.1"));
+    let visit = read_three_pages(person, addr).await;
+
+    let holder = stall_with_the_slot_held(&app, &weir, ip("127.162.0.1")).await;
+    let form: Vec<(&str, &str)> = NAV.to_vec();
+    let strangers = tokio::spawn(async move {
+        post_from(
+            stranger,
+            addr,
+            "/w/api.php?action=login&who=stranger",
+            &form,
+        )
+        .await
+    });
+    assert_eventually_async!(
+        waiting_in(&weir, "anonymous").await >= 1.0,
+        "the stranger's login never queued"
+    );
+    let login_cookie = visit.clone();
+    let logs_in = tokio::spawn(async move {
+        let sent = nav_with_cookie(&login_cookie);
+        post_from(person, addr, "/w/api.php?action=login&who=person", &sent).await
+    });
+    let calls = tokio::spawn(async move {
+        let sent = [
+            ("accept", "application/json"),
+            ("sec-fetch-mode", "cors"),
+            ("user-agent", "Mozilla/5.0 test"),
+            ("cookie", visit.as_str()),
+        ];
+        post_from(person, addr, "/w/api.php?action=edit&who=person", &sent).await
+    });
+    assert_eventually_async!(
+        waiting_in(&weir, "visits").await >= 2.0,
+        "the person's login and API call never queued in visits"
+    );
+    app.unstall();
+    assert_eq!(holder.await.unwrap(), 200);
+    for waiting in [logs_in, calls, strangers] {
+        assert!(waiting.await.unwrap().as_u16() < 500);
+    }
+    let log = weir.access_log(3 + 1 + 3).await;
+    let lane_of = |who: &str| {
+        let line = (log.iter())
+            .position(|l| l["path"].as_str().is_some_and(|p| p.ends_with(who)))
+            .unwrap_or_else(|| panic!("no line for {who}"));
+        (
+            line,
+            log[line]["lane"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    let (stranger_at, stranger_lane) = lane_of("action=login&who=stranger");
+    let (login_at, login_lane) = lane_of("action=login&who=person");
+    let (call_at, call_lane) = lane_of("action=edit&who=person");
+    assert_eq!(
+        [
+            stranger_lane.as_str(),
+            login_lane.as_str(),
+            call_lane.as_str()
+        ],
+        ["anonymous", "visits", "visits"]
+    );
+    assert!(login_at < stranger_at && call_at < stranger_at, "{log:#?}");
     stop(app, weir).await;
 }
