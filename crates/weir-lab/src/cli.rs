@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::report::{CheckResult, SimReport};
-use super::runner::{RunError, run_variant};
+use super::runner::{RunError, RunOptions, run_variant};
 use super::scenario::{GatewayKind, Scenario, load_scenario_file, load_scenario_str};
 use weir::config::ConfigErrors;
 
@@ -153,7 +153,12 @@ pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimRepo
     }
     let mut variants = Vec::new();
     for v in selected {
-        variants.push(run_variant(scenario, v, options)?);
+        let run = RunOptions {
+            progress: options.progress,
+            alert_series: options.alert_series.as_deref(),
+            beside: options.beside.as_ref(),
+        };
+        variants.push(run_variant(scenario, v, run)?);
     }
     let mut checks = Vec::new();
     for e in &scenario.checks {

@@ -228,16 +228,23 @@ pub struct Running {
     pub duration: Duration,
 }
 
-/// Runs one variant of `scenario`. `options.progress` shows its status on
-/// stderr while it runs; `options.alert_series` keeps the alert replay's
-/// promtool file there (see [`crate::alerts`]); `options.beside` runs
-/// beside its load.
+/// How a variant runs besides its scenario: `progress` shows its status on
+/// stderr while it runs; `alert_series` keeps the alert replay's promtool
+/// file there (see [`crate::alerts`]); `beside` runs beside its load.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions<'a> {
+    pub progress: Progress,
+    pub alert_series: Option<&'a Path>,
+    pub beside: Option<&'a Beside>,
+}
+
+/// Runs one variant of `scenario` (see [`RunOptions`]).
 pub fn run_variant(
     scenario: &Scenario,
     variant: &Variant,
-    options: &crate::cli::SimOptions,
+    options: RunOptions<'_>,
 ) -> Result<VariantReport, RunError> {
-    let (progress, alert_series) = (options.progress, options.alert_series.as_deref());
+    let (progress, alert_series) = (options.progress, options.alert_series);
     let meta = &scenario.file.scenario;
     let dir = tempfile::tempdir().map_err(RunError::Setup)?;
     let rts = Runtimes {
@@ -270,7 +277,7 @@ pub fn run_variant(
         .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
         .collect();
     let observers = Observers::start(scenario, &rts.app, &supervisor, &gateway, &stats, clock);
-    if let Some(Beside(beside)) = &options.beside {
+    if let Some(Beside(beside)) = options.beside {
         let lead = clock.start.saturating_duration_since(Instant::now());
         beside(Running {
             variant: variant.name.clone(),

@@ -1503,38 +1503,43 @@ rate = 1.0
         assert_eq!(crawlers.among.iter().map(|(_, n)| n).sum::<usize>(), 100);
     }
 
-    /// The crawlers-that-follow-the-refresh scenario (issue 54) copies the
-    /// crawlers-like-people scenario but for its crawlers' `refresh_share`.
-    #[test]
-    fn crawlers_that_follow_the_refresh_differ_in_that_alone() {
+    /// `copy`, a copy of the crawlers-like-people scenario: the same app,
+    /// health, alerts, story, configurations and people; returns both
+    /// scenarios' crawler cohorts for the test to compare what differs.
+    fn crawlers_of_a_copy_of_like_people(copy: &str) -> (Cohort, Cohort) {
         let like = shipped("2026-09-23-crawlers-like-people.toml");
-        let refresh = shipped("2026-09-23-crawlers-follow-refresh.toml");
+        let copy = shipped(copy);
         let debug = |s: &Scenario| format!("{:?} {:?} {:?}", s.file.app, s.file.health, s.alerts);
-        assert_eq!(debug(&like), debug(&refresh));
+        assert_eq!(debug(&like), debug(&copy));
         let meta = |s: &Scenario| {
             let m = &s.file.scenario;
-            format!(
-                "{:?}",
-                (
-                    m.duration.0,
-                    m.compression,
-                    &m.story_start,
-                    m.grace.0,
-                    m.seed
-                )
-            )
+            let story = (
+                m.duration.0,
+                m.compression,
+                &m.story_start,
+                m.grace.0,
+                m.seed,
+            );
+            format!("{story:?}")
         };
-        assert_eq!(meta(&like), meta(&refresh));
-        assert_eq!(like.variants.len(), refresh.variants.len());
-        for (l, r) in like.variants.iter().zip(&refresh.variants) {
-            assert_eq!((&l.name, &l.config_text), (&r.name, &r.config_text));
+        assert_eq!(meta(&like), meta(&copy));
+        assert_eq!(like.variants.len(), copy.variants.len());
+        for (l, c) in like.variants.iter().zip(&copy.variants) {
+            assert_eq!((&l.name, &l.config_text), (&c.name, &c.config_text));
         }
-        assert_eq!(all_but_crawlers(&like), all_but_crawlers(&refresh));
+        assert_eq!(all_but_crawlers(&like), all_but_crawlers(&copy));
         let crawlers = |s: &Scenario| {
             let c = s.cohorts.iter().find(|c| c.kind == CohortKind::Crawlers);
             c.expect("crawlers").clone()
         };
-        let (l, r) = (crawlers(&like), crawlers(&refresh));
+        (crawlers(&like), crawlers(&copy))
+    }
+
+    /// The crawlers-that-follow-the-refresh scenario (issue 54) copies the
+    /// crawlers-like-people scenario but for its crawlers' `refresh_share`.
+    #[test]
+    fn crawlers_that_follow_the_refresh_differ_in_that_alone() {
+        let (l, r) = crawlers_of_a_copy_of_like_people("2026-09-23-crawlers-follow-refresh.toml");
         assert_eq!((l.refresh_share, r.refresh_share), (0.0, 0.9));
         let same = Cohort {
             refresh_share: 0.0,
@@ -1547,34 +1552,7 @@ rate = 1.0
     /// crawlers-like-people scenario but for its crawlers' `headless_share`.
     #[test]
     fn crawlers_that_run_a_browser_differ_in_that_alone() {
-        let like = shipped("2026-09-23-crawlers-like-people.toml");
-        let browser = shipped("2026-09-23-crawlers-run-a-browser.toml");
-        let debug = |s: &Scenario| format!("{:?} {:?} {:?}", s.file.app, s.file.health, s.alerts);
-        assert_eq!(debug(&like), debug(&browser));
-        let meta = |s: &Scenario| {
-            let m = &s.file.scenario;
-            format!(
-                "{:?}",
-                (
-                    m.duration.0,
-                    m.compression,
-                    &m.story_start,
-                    m.grace.0,
-                    m.seed
-                )
-            )
-        };
-        assert_eq!(meta(&like), meta(&browser));
-        assert_eq!(like.variants.len(), browser.variants.len());
-        for (l, b) in like.variants.iter().zip(&browser.variants) {
-            assert_eq!((&l.name, &l.config_text), (&b.name, &b.config_text));
-        }
-        assert_eq!(all_but_crawlers(&like), all_but_crawlers(&browser));
-        let crawlers = |s: &Scenario| {
-            let c = s.cohorts.iter().find(|c| c.kind == CohortKind::Crawlers);
-            c.expect("crawlers").clone()
-        };
-        let (l, b) = (crawlers(&like), crawlers(&browser));
+        let (l, b) = crawlers_of_a_copy_of_like_people("2026-09-23-crawlers-run-a-browser.toml");
         assert_eq!((l.headless_share, b.headless_share), (0.1, 0.5));
         let same = Cohort {
             headless_share: 0.1,
