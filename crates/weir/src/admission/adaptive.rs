@@ -40,7 +40,8 @@
 //! The limit starts open (10,000): weir starts in front of apps it knows
 //! nothing about (admission is on without configuration), and a limit
 //! guessed before the app shows strain would hold back long polls and
-//! streams. The long-term average is a plain mean over the first ten
+//! streams. Until the first cut, an [`OpenBound`] keeps a flood's first
+//! second out of the app's own backlog, and opens as the app keeps up. The long-term average is a plain mean over the first ten
 //! calm windows (the limit not reached, no queueing), then exponential over `long_window` windows, pulled down
 //! quickly (×0.95 per window) when the short latency falls far below it, so
 //! recovery after a slow spell is not delayed by memory of the spell. The
@@ -84,6 +85,69 @@ const RESUMED_FLOOR: usize = 32;
 /// Windows without a dropped request before a drop is forgotten: the
 /// ceiling a second one set lapses.
 const CEILING_HOLD: u32 = 60;
+/// The least an open limit lets in flight before it has seen the app
+/// answer that many (see [`OpenBound`]): an app's accept backlog is
+/// commonly 64 or more (Apache's and nginx's default 511; the lab's 64),
+/// and a page's own requests (50 at once in `drain_under_load_loses_no_request`)
+/// are not held for an app weir has seen no traffic of yet.
+const OPEN_FLOOR: f64 = 64.0;
+
+/// How far in flight may go while the limit is still open (never cut):
+/// TCP's slow start, for an app weir knows nothing about yet. The open
+/// limit sent a flood's first second to the app at once (361 requests
+/// into 10 workers and a backlog of 64, issue 55): the app's own backlog,
+/// first in first out whatever weir's lanes said, overflowed before the
+/// first window could show the latency, and people's pages waited in it,
+/// or were refused, while it drained.
+///
+/// The bound starts at twice what calm windows had in flight (at least
+/// [`OPEN_FLOOR`]), and doubles once in flight has reached it and:
+///
+/// - the app has answered as many requests, sent since then, within the
+///   tolerance (an app that keeps up opens it in a few of its own
+///   latencies: a 1 ms app gives a thousand slots in ten milliseconds);
+/// - or a whole window has passed at the bound and the latest answers are
+///   not a run of [`QUEUED_RUN`] late ones. Requests that do not answer
+///   (long polls, streams), or a slow shape beside fast pages, open it by
+///   time; an app's backlog delays every answer behind it, the cheap
+///   pages' too, and such a run holds the bound until the window cuts.
+///
+/// Latency alone cannot tell a slow new shape from queueing: a slow start
+/// that ended on late answers held `nginx-connection-exhaustion.toml`'s
+/// people to 79% (2026-12-04). Once latency or a drop has cut the limit,
+/// the limit itself is learned and the bound is gone.
+#[derive(Debug, Clone)]
+struct OpenBound {
+    bound: f64,
+    /// When in flight first reached the bound since it last grew.
+    full_since: Option<Instant>,
+    /// Answers within the tolerance to requests sent since then.
+    calm_answers: u32,
+    /// Late answers in a row, the latest last (any request's, since then).
+    late_run: u32,
+}
+
+/// Late answers in a row that say the app queues: its backlog delays
+/// every answer behind it.
+const QUEUED_RUN: u32 = 8;
+
+impl OpenBound {
+    fn new() -> OpenBound {
+        OpenBound {
+            bound: OPEN_FLOOR,
+            full_since: None,
+            calm_answers: 0,
+            late_run: 0,
+        }
+    }
+
+    fn grow(&mut self) {
+        self.bound *= 2.0;
+        self.full_since = None;
+        self.calm_answers = 0;
+        self.late_run = 0;
+    }
+}
 
 /// Parameters of [`GradientLimit`].
 #[derive(Debug, Clone, PartialEq)]
@@ -313,6 +377,8 @@ pub struct GradientLimit {
     /// The most in flight at which a request of the last closed window was
     /// answered (see [`GradientLimit::drop_floor`]).
     answered_peak: usize,
+    /// While the limit is open (never cut), how far in flight may go.
+    open: Option<OpenBound>,
     window: Window,
 }
 
@@ -333,6 +399,7 @@ impl GradientLimit {
             last_drop_cut: None,
             cut_by_drop: false,
             cut_by_latency_once: false,
+            open: Some(OpenBound::new()),
             window: Window::new(now),
         })
     }
@@ -378,11 +445,83 @@ impl GradientLimit {
                 self.probing = true;
             }
         }
+        // A limit the last process had cut, or seeded above, is learned:
+        // the open bound is for a limit that knows nothing yet.
+        if self.limit < self.config.max as f64 {
+            self.open = None;
+        }
     }
 
-    /// The current limit (whole slots).
+    /// The learned limit (whole slots).
     pub fn limit(&self) -> usize {
         (self.limit.floor() as usize).clamp(self.config.min, self.config.max)
+    }
+
+    /// The limit in force: the learned one, or while it is open, the
+    /// [`OpenBound`].
+    pub fn allowed(&self) -> usize {
+        match &self.open {
+            Some(open) => self.limit().min((open.bound as usize).max(self.config.min)),
+            None => self.limit(),
+        }
+    }
+
+    /// How far in flight may go while the limit is open, if it is.
+    pub fn open_bound(&self) -> Option<usize> {
+        self.open.as_ref().map(|o| o.bound as usize)
+    }
+
+    /// Whether the open bound, not the learned limit, is what holds
+    /// `in_flight` back now.
+    pub fn held_by_open_bound(&self, in_flight: usize) -> bool {
+        in_flight >= self.allowed() && in_flight < self.limit()
+    }
+
+    /// Grows the open bound, if `in_flight` has reached it and the app has
+    /// kept up since it last grew (see [`OpenBound`]); a grant decision
+    /// calls it first.
+    pub fn grow_open(&mut self, now: Instant, in_flight: usize) {
+        let window = self.config.window;
+        let Some(open) = &mut self.open else {
+            return;
+        };
+        let full_since = match open.full_since {
+            Some(at) => at,
+            None if (in_flight as f64) >= open.bound => *open.full_since.insert(now),
+            None => return,
+        };
+        let kept_up = f64::from(open.calm_answers) >= open.bound;
+        let not_queueing =
+            now.saturating_duration_since(full_since) >= window && open.late_run < QUEUED_RUN;
+        if kept_up || not_queueing {
+            open.grow();
+        }
+    }
+
+    /// Counts an answer to a request sent at `started` towards the open
+    /// bound's growth.
+    fn count_open_answer(&mut self, started: Instant, latency: Duration) {
+        let calm_below = self
+            .long_rtt
+            .map(|long| self.config.tolerance * long + CONGESTION_FLOOR_SECS);
+        let Some(open) = self.open.as_mut() else {
+            return;
+        };
+        let Some(full_since) = open.full_since else {
+            return;
+        };
+        // Before the first window there is nothing to compare against:
+        // that window's own cut is what holds a slow app's flood.
+        if calm_below.is_some_and(|below| latency.as_secs_f64() > below) {
+            open.late_run = open.late_run.saturating_add(1);
+            return;
+        }
+        open.late_run = 0;
+        // Only requests sent since in flight reached the bound say whether
+        // the app keeps up with it: earlier ones did not meet its queue.
+        if started >= full_since {
+            open.calm_answers = open.calm_answers.saturating_add(1);
+        }
     }
 
     /// The long-term latency the gradient compares against, once known.
@@ -408,6 +547,9 @@ impl GradientLimit {
             return Some(self.limit());
         }
         let dropped = sample.dropped && sample.in_flight <= self.limit();
+        if !sample.dropped {
+            self.count_open_answer(sample.started, sample.latency);
+        }
         let w = &mut self.window;
         w.count += 1;
         w.keep(sample.latency.as_secs_f64());
@@ -459,6 +601,7 @@ impl GradientLimit {
         let cfg = &self.config;
         self.last_drop_cut = Some(now);
         self.cut_by_drop = true;
+        self.open = None;
         self.flat_saturated = 0;
         self.probing = false;
         let from = self.limit.min(self.drop_floor(w.min_dropped_in_flight));
@@ -500,6 +643,13 @@ impl GradientLimit {
             && short - long > CONGESTION_FLOOR_SECS + OWN_LAG_POLLS * own_lag;
         if !congested {
             self.calm_peak = (self.calm_peak * CALM_PEAK_FADE).max(w.max_in_flight as f64);
+            // What calm traffic had in flight, twice over, is never held;
+            // once the bound holds requests back, only the app's answers
+            // (or time) move it: a flood's first window reads calm on the
+            // answers that came before its queue.
+            if let Some(open) = self.open.as_mut().filter(|o| o.full_since.is_none()) {
+                open.bound = open.bound.max(2.0 * self.calm_peak);
+            }
         }
         let app_limited = (w.max_in_flight as f64) < self.limit / 2.0;
         let saturated = w.max_in_flight >= self.limit();
@@ -551,6 +701,7 @@ impl GradientLimit {
         self.flat_saturated = 0;
         self.cut_by_drop = false;
         self.cut_by_latency_once = true;
+        self.open = None;
         let base = self.limit.min(w.max_in_flight as f64);
         let gradient = (cfg.tolerance * long / short).clamp(0.5, 1.0);
         let smoothed = base * (1.0 - cfg.smoothing) + base * gradient * cfg.smoothing;
@@ -756,6 +907,8 @@ mod tests {
         waiting: std::collections::VecDeque<(Instant, usize)>,
         /// Requests waiting in weir for a slot.
         queued: u64,
+        /// Requests its full backlog refused.
+        refused: u64,
     }
 
     impl ModelApp {
@@ -767,6 +920,7 @@ mod tests {
                 serving: Vec::new(),
                 waiting: Default::default(),
                 queued: 0,
+                refused: 0,
             }
         }
 
@@ -799,7 +953,8 @@ mod tests {
                 };
                 self.serving.push((now + self.service, sent, in_flight));
             }
-            while self.queued > 0 && self.in_flight() < g.limit() {
+            g.grow_open(now, self.in_flight());
+            while self.queued > 0 && self.in_flight() < g.allowed() {
                 self.queued -= 1;
                 let in_flight = self.in_flight() + 1;
                 if self.serving.len() < self.workers {
@@ -807,6 +962,7 @@ mod tests {
                 } else if self.waiting.len() < self.backlog {
                     self.waiting.push_back((now, in_flight));
                 } else {
+                    self.refused += 1;
                     let sample = Sample {
                         latency: ms(1),
                         started: now,
@@ -816,6 +972,10 @@ mod tests {
                     };
                     g.on_sample(now, sample);
                 }
+            }
+            // As the queue does when requests are left waiting.
+            if self.queued > 0 {
+                g.grow_open(now, self.in_flight());
             }
         }
     }
@@ -864,6 +1024,82 @@ mod tests {
             "workers idled {:.1}% of the time",
             idle * 100.0
         );
+    }
+
+    /// Issue 55, item 3: the flood's first second does not overfill the
+    /// app's own backlog. After ten calm seconds (15 a second to 10
+    /// workers of 400 ms), 361 requests arrive in one second, then 40 a
+    /// second. The open limit sent the whole burst at once: the backlog
+    /// (64) overflowed, 120 requests were refused, and its drain left the
+    /// limit below the workers, with weir's queue full, for a second. The
+    /// open bound (64 here) keeps the backlog from overflowing, and no
+    /// worker idles beside weir's queue once the burst is past.
+    #[test]
+    fn a_burst_into_an_open_limit_does_not_overfill_the_apps_backlog() {
+        let start = Instant::now();
+        let mut now = start;
+        let mut g = limiter(now);
+        let mut app = ModelApp::new(10, 64, ms(400));
+        let tick = ms(10);
+        let mut owed = 0.0;
+        let (mut deepest, mut idle_beside_queue) = (0usize, 0u32);
+        for _ in 0..3000u32 {
+            now += tick;
+            let t = now.duration_since(start).as_secs_f64();
+            owed += match t {
+                t if t < 10.0 => 15.0,
+                t if t < 11.0 => 361.0,
+                _ => 40.0,
+            } * tick.as_secs_f64();
+            while owed >= 1.0 {
+                app.queued += 1;
+                owed -= 1.0;
+            }
+            app.tick(&mut g, now);
+            deepest = deepest.max(app.waiting.len());
+            if t > 12.0 && app.queued > 0 && app.serving.len() < app.workers {
+                idle_beside_queue += 1;
+            }
+        }
+        assert_eq!(app.refused, 0, "the app's backlog refused requests");
+        assert!(deepest < 64, "the app's backlog reached {deepest}");
+        assert_eq!(
+            idle_beside_queue, 0,
+            "workers idled beside weir's queue for {idle_beside_queue} ticks"
+        );
+    }
+
+    /// The open bound holds no ordinary traffic back: a fast app asked
+    /// for a thousand at once is given them within a few of its own
+    /// latencies, and long polls that never answer open it by time.
+    #[test]
+    fn the_open_bound_opens_fast_for_an_app_that_keeps_up_and_by_time_for_long_polls() {
+        let start = Instant::now();
+        let mut now = start;
+        let mut g = limiter(now);
+        let mut app = ModelApp::new(2000, 64, ms(1));
+        app.queued = 1000;
+        let mut ticks = 0;
+        while app.queued > 0 {
+            now += ms(1);
+            ticks += 1;
+            app.tick(&mut g, now);
+            assert!(ticks < 20, "1,000 waited {ticks} ms for a 1 ms app");
+        }
+        // Long polls: none answers within the run.
+        let mut g = limiter(now);
+        let mut polls = ModelApp::new(2000, 64, Duration::from_secs(60));
+        polls.queued = 500;
+        let began = now;
+        while polls.queued > 0 {
+            now += ms(10);
+            polls.tick(&mut g, now);
+            assert!(
+                now.duration_since(began) < Duration::from_secs(6),
+                "long polls held {} s",
+                now.duration_since(began).as_secs()
+            );
+        }
     }
 
     #[test]

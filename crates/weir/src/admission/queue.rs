@@ -178,11 +178,44 @@ enum Limiter {
 /// than a turn; people's pages arrive a few at a time.
 const BACKLOG: usize = 8;
 
+/// How often waiters held only by the adaptive limit's open bound are
+/// looked at again: the bound grows by time at most once a window.
+const OPEN_BOUND_LOOK: Duration = Duration::from_millis(250);
+
 impl Limiter {
+    /// The limit in force (for an adaptive one, its open bound included).
     fn limit(&self) -> usize {
         match self {
             Limiter::Fixed(n) => *n,
+            Limiter::Adaptive(g) => g.allowed(),
+        }
+    }
+
+    /// The learned limit: for an adaptive one, without its open bound.
+    fn learned(&self) -> usize {
+        match self {
+            Limiter::Fixed(n) => *n,
             Limiter::Adaptive(g) => g.limit(),
+        }
+    }
+
+    fn open_bound(&self) -> Option<usize> {
+        match self {
+            Limiter::Fixed(_) => None,
+            Limiter::Adaptive(g) => g.open_bound(),
+        }
+    }
+
+    /// Lets an adaptive limit's open bound grow before a grant decision;
+    /// says whether it still holds `in_flight` back, so that someone must
+    /// look again when it may grow by time.
+    fn grow_open(&mut self, now: Instant, in_flight: usize) -> bool {
+        match self {
+            Limiter::Fixed(_) => false,
+            Limiter::Adaptive(g) => {
+                g.grow_open(now.into_std(), in_flight);
+                g.held_by_open_bound(in_flight)
+            }
         }
     }
 }
@@ -247,6 +280,9 @@ struct State {
     hold_secs: Option<f64>,
     /// What the servers can take right now (slow start), if less than the limit.
     capacity: Option<usize>,
+    /// A look is due when the adaptive limit's open bound may grow by time
+    /// (see [`Shared::wake_for_open_bound`]).
+    open_wake_armed: bool,
 }
 
 impl State {
@@ -363,6 +399,7 @@ impl AdmissionQueue {
                     limiter,
                     hold_secs: None,
                     capacity: None,
+                    open_wake_armed: false,
                 }),
                 shapes: ShapeCosts::new(),
                 config,
@@ -477,6 +514,8 @@ impl AdmissionQueue {
         let mut evicted = Vec::new();
         let queued = {
             let mut st = shared.lock();
+            let in_flight = st.in_flight;
+            st.limiter.grow_open(now, in_flight);
             let limit = shared.limit(&st);
             let free = st.queued == 0 && st.in_flight < limit;
             let lent = !free
@@ -523,6 +562,7 @@ impl AdmissionQueue {
                         },
                     );
                     st.queued += 1;
+                    shared.wake_for_open_bound(&mut st, now);
                     Ok(Queued::Waiting(rx, ticket))
                 }
             }
@@ -642,8 +682,10 @@ impl AdmissionQueue {
     /// Counters and gauges for metrics and the admin API.
     pub fn snapshot(&self) -> QueueSnapshot {
         let st = self.shared.lock();
+        let limit = self.shared.cap(&st, st.limiter.learned());
         QueueSnapshot {
-            limit: self.shared.limit(&st),
+            limit,
+            open_bound: st.limiter.open_bound().filter(|&b| b < limit),
             in_flight: st.in_flight + st.lent,
             health_in_flight: st.health_in_flight,
             lanes: st
@@ -685,9 +727,14 @@ impl Shared {
             && st.lent < self.config.health_reserve
     }
 
+    /// The traffic limit in force.
     fn limit(&self, st: &State) -> usize {
-        st.limiter
-            .limit()
+        self.cap(st, st.limiter.limit())
+    }
+
+    /// `limit` capped by the app's workers and the servers' slow start.
+    fn cap(&self, st: &State, limit: usize) -> usize {
+        limit
             .min(self.ceiling)
             .min(st.capacity.unwrap_or(usize::MAX))
             .max(1)
@@ -818,6 +865,8 @@ impl Shared {
     /// owed its share, [`Shared::next_lane`]).
     fn take_grants(&self, st: &mut State, now: Instant) -> Vec<Grant> {
         let mut grants = Vec::new();
+        let in_flight = st.in_flight;
+        st.limiter.grow_open(now, in_flight);
         let limit = self.limit(st);
         while st.in_flight < limit && st.queued > 0 {
             let Some((i, by_share)) = self.next_lane(st) else {
@@ -848,6 +897,30 @@ impl Shared {
         grants
     }
 
+    /// Looks again in a while when requests wait only because the adaptive
+    /// limit's open bound holds them (see `adaptive::OpenBound`): requests
+    /// that do not answer (long polls) grow it by time, and nothing else
+    /// would come to grant their waiters.
+    fn wake_for_open_bound(self: &Arc<Self>, st: &mut State, now: Instant) {
+        if st.open_wake_armed || st.queued == 0 {
+            return;
+        }
+        let in_flight = st.in_flight;
+        if !st.limiter.grow_open(now, in_flight) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        st.open_wake_armed = true;
+        let shared = self.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(OPEN_BOUND_LOOK).await;
+            shared.lock().open_wake_armed = false;
+            shared.grant_and_release(None, 0);
+        });
+    }
+
     fn release(self: &Arc<Self>, done: Released) {
         if done.lent {
             // Outside the traffic limit: no waiter's slot comes free.
@@ -872,7 +945,9 @@ impl Shared {
                 if let Some(done) = sample.take() {
                     self.record(&mut st, done, now);
                 }
-                self.take_grants(&mut st, now)
+                let grants = self.take_grants(&mut st, now);
+                self.wake_for_open_bound(&mut st, now);
+                grants
             };
             for g in grants {
                 let permit = Permit::new(self.clone(), g.granted, now);
@@ -1058,8 +1133,12 @@ impl Drop for HealthPermit {
 /// A point-in-time view of a queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueSnapshot {
-    /// The traffic limit in force (export as `weir_admission_limit`).
+    /// The learned (or fixed) traffic limit (export as
+    /// `weir_admission_limit`).
     pub limit: usize,
+    /// While an adaptive limit is open (never cut), how far in flight may
+    /// go below it (export as `weir_admission_open_bound`).
+    pub open_bound: Option<usize>,
     pub in_flight: usize,
     pub health_in_flight: usize,
     pub lanes: Vec<LaneSnapshot>,

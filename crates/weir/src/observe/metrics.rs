@@ -387,6 +387,7 @@ pub struct Metrics {
     pub challenge_spared: Family<PoolLabels, Counter>,
     pub bot_verifications: Family<BotLabels, Counter>,
     pub admission_limit: Family<PoolLabels, Gauge>,
+    pub admission_open_bound: Family<PoolLabels, Gauge>,
     pub admission_expensive_shapes: Family<PoolLabels, Gauge>,
     pub admission_in_flight: Family<PoolLabels, Gauge>,
     pub admission_queued: Family<LaneLabels, Gauge>,
@@ -462,6 +463,7 @@ impl Metrics {
             challenge_spared: Family::default(),
             bot_verifications: Family::default(),
             admission_limit: Family::default(),
+            admission_open_bound: Family::default(),
             admission_expensive_shapes: Family::default(),
             admission_in_flight: Family::default(),
             admission_queued: Family::default(),
@@ -741,6 +743,11 @@ impl Metrics {
             "admission_limit",
             "Requests the pool's admission queue lets through at once (fixed, or learned by the adaptive limit)",
             self.admission_limit.clone(),
+        );
+        registry.register(
+            "admission_open_bound",
+            "While the adaptive limit is still open (never cut), how far requests in flight may go: doubles as the app keeps up, 0 once the limit is learned",
+            self.admission_open_bound.clone(),
         );
         registry.register(
             "admission_expensive_shapes",

@@ -77,6 +77,10 @@ pub fn export_gauges(pools: &[Arc<Pool>], metrics: &Metrics, now: Instant) {
                 .get_or_create(&labels)
                 .set(snap.limit as i64);
             metrics
+                .admission_open_bound
+                .get_or_create(&labels)
+                .set(snap.open_bound.map_or(0, |b| b as i64));
+            metrics
                 .admission_expensive_shapes
                 .get_or_create(&labels)
                 .set(q.shapes().expensive_shapes() as i64);
