@@ -86,6 +86,8 @@ mod session_verifier;
 // Three weir processes sharing limits through a real Redis; Redis loss and
 // recovery.
 mod shared_limits;
+// A fleet of instances sharing a Redis signs with one challenge key.
+mod fleet;
 
 // `weir replay`: nginx, Caddy and weir logs replay to the live decisions.
 mod replay;

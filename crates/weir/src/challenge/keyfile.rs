@@ -61,13 +61,21 @@ pub fn wanted(config: &crate::config::Config) -> bool {
 
 /// Before a gateway is built for `config` by a process that serves it
 /// (`weir run`, a reload; never `weir check`, which writes nothing): the
-/// state directory's key created if it is wanted and missing. A failure is
-/// logged, and the gateway then signs with this process's own key.
+/// state directory's key created if it is wanted and missing, and with a
+/// shared Redis, the fleet's key read from it ([`super::fleet_key`]). A
+/// failure is logged, and the gateway then signs with this process's own
+/// key.
 pub fn prepare(config: &crate::config::Config) {
     if !wanted(config) {
         return;
     }
-    let Some(dir) = state_dir(&config.state) else {
+    prepare_state_key(&config.state);
+    prepare_fleet_key(&config.state);
+}
+
+/// The state directory's key, created if missing.
+fn prepare_state_key(state: &crate::config::StateConfig) {
+    let Some(dir) = state_dir(state) else {
         return;
     };
     let path = dir.join(FILE_NAME);
@@ -93,6 +101,36 @@ pub fn loose_mode(path: &Path) -> Option<u32> {
     use std::os::unix::fs::PermissionsExt as _;
     let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
     (mode & 0o077 != 0).then_some(mode)
+}
+
+/// Reads the fleet's key from the shared Redis, offering this
+/// instance's own ([`super::fleet_key`]); a failure is logged, and the
+/// instance signs with the fleet's key it read before, if any, else its
+/// own.
+fn prepare_fleet_key(state: &crate::config::StateConfig) {
+    let own = signing_key(state);
+    match super::fleet_key::fetch(state, &own) {
+        Ok(Some(_)) => tracing::info!("the challenge signs with the fleet's key, kept in Redis"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot read the fleet's challenge key from Redis: this instance signs with \
+             its own, and a pass from another instance is not good here (give every \
+             instance the same challenge.keys)"
+        ),
+    }
+}
+
+/// The keys a gateway given none signs and verifies with: the fleet's
+/// (kept in Redis, [`super::fleet_key`]) first when this process has read
+/// one, then [`signing_key`]. The first signs; both verify, so a pass this
+/// instance signed before it joined the fleet's key stays good.
+pub fn signing_keys(state: &crate::config::StateConfig) -> Vec<String> {
+    let own = signing_key(state);
+    match super::fleet_key::current().filter(|_| state.redis_url.is_some()) {
+        Some(fleet) if fleet != own => vec![fleet, own],
+        _ => vec![own],
+    }
 }
 
 /// The key to sign with: the state directory's if it holds one, else this

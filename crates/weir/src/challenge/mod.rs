@@ -77,6 +77,7 @@
 
 pub mod budget;
 pub mod config;
+pub mod fleet_key;
 pub mod keyfile;
 pub mod keyring;
 pub mod page;

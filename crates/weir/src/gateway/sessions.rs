@@ -55,8 +55,8 @@ pub(super) fn challenger(
         return None;
     }
     if c.keys.is_empty() {
-        c.keys
-            .push(crate::challenge::keyfile::signing_key(&cfg.state).into());
+        let keys = crate::challenge::keyfile::signing_keys(&cfg.state);
+        c.keys.extend(keys.into_iter().map(Into::into));
     }
     match crate::challenge::Challenger::new(&c) {
         Ok(ch) => Some(Arc::new(ch)),
@@ -81,7 +81,9 @@ pub(super) fn visits(
     let configured = cfg.challenge.as_ref().map(|c| c.keys.as_slice());
     let secrets = match configured {
         Some(keys) if !keys.is_empty() => keys.to_vec(),
-        _ => vec![crate::challenge::keyfile::signing_key(&cfg.state).into()],
+        _ => (crate::challenge::keyfile::signing_keys(&cfg.state).into_iter())
+            .map(Into::into)
+            .collect(),
     };
     let secure = (cfg.challenge.as_ref()).map_or_else(Default::default, |c| c.secure_cookies);
     match crate::visit::Visits::new(&cfg.visit, &secrets, secure) {

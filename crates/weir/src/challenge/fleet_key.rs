@@ -1,0 +1,106 @@
+//! The challenge's key for a fleet: several weir instances that share a
+//! Redis (`state.redis_url`) and were given no `challenge.keys` sign and
+//! verify with one key kept in that Redis, so a pass, a visit or a
+//! challenge answer from one instance is good at every other. Without it
+//! each instance signed with its own key (its state directory's): behind a
+//! round-robin balancer a browser solved a challenge on one instance and
+//! was challenged again on the next, page after page (issue 56: 265-316
+//! documents for one page).
+//!
+//! Owns: storing the first key offered under `{redis_prefix}challenge:key`
+//! (`SET NX`, so every instance ends with the same one) and reading it
+//! back, once per start and reload. Does not: decide which keys sign
+//! ([`super::keyfile::signing_keys`]), or share limits (`crate::state`).
+//!
+//! Whoever can read weir's Redis can sign passes with the key; weir's
+//! Redis already holds every limit's state, and is as private as the key
+//! file. A `redis_sentinel` deployment is not covered yet: give its
+//! instances the same `challenge.keys`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::config::StateConfig;
+
+/// The key's name after the deployment's `redis_prefix`.
+const KEY_NAME: &str = "challenge:key";
+
+/// The fleet's key, once read: kept for the process, so a reload while
+/// Redis is down goes on signing with it.
+static FLEET_KEY: Mutex<Option<String>> = Mutex::new(None);
+
+/// Why the fleet's key could not be read from Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetKeyError {
+    #[error(transparent)]
+    Setup(#[from] weir_limiter::redis::RedisSetupError),
+    #[error("{0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("no answer from Redis within {0:?}")]
+    Timeout(Duration),
+    #[error("the key in Redis is {0} bytes, too short to sign with (at least 32)")]
+    Short(usize),
+    #[error("cannot start a thread to ask Redis: {0}")]
+    Thread(std::io::Error),
+}
+
+/// The fleet's key, if this process has read one.
+pub fn current() -> Option<String> {
+    FLEET_KEY.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Reads the fleet's key from the Redis of `state`, storing `offer` first
+/// if no instance has yet; keeps it for [`current`]. Nothing is done when
+/// `state` names no `redis_url`. Waits at most the Redis connect timeout
+/// plus its command timeout, on a thread of its own (a start or a reload
+/// may run on the runtime's threads).
+pub fn fetch(state: &StateConfig, offer: &str) -> Result<Option<String>, FleetKeyError> {
+    let Some(url) = &state.redis_url else {
+        return Ok(None);
+    };
+    let tls = weir_limiter::redis::RedisTls::from_config(
+        state.redis_ca_file.as_deref().map(std::path::Path::new),
+    )?;
+    let client = weir_limiter::redis::check_settings_with(url, &state.redis_prefix, &tls)?;
+    let name = format!("{}{KEY_NAME}", state.redis_prefix);
+    let offer = offer.to_owned();
+    let wait = state.redis_connect_timeout.0 + state.redis_command_timeout.0;
+    let asked = std::thread::Builder::new()
+        .name("weir-fleet-key".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(FleetKeyError::Thread)?;
+            runtime.block_on(async {
+                tokio::time::timeout(wait, stored_or_offered(&client, &name, &offer))
+                    .await
+                    .map_err(|_| FleetKeyError::Timeout(wait))?
+            })
+        })
+        .map_err(FleetKeyError::Thread)?
+        .join()
+        .unwrap_or(Err(FleetKeyError::Timeout(wait)))?;
+    if asked.len() < super::keyring::MIN_KEY_BYTES {
+        return Err(FleetKeyError::Short(asked.len()));
+    }
+    *FLEET_KEY.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked.clone());
+    Ok(Some(asked))
+}
+
+/// `SET name offer NX`, then `GET name`: the first instance's offer wins.
+async fn stored_or_offered(
+    client: &redis::Client,
+    name: &str,
+    offer: &str,
+) -> Result<String, FleetKeyError> {
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let _: Option<String> = redis::cmd("SET")
+        .arg(name)
+        .arg(offer)
+        .arg("NX")
+        .query_async(&mut conn)
+        .await?;
+    let key: String = redis::cmd("GET").arg(name).query_async(&mut conn).await?;
+    Ok(key)
+}

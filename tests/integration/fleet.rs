@@ -1,0 +1,151 @@
+//! weir as a fleet (issue 56): instances given no `challenge.keys` that
+//! share a Redis sign with one key kept there, so a browser that solved a
+//! challenge on one instance, or whose answer a balancer sent to another,
+//! is not challenged again on the next.
+
+use std::net::{IpAddr, SocketAddr};
+
+use crate::fixtures::{Upstream, jar};
+use crate::support::{HttpRequest, Redis, Weir, WeirConfig};
+
+/// A zero-configuration instance (no `challenge.keys`, no state
+/// directory: each signs with a key of its own) whose pages are always
+/// challenged, sharing `redis` when given.
+fn config(app: SocketAddr, redis: Option<SocketAddr>) -> String {
+    let state = redis.map_or(String::new(), |r| {
+        format!("[state]\nredis_url = \"redis://{r}/0\"\n")
+    });
+    WeirConfig::new(app)
+        .admin()
+        .access_log_off()
+        .route("page")
+        .then(format!(
+            "[classes.page]\nchallenge = \"always\"\n\n[challenge]\ndifficulty = 8\n\n{state}"
+        ))
+        .toml()
+}
+
+fn browser(r: HttpRequest) -> HttpRequest {
+    r.from("127.56.0.1".parse::<IpAddr>().unwrap())
+        .header("accept", "text/html,application/xhtml+xml")
+        .header("sec-fetch-mode", "navigate")
+        .header("user-agent", "Mozilla/5.0 fleet test")
+}
+
+/// A challenge page from `first`, its answer sent to `second` (as a
+/// round-robin balancer does): the answer's status and the pass it set.
+async fn challenged_on_one_answered_on_the_other(
+    first: &Weir,
+    second: &Weir,
+) -> (u16, Option<String>) {
+    let page = browser(HttpRequest::get("/wiki/Page"))
+        .send(first.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(page.status, 429, "a challenge: {page}");
+    let body = page.text();
+    let nonce = weir::challenge::page_nonce(body.as_bytes()).expect("a challenge page");
+    let counter = weir::challenge::pow::solve(&nonce, 8);
+    let answer = browser(HttpRequest::post(
+        "/.weir/challenge/verify",
+        weir::challenge::answer_form(&nonce, counter),
+    ))
+    .header("content-type", "application/x-www-form-urlencoded")
+    .header("cookie", &jar(body.as_bytes()))
+    .send(second.listener(0))
+    .await
+    .unwrap();
+    let pass = answer
+        .header("set-cookie")
+        .filter(|c| c.starts_with("weir_pass="))
+        .map(|c| c.split(';').next().unwrap_or_default().to_owned());
+    (answer.status, pass)
+}
+
+/// Through two instances sharing a Redis: the answer to one instance's
+/// challenge is good at the other, and the pass it earns opens pages on
+/// both. Before the fleet's key, each instance refused the other's answer
+/// and pass: a browser behind a round-robin balancer looped through the
+/// challenge (issue 56). The same two instances without Redis still do,
+/// which the second half shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_sharing_a_redis_take_each_others_answers_and_passes() {
+    let app = Upstream::start().await;
+    let redis = Redis::builder().start().await.unwrap();
+    let toml = config(app.addr, Some(redis.addr()));
+    let a = Weir::builder().config(&toml).start().await.unwrap();
+    let b = Weir::builder().config(&toml).start().await.unwrap();
+
+    let (status, pass) = challenged_on_one_answered_on_the_other(&a, &b).await;
+    assert_eq!(status, 303, "the answer is good at the other instance");
+    let pass = pass.expect("a pass");
+    for (name, weir) in [("a", &a), ("b", &b)] {
+        let page = browser(HttpRequest::get("/wiki/Page"))
+            .header("cookie", &pass)
+            .send(weir.listener(0))
+            .await
+            .unwrap();
+        assert_eq!(page.status, 200, "the pass opens {name}'s pages: {page}");
+    }
+
+    // Without a shared store each signs alone: the other's answer is
+    // refused (sent back to the page, no pass).
+    let alone = config(app.addr, None);
+    let c = Weir::builder().config(&alone).start().await.unwrap();
+    let d = Weir::builder().config(&alone).start().await.unwrap();
+    let (_, pass) = challenged_on_one_answered_on_the_other(&c, &d).await;
+    assert_eq!(pass, None, "separate keys: no pass from the other's answer");
+}
+
+/// `weir_challenge_events_total` for `event` at `weir`.
+async fn challenge_events(weir: &Weir, event: &str) -> f64 {
+    let text = weir.metrics().await;
+    let series = format!("weir_challenge_events_total{{event=\"{event}\",reason=\"\"}}");
+    crate::fixtures::metric(&text, &series)
+}
+
+/// A real headless Chromium through a real round-robin nginx over two
+/// zero-configuration instances that share a Redis, pages always
+/// challenged: the page is shown after one challenge, whichever instance
+/// served the page, took the answer and served the page again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_through_a_round_robin_balancer_sees_the_page_after_one_challenge() {
+    use crate::support::Nginx;
+    use crate::support::chromium::Chromium;
+    let app = Upstream::start().await;
+    let redis = Redis::builder().start().await.unwrap();
+    let toml = config(app.addr, Some(redis.addr()));
+    let a = Weir::builder().config(&toml).start().await.unwrap();
+    let b = Weir::builder().config(&toml).start().await.unwrap();
+    let (to_a, to_b) = (a.listener(0), b.listener(0));
+    let nginx = Nginx::builder()
+        .http(move |addrs| {
+            format!(
+                "upstream fleet {{ server {to_a}; server {to_b}; }}\n\
+                 server {{ listen {}; location / {{ proxy_pass http://fleet; \
+                 proxy_set_header Host $host; }} }}",
+                addrs[0]
+            )
+        })
+        .start()
+        .await
+        .expect("nginx starts");
+    let url = format!("http://{}/wiki/Fleet_page", nginx.addr(0));
+    let dom = Chromium::run(
+        &[
+            "--virtual-time-budget=30000".to_string(),
+            "--dump-dom".to_string(),
+        ],
+        &url,
+    )
+    .output()
+    .await;
+    let issued = challenge_events(&a, "issued").await + challenge_events(&b, "issued").await;
+    let solved = challenge_events(&a, "solved").await + challenge_events(&b, "solved").await;
+    assert!(
+        dom.contains("/wiki/Fleet_page") && !dom.contains("weir-challenge"),
+        "the app's page is shown (issued {issued}, solved {solved}):\n{dom}"
+    );
+    assert_eq!(issued, 1.0, "one challenge, solved {solved}");
+    assert_eq!(solved, 1.0);
+}
