@@ -77,6 +77,7 @@
 
 pub mod budget;
 pub mod config;
+pub mod elsewhere;
 pub mod fleet_key;
 pub mod keyfile;
 pub mod keyring;
@@ -307,15 +308,17 @@ impl Challenger {
     }
 
     /// The pass on this request, checked with no store against the
-    /// `pass_ttl` in force. Any one valid `weir_pass` cookie among several
-    /// is enough.
+    /// `pass_ttl` in force. Any one valid pass among several is enough:
+    /// several `weir_pass` cookies, or several passes side by side in one
+    /// (other instances', see [`elsewhere`]).
     pub fn pass(&self, headers: &HeaderMap, client: &ClientId, now: SystemTime) -> PassCheck {
         // The binding (two SHA-256 digests) only for a request that carries
         // a pass: most carry none, and it was a seventh of a request's work
         // (bench/README.md, "TLS and HTTP/2 under callgrind").
         let mut binding = None;
         let mut first_rejection = None;
-        for value in weir_http::cookie::values(headers, &self.cookie_name) {
+        let values = weir_http::cookie::values(headers, &self.cookie_name);
+        for value in values.flat_map(token::side_by_side) {
             let binding =
                 *binding.get_or_insert_with(|| Binding::of(client.client, user_agent(headers)));
             match token::verify(&self.token_keys, value, binding, now, self.pass_ttl) {
@@ -584,7 +587,15 @@ impl Challenger {
         if cross_site(asker.headers, target) {
             return Err(EndpointRefusal::CrossSite);
         }
-        let opened = pow::open(&self.pow_keys, nonce).map_err(EndpointRefusal::Forged)?;
+        let opened = match pow::open(&self.pow_keys, nonce) {
+            // Signed by another instance, or forged: sent on to the
+            // others ([`elsewhere`]) until the hops are spent.
+            Err(PowRejection::BadSignature) => {
+                return elsewhere::try_another_instance(target)
+                    .ok_or(EndpointRefusal::Forged(PowRejection::BadSignature));
+            }
+            opened => opened.map_err(EndpointRefusal::Forged)?,
+        };
         let jar = match probe(asker.headers, opened.seed) {
             Probe::This => true,
             Probe::None => false,
@@ -592,19 +603,31 @@ impl Challenger {
         };
         let binding = asker.binding();
         match check(binding) {
-            Ok((solved, kind)) => Ok(self.solved(&solved, kind, (binding, jar), asker.tls, at)),
+            Ok((solved, kind)) => {
+                let values = elsewhere::pass_values(asker.headers, &self.cookie_name);
+                let others = elsewhere::others_passes(
+                    &self.token_keys,
+                    values,
+                    binding,
+                    at.now,
+                    self.pass_ttl,
+                );
+                let to = (binding, jar, &others[..]);
+                Ok(self.solved(&solved, kind, to, asker.tls, at))
+            }
             Err(reason) => Ok(back_to_the_page(&opened.return_path, reason)),
         }
     }
 
     /// A redeemed nonce's response: `303` back to where the visitor was
     /// going, with the pass cookie when the browser keeps cookies (`jar`),
-    /// else the pass in the address (see [`Challenger::redeem`]).
+    /// else the pass in the address (see [`Challenger::redeem`]); `others`,
+    /// other instances' passes, kept beside it.
     fn solved(
         &self,
         solved: &pow::Solved,
         kind: PassKind,
-        (binding, jar): (Binding, bool),
+        (binding, jar, others): (Binding, bool, &[&str]),
         tls: bool,
         at: At<'_>,
     ) -> Response<Bytes> {
@@ -615,7 +638,8 @@ impl Challenger {
             now: at.now,
             ttl: self.pass_ttl,
         };
-        let cookie = token::issue(&self.token_keys, minted, binding);
+        // Beside the passes other instances signed (see [`elsewhere`]).
+        let cookie = elsewhere::beside(&token::issue(&self.token_keys, minted, binding), others);
         let mut resp = Response::new(Bytes::new());
         *resp.status_mut() = StatusCode::SEE_OTHER;
         let h = resp.headers_mut();

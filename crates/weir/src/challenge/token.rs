@@ -19,6 +19,10 @@
 //! Version 1 (no kind: every pass was worth the same, however it was
 //! earned) is refused: its holder solves once more.
 //!
+//! A cookie may carry up to four tokens joined by `.` ([`SIDE_BY_SIDE`]):
+//! the passes of instances that sign with keys of their own, each of which
+//! finds its own among them (see `elsewhere.rs`).
+//!
 //! Owns: encoding, signing and verifying that format, and the lifetime a
 //! pass has under the configuration in force. Does not: decide who gets a
 //! token (the `/.weir/challenge/verify` handler does, in `mod.rs`), what a
@@ -39,10 +43,30 @@ pub const TOKEN_LEN: usize = BODY_LEN + TAG_LEN;
 /// Characters of an encoded token (base64url, no padding).
 pub const TOKEN_CHARS: usize = (TOKEN_LEN * 4).div_ceil(3);
 
-/// Whether `text` is spelled as a token is (its length, base64url), before
-/// any key is tried: what may be read from a URL into a `Cookie` field,
-/// where anything else (`;`, a space) could add a cookie of its own.
+/// Joins the passes of several instances in one cookie value: not in
+/// base64url, allowed in a cookie and an address.
+pub const SIDE_BY_SIDE: char = '.';
+/// The most passes one cookie carries side by side: a fleet of instances
+/// that sign with keys of their own (no shared `keys`, no shared Redis)
+/// each add theirs, up to this many (about 400 bytes).
+pub const MAX_SIDE_BY_SIDE: usize = 4;
+
+/// The passes a cookie value carries side by side (see [`SIDE_BY_SIDE`]),
+/// at most [`MAX_SIDE_BY_SIDE`].
+pub fn side_by_side(value: &str) -> impl Iterator<Item = &str> {
+    value.split(SIDE_BY_SIDE).take(MAX_SIDE_BY_SIDE)
+}
+
+/// Whether `text` is spelled as a token is (its length, base64url), or as
+/// several side by side, before any key is tried: what may be read from a
+/// URL into a `Cookie` field, where anything else (`;`, a space) could add
+/// a cookie of its own.
 pub fn is_well_formed(text: &str) -> bool {
+    let pieces = text.split(SIDE_BY_SIDE).count();
+    pieces <= MAX_SIDE_BY_SIDE && text.split(SIDE_BY_SIDE).all(is_one_token)
+}
+
+fn is_one_token(text: &str) -> bool {
     text.len() == TOKEN_CHARS
         && text
             .bytes()
