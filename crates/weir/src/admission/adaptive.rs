@@ -642,14 +642,7 @@ impl GradientLimit {
         let congested = short > cfg.tolerance * long
             && short - long > CONGESTION_FLOOR_SECS + OWN_LAG_POLLS * own_lag;
         if !congested {
-            self.calm_peak = (self.calm_peak * CALM_PEAK_FADE).max(w.max_in_flight as f64);
-            // What calm traffic had in flight, twice over, is never held;
-            // once the bound holds requests back, only the app's answers
-            // (or time) move it: a flood's first window reads calm on the
-            // answers that came before its queue.
-            if let Some(open) = self.open.as_mut().filter(|o| o.full_since.is_none()) {
-                open.bound = open.bound.max(2.0 * self.calm_peak);
-            }
+            self.note_calm(w);
         }
         let app_limited = (w.max_in_flight as f64) < self.limit / 2.0;
         let saturated = w.max_in_flight >= self.limit();
@@ -690,6 +683,19 @@ impl GradientLimit {
             None => next,
         };
         self.limit = next.clamp(cfg.min as f64, cfg.max as f64);
+    }
+
+    /// A window within the tolerance: its peak in flight is what the app
+    /// was asked without strain.
+    fn note_calm(&mut self, w: &Window) {
+        self.calm_peak = (self.calm_peak * CALM_PEAK_FADE).max(w.max_in_flight as f64);
+        // What calm traffic had in flight, twice over, is never held; once
+        // the bound holds requests back, only the app's answers (or time)
+        // move it: a flood's first window reads calm on the answers that
+        // came before its queue.
+        if let Some(open) = self.open.as_mut().filter(|o| o.full_since.is_none()) {
+            open.bound = open.bound.max(2.0 * self.calm_peak);
+        }
     }
 
     /// The limit after a congested window: cut from what was used, not
@@ -1030,10 +1036,10 @@ mod tests {
     /// app's own backlog. After ten calm seconds (15 a second to 10
     /// workers of 400 ms), 361 requests arrive in one second, then 40 a
     /// second. The open limit sent the whole burst at once: the backlog
-    /// (64) overflowed, 120 requests were refused, and its drain left the
-    /// limit below the workers, with weir's queue full, for a second. The
-    /// open bound (64 here) keeps the backlog from overflowing, and no
-    /// worker idles beside weir's queue once the burst is past.
+    /// (64) filled and refused one, and its drain left the limit below the
+    /// workers, with weir's queue full: workers idled beside it for a
+    /// second. The open bound (64 here) keeps the backlog from filling (54
+    /// at most), refuses nothing, and no worker idles beside weir's queue.
     #[test]
     fn a_burst_into_an_open_limit_does_not_overfill_the_apps_backlog() {
         let start = Instant::now();
