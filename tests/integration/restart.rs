@@ -133,7 +133,10 @@ async fn ten_restarts_beside_the_old_process_fail_at_most_one_request_each_and_k
         let new = start().await.unwrap();
         assert_eq!(new.listener(0), port, "the new process shares the port");
         old.signal(Signal::Term).unwrap();
-        let status = old.wait_exit(Duration::from_secs(15)).await.unwrap();
+        let status = match old.wait_exit(Duration::from_secs(15)).await {
+            Ok(status) => status,
+            Err(e) => panic!("restart {k}: {e}\n{}", old.stderr()),
+        };
         assert!(
             status.success(),
             "restart {k}: old process {status:?}\n{}",

@@ -48,6 +48,9 @@ pub struct Runtime {
     /// Admission's: which addresses browse like people, across every pool
     /// (kept across reloads).
     pub browsing: crate::admission::BrowsingEvidence,
+    /// The drain's: how long requests took lately (how long a stop may
+    /// keep accepting).
+    pub spans: crate::lifecycle::drain_plan::RequestSpans,
     /// Warnings logged at most once a minute per kind.
     pub warnings: Warnings,
     /// The last reload's outcome (the live page shows it).
@@ -135,6 +138,7 @@ impl Runtime {
             pressure: PressureTable::default(),
             challenge_budget: Default::default(),
             browsing: crate::admission::BrowsingEvidence::new(),
+            spans: Default::default(),
             warnings: Warnings::new(WARN_INTERVAL),
             state_missing: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::OnceLock::new(),

@@ -22,7 +22,7 @@ use crate::edge::{listener, serve};
 use crate::gateway::Gateway;
 use crate::lifecycle::warmup::{self, Phase};
 use crate::lifecycle::workers::Workers;
-use crate::lifecycle::{Inherited, ListeningSocket, SocketRole, upgrade};
+use crate::lifecycle::{Inherited, ListeningSocket, SocketRole, drain_plan, upgrade};
 use crate::observe::access_log::LogTarget;
 use crate::observe::{AccessLog, Metrics};
 use crate::proxy::Proxy;
@@ -215,18 +215,24 @@ impl Server {
 
     /// Drains: with [`Accepting::WhileEarlierWork`], first keeps accepting
     /// (every connection closing after one request) until the connections
-    /// open now have closed, or another process listens beside this one;
-    /// then stops accepting, lets in-flight requests finish up to
-    /// `deadline`, and closes what is left. Cut short when `stop_now`
-    /// resolves (a second signal): open connections are closed at once. The
-    /// snapshot is written either way.
+    /// open now have closed, or another process listens beside this one, or
+    /// what requests lately took is all the time left
+    /// ([`drain_plan::accepting_for`]); then stops accepting, lets in-flight
+    /// requests finish up to `deadline`, and closes what is left. Alone on
+    /// its sockets, it keeps them open to the end, dropping new handshakes:
+    /// a connection attempt waits (its SYN sent again a second later, then
+    /// three, then seven) instead of being refused. Cut short when
+    /// `stop_now` resolves (a second signal): open connections are closed at
+    /// once. The snapshot is written either way.
     ///
     /// Why keep accepting: a plain stop and start (`docker restart`, most
     /// scripts) starts the next process only once this one has exited.
     /// Closing the listener at the signal refused every connection for the
     /// whole drain (uploads take seconds): 700-1,400 refused per restart
     /// at 200 requests a second. Accepting until the earlier work is done
-    /// leaves the next process only the tail of what began meanwhile.
+    /// left the next process the tail of what began meanwhile, refused too
+    /// (355 and 776 in two of four docker stops), and took in uploads that
+    /// docker's kill at 10 s then cut.
     pub async fn drain_unless(
         self,
         deadline: Duration,
@@ -236,6 +242,7 @@ impl Server {
         let started = Instant::now();
         tokio::pin!(stop_now);
         let mut cut_short = false;
+        let mut waiting = Vec::new();
         if accepting == Accepting::WhileEarlierWork {
             match self
                 .serve_earlier_work(started, deadline, &mut stop_now)
@@ -245,7 +252,7 @@ impl Server {
                 // Beside another process the kernel gives the new
                 // connections to it as soon as this socket closes.
                 Some(Company::Beside) => {}
-                Some(Company::Alone) => self.settle_handshakes(&mut stop_now).await,
+                Some(Company::Alone) => waiting = self.settle_handshakes(&mut stop_now).await,
             }
         }
         self.stop.cancel();
@@ -256,14 +263,21 @@ impl Server {
         for task in self.accepting {
             let _ = tokio::time::timeout(ACCEPT_LOOP_EXIT, task).await;
         }
-        // The loops took what was queued and dropped their sockets; close the
-        // copies kept for a hand-over too, so the kernel refuses new
-        // connections now (instead of queueing them for a process that will
-        // never accept them and resetting them at exit) and the next process
-        // can bind at once. systemd, or a successor sharing the socket, holds
-        // its own copy: that socket stays open and keeps queueing.
+        // The loops took what was queued and dropped their sockets. A
+        // socket that drops new handshakes stays open until exit, so that
+        // connection attempts wait for the next process instead of being
+        // refused; the kernel queues nothing on it for this process to
+        // reset. Any other client socket closes now (beside another process
+        // the kernel then gives it the new connections). systemd, or a
+        // successor sharing the socket, holds its own copy: that socket
+        // stays open and keeps queueing.
         let mut sockets = self.sockets;
-        sockets.retain(|s| s.role != SocketRole::Client);
+        let mut index = 0;
+        sockets.retain(|s| {
+            let keep = s.role != SocketRole::Client || waiting.contains(&index);
+            index += 1;
+            keep
+        });
         // The state as it is now, for a successor starting beside this
         // process (`SO_REUSEPORT`, blue/green): it merges the file when it
         // changes. The final one follows once the last request is done.
@@ -346,7 +360,8 @@ impl Server {
                 "draining: still accepting (each connection closes after one request) until the requests in flight at the signal are done"
             );
         }
-        while !sibling && tracker.opened_before(earlier) > 0 && started.elapsed() < deadline {
+        let accept_for = drain_plan::accepting_for(deadline, &self.runtime.spans);
+        while !sibling && tracker.opened_before(earlier) > 0 && started.elapsed() < accept_for {
             tokio::select! {
                 _ = tokio::time::sleep(EARLIER_WORK_POLL) => {}
                 _ = stop_now.as_mut() => return None,
@@ -358,6 +373,8 @@ impl Server {
         tracing::info!(
             took = ?started.elapsed(),
             another_process_listens = sibling,
+            earlier_work_open = tracker.opened_before(earlier),
+            left_for_what_was_accepted = ?deadline.saturating_sub(started.elapsed()),
             "draining: stopped accepting"
         );
         Some(if sibling {
@@ -369,33 +386,35 @@ impl Server {
 
     /// The last moments of accepting, on the client sockets this process
     /// closes at exit: new connection attempts are dropped (their SYNs sent
-    /// again after a second, to the next process or a closed port) while
-    /// the handshakes under way complete and are accepted. Closing at once
-    /// reset the connections the kernel completed after the last accept,
-    /// requests sent on them included (one in about twenty runs of the
-    /// stop/start harm test at 300 connections a second).
+    /// again after a second, to the next process) while the handshakes
+    /// under way complete and are accepted. Closing at once reset the
+    /// connections the kernel completed after the last accept, requests
+    /// sent on them included (one in about twenty runs of the stop/start
+    /// harm test at 300 connections a second). Returns the indices of the
+    /// sockets that drop new handshakes now.
     async fn settle_handshakes(
         &self,
         stop_now: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
-    ) {
-        let mut stopped_any = false;
-        for s in &self.sockets {
+    ) -> Vec<usize> {
+        let mut dropping = Vec::new();
+        for (i, s) in self.sockets.iter().enumerate() {
             if s.role != SocketRole::Client || s.held_by_systemd {
                 continue;
             }
             match listener::stop_new_handshakes(&s.socket) {
-                Ok(()) => stopped_any = true,
+                Ok(()) => dropping.push(i),
                 Err(e) => {
-                    tracing::warn!(address = %s.configured, error = %e, "draining: could not stop new handshakes; closing the socket may reset some")
+                    tracing::warn!(address = %s.configured, error = %e, "draining: could not stop new handshakes; closing the socket may reset some and refuses the rest")
                 }
             }
         }
-        if stopped_any {
+        if !dropping.is_empty() {
             tokio::select! {
                 _ = tokio::time::sleep(HANDSHAKE_SETTLE) => {}
                 _ = stop_now.as_mut() => {}
             }
         }
+        dropping
     }
 
     /// Closes everything now.
@@ -769,7 +788,11 @@ async fn sweep(rt: Arc<Runtime>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tick.tick() => rt.tracker.sweep(Instant::now()),
+            _ = tick.tick() => {
+                let now = Instant::now();
+                rt.tracker.sweep(now);
+                rt.spans.rotate(now);
+            }
         }
     }
 }

@@ -63,6 +63,10 @@ pub enum Operation {
     Upgrade,
     /// Stop, wait for the exit, start (`docker restart`, most scripts).
     Restart,
+    /// Stop as a container runtime does (SIGTERM, then SIGKILL once
+    /// docker's 10 s grace, [`CONTAINER_GRACE`], is over), then start; weir
+    /// drains for 9 s, as `docs/operations.md` says to match it.
+    ContainerStop,
     /// With `reuse_port`: start the next process beside, then stop the old.
     ReusePortRestart,
     /// Stop and start on a listening socket held as systemd holds it.
@@ -75,12 +79,13 @@ pub enum Operation {
 }
 
 impl Operation {
-    pub const ALL: [Operation; 8] = [
+    pub const ALL: [Operation; 9] = [
         Operation::Steady,
         Operation::AppRestart,
         Operation::Reload,
         Operation::Upgrade,
         Operation::Restart,
+        Operation::ContainerStop,
         Operation::ReusePortRestart,
         Operation::ActivatedRestart,
         Operation::BlueGreen,
@@ -92,6 +97,7 @@ impl Operation {
             Operation::Reload => "reload",
             Operation::Upgrade => "upgrade",
             Operation::Restart => "stop/start",
+            Operation::ContainerStop => "stop/start, killed at 10 s",
             Operation::ReusePortRestart => "restart, reuse_port",
             Operation::ActivatedRestart => "restart, socket activation",
             Operation::BlueGreen => "blue/green behind nginx",
@@ -106,6 +112,7 @@ impl Operation {
             Operation::Reload => "reload",
             Operation::Upgrade => "upgrade",
             Operation::Restart => "restart",
+            Operation::ContainerStop => "container_stop",
             Operation::ReusePortRestart => "reuse_port",
             Operation::ActivatedRestart => "activated",
             Operation::BlueGreen => "blue_green",
@@ -182,7 +189,12 @@ struct WeirFront {
     balancer: Option<ServerProcess>,
     /// Each generation's start-up to listening.
     starts: Vec<Duration>,
+    /// Generations killed at the end of a container's grace.
+    killed: u32,
 }
+
+/// docker's `stop` grace: SIGKILL this long after SIGTERM.
+pub const CONTAINER_GRACE: Duration = Duration::from_secs(10);
 
 impl Front {
     /// Starts `kind` in front of `app`, set up for `op`; `weir` is the binary to run.
@@ -267,6 +279,15 @@ impl Front {
         }
     }
 
+    /// How many weir generations had to be killed at the end of their
+    /// grace (0 for other fronts).
+    pub fn killed(&self) -> u32 {
+        match &self.inner {
+            Inner::Weir(w) => w.killed,
+            _ => 0,
+        }
+    }
+
     /// The serving weir generation's process id (none for other fronts).
     pub fn pid(&self) -> Option<u32> {
         match &self.inner {
@@ -340,6 +361,7 @@ impl WeirFront {
             activated,
             balancer: None,
             starts: Vec::new(),
+            killed: 0,
         };
         front.current = Some(front.spawn(0).await?);
         let target = if op == Operation::BlueGreen {
@@ -412,6 +434,12 @@ impl WeirFront {
                 current.stop().exited().await?;
                 self.current = Some(self.spawn(self.live).await?);
             }
+            Operation::ContainerStop => {
+                if current.stop().exited_or_killed(CONTAINER_GRACE).await? {
+                    self.killed += 1;
+                }
+                self.current = Some(self.spawn(self.live).await?);
+            }
             Operation::ReusePortRestart => {
                 let next = self.spawn(self.live).await?;
                 self.current = Some(next);
@@ -448,6 +476,11 @@ fn weir_config(app: SocketAddr, listen: SocketAddr, dir: &Path, op: Operation) -
     } else {
         ""
     };
+    let process = if op == Operation::ContainerStop {
+        "[process]\ndrain_timeout = \"9s\"\n\n"
+    } else {
+        ""
+    };
     let trusted = if op == Operation::BlueGreen {
         "[identity]\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n"
     } else {
@@ -457,7 +490,7 @@ fn weir_config(app: SocketAddr, listen: SocketAddr, dir: &Path, op: Operation) -
         r#"[admin]
 address = "127.0.0.1:0"
 
-{trusted}[[listeners]]
+{process}{trusted}[[listeners]]
 address = "{listen}"
 {reuse_port}
 [pools.app]

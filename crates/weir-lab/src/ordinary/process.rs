@@ -216,6 +216,7 @@ impl WeirProcess {
         let old = ExitWait {
             child: self.child.take(),
             pid: self.pid,
+            raw: self.pid,
             stderr: self.stderr.clone(),
         };
         // The old generation is `old`'s to wait for now, not this drop's to kill.
@@ -247,6 +248,7 @@ impl WeirProcess {
         let wait = ExitWait {
             child: self.child.take(),
             pid: self.pid,
+            raw: self.pid,
             stderr: self.stderr.clone(),
         };
         self.pid = 0;
@@ -269,6 +271,8 @@ impl Drop for WeirProcess {
 pub struct ExitWait {
     child: Option<Child>,
     pid: u32,
+    /// The pid as it was, for the error (`pid` is 0 once reaped).
+    raw: u32,
     stderr: PathBuf,
 }
 
@@ -276,35 +280,55 @@ impl ExitWait {
     /// Waits until the generation exited (and reaps it); an exit other than
     /// 0 is an error.
     pub async fn exited(mut self) -> Result<(), WeirProcessError> {
+        match self.exit_code(EXIT_WITHIN).await {
+            Some(code) => self.judge(code),
+            None => Err(WeirProcessError::Stuck {
+                pid: self.pid,
+                log: std::fs::read_to_string(&self.stderr).unwrap_or_default(),
+            }),
+        }
+    }
+
+    /// Waits up to `grace` for the exit, then kills the generation
+    /// (SIGKILL) and reaps it, as docker's stop does. Whether it had to be
+    /// killed; an exit other than 0 before that is an error.
+    pub async fn exited_or_killed(mut self, grace: Duration) -> Result<bool, WeirProcessError> {
+        match self.exit_code(grace).await {
+            Some(code) => self.judge(code).map(|()| false),
+            // The drop kills and reaps it.
+            None => Ok(true),
+        }
+    }
+
+    /// The exit code once the generation exited (reaped: nothing left for
+    /// the drop to kill), `None` if it still runs after `limit`.
+    async fn exit_code(&mut self, limit: Duration) -> Option<Option<i32>> {
         let started = Instant::now();
-        let raw = self.pid;
         loop {
             let code = match self.child.as_mut() {
                 Some(c) => c.try_wait().ok().flatten().map(|s| s.code()),
                 None => gone(self.pid),
             };
             if code.is_some() {
-                // Reaped: nothing left for the drop to kill.
                 self.child = None;
                 self.pid = 0;
+                return code;
             }
-            match code {
-                Some(Some(0)) => return Ok(()),
-                Some(code) => {
-                    return Err(WeirProcessError::Failed {
-                        pid: raw,
-                        code,
-                        log: std::fs::read_to_string(&self.stderr).unwrap_or_default(),
-                    });
-                }
-                None if started.elapsed() > EXIT_WITHIN => {
-                    return Err(WeirProcessError::Stuck {
-                        pid: self.pid,
-                        log: std::fs::read_to_string(&self.stderr).unwrap_or_default(),
-                    });
-                }
-                None => tokio::time::sleep(POLL).await,
+            if started.elapsed() > limit {
+                return None;
             }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn judge(&self, code: Option<i32>) -> Result<(), WeirProcessError> {
+        match code {
+            Some(0) => Ok(()),
+            code => Err(WeirProcessError::Failed {
+                pid: self.raw,
+                code,
+                log: std::fs::read_to_string(&self.stderr).unwrap_or_default(),
+            }),
         }
     }
 }

@@ -95,6 +95,8 @@ pub struct Row {
     pub operation_ms: Vec<u64>,
     /// Each weir process started: from its spawn to listening.
     pub start_ms: Vec<u64>,
+    /// weir processes killed at the end of a container's grace.
+    pub killed: u32,
 }
 
 impl Row {
@@ -176,6 +178,7 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         .iter()
         .map(|d| d.as_millis() as u64)
         .collect();
+    let killed = gateway.killed();
     gateway.stop().await.map_err(failed)?;
     let counters = app.counters();
     Ok(Row {
@@ -190,6 +193,7 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         app_workers: plan.app.workers,
         operation_ms,
         start_ms,
+        killed,
     })
 }
 
@@ -209,7 +213,7 @@ pub fn harmed(rows: &[Row]) -> bool {
             .map_or((0, 0), |d| (d.summary.failed, d.summary.uploads_cut));
         let s = &r.summary;
         let allowed = match r.operation {
-            Operation::Restart => failed + s.refused,
+            Operation::Restart | Operation::ContainerStop => failed + s.refused,
             _ => failed,
         };
         s.uploads_cut > cut || s.weir_503 + s.weir_429 > 0 || s.failed > allowed

@@ -12,6 +12,8 @@
 //! - [`signals`]: the signal table.
 //! - [`siblings`]: whether another process listens beside this one
 //!   (`reuse_port`), to which a draining process leaves new connections.
+//! - [`drain_plan`]: how long a stop may keep accepting, so that what it
+//!   takes in finishes inside `process.drain_timeout`.
 //! - [`warmup`]: when a starting generation may call itself ready (its
 //!   pools and Redis answer, bounded by a timeout).
 //! - [`workers`]: the worker threads beyond the first, each accepting with
@@ -20,6 +22,7 @@
 //! Operators' view (and the PID 1 story): `docs/operations.md`. Serving and
 //! draining themselves are `server`.
 
+pub mod drain_plan;
 pub mod handoff;
 pub mod inherit;
 pub mod siblings;

@@ -424,6 +424,10 @@ impl RequestLog {
             self.record.duration,
         );
         rt.timeline.record(&self.record);
+        // A WebSocket's time is its conversation's, not a request's.
+        if self.record.status != 101 {
+            rt.spans.note(self.record.duration);
+        }
         if !rt.access_log.write(&self.record) {
             rt.metrics.access_log_dropped.inc();
         }
