@@ -71,6 +71,9 @@ mod topology;
 // Operator docs kept true: config keys, metrics, alert runbooks.
 mod docs;
 
+// The fleet's deploy examples (Kubernetes, compose) match weir's config.
+mod deploy_examples;
+
 // The lab end to end: a tiny scenario's report against the app's own counts
 // (weir, and nginx and HAProxy as rival gateways), the incidents (original
 // config fails, recommended passes), the alert replay, a connection flood.
