@@ -341,6 +341,14 @@ fn port_named(c: &Container, name: &str) -> u16 {
         .container_port
 }
 
+/// The file `weir run -c FILE` reads.
+fn config_file(args: &[String]) -> String {
+    args.windows(2)
+        .find(|a| a[0] == "-c")
+        .map(|a| a[1].clone())
+        .expect("run -c FILE")
+}
+
 /// The preStop sleep, in seconds.
 fn pre_stop_secs(c: &Container) -> u64 {
     let command = &c
@@ -403,12 +411,7 @@ fn the_kubernetes_fleet_matches_weirs_configuration_and_its_drain() {
     );
 
     // The configuration file: the ConfigMap, mounted where `-c` reads it.
-    let config_arg = c
-        .args
-        .windows(2)
-        .find(|a| a[0] == "-c")
-        .map(|a| a[1].clone())
-        .expect("run -c FILE");
+    let config_arg = config_file(&c.args);
     let mount = c
         .volume_mounts
         .iter()
@@ -528,12 +531,7 @@ fn the_compose_fleet_matches_weirs_configuration_and_its_drain() {
             && health.contains("/livez"),
         "the healthcheck asks /livez on the admin port: {health}"
     );
-    let config_arg = s
-        .command
-        .windows(2)
-        .find(|a| a[0] == "-c")
-        .map(|a| a[1].clone())
-        .expect("run -c FILE");
+    let config_arg = config_file(&s.command);
     assert!(
         s.volumes.contains(&format!("./weir.toml:{config_arg}:ro")),
         "weir.toml mounted at {config_arg}: {:?}",
