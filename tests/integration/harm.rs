@@ -330,6 +330,27 @@ async fn ordinary_traffic_through_a_blue_green_switch_behind_nginx_fails_nothing
     assert_no_failures_through(&[Operation::BlueGreen]).await;
 }
 
+/// Three instances behind a round-robin nginx, restarted one by one as a
+/// Deployment's rollout does: the balancer stops sending to one (readiness
+/// going false), it drains and exits, the next generation starts on its
+/// port, the balancer sends to it again, then the next instance. Nothing
+/// fails, no upload is cut, weir answers nothing itself. (The instances
+/// share no limits here, so the per-address probe is not asked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordinary_traffic_through_a_rolling_restart_of_three_behind_nginx_fails_nothing() {
+    weir_lab::ordinary::process::become_subreaper();
+    let plan = Plan { times: 1, ..plan() };
+    let direct = run(&plan, FrontKind::Direct, Operation::Steady)
+        .await
+        .unwrap();
+    let weir = run(&plan, FrontKind::Weir, Operation::RollingRestart)
+        .await
+        .unwrap();
+    eprintln!("{}", table(&[direct.clone(), weir.clone()]));
+    assert_harmless(&direct, &weir, 0);
+    assert_eq!(weir.start_ms.len(), 6, "three started, three restarted");
+}
+
 /// A plain stop/start (the next process starts once the old has exited):
 /// the old keeps accepting while its earlier work finishes, so what fails
 /// is only what the gap between the two refuses (a refused connection

@@ -250,8 +250,13 @@ impl Server {
             {
                 None => cut_short = true,
                 // Beside another process the kernel gives the new
-                // connections to it as soon as this socket closes.
-                Some(Company::Beside) => {}
+                // connections to it as soon as this socket closes; those
+                // it queued here until then would be reset, so the
+                // handshakes settle first (a SYN dropped meanwhile is sent
+                // again a second later, and then finds only the other).
+                Some(Company::Beside) => {
+                    self.settle_handshakes(&mut stop_now).await;
+                }
                 Some(Company::Alone) => waiting = self.settle_handshakes(&mut stop_now).await,
             }
         }
@@ -346,9 +351,9 @@ impl Server {
                 .filter(|s| s.role == SocketRole::Client)
                 .any(|s| crate::lifecycle::siblings::another_listens(&s.socket))
         };
-        // The kernel's tables grow with every connection (a quarter of a
-        // second to read with ten thousand open): looked at again only
-        // after ten times what the last look took.
+        // A look asks the kernel for its listeners (microseconds), and
+        // runs on this worker's thread: looked at again only after ten
+        // times what the last took, in case a kernel answers slowly.
         let look = || {
             let at = Instant::now();
             (beside(), at + (at.elapsed() * 10).max(SIBLING_LOOK))

@@ -73,13 +73,17 @@ pub enum Operation {
     ActivatedRestart,
     /// Behind nginx: start the other colour, switch nginx to it, stop the old.
     BlueGreen,
+    /// Three instances behind nginx, restarted one by one: the balancer
+    /// stops sending to one (as readiness going false does), it stops and
+    /// starts, the balancer sends to it again, then the next.
+    RollingRestart,
     /// Not the front's: the app behind it is deployed (every connection
     /// reset, down for a moment, back as before).
     AppRestart,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 10] = [
         Operation::Steady,
         Operation::AppRestart,
         Operation::Reload,
@@ -89,6 +93,7 @@ impl Operation {
         Operation::ReusePortRestart,
         Operation::ActivatedRestart,
         Operation::BlueGreen,
+        Operation::RollingRestart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -101,6 +106,7 @@ impl Operation {
             Operation::ReusePortRestart => "restart, reuse_port",
             Operation::ActivatedRestart => "restart, socket activation",
             Operation::BlueGreen => "blue/green behind nginx",
+            Operation::RollingRestart => "rolling restart of 3 behind nginx",
             Operation::AppRestart => "the app restarted",
         }
     }
@@ -116,6 +122,7 @@ impl Operation {
             Operation::ReusePortRestart => "reuse_port",
             Operation::ActivatedRestart => "activated",
             Operation::BlueGreen => "blue_green",
+            Operation::RollingRestart => "rolling",
             Operation::AppRestart => "app_restart",
         }
     }
@@ -191,7 +198,13 @@ struct WeirFront {
     starts: Vec<Duration>,
     /// Generations killed at the end of a container's grace.
     killed: u32,
+    /// A rolling restart's other instances (colours 1 and 2; `current` is
+    /// colour 0).
+    fleet: Vec<Option<WeirProcess>>,
 }
+
+/// Instances in a rolling restart.
+const FLEET: usize = 3;
 
 /// docker's `stop` grace: SIGKILL this long after SIGTERM.
 pub const CONTAINER_GRACE: Duration = Duration::from_secs(10);
@@ -307,10 +320,11 @@ impl Front {
 
     /// Stops the front and waits for its last process to finish its drain.
     pub async fn stop(self) -> Result<(), FrontError> {
-        if let Inner::Weir(mut w) = self.inner
-            && let Some(p) = w.current.take()
-        {
-            p.stop().exited().await?;
+        if let Inner::Weir(mut w) = self.inner {
+            let fleet: Vec<WeirProcess> = w.current.take().into_iter().collect();
+            for p in fleet.into_iter().chain(w.fleet.drain(..).flatten()) {
+                p.stop().exited().await?;
+            }
         }
         Ok(())
     }
@@ -332,7 +346,11 @@ impl WeirFront {
         if std::env::var_os("WEIR_HARM_KEEP").is_some() {
             eprintln!("weir harm: weir's files are in {}", dir.path().display());
         }
-        let colours = if op == Operation::BlueGreen { 2 } else { 1 };
+        let colours = match op {
+            Operation::BlueGreen => 2,
+            Operation::RollingRestart => FLEET,
+            _ => 1,
+        };
         let activated = (op == Operation::ActivatedRestart)
             .then(|| std::net::TcpListener::bind("127.0.0.1:0"))
             .transpose()
@@ -362,11 +380,23 @@ impl WeirFront {
             balancer: None,
             starts: Vec::new(),
             killed: 0,
+            fleet: Vec::new(),
         };
         front.current = Some(front.spawn(0).await?);
-        let target = if op == Operation::BlueGreen {
+        if op == Operation::RollingRestart {
+            for colour in 1..FLEET {
+                let next = front.spawn(colour).await?;
+                front.fleet.push(Some(next));
+            }
+        }
+        let balanced = match op {
+            Operation::BlueGreen => Some(&front.listens[..1]),
+            Operation::RollingRestart => Some(&front.listens[..]),
+            _ => None,
+        };
+        let target = if let Some(servers) = balanced {
             let lb = nginx::start_gateway(
-                &balancer(front.listens[0], free_port().map_err(FrontError::Setup)?),
+                &balancer(servers, free_port().map_err(FrontError::Setup)?),
                 app,
             )?;
             let h2 = balancer_h2(&lb);
@@ -452,7 +482,7 @@ impl WeirFront {
                 self.current = Some(next);
                 self.live = other;
                 if let Some(lb) = &self.balancer {
-                    let http = balancer(self.listens[other], balancer_h2(lb))
+                    let http = balancer(&self.listens[other..=other], balancer_h2(lb))
                         .replace("{{listen}}", &lb.addr.to_string());
                     nginx::reconfigure(lb, &http)?;
                 }
@@ -461,6 +491,39 @@ impl WeirFront {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 current.stop().exited().await?;
             }
+            Operation::RollingRestart => {
+                let mut fleet: Vec<Option<WeirProcess>> = std::iter::once(Some(current))
+                    .chain(self.fleet.drain(..))
+                    .collect();
+                for (i, slot) in fleet.iter_mut().enumerate() {
+                    self.balance_over(|colour| colour != i)?;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if let Some(p) = slot.take() {
+                        p.stop().exited().await?;
+                    }
+                    *slot = Some(self.spawn(i).await?);
+                    self.balance_over(|_| true)?;
+                }
+                let mut fleet = fleet.into_iter().flatten();
+                self.current = fleet.next();
+                self.fleet = fleet.map(Some).collect();
+            }
+        }
+        Ok(())
+    }
+
+    /// Points the balancer at the colours `keep` keeps (a rolling restart:
+    /// as readiness going false takes an instance out of a Service's
+    /// endpoints). nginx's old worker finishes what it holds.
+    fn balance_over(&self, keep: impl Fn(usize) -> bool) -> Result<(), FrontError> {
+        if let Some(lb) = &self.balancer {
+            let servers: Vec<SocketAddr> = (0..self.listens.len())
+                .filter(|&c| keep(c))
+                .map(|c| self.listens[c])
+                .collect();
+            let http =
+                balancer(&servers, balancer_h2(lb)).replace("{{listen}}", &lb.addr.to_string());
+            nginx::reconfigure(lb, &http)?;
         }
         Ok(())
     }
@@ -481,7 +544,7 @@ fn weir_config(app: SocketAddr, listen: SocketAddr, dir: &Path, op: Operation) -
     } else {
         ""
     };
-    let trusted = if op == Operation::BlueGreen {
+    let trusted = if matches!(op, Operation::BlueGreen | Operation::RollingRestart) {
         "[identity]\ntrusted_proxies = [\"127.0.0.1/32\"]\n\n"
     } else {
         ""
@@ -551,12 +614,15 @@ fn nginx_gateway(h2: SocketAddr) -> String {
 
 /// nginx as the load balancer in front of weir (blue/green): the client's
 /// address in `X-Forwarded-For`, WebSockets passed, bodies streamed.
-fn balancer(weir: SocketAddr, h2: SocketAddr) -> String {
+fn balancer(weir: &[SocketAddr], h2: SocketAddr) -> String {
+    let servers: String = weir
+        .iter()
+        .map(|w| format!("        server {w};\n"))
+        .collect();
     format!(
         r#"    map $http_upgrade $connection_upgrade {{ default upgrade; '' ''; }}
     upstream weir {{
-        server {weir};
-        keepalive 64;
+{servers}        keepalive 64;
     }}
     server {{
         listen {{{{listen}}}} backlog=4096;

@@ -142,7 +142,11 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
     });
     let operated = op != Operation::Steady && op.applies_to(front);
     // A deploy of the app is no operation on the front's limits.
-    let checks_limits = operated && front != FrontKind::Direct && op != Operation::AppRestart;
+    // (Nor is a rolling restart of instances that share no limits: the
+    // balancer spreads the probe over them.)
+    let checks_limits = operated
+        && front != FrontKind::Direct
+        && !matches!(op, Operation::AppRestart | Operation::RollingRestart);
     let (mut kept, mut checked) = (0, 0);
     let mut operation_ms = Vec::new();
     let mut limits_lost_after = Vec::new();
