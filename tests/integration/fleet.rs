@@ -102,6 +102,41 @@ async fn instances_sharing_a_redis_take_each_others_answers_and_passes() {
     );
 }
 
+/// The same with `[state.redis_sentinel]`: the fleet's key is kept on the
+/// primary a real Sentinel names. Before, such instances each signed
+/// alone, and the other's answer was sent on (307, no pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_behind_a_sentinel_take_each_others_answers_and_passes() {
+    let app = Upstream::start().await;
+    let primary = Redis::builder().start().await.unwrap();
+    let sentinel = Redis::builder()
+        .sentinel()
+        .config(format!(
+            "sentinel monitor weir 127.0.0.1 {} 1",
+            primary.addr().port()
+        ))
+        .start()
+        .await
+        .unwrap();
+    let toml = config(app.addr, None).replace(
+        "[challenge]",
+        &format!(
+            "[state.redis_sentinel]\nmaster = \"weir\"\nnodes = [\"{}\"]\n\n[challenge]",
+            sentinel.addr()
+        ),
+    );
+    let a = Weir::builder().config(&toml).start().await.unwrap();
+    let b = Weir::builder().config(&toml).start().await.unwrap();
+    let (status, pass) = challenged_on_one_answered_on_the_other(&a, &b).await;
+    assert_eq!(status, 303, "the answer is good at the other instance");
+    let page = browser(HttpRequest::get("/wiki/Page"))
+        .header("cookie", &pass.expect("a pass"))
+        .send(a.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(page.status, 200, "b's pass opens a's pages: {page}");
+}
+
 /// `weir_challenge_events_total` for `event` at `weir`.
 async fn challenge_events(weir: &Weir, event: &str) -> f64 {
     let text = weir.metrics().await;

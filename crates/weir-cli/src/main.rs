@@ -166,7 +166,8 @@ struct HarmArgs {
     #[arg(long = "front", value_delimiter = ',')]
     fronts: Vec<String>,
     /// Operations: none, app_restart, reload, upgrade, restart,
-    /// reuse_port, activated, blue_green (default: all).
+    /// container_stop, reuse_port, activated, blue_green, rolling
+    /// (default: all).
     #[arg(long = "op", value_delimiter = ',')]
     ops: Vec<String>,
     /// Write every row as JSON.

@@ -238,6 +238,17 @@ pub fn check_sentinel_settings(
     })
 }
 
+/// How to reach the primary the sentinels of `settings` name: its
+/// database and password.
+pub fn sentinel_node(settings: &SentinelSettings) -> redis::sentinel::SentinelNodeConnectionInfo {
+    let redis_info = redis::RedisConnectionInfo::default().set_db(settings.db);
+    let redis_info = match &settings.password {
+        Some(p) => redis_info.set_password(p.clone()),
+        None => redis_info,
+    };
+    redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(redis_info)
+}
+
 fn check_prefix(prefix: &str) -> Result<(), RedisSetupError> {
     if prefix.is_empty() {
         return Err(RedisSetupError::EmptyPrefix);
@@ -388,13 +399,7 @@ impl RedisLimiter {
         timeouts: RedisTimeouts,
     ) -> Result<RedisLimiter, RedisSetupError> {
         let sentinel = check_sentinel_settings(settings, prefix)?;
-        let redis_info = redis::RedisConnectionInfo::default().set_db(settings.db);
-        let redis_info = match &settings.password {
-            Some(p) => redis_info.set_password(p.clone()),
-            None => redis_info,
-        };
-        let node = redis::sentinel::SentinelNodeConnectionInfo::default()
-            .set_redis_connection_info(redis_info);
+        let node = sentinel_node(settings);
         let shown = format!(
             "sentinel {} at {}",
             settings.master,

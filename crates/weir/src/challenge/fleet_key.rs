@@ -14,8 +14,9 @@
 //!
 //! Whoever can read weir's Redis can sign passes with the key; weir's
 //! Redis already holds every limit's state, and is as private as the key
-//! file. A `redis_sentinel` deployment is not covered yet: give its
-//! instances the same `challenge.keys`.
+//! file. With `redis_sentinel`, the key is kept on the primary the
+//! sentinels name (a failover before it was replicated loses it; the
+//! instances then agree on a new one at their next reload).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -55,13 +56,9 @@ pub fn current() -> Option<String> {
 /// plus its command timeout, on a thread of its own (a start or a reload
 /// may run on the runtime's threads).
 pub fn fetch(state: &StateConfig, offer: &str) -> Result<Option<String>, FleetKeyError> {
-    let Some(url) = &state.redis_url else {
+    let Some(store) = Store::of(state)? else {
         return Ok(None);
     };
-    let tls = weir_limiter::redis::RedisTls::from_config(
-        state.redis_ca_file.as_deref().map(std::path::Path::new),
-    )?;
-    let client = weir_limiter::redis::check_settings_with(url, &state.redis_prefix, &tls)?;
     let name = format!("{}{KEY_NAME}", state.redis_prefix);
     let offer = offer.to_owned();
     let wait = state.redis_connect_timeout.0 + state.redis_command_timeout.0;
@@ -73,7 +70,11 @@ pub fn fetch(state: &StateConfig, offer: &str) -> Result<Option<String>, FleetKe
                 .build()
                 .map_err(FleetKeyError::Thread)?;
             runtime.block_on(async {
-                tokio::time::timeout(wait, stored_or_offered(&client, &name, &offer))
+                let asked = async {
+                    let client = store.primary().await?;
+                    stored_or_offered(&client, &name, &offer).await
+                };
+                tokio::time::timeout(wait, asked)
                     .await
                     .map_err(|_| FleetKeyError::Timeout(wait))?
             })
@@ -86,6 +87,51 @@ pub fn fetch(state: &StateConfig, offer: &str) -> Result<Option<String>, FleetKe
     }
     *FLEET_KEY.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked.clone());
     Ok(Some(asked))
+}
+
+/// Where the fleet's key is kept: the shared Redis, or the primary the
+/// sentinels name.
+enum Store {
+    Url(redis::Client),
+    Sentinel {
+        sentinel: redis::sentinel::Sentinel,
+        master: String,
+        node: redis::sentinel::SentinelNodeConnectionInfo,
+    },
+}
+
+impl Store {
+    /// The store `state` shares limits through, if any (the URL first, as
+    /// the limits take it).
+    fn of(state: &StateConfig) -> Result<Option<Store>, FleetKeyError> {
+        if let Some(url) = &state.redis_url {
+            let tls = weir_limiter::redis::RedisTls::from_config(
+                state.redis_ca_file.as_deref().map(std::path::Path::new),
+            )?;
+            let client = weir_limiter::redis::check_settings_with(url, &state.redis_prefix, &tls)?;
+            return Ok(Some(Store::Url(client)));
+        }
+        let Some(sentinel) = &state.redis_sentinel else {
+            return Ok(None);
+        };
+        let settings = sentinel.settings();
+        Ok(Some(Store::Sentinel {
+            sentinel: weir_limiter::redis::check_sentinel_settings(&settings, &state.redis_prefix)?,
+            master: settings.master.clone(),
+            node: weir_limiter::redis::sentinel_node(&settings),
+        }))
+    }
+
+    async fn primary(self) -> Result<redis::Client, FleetKeyError> {
+        match self {
+            Store::Url(client) => Ok(client),
+            Store::Sentinel {
+                mut sentinel,
+                master,
+                node,
+            } => Ok(sentinel.async_master_for(&master, Some(&node)).await?),
+        }
+    }
 }
 
 /// `SET name offer NX`, then `GET name`: the first instance's offer wins.

@@ -127,7 +127,8 @@ fn prepare_fleet_key(state: &crate::config::StateConfig) {
 /// instance signed before it joined the fleet's key stays good.
 pub fn signing_keys(state: &crate::config::StateConfig) -> Vec<String> {
     let own = signing_key(state);
-    match super::fleet_key::current().filter(|_| state.redis_url.is_some()) {
+    let shared = state.redis_url.is_some() || state.redis_sentinel.is_some();
+    match super::fleet_key::current().filter(|_| shared) {
         Some(fleet) if fleet != own => vec![fleet, own],
         _ => vec![own],
     }
