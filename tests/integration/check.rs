@@ -75,6 +75,18 @@ fn check_refuses_what_run_would_refuse_and_names_the_key() {
             "state.redis_sentinel.nodes",
         ),
         (
+            "[state]\nredis_url = \"redis://127.0.0.1/0\"\nredis_cluster = [\"127.0.0.1:7000\"]\n",
+            "state.redis_cluster: give one of redis_url, redis_sentinel and redis_cluster",
+        ),
+        (
+            "[state]\nredis_cluster = []\n",
+            "state.redis_cluster: redis cluster nodes are empty",
+        ),
+        (
+            "[state]\nredis_cluster = [\"mysql://127.0.0.1:7000\"]\n",
+            "state.redis_cluster",
+        ),
+        (
             "[identity]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.1.2.3/8\"]\n",
             "identity.trusted_proxies[1]: trusted proxy entry #1",
         ),

@@ -442,3 +442,142 @@ limits = [{ per = "site", rate = 300, window = "1m" }]
     assert_eq!(line["class"], "api", "{line}");
     assert_eq!(line["session"], "anonymous", "{line}");
 }
+
+/// Three real Redis nodes made one cluster (`redis-cli --cluster create`),
+/// each answering once the cluster's slots are all served.
+async fn redis_cluster() -> Vec<Redis> {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        // The bus port is the node's plus 10,000 unless given: past 55,535
+        // that is no port at all.
+        let [node, bus] = crate::support::ports::free_addrs("redis", 2)
+            .unwrap()
+            .try_into()
+            .expect("two addresses");
+        nodes.push(
+            Redis::builder()
+                .addr(node)
+                .config(format!(
+                    "cluster-enabled yes\ncluster-config-file nodes.conf\n\
+                     cluster-node-timeout 2000\ncluster-port {}",
+                    bus.port()
+                ))
+                .start()
+                .await
+                .expect("a cluster node starts"),
+        );
+    }
+    let out = std::process::Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(nodes.iter().map(|n| n.addr().to_string()))
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .expect("redis-cli (installed with redis-server)");
+    assert!(out.status.success(), "cluster create: {out:?}");
+    for n in &nodes {
+        assert_eventually_async!(
+            within = Duration::from_secs(20),
+            {
+                let info = std::process::Command::new("redis-cli")
+                    .args(["-p", &n.addr().port().to_string(), "cluster", "info"])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok")
+            },
+            "the cluster at {} is not ok",
+            n.addr()
+        );
+    }
+    nodes
+}
+
+/// The sum over `instances` of `weir_redis_round_trips_total{result="ok"}`.
+async fn round_trips(instances: &[Weir]) -> f64 {
+    let mut total = 0.0;
+    for w in instances {
+        let text = w.metrics().await;
+        total += crate::fixtures::metric(&text, "weir_redis_round_trips_total{result=\"ok\"}");
+    }
+    total
+}
+
+/// `[state] redis_cluster`: two instances share one rate through a real
+/// three-node Redis Cluster, one round trip per request and rule. Each
+/// rule's keys carry its name as a hash tag, so the levels of one rule are
+/// decided in one script call on one node (without the tag, a decision
+/// over several levels would be refused `CROSSSLOT`), and different rules
+/// land where their slots are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_rate_through_a_redis_cluster() {
+    let app = Upstream::start().await;
+    let nodes = redis_cluster().await;
+    let list = nodes
+        .iter()
+        .map(|n| format!("\"{}\"", n.addr()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The per-address rule gets a second level: two keys in one script.
+    let cfg = config(app.addr, nodes[0].addr())
+        .replace(
+            &format!("redis_url = \"redis://{}/0\"", nodes[0].addr()),
+            &format!("redis_cluster = [{list}]"),
+        )
+        .replace(
+            "limits = [{ per = \"ip\", rate = 100, window = \"1m\" }]",
+            "limits = [{ per = \"ip\", rate = 100, window = \"1m\" }, { per = \"site\", rate = 10000, window = \"1m\" }]",
+        );
+    assert!(cfg.contains("rate = 10000"), "{cfg}");
+    assert!(cfg.contains("redis_cluster"), "{cfg}");
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        instances.push(Weir::builder().config(cfg.clone()).start().await.unwrap());
+    }
+    for w in &instances {
+        assert_eventually_async!(!fallback_active(w).await, "{}", w.stderr());
+    }
+    let before = round_trips(&instances).await;
+    let started = std::time::Instant::now();
+    assert_one_shared_rate(&instances, 11, "through a Redis Cluster").await;
+    let took = started.elapsed();
+    let calls = round_trips(&instances).await - before;
+    eprintln!(
+        "redis cluster: 400 requests in {took:?} ({:.0}/s over two instances), {calls} round trips ({:.2} a request)",
+        400.0 / took.as_secs_f64(),
+        calls / 400.0
+    );
+    // At most one round trip a request (one rule); a request the local
+    // mirror already knows to be over the limit needs none.
+    assert!(
+        (300.0..=400.0).contains(&calls),
+        "{calls} round trips for 400 requests, 300 admitted"
+    );
+
+    // Two levels of one rule in one script call: their keys share a slot
+    // (a CROSSSLOT refusal would be an error, decided locally).
+    for i in 0..20u8 {
+        let r = HttpRequest::get("/other")
+            .from(IpAddr::V4(Ipv4Addr::new(127, 0, 12, i + 1)))
+            .send(instances[usize::from(i) % 2].listener(0))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let mut errors = 0.0;
+    for w in &instances {
+        let text = w.metrics().await;
+        errors += crate::fixtures::metric(&text, "weir_redis_round_trips_total{result=\"error\"}");
+    }
+    assert_eq!(errors, 0.0, "every round trip answered");
+    assert_eq!(round_trips(&instances).await - before, calls + 20.0);
+
+    // The site rule's key is tagged with the rule's name, on the node
+    // that serves its slot.
+    let keys: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| redis_keys(n.addr(), "weir:*"))
+        .collect();
+    assert!(
+        keys.iter().any(|k| k.starts_with("weir:{site}:site:")),
+        "tagged keys: {keys:?}"
+    );
+}

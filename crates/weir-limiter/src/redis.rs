@@ -32,8 +32,13 @@
 //!
 //! This module decides nothing when Redis fails: it returns the error. Falling
 //! back to local state, counting and logging outages and probing for recovery
-//! are [`super::shared`]'s. Redis Cluster is not supported (one script call
-//! touches keys of several rules, which need not share a hash slot).
+//! are [`super::shared`]'s.
+//!
+//! On a Redis Cluster ([`RedisLimiter::with_cluster`]) the rule's name in
+//! each key is a hash tag (`{prefix}{rule}:level:...`): one script call
+//! decides the levels of one rule, so its keys share a slot, and different
+//! rules spread over the cluster's primaries. A rule's keys all live on
+//! one primary: a rule hot enough to load one node is a rule to split.
 //!
 //! With Sentinel ([`RedisLimiter::with_sentinel`]) the primary is whatever
 //! the sentinels name: asked before the first probe and again after each
@@ -45,8 +50,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use super::gcra::{Outcome, Quota};
 use super::store::RuleFingerprint;
@@ -141,6 +146,8 @@ pub enum RedisSetupError {
     NoSentinels,
     #[error("redis sentinel master name is empty: give the name of `sentinel monitor NAME ...`")]
     NoSentinelMaster,
+    #[error("redis cluster nodes are empty: name at least one of the cluster's nodes")]
+    NoClusterNodes,
 }
 
 /// What `rediss://` trusts beyond the system's root certificates.
@@ -249,6 +256,46 @@ pub fn sentinel_node(settings: &SentinelSettings) -> redis::sentinel::SentinelNo
     redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(redis_info)
 }
 
+/// Checks cluster settings as [`RedisLimiter::with_cluster`] does, without
+/// connecting: at least one node, every one a usable address, a prefix as
+/// for [`check_settings`].
+pub fn check_cluster_settings(
+    nodes: &[String],
+    prefix: &str,
+    timeouts: RedisTimeouts,
+) -> Result<redis::cluster::ClusterClient, RedisSetupError> {
+    check_prefix(prefix)?;
+    if nodes.is_empty() {
+        return Err(RedisSetupError::NoClusterNodes);
+    }
+    let urls = node_urls(nodes);
+    let shown = || {
+        urls.iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    for url in &urls {
+        redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(|source| {
+            RedisSetupError::BadUrl {
+                url: redact_url(url),
+                source,
+            }
+        })?;
+    }
+    // Few, quick attempts, as for one primary (`unconnected`): an outage
+    // is decided locally and probed, not waited out.
+    redis::cluster::ClusterClient::builder(urls.clone())
+        .connection_timeout(timeouts.connect)
+        .response_timeout(timeouts.command)
+        .retries(1)
+        .build()
+        .map_err(|source| RedisSetupError::BadUrl {
+            url: shown(),
+            source,
+        })
+}
+
 fn check_prefix(prefix: &str) -> Result<(), RedisSetupError> {
     if prefix.is_empty() {
         return Err(RedisSetupError::EmptyPrefix);
@@ -273,12 +320,52 @@ pub enum RedisCheckError {
     UnexpectedReply { got: usize, checks: usize },
     #[error("redis sentinels have not named a primary yet")]
     NoPrimary,
+    #[error("keys are not counted on a Redis Cluster")]
+    NotOnACluster,
 }
 
-/// Where the primary is: one URL, or wherever the sentinels say.
+/// Where the primary is: one URL, or wherever the sentinels say; or a
+/// cluster's primaries, each key's where its slot is.
 enum Primary {
     Fixed(redis::Client),
     Sentinel(SentinelSource),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+/// A connection to one primary (reconnecting by itself), or to a cluster
+/// (routing each command by its keys' slot, following `MOVED`).
+#[derive(Clone)]
+enum Link {
+    One(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::One(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::One(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::One(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 /// The sentinels of one monitored primary, and how to reach what they name.
@@ -319,17 +406,22 @@ impl std::fmt::Debug for SentinelSettings {
 impl SentinelSettings {
     /// The nodes as URLs the client accepts.
     fn urls(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .map(|n| {
-                if n.contains("://") {
-                    n.clone()
-                } else {
-                    format!("redis://{n}")
-                }
-            })
-            .collect()
+        node_urls(&self.nodes)
     }
+}
+
+/// Nodes given as `host:port` or as URLs, as URLs the client accepts.
+fn node_urls(nodes: &[String]) -> Vec<String> {
+    nodes
+        .iter()
+        .map(|n| {
+            if n.contains("://") {
+                n.clone()
+            } else {
+                format!("redis://{n}")
+            }
+        })
+        .collect()
 }
 
 /// GCRA decisions made in Redis; shared by every instance using the same
@@ -340,8 +432,9 @@ pub struct RedisLimiter {
     /// Swapped for a fresh manager by [`Self::recover_connection`] when the
     /// current one stays broken (a half-open socket, a failed handshake that
     /// the manager does not retry) or the sentinels name another primary;
-    /// `None` until the sentinels have named one.
-    connection: ArcSwap<Option<ConnectionManager>>,
+    /// `None` until the sentinels have named one, or a cluster has
+    /// answered.
+    connection: ArcSwap<Option<Link>>,
     prefix: String,
     url: String,
     timeouts: RedisTimeouts,
@@ -422,6 +515,27 @@ impl RedisLimiter {
         )
     }
 
+    /// A limiter on the Redis Cluster reached through any of `nodes`
+    /// (`host:port` or `redis://[:password@]host:port`). Returns at once: the
+    /// first probe connects; until then commands fail at once and the
+    /// caller decides locally.
+    pub fn with_cluster(
+        nodes: &[String],
+        prefix: &str,
+        timeouts: RedisTimeouts,
+    ) -> Result<RedisLimiter, RedisSetupError> {
+        let client = check_cluster_settings(nodes, prefix, timeouts)?;
+        let shown = format!(
+            "cluster at {}",
+            nodes
+                .iter()
+                .map(|u| redact_url(u))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        Self::unconnected(Primary::Cluster(client), prefix, shown, timeouts)
+    }
+
     fn unconnected(
         primary: Primary,
         prefix: &str,
@@ -456,6 +570,11 @@ impl RedisLimiter {
         &self.prefix
     }
 
+    /// Whether key names carry a hash tag (on a cluster).
+    fn tagged(&self) -> bool {
+        matches!(self.primary, Primary::Cluster(_))
+    }
+
     /// The URL, with any password replaced by `***` (for logs).
     pub fn url(&self) -> &str {
         &self.url
@@ -472,7 +591,7 @@ impl RedisLimiter {
 
     /// The Redis key holding `key`'s TAT under `rule` (labelled `label`).
     pub fn key_name(&self, label: &str, rule: RuleFingerprint, key: u64) -> String {
-        let mut name = rule_prefix(&self.prefix, label, rule);
+        let mut name = rule_prefix(&self.prefix, label, rule, self.tagged());
         push_hex(&mut name, key);
         name
     }
@@ -628,11 +747,30 @@ impl RedisLimiter {
                     Err(_) => tracing::debug!("redis sentinel: no answer within {limit:?}"),
                 }
             }
+            Primary::Cluster(client) => {
+                // The cluster connection follows slots and reconnects by
+                // itself; it is made anew only if there is none, or it
+                // stays broken as a wedged one-node connection would.
+                let fresh = self.connection.load().is_none()
+                    || failed_probes.is_multiple_of(RESET_AFTER_FAILED_PROBES);
+                if !fresh {
+                    return;
+                }
+                let limit = self.timeouts.connect + self.timeouts.admin;
+                match tokio::time::timeout(limit, client.get_async_connection()).await {
+                    Ok(Ok(cluster)) => {
+                        self.connection
+                            .store(Arc::new(Some(Link::Cluster(cluster))));
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "redis cluster: no connection"),
+                    Err(_) => tracing::debug!("redis cluster: no answer within {limit:?}"),
+                }
+            }
         }
     }
 
     /// The connection to use now; an error at once while there is none.
-    fn current(&self) -> Result<ConnectionManager, RedisCheckError> {
+    fn current(&self) -> Result<Link, RedisCheckError> {
         match &**self.connection.load() {
             Some(c) => Ok(c.clone()),
             None => Err(RedisCheckError::NoPrimary),
@@ -648,8 +786,13 @@ impl RedisLimiter {
         label: &str,
         rule: RuleFingerprint,
     ) -> Result<u64, RedisCheckError> {
-        self.count_matching(&glob_escape(&rule_prefix(&self.prefix, label, rule)))
-            .await
+        self.count_matching(&glob_escape(&rule_prefix(
+            &self.prefix,
+            label,
+            rule,
+            self.tagged(),
+        )))
+        .await
     }
 
     /// Live keys under this limiter's prefix, all rules together.
@@ -658,6 +801,10 @@ impl RedisLimiter {
     }
 
     async fn count_matching(&self, escaped_prefix: &str) -> Result<u64, RedisCheckError> {
+        // `SCAN` walks one node's keys; a cluster's are spread over several.
+        if self.tagged() {
+            return Err(RedisCheckError::NotOnACluster);
+        }
         let pattern = format!("{escaped_prefix}*");
         let mut connection = self.current()?;
         let mut cursor: u64 = 0;
@@ -719,8 +866,9 @@ fn probe_quota() -> Quota {
 fn lazy_manager(
     client: &redis::Client,
     config: &ConnectionManagerConfig,
-) -> Result<ConnectionManager, RedisSetupError> {
+) -> Result<Link, RedisSetupError> {
     ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+        .map(Link::One)
         .map_err(RedisSetupError::Connection)
 }
 
@@ -746,12 +894,36 @@ fn outcome_from_reply(check: &RuleCheck<'_>, v: &[i64]) -> Outcome {
 /// `{prefix}{label}:{fingerprint:016x}:`, the start of every key of one
 /// rule level: the one place key names begin, for writing and for counting
 /// alike.
-fn rule_prefix(prefix: &str, label: &str, rule: RuleFingerprint) -> String {
-    let mut name = String::with_capacity(prefix.len() + label.len() + 35);
+/// `{prefix}{label}:{rule:016x}:`; `tagged` (a cluster), with the rule's
+/// name in the label as the hash tag (`{prefix}{{rule}}:level:...`), or the
+/// fingerprint when there is no label, so one rule's keys share a slot.
+fn rule_prefix(prefix: &str, label: &str, rule: RuleFingerprint, tagged: bool) -> String {
+    let mut name = String::with_capacity(prefix.len() + label.len() + 37);
     name.push_str(prefix);
-    if !label.is_empty() {
-        name.push_str(label);
-        name.push(':');
+    match (label.split_once(':'), tagged) {
+        (_, false) if !label.is_empty() => {
+            name.push_str(label);
+            name.push(':');
+        }
+        (Some((rule_name, level)), true) => {
+            name.push('{');
+            name.push_str(rule_name);
+            name.push_str("}:");
+            name.push_str(level);
+            name.push(':');
+        }
+        (None, true) if !label.is_empty() => {
+            name.push('{');
+            name.push_str(label);
+            name.push_str("}:");
+        }
+        (None, true) => {
+            name.push('{');
+            push_hex(&mut name, rule.0);
+            name.push_str("}:");
+            return name;
+        }
+        _ => {}
     }
     push_hex(&mut name, rule.0);
     name.push(':');

@@ -197,6 +197,7 @@ impl Runtime {
             || next.loaded.config.state.redis_prefix != current.loaded.config.state.redis_prefix
             || next.loaded.config.state.redis_ca_file != current.loaded.config.state.redis_ca_file
             || next.loaded.config.state.redis_sentinel != current.loaded.config.state.redis_sentinel
+            || next.loaded.config.state.redis_cluster != current.loaded.config.state.redis_cluster
         {
             restart_needed.push("state.redis_url");
         }

@@ -157,6 +157,9 @@ impl Server {
         } else if let Some(path) = state::snapshot_path(&runtime) {
             state::restore_admission(&runtime, &path);
         }
+        if let Some(path) = state::snapshot_path(&runtime) {
+            state::restore_spans(&runtime, &path);
+        }
         runtime.readiness.set_restored(restored.label());
         state::connect_redis(&runtime)?;
         // Close the warm-up gate before the admin API answers `/readyz`. In
@@ -365,7 +368,7 @@ impl Server {
                 "draining: still accepting (each connection closes after one request) until the requests in flight at the signal are done"
             );
         }
-        let accept_for = drain_plan::accepting_for(deadline, &self.runtime.spans);
+        let accept_for = drain_plan::accepting_for(deadline, &self.runtime.spans, started);
         while !sibling && tracker.opened_before(earlier) > 0 && started.elapsed() < accept_for {
             tokio::select! {
                 _ = tokio::time::sleep(EARLIER_WORK_POLL) => {}

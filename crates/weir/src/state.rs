@@ -237,12 +237,24 @@ fn admission_path(snapshot: &Path) -> PathBuf {
 /// Writes the pools' admission limits beside the snapshot `path` (a new
 /// file renamed into place, as the snapshot is).
 fn write_admission(rt: &Runtime, path: &Path) -> std::io::Result<()> {
-    let file = admission_path(path);
-    let text = serde_json::to_vec(&capture_admission(rt)).map_err(std::io::Error::other)?;
-    let mut tmp = file.clone().into_os_string();
+    write_json(&admission_path(path), &capture_admission(rt))
+}
+
+/// `value` as JSON in `file`: a new file renamed into place.
+fn write_json(file: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let text = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    let mut tmp = file.to_path_buf().into_os_string();
     tmp.push(".tmp");
     std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, &file)
+    std::fs::rename(&tmp, file)
+}
+
+/// How long ago `file` was written, if it exists.
+fn age_of(file: &Path) -> Option<Duration> {
+    std::fs::metadata(file)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
 }
 
 /// At a start without a hand-off: continues the pools' admission limits
@@ -251,11 +263,7 @@ fn write_admission(rt: &Runtime, path: &Path) -> std::io::Result<()> {
 /// first start; said in the log).
 pub fn restore_admission(rt: &Runtime, path: &Path) {
     let file = admission_path(path);
-    let age = std::fs::metadata(&file)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| SystemTime::now().duration_since(t).ok());
-    match age {
+    match age_of(&file) {
         None => return,
         Some(age) if age > ADMISSION_MAX_AGE => {
             tracing::info!(file = %file.display(), ?age, "admission limits too old to continue: starting open");
@@ -276,11 +284,50 @@ pub fn restore_admission(rt: &Runtime, path: &Path) {
     resume_admission(rt, &limits);
 }
 
-/// Writes the snapshot now, and the admission limits beside it; returns
-/// the number of keys written.
+/// How long requests took lately (`lifecycle::drain_plan`), beside the
+/// snapshot: `<snapshot_file>.spans.json`.
+fn spans_path(snapshot: &Path) -> PathBuf {
+    let mut name = snapshot.as_os_str().to_owned();
+    name.push(".spans.json");
+    PathBuf::from(name)
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SavedSpans {
+    seen: u64,
+}
+
+fn write_spans(rt: &Runtime, path: &Path) -> std::io::Result<()> {
+    let seen = rt.spans.seen();
+    write_json(&spans_path(path), &SavedSpans { seen })
+}
+
+/// At a start: what an earlier process saw requests take, if it wrote so
+/// within [`ADMISSION_MAX_AGE`], so that a process stopped soon after its
+/// start still plans its drain for the site's long requests (a missing or
+/// unreadable file is no error: the process learns them anew).
+pub fn restore_spans(rt: &Runtime, path: &Path) {
+    let file = spans_path(path);
+    if age_of(&file).is_none_or(|age| age > ADMISSION_MAX_AGE) {
+        return;
+    }
+    match std::fs::read(&file)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice::<SavedSpans>(&b).map_err(|e| e.to_string()))
+    {
+        Ok(saved) => rt.spans.remember(saved.seen),
+        Err(e) => tracing::debug!(file = %file.display(), error = %e, "request spans unreadable"),
+    }
+}
+
+/// Writes the snapshot now, and the admission limits and request spans
+/// beside it; returns the number of keys written.
 pub fn write(rt: &Runtime, path: &Path) -> Result<usize, SnapshotError> {
     if let Err(e) = write_admission(rt, path) {
         tracing::warn!(error = %e, "admission limits could not be written beside the snapshot");
+    }
+    if let Err(e) = write_spans(rt, path) {
+        tracing::warn!(error = %e, "request spans could not be written beside the snapshot");
     }
     let gw = rt.gateway.load();
     let generation = rt.generation;
@@ -396,7 +443,8 @@ pub fn sweep(rt: &Runtime) {
     rt.challenge_budget.sweep(now);
 }
 
-/// Starts the shared (Redis) limiter when `state.redis_url` is set. It never
+/// Starts the shared (Redis) limiter when `state.redis_url`,
+/// `redis_sentinel` or `redis_cluster` is set. It never
 /// blocks: connecting happens in the background, and until Redis answers
 /// (or whenever it stops answering) decisions use the local stores.
 pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetupError> {
@@ -409,13 +457,18 @@ pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetup
         command: cfg.redis_command_timeout.0,
         ..RedisTimeouts::default()
     };
-    let redis = match (&cfg.redis_url, &cfg.redis_sentinel) {
-        (Some(url), _) => {
+    let redis = match (&cfg.redis_url, &cfg.redis_sentinel, &cfg.redis_cluster) {
+        (Some(url), _, _) => {
             let tls = RedisTls::from_config(cfg.redis_ca_file.as_deref().map(Path::new))?;
             RedisLimiter::with_tls(url, &cfg.redis_prefix, timeouts, &tls)?
         }
-        (None, Some(s)) => RedisLimiter::with_sentinel(&s.settings(), &cfg.redis_prefix, timeouts)?,
-        (None, None) => return Ok(()),
+        (None, Some(s), _) => {
+            RedisLimiter::with_sentinel(&s.settings(), &cfg.redis_prefix, timeouts)?
+        }
+        (None, None, Some(nodes)) => {
+            RedisLimiter::with_cluster(nodes, &cfg.redis_prefix, timeouts)?
+        }
+        (None, None, None) => return Ok(()),
     };
     tracing::info!(
         url = redis.url(),

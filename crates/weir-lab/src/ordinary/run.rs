@@ -71,6 +71,11 @@ impl Plan {
     }
 }
 
+/// How long a front serves, at least, between two operations: stops that
+/// take longer than the plan's spacing (a drain of seconds) would else
+/// follow each other at once, and measure a front that never serves.
+const SERVES_BETWEEN: Duration = Duration::from_secs(2);
+
 /// How long the app is down in a deploy ([`Operation::AppRestart`]).
 const APP_DOWN: Duration = Duration::from_millis(300);
 
@@ -150,8 +155,10 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
     let (mut kept, mut checked) = (0, 0);
     let mut operation_ms = Vec::new();
     let mut limits_lost_after = Vec::new();
+    let mut served_from = began;
     for k in 0..plan.times {
-        tokio::time::sleep_until(began + plan.warm + plan.every * k).await;
+        let due = began + plan.warm + plan.every * k;
+        tokio::time::sleep_until(due.max(served_from + SERVES_BETWEEN)).await;
         if !operated {
             continue;
         }
@@ -162,6 +169,7 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
             _ => gateway.operate(op).await.map_err(failed),
         };
         operation_ms.push(started.elapsed().as_millis() as u64);
+        served_from = Instant::now();
         if let Err(e) = done {
             // Visitors still get what they get; the run reports the error.
             visitors.abort();

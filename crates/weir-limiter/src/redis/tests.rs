@@ -540,10 +540,31 @@ fn key_names_and_patterns_share_one_prefix() {
         let redis =
             RedisLimiter::new("redis://127.0.0.1/", prefix, RedisTimeouts::default()).unwrap();
         assert_eq!(redis.key_name(label, RuleFingerprint(rule), key), name);
-        let start = rule_prefix(prefix, label, RuleFingerprint(rule));
+        let start = rule_prefix(prefix, label, RuleFingerprint(rule), false);
         assert_eq!(glob_escape(&start), pattern);
         assert!(name.starts_with(&start));
     }
+}
+
+/// On a cluster the rule's name is each key's hash tag, so the levels of
+/// one rule (one script call) share a slot; without a label, the
+/// fingerprint is.
+#[test]
+fn on_a_cluster_a_rules_levels_share_a_hash_slot() {
+    let tagged = |label: &str, rule: u64| rule_prefix("weir:", label, RuleFingerprint(rule), true);
+    assert_eq!(
+        tagged("anon:subnet", 1),
+        "weir:{anon}:subnet:0000000000000001:"
+    );
+    assert_eq!(tagged("", 1), "weir:{0000000000000001}:");
+    // The tag is what a cluster hashes: the same for every level of a rule.
+    let tag = |name: String| {
+        let open = name.find('{').expect("a tag");
+        let close = name[open..].find('}').expect("closed") + open;
+        name[open + 1..close].to_string()
+    };
+    assert_eq!(tag(tagged("anon:subnet", 1)), tag(tagged("anon:site", 2)));
+    assert!(!rule_prefix("weir:", "anon:subnet", RuleFingerprint(1), false).contains('{'));
 }
 
 #[test]

@@ -70,10 +70,7 @@ pub fn fetch(state: &StateConfig, offer: &str) -> Result<Option<String>, FleetKe
                 .build()
                 .map_err(FleetKeyError::Thread)?;
             runtime.block_on(async {
-                let asked = async {
-                    let client = store.primary().await?;
-                    stored_or_offered(&client, &name, &offer).await
-                };
+                let asked = store.stored_or_offered(&name, &offer);
                 tokio::time::timeout(wait, asked)
                     .await
                     .map_err(|_| FleetKeyError::Timeout(wait))?
@@ -93,6 +90,7 @@ pub fn fetch(state: &StateConfig, offer: &str) -> Result<Option<String>, FleetKe
 /// sentinels name.
 enum Store {
     Url(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
     Sentinel {
         sentinel: redis::sentinel::Sentinel,
         master: String,
@@ -111,6 +109,16 @@ impl Store {
             let client = weir_limiter::redis::check_settings_with(url, &state.redis_prefix, &tls)?;
             return Ok(Some(Store::Url(client)));
         }
+        if let Some(nodes) = &state.redis_cluster {
+            let timeouts = weir_limiter::redis::RedisTimeouts {
+                connect: state.redis_connect_timeout.0,
+                command: state.redis_command_timeout.0,
+                ..Default::default()
+            };
+            let client =
+                weir_limiter::redis::check_cluster_settings(nodes, &state.redis_prefix, timeouts)?;
+            return Ok(Some(Store::Cluster(client)));
+        }
         let Some(sentinel) = &state.redis_sentinel else {
             return Ok(None);
         };
@@ -122,31 +130,37 @@ impl Store {
         }))
     }
 
-    async fn primary(self) -> Result<redis::Client, FleetKeyError> {
-        match self {
-            Store::Url(client) => Ok(client),
+    /// `SET name offer NX`, then `GET name`, where the store keeps `name`.
+    async fn stored_or_offered(self, name: &str, offer: &str) -> Result<String, FleetKeyError> {
+        let client = match self {
+            Store::Cluster(client) => {
+                let mut conn = client.get_async_connection().await?;
+                return stored_or_offered(&mut conn, name, offer).await;
+            }
+            Store::Url(client) => client,
             Store::Sentinel {
                 mut sentinel,
                 master,
                 node,
-            } => Ok(sentinel.async_master_for(&master, Some(&node)).await?),
-        }
+            } => sentinel.async_master_for(&master, Some(&node)).await?,
+        };
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        stored_or_offered(&mut conn, name, offer).await
     }
 }
 
 /// `SET name offer NX`, then `GET name`: the first instance's offer wins.
 async fn stored_or_offered(
-    client: &redis::Client,
+    conn: &mut impl redis::aio::ConnectionLike,
     name: &str,
     offer: &str,
 ) -> Result<String, FleetKeyError> {
-    let mut conn = client.get_multiplexed_async_connection().await?;
     let _: Option<String> = redis::cmd("SET")
         .arg(name)
         .arg(offer)
         .arg("NX")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await?;
-    let key: String = redis::cmd("GET").arg(name).query_async(&mut conn).await?;
+    let key: String = redis::cmd("GET").arg(name).query_async(conn).await?;
     Ok(key)
 }

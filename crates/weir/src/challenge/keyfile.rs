@@ -127,7 +127,9 @@ fn prepare_fleet_key(state: &crate::config::StateConfig) {
 /// instance signed before it joined the fleet's key stays good.
 pub fn signing_keys(state: &crate::config::StateConfig) -> Vec<String> {
     let own = signing_key(state);
-    let shared = state.redis_url.is_some() || state.redis_sentinel.is_some();
+    let shared = state.redis_url.is_some()
+        || state.redis_sentinel.is_some()
+        || state.redis_cluster.is_some();
     match super::fleet_key::current().filter(|_| shared) {
         Some(fleet) if fleet != own => vec![fleet, own],
         _ => vec![own],

@@ -208,6 +208,11 @@ pub struct StateConfig {
     /// instead of `redis_url` (one or the other).
     #[serde(default)]
     pub redis_sentinel: Option<RedisSentinelConfig>,
+    /// Share rate limits through this Redis Cluster (or Valkey cluster),
+    /// reached through any of these nodes (`host:port` or
+    /// `redis://[:password@]host:port`), instead of `redis_url`.
+    #[serde(default)]
+    pub redis_cluster: Option<Vec<String>>,
     /// Prefix of every key weir writes in Redis (one per deployment).
     #[serde(default = "default_redis_prefix")]
     pub redis_prefix: String,
@@ -273,6 +278,7 @@ impl Default for StateConfig {
             redis_url: None,
             redis_ca_file: None,
             redis_sentinel: None,
+            redis_cluster: None,
             redis_prefix: default_redis_prefix(),
             redis_command_timeout: default_redis_command_timeout(),
             redis_connect_timeout: default_redis_connect_timeout(),

@@ -114,6 +114,23 @@ pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
             errors.push(loaded.error_at(&at.key(key), e.to_string()));
         }
     }
+    if let Some(nodes) = &st.redis_cluster {
+        use weir_limiter::redis::{RedisSetupError, RedisTimeouts, check_cluster_settings};
+        let at = at.key("redis_cluster");
+        if st.redis_url.is_some() || st.redis_sentinel.is_some() {
+            errors.push(loaded.error_at(
+                &at,
+                "give one of redis_url, redis_sentinel and redis_cluster".to_string(),
+            ));
+        }
+        if let Err(e) = check_cluster_settings(nodes, &st.redis_prefix, RedisTimeouts::default()) {
+            let key = match e {
+                RedisSetupError::NoClusterNodes | RedisSetupError::BadUrl { .. } => at,
+                _ => KeyPath::root().key("state").key("redis_prefix"),
+            };
+            errors.push(loaded.error_at(&key, e.to_string()));
+        }
+    }
     if let Some(sentinel) = &st.redis_sentinel {
         use weir_limiter::redis::{RedisSetupError, check_sentinel_settings};
         let at = at.key("redis_sentinel");

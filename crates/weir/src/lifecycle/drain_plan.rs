@@ -5,13 +5,14 @@
 //!
 //! It owns [`RequestSpans`], how long requests took lately, and the plan
 //! drawn from it ([`accepting_for`]). It does not accept, drop handshakes or
-//! close anything: `server`'s drain does, by this plan.
+//! close anything: `server`'s drain does, by this plan. Nor does it keep
+//! them across processes: `state` writes them beside the snapshot.
 //!
 //! Why: a container's stop ends in SIGKILL. A drain that accepted until its
 //! earlier work was done took in uploads, six seconds into docker's ten,
 //! that needed more than the four left, and the kill cut them (issue 56).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long requests took lately, in 64 geometric buckets (each 19% wider
@@ -30,6 +31,8 @@ pub struct RequestSpans {
     period: AtomicU64,
     current: AtomicU64,
     previous: AtomicU64,
+    /// Whether an earlier process's spans were taken ([`Self::remember`]).
+    inherited: AtomicBool,
 }
 
 /// How long a period is: what a request took is remembered for one or two.
@@ -58,6 +61,7 @@ impl RequestSpans {
             period: AtomicU64::new(0),
             current: AtomicU64::new(0),
             previous: AtomicU64::new(0),
+            inherited: AtomicBool::new(false),
         }
     }
 
@@ -82,11 +86,32 @@ impl RequestSpans {
         self.previous.store(kept, Ordering::Relaxed);
     }
 
+    /// The buckets seen lately, for the next process (`state` keeps them
+    /// beside the snapshot): a process stopped soon after its start has
+    /// seen few long requests of its own.
+    pub fn seen(&self) -> u64 {
+        self.current.load(Ordering::Relaxed) | self.previous.load(Ordering::Relaxed)
+    }
+
+    /// Takes what an earlier process saw ([`Self::seen`]) as this
+    /// process's previous period.
+    pub fn remember(&self, seen: u64) {
+        self.previous.fetch_or(seen, Ordering::Relaxed);
+        self.inherited.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether these spans may not yet show the site's long requests: a
+    /// process younger than a period, that took none from an earlier one.
+    pub fn unproven(&self, now: Instant) -> bool {
+        !self.inherited.load(Ordering::Relaxed)
+            && now.saturating_duration_since(self.epoch) < PERIOD
+    }
+
     /// The longest time requests took lately that is still within `limit`:
     /// the upper edge of the highest bucket seen that begins within it, at
     /// most `limit` (0 if none was).
     pub fn longest_within(&self, limit: Duration) -> Duration {
-        let seen = self.current.load(Ordering::Relaxed) | self.previous.load(Ordering::Relaxed);
+        let seen = self.seen();
         (0..64u32)
             .rev()
             .filter(|b| seen & (1u64 << b) != 0)
@@ -97,9 +122,15 @@ impl RequestSpans {
 
 /// How long a drain with `deadline` may keep accepting: until what requests
 /// lately took (those that could finish in the drain at all) is all that is
-/// left, and never less than [`MIN_RESERVE`] before the deadline.
-pub fn accepting_for(deadline: Duration, spans: &RequestSpans) -> Duration {
-    let reserve = spans.longest_within(deadline).max(MIN_RESERVE);
+/// left, and never less than [`MIN_RESERVE`] before the deadline. A
+/// process that has not watched its site for a period yet
+/// ([`RequestSpans::unproven`]) leaves at least half the drain: an upload
+/// it has not seen finish may be under way.
+pub fn accepting_for(deadline: Duration, spans: &RequestSpans, now: Instant) -> Duration {
+    let mut reserve = spans.longest_within(deadline).max(MIN_RESERVE);
+    if spans.unproven(now) {
+        reserve = reserve.max(deadline / 2);
+    }
     deadline.saturating_sub(reserve)
 }
 
@@ -150,23 +181,50 @@ mod tests {
         let now = Instant::now();
         let spans = RequestSpans::new(now);
         let nine = Duration::from_secs(9);
+        // A process a period old has watched its site long enough.
+        let later = now + PERIOD;
         // Nothing seen: accept until a second before the deadline.
-        assert_eq!(accepting_for(nine, &spans), Duration::from_secs(8));
+        assert_eq!(accepting_for(nine, &spans, later), Duration::from_secs(8));
         spans.note(Duration::from_millis(30));
-        assert_eq!(accepting_for(nine, &spans), Duration::from_secs(8));
+        assert_eq!(accepting_for(nine, &spans, later), Duration::from_secs(8));
         // Six-second uploads: they need six of the nine seconds.
         spans.note(Duration::from_secs(6));
-        let accept = accepting_for(nine, &spans);
+        let accept = accepting_for(nine, &spans, later);
         assert!(
             accept < Duration::from_secs(3) && accept > Duration::from_secs(2),
             "{accept:?}"
         );
         // A stream of an hour says nothing of what a drain can finish.
         spans.note(Duration::from_secs(3_600));
-        assert_eq!(accepting_for(nine, &spans), accept);
+        assert_eq!(accepting_for(nine, &spans, later), accept);
         // A poll of eight and a half seconds leaves it no time to accept in.
         spans.note(Duration::from_millis(8_500));
-        assert_eq!(accepting_for(nine, &spans), Duration::ZERO);
+        assert_eq!(accepting_for(nine, &spans, later), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_young_process_leaves_half_the_drain_unless_it_took_an_earlier_ones_spans() {
+        let now = Instant::now();
+        let nine = Duration::from_secs(9);
+        let young = RequestSpans::new(now);
+        assert_eq!(accepting_for(nine, &young, now), nine / 2);
+        assert_eq!(
+            accepting_for(nine, &young, now + PERIOD),
+            Duration::from_secs(8)
+        );
+        let heir = RequestSpans::new(now);
+        let earlier = RequestSpans::new(now);
+        earlier.note(Duration::from_secs(6));
+        heir.remember(earlier.seen());
+        let accept = accepting_for(nine, &heir, now);
+        assert!(accept < Duration::from_secs(3), "{accept:?}");
+        heir.remember(0);
+        let nothing_long = RequestSpans::new(now);
+        nothing_long.remember(0);
+        assert_eq!(
+            accepting_for(nine, &nothing_long, now),
+            Duration::from_secs(8)
+        );
     }
 
     #[test]
