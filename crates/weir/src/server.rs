@@ -244,25 +244,12 @@ impl Server {
     ) -> DrainReport {
         let started = Instant::now();
         tokio::pin!(stop_now);
-        let mut cut_short = false;
-        let mut waiting = Vec::new();
-        if accepting == Accepting::WhileEarlierWork {
-            match self
-                .serve_earlier_work(started, deadline, &mut stop_now)
-                .await
-            {
-                None => cut_short = true,
-                // Beside another process the kernel gives the new
-                // connections to it as soon as this socket closes; those
-                // it queued here until then would be reset, so the
-                // handshakes settle first (a SYN dropped meanwhile is sent
-                // again a second later, and then finds only the other).
-                Some(Company::Beside) => {
-                    self.settle_handshakes(&mut stop_now).await;
-                }
-                Some(Company::Alone) => waiting = self.settle_handshakes(&mut stop_now).await,
+        let (mut cut_short, waiting) = match accepting {
+            Accepting::WhileEarlierWork => {
+                self.accept_a_while(started, deadline, &mut stop_now).await
             }
-        }
+            Accepting::No => (false, Vec::new()),
+        };
         self.stop.cancel();
         // An accept loop may be between `accept` and counting the connection
         // when `stop` is sent: until it has exited, `open() == 0` could end
@@ -271,39 +258,16 @@ impl Server {
         for task in self.accepting {
             let _ = tokio::time::timeout(ACCEPT_LOOP_EXIT, task).await;
         }
-        // The loops took what was queued and dropped their sockets. A
-        // socket that drops new handshakes stays open until exit, so that
-        // connection attempts wait for the next process instead of being
-        // refused; the kernel queues nothing on it for this process to
-        // reset. Any other client socket closes now (beside another process
-        // the kernel then gives it the new connections). systemd, or a
-        // successor sharing the socket, holds its own copy: that socket
-        // stays open and keeps queueing.
-        let mut sockets = self.sockets;
-        let mut index = 0;
-        sockets.retain(|s| {
-            let keep = s.role != SocketRole::Client || waiting.contains(&index);
-            index += 1;
-            keep
-        });
+        // The loops took what was queued and dropped their sockets.
+        let sockets = kept_to_exit(self.sockets, &waiting);
         // The state as it is now, for a successor starting beside this
         // process (`SO_REUSEPORT`, blue/green): it merges the file when it
         // changes. The final one follows once the last request is done.
-        let snapshot = state::snapshot_path(&self.runtime).map(|path| {
-            let rt = self.runtime.clone();
-            tokio::task::spawn_blocking(move || state::write(&rt, &path))
-        });
+        let snapshot = write_snapshot(&self.runtime);
         // (After a drain that kept accepting, every connection was told to
         // close after its first request already.)
-        if !cut_short
-            && accepting == Accepting::No
-            && deadline > FIRST_REQUEST_GRACE
-            && self.runtime.tracker.open() > 0
-        {
-            tokio::select! {
-                _ = tokio::time::sleep(FIRST_REQUEST_GRACE) => {}
-                _ = &mut stop_now => cut_short = true,
-            }
+        if !cut_short && accepting == Accepting::No && deadline > FIRST_REQUEST_GRACE {
+            cut_short = await_first_requests(&self.runtime.tracker, &mut stop_now).await;
         }
         self.runtime.tracker.drain();
         let forced = finish_connections(
@@ -320,16 +284,39 @@ impl Server {
         if let Some(first) = snapshot {
             let _ = first.await;
         }
-        if let Some(path) = state::snapshot_path(&self.runtime) {
-            let rt = self.runtime.clone();
-            // Errors are logged and counted by `write`.
-            let _ = tokio::task::spawn_blocking(move || state::write(&rt, &path)).await;
+        if let Some(last) = write_snapshot(&self.runtime) {
+            let _ = last.await;
         }
         drop(sockets);
         self.runtime.access_log.flush();
         DrainReport {
             forced,
             took: started.elapsed(),
+        }
+    }
+
+    /// A drain's accepting phase ([`Accepting::WhileEarlierWork`]): serves
+    /// the earlier work, then lets handshakes under way settle. Whether a
+    /// second signal cut it short, and the indices of the sockets kept
+    /// open to the end, dropping new handshakes (alone on them).
+    async fn accept_a_while(
+        &self,
+        started: Instant,
+        deadline: Duration,
+        stop_now: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) -> (bool, Vec<usize>) {
+        match self.serve_earlier_work(started, deadline, stop_now).await {
+            None => (true, Vec::new()),
+            // Beside another process the kernel gives the new connections
+            // to it as soon as this socket closes; those it queued here
+            // until then would be reset, so the handshakes settle first (a
+            // SYN dropped meanwhile is sent again a second later, and then
+            // finds only the other).
+            Some(Company::Beside) => {
+                self.settle_handshakes(stop_now).await;
+                (false, Vec::new())
+            }
+            Some(Company::Alone) => (false, self.settle_handshakes(stop_now).await),
         }
     }
 
@@ -431,6 +418,52 @@ impl Server {
         self.runtime.tracker.drain();
         self.runtime.tracker.abort_all();
     }
+}
+
+/// Gives connections accepted just before the drain
+/// [`FIRST_REQUEST_GRACE`] to bring their first request; true when a
+/// second signal cut it short.
+async fn await_first_requests(
+    tracker: &crate::edge::ConnTracker,
+    stop_now: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> bool {
+    if tracker.open() == 0 {
+        return false;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(FIRST_REQUEST_GRACE) => false,
+        _ = stop_now.as_mut() => true,
+    }
+}
+
+/// The sockets a draining process keeps until it exits: those not for
+/// clients (they go with it), and the client sockets at `waiting`, which
+/// drop new handshakes: connection attempts wait for the next process
+/// instead of being refused, and the kernel queues nothing on them for
+/// this process to reset. Any other client socket closes now (beside
+/// another process the kernel then gives it the new connections).
+/// systemd, or a successor sharing the socket, holds its own copy: that
+/// socket stays open and keeps queueing.
+fn kept_to_exit(mut sockets: Vec<ListeningSocket>, waiting: &[usize]) -> Vec<ListeningSocket> {
+    let mut index = 0;
+    sockets.retain(|s| {
+        let keep = s.role != SocketRole::Client || waiting.contains(&index);
+        index += 1;
+        keep
+    });
+    sockets
+}
+
+/// Writes the snapshot (and what goes beside it) on a blocking thread, if
+/// one is configured; errors are logged and counted by `state::write`.
+fn write_snapshot(
+    rt: &Arc<Runtime>,
+) -> Option<JoinHandle<Result<usize, weir_limiter::snapshot::SnapshotError>>> {
+    let path = state::snapshot_path(rt)?;
+    let rt = rt.clone();
+    Some(tokio::task::spawn_blocking(move || {
+        state::write(&rt, &path)
+    }))
 }
 
 /// How often the snapshot file is looked at for another process's write: a

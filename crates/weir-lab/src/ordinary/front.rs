@@ -355,19 +355,8 @@ impl WeirFront {
             .then(|| std::net::TcpListener::bind("127.0.0.1:0"))
             .transpose()
             .map_err(FrontError::Setup)?;
-        let mut listens = Vec::new();
-        let mut configs = Vec::new();
-        for c in 0..colours {
-            let listen = match &activated {
-                Some(s) => s.local_addr().map_err(FrontError::Setup)?,
-                None => free_port().map_err(FrontError::Setup)?,
-            };
-            let text = weir_config(app, listen, dir.path(), op);
-            let path = dir.path().join(format!("weir.{c}.toml"));
-            std::fs::write(&path, text).map_err(FrontError::Setup)?;
-            listens.push(listen);
-            configs.push(path);
-        }
+        let (listens, configs) = write_configs(colours, activated.as_ref(), app, dir.path(), op)
+            .map_err(FrontError::Setup)?;
         let mut front = WeirFront {
             binary: binary.to_path_buf(),
             dir,
@@ -389,31 +378,37 @@ impl WeirFront {
                 front.fleet.push(Some(next));
             }
         }
-        let balanced = match op {
-            Operation::BlueGreen => Some(&front.listens[..1]),
-            Operation::RollingRestart => Some(&front.listens[..]),
-            _ => None,
-        };
-        let target = if let Some(servers) = balanced {
-            let lb = nginx::start_gateway(
-                &balancer(servers, free_port().map_err(FrontError::Setup)?),
-                app,
-            )?;
-            let h2 = balancer_h2(&lb);
-            let t = Target { http1: lb.addr, h2 };
-            front.balancer = Some(lb);
-            t
-        } else {
-            Target {
-                http1: front.listens[0],
-                h2: front.listens[0],
-            }
-        };
+        let target = front.balance(op, app)?;
         Ok(Front {
             kind: FrontKind::Weir,
             target,
             inner: Inner::Weir(Box::new(front)),
         })
+    }
+
+    /// Starts the balancer `op` puts in front (blue/green: over the first
+    /// colour; a rolling restart: over all), and says where clients go.
+    fn balance(&mut self, op: Operation, app: SocketAddr) -> Result<Target, FrontError> {
+        let servers = match op {
+            Operation::BlueGreen => &self.listens[..1],
+            Operation::RollingRestart => &self.listens[..],
+            _ => {
+                return Ok(Target {
+                    http1: self.listens[0],
+                    h2: self.listens[0],
+                });
+            }
+        };
+        let lb = nginx::start_gateway(
+            &balancer(servers, free_port().map_err(FrontError::Setup)?),
+            app,
+        )?;
+        let target = Target {
+            http1: lb.addr,
+            h2: balancer_h2(&lb),
+        };
+        self.balancer = Some(lb);
+        Ok(target)
     }
 
     /// The next generation of colour `colour`.
@@ -481,34 +476,35 @@ impl WeirFront {
                 let next = self.spawn(other).await?;
                 self.current = Some(next);
                 self.live = other;
-                if let Some(lb) = &self.balancer {
-                    let http = balancer(&self.listens[other..=other], balancer_h2(lb))
-                        .replace("{{listen}}", &lb.addr.to_string());
-                    nginx::reconfigure(lb, &http)?;
-                }
+                self.balance_over(|colour| colour == other)?;
                 // The balancer's old worker finishes what it holds, then
                 // the old colour drains.
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 current.stop().exited().await?;
             }
-            Operation::RollingRestart => {
-                let mut fleet: Vec<Option<WeirProcess>> = std::iter::once(Some(current))
-                    .chain(self.fleet.drain(..))
-                    .collect();
-                for (i, slot) in fleet.iter_mut().enumerate() {
-                    self.balance_over(|colour| colour != i)?;
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    if let Some(p) = slot.take() {
-                        p.stop().exited().await?;
-                    }
-                    *slot = Some(self.spawn(i).await?);
-                    self.balance_over(|_| true)?;
-                }
-                let mut fleet = fleet.into_iter().flatten();
-                self.current = fleet.next();
-                self.fleet = fleet.map(Some).collect();
-            }
+            Operation::RollingRestart => self.roll(current).await?,
         }
+        Ok(())
+    }
+
+    /// A rolling restart: each instance in turn taken out of the balancer,
+    /// stopped, started again, and put back.
+    async fn roll(&mut self, current: WeirProcess) -> Result<(), FrontError> {
+        let mut fleet: Vec<Option<WeirProcess>> = std::iter::once(Some(current))
+            .chain(self.fleet.drain(..))
+            .collect();
+        for (i, slot) in fleet.iter_mut().enumerate() {
+            self.balance_over(|colour| colour != i)?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if let Some(p) = slot.take() {
+                p.stop().exited().await?;
+            }
+            *slot = Some(self.spawn(i).await?);
+            self.balance_over(|_| true)?;
+        }
+        let mut fleet = fleet.into_iter().flatten();
+        self.current = fleet.next();
+        self.fleet = fleet.map(Some).collect();
         Ok(())
     }
 
@@ -527,6 +523,30 @@ impl WeirFront {
         }
         Ok(())
     }
+}
+
+/// Each colour's listening address (the activated socket's, or a free
+/// port) and configuration file, written in `dir`.
+fn write_configs(
+    colours: usize,
+    activated: Option<&std::net::TcpListener>,
+    app: SocketAddr,
+    dir: &Path,
+    op: Operation,
+) -> std::io::Result<(Vec<SocketAddr>, Vec<PathBuf>)> {
+    let mut listens = Vec::new();
+    let mut configs = Vec::new();
+    for c in 0..colours {
+        let listen = match activated {
+            Some(s) => s.local_addr()?,
+            None => free_port()?,
+        };
+        let path = dir.join(format!("weir.{c}.toml"));
+        std::fs::write(&path, weir_config(app, listen, dir, op))?;
+        listens.push(listen);
+        configs.push(path);
+    }
+    Ok((listens, configs))
 }
 
 /// weir's configuration in the runs: the defaults, a listener and a pool,

@@ -146,44 +146,14 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         async move { mix::run(&mix_plan, target, until, tally).await }
     });
     let operated = op != Operation::Steady && op.applies_to(front);
-    // A deploy of the app is no operation on the front's limits.
-    // (Nor is a rolling restart of instances that share no limits: the
-    // balancer spreads the probe over them.)
-    let checks_limits = operated
-        && front != FrontKind::Direct
-        && !matches!(op, Operation::AppRestart | Operation::RollingRestart);
-    let (mut kept, mut checked) = (0, 0);
-    let mut operation_ms = Vec::new();
-    let mut limits_lost_after = Vec::new();
-    let mut served_from = began;
-    for k in 0..plan.times {
-        let due = began + plan.warm + plan.every * k;
-        tokio::time::sleep_until(due.max(served_from + SERVES_BETWEEN)).await;
-        if !operated {
-            continue;
-        }
-        let limited = checks_limits && gateway.limit_probe(k).await;
-        let started = Instant::now();
-        let done = match op {
-            Operation::AppRestart => app.restart(APP_DOWN).await.map_err(RunError::App),
-            _ => gateway.operate(op).await.map_err(failed),
-        };
-        operation_ms.push(started.elapsed().as_millis() as u64);
-        served_from = Instant::now();
-        if let Err(e) = done {
+    let done = match operate(plan, op, front, &mut gateway, &mut app, began).await {
+        Ok(done) => done,
+        Err(e) => {
             // Visitors still get what they get; the run reports the error.
             visitors.abort();
             return Err(e);
         }
-        if limited {
-            checked += 1;
-            if gateway.probe_still_limited(k).await {
-                kept += 1;
-            } else {
-                limits_lost_after.push(k);
-            }
-        }
-    }
+    };
     let _ = visitors.await;
     let start_ms = gateway
         .starts()
@@ -198,15 +168,77 @@ pub async fn run(plan: &Plan, front: FrontKind, op: Operation) -> Result<Row, Ru
         operation: op,
         times: if operated { plan.times } else { 0 },
         summary: tally.summary(),
-        limits_kept: checks_limits.then_some((kept, checked)),
-        limits_lost_after,
+        limits_kept: done.checks_limits.then_some((done.kept, done.checked)),
+        limits_lost_after: done.limits_lost_after,
         app_refused: counters.refused.load(Ordering::Relaxed),
         app_max_busy: counters.max_busy.load(Ordering::Relaxed),
         app_workers: plan.app.workers,
-        operation_ms,
+        operation_ms: done.operation_ms,
         start_ms,
         killed,
     })
+}
+
+/// What the operations of a run found.
+#[derive(Default)]
+struct Operated {
+    checks_limits: bool,
+    kept: u32,
+    checked: u32,
+    limits_lost_after: Vec<u32>,
+    operation_ms: Vec<u64>,
+}
+
+/// Performs `op` `plan.times` times on `gateway` (or on `app`, a deploy),
+/// on the plan's schedule, probing the per-address limit around each.
+async fn operate(
+    plan: &Plan,
+    op: Operation,
+    front: FrontKind,
+    gateway: &mut Front,
+    app: &mut OrdinaryApp,
+    began: Instant,
+) -> Result<Operated, RunError> {
+    let failed = |source| RunError::Front {
+        front: front.name(),
+        operation: op.name(),
+        source,
+    };
+    let operated = op != Operation::Steady && op.applies_to(front);
+    // A deploy of the app is no operation on the front's limits. (Nor is
+    // a rolling restart of instances that share no limits: the balancer
+    // spreads the probe over them.)
+    let mut done = Operated {
+        checks_limits: operated
+            && front != FrontKind::Direct
+            && !matches!(op, Operation::AppRestart | Operation::RollingRestart),
+        ..Operated::default()
+    };
+    let mut served_from = began;
+    for k in 0..plan.times {
+        let due = began + plan.warm + plan.every * k;
+        tokio::time::sleep_until(due.max(served_from + SERVES_BETWEEN)).await;
+        if !operated {
+            continue;
+        }
+        let limited = done.checks_limits && gateway.limit_probe(k).await;
+        let started = Instant::now();
+        match op {
+            Operation::AppRestart => app.restart(APP_DOWN).await.map_err(RunError::App)?,
+            _ => gateway.operate(op).await.map_err(failed)?,
+        };
+        done.operation_ms.push(started.elapsed().as_millis() as u64);
+        served_from = Instant::now();
+        if limited {
+            done.checked += 1;
+            if gateway.probe_still_limited(k).await {
+                done.kept += 1;
+            } else {
+                done.limits_lost_after.push(k);
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// Whether weir did harm among `rows`: it failed more requests or cut more
