@@ -32,6 +32,9 @@ pub struct ConnState {
     requests: AtomicU64,
     /// When the connection last became idle (ms on the tracker clock).
     idle_since_ms: AtomicU64,
+    /// When its requests in flight began (ms; the first of them, when
+    /// several overlap on HTTP/2).
+    busy_since_ms: AtomicU64,
     /// When bytes of a next request arrived while idle (0: none pending).
     pending_since_ms: AtomicU64,
     /// Since when writes to the client have found its window full with no
@@ -75,6 +78,7 @@ impl ConnState {
             in_flight: AtomicU32::new(0),
             requests: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(now),
+            busy_since_ms: AtomicU64::new(now),
             pending_since_ms: AtomicU64::new(0),
             write_stalled_since_ms: AtomicU64::new(0),
             h2: AtomicBool::new(false),
@@ -131,7 +135,10 @@ impl ConnState {
         if h2 {
             self.h2.store(true, Ordering::Relaxed);
         }
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if self.in_flight.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.busy_since_ms
+                .store(self.clock.now_ms(), Ordering::Relaxed);
+        }
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.pending_since_ms.store(0, Ordering::Relaxed);
         self.release.store(0, Ordering::Relaxed);
@@ -179,6 +186,18 @@ impl ConnState {
 
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// How long its requests in flight have run, if it has any (the
+    /// oldest's time, when several overlap).
+    pub fn busy_for(&self) -> Option<Duration> {
+        if self.in_flight() == 0 {
+            return None;
+        }
+        let since = self.busy_since_ms.load(Ordering::Relaxed);
+        Some(Duration::from_millis(
+            self.clock.now_ms().saturating_sub(since),
+        ))
     }
 
     /// How long the connection has been between requests, if it is (and has

@@ -355,7 +355,12 @@ impl Server {
                 "draining: still accepting (each connection closes after one request) until the requests in flight at the signal are done"
             );
         }
-        let accept_for = drain_plan::accepting_for(deadline, &self.runtime.spans, started);
+        let accept_for = drain_plan::accepting_for(
+            deadline,
+            &self.runtime.spans,
+            started,
+            tracker.oldest_request(),
+        );
         while !sibling && tracker.opened_before(earlier) > 0 && started.elapsed() < accept_for {
             tokio::select! {
                 _ = tokio::time::sleep(EARLIER_WORK_POLL) => {}

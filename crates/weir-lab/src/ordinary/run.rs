@@ -71,11 +71,6 @@ impl Plan {
     }
 }
 
-/// How long a front serves, at least, between two operations: stops that
-/// take longer than the plan's spacing (a drain of seconds) would else
-/// follow each other at once, and measure a front that never serves.
-const SERVES_BETWEEN: Duration = Duration::from_secs(2);
-
 /// How long the app is down in a deploy ([`Operation::AppRestart`]).
 const APP_DOWN: Duration = Duration::from_millis(300);
 
@@ -217,7 +212,11 @@ async fn operate(
     let mut served_from = began;
     for k in 0..plan.times {
         let due = began + plan.warm + plan.every * k;
-        tokio::time::sleep_until(due.max(served_from + SERVES_BETWEEN)).await;
+        // A front serves for the plan's spacing at least between two
+        // operations: stops that take longer (a drain of seconds) would
+        // else follow each other at once, and measure a front that never
+        // serves (connections held through one drain met the next).
+        tokio::time::sleep_until(due.max(served_from + plan.every)).await;
         if !operated {
             continue;
         }

@@ -293,6 +293,16 @@ impl ConnTracker {
         self.registry().conns.keys().filter(|&&c| c < id).count()
     }
 
+    /// How long the oldest request in flight has run (per connection, the
+    /// oldest of its overlapping requests), if any is.
+    pub fn oldest_request(&self) -> Option<std::time::Duration> {
+        self.registry()
+            .conns
+            .values()
+            .filter_map(|c| c.busy_for())
+            .max()
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }

@@ -122,14 +122,24 @@ impl RequestSpans {
 
 /// How long a drain with `deadline` may keep accepting: until what requests
 /// lately took (those that could finish in the drain at all) is all that is
-/// left, and never less than [`MIN_RESERVE`] before the deadline. A
-/// process that has not watched its site for a period yet
-/// ([`RequestSpans::unproven`]) leaves at least half the drain: an upload
-/// it has not seen finish may be under way.
-pub fn accepting_for(deadline: Duration, spans: &RequestSpans, now: Instant) -> Duration {
+/// left, and never less than [`MIN_RESERVE`] before the deadline.
+///
+/// A process that has not watched its site for a period yet
+/// ([`RequestSpans::unproven`]) may not have seen its long requests finish;
+/// it also leaves twice what the oldest request in flight at the signal
+/// has run (`oldest`, at most the whole drain). A request caught under
+/// way is, on average, half done: an upload 4 s into its body says
+/// uploads here take about 8.
+pub fn accepting_for(
+    deadline: Duration,
+    spans: &RequestSpans,
+    now: Instant,
+    oldest: Option<Duration>,
+) -> Duration {
     let mut reserve = spans.longest_within(deadline).max(MIN_RESERVE);
     if spans.unproven(now) {
-        reserve = reserve.max(deadline / 2);
+        let caught = oldest.unwrap_or_default().saturating_mul(2).min(deadline);
+        reserve = reserve.max(caught);
     }
     deadline.saturating_sub(reserve)
 }
@@ -184,47 +194,63 @@ mod tests {
         // A process a period old has watched its site long enough.
         let later = now + PERIOD;
         // Nothing seen: accept until a second before the deadline.
-        assert_eq!(accepting_for(nine, &spans, later), Duration::from_secs(8));
+        assert_eq!(
+            accepting_for(nine, &spans, later, None),
+            Duration::from_secs(8)
+        );
         spans.note(Duration::from_millis(30));
-        assert_eq!(accepting_for(nine, &spans, later), Duration::from_secs(8));
+        assert_eq!(
+            accepting_for(nine, &spans, later, None),
+            Duration::from_secs(8)
+        );
         // Six-second uploads: they need six of the nine seconds.
         spans.note(Duration::from_secs(6));
-        let accept = accepting_for(nine, &spans, later);
+        let accept = accepting_for(nine, &spans, later, None);
         assert!(
             accept < Duration::from_secs(3) && accept > Duration::from_secs(2),
             "{accept:?}"
         );
         // A stream of an hour says nothing of what a drain can finish.
         spans.note(Duration::from_secs(3_600));
-        assert_eq!(accepting_for(nine, &spans, later), accept);
+        assert_eq!(accepting_for(nine, &spans, later, None), accept);
         // A poll of eight and a half seconds leaves it no time to accept in.
         spans.note(Duration::from_millis(8_500));
-        assert_eq!(accepting_for(nine, &spans, later), Duration::ZERO);
+        assert_eq!(accepting_for(nine, &spans, later, None), Duration::ZERO);
     }
 
     #[test]
-    fn a_young_process_leaves_half_the_drain_unless_it_took_an_earlier_ones_spans() {
+    fn a_young_process_leaves_twice_what_its_oldest_request_ran_unless_it_took_spans() {
         let now = Instant::now();
         let nine = Duration::from_secs(9);
+        let three = Some(Duration::from_secs(3));
         let young = RequestSpans::new(now);
-        assert_eq!(accepting_for(nine, &young, now), nine / 2);
         assert_eq!(
-            accepting_for(nine, &young, now + PERIOD),
+            accepting_for(nine, &young, now, None),
             Duration::from_secs(8)
         );
+        assert_eq!(
+            accepting_for(nine, &young, now, three),
+            Duration::from_secs(3)
+        );
+        let five = Some(Duration::from_secs(5));
+        assert_eq!(accepting_for(nine, &young, now, five), Duration::ZERO);
+        // A period old, it has seen for itself.
+        assert_eq!(
+            accepting_for(nine, &young, now + PERIOD, three),
+            Duration::from_secs(8)
+        );
+        // Given an earlier process's spans, it goes by them.
         let heir = RequestSpans::new(now);
+        heir.remember(0);
+        assert_eq!(
+            accepting_for(nine, &heir, now, three),
+            Duration::from_secs(8)
+        );
         let earlier = RequestSpans::new(now);
         earlier.note(Duration::from_secs(6));
         heir.remember(earlier.seen());
-        let accept = accepting_for(nine, &heir, now);
+        let accept = accepting_for(nine, &heir, now, None);
         assert!(accept < Duration::from_secs(3), "{accept:?}");
-        heir.remember(0);
-        let nothing_long = RequestSpans::new(now);
-        nothing_long.remember(0);
-        assert_eq!(
-            accepting_for(nine, &nothing_long, now),
-            Duration::from_secs(8)
-        );
     }
 
     #[test]
