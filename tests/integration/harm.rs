@@ -330,12 +330,13 @@ async fn ordinary_traffic_through_a_blue_green_switch_behind_nginx_fails_nothing
     assert_no_failures_through(&[Operation::BlueGreen]).await;
 }
 
-/// Three instances behind a round-robin nginx, restarted one by one as a
-/// Deployment's rollout does: the balancer stops sending to one (readiness
-/// going false), it drains and exits, the next generation starts on its
-/// port, the balancer sends to it again, then the next instance. Nothing
-/// fails, no upload is cut, weir answers nothing itself. (The instances
-/// share no limits here, so the per-address probe is not asked.)
+/// Three instances behind a round-robin nginx, sharing their limits
+/// through a real Redis, restarted one by one as a Deployment's rollout
+/// does: the balancer stops sending to one (readiness going false), it
+/// drains and exits, the next generation starts on its port, the balancer
+/// sends to it again, then the next instance. Nothing fails, no upload is
+/// cut, weir answers nothing itself, and a client the fleet limited before
+/// is limited after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordinary_traffic_through_a_rolling_restart_of_three_behind_nginx_fails_nothing() {
     weir_lab::ordinary::process::become_subreaper();

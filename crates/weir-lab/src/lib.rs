@@ -8,7 +8,8 @@
 //!   checks; [`expect`]: the check grammar; [`addresses`]: client networks in 127/8.
 //! - [`cohort`]: the load generator; [`nginx`] and [`haproxy`]: real rivals as the
 //!   gateway (and nginx as the load balancer in front of weir, for incident 4), run by
-//!   [`process`]; [`alerts`]: alert rules replayed over weir's metrics with promtool;
+//!   [`process`]; [`redis`]: the store a fleet of weir shares limits through;
+//!   [`alerts`]: alert rules replayed over weir's metrics with promtool;
 //!   [`runner`]: one variant's run; [`report`]: tables, JSON and HTML; [`cli`]: `weir sim`
 //!   and `weir demo`.
 //! - [`ordinary`]: ordinary traffic (pages, uploads, streams, WebSockets, HTTP/2) through
@@ -41,6 +42,7 @@ pub mod haproxy;
 pub mod nginx;
 pub mod ordinary;
 pub mod process;
+pub mod redis;
 pub mod report;
 pub mod runner;
 pub mod scenario;

@@ -73,9 +73,10 @@ pub enum Operation {
     ActivatedRestart,
     /// Behind nginx: start the other colour, switch nginx to it, stop the old.
     BlueGreen,
-    /// Three instances behind nginx, restarted one by one: the balancer
-    /// stops sending to one (as readiness going false does), it stops and
-    /// starts, the balancer sends to it again, then the next.
+    /// Three instances behind nginx, sharing their limits through a real
+    /// Redis, restarted one by one: the balancer stops sending to one (as
+    /// readiness going false does), it stops and starts, the balancer
+    /// sends to it again, then the next.
     RollingRestart,
     /// Not the front's: the app behind it is deployed (every connection
     /// reset, down for a moment, back as before).
@@ -201,6 +202,9 @@ struct WeirFront {
     /// A rolling restart's other instances (colours 1 and 2; `current` is
     /// colour 0).
     fleet: Vec<Option<WeirProcess>>,
+    /// The Redis a rolling restart's instances share their limits through,
+    /// held for its life only (declared last: it outlives them).
+    _redis: Option<ServerProcess>,
 }
 
 /// Instances in a rolling restart.
@@ -355,8 +359,13 @@ impl WeirFront {
             .then(|| std::net::TcpListener::bind("127.0.0.1:0"))
             .transpose()
             .map_err(FrontError::Setup)?;
-        let (listens, configs) = write_configs(colours, activated.as_ref(), app, dir.path(), op)
-            .map_err(FrontError::Setup)?;
+        let redis = (op == Operation::RollingRestart)
+            .then(|| crate::redis::start("a rolling restart's shared limits"))
+            .transpose()?;
+        let shared = redis.as_ref().map(|r| r.addr);
+        let (listens, configs) =
+            write_configs(colours, activated.as_ref(), app, dir.path(), op, shared)
+                .map_err(FrontError::Setup)?;
         let mut front = WeirFront {
             binary: binary.to_path_buf(),
             dir,
@@ -370,6 +379,7 @@ impl WeirFront {
             starts: Vec::new(),
             killed: 0,
             fleet: Vec::new(),
+            _redis: redis,
         };
         front.current = Some(front.spawn(0).await?);
         if op == Operation::RollingRestart {
@@ -533,6 +543,7 @@ fn write_configs(
     app: SocketAddr,
     dir: &Path,
     op: Operation,
+    redis: Option<SocketAddr>,
 ) -> std::io::Result<(Vec<SocketAddr>, Vec<PathBuf>)> {
     let mut listens = Vec::new();
     let mut configs = Vec::new();
@@ -542,7 +553,11 @@ fn write_configs(
             None => free_port()?,
         };
         let path = dir.join(format!("weir.{c}.toml"));
-        std::fs::write(&path, weir_config(app, listen, dir, op))?;
+        let mut text = weir_config(app, listen, dir, op);
+        if let Some(redis) = redis {
+            text.push_str(&format!("redis_url = \"redis://{redis}/0\"\n"));
+        }
+        std::fs::write(&path, text)?;
         listens.push(listen);
         configs.push(path);
     }

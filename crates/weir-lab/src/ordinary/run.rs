@@ -200,13 +200,9 @@ async fn operate(
         source,
     };
     let operated = op != Operation::Steady && op.applies_to(front);
-    // A deploy of the app is no operation on the front's limits. (Nor is
-    // a rolling restart of instances that share no limits: the balancer
-    // spreads the probe over them.)
+    // A deploy of the app is no operation on the front's limits.
     let mut done = Operated {
-        checks_limits: operated
-            && front != FrontKind::Direct
-            && !matches!(op, Operation::AppRestart | Operation::RollingRestart),
+        checks_limits: operated && front != FrontKind::Direct && op != Operation::AppRestart,
         ..Operated::default()
     };
     let mut served_from = began;
