@@ -125,42 +125,19 @@ impl Server {
         mut inherited: Inherited,
         extra_workers: usize,
     ) -> Result<Server, StartError> {
-        let (host, _) = crate::gateway::process::host(&loaded, true);
-        if !host.is_empty() {
-            return Err(crate::config::ConfigErrors(host).into());
-        }
-        crate::challenge::keyfile::prepare(&loaded.config);
-        let gateway = Gateway::build(loaded, None, 1)?;
-        for w in &gateway.warnings {
-            tracing::warn!("configuration: {w}");
-        }
+        let gateway = first_gateway(loaded)?;
         let access_log = open_access_log(&gateway)?;
         let (metrics, warm_up_metrics) = metrics_with_warm_up();
         let lifecycle = gateway.loaded.config.lifecycle.clone();
         let specs = gateway.listeners.clone();
         let admin_addr = gateway.admin_address;
-        let watch_interval = gateway
-            .loaded
-            .config
-            .process
-            .watch_config
-            .then_some(gateway.loaded.config.process.watch_interval.0);
+        let process = &gateway.loaded.config.process;
+        let watch_interval = process.watch_config.then_some(process.watch_interval.0);
         let runtime = Runtime::new(gateway, metrics, access_log, config_path, env);
         runtime.tracker.set_ceiling(connection_ceiling());
         // State first: the first request after a restart must meet the limits
-        // the previous process had reached. The file is looked at before it
-        // is read, so a later write by the previous process is merged.
-        let watch = state::snapshot_path(&runtime).map(|p| state::SnapshotWatch::new(&p));
-        let restored = restore_state(&runtime, inherited.snapshot.take());
-        if !inherited.admission.is_empty() {
-            state::resume_admission(&runtime, &inherited.admission);
-        } else if let Some(path) = state::snapshot_path(&runtime) {
-            state::restore_admission(&runtime, &path);
-        }
-        if let Some(path) = state::snapshot_path(&runtime) {
-            state::restore_spans(&runtime, &path);
-        }
-        runtime.readiness.set_restored(restored.label());
+        // the previous process had reached.
+        let (restored, watch) = take_up_state(&runtime, &mut inherited);
         state::connect_redis(&runtime)?;
         // Close the warm-up gate before the admin API answers `/readyz`. In
         // an upgrade it must open before the previous process gives up.
@@ -169,7 +146,6 @@ impl Server {
         if lifecycle.ready_requires_upstream {
             begin_warm_up(&runtime, &lifecycle, warm_up_started, ready_by);
         }
-
         let workers = Workers::start(extra_workers).map_err(StartError::Workers)?;
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
@@ -457,6 +433,45 @@ fn kept_to_exit(mut sockets: Vec<ListeningSocket>, waiting: &[usize]) -> Vec<Lis
         keep
     });
     sockets
+}
+
+/// The gateway a process starts with: the host's checks (addresses, files)
+/// first, the challenge's key prepared, the configuration's warnings
+/// logged.
+fn first_gateway(loaded: LoadedConfig) -> Result<Gateway, StartError> {
+    let (host, _) = crate::gateway::process::host(&loaded, true);
+    if !host.is_empty() {
+        return Err(crate::config::ConfigErrors(host).into());
+    }
+    crate::challenge::keyfile::prepare(&loaded.config);
+    let gateway = Gateway::build(loaded, None, 1)?;
+    for w in &gateway.warnings {
+        tracing::warn!("configuration: {w}");
+    }
+    Ok(gateway)
+}
+
+/// What a starting process takes up from the one before: the limits (handed
+/// over, or from the snapshot file), the admission limits, how long
+/// requests took; and the watch on the snapshot file, looked at before it
+/// is read, so that a later write by the previous process is merged.
+fn take_up_state(
+    runtime: &Runtime,
+    inherited: &mut Inherited,
+) -> (state::Restored, Option<state::SnapshotWatch>) {
+    let path = state::snapshot_path(runtime);
+    let watch = path.as_deref().map(state::SnapshotWatch::new);
+    let restored = restore_state(runtime, inherited.snapshot.take());
+    if !inherited.admission.is_empty() {
+        state::resume_admission(runtime, &inherited.admission);
+    } else if let Some(path) = &path {
+        state::restore_admission(runtime, path);
+    }
+    if let Some(path) = &path {
+        state::restore_spans(runtime, path);
+    }
+    runtime.readiness.set_restored(restored.label());
+    (restored, watch)
 }
 
 /// Writes the snapshot (and what goes beside it) on a blocking thread, if
