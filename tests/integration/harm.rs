@@ -258,12 +258,16 @@ fn plan() -> Plan {
 
 /// Runs the short mix through weir under `op`, and against the app alone.
 async fn ordinary(op: Operation) -> (Row, Row) {
+    ordinary_by(&plan(), op).await
+}
+
+/// [`ordinary`] by `plan`.
+async fn ordinary_by(plan: &Plan, op: Operation) -> (Row, Row) {
     weir_lab::ordinary::process::become_subreaper();
-    let plan = plan();
-    let direct = run(&plan, FrontKind::Direct, Operation::Steady)
+    let direct = run(plan, FrontKind::Direct, Operation::Steady)
         .await
         .unwrap();
-    let weir = run(&plan, FrontKind::Weir, op).await.unwrap();
+    let weir = run(plan, FrontKind::Weir, op).await.unwrap();
     eprintln!("{}", table(&[direct.clone(), weir.clone()]));
     (direct, weir)
 }
@@ -339,15 +343,8 @@ async fn ordinary_traffic_through_a_blue_green_switch_behind_nginx_fails_nothing
 /// is limited after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordinary_traffic_through_a_rolling_restart_of_three_behind_nginx_fails_nothing() {
-    weir_lab::ordinary::process::become_subreaper();
     let plan = Plan { times: 1, ..plan() };
-    let direct = run(&plan, FrontKind::Direct, Operation::Steady)
-        .await
-        .unwrap();
-    let weir = run(&plan, FrontKind::Weir, Operation::RollingRestart)
-        .await
-        .unwrap();
-    eprintln!("{}", table(&[direct.clone(), weir.clone()]));
+    let (direct, weir) = ordinary_by(&plan, Operation::RollingRestart).await;
     assert_harmless(&direct, &weir, 0);
     assert_eq!(weir.start_ms.len(), 6, "three started, three restarted");
 }

@@ -136,13 +136,7 @@ async fn three_instances_share_one_rate_and_survive_redis_loss() {
     );
     // At most one round trip a request (one rule); refusals the local
     // mirror already knew of needed none.
-    let took = started.elapsed();
-    let calls = round_trips(&instances).await - before;
-    eprintln!(
-        "one redis: 600 requests in {took:?} ({:.0}/s over three instances), {calls} round trips ({:.2} a request)",
-        600.0 / took.as_secs_f64(),
-        calls / 600.0
-    );
+    let calls = round_trips_since(&instances, before, started.elapsed(), 600, "one redis").await;
     assert!(
         calls >= admitted as f64 && calls <= 600.0,
         "{calls} round trips for 600 requests, {admitted} admitted"
@@ -508,12 +502,37 @@ async fn redis_cluster() -> Vec<Redis> {
 
 /// The sum over `instances` of `weir_redis_round_trips_total{result="ok"}`.
 async fn round_trips(instances: &[Weir]) -> f64 {
+    round_trips_by(instances, "ok").await
+}
+
+/// The sum over `instances` of `weir_redis_round_trips_total` for `result`.
+async fn round_trips_by(instances: &[Weir], result: &str) -> f64 {
+    let series = format!("weir_redis_round_trips_total{{result=\"{result}\"}}");
     let mut total = 0.0;
     for w in instances {
-        let text = w.metrics().await;
-        total += crate::fixtures::metric(&text, "weir_redis_round_trips_total{result=\"ok\"}");
+        total += crate::fixtures::metric(&w.metrics().await, &series);
     }
     total
+}
+
+/// The round trips `requests` requests took over `instances` since
+/// `before` (in `took`), printed as `what` and returned.
+async fn round_trips_since(
+    instances: &[Weir],
+    before: f64,
+    took: std::time::Duration,
+    requests: u32,
+    what: &str,
+) -> f64 {
+    let calls = round_trips(instances).await - before;
+    let n = f64::from(requests);
+    eprintln!(
+        "{what}: {requests} requests in {took:?} ({:.0}/s over {} instances), {calls} round trips ({:.2} a request)",
+        n / took.as_secs_f64(),
+        instances.len(),
+        calls / n
+    );
+    calls
 }
 
 /// `[state] redis_cluster`: two instances share one rate through a real
@@ -553,13 +572,8 @@ async fn two_instances_share_one_rate_through_a_redis_cluster() {
     let before = round_trips(&instances).await;
     let started = std::time::Instant::now();
     assert_one_shared_rate(&instances, 11, "through a Redis Cluster").await;
-    let took = started.elapsed();
-    let calls = round_trips(&instances).await - before;
-    eprintln!(
-        "redis cluster: 400 requests in {took:?} ({:.0}/s over two instances), {calls} round trips ({:.2} a request)",
-        400.0 / took.as_secs_f64(),
-        calls / 400.0
-    );
+    let calls =
+        round_trips_since(&instances, before, started.elapsed(), 400, "redis cluster").await;
     // At most one round trip a request (one rule); a request the local
     // mirror already knows to be over the limit needs none.
     assert!(
@@ -577,11 +591,7 @@ async fn two_instances_share_one_rate_through_a_redis_cluster() {
             .unwrap();
         assert_eq!(r.status, 200);
     }
-    let mut errors = 0.0;
-    for w in &instances {
-        let text = w.metrics().await;
-        errors += crate::fixtures::metric(&text, "weir_redis_round_trips_total{result=\"error\"}");
-    }
+    let errors = round_trips_by(&instances, "error").await;
     assert_eq!(errors, 0.0, "every round trip answered");
     assert_eq!(round_trips(&instances).await - before, calls + 20.0);
 

@@ -900,30 +900,27 @@ fn outcome_from_reply(check: &RuleCheck<'_>, v: &[i64]) -> Outcome {
 fn rule_prefix(prefix: &str, label: &str, rule: RuleFingerprint, tagged: bool) -> String {
     let mut name = String::with_capacity(prefix.len() + label.len() + 37);
     name.push_str(prefix);
-    match (label.split_once(':'), tagged) {
-        (_, false) if !label.is_empty() => {
-            name.push_str(label);
+    if tagged && label.is_empty() {
+        name.push('{');
+        push_hex(&mut name, rule.0);
+        name.push_str("}:");
+        return name;
+    }
+    if tagged {
+        // `rule:level` becomes `{rule}:level`; a label without a level is
+        // all tag.
+        let (rule_name, level) = label.split_once(':').unwrap_or((label, ""));
+        name.push('{');
+        name.push_str(rule_name);
+        name.push('}');
+        if !level.is_empty() {
             name.push(':');
-        }
-        (Some((rule_name, level)), true) => {
-            name.push('{');
-            name.push_str(rule_name);
-            name.push_str("}:");
             name.push_str(level);
-            name.push(':');
         }
-        (None, true) if !label.is_empty() => {
-            name.push('{');
-            name.push_str(label);
-            name.push_str("}:");
-        }
-        (None, true) => {
-            name.push('{');
-            push_hex(&mut name, rule.0);
-            name.push_str("}:");
-            return name;
-        }
-        _ => {}
+        name.push(':');
+    } else if !label.is_empty() {
+        name.push_str(label);
+        name.push(':');
     }
     push_hex(&mut name, rule.0);
     name.push(':');

@@ -127,10 +127,7 @@ fn prepare_fleet_key(state: &crate::config::StateConfig) {
 /// instance signed before it joined the fleet's key stays good.
 pub fn signing_keys(state: &crate::config::StateConfig) -> Vec<String> {
     let own = signing_key(state);
-    let shared = state.redis_url.is_some()
-        || state.redis_sentinel.is_some()
-        || state.redis_cluster.is_some();
-    match super::fleet_key::current().filter(|_| shared) {
+    match super::fleet_key::current().filter(|_| state.shares_through_redis()) {
         Some(fleet) if fleet != own => vec![fleet, own],
         _ => vec![own],
     }

@@ -247,6 +247,14 @@ pub struct RedisSentinelConfig {
     pub password: Option<Secret>,
 }
 
+impl StateConfig {
+    /// Whether limits are shared through a Redis (one, behind Sentinel, or
+    /// a cluster): the store the challenge's fleet key is kept in too.
+    pub fn shares_through_redis(&self) -> bool {
+        self.redis_url.is_some() || self.redis_sentinel.is_some() || self.redis_cluster.is_some()
+    }
+}
+
 impl RedisSentinelConfig {
     /// The limiter's view of these settings.
     pub fn settings(&self) -> weir_limiter::redis::SentinelSettings {
