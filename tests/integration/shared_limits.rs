@@ -135,11 +135,13 @@ async fn three_instances_share_one_rate_and_survive_redis_loss() {
         "admitted {admitted}, want 300 within 5%"
     );
     // At most one round trip a request (one rule); refusals the local
-    // mirror already knew of needed none.
+    // mirror already knew of needed none, and admissions from leased
+    // tokens none either.
     let calls = round_trips_since(&instances, before, started.elapsed(), 600, "one redis").await;
+    let leased = lease_decisions(&instances).await;
     assert!(
-        calls >= admitted as f64 && calls <= 600.0,
-        "{calls} round trips for 600 requests, {admitted} admitted"
+        calls + leased >= admitted as f64 && calls <= 600.0,
+        "{calls} round trips and {leased} leased decisions for 600 requests, {admitted} admitted"
     );
     // Key names say which rule and level they count for: the site-wide
     // level is one key, found by the rule's name.
@@ -403,7 +405,8 @@ async fn a_request_dropped_while_its_rule_waits_for_redis_is_logged_with_its_cla
     let redis = Redis::builder().start().await.expect("redis starts");
     let cfg = WeirConfig::new(app.addr)
         .then(format!(
-            "[state]\nredis_url = \"redis://{}/0\"\nredis_command_timeout = \"10s\"",
+            // No leases: the request must wait on its round trip.
+            "[state]\nredis_url = \"redis://{}/0\"\nredis_command_timeout = \"10s\"\nredis_lease = \"0s\"",
             redis.addr()
         ))
         .route("api")
@@ -505,14 +508,36 @@ async fn round_trips(instances: &[Weir]) -> f64 {
     round_trips_by(instances, "ok").await
 }
 
-/// The sum over `instances` of `weir_redis_round_trips_total` for `result`.
-async fn round_trips_by(instances: &[Weir], result: &str) -> f64 {
-    let series = format!("weir_redis_round_trips_total{{result=\"{result}\"}}");
+/// The sum over `instances` of one metric series.
+async fn summed(instances: &[Weir], series: &str) -> f64 {
     let mut total = 0.0;
     for w in instances {
-        total += crate::fixtures::metric(&w.metrics().await, &series);
+        total += crate::fixtures::metric(&w.metrics().await, series);
     }
     total
+}
+
+/// The sum over `instances` of `weir_redis_round_trips_total` for `result`.
+async fn round_trips_by(instances: &[Weir], result: &str) -> f64 {
+    summed(
+        instances,
+        &format!("weir_redis_round_trips_total{{result=\"{result}\"}}"),
+    )
+    .await
+}
+
+/// The sum over `instances` of `weir_redis_lease_decisions_total`.
+async fn lease_decisions(instances: &[Weir]) -> f64 {
+    summed(instances, "weir_redis_lease_decisions_total").await
+}
+
+/// The sum over `instances` of `weir_redis_lease_tokens_total` for `result`.
+async fn lease_tokens(instances: &[Weir], result: &str) -> f64 {
+    summed(
+        instances,
+        &format!("weir_redis_lease_tokens_total{{result=\"{result}\"}}"),
+    )
+    .await
 }
 
 /// The round trips `requests` requests took over `instances` since
@@ -575,10 +600,12 @@ async fn two_instances_share_one_rate_through_a_redis_cluster() {
     let calls =
         round_trips_since(&instances, before, started.elapsed(), 400, "redis cluster").await;
     // At most one round trip a request (one rule); a request the local
-    // mirror already knows to be over the limit needs none.
+    // mirror already knows to be over the limit needs none, nor one
+    // admitted from leased tokens.
+    let leased = lease_decisions(&instances).await;
     assert!(
-        (300.0..=400.0).contains(&calls),
-        "{calls} round trips for 400 requests, 300 admitted"
+        calls + leased >= 300.0 && calls <= 400.0,
+        "{calls} round trips and {leased} leased decisions for 400 requests, 300 admitted"
     );
 
     // Two levels of one rule in one script call: their keys share a slot
@@ -593,7 +620,17 @@ async fn two_instances_share_one_rate_through_a_redis_cluster() {
     }
     let errors = round_trips_by(&instances, "error").await;
     assert_eq!(errors, 0.0, "every round trip answered");
+    // Each address is new: its level needs the round trip.
     assert_eq!(round_trips(&instances).await - before, calls + 20.0);
+
+    // Unused leased tokens of the site key go back through the cluster
+    // (one script call per slot: no CROSSSLOT, no error).
+    assert_eventually_async!(
+        lease_tokens(&instances, "returned").await > 0.0,
+        "no leased token given back: leased {}",
+        lease_tokens(&instances, "leased").await
+    );
+    assert_eq!(round_trips_by(&instances, "error").await, 0.0);
 
     // The site rule's key is tagged with the rule's name, on the node
     // that serves its slot.
@@ -605,4 +642,71 @@ async fn two_instances_share_one_rate_through_a_redis_cluster() {
         keys.iter().any(|k| k.starts_with("weir:{site}:site:")),
         "tagged keys: {keys:?}"
     );
+}
+
+/// Sends `n` requests for `/other` from one address, 30 at a time, spread
+/// over `instances`; every one must be served.
+async fn busy_address(instances: &[Weir], n: usize) {
+    for batch in 0..n / 30 {
+        let mut tasks = Vec::new();
+        for i in 0..30 {
+            let to = instances[(batch * 30 + i) % instances.len()].listener(0);
+            tasks.push(tokio::spawn(async move {
+                HttpRequest::get("/other")
+                    .from(IpAddr::V4(Ipv4Addr::new(127, 0, 30, 1)))
+                    .send(to)
+                    .await
+                    .map(|r| r.status)
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap().expect("answered"), 200);
+        }
+    }
+}
+
+/// `state.redis_lease`: one busy address (a carrier NAT) well under its
+/// limit, through three instances, is decided mostly from tokens each
+/// instance leased, not one round trip a request; with `"0s"` every
+/// decision is a round trip again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_address_is_decided_mostly_from_leases() {
+    let app = Upstream::start().await;
+    let redis = Redis::builder().start().await.expect("redis starts");
+    let generous = |lease: &str| {
+        config(app.addr, redis.addr())
+            .replace(
+                "limits = [{ per = \"ip\", rate = 100, window = \"1m\" }]",
+                "limits = [{ per = \"ip\", rate = 100000, window = \"1m\" }]",
+            )
+            .replace(
+                "redis_command_timeout = \"100ms\"",
+                &format!("redis_command_timeout = \"100ms\"\nredis_lease = \"{lease}\""),
+            )
+    };
+    for (lease, most) in [("250ms", 0.5), ("0s", 1.0)] {
+        let cfg = generous(lease);
+        assert!(
+            cfg.contains("rate = 100000") && cfg.contains("redis_lease"),
+            "{cfg}"
+        );
+        let mut instances = Vec::new();
+        for _ in 0..3 {
+            instances.push(Weir::builder().config(cfg.clone()).start().await.unwrap());
+        }
+        for w in &instances {
+            assert_eventually_async!(!fallback_active(w).await, "{}", w.stderr());
+        }
+        let before = round_trips(&instances).await;
+        let started = std::time::Instant::now();
+        busy_address(&instances, 900).await;
+        let what = format!("one busy address, redis_lease = {lease}");
+        let calls = round_trips_since(&instances, before, started.elapsed(), 900, &what).await;
+        let leased = lease_decisions(&instances).await;
+        assert_eq!(calls + leased, 900.0, "every request decided once");
+        assert!(
+            calls <= 900.0 * most,
+            "{what}: {calls} round trips for 900 requests"
+        );
+    }
 }

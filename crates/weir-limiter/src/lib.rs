@@ -11,6 +11,8 @@
 //! - [`redis`]: the same GCRA in Redis (one Lua script, all of a request's
 //!   rules at once), so several instances share limits.
 //! - [`shared`]: Redis with the local store as mirror and fallback.
+//! - [`lease`]: tokens an instance takes from Redis ahead of use, so hot
+//!   keys are decided without a round trip.
 //!
 //! This module decides nothing about which rules a request meets or what
 //! response a rejection gets (policy does); it keeps the counts.
@@ -34,6 +36,7 @@
 
 pub mod gcra;
 pub mod inflight;
+pub mod lease;
 pub mod prefetch;
 pub mod redis;
 pub mod shared;

@@ -634,6 +634,20 @@ impl RedisLimiter {
         checks: &[RuleCheck<'_>],
         now_unix_ns: Option<u64>,
     ) -> Result<Vec<Outcome>, RedisCheckError> {
+        let none = vec![0; checks.len()];
+        let leased = self.check_all_leasing(checks, &none, now_unix_ns).await?;
+        Ok(leased.into_iter().map(|(outcome, _)| outcome).collect())
+    }
+
+    /// [`Self::check_all`], and if every check is allowed, each also takes up
+    /// to `extras[i]` tokens more ahead of use (a lease: at most a quarter of
+    /// what its key has left). Returns each outcome with the tokens leased.
+    pub(crate) async fn check_all_leasing(
+        &self,
+        checks: &[RuleCheck<'_>],
+        extras: &[u32],
+        now_unix_ns: Option<u64>,
+    ) -> Result<Vec<(Outcome, u32)>, RedisCheckError> {
         if checks.is_empty() {
             return Ok(Vec::new());
         }
@@ -641,36 +655,11 @@ impl RedisLimiter {
             .iter()
             .map(|c| self.key_name(c.label, c.rule, c.key))
             .collect();
-        self.run_script(&names, checks, now_unix_ns, self.timeouts.command)
-            .await
-    }
-
-    /// Runs the script on `names` (one per check), within `limit`.
-    async fn run_script(
-        &self,
-        names: &[String],
-        checks: &[RuleCheck<'_>],
-        now_unix_ns: Option<u64>,
-        limit: Duration,
-    ) -> Result<Vec<Outcome>, RedisCheckError> {
-        let mut connection = self.current()?;
-        let evalsha = script_cmd("EVALSHA", &self.script_sha, names, checks, now_unix_ns);
-        let call = async {
-            match evalsha.query_async::<Vec<i64>>(&mut connection).await {
-                // A restarted or flushed Redis has forgotten the script: send
-                // it whole once, which also caches it for the next EVALSHA.
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script_cmd("EVAL", GCRA_SCRIPT, names, checks, now_unix_ns)
-                        .query_async::<Vec<i64>>(&mut connection)
-                        .await
-                }
-                other => other,
-            }
-        };
-        let values = tokio::time::timeout(limit, call)
-            .await
-            .map_err(|_| RedisCheckError::Timeout(limit))??;
-        if values.len() != checks.len() * 4 {
+        let args = ScriptArgs::Check { checks, extras };
+        let values = self
+            .run_script(&names, &args, now_unix_ns, self.timeouts.command)
+            .await?;
+        if values.len() != checks.len() * 5 {
             return Err(RedisCheckError::UnexpectedReply {
                 got: values.len(),
                 checks: checks.len(),
@@ -678,9 +667,75 @@ impl RedisLimiter {
         }
         Ok(checks
             .iter()
-            .zip(values.chunks_exact(4))
-            .map(|(check, v)| outcome_from_reply(check, v))
+            .zip(values.chunks_exact(5))
+            .map(|(check, v)| {
+                let leased = u32::try_from(v[4].max(0)).unwrap_or(0);
+                (outcome_from_reply(check, v), leased)
+            })
             .collect())
+    }
+
+    /// Gives leased tokens back unused: each key's TAT moves `tokens`
+    /// intervals earlier (not before now). One script call per hash slot on
+    /// a cluster, one in all otherwise; bounded by [`RedisTimeouts::admin`]
+    /// each.
+    pub async fn give_back(&self, returns: &[Unused<'_>]) -> Result<(), RedisCheckError> {
+        // Keys of one hash slot per call on a cluster (one rule's keys
+        // share a tag); all in one call otherwise.
+        let mut batches: Vec<ReturnBatch<'_>> = Vec::new();
+        for r in returns {
+            let slot = if self.tagged() { hash_tag(r.label) } else { "" };
+            let at = match batches.iter().position(|b| b.slot == slot) {
+                Some(at) => at,
+                None => {
+                    batches.push(ReturnBatch {
+                        slot,
+                        names: Vec::new(),
+                        tokens: Vec::new(),
+                    });
+                    batches.len() - 1
+                }
+            };
+            batches[at]
+                .names
+                .push(self.key_name(r.label, r.rule, r.key));
+            batches[at]
+                .tokens
+                .push((nanos(r.quota.emission_interval()), r.tokens));
+        }
+        for batch in &batches {
+            let args = ScriptArgs::Return(&batch.tokens);
+            self.run_script(&batch.names, &args, None, self.timeouts.admin)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs the script on `names` (one per check or return), within `limit`.
+    async fn run_script(
+        &self,
+        names: &[String],
+        args: &ScriptArgs<'_, '_>,
+        now_unix_ns: Option<u64>,
+        limit: Duration,
+    ) -> Result<Vec<i64>, RedisCheckError> {
+        let mut connection = self.current()?;
+        let evalsha = script_cmd("EVALSHA", &self.script_sha, names, args, now_unix_ns);
+        let call = async {
+            match evalsha.query_async::<Vec<i64>>(&mut connection).await {
+                // A restarted or flushed Redis has forgotten the script: send
+                // it whole once, which also caches it for the next EVALSHA.
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script_cmd("EVAL", GCRA_SCRIPT, names, args, now_unix_ns)
+                        .query_async::<Vec<i64>>(&mut connection)
+                        .await
+                }
+                other => other,
+            }
+        };
+        Ok(tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| RedisCheckError::Timeout(limit))??)
     }
 
     /// Whether Redis can decide a request now: runs the script, writing one
@@ -702,9 +757,11 @@ impl RedisLimiter {
         };
         let names = [format!("{}probe", self.prefix)];
         let limit = self.timeouts.connect + self.timeouts.admin;
-        self.run_script(&names, &[check], None, limit)
-            .await
-            .map(drop)
+        let args = ScriptArgs::Check {
+            checks: &[check],
+            extras: &[0],
+        };
+        self.run_script(&names, &args, None, limit).await.map(drop)
     }
 
     /// After `failed_probes` failed probes in a row: with one URL, every
@@ -829,12 +886,23 @@ impl RedisLimiter {
     }
 }
 
-/// `EVALSHA`/`EVAL` of the script over `names`, one per check.
+/// What the script is asked to do, with its arguments per key.
+enum ScriptArgs<'a, 'q> {
+    /// Decide `checks`, each taking up to `extras[i]` leased tokens more.
+    Check {
+        checks: &'a [RuleCheck<'q>],
+        extras: &'a [u32],
+    },
+    /// Give back unused tokens: (T in ns, tokens) per key.
+    Return(&'a [(u64, u32)]),
+}
+
+/// `EVALSHA`/`EVAL` of the script over `names`, one per check or return.
 fn script_cmd(
     verb: &str,
     script: &str,
     names: &[String],
-    checks: &[RuleCheck<'_>],
+    args: &ScriptArgs<'_, '_>,
     now_unix_ns: Option<u64>,
 ) -> Cmd {
     let mut cmd = redis::cmd(verb);
@@ -843,13 +911,48 @@ fn script_cmd(
         Some(now) => cmd.arg(now.to_string()),
         None => cmd.arg(""),
     };
-    for check in checks {
-        cmd.arg(nanos(check.quota.emission_interval()))
-            .arg(nanos(check.quota.tolerance()))
-            .arg(check.quota.burst())
-            .arg(check.cost);
+    match args {
+        ScriptArgs::Check { checks, extras } => {
+            cmd.arg("check");
+            for (check, extra) in checks.iter().zip(extras.iter()) {
+                cmd.arg(nanos(check.quota.emission_interval()))
+                    .arg(nanos(check.quota.tolerance()))
+                    .arg(check.quota.burst())
+                    .arg(check.cost)
+                    .arg(*extra);
+            }
+        }
+        ScriptArgs::Return(tokens) => {
+            cmd.arg("return");
+            for (interval, n) in tokens.iter() {
+                cmd.arg(*interval).arg(*n);
+            }
+        }
     }
     cmd
+}
+
+/// The returns of one script call: key names and (T in ns, tokens).
+struct ReturnBatch<'a> {
+    slot: &'a str,
+    names: Vec<String>,
+    tokens: Vec<(u64, u32)>,
+}
+
+/// Leased tokens to give back ([`RedisLimiter::give_back`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Unused<'q> {
+    pub rule: RuleFingerprint,
+    pub label: &'q str,
+    pub key: u64,
+    pub quota: &'q Quota,
+    pub tokens: u32,
+}
+
+/// The part of a label a cluster hashes: the rule's name, as
+/// [`rule_prefix`] tags it.
+fn hash_tag(label: &str) -> &str {
+    label.split_once(':').map_or(label, |(rule, _)| rule)
 }
 
 /// T = 1 ns and τ = 1 ms: every probe is admitted, so every probe writes

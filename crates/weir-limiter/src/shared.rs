@@ -24,6 +24,13 @@
 //! the admissions this instance made alone still count here (for at most τ)
 //! while Redis does not know them.
 //!
+//! Leases ([`super::lease`]): a round trip for a key this instance sees
+//! often also takes tokens ahead of use, and later requests on that key are
+//! decided from them with no round trip ([`Source::Lease`]); unused tokens
+//! go back after a lease period (a background task, one script call per
+//! hash slot) and at a stop ([`SharedLimiter::give_back_leases`]), and the
+//! mirror gives them back too, so it stays no later than Redis.
+//!
 //! Outages: the first failed round trip switches the limiter to local
 //! decisions (one warning in the log, `outages` + 1), a background task then
 //! probes every [`RedisTimeouts::probe_interval`](super::redis::RedisTimeouts::probe_interval)
@@ -87,7 +94,8 @@ use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::gcra::{Clock, MonoTime, Outcome, Quota};
-use super::redis::{RedisCheckError, RedisLimiter, RuleCheck};
+use super::lease::{self, Due, LeaseBook};
+use super::redis::{RedisCheckError, RedisLimiter, RuleCheck, Unused};
 use super::store::{RuleFingerprint, RuleStores, ShardedStore};
 
 /// Where a decision was made.
@@ -100,6 +108,8 @@ pub enum Source {
     Local,
     /// By the local store alone, Redis being unreachable or too slow.
     LocalFallback,
+    /// From tokens this instance leased from Redis earlier ([`super::lease`]).
+    Lease,
 }
 
 impl Source {
@@ -109,6 +119,7 @@ impl Source {
             Source::Redis => "redis",
             Source::Local => "local",
             Source::LocalFallback => "local_fallback",
+            Source::Lease => "lease",
         }
     }
 }
@@ -143,16 +154,23 @@ pub struct SharedStats {
     pub unknown_rules: u64,
     /// Times Redis became unreachable (including not reachable at start-up).
     pub outages: u64,
+    /// Calls decided wholly from leased tokens, with no round trip.
+    pub lease_decisions: u64,
+    /// Tokens leased ahead of use.
+    pub leased_tokens: u64,
+    /// Leased tokens given back unused.
+    pub returned_tokens: u64,
     /// Deciding locally now (also before Redis first answers).
     pub fallback_active: bool,
 }
 
 /// Rate limits shared through Redis, with local fallback; see the module doc.
 ///
-/// Dropping it stops its probe task.
+/// Dropping it stops its probe and lease tasks.
 pub struct SharedLimiter {
     inner: Arc<Inner>,
     prober: tokio::task::JoinHandle<()>,
+    returner: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for SharedLimiter {
@@ -167,6 +185,7 @@ impl std::fmt::Debug for SharedLimiter {
 struct Inner {
     redis: RedisLimiter,
     local: ArcSwap<RuleStores>,
+    leases: LeaseBook,
     clock: Arc<dyn Clock>,
     /// True while deciding locally; read on every request.
     fallback: AtomicBool,
@@ -179,6 +198,9 @@ struct Inner {
     local_rejections: AtomicU64,
     unknown_rules: AtomicU64,
     outages: AtomicU64,
+    lease_decisions: AtomicU64,
+    leased_tokens: AtomicU64,
+    returned_tokens: AtomicU64,
 }
 
 /// What has been logged, so an outage is logged once and its end once.
@@ -196,11 +218,23 @@ impl SharedLimiter {
     /// checked (see [`SharedStats::unknown_rules`]); `clock` is the clock the
     /// local stores are used with.
     pub fn new(redis: RedisLimiter, local: RuleStores, clock: Arc<dyn Clock>) -> SharedLimiter {
+        SharedLimiter::with_lease_period(redis, local, clock, lease::DEFAULT_PERIOD)
+    }
+
+    /// [`Self::new`] with leases whose unused tokens go back after
+    /// `period`; zero for no leases (every decision a round trip, exact).
+    pub fn with_lease_period(
+        redis: RedisLimiter,
+        local: RuleStores,
+        clock: Arc<dyn Clock>,
+        period: Duration,
+    ) -> SharedLimiter {
         let probe_interval = redis.timeouts().probe_interval;
         let runtime = redis.runtime().clone();
         let inner = Arc::new(Inner {
             redis,
             local: ArcSwap::from_pointee(local),
+            leases: LeaseBook::new(period),
             clock,
             fallback: AtomicBool::new(true),
             healthy: watch::Sender::new(false),
@@ -211,9 +245,24 @@ impl SharedLimiter {
             local_rejections: AtomicU64::new(0),
             unknown_rules: AtomicU64::new(0),
             outages: AtomicU64::new(0),
+            lease_decisions: AtomicU64::new(0),
+            leased_tokens: AtomicU64::new(0),
+            returned_tokens: AtomicU64::new(0),
         });
         let prober = runtime.spawn(probe_loop(Arc::downgrade(&inner), probe_interval));
-        SharedLimiter { inner, prober }
+        let returner = runtime.spawn(return_loop(Arc::downgrade(&inner), period));
+        SharedLimiter {
+            inner,
+            prober,
+            returner,
+        }
+    }
+
+    /// Gives back every leased token now (at a stop, so the fleet gets
+    /// them at once rather than when their TATs pass).
+    pub async fn give_back_leases(&self) {
+        let due = self.inner.leases.all_held();
+        self.inner.give_back(due).await;
     }
 
     /// Swaps in the local stores of a reloaded config (build them with
@@ -252,6 +301,9 @@ impl SharedLimiter {
             local_rejections: get(&i.local_rejections),
             unknown_rules: get(&i.unknown_rules),
             outages: get(&i.outages),
+            lease_decisions: get(&i.lease_decisions),
+            leased_tokens: get(&i.leased_tokens),
+            returned_tokens: get(&i.returned_tokens),
             fallback_active: self.fallback_active(),
         }
     }
@@ -283,42 +335,165 @@ impl SharedLimiter {
     /// Decides all of a request's rules in one round trip, all or nothing:
     /// if any rule refuses, no rule is charged (rules that would have allowed
     /// report their state as it is). One [`Decided`] per check, in order.
+    /// Rules whose keys this instance holds leased tokens for are decided
+    /// here; a request whose every rule is leased makes no round trip.
     /// Takes at most about [`RedisTimeouts::command`](super::redis::RedisTimeouts::command); never fails.
     pub async fn check_all(&self, checks: &[RuleCheck<'_>]) -> Vec<Decided> {
         let inner = &self.inner;
+        let now = inner.clock.now();
+        let leased: Vec<bool> = checks
+            .iter()
+            .map(|c| inner.leases.take(c.rule, c.key, c.cost, now))
+            .collect();
+        let rest: Vec<RuleCheck<'_>> = checks
+            .iter()
+            .zip(&leased)
+            .filter(|&(_, &leased)| !leased)
+            .map(|(c, _)| *c)
+            .collect();
+        if rest.is_empty() {
+            inner.lease_decisions.fetch_add(1, Ordering::Relaxed);
+        }
+        let decided = inner.decide(&rest, now).await;
+        let admitted = all_allowed(&decided);
         let stores = inner.local.load();
-        let sent_at = inner.clock.now();
-        if inner.fallback.load(Ordering::Acquire) {
-            return inner.decide_locally(&stores, checks, sent_at);
-        }
-        let (reads, admitted) = inner.read_locally(&stores, checks, sent_at);
-        if !admitted {
-            inner.local_rejections.fetch_add(1, Ordering::Relaxed);
-            return with_source(reads, Source::Local);
-        }
-        match inner.redis.check_all(checks).await {
-            Ok(outcomes) => {
-                inner.redis_ok.fetch_add(1, Ordering::Relaxed);
-                mirror(&stores, checks, &outcomes, sent_at);
-                with_source(outcomes, Source::Redis)
-            }
-            Err(e) => {
-                inner.redis_errors.fetch_add(1, Ordering::Relaxed);
-                inner.trip(&e);
-                let stores = inner.local.load();
-                inner.decide_locally(&stores, checks, inner.clock.now())
-            }
-        }
+        let mut decided = decided.into_iter();
+        checks
+            .iter()
+            .zip(&leased)
+            .map(|(c, &leased)| {
+                if !leased {
+                    return decided.next().unwrap_or(Decided {
+                        // `decide` answers once per check; failing open is
+                        // the rule for the unexpected.
+                        outcome: fresh_key(c.quota, now, c.cost),
+                        source: Source::LocalFallback,
+                    });
+                }
+                if !admitted {
+                    inner.leases.untake(c.rule, c.key, c.cost);
+                }
+                Decided {
+                    outcome: inner.lease_outcome(&stores, c, now),
+                    source: Source::Lease,
+                }
+            })
+            .collect()
     }
 }
 
 impl Drop for SharedLimiter {
     fn drop(&mut self) {
         self.prober.abort();
+        self.returner.abort();
     }
 }
 
 impl Inner {
+    /// Decides `checks` (the ones no lease covered): locally while Redis is
+    /// down, by the mirror when it already knows a check is over its limit,
+    /// else in one round trip that also leases what the book wants.
+    async fn decide(&self, checks: &[RuleCheck<'_>], sent_at: MonoTime) -> Vec<Decided> {
+        if checks.is_empty() {
+            return Vec::new();
+        }
+        let stores = self.local.load();
+        if self.fallback.load(Ordering::Acquire) {
+            return self.decide_locally(&stores, checks, sent_at);
+        }
+        let (reads, admitted) = self.read_locally(&stores, checks, sent_at);
+        if !admitted {
+            self.local_rejections.fetch_add(1, Ordering::Relaxed);
+            return with_source(reads, Source::Local);
+        }
+        let wanted: Vec<u32> = checks
+            .iter()
+            .map(|c| self.leases.wanted(c.rule, c.key, c.quota, sent_at))
+            .collect();
+        match self.redis.check_all_leasing(checks, &wanted, None).await {
+            Ok(answers) => {
+                self.redis_ok.fetch_add(1, Ordering::Relaxed);
+                for ((c, &(_, tokens)), &asked) in checks.iter().zip(&answers).zip(&wanted) {
+                    if tokens > 0 {
+                        self.leases.note_rule(c.rule, c.label, c.quota);
+                        self.leased_tokens
+                            .fetch_add(u64::from(tokens), Ordering::Relaxed);
+                    }
+                    if asked > 0 {
+                        self.leases.granted(c.rule, c.key, tokens, sent_at);
+                    }
+                }
+                let outcomes: Vec<Outcome> = answers.into_iter().map(|(o, _)| o).collect();
+                mirror(&stores, checks, &outcomes, sent_at);
+                with_source(outcomes, Source::Redis)
+            }
+            Err(e) => {
+                self.redis_errors.fetch_add(1, Ordering::Relaxed);
+                for (c, &asked) in checks.iter().zip(&wanted) {
+                    if asked > 0 {
+                        self.leases.granted(c.rule, c.key, 0, sent_at);
+                    }
+                }
+                self.trip(&e);
+                let stores = self.local.load();
+                self.decide_locally(&stores, checks, self.clock.now())
+            }
+        }
+    }
+
+    /// A leased check's outcome: allowed, with the mirror's state plus the
+    /// tokens still held.
+    fn lease_outcome(&self, stores: &RuleStores, c: &RuleCheck<'_>, now: MonoTime) -> Outcome {
+        let tat = self
+            .store(stores, c.rule)
+            .and_then(|s| s.tat(c.key))
+            .unwrap_or(MonoTime::ZERO);
+        Outcome::Allowed {
+            remaining: c
+                .quota
+                .remaining(tat, now)
+                .saturating_add(self.leases.left(c.rule, c.key)),
+            reset: c.quota.reset(tat, now),
+        }
+    }
+
+    /// Gives `due` back to Redis, and takes the same tokens off the mirror so
+    /// it stays no later than Redis. Tokens that cannot be given back stay
+    /// charged until their keys' TATs pass.
+    async fn give_back(&self, due: Vec<Due>) {
+        if due.is_empty() {
+            return;
+        }
+        let infos: Vec<_> = due.iter().map(|d| self.leases.rule(d.rule)).collect();
+        let unused: Vec<Unused<'_>> = due
+            .iter()
+            .zip(&infos)
+            .filter_map(|(d, info)| {
+                let info = info.as_ref()?;
+                Some(Unused {
+                    rule: d.rule,
+                    label: &info.label,
+                    key: d.key,
+                    quota: &info.quota,
+                    tokens: d.tokens,
+                })
+            })
+            .collect();
+        if let Err(e) = self.redis.give_back(&unused).await {
+            tracing::debug!(error = %e, "leased tokens not given back: they stay charged until their keys' TATs pass");
+            return;
+        }
+        let stores = self.local.load();
+        let now = self.clock.now();
+        for u in &unused {
+            if let Some(store) = stores.by_fingerprint(u.rule) {
+                store.refund(u.key, u.quota, now, u.tokens);
+            }
+            self.returned_tokens
+                .fetch_add(u64::from(u.tokens), Ordering::Relaxed);
+        }
+    }
+
     /// The outcome each check would have now, charging nothing; allowed
     /// checks report a cost-0 read when some other check refuses.
     fn read_locally(
@@ -479,6 +654,24 @@ fn with_source(outcomes: Vec<Outcome>, source: Source) -> Vec<Decided> {
         .into_iter()
         .map(|outcome| Decided { outcome, source })
         .collect()
+}
+
+/// Every lease period, gives back the tokens of leases older than one
+/// (while Redis answers; during an outage they stay usable here).
+async fn return_loop(inner: Weak<Inner>, period: Duration) {
+    if period.is_zero() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if !inner.fallback.load(Ordering::Acquire) {
+            let due = inner.leases.expired(inner.clock.now());
+            inner.give_back(due).await;
+        }
+    }
 }
 
 async fn probe_loop(inner: Weak<Inner>, interval: Duration) {

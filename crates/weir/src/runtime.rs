@@ -198,6 +198,7 @@ impl Runtime {
             || next.loaded.config.state.redis_ca_file != current.loaded.config.state.redis_ca_file
             || next.loaded.config.state.redis_sentinel != current.loaded.config.state.redis_sentinel
             || next.loaded.config.state.redis_cluster != current.loaded.config.state.redis_cluster
+            || next.loaded.config.state.redis_lease != current.loaded.config.state.redis_lease
         {
             restart_needed.push("state.redis_url");
         }
@@ -283,6 +284,14 @@ impl Runtime {
         m.redis_fallback_decisions
             .inc_by(delta(now.fallback_decisions, last.fallback_decisions));
         m.redis_outages.inc_by(delta(now.outages, last.outages));
+        m.redis_lease_decisions
+            .inc_by(delta(now.lease_decisions, last.lease_decisions));
+        m.redis_lease_tokens
+            .get_or_create(&ResultLabels { result: "leased" })
+            .inc_by(delta(now.leased_tokens, last.leased_tokens));
+        m.redis_lease_tokens
+            .get_or_create(&ResultLabels { result: "returned" })
+            .inc_by(delta(now.returned_tokens, last.returned_tokens));
         m.redis_fallback_active.set(i64::from(now.fallback_active));
         *last = now;
     }

@@ -475,10 +475,11 @@ pub fn connect_redis(rt: &Runtime) -> Result<(), weir_limiter::redis::RedisSetup
         prefix = redis.prefix(),
         "sharing limits through Redis"
     );
-    let shared = SharedLimiter::new(
+    let shared = SharedLimiter::with_lease_period(
         redis,
         gw.rule_stores.clone(),
         std::sync::Arc::new(MonotonicClock),
+        cfg.redis_lease.0,
     );
     rt.set_shared_limiter(std::sync::Arc::new(shared));
     Ok(())

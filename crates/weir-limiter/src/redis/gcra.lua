@@ -4,13 +4,21 @@
 --            nanoseconds since the Unix epoch.
 -- ARGV[1]    '' to use the server's clock (TIME), or "now" as decimal
 --            nanoseconds since the Unix epoch (tests).
--- ARGV[1 + 4(i-1) + 1 .. 4]  emission interval T (ns), tolerance tau (ns),
---            burst, cost of check i.
+-- ARGV[2]    'check' or 'return'.
 --
--- Returns 4 integers per check: status (0 allowed, 1 rejected, 2 cost
--- exceeds burst), remaining, retry_after (ns), reset (ns). If any check is
--- not allowed, nothing is written and allowed checks report their state as
--- it is (a cost-0 read).
+-- check: ARGV[2 + 5(i-1) + 1 .. 5]  emission interval T (ns), tolerance tau
+--            (ns), burst, cost and lease wanted (extra tokens) of check i.
+--   Returns 5 integers per check: status (0 allowed, 1 rejected, 2 cost
+--   exceeds burst), remaining, retry_after (ns), reset (ns), tokens leased.
+--   If any check is not allowed, nothing is written and allowed checks
+--   report their state as it is (a cost-0 read). If all are allowed, each
+--   check is also charged the extra tokens it wants, up to a quarter of what
+--   its key has left above half its burst after its cost (src/lease.rs
+--   says why).
+--
+-- return: ARGV[2 + 2(i-1) + 1 .. 2]  T (ns) and the unused leased tokens of
+--   key i, given back: its TAT moves that many intervals earlier, not
+--   before now. Returns {number of keys}.
 --
 -- Lua numbers are doubles, exact only below 2^53 (~104 days of ns), so
 -- absolute times are never added up in ns: a TAT is split into seconds and
@@ -41,6 +49,37 @@ else
   now_s, now_ns = split(ARGV[1])
 end
 
+-- Writes the TAT now + d (ns, d > 0) to key, expiring when it passes.
+local function set_tat(key, d)
+  local total = now_ns + d
+  local carry = math.floor(total / 1e9)
+  local ns = total - carry * 1e9
+  if ns < 0 then carry = carry - 1; ns = ns + 1e9 end
+  if ns >= 1e9 then carry = carry + 1; ns = ns - 1e9 end
+  -- Expire once the TAT has passed: such a key decides like no key.
+  redis.call('SET', key, string.format('%d%09d', now_s + carry, ns),
+    'PX', math.ceil(d / 1e6))
+end
+
+-- The key's TAT as an offset from now (ns), 0 for no key.
+local function offset_of(key)
+  local v = redis.call('GET', key)
+  if v then
+    local s, ns = split(v)
+    if s and ns then return (s - now_s) * 1e9 + (ns - now_ns) end
+  end
+  return 0
+end
+
+if ARGV[2] == 'return' then
+  for i = 1, #KEYS do
+    local b = 2 + (i - 1) * 2
+    local d_back = offset_of(KEYS[i]) - tonumber(ARGV[b + 1]) * tonumber(ARGV[b + 2])
+    if d_back > 0 then set_tat(KEYS[i], d_back) else redis.call('DEL', KEYS[i]) end
+  end
+  return {#KEYS}
+end
+
 local out = {}
 local starts = {}
 local offsets = {}
@@ -49,26 +88,25 @@ local offsets = {}
 local pending = {}
 local admit = true
 
+-- How many checks name each key: a key named twice gets no lease, so that
+-- its one write cannot drop a charge.
+local times = {}
+for i = 1, #KEYS do times[KEYS[i]] = (times[KEYS[i]] or 0) + 1 end
+
 for i = 1, #KEYS do
-  local b = 1 + (i - 1) * 4
+  local b = 2 + (i - 1) * 5
   local t = tonumber(ARGV[b + 1])
   local tau = tonumber(ARGV[b + 2])
   local burst = tonumber(ARGV[b + 3])
   local cost = tonumber(ARGV[b + 4])
   local d_tat = pending[KEYS[i]]
-  if d_tat == nil then
-    d_tat = 0
-    local v = redis.call('GET', KEYS[i])
-    if v then
-      local s, ns = split(v)
-      if s and ns then d_tat = (s - now_s) * 1e9 + (ns - now_ns) end
-    end
-  end
+  if d_tat == nil then d_tat = offset_of(KEYS[i]) end
   -- A TAT is never more than tau ahead of the time it was set, so more means
   -- the server clock stepped back or the value is foreign: trust tau.
   local d_start = math.min(math.max(d_tat, 0), tau)
   starts[i] = d_start
-  local o = (i - 1) * 4
+  local o = (i - 1) * 5
+  out[o + 5] = 0
   if cost > burst then
     out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 2, 0, 0, d_start
     admit = false
@@ -93,21 +131,25 @@ if admit then
   for i = 1, #KEYS do
     local d_new = offsets[i]
     if d_new then
-      local total = now_ns + d_new
-      local carry = math.floor(total / 1e9)
-      local ns = total - carry * 1e9
-      if ns < 0 then carry = carry - 1; ns = ns + 1e9 end
-      if ns >= 1e9 then carry = carry + 1; ns = ns - 1e9 end
-      -- Expire once the TAT has passed: such a key decides like no key.
-      redis.call('SET', KEYS[i], string.format('%d%09d', now_s + carry, ns),
-        'PX', math.ceil(d_new / 1e6))
+      local b = 2 + (i - 1) * 5
+      local t = tonumber(ARGV[b + 1])
+      local extra = tonumber(ARGV[b + 5])
+      local o = (i - 1) * 5
+      if extra > 0 and times[KEYS[i]] == 1 then
+        local burst = tonumber(ARGV[b + 3])
+        local spare = out[o + 2] - math.floor(burst / 2)
+        local grant = math.min(extra, floordiv(spare, 4))
+        d_new = d_new + grant * t
+        out[o + 2], out[o + 4], out[o + 5] = out[o + 2] - grant, d_new, grant
+      end
+      set_tat(KEYS[i], d_new)
     end
   end
 else
   for i = 1, #KEYS do
-    local o = (i - 1) * 4
+    local o = (i - 1) * 5
     if out[o + 1] == 0 then
-      local b = 1 + (i - 1) * 4
+      local b = 2 + (i - 1) * 5
       local t = tonumber(ARGV[b + 1])
       local tau = tonumber(ARGV[b + 2])
       out[o + 2] = floordiv(tau - starts[i], t)

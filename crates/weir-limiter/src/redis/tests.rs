@@ -601,3 +601,62 @@ fn cost_above_burst_is_reported_with_the_check_values() {
         "negative values never wrap"
     );
 }
+
+/// A lease is granted only out of the half of the bucket furthest from the
+/// limit, a quarter of that part at most; a key named twice in one call
+/// gets none; tokens given back move the TAT back by as many intervals.
+#[tokio::test]
+async fn leases_come_from_the_far_half_of_a_bucket_and_go_back() {
+    let server = RedisServer::start();
+    let redis = limiter(&server, "weir:test:");
+    let quota = Quota::new(100, 1000 * S, 100).unwrap(); // T = 10 s
+    let check = RuleCheck {
+        label: "lease:ip",
+        rule: RuleFingerprint(1),
+        key: 1,
+        quota: &quota,
+        cost: 1,
+    };
+    let now = unix_now_ns();
+    // 99 left after the cost, 49 of them above half the burst: 12 leased.
+    let got = redis
+        .check_all_leasing(&[check], &[50], Some(now))
+        .await
+        .unwrap();
+    assert_eq!(got, vec![(allowed(87, 130 * S), 12)]);
+    // 86 left after the cost, 36 above half: 9.
+    let got = redis
+        .check_all_leasing(&[check], &[50], Some(now))
+        .await
+        .unwrap();
+    assert_eq!(got, vec![(allowed(77, 230 * S), 9)]);
+    // Named twice: charged twice, leased nothing.
+    let got = redis
+        .check_all_leasing(&[check, check], &[50, 50], Some(now))
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        vec![(allowed(76, 240 * S), 0), (allowed(75, 250 * S), 0)]
+    );
+    // Past half the burst: no lease at all.
+    for _ in 0..30 {
+        redis.check_all_at(&[check], Some(now)).await.unwrap();
+    }
+    let got = redis
+        .check_all_leasing(&[check], &[50], Some(now))
+        .await
+        .unwrap();
+    assert_eq!(got, vec![(allowed(44, 560 * S), 0)]);
+    // The 21 leased tokens back: the TAT 210 s earlier.
+    let unused = Unused {
+        rule: check.rule,
+        label: check.label,
+        key: check.key,
+        quota: &quota,
+        tokens: 21,
+    };
+    redis.give_back(&[unused]).await.unwrap();
+    let got = redis.check_all_at(&[check], Some(now)).await.unwrap();
+    assert_eq!(got, vec![allowed(64, 360 * S)]);
+}

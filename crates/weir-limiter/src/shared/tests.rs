@@ -78,8 +78,18 @@ async fn timed_check(limiter: &SharedLimiter, rule: u64, key: u64, quota: &Quota
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_admit_exactly_the_quota_together() {
     let server = RedisServer::start();
-    let a = Arc::new(shared(&server.url(), &[1], clock()));
-    let b = Arc::new(shared(&server.url(), &[1], clock()));
+    // Without leases: exact (leases may hold a few tokens back for a period).
+    let exact = |url: &str| {
+        let redis = RedisLimiter::new(url, "weir:test:", timeouts()).unwrap();
+        Arc::new(SharedLimiter::with_lease_period(
+            redis,
+            stores(&[1]),
+            clock(),
+            Duration::ZERO,
+        ))
+    };
+    let a = exact(&server.url());
+    let b = exact(&server.url());
     connected(&a).await;
     connected(&b).await;
     // 50 per hour, burst 50; 200 attempts at once, half through each.
@@ -335,8 +345,114 @@ fn source_names_are_stable_labels() {
         (Source::Redis, "redis"),
         (Source::Local, "local"),
         (Source::LocalFallback, "local_fallback"),
+        (Source::Lease, "lease"),
     ];
     for (source, name) in cases {
         assert_eq!(source.as_str(), name);
     }
+}
+
+/// `rounds` rounds of 90 concurrent requests for one key, 30 through each
+/// of `fleet`: how many were admitted.
+async fn hot_key_rounds(fleet: &[Arc<SharedLimiter>], quota: Quota, rounds: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..rounds {
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..90 {
+            let limiter = fleet[i % fleet.len()].clone();
+            tasks.spawn(async move { limiter.check(RuleFingerprint(1), 5, &quota, 1).await });
+        }
+        while let Some(decided) = tasks.join_next().await {
+            let decided = decided.unwrap();
+            assert_ne!(decided.source, Source::LocalFallback, "{decided:?}");
+            admitted += usize::from(decided.outcome.is_allowed());
+        }
+    }
+    admitted
+}
+
+async fn fleet_of_three(server: &RedisServer) -> Vec<Arc<SharedLimiter>> {
+    let fleet: Vec<Arc<SharedLimiter>> = (0..3)
+        .map(|_| Arc::new(shared(&server.url(), &[1], clock())))
+        .collect();
+    for limiter in &fleet {
+        connected(limiter).await;
+    }
+    fleet
+}
+
+/// Three instances, one hot key well under its limit: most decisions come
+/// from leases, with no round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_decide_a_hot_key_without_round_trips() {
+    let server = RedisServer::start();
+    let fleet = fleet_of_three(&server).await;
+    let quota = Quota::new(100_000, 3600 * S, 100_000).unwrap();
+    assert_eq!(hot_key_rounds(&fleet, quota, 60).await, 5400);
+    let stats: Vec<SharedStats> = fleet.iter().map(|l| l.stats()).collect();
+    let round_trips: u64 = stats.iter().map(|s| s.redis_ok).sum();
+    assert!(
+        round_trips * 3 < 5400,
+        "{round_trips} round trips for 5400 requests: {stats:?}"
+    );
+}
+
+/// Three instances, one hot key pushed past its limit: together they admit
+/// exactly the limit, never more (a lease is charged in Redis before it is
+/// spent, and none is granted past half the burst).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_leases_the_fleet_admits_exactly_the_limit() {
+    let server = RedisServer::start();
+    let fleet = fleet_of_three(&server).await;
+    let quota = Quota::new(2000, 3600 * S, 2000).unwrap();
+    let admitted = hot_key_rounds(&fleet, quota, 40).await;
+    let stats: Vec<SharedStats> = fleet.iter().map(|l| l.stats()).collect();
+    assert_eq!(admitted, 2000, "{stats:?}");
+    assert!(
+        stats.iter().map(|s| s.lease_decisions).sum::<u64>() > 300,
+        "{stats:?}"
+    );
+}
+
+/// Tokens one instance leased and did not spend go back after a period, so
+/// another instance can spend the whole rest of the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_leased_tokens_go_back_to_the_fleet() {
+    let server = RedisServer::start();
+    let clock_a = clock();
+    let a = shared(&server.url(), &[1], clock_a.clone());
+    let b = shared(&server.url(), &[1], clock());
+    connected(&a).await;
+    connected(&b).await;
+    let quota = Quota::new(80, 3600 * S, 80).unwrap(); // leases of up to 10
+    for _ in 0..4 {
+        assert!(
+            a.check(RuleFingerprint(1), 6, &quota, 1)
+                .await
+                .outcome
+                .is_allowed()
+        );
+    }
+    let leased = a.stats().leased_tokens;
+    assert!(leased > 0, "{:?}", a.stats());
+    // A's clock passes the lease period; its return loop gives back.
+    clock_a.advance(lease::DEFAULT_PERIOD + 10 * MS);
+    eventually("a's unused tokens given back", || {
+        a.stats().returned_tokens > 0
+    })
+    .await;
+    let spent_from_lease = a.stats().lease_decisions;
+    assert_eq!(a.stats().returned_tokens + spent_from_lease, leased);
+    let mut admitted_b = 0;
+    while b
+        .check(RuleFingerprint(1), 6, &quota, 1)
+        .await
+        .outcome
+        .is_allowed()
+    {
+        admitted_b += 1;
+        assert!(admitted_b <= 80);
+    }
+    // What B holds in its own lease when refused, it could still spend.
+    assert_eq!(admitted_b, 80 - 4, "b: {:?}", b.stats());
 }

@@ -222,6 +222,11 @@ pub struct StateConfig {
     /// Longest wait to (re)connect to Redis.
     #[serde(default = "default_redis_connect_timeout")]
     pub redis_connect_timeout: ConfigDuration,
+    /// How long tokens leased from Redis ahead of use stay with an instance
+    /// before going back unused; `"0s"` for no leases (a round trip per
+    /// decision).
+    #[serde(default = "default_redis_lease")]
+    pub redis_lease: ConfigDuration,
     /// What to do when `snapshot_file` is set but no state could be restored
     /// at start (blue/green hand-over that lost its state, incident 2):
     /// `warn` (default: log an error, export `weir_state_restored_keys 0`),
@@ -290,6 +295,7 @@ impl Default for StateConfig {
             redis_prefix: default_redis_prefix(),
             redis_command_timeout: default_redis_command_timeout(),
             redis_connect_timeout: default_redis_connect_timeout(),
+            redis_lease: default_redis_lease(),
             expect_restored: ExpectRestored::default(),
         }
     }
@@ -1103,6 +1109,9 @@ fn default_redis_command_timeout() -> ConfigDuration {
 }
 fn default_redis_connect_timeout() -> ConfigDuration {
     ConfigDuration::secs(1)
+}
+fn default_redis_lease() -> ConfigDuration {
+    ConfigDuration(weir_limiter::lease::DEFAULT_PERIOD)
 }
 fn default_auth_path() -> String {
     "/whoami".into()

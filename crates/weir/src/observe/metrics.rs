@@ -381,6 +381,8 @@ pub struct Metrics {
     pub redis_fallback_decisions: Counter,
     pub redis_outages: Counter,
     pub redis_fallback_active: Gauge,
+    pub redis_lease_decisions: Counter,
+    pub redis_lease_tokens: Family<ResultLabels, Counter>,
     pub challenge_events: Family<ChallengeLabels, Counter>,
     pub challenge_solve: Histogram,
     pub challenge_engaged: Family<PoolLabels, Gauge>,
@@ -456,6 +458,8 @@ impl Metrics {
             redis_round_trips: Family::default(),
             redis_fallback_decisions: Counter::default(),
             redis_outages: Counter::default(),
+            redis_lease_decisions: Counter::default(),
+            redis_lease_tokens: Family::default(),
             redis_fallback_active: Gauge::default(),
             challenge_events: Family::default(),
             challenge_solve: Histogram::new(exponential_buckets(0.05, 2.0, 10)),
@@ -703,6 +707,16 @@ impl Metrics {
             "redis_fallback_active",
             "1 while Redis is unreachable and limits are enforced per instance",
             self.redis_fallback_active.clone(),
+        );
+        registry.register(
+            "redis_lease_decisions",
+            "Shared rate decisions taken from tokens leased earlier, with no round trip",
+            self.redis_lease_decisions.clone(),
+        );
+        registry.register(
+            "redis_lease_tokens",
+            "Tokens leased from Redis ahead of use (leased), and given back unused (returned)",
+            self.redis_lease_tokens.clone(),
         );
     }
 
