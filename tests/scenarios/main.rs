@@ -75,6 +75,10 @@ fn main() {
             "container_replacement_warming_pool_is_not_flooded",
             container_replacement_warming_pool_is_not_flooded,
         ),
+        trial(
+            "a_fleet_of_three_sharing_redis_holds_the_flood_through_a_redis_outage",
+            a_fleet_of_three_sharing_redis_holds_the_flood_through_a_redis_outage,
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -264,4 +268,15 @@ fn container_replacement_warming_pool_is_not_flooded() {
     for variant in ["original", "recommended"] {
         passed_checks_of(&report, variant);
     }
+}
+
+/// Issue 56's fleet lab: three instances with the recommended configuration
+/// behind a real round-robin nginx, sharing limits and the challenge's key
+/// through one real Redis, which is killed 16 s into the flood and started
+/// again empty 6 s later. People are served as by one instance, nothing
+/// fails, and the shared rules still refuse crawlers.
+fn a_fleet_of_three_sharing_redis_holds_the_flood_through_a_redis_outage() {
+    let report = run_variants("2026-09-23-fleet.toml", &["fleet-recommended"]);
+    let checks = passed_checks_of(&report, "fleet-recommended");
+    assert!(checks.len() >= 7, "{checks:?}");
 }

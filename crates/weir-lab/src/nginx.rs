@@ -20,14 +20,18 @@ pub const NGINX: Program = Program {
     package: "nginx",
 };
 
-/// Starts nginx as the load balancer in front of `upstream` (weir), adding
+/// Starts nginx as the load balancer in front of `upstreams` (weir, one
+/// instance or a fleet, round-robin), adding
 /// `X-Forwarded-For: $proxy_add_x_forwarded_for` over keep-alive upstream connections.
-pub fn start_load_balancer(upstream: SocketAddr) -> Result<ServerProcess, ProcessError> {
+pub fn start_load_balancer(upstreams: &[SocketAddr]) -> Result<ServerProcess, ProcessError> {
     let dir = ServerDir::new(NGINX, "[topology] load_balancer = \"nginx\"")?;
+    let servers: String = upstreams
+        .iter()
+        .map(|u| format!("        server {u};\n"))
+        .collect();
     let http = format!(
         r#"    upstream weir {{
-        server {upstream};
-        keepalive 256;
+{servers}        keepalive 256;
     }}
     server {{
         listen {listen} backlog=4096;

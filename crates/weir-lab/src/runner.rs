@@ -38,7 +38,8 @@ use super::report::{
     VariantReport, quantile_ms,
 };
 use super::scenario::{
-    Cohort, CohortKind, GatewayKind, HealthConfig, LoadBalancer, Scenario, Variant,
+    Cohort, CohortKind, GatewayKind, HealthConfig, LoadBalancer, REDIS_PLACEHOLDER, RedisOutage,
+    Scenario, Variant,
 };
 use weir::config::{ConfigErrors, ProcessEnv, load_str};
 use weir::server::{Server, StartError};
@@ -85,92 +86,144 @@ struct Runtimes {
     load: tokio::runtime::Runtime,
 }
 
-/// The gateway in front of the app: weir in-process, or a rival's process.
+/// The gateway in front of the app: weir in-process (one instance, or a
+/// fleet behind the load balancer), or a rival's process.
 enum Gateway {
-    Weir {
-        server: Server,
-        addr: SocketAddr,
-        admin: Option<SocketAddr>,
-    },
-    Rival(ServerProcess),
+    Weir(Vec<WeirInstance>),
+    Rival(Box<ServerProcess>),
+}
+
+/// One weir instance of a variant, started in-process.
+struct WeirInstance {
+    server: Server,
+    addr: SocketAddr,
+    admin: Option<SocketAddr>,
+    /// Where its access log goes (each instance its own).
+    access_log: std::path::PathBuf,
 }
 
 impl Gateway {
     /// Starts the variant's gateway in front of the app at `app`; weir's access log
-    /// goes to `access_log` unless its config says otherwise.
+    /// goes to `access_log` unless its config says otherwise (a fleet's
+    /// further instances beside it), `{{redis}}` becomes `redis`.
     fn start(
         variant: &Variant,
         app: SocketAddr,
         dir: &Path,
         (access_log, log_on): (&Path, bool),
-        weir_rt: &tokio::runtime::Runtime,
+        (weir_rt, redis): (&tokio::runtime::Runtime, Option<&str>),
     ) -> Result<Gateway, RunError> {
         match variant.gateway {
-            GatewayKind::Nginx => Ok(Gateway::Rival(super::nginx::start_gateway(
+            GatewayKind::Nginx => Ok(Gateway::Rival(Box::new(super::nginx::start_gateway(
                 &variant.config_text,
                 app,
-            )?)),
-            GatewayKind::Haproxy => Ok(Gateway::Rival(super::haproxy::start_gateway(
+            )?))),
+            GatewayKind::Haproxy => Ok(Gateway::Rival(Box::new(super::haproxy::start_gateway(
                 &variant.config_text,
                 app,
-            )?)),
+            )?))),
             GatewayKind::Weir => {
-                let text = weir_config_text(variant, app, dir, access_log, log_on);
-                let loaded = load_str(&text, variant.config_path.as_deref(), &ProcessEnv).map_err(
-                    |errors| RunError::WeirConfig {
-                        variant: variant.name.clone(),
-                        errors,
-                    },
-                )?;
-                let server = weir_rt
-                    .block_on(Server::start(loaded, None, Box::new(ProcessEnv)))
-                    .map_err(|source| RunError::WeirStart {
-                        variant: variant.name.clone(),
-                        source,
-                    })?;
-                let addr = *server
-                    .listeners
-                    .first()
-                    .ok_or_else(|| RunError::NoListener(variant.name.clone()))?;
-                let admin = server.admin;
-                Ok(Gateway::Weir {
-                    server,
-                    addr,
-                    admin,
-                })
+                let mut fleet = Vec::with_capacity(variant.instances);
+                for i in 0..variant.instances {
+                    let (own_dir, log) = if i == 0 {
+                        (dir.to_path_buf(), access_log.to_path_buf())
+                    } else {
+                        let own = dir.join(format!("instance-{i}"));
+                        std::fs::create_dir_all(&own).map_err(RunError::Setup)?;
+                        (own, dir.join(format!("access-{i}.log")))
+                    };
+                    let text = weir_config_text(variant, app, &own_dir, &log, log_on)
+                        .replace(REDIS_PLACEHOLDER, redis.unwrap_or_default());
+                    fleet.push(start_weir(variant, &text, weir_rt, log)?);
+                }
+                Ok(Gateway::Weir(fleet))
             }
+        }
+    }
+
+    /// Where clients (or the balancer) connect: each instance's listener.
+    fn addrs(&self) -> Vec<SocketAddr> {
+        match self {
+            Gateway::Weir(fleet) => fleet.iter().map(|w| w.addr).collect(),
+            Gateway::Rival(p) => vec![p.addr],
         }
     }
 
     fn addr(&self) -> SocketAddr {
         match self {
-            Gateway::Weir { addr, .. } => *addr,
+            Gateway::Weir(fleet) => fleet[0].addr,
             Gateway::Rival(p) => p.addr,
         }
     }
 
-    /// weir's process state (admission queues), for the demand probe.
+    /// The first weir instance's process state (admission queues), for the
+    /// demand probe.
     fn weir_runtime(&self) -> Option<Arc<weir::runtime::Runtime>> {
         match self {
-            Gateway::Weir { server, .. } => Some(server.runtime.clone()),
+            Gateway::Weir(fleet) => Some(fleet[0].server.runtime.clone()),
             Gateway::Rival(_) => None,
         }
     }
 
+    /// The first weir instance's admin API (alerts replay its metrics).
     fn admin(&self) -> Option<SocketAddr> {
+        self.admins().into_iter().next()
+    }
+
+    fn admins(&self) -> Vec<SocketAddr> {
         match self {
-            Gateway::Weir { admin, .. } => *admin,
-            Gateway::Rival(_) => None,
+            Gateway::Weir(fleet) => fleet.iter().filter_map(|w| w.admin).collect(),
+            Gateway::Rival(_) => Vec::new(),
+        }
+    }
+
+    /// Every weir instance's access log.
+    fn access_logs(&self) -> Vec<std::path::PathBuf> {
+        match self {
+            Gateway::Weir(fleet) => fleet.iter().map(|w| w.access_log.clone()).collect(),
+            Gateway::Rival(_) => Vec::new(),
         }
     }
 
     /// Stops the gateway: weir's tasks are aborted, a rival is stopped and reaped.
     fn stop(self) {
         match self {
-            Gateway::Weir { server, .. } => server.abort(),
+            Gateway::Weir(fleet) => fleet.into_iter().for_each(|w| w.server.abort()),
             Gateway::Rival(mut p) => p.stop(),
         }
     }
+}
+
+/// Starts one weir instance from `text`.
+fn start_weir(
+    variant: &Variant,
+    text: &str,
+    weir_rt: &tokio::runtime::Runtime,
+    access_log: std::path::PathBuf,
+) -> Result<WeirInstance, RunError> {
+    let loaded = load_str(text, variant.config_path.as_deref(), &ProcessEnv).map_err(|errors| {
+        RunError::WeirConfig {
+            variant: variant.name.clone(),
+            errors,
+        }
+    })?;
+    let server = weir_rt
+        .block_on(Server::start(loaded, None, Box::new(ProcessEnv)))
+        .map_err(|source| RunError::WeirStart {
+            variant: variant.name.clone(),
+            source,
+        })?;
+    let addr = *server
+        .listeners
+        .first()
+        .ok_or_else(|| RunError::NoListener(variant.name.clone()))?;
+    let admin = server.admin;
+    Ok(WeirInstance {
+        server,
+        addr,
+        admin,
+        access_log,
+    })
 }
 
 /// How a run shows itself on stderr while it runs.
@@ -254,6 +307,12 @@ pub fn run_variant(
     };
 
     let supervisor = start_app(scenario, &rts.app)?;
+    let redis = variant
+        .config_text
+        .contains(REDIS_PLACEHOLDER)
+        .then(|| super::redis::start("a variant whose config names {{redis}}"))
+        .transpose()?;
+    let redis_url = redis.as_ref().map(|r| format!("redis://{}/0", r.addr));
 
     // The gateway, and the load balancer in front of it.
     let access_log = dir.path().join("access.log");
@@ -262,10 +321,10 @@ pub fn run_variant(
         supervisor.addr,
         dir.path(),
         (&access_log, meta.access_log),
-        &rts.weir,
+        (&rts.weir, redis_url.as_deref()),
     )?;
     let lb = match scenario.file.topology.load_balancer {
-        Some(LoadBalancer::Nginx) => Some(super::nginx::start_load_balancer(gateway.addr())?),
+        Some(LoadBalancer::Nginx) => Some(super::nginx::start_load_balancer(&gateway.addrs())?),
         None => None,
     };
     let target = lb.as_ref().map_or(gateway.addr(), |n| n.addr);
@@ -277,6 +336,8 @@ pub fn run_variant(
         .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
         .collect();
     let observers = Observers::start(scenario, &rts.app, &supervisor, &gateway, &stats, clock);
+    let outage =
+        redis.map(|r| RedisOutagePlan::start(r, scenario.file.topology.redis_outage, clock));
     if let Some(Beside(beside)) = options.beside {
         let lead = clock.start.saturating_duration_since(Instant::now());
         beside(Running {
@@ -297,13 +358,19 @@ pub fn run_variant(
     let observed = observers.finish(&rts.app);
 
     let is_weir = variant.gateway == GatewayKind::Weir;
-    let (metrics, upstream) = stop_all(rts, gateway, lb, supervisor, &observed.utilisation);
+    let access_logs = gateway.access_logs();
+    // `WEIR_SIM_KEEP` also keeps each instance's last metrics.
+    let keep = std::env::var_os("WEIR_SIM_KEEP").map(|_| dir.path());
+    let (metrics, upstream) = stop_all(rts, (gateway, keep), lb, supervisor, &observed.utilisation);
+    drop(outage.map(RedisOutagePlan::finish));
 
     let mut rules = rules_from_metrics(&metrics);
     if meta.access_log && is_weir {
         let people = people_cohorts(scenario);
         let truth = GroundTruth::of(&owners, &stats);
-        count_log_rejections(&access_log, &truth, &people, &mut rules);
+        for log in &access_logs {
+            count_log_rejections(log, &truth, &people, &mut rules);
+        }
     }
     let mut report = build_report(
         scenario,
@@ -322,7 +389,8 @@ pub fn run_variant(
     Ok(report)
 }
 
-/// `WEIR_SIM_KEEP`: keep the run's directory (weir's access log and state files,
+/// `WEIR_SIM_KEEP`: keep the run's directory (weir's access logs, each
+/// instance's last metrics as `metrics-N.txt`, and state files,
 /// `refused.tsv`: the request id of every answer that was not a page, and
 /// whose client got it, and `owners.tsv`: each client address and its
 /// cohort, `(shared)` for an address two cohorts share) to look at, and say
@@ -362,19 +430,65 @@ fn start_app(
     Ok(Arc::new(AppSupervisor::new(scenario.file.app.clone(), app)))
 }
 
+/// The lab's Redis for a fleet, and its outage if the topology plans one:
+/// killed at `at` into the run, started again (empty, same port) `lasts`
+/// later, on a thread of its own.
+struct RedisOutagePlan {
+    thread: std::thread::JoinHandle<ServerProcess>,
+}
+
+impl RedisOutagePlan {
+    fn start(
+        mut redis: ServerProcess,
+        outage: Option<RedisOutage>,
+        clock: RunClock,
+    ) -> RedisOutagePlan {
+        let thread = std::thread::spawn(move || {
+            let Some(outage) = outage else {
+                return redis;
+            };
+            let sleep_until =
+                |at: Instant| std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            sleep_until(clock.start + outage.at.0);
+            redis.stop();
+            tracing::info!("lab: redis killed");
+            sleep_until(clock.start + outage.at.0 + outage.lasts.0);
+            if let Err(e) = redis.restart() {
+                tracing::warn!(error = %e, "lab: redis did not start again");
+            }
+            redis
+        });
+        RedisOutagePlan { thread }
+    }
+
+    /// Waits for the plan's end (the run is over by then) and hands the
+    /// process back, to be stopped.
+    fn finish(self) -> Option<ServerProcess> {
+        self.thread.join().ok()
+    }
+}
+
 /// Reads what weir counted, then stops everything, the gateway first: its
 /// metrics' text, and the app's totals with how busy it was under demand.
 fn stop_all(
     rts: Runtimes,
-    gateway: Gateway,
+    (gateway, keep_dir): (Gateway, Option<&Path>),
     lb: Option<ServerProcess>,
     supervisor: Arc<AppSupervisor>,
     utilisation: &Utilisation,
 ) -> (String, UpstreamReport) {
-    let metrics = gateway
-        .admin()
+    // A fleet's texts one after another: rules_from_metrics sums them.
+    let texts: Vec<String> = gateway
+        .admins()
+        .into_iter()
         .map(|a| rts.weir.block_on(scrape(a)))
-        .unwrap_or_default();
+        .collect();
+    if let Some(dir) = keep_dir {
+        for (i, text) in texts.iter().enumerate() {
+            let _ = std::fs::write(dir.join(format!("metrics-{i}.txt")), text);
+        }
+    }
+    let metrics = texts.join("\n");
     drop(lb);
     gateway.stop();
     let Runtimes { app, weir, load } = rts;
@@ -1408,6 +1522,7 @@ networks = [{ share = 1.0, prefixes = 30, len = 16 }]
             gateway: GatewayKind::Weir,
             config_text: "[pools.app]\nservers = [\"{{app}}\"]\n".into(),
             config_path: None,
+            instances: 1,
         };
         let app: SocketAddr = "127.0.0.1:8080".parse().expect("literal");
         let text = weir_config_text(

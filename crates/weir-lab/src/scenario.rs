@@ -136,9 +136,22 @@ impl Default for HealthConfig {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TopologyConfig {
-    /// `"nginx"`: a real nginx in front of weir adding `X-Forwarded-For` (incident 4).
+    /// `"nginx"`: a real nginx in front of weir adding `X-Forwarded-For` (incident 4),
+    /// round-robin over a variant's `instances`.
     #[serde(default)]
     pub load_balancer: Option<LoadBalancer>,
+    /// The lab's Redis (`{{redis}}` in a variant's config) is killed `at` this
+    /// far into the run and started again, empty, `lasts` later.
+    #[serde(default)]
+    pub redis_outage: Option<RedisOutage>,
+}
+
+/// `[topology] redis_outage`: when the fleet's Redis is down, in run time.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RedisOutage {
+    pub at: ConfigDuration,
+    pub lasts: ConfigDuration,
 }
 
 /// A load balancer the lab can start.
@@ -170,6 +183,11 @@ pub struct WeirVariantConfig {
     /// A weir config file, relative to the scenario file.
     #[serde(default)]
     pub file: Option<String>,
+    /// weir instances behind the load balancer (1 to 8, default 1): a fleet,
+    /// each with its own state; `{{redis}}` in the config is a Redis the lab
+    /// starts for them to share.
+    #[serde(default)]
+    pub instances: Option<usize>,
 }
 
 /// The gateway a variant runs in front of the app.
@@ -512,7 +530,15 @@ pub struct Variant {
     pub config_text: String,
     /// Where the text came from (for weir's error messages).
     pub config_path: Option<PathBuf>,
+    /// weir instances behind the load balancer (1 unless a fleet).
+    pub instances: usize,
 }
+
+/// Most instances a variant may run.
+pub const MAX_INSTANCES: usize = 8;
+
+/// Where a weir config names the lab's Redis.
+pub const REDIS_PLACEHOLDER: &str = "{{redis}}";
 
 /// One cohort with every default applied.
 #[derive(Debug, Clone)]
@@ -840,16 +866,40 @@ fn variants(
                     ),
                 ));
             }
+            let instances = v.instances.unwrap_or(1);
+            if let Some(problem) = fleet_problem(file, v, instances) {
+                errors.push(at.error(&key.key("instances"), problem));
+            }
             out.push(Variant {
                 name: name.clone(),
                 description: v.description.clone(),
                 gateway: v.gateway,
                 config_text,
                 config_path,
+                instances,
             });
         }
     }
     out
+}
+
+/// Why a variant's `instances` cannot run, if it cannot.
+fn fleet_problem(file: &ScenarioFile, v: &WeirVariantConfig, instances: usize) -> Option<String> {
+    if !(1..=MAX_INSTANCES).contains(&instances) {
+        return Some(format!("must be 1 to {MAX_INSTANCES}, not {instances}"));
+    }
+    if instances > 1 && v.gateway != GatewayKind::Weir {
+        return Some(format!(
+            "only weir runs as a fleet, not {}",
+            v.gateway.as_str()
+        ));
+    }
+    if instances > 1 && file.topology.load_balancer.is_none() {
+        return Some(
+            "a fleet needs a balancer in front: [topology] load_balancer = \"nginx\"".into(),
+        );
+    }
+    None
 }
 
 fn cohorts(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>) -> Vec<Cohort> {
@@ -1444,6 +1494,33 @@ rate = 1.0
     }
 
     #[test]
+    fn a_fleet_needs_a_balancer_weir_and_at_most_eight_instances() {
+        let fleet = shipped_text("2026-09-23-fleet.toml");
+        assert!(load_scenario_str(&fleet, None).is_ok());
+        let cases = [
+            (
+                fleet.replace("load_balancer = \"nginx\"\n", ""),
+                "a fleet needs a balancer",
+            ),
+            (
+                fleet.replace("instances = 3", "instances = 9"),
+                "must be 1 to 8, not 9",
+            ),
+            (
+                fleet.replace("instances = 3", "instances = 0"),
+                "must be 1 to 8, not 0",
+            ),
+        ];
+        for (text, want) in cases {
+            let errors = load_scenario_str(&text, None).expect_err(want).to_string();
+            assert!(
+                errors.contains(want) && errors.contains("instances"),
+                "{errors}"
+            );
+        }
+    }
+
+    #[test]
     fn variants_keep_file_order_and_checks_parse() {
         let text = BASE.replace(
             "[weir.only]",
@@ -1461,6 +1538,12 @@ rate = 1.0
     fn shipped(name: &str) -> Scenario {
         let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("scenarios");
         load_scenario_file(&dir.join(name)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The text of a scenario shipped in `scenarios/`.
+    fn shipped_text(name: &str) -> String {
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("scenarios");
+        std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
     }
 
     /// Every cohort but the crawlers, as text to compare.
@@ -1609,6 +1692,6 @@ rate = 1.0
                 n += 1;
             }
         }
-        assert_eq!(n, 11);
+        assert_eq!(n, 12);
     }
 }
