@@ -178,7 +178,8 @@ async fn read_through_a_round_robin_balancer(
     let mut shown = 0;
     for i in 1..=pages {
         if i > 1 {
-            tab.eval(&format!("location.href = {:?}", url(i))).await;
+            tab.eval_while_navigating(&format!("location.href = {:?}", url(i)))
+                .await;
         }
         let want = format!("/wiki/Fleet_{i}");
         let body = tab.body_once_it_shows(&want, Duration::from_secs(20)).await;
@@ -220,4 +221,42 @@ async fn separate_instances_challenge_a_browser_at_most_once_each() {
         issued <= 2.0 && solved <= 2.0,
         "issued {issued}, solved {solved}"
     );
+}
+
+/// A browser whose passes never come back (a refused cookie, instances
+/// that share no key and no cookie room, clocks apart) solves the page's
+/// work three times in a minute, and then gets its page instead of a
+/// fourth challenge (issue 56, item 1). Before, it looped for as long as
+/// it kept solving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_whose_pass_never_comes_back_gets_its_page_after_three_solves() {
+    let app = Upstream::start().await;
+    let weir = Weir::builder()
+        .config(config(app.addr, None))
+        .start()
+        .await
+        .unwrap();
+    for solve in 0..3 {
+        let (status, pass) = challenged_on_one_answered_on_the_other(&weir, &weir).await;
+        assert_eq!(status, 303, "solve {solve}");
+        assert!(
+            pass.is_some(),
+            "solve {solve}: a pass is set (and never sent back)"
+        );
+    }
+    let page = browser(HttpRequest::get("/wiki/Page"))
+        .send(weir.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(page.status, 200, "the page, not a fourth challenge: {page}");
+    // Another browser of the same network is not in that loop.
+    let other = HttpRequest::get("/wiki/Page")
+        .from("127.56.0.2".parse::<IpAddr>().unwrap())
+        .header("accept", "text/html,application/xhtml+xml")
+        .header("sec-fetch-mode", "navigate")
+        .header("user-agent", "Mozilla/5.0 another browser")
+        .send(weir.listener(0))
+        .await
+        .unwrap();
+    assert_eq!(other.status, 429, "challenged: {other}");
 }

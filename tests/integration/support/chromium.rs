@@ -272,6 +272,20 @@ impl DevTools {
     /// Sends `method` with `params`; returns its `result` (events that
     /// arrive meanwhile are skipped).
     pub async fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        match self.try_call(method, params).await {
+            Ok(result) => result,
+            Err(error) => panic!("{method}: {error}"),
+        }
+    }
+
+    /// [`Self::call`], with the protocol's error as `Err` (an evaluation
+    /// caught by a navigation answers "Inspected target navigated or
+    /// closed": the page moved on, nothing is wrong).
+    pub async fn try_call(
+        &mut self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> Result<serde_json::Value, serde_json::Value> {
         let id = self.next_id;
         self.next_id += 1;
         let msg = serde_json::json!({"id": id, "method": method, "params": params});
@@ -288,9 +302,23 @@ impl DevTools {
             let Message::Text(text) = frame else { continue };
             let v: serde_json::Value = serde_json::from_str(&text).expect("DevTools JSON");
             if v["id"] == id {
-                assert!(v.get("error").is_none(), "{method}: {v}");
-                return v["result"].clone();
+                return match v.get("error") {
+                    Some(error) => Err(error.clone()),
+                    None => Ok(v["result"].clone()),
+                };
             }
+        }
+    }
+
+    /// The value of a JavaScript expression in the page, or `None` when a
+    /// navigation caught the evaluation (the expression itself may have
+    /// navigated: `location.href = ...`).
+    pub async fn eval_while_navigating(&mut self, expression: &str) -> Option<serde_json::Value> {
+        let params = serde_json::json!({"expression": expression, "returnByValue": true});
+        match self.try_call("Runtime.evaluate", params).await {
+            Ok(r) => Some(r["result"]["value"].clone()),
+            Err(e) if e.to_string().contains("navigated or closed") => None,
+            Err(e) => panic!("Runtime.evaluate: {e}"),
         }
     }
 
@@ -311,10 +339,14 @@ impl DevTools {
         let mut body = String::new();
         let shown = async {
             loop {
-                let now = self
-                    .eval("document.body ? document.body.innerHTML : ''")
-                    .await;
-                body = now.as_str().unwrap_or_default().to_owned();
+                // A navigation under way (a challenge answered) may catch
+                // the evaluation: look again.
+                if let Some(now) = self
+                    .eval_while_navigating("document.body ? document.body.innerHTML : ''")
+                    .await
+                {
+                    body = now.as_str().unwrap_or_default().to_owned();
+                }
                 if body.contains(what) {
                     return;
                 }

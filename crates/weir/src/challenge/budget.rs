@@ -17,7 +17,16 @@
 //! [`PASSES`] leave room for several hundred people a day in one /24 and
 //! a burst of them at once; a loop mints one pass a second.
 //!
-//! Owns: the two budgets and the ids past them. Does not: sign anything
+//! It also keeps what one browser (a binding: network and User-Agent)
+//! solved lately ([`ChallengeBudget::looping`]): a browser that did the
+//! page's work [`LOOP_SOLVES`] times within about [`LOOP_WINDOW`] and comes
+//! back without a pass again is in a loop (its pass does not come back: a cookie
+//! refused, a fleet whose instances do not share a key, a clock apart), and
+//! gets its page on priority instead of another challenge, as the
+//! network's one pass id. It has proved it is a browser three times over;
+//! one more proof would only keep a person from the page.
+//!
+//! Owns: the budgets, the ids past them, and the recent solves. Does not: sign anything
 //! ([`super::token`], [`super::pow`]) or decide what a pass is worth.
 
 use std::time::Duration;
@@ -34,6 +43,13 @@ pub const PAGES: (u32, Duration, u32) = (60, Duration::from_secs(60), 60);
 /// 30 at once.
 pub const PASSES: (u32, Duration, u32) = (6, Duration::from_secs(60), 30);
 
+/// Solves of the page's work by one browser that make a loop...
+pub const LOOP_SOLVES: u32 = 3;
+
+/// ... within about this long; once in a loop, a browser is challenged
+/// again at most once this long.
+pub const LOOP_WINDOW: Duration = Duration::from_secs(60);
+
 /// Networks tracked; past it the oldest are forgotten (their budgets start
 /// full again), never more memory (about 20 bytes a network).
 const MAX_NETWORKS: usize = 200_000;
@@ -45,6 +61,7 @@ pub struct ChallengeBudget {
     store: ShardedStore,
     pages: Quota,
     passes: Quota,
+    solves: Quota,
 }
 
 impl Default for ChallengeBudget {
@@ -57,6 +74,9 @@ impl Default for ChallengeBudget {
                 .expect("a power-of-two shard count below the key cap"),
             pages: quota(PAGES),
             passes: quota(PASSES),
+            // One solve forgotten a window: three within about a window
+            // leave the key empty for a window after the last.
+            solves: quota((1, LOOP_WINDOW, LOOP_SOLVES)),
         }
     }
 }
@@ -90,10 +110,29 @@ impl ChallengeBudget {
         }
     }
 
+    /// Counts a solve of the page's work by `binding`'s browser.
+    pub fn solved(&self, binding: Binding, now: MonoTime) {
+        self.store.check(browser_key(binding), &self.solves, now, 1);
+    }
+
+    /// The id to give `binding`'s browser instead of another challenge, if
+    /// it is in a loop: it solved [`LOOP_SOLVES`] times lately.
+    pub fn looping(&self, binding: Binding, now: MonoTime) -> Option<u64> {
+        let tat = self.store.tat(browser_key(binding))?;
+        (self.solves.remaining(tat, now) == 0).then(|| network_id(binding))
+    }
+
     /// Forgets networks whose budgets are full again (the process's sweep).
     pub fn sweep(&self, now: MonoTime) -> usize {
         self.store.sweep(now)
     }
+}
+
+/// One browser's key among the networks': its network and User-Agent.
+fn browser_key(binding: Binding) -> u64 {
+    let browser =
+        u64::from_be_bytes(binding.prefix) ^ u64::from_be_bytes(binding.agent).rotate_left(17);
+    key(0, 2, browser)
 }
 
 /// The id every pass of `binding`'s network gets past its budget: one
@@ -110,6 +149,34 @@ mod tests {
 
     fn bind(ip: &str) -> Binding {
         Binding::of(ClientAddr::new(ip.parse().unwrap()), b"Mozilla/5.0")
+    }
+
+    /// A browser that solved three times within a minute is in a loop for a
+    /// minute after the last (then one more challenge lets it in for
+    /// another minute); two solves are not a loop, nor three over three
+    /// minutes, nor is another browser of the network.
+    #[test]
+    fn three_solves_in_a_minute_are_a_loop() {
+        let budget = ChallengeBudget::default();
+        let at = |s: u64| MonoTime::ZERO + Duration::from_secs(1000 + s);
+        let person = bind("10.0.0.1");
+        let other = Binding::of(ClientAddr::new("10.0.0.2".parse().unwrap()), b"Other/1.0");
+        budget.solved(person, at(0));
+        budget.solved(person, at(1));
+        assert_eq!(budget.looping(person, at(2)), None);
+        budget.solved(person, at(2));
+        assert_eq!(budget.looping(person, at(3)), Some(network_id(person)));
+        assert_eq!(budget.looping(other, at(3)), None);
+        assert!(budget.looping(person, at(59)).is_some());
+        assert_eq!(budget.looping(person, at(61)), None);
+        budget.solved(person, at(61));
+        assert!(budget.looping(person, at(119)).is_some());
+        // Three solves a minute apart: a person now and then, not a loop.
+        let slow = bind("10.9.0.1");
+        for minute in 0..3 {
+            budget.solved(slow, at(60 * minute));
+            assert_eq!(budget.looping(slow, at(60 * minute + 1)), None);
+        }
     }
 
     /// A loop that redeems a pass a second from one /24 gets its own ids for

@@ -632,6 +632,11 @@ impl Challenger {
         at: At<'_>,
     ) -> Response<Bytes> {
         let id = at.draw(Draw::Pass, binding, solved.seed);
+        if kind == PassKind::Work {
+            use weir_limiter::Clock as _;
+            at.budget
+                .solved(binding, weir_limiter::MonotonicClock.now());
+        }
         let minted = token::Minted {
             id,
             kind,
@@ -756,6 +761,14 @@ impl At<'_> {
         use weir_limiter::Clock as _;
         self.budget
             .id(draw, binding, fresh, weir_limiter::MonotonicClock.now())
+    }
+
+    /// The pass id to admit `asker` with instead of another challenge, if
+    /// its browser is in a loop ([`ChallengeBudget::looping`]).
+    pub fn looping(&self, asker: Asker<'_>) -> Option<u64> {
+        use weir_limiter::Clock as _;
+        self.budget
+            .looping(asker.binding(), weir_limiter::MonotonicClock.now())
     }
 }
 

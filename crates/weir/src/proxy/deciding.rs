@@ -424,6 +424,12 @@ fn challenge(
     if let Some(pass) = carried_pass(ex, ch, view) {
         return worth(ex, pass);
     }
+    // A browser whose passes do not come back gets its page on priority,
+    // not a fourth challenge in a minute.
+    if let Some(id) = ex.challenge_at().looping(ex.asker(view.headers)) {
+        ex.log_mut().looped();
+        return Challenged::Pass(id);
+    }
 
     let (navigation, shape) = (ex.navigation(view.headers), ex.shape());
     let (rt, gw, client) = (ex.rt(), ex.gw(), ex.client());

@@ -231,6 +231,12 @@ impl RequestLog {
         self.record.challenge = Some("pass");
     }
 
+    /// No pass came, but the browser solved the page's work three times
+    /// lately: a loop, admitted as proven (`challenge: "looped"`).
+    pub(super) fn looped(&mut self) {
+        self.record.challenge = Some("looped");
+    }
+
     /// The request carried a valid no-script pass outside a visit weir
     /// counts as a person's: not proof (`challenge: "wait_pass"`).
     pub(super) fn wait_pass_alone(&mut self) {
