@@ -228,14 +228,17 @@ async fn load_round(weir: &Weir, round: u8) {
     }
 }
 
-/// A browser's challenge, solved the way the page's script does it.
-async fn solve_a_challenge(weir: &Weir) {
+/// A browser's challenge, solved the way the page's script does it: a
+/// browser of its own each `round` (one that solved three in a minute
+/// without keeping its pass would be in a loop, and get the page).
+async fn solve_a_challenge(weir: &Weir, round: u8) {
     let addr = weir.listener(0);
+    let agent = format!("Mozilla/5.0 dashboard test {round}");
     let nav = |r: HttpRequest| {
         r.from(ip(200))
             .header("accept", "text/html,application/xhtml+xml")
             .header("sec-fetch-mode", "navigate")
-            .header("user-agent", "Mozilla/5.0 dashboard test")
+            .header("user-agent", &agent)
     };
     let page = nav(HttpRequest::get("/wiki/Main"))
         .send(addr)
@@ -295,7 +298,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
     let mut round = 0u8;
     let missing = loop {
         load_round(&weir, round).await;
-        solve_a_challenge(&weir).await;
+        solve_a_challenge(&weir, round).await;
         round = round.wrapping_add(1);
         let missing = panels_without_data(&prometheus, &queries).await;
         if missing.is_empty() || started.elapsed() > Duration::from_secs(30) {

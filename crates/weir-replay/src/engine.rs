@@ -366,6 +366,7 @@ impl Replay {
             headers,
             user: None,
             pass: None,
+            looped: false,
             // The log's `bot` is not believed: a replay cannot re-verify it.
             bot: false,
             now,

@@ -25,6 +25,11 @@ pub struct Proof {
     pub verified: bool,
     /// The id of a valid challenge pass.
     pub pass: Option<u64>,
+    /// The pass is the network's, given to a browser in a loop (it solved
+    /// three challenges within a minute, and no pass came back): a pass for
+    /// lanes and exemptions, but no evidence of a person (proof of work
+    /// proves a browser, and this one kept nothing).
+    pub looped: bool,
     /// A crawler that proved who it is (Web Bot Auth, reverse DNS): not
     /// challenged, exempt from rules that say `verified_bot`, queued in
     /// the `bots` lane.

@@ -251,6 +251,9 @@ pub struct RequestFacts<'a> {
     pub user: Option<&'a str>,
     /// The challenge pass token's id, if the request holds a valid one.
     pub pass: Option<u64>,
+    /// The pass is a loop's ([`crate::policy::Proof::looped`]): no evidence
+    /// of a person.
+    pub looped: bool,
     /// Whether the request proved to be a configured crawler
     /// (`identity::bots`).
     pub bot: bool,
@@ -436,7 +439,7 @@ pub async fn judge(
         .then(|| {
             collateral_signal(
                 facts.user.is_some(),
-                facts.pass.is_some(),
+                facts.pass.is_some() && !facts.looped,
                 facts.browsing,
                 facts.headers,
                 low_rate,
@@ -751,6 +754,7 @@ mod tests {
             headers: &h,
             user,
             pass,
+            looped: false,
             bot,
             now,
             browsing: false,
@@ -873,6 +877,7 @@ mod tests {
                 headers: &HeaderMap::new(),
                 user: None,
                 pass: None,
+                looped: false,
                 bot: false,
                 now,
                 browsing: false,

@@ -185,12 +185,13 @@ pub(super) async fn decide(
 ) -> Decision {
     let mut proof = Proof {
         verified: session.is_verified(),
-        pass: None,
         bot,
+        ..Proof::default()
     };
     let mut instead = None;
     match challenge_of(ex, view, route, &proof) {
         Challenged::Pass(id) => proof.pass = Some(id),
+        Challenged::Looped(id) => (proof.pass, proof.looped) = (Some(id), true),
         Challenged::NotNow => {}
         Challenged::Page(page) => return Decision::Challenge(page),
         Challenged::Instead(c) => instead = Some(c),
@@ -332,6 +333,9 @@ async fn decide_rules(
 enum Challenged {
     /// It holds a valid pass (its id).
     Pass(u64),
+    /// Its browser is in a loop: the network's pass id, instead of another
+    /// challenge ([`Proof::looped`]).
+    Looped(u64),
     /// Not challenged now.
     NotNow,
     /// It must show it is a browser first: the page.
@@ -428,7 +432,7 @@ fn challenge(
     // not a fourth challenge in a minute.
     if let Some(id) = ex.challenge_at().looping(ex.asker(view.headers)) {
         ex.log_mut().looped();
-        return Challenged::Pass(id);
+        return Challenged::Looped(id);
     }
 
     let (navigation, shape) = (ex.navigation(view.headers), ex.shape());
@@ -524,6 +528,7 @@ async fn rules(
         headers: view.headers,
         user: facts.user,
         pass: facts.proof.pass,
+        looped: facts.proof.looped,
         bot: facts.proof.bot.is_some(),
         now: weir_limiter::MonotonicClock.now(),
         browsing: browsing(ex.log()),
