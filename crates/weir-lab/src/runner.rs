@@ -307,27 +307,19 @@ pub fn run_variant(
     };
 
     let supervisor = start_app(scenario, &rts.app)?;
-    let redis = variant
-        .config_text
-        .contains(REDIS_PLACEHOLDER)
-        .then(|| super::redis::start("a variant whose config names {{redis}}"))
-        .transpose()?;
-    let redis_url = redis.as_ref().map(|r| format!("redis://{}/0", r.addr));
-
-    // The gateway, and the load balancer in front of it.
     let access_log = dir.path().join("access.log");
-    let gateway = Gateway::start(
+    let Front {
+        redis,
+        gateway,
+        lb,
+        target,
+    } = Front::start(
+        scenario,
         variant,
-        supervisor.addr,
-        dir.path(),
-        (&access_log, meta.access_log),
-        (&rts.weir, redis_url.as_deref()),
+        (dir.path(), &access_log),
+        &supervisor,
+        &rts,
     )?;
-    let lb = match scenario.file.topology.load_balancer {
-        Some(LoadBalancer::Nginx) => Some(super::nginx::start_load_balancer(&gateway.addrs())?),
-        None => None,
-    };
-    let target = lb.as_ref().map_or(gateway.addr(), |n| n.addr);
     let (plans, owners) = plan_clients(scenario)?;
 
     let duration = meta.duration.0;
@@ -338,14 +330,8 @@ pub fn run_variant(
     let observers = Observers::start(scenario, &rts.app, &supervisor, &gateway, &stats, clock);
     let outage =
         redis.map(|r| RedisOutagePlan::start(r, scenario.file.topology.redis_outage, clock));
-    if let Some(Beside(beside)) = options.beside {
-        let lead = clock.start.saturating_duration_since(Instant::now());
-        beside(Running {
-            variant: variant.name.clone(),
-            target,
-            start: std::time::Instant::now() + lead,
-            duration,
-        });
+    if let Some(beside) = options.beside {
+        beside.start(&variant.name, target, clock);
     }
     drive_load(
         scenario,
@@ -366,11 +352,7 @@ pub fn run_variant(
 
     let mut rules = rules_from_metrics(&metrics);
     if meta.access_log && is_weir {
-        let people = people_cohorts(scenario);
-        let truth = GroundTruth::of(&owners, &stats);
-        for log in &access_logs {
-            count_log_rejections(log, &truth, &people, &mut rules);
-        }
+        count_logs_rejections(scenario, &access_logs, (&owners, &stats), &mut rules);
     }
     let mut report = build_report(
         scenario,
@@ -387,6 +369,80 @@ pub fn run_variant(
     }
     keep_if_asked(dir, &variant.name, &stats, &owners);
     Ok(report)
+}
+
+impl Beside {
+    /// Starts what runs beside the load, told where and when the run is.
+    fn start(&self, variant: &str, target: SocketAddr, clock: RunClock) {
+        let lead = clock.start.saturating_duration_since(Instant::now());
+        (self.0)(Running {
+            variant: variant.to_owned(),
+            target,
+            start: std::time::Instant::now() + lead,
+            duration: clock.duration,
+        });
+    }
+}
+
+/// What stands in front of the app for one variant: the gateway, the load
+/// balancer in front of it, and the Redis a fleet shares.
+struct Front {
+    redis: Option<ServerProcess>,
+    gateway: Gateway,
+    lb: Option<ServerProcess>,
+    /// Where clients connect: the balancer, else the gateway.
+    target: SocketAddr,
+}
+
+impl Front {
+    /// Starts the Redis the variant names (`{{redis}}`), the gateway, then
+    /// the balancer in front of it.
+    fn start(
+        scenario: &Scenario,
+        variant: &Variant,
+        (dir, access_log): (&Path, &Path),
+        supervisor: &AppSupervisor,
+        rts: &Runtimes,
+    ) -> Result<Front, RunError> {
+        let redis = variant
+            .config_text
+            .contains(REDIS_PLACEHOLDER)
+            .then(|| super::redis::start("a variant whose config names {{redis}}"))
+            .transpose()?;
+        let redis_url = redis.as_ref().map(|r| format!("redis://{}/0", r.addr));
+        let gateway = Gateway::start(
+            variant,
+            supervisor.addr,
+            dir,
+            (access_log, scenario.file.scenario.access_log),
+            (&rts.weir, redis_url.as_deref()),
+        )?;
+        let lb = match scenario.file.topology.load_balancer {
+            Some(LoadBalancer::Nginx) => Some(super::nginx::start_load_balancer(&gateway.addrs())?),
+            None => None,
+        };
+        let target = lb.as_ref().map_or(gateway.addr(), |n| n.addr);
+        Ok(Front {
+            redis,
+            gateway,
+            lb,
+            target,
+        })
+    }
+}
+
+/// [`count_log_rejections`] over every instance's access log.
+fn count_logs_rejections(
+    scenario: &Scenario,
+    logs: &[std::path::PathBuf],
+    (owners, stats): (&HashMap<IpAddr, String>, &[Arc<CohortStats>]),
+    rules: &mut BTreeMap<String, RuleReport>,
+) {
+    let people = people_cohorts(scenario);
+    let truth = GroundTruth::of(owners, stats);
+    for log in logs {
+        count_log_rejections(log, &truth, &people, rules);
+    }
 }
 
 /// `WEIR_SIM_KEEP`: keep the run's directory (weir's access logs, each

@@ -193,12 +193,11 @@ impl Runtime {
         if next.loaded.config.process.workers != current.loaded.config.process.workers {
             restart_needed.push("process.workers");
         }
-        if next.loaded.config.state.redis_url != current.loaded.config.state.redis_url
-            || next.loaded.config.state.redis_prefix != current.loaded.config.state.redis_prefix
-            || next.loaded.config.state.redis_ca_file != current.loaded.config.state.redis_ca_file
-            || next.loaded.config.state.redis_sentinel != current.loaded.config.state.redis_sentinel
-            || next.loaded.config.state.redis_cluster != current.loaded.config.state.redis_cluster
-            || next.loaded.config.state.redis_lease != current.loaded.config.state.redis_lease
+        if next
+            .loaded
+            .config
+            .state
+            .redis_differs(&current.loaded.config.state)
         {
             restart_needed.push("state.redis_url");
         }

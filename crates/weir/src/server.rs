@@ -263,10 +263,7 @@ impl Server {
         if let Some(last) = write_snapshot(&self.runtime) {
             let _ = last.await;
         }
-        // Leased tokens back to the fleet now, not when their TATs pass.
-        if let Some(shared) = self.runtime.shared_limiter() {
-            let _ = tokio::time::timeout(GIVE_BACK_WITHIN, shared.give_back_leases()).await;
-        }
+        give_back_leases(&self.runtime).await;
         drop(sockets);
         self.runtime.access_log.flush();
         DrainReport {
@@ -480,6 +477,13 @@ fn take_up_state(
 
 /// Longest a stop waits to give leased tokens back to Redis.
 const GIVE_BACK_WITHIN: Duration = Duration::from_millis(500);
+
+/// Leased tokens back to the fleet at a stop, not when their TATs pass.
+async fn give_back_leases(runtime: &Runtime) {
+    if let Some(shared) = runtime.shared_limiter() {
+        let _ = tokio::time::timeout(GIVE_BACK_WITHIN, shared.give_back_leases()).await;
+    }
+}
 
 /// Writes the snapshot (and what goes beside it) on a blocking thread, if
 /// one is configured; errors are logged and counted by `state::write`.

@@ -633,9 +633,7 @@ impl Challenger {
     ) -> Response<Bytes> {
         let id = at.draw(Draw::Pass, binding, solved.seed);
         if kind == PassKind::Work {
-            use weir_limiter::Clock as _;
-            at.budget
-                .solved(binding, weir_limiter::MonotonicClock.now());
+            at.solved(binding);
         }
         let minted = token::Minted {
             id,
@@ -664,18 +662,8 @@ impl Challenger {
             header::LOCATION,
             HeaderValue::from_str(&location).unwrap_or(HeaderValue::from_static("/")),
         );
-        if jar {
-            let mut set_cookie = format!(
-                "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
-                self.cookie_name,
-                self.pass_ttl.as_secs()
-            );
-            if self.secure.applies(tls) {
-                set_cookie.push_str("; Secure");
-            }
-            if let Ok(v) = HeaderValue::from_str(&set_cookie) {
-                h.insert(header::SET_COOKIE, v);
-            }
+        if let Some(v) = jar.then(|| self.pass_cookie(&cookie, tls)).flatten() {
+            h.insert(header::SET_COOKIE, v);
         }
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         resp.extensions_mut()
@@ -686,6 +674,19 @@ impl Challenger {
                 no_script: kind == PassKind::Wait,
             }]));
         resp
+    }
+
+    /// The pass's `Set-Cookie` for a browser that keeps cookies.
+    fn pass_cookie(&self, cookie: &str, tls: bool) -> Option<HeaderValue> {
+        let mut set_cookie = format!(
+            "{}={cookie}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
+            self.cookie_name,
+            self.pass_ttl.as_secs()
+        );
+        if self.secure.applies(tls) {
+            set_cookie.push_str("; Secure");
+        }
+        HeaderValue::from_str(&set_cookie).ok()
     }
 
     /// How long to hold a `/.weir/challenge/refresh` link that came before
@@ -761,6 +762,13 @@ impl At<'_> {
         use weir_limiter::Clock as _;
         self.budget
             .id(draw, binding, fresh, weir_limiter::MonotonicClock.now())
+    }
+
+    /// Counts a solve of the page's work by `binding`'s browser.
+    fn solved(&self, binding: Binding) {
+        use weir_limiter::Clock as _;
+        self.budget
+            .solved(binding, weir_limiter::MonotonicClock.now());
     }
 
     /// The pass id to admit `asker` with instead of another challenge, if

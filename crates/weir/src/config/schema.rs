@@ -258,6 +258,17 @@ impl StateConfig {
     pub fn shares_through_redis(&self) -> bool {
         self.redis_url.is_some() || self.redis_sentinel.is_some() || self.redis_cluster.is_some()
     }
+
+    /// Whether the Redis the limits are shared through, or how, differs
+    /// from `other`'s (a restart's change, not a reload's).
+    pub fn redis_differs(&self, other: &StateConfig) -> bool {
+        self.redis_url != other.redis_url
+            || self.redis_prefix != other.redis_prefix
+            || self.redis_ca_file != other.redis_ca_file
+            || self.redis_sentinel != other.redis_sentinel
+            || self.redis_cluster != other.redis_cluster
+            || self.redis_lease != other.redis_lease
+    }
 }
 
 impl RedisSentinelConfig {

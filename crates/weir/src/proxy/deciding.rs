@@ -418,6 +418,22 @@ fn carried_pass(
     }
 }
 
+/// What a pass the request carries is worth; without one, a browser whose
+/// passes do not come back gets its page on priority, not a fourth
+/// challenge in a minute (`challenge::budget`, "never a loop").
+fn pass_or_loop(
+    ex: &mut Exchange<'_>,
+    ch: &Challenger,
+    view: &RequestView<'_>,
+) -> Option<Challenged> {
+    if let Some(pass) = carried_pass(ex, ch, view) {
+        return Some(worth(ex, pass));
+    }
+    let id = ex.challenge_at().looping(ex.asker(view.headers))?;
+    ex.log_mut().looped();
+    Some(Challenged::Looped(id))
+}
+
 /// The challenge for a request of a challenging class (see [`Challenged`]).
 fn challenge(
     ex: &mut Exchange<'_>,
@@ -425,16 +441,9 @@ fn challenge(
     view: &RequestView<'_>,
     route: &Route,
 ) -> Challenged {
-    if let Some(pass) = carried_pass(ex, ch, view) {
-        return worth(ex, pass);
+    if let Some(said) = pass_or_loop(ex, ch, view) {
+        return said;
     }
-    // A browser whose passes do not come back gets its page on priority,
-    // not a fourth challenge in a minute.
-    if let Some(id) = ex.challenge_at().looping(ex.asker(view.headers)) {
-        ex.log_mut().looped();
-        return Challenged::Looped(id);
-    }
-
     let (navigation, shape) = (ex.navigation(view.headers), ex.shape());
     let (rt, gw, client) = (ex.rt(), ex.gw(), ex.client());
     let (asker, at) = (ex.asker(view.headers), ex.challenge_at());
