@@ -61,6 +61,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use serde::Deserialize;
 
 use crate::challenge::keyring::{Binding, Keyring, Purpose, TAG_LEN};
+use crate::challenge::token::{MAX_SIDE_BY_SIDE, SIDE_BY_SIDE};
 use crate::config::ConfigDuration;
 use crate::identity::ClientId;
 
@@ -179,7 +180,7 @@ impl Visit {
 /// share its turn), whether the page answered to it counts as a view (a
 /// `GET` navigation), and whether it asks for a costly page (the proxy
 /// says, once routed).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RequestVisit {
     pub prior: Option<Visit>,
     pub navigation: bool,
@@ -187,6 +188,10 @@ pub struct RequestVisit {
     pub costly: bool,
     /// The client's binding, for the next cookie.
     binding: Binding,
+    /// Visits other instances signed (a fleet that shares no key), side by
+    /// side in the cookie with `.`: kept beside the next one, so that each
+    /// instance counts its own and none overwrites another's.
+    others: Option<Box<str>>,
 }
 
 impl RequestVisit {
@@ -336,7 +341,7 @@ impl Visits {
             return None;
         }
         let binding = Binding::of(client.client, crate::challenge::user_agent(headers));
-        let prior = cookies.find_map(|v| self.verify(v, binding, now));
+        let (prior, others) = self.own_and_others(cookies, binding, now);
         if !navigation && prior.is_none() {
             return None;
         }
@@ -346,7 +351,56 @@ impl Visits {
             page_view: navigation && *method == http::Method::GET,
             costly: false,
             binding,
+            others,
         })
+    }
+
+    /// The first going visit of this instance's among the cookie's values
+    /// (each may hold several side by side), and the visits other
+    /// instances signed, joined, at most [`MAX_SIDE_BY_SIDE`] − 1. A visit
+    /// of this instance's that no longer counts (idle, another browser) is
+    /// dropped: the next one replaces it.
+    fn own_and_others<'a>(
+        &self,
+        values: impl Iterator<Item = &'a str>,
+        binding: Binding,
+        now: SystemTime,
+    ) -> (Option<Visit>, Option<Box<str>>) {
+        let mut prior = None;
+        let mut others = String::new();
+        let mut kept = 0;
+        for value in values {
+            for piece in value.split(SIDE_BY_SIDE).take(MAX_SIDE_BY_SIDE) {
+                if prior.is_none() {
+                    prior = self.verify(piece, binding, now);
+                    if prior.is_some() {
+                        continue;
+                    }
+                }
+                if kept + 1 < MAX_SIDE_BY_SIDE && self.signed_elsewhere(piece) {
+                    if kept > 0 {
+                        others.push(SIDE_BY_SIDE);
+                    }
+                    others.push_str(piece);
+                    kept += 1;
+                }
+            }
+        }
+        (prior, (kept > 0).then(|| others.into_boxed_str()))
+    }
+
+    /// Whether `piece` is spelled as a visit is and signed by none of this
+    /// instance's keys: another instance's.
+    fn signed_elsewhere(&self, piece: &str) -> bool {
+        if piece.len() != TOKEN_CHARS {
+            return false;
+        }
+        let Ok(raw) = URL_SAFE_NO_PAD.decode(piece) else {
+            return false;
+        };
+        raw.len() == TOKEN_LEN
+            && raw[0] == VERSION
+            && !self.keys.verify(&raw[..BODY_LEN], &raw[BODY_LEN..])
     }
 
     /// Whether a costly request (one a rule judges) in `visit` is evidence
@@ -407,7 +461,11 @@ impl Visits {
             costly: prior.costly.saturating_add(u16::from(visit.costly)),
             ..prior
         };
-        let token = self.issue(next, visit.binding);
+        let mut token = self.issue(next, visit.binding);
+        if let Some(others) = &visit.others {
+            token.push(SIDE_BY_SIDE);
+            token.push_str(others);
+        }
         let mut cookie = format!(
             "{}={token}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
             self.cookie,
@@ -609,6 +667,36 @@ mod tests {
             prior,
             next.expect("a page served to a navigation carries the visit"),
         )
+    }
+
+    /// Two instances that share no key, a browser's pages alternating
+    /// between them: each keeps the other's visit beside its own, so each
+    /// counts the pages it served (three each of six). Before, each
+    /// replaced the other's cookie, and no visit passed one view.
+    #[test]
+    fn instances_that_share_no_key_keep_each_others_visits_side_by_side() {
+        let a = visits();
+        let b = Visits::new(
+            &VisitConfig::default(),
+            &["fedcba9876543210fedcba9876543210"],
+            Default::default(),
+        )
+        .unwrap();
+        let mut cookie: Option<String> = None;
+        let mut seen = Vec::new();
+        for page in 0..6u64 {
+            let instance = if page % 2 == 0 { &a } else { &b };
+            let (prior, next) = view(instance, "203.0.113.7", UA, cookie.as_deref(), page);
+            seen.push(prior.map_or(0, |p| p.views));
+            cookie = Some(next);
+        }
+        assert_eq!(seen, [0, 0, 1, 1, 2, 2]);
+        let cookie = cookie.unwrap();
+        assert_eq!(cookie.matches('.').count(), 1, "two visits: {cookie}");
+        // A forged piece is neither instance's visit, and is not believed.
+        let forged = format!("{cookie}.{}", "A".repeat(TOKEN_CHARS));
+        let (prior, _) = view(&a, "203.0.113.7", UA, Some(&forged), 7);
+        assert_eq!(prior.map(|p| p.views), Some(3));
     }
 
     #[test]
@@ -831,6 +919,7 @@ mod tests {
             page_view: true,
             costly: this_costly,
             binding,
+            others: None,
         };
         #[rustfmt::skip]
         let cases = [
@@ -897,7 +986,7 @@ mod tests {
             .unwrap();
         let costly = RequestVisit {
             costly: true,
-            ..nav
+            ..nav.clone()
         };
         let mut api = HeaderMap::new();
         api.insert("accept", HeaderValue::from_static("application/json"));
