@@ -79,6 +79,10 @@ fn check_refuses_what_run_would_refuse_and_names_the_key() {
             "state.redis_cluster: give one of redis_url, redis_sentinel and redis_cluster",
         ),
         (
+            "[state]\nredis_url = \"redis://127.0.0.1/0\"\nredis_lease = \"1m\"\n",
+            "state.redis_lease: at most 5s, not 60s",
+        ),
+        (
             "[state]\nredis_cluster = []\n",
             "state.redis_cluster: redis cluster nodes are empty",
         ),

@@ -94,10 +94,20 @@ pub fn host(loaded: &LoadedConfig, create: bool) -> (Vec<ConfigError>, Vec<Confi
     (errors, warnings)
 }
 
-/// `[state]`: the Redis URL and prefix are ones the limiter can use.
+/// `[state]`: the Redis URL and prefix are ones the limiter can use, and
+/// leases short enough that unused tokens come back soon.
 pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
     let st = &loaded.config.state;
     let at = KeyPath::root().key("state");
+    if st.redis_lease.0 > MAX_REDIS_LEASE {
+        errors.push(loaded.error_at(
+            &at.key("redis_lease"),
+            format!(
+                "at most {MAX_REDIS_LEASE:?}, not {:?}: unused leased tokens stay away from the fleet that long",
+                st.redis_lease.0
+            ),
+        ));
+    }
     if let Some(url) = &st.redis_url {
         use weir_limiter::redis::{RedisSetupError, RedisTls, check_settings_with};
         let tls =
@@ -151,6 +161,10 @@ pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
         }
     }
 }
+
+/// The longest `state.redis_lease`: how early a key may be refused for
+/// tokens another instance holds (docs/operations.md, leases).
+const MAX_REDIS_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Settings that work but expose or trust too much.
 pub(super) fn warnings(loaded: &LoadedConfig, admin: Option<SocketAddr>) -> Vec<ConfigError> {
