@@ -44,6 +44,10 @@ pub const DEFAULT_PERIOD: Duration = Duration::from_millis(250);
 /// A lease is at most a limit's burst divided by this.
 pub const BURST_SHARE: u32 = 8;
 
+/// How long a lease asked for and never answered keeps others from asking
+/// (far above a round trip's timeout, 50 ms by default).
+const ASKING_STALE: Duration = Duration::from_secs(1);
+
 /// Keys the book tracks at most; beyond, new keys get no lease (they are
 /// decided by a round trip each, as without leases).
 const MAX_ENTRIES: usize = 65_536;
@@ -65,10 +69,11 @@ struct Entry {
     demand: u32,
     counting_since: MonoTime,
     last_seen: MonoTime,
-    /// A round trip asking for a lease is under way: others do not ask too
-    /// (a hundred requests at once would each take a lease, and strand
-    /// them all).
-    asking: bool,
+    /// Since when a round trip asking for a lease is under way: others do
+    /// not ask too (a hundred requests at once would each take a lease,
+    /// and strand them all). Stale after [`ASKING_STALE`]: a request whose
+    /// future was dropped mid-trip (its client left) never answers.
+    asking: Option<MonoTime>,
 }
 
 /// What a rule's leases need to be given back: its key label and quota.
@@ -136,7 +141,7 @@ impl LeaseBook {
                 demand: 0,
                 counting_since: now,
                 last_seen: now,
-                asking: false,
+                asking: None,
             }),
             None => return false,
         };
@@ -178,7 +183,10 @@ impl LeaseBook {
         let Some(entry) = shard.get_mut(&(rule.0, key)) else {
             return 0;
         };
-        if entry.demand < 2 || entry.asking {
+        let asked_lately = entry
+            .asking
+            .is_some_and(|since| now.saturating_duration_since(since) < ASKING_STALE);
+        if entry.demand < 2 || asked_lately {
             return 0;
         }
         let span = now
@@ -188,7 +196,7 @@ impl LeaseBook {
         let wanted = u32::try_from(per_period)
             .unwrap_or(u32::MAX)
             .min(cap.saturating_sub(entry.left));
-        entry.asking = wanted > 0;
+        entry.asking = (wanted > 0).then_some(now);
         wanted
     }
 
@@ -197,7 +205,7 @@ impl LeaseBook {
     /// and the demand counted afresh from `now` after a grant.
     pub fn granted(&self, rule: RuleFingerprint, key: u64, tokens: u32, now: MonoTime) {
         if let Some(entry) = self.shard(rule, key).get_mut(&(rule.0, key)) {
-            entry.asking = false;
+            entry.asking = None;
             if tokens > 0 {
                 entry.left = entry.left.saturating_add(tokens);
                 entry.granted_at = now;
@@ -341,6 +349,22 @@ mod tests {
                 .sum::<usize>(),
             0
         );
+    }
+
+    /// A request that asked for a lease and was dropped mid-trip (its
+    /// client left) does not keep the key from leasing for good.
+    #[test]
+    fn a_lease_asked_for_and_never_answered_goes_stale() {
+        let book = LeaseBook::new(DEFAULT_PERIOD);
+        let quota = Quota::new(100_000, Duration::from_secs(1), 80_000).unwrap();
+        let rule = RuleFingerprint(1);
+        for i in 0..10 {
+            book.take(rule, 7, 1, at(i));
+        }
+        assert!(book.wanted(rule, 7, &quota, at(10)) > 0);
+        // No `granted`: the asking request is gone.
+        assert_eq!(book.wanted(rule, 7, &quota, at(500)), 0);
+        assert!(book.wanted(rule, 7, &quota, at(1010)) > 0);
     }
 
     #[test]
