@@ -29,9 +29,18 @@ pub fn start_load_balancer(upstreams: &[SocketAddr]) -> Result<ServerProcess, Pr
         .iter()
         .map(|u| format!("        server {u};\n"))
         .collect();
+    // A fleet: to the instance with the fewest requests under way, one
+    // queue in effect rather than N (round-robin splits the app's slots
+    // into N queues, and people wait in the busiest; docs/operations.md,
+    // "The fleet lab").
+    let balance = if upstreams.len() > 1 {
+        "        least_conn;\n"
+    } else {
+        ""
+    };
     let http = format!(
         r#"    upstream weir {{
-{servers}        keepalive 256;
+{balance}{servers}        keepalive 256;
     }}
     server {{
         listen {listen} backlog=4096;
