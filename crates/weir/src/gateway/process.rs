@@ -99,15 +99,7 @@ pub fn host(loaded: &LoadedConfig, create: bool) -> (Vec<ConfigError>, Vec<Confi
 pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
     let st = &loaded.config.state;
     let at = KeyPath::root().key("state");
-    if st.redis_lease.0 > MAX_REDIS_LEASE {
-        errors.push(loaded.error_at(
-            &at.key("redis_lease"),
-            format!(
-                "at most {MAX_REDIS_LEASE:?}, not {:?}: unused leased tokens stay away from the fleet that long",
-                st.redis_lease.0
-            ),
-        ));
-    }
+    lease(loaded, errors);
     if let Some(url) = &st.redis_url {
         use weir_limiter::redis::{RedisSetupError, RedisTls, check_settings_with};
         let tls =
@@ -159,6 +151,19 @@ pub(super) fn state(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
             };
             errors.push(loaded.error_at(&key, e.to_string()));
         }
+    }
+}
+
+/// `state.redis_lease` is at most [`MAX_REDIS_LEASE`].
+fn lease(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) {
+    let lease = loaded.config.state.redis_lease.0;
+    if lease > MAX_REDIS_LEASE {
+        errors.push(loaded.error_at(
+            &KeyPath::root().key("state").key("redis_lease"),
+            format!(
+                "at most {MAX_REDIS_LEASE:?}, not {lease:?}: unused leased tokens stay away from the fleet that long"
+            ),
+        ));
     }
 }
 
