@@ -286,6 +286,9 @@ pub struct ResponseBody {
     /// ran (or the body is dropped): for a codec that lets go of the body
     /// only when it is done with it (hyper).
     request: Option<RequestInProgress>,
+    /// Ends with `RST_STREAM(PROTOCOL_ERROR)` instead of `END_STREAM`
+    /// ([`ResponseBody::then_reset`]).
+    reset_after: bool,
 }
 
 impl ResponseBody {
@@ -295,6 +298,7 @@ impl ResponseBody {
             bytes_out: 0,
             on_complete: None,
             request: None,
+            reset_after: false,
         }
     }
 
@@ -305,6 +309,7 @@ impl ResponseBody {
             bytes_out: 0,
             on_complete: None,
             request: None,
+            reset_after: false,
         }
     }
 
@@ -315,6 +320,7 @@ impl ResponseBody {
             bytes_out: 0,
             on_complete: None,
             request: None,
+            reset_after: false,
         }
     }
 
@@ -340,6 +346,17 @@ impl ResponseBody {
     /// completion hook (or when the body is dropped).
     pub fn in_progress(mut self, request: RequestInProgress) -> Self {
         self.request = Some(request);
+        self
+    }
+
+    /// Ends the stream with `RST_STREAM(PROTOCOL_ERROR)` after this body,
+    /// not with `END_STREAM`: the answer to a malformed HTTP/2 request,
+    /// which RFC 9113 (8.1.1) makes a stream error, after a response if the
+    /// server likes. hyper resets with the reason of the `h2::Error` the
+    /// body yields; only for HTTP/2 (on HTTP/1 hyper would cut the
+    /// connection instead).
+    pub fn then_reset(mut self) -> Self {
+        self.reset_after = true;
         self
     }
 
@@ -376,6 +393,13 @@ impl Body for ResponseBody {
             },
             Inner::Full(b) => b.take().map(|d| Ok(Frame::data(d))),
         };
+        if polled.is_none() && std::mem::take(&mut this.reset_after) {
+            // The answer was sent whole: its line says so, then the reset.
+            this.finish(None);
+            return Poll::Ready(Some(
+                Err(h2::Error::from(h2::Reason::PROTOCOL_ERROR).into()),
+            ));
+        }
         match &polled {
             Some(Ok(frame)) => {
                 if let Some(d) = frame.data_ref() {
@@ -392,11 +416,12 @@ impl Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Inner::Upstream(b) => b.is_end_stream(),
-            Inner::Resumed(read, rest) => read.is_empty() && rest.is_end_stream(),
-            Inner::Full(b) => b.is_none(),
-        }
+        !self.reset_after
+            && match &self.inner {
+                Inner::Upstream(b) => b.is_end_stream(),
+                Inner::Resumed(read, rest) => read.is_empty() && rest.is_end_stream(),
+                Inner::Full(b) => b.is_none(),
+            }
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -1711,6 +1711,13 @@ impl proto::Peer for Peer {
             })?);
         }
 
+        // weir: a CONNECT names where to connect: RFC 9113 8.5, ":authority"
+        // contains the host and port (RFC 8441's extended CONNECT keeps
+        // :scheme and :path, and is left as it was).
+        if is_connect && !has_protocol && parts.authority.is_none() {
+            malformed!("malformed headers: CONNECT without :authority");
+        }
+
         // A :scheme is required, except CONNECT.
         if let Some(scheme) = pseudo.scheme {
             if is_connect && !has_protocol {

@@ -358,6 +358,11 @@ fn unread(
 ) -> Response<ResponseBody> {
     log.set_sent(req.uri());
     match why {
+        // RFC 9113 8.1.1: on HTTP/2 a malformed request is a stream error;
+        // the 400 comes first, then `RST_STREAM(PROTOCOL_ERROR)`.
+        Unread::Framing(refusal) if req.version() == Version::HTTP_2 => {
+            log.reject(&refusal, gw).map(ResponseBody::then_reset)
+        }
         Unread::Framing(refusal) => {
             // The body is not read: the connection cannot carry another request.
             let mut resp = log.reject(&refusal, gw);
@@ -417,7 +422,37 @@ fn framing(req: &Request<RequestBody>, gw: &crate::gateway::Gateway) -> Option<C
             "a field value that starts or ends with whitespace",
         ));
     }
+    if req.version() == Version::HTTP_2 && !host_is_authority(req) {
+        return Some(ClientError::Malformed("a Host that is not the :authority"));
+    }
     (req.headers().len() > gw.edge.max_headers).then_some(ClientError::HeadTooLarge)
+}
+
+/// Whether an HTTP/2 request's `Host`, if it has one, names what its
+/// `:authority` names. RFC 9113 8.3.1: a server should treat a request whose
+/// two differ as malformed, after scheme-based normalization (RFC 3986
+/// 6.2.3): the host's case and a default port do not count. Several `Host`
+/// fields, or one without an `:authority`, are left to the target phase's
+/// reading (which takes the `Host` as HTTP/1 does).
+fn host_is_authority(req: &Request<RequestBody>) -> bool {
+    let (Some(authority), Some(host)) = (req.uri().authority(), req.headers().get(header::HOST))
+    else {
+        return true;
+    };
+    let Ok(host) = host.to_str() else {
+        return false;
+    };
+    let default_port = if req.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {
+        ":443"
+    } else {
+        ":80"
+    };
+    let normal = |s: &str| {
+        s.strip_suffix(default_port)
+            .unwrap_or(s)
+            .to_ascii_lowercase()
+    };
+    normal(authority.as_str()) == normal(host)
 }
 
 /// **Identity phase**: first, before the target is read. Names the client:

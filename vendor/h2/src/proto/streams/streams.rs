@@ -497,13 +497,16 @@ impl Inner {
                 if peer.is_server() {
                     // weir: HEADERS on a stream the client opened before and
                     // this side has since forgotten are HEADERS on a closed
-                    // stream: a stream error of type STREAM_CLOSED (RFC 9113
-                    // 5.1), as they are while the stream is still held. An
-                    // identifier the client skipped stays a connection
-                    // PROTOCOL_ERROR in `open` below (5.1.1).
+                    // stream. A reset stream is held for a while after its
+                    // reset; one forgotten at once was closed by END_STREAM
+                    // both ways, which makes them a connection error of type
+                    // STREAM_CLOSED (RFC 9113 5.1, "closed"), as below for a
+                    // stream still held. An identifier the client skipped
+                    // stays a connection PROTOCOL_ERROR in `open` below
+                    // (5.1.1).
                     if !id.is_zero() && !peer.is_local_init(id) && self.actions.recv.was_opened(id) {
-                        proto_err!(stream: "recv_headers: stream {:?} is closed", id);
-                        return Err(Error::library_reset(id, Reason::STREAM_CLOSED));
+                        proto_err!(conn: "recv_headers: stream {:?} is closed", id);
+                        return Err(Error::library_go_away(Reason::STREAM_CLOSED));
                     }
                 } else {
                     // This may be response headers for a stream we've already
@@ -594,9 +597,15 @@ impl Inner {
                     Err(RecvHeaderBlockError::State(err)) => Err(err),
                 }
             } else {
-                // weir: HEADERS on a stream the peer has closed (half-closed
-                // (remote), or closed) are no trailers: a stream error of
-                // type STREAM_CLOSED (RFC 9113 5.1).
+                // weir: HEADERS on a stream the peer has closed are no
+                // trailers (RFC 9113 5.1): after END_STREAM both ways a
+                // connection error of type STREAM_CLOSED ("closed"); while
+                // half-closed (remote), or after a reset, a stream error of
+                // that type.
+                if stream.state.is_closed() && !stream.state.is_reset() {
+                    proto_err!(conn: "recv_headers: stream closed both ways; stream={:?}", stream.id);
+                    return Err(Error::library_go_away(Reason::STREAM_CLOSED));
+                }
                 if !stream.state.is_recv_streaming() {
                     proto_err!(stream: "recv_headers: stream closed by the peer; stream={:?}", stream.id);
                     return Err(Error::library_reset(stream.id, Reason::STREAM_CLOSED));
