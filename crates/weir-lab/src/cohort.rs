@@ -383,21 +383,15 @@ pub async fn run_client(
     stats: Arc<CohortStats>,
     plan: ClientPlan,
 ) {
-    let mut rng = SmallRng::seed_from_u64(plan.seed);
+    let mut choices = ClientChoices::new(&cohort, plan.seed);
     let clock = ctx.clock;
     let stop_at = clock.at(cohort.stop);
-    let weights: Vec<f64> = cohort.requests.iter().map(|r| r.weight).collect();
-    let total_weight: f64 = weights.iter().sum();
     let mut session = ClientSession::default();
-    let mut first = true;
-    let mut sent: u32 = 0;
-    // The page a browser-like crawler sends right after its article.
-    let mut then: Option<(Method, String)> = None;
     let mut samples = ClientSamples::default();
     let mut cancel = ctx.cancel.clone();
 
     let mut next = clock.at(cohort.start) + plan.offset;
-    match next_send(&cohort, &clock, next, &mut rng) {
+    match next_send(&cohort, &clock, next, &mut choices.rng) {
         Some(t) => next = t,
         None => return,
     }
@@ -405,48 +399,11 @@ pub async fn run_client(
         if next >= stop_at || *cancel.borrow() {
             break;
         }
-        let now = Instant::now();
-        if next > now {
-            tokio::select! {
-                _ = tokio::time::sleep_until(next) => {}
-                _ = cancel.changed() => break,
-            }
-            samples.lag(Instant::now().saturating_duration_since(next));
+        if !wait_for_send(next, &mut cancel, &mut samples).await {
+            break;
         }
         let sent_at = Instant::now();
-        let bucket = clock.bucket(sent_at);
-        let (method, path) = match then.take() {
-            Some(queued) => queued,
-            None => {
-                let picked = if sent < cohort.landing_pages {
-                    // The visit opens at a page (landing_pages).
-                    let landing = &cohort.requests[0];
-                    (Method::GET, fill_numbers(&landing.path, &mut rng))
-                } else {
-                    pick_request(
-                        &ctx,
-                        &cohort,
-                        &plan,
-                        first,
-                        &weights,
-                        total_weight,
-                        &mut rng,
-                    )
-                };
-                // A browser-like crawler reaches a page from its article, as
-                // a visitor following a link does: the article now, the page
-                // next (whatever the article's answer).
-                match article_of(&cohort, &session.jar, &picked.1) {
-                    Some(article) => {
-                        then = Some(picked);
-                        (Method::GET, article)
-                    }
-                    None => picked,
-                }
-            }
-        };
-        first = false;
-        sent += 1;
+        let (method, path) = choices.next_request(&ctx, &cohort, &plan, &session.jar);
 
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
         let result = session
@@ -454,35 +411,152 @@ pub async fn run_client(
             .await;
         stats.in_flight.fetch_sub(1, Ordering::Relaxed);
         session.count_request(&cohort);
-        // From the first send: a challenged page counts its challenge.
-        let took = sent_at.elapsed();
-        let at = Instant::now().saturating_duration_since(clock.start);
-        stats.record(bucket, &result, took, at);
-        if result.outcome == Outcome::Served {
-            samples.served(took, result.solved_challenge);
-        }
+        count_answer(&stats, &mut samples, &clock, sent_at, &result);
         if result.outcome == Outcome::Unfinished {
             break;
         }
         if result.outcome.is_failure() && cohort.kind == CohortKind::Flood {
             // A load tool retrying a refused connect at once would only measure itself.
-            tokio::select! {
-                _ = tokio::time::sleep(cohort.reconnect_delay) => {}
-                _ = cancel.changed() => break,
+            let pause = tokio::time::sleep(cohort.reconnect_delay);
+            if !sleep_unless_cancelled(pause, &mut cancel).await {
+                break;
             }
         }
-        if then.is_some() {
+        if choices.then.is_some() {
             // The page the article led to follows at once.
             next = Instant::now();
             continue;
         }
-        match next_send(&cohort, &clock, next, &mut rng) {
+        match next_send(&cohort, &clock, next, &mut choices.rng) {
             // Behind schedule (slow answers): send now rather than burst to catch up.
             Some(t) => next = t.max(Instant::now()),
             None => break,
         }
     }
     samples.merge_into(&stats);
+}
+
+/// Waits for the client's next send at `next`, keeping how late it woke
+/// (its scheduling lag) when it had to wait. False when the run was
+/// cancelled meanwhile.
+async fn wait_for_send(
+    next: Instant,
+    cancel: &mut watch::Receiver<bool>,
+    samples: &mut ClientSamples,
+) -> bool {
+    let now = Instant::now();
+    if next > now {
+        if !sleep_unless_cancelled(tokio::time::sleep_until(next), cancel).await {
+            return false;
+        }
+        samples.lag(Instant::now().saturating_duration_since(next));
+    }
+    true
+}
+
+/// Sleeps out `sleep` unless the run is cancelled first (or its sender is
+/// gone): true when the sleep ended, false when cancelled.
+async fn sleep_unless_cancelled(sleep: Sleep, cancel: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        _ = sleep => true,
+        _ = cancel.changed() => false,
+    }
+}
+
+/// Counts an answer to a request sent at `sent_at` in the cohort's stats,
+/// and a served one's latency among the client's samples.
+fn count_answer(
+    stats: &CohortStats,
+    samples: &mut ClientSamples,
+    clock: &RunClock,
+    sent_at: Instant,
+    result: &Answer,
+) {
+    let bucket = clock.bucket(sent_at);
+    // From the first send: a challenged page counts its challenge.
+    let took = sent_at.elapsed();
+    let at = Instant::now().saturating_duration_since(clock.start);
+    stats.record(bucket, result, took, at);
+    if result.outcome == Outcome::Served {
+        samples.served(took, result.solved_challenge);
+    }
+}
+
+/// What a client sends and in which order: its random draws (seeded, so a
+/// run can be repeated), its cohort's weighted mix, and where it is in its
+/// visit.
+struct ClientChoices {
+    rng: SmallRng,
+    /// The weights of the cohort's requests, in order, and their sum.
+    weights: Vec<f64>,
+    total_weight: f64,
+    /// Nothing sent yet.
+    first: bool,
+    /// Requests sent so far.
+    sent: u32,
+    /// The page a browser-like crawler sends right after its article.
+    then: Option<(Method, String)>,
+}
+
+impl ClientChoices {
+    /// A client's choices before its first request, its draws seeded with `seed`.
+    fn new(cohort: &Cohort, seed: u64) -> ClientChoices {
+        let weights: Vec<f64> = cohort.requests.iter().map(|r| r.weight).collect();
+        let total_weight: f64 = weights.iter().sum();
+        ClientChoices {
+            rng: SmallRng::seed_from_u64(seed),
+            weights,
+            total_weight,
+            first: true,
+            sent: 0,
+            then: None,
+        }
+    }
+
+    /// The request to send now: the page queued after an article, else the
+    /// visit's landing page, else a pick (preceded by its article for a
+    /// browser-like crawler).
+    fn next_request(
+        &mut self,
+        ctx: &RunContext,
+        cohort: &Cohort,
+        plan: &ClientPlan,
+        jar: &CookieJar,
+    ) -> (Method, String) {
+        let request = match self.then.take() {
+            Some(queued) => queued,
+            None => {
+                let picked = if self.sent < cohort.landing_pages {
+                    // The visit opens at a page (landing_pages).
+                    let landing = &cohort.requests[0];
+                    (Method::GET, fill_numbers(&landing.path, &mut self.rng))
+                } else {
+                    pick_request(
+                        ctx,
+                        cohort,
+                        plan,
+                        self.first,
+                        &self.weights,
+                        self.total_weight,
+                        &mut self.rng,
+                    )
+                };
+                // A browser-like crawler reaches a page from its article, as
+                // a visitor following a link does: the article now, the page
+                // next (whatever the article's answer).
+                match article_of(cohort, jar, &picked.1) {
+                    Some(article) => {
+                        self.then = Some(picked);
+                        (Method::GET, article)
+                    }
+                    None => picked,
+                }
+            }
+        };
+        self.first = false;
+        self.sent += 1;
+        request
+    }
 }
 
 /// What a client sends next: kind-specific first steps (an editor logs in, a
@@ -789,15 +863,70 @@ async fn exchange(
     let Ok(request) = build_request(cohort, jar, method, path, browser) else {
         return Answer::failed(Outcome::Other);
     };
-    let response = match sender.send_request(request).await {
-        Ok(r) => r,
-        Err(_) => {
-            *conn = None;
-            return Answer::failed(Outcome::ConnError);
-        }
+    let Ok(response) = sender.send_request(request).await else {
+        *conn = None;
+        return Answer::failed(Outcome::ConnError);
     };
     let status = response.status().as_u16();
-    let headers = response.headers();
+    let head = read_head(response.headers(), status, jar, path, browser);
+    let Some(body) = read_body(response, conn, head.keep).await else {
+        return Answer::failed(Outcome::ConnError);
+    };
+    let passed = match skill.filter(|_| head.challenged) {
+        Some(skill) => pass_challenge(ctx, cohort, src, jar, &body, skill).await,
+        None => false,
+    };
+    if passed {
+        jar.solved = true;
+        let retry = Box::pin(exchange(
+            ctx,
+            cohort,
+            src,
+            conn,
+            jar,
+            method_again,
+            path,
+            None,
+        ))
+        .await;
+        return Answer {
+            solved_challenge: true,
+            rechallenged: head.rechallenged || retry.rechallenged,
+            ..retry
+        };
+    }
+    Answer {
+        outcome: Outcome::of_response(status, head.challenged),
+        reached_app: head.reached_app,
+        solved_challenge: false,
+        rechallenged: head.rechallenged,
+        request_id: head.request_id,
+    }
+}
+
+/// What a response's head told a client.
+struct ResponseHead {
+    /// It carries `x-weir-challenge`.
+    challenged: bool,
+    /// Challenged although the client had solved a challenge before.
+    rechallenged: bool,
+    /// It carries the app's `x-app-class`: the app answered.
+    reached_app: bool,
+    /// The `x-request-id` of an answer that was not a 200.
+    request_id: Option<String>,
+    /// The server keeps the connection open (no `connection: close`).
+    keep: bool,
+}
+
+/// Reads a response's head, keeping in `jar` the cookies it sets and, for a
+/// browser, the app's page at `path` it answered with.
+fn read_head(
+    headers: &http::HeaderMap,
+    status: u16,
+    jar: &mut CookieJar,
+    path: &str,
+    browser: bool,
+) -> ResponseHead {
     let challenged = headers.contains_key("x-weir-challenge");
     let rechallenged = challenged && jar.solved;
     let reached_app = headers.contains_key("x-app-class");
@@ -819,46 +948,33 @@ async fn exchange(
     for v in headers.get_all(SET_COOKIE) {
         jar.set(v);
     }
+    ResponseHead {
+        challenged,
+        rechallenged,
+        reached_app,
+        request_id,
+        keep,
+    }
+}
+
+/// Reads a response's body whole, letting the connection go when that
+/// fails (then `None`) or when the server does not `keep` it.
+async fn read_body(
+    response: http::Response<hyper::body::Incoming>,
+    conn: &mut Option<SendRequest<ClientBody>>,
+    keep: bool,
+) -> Option<Bytes> {
     let body = match response.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
             *conn = None;
-            return Answer::failed(Outcome::ConnError);
+            return None;
         }
     };
     if !keep {
         *conn = None;
     }
-    let passed = match skill.filter(|_| challenged) {
-        Some(skill) => pass_challenge(ctx, cohort, src, jar, &body, skill).await,
-        None => false,
-    };
-    if passed {
-        jar.solved = true;
-        let retry = Box::pin(exchange(
-            ctx,
-            cohort,
-            src,
-            conn,
-            jar,
-            method_again,
-            path,
-            None,
-        ))
-        .await;
-        return Answer {
-            solved_challenge: true,
-            rechallenged: rechallenged || retry.rechallenged,
-            ..retry
-        };
-    }
-    Answer {
-        outcome: Outcome::of_response(status, challenged),
-        reached_app,
-        solved_challenge: false,
-        rechallenged,
-        request_id,
-    }
+    Some(body)
 }
 
 /// The client's connection, ready to send on: `conn` if it is still open,
