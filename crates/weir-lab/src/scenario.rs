@@ -612,13 +612,9 @@ pub fn load_scenario_file(path: &Path) -> Result<Scenario, ConfigErrors> {
     load_scenario_str(&text, Some(path))
 }
 
-/// Parses and checks scenario text; `path` names it in errors and anchors relative files.
-pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, ConfigErrors> {
-    let at = Locator {
-        file: path.map(Path::to_path_buf),
-        toml: TomlLocator::new(text),
-    };
-    let file: ScenarioFile = toml::from_str(text).map_err(|e| {
+/// The scenario file as TOML, or its first syntax or schema error (with its line).
+fn parse_scenario(text: &str, at: &Locator<'_>) -> Result<ScenarioFile, ConfigErrors> {
+    toml::from_str(text).map_err(|e| {
         let line = e.span().map(|s| line_of(text, s.start));
         let message = e
             .message()
@@ -632,10 +628,46 @@ pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, Co
             key: None,
             message,
         }])
-    })?;
-    let mut errors = Vec::new();
-    let root = KeyPath::root();
+    })
+}
 
+/// Parses and checks scenario text; `path` names it in errors and anchors relative files.
+pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, ConfigErrors> {
+    let at = Locator {
+        file: path.map(Path::to_path_buf),
+        toml: TomlLocator::new(text),
+    };
+    let file = parse_scenario(text, &at)?;
+    let mut errors = Vec::new();
+    check_settings(&file, &at, &mut errors);
+
+    let variants = variants(&file, &at, path, &mut errors);
+    let cohorts = cohorts(&file, &at, &mut errors);
+    let alerts = alert_replay(&file, &at, path, &mut errors);
+    let checks = expectations(
+        &file,
+        &at,
+        (&variants, &cohorts),
+        alerts.is_some(),
+        &mut errors,
+    );
+    if errors.is_empty() {
+        Ok(Scenario {
+            file,
+            variants,
+            cohorts,
+            checks,
+            alerts,
+            path: path.map(Path::to_path_buf),
+        })
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// Checks the settings that stand alone: `[scenario]`'s timing, `[app]` and `[health]`.
+fn check_settings(file: &ScenarioFile, at: &Locator<'_>, errors: &mut Vec<ConfigError>) {
+    let root = KeyPath::root();
     let meta = &file.scenario;
     if meta.duration.0.is_zero() || meta.duration.0 > MAX_DURATION {
         errors.push(at.error(
@@ -664,29 +696,6 @@ pub fn load_scenario_str(text: &str, path: Option<&Path>) -> Result<Scenario, Co
     }
     if health.enabled && health.failures == 0 {
         errors.push(at.error(&root.key("health").key("failures"), "must be at least 1"));
-    }
-
-    let variants = variants(&file, &at, path, &mut errors);
-    let cohorts = cohorts(&file, &at, &mut errors);
-    let alerts = alert_replay(&file, &at, path, &mut errors);
-    let checks = expectations(
-        &file,
-        &at,
-        (&variants, &cohorts),
-        alerts.is_some(),
-        &mut errors,
-    );
-    if errors.is_empty() {
-        Ok(Scenario {
-            file,
-            variants,
-            cohorts,
-            checks,
-            alerts,
-            path: path.map(Path::to_path_buf),
-        })
-    } else {
-        Err(ConfigErrors(errors))
     }
 }
 
@@ -723,35 +732,8 @@ fn expectations(
                 continue;
             }
         };
-        let mut problem = |message: String| errors.push(at.error(&key.key("check"), message));
-        if let Some(cohort) = check.cohort_name()
-            && !names.contains(cohort)
-        {
-            problem(format!(
-                "{:?}: no cohort named {cohort:?} (cohorts: {})",
-                e.check,
-                names.iter().copied().collect::<Vec<_>>().join(", ")
-            ));
-        }
-        if matches!(check.subject, Subject::Alert(_)) && !has_alerts {
-            problem(format!(
-                "{:?}: alerts.* checks need an [alerts] table naming the rules file",
-                e.check
-            ));
-        }
-        if check.subject.weir_only() {
-            let rivals = variants.iter().filter(|v| {
-                v.gateway != GatewayKind::Weir && e.variant.as_ref().is_none_or(|n| n == &v.name)
-            });
-            for v in rivals {
-                problem(format!(
-                    "{:?} reads weir's own metrics and log, but variant {:?} runs {} \
-                     (set `variant` to a weir variant)",
-                    e.check,
-                    v.name,
-                    v.gateway.as_str()
-                ));
-            }
+        for message in check_problems(e, &check, variants, &names, has_alerts) {
+            errors.push(at.error(&key.key("check"), message));
         }
         checks.push(Expectation {
             variant: e.variant.clone(),
@@ -761,6 +743,49 @@ fn expectations(
         });
     }
     checks
+}
+
+/// What is wrong with an `[[expect]]` entry's parsed `check` for the scenario:
+/// a cohort it names that is not among `names`, an `alerts.*` check without
+/// `[alerts]`, a check of weir's own metrics and log on a rival variant.
+fn check_problems(
+    e: &ExpectConfig,
+    check: &Check,
+    variants: &[Variant],
+    names: &BTreeSet<&str>,
+    has_alerts: bool,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(cohort) = check.cohort_name()
+        && !names.contains(cohort)
+    {
+        problems.push(format!(
+            "{:?}: no cohort named {cohort:?} (cohorts: {})",
+            e.check,
+            names.iter().copied().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if matches!(check.subject, Subject::Alert(_)) && !has_alerts {
+        problems.push(format!(
+            "{:?}: alerts.* checks need an [alerts] table naming the rules file",
+            e.check
+        ));
+    }
+    if check.subject.weir_only() {
+        let rivals = variants.iter().filter(|v| {
+            v.gateway != GatewayKind::Weir && e.variant.as_ref().is_none_or(|n| n == &v.name)
+        });
+        for v in rivals {
+            problems.push(format!(
+                "{:?} reads weir's own metrics and log, but variant {:?} runs {} \
+                 (set `variant` to a weir variant)",
+                e.check,
+                v.name,
+                v.gateway.as_str()
+            ));
+        }
+    }
+    problems
 }
 
 /// `[alerts]`, resolved against the scenario's file and compression.
@@ -811,6 +836,8 @@ fn variant_list(variants: &[Variant]) -> String {
     }
 }
 
+/// The `[weir.<variant>]` tables in file order, each with its config text,
+/// checked (a rival must listen on the lab's address; a fleet must be able to run).
 fn variants(
     file: &ScenarioFile,
     at: &Locator<'_>,
@@ -829,31 +856,7 @@ fn variants(
     for name in order {
         let v = &file.weir[name];
         let key = root.key("weir").key(name);
-        let text = match (&v.config, &v.file) {
-            (Some(text), None) => Some((text.clone(), None)),
-            (None, Some(rel)) => {
-                let full = path
-                    .and_then(Path::parent)
-                    .map_or_else(|| PathBuf::from(rel), |dir| dir.join(rel));
-                match std::fs::read_to_string(&full) {
-                    Ok(text) => Some((text, Some(full))),
-                    Err(e) => {
-                        errors.push(at.error(
-                            &key.key("file"),
-                            format!("cannot read {}: {e}", full.display()),
-                        ));
-                        None
-                    }
-                }
-            }
-            _ => {
-                errors.push(at.error(
-                    &key,
-                    "needs exactly one of `config` (inline TOML) or `file`",
-                ));
-                None
-            }
-        };
+        let text = variant_config(v, &key, at, path, errors);
         if let Some((config_text, config_path)) = text {
             if v.gateway != GatewayKind::Weir && !config_text.contains(GatewayKind::LISTEN) {
                 let field = if v.config.is_some() { "config" } else { "file" };
@@ -881,6 +884,40 @@ fn variants(
         }
     }
     out
+}
+
+/// A variant's gateway config text, inline or read from its `file` (relative
+/// to the scenario's `path`), with the path it was read from; `None` with a
+/// problem in `errors` when it has none, both, or an unreadable file.
+fn variant_config(
+    v: &WeirVariantConfig,
+    key: &KeyPath,
+    at: &Locator<'_>,
+    path: Option<&Path>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<(String, Option<PathBuf>)> {
+    match (&v.config, &v.file) {
+        (Some(text), None) => Some((text.clone(), None)),
+        (None, Some(rel)) => {
+            let full = path
+                .and_then(Path::parent)
+                .map_or_else(|| PathBuf::from(rel), |dir| dir.join(rel));
+            match std::fs::read_to_string(&full) {
+                Ok(text) => Some((text, Some(full))),
+                Err(e) => {
+                    errors.push(at.error(
+                        &key.key("file"),
+                        format!("cannot read {}: {e}", full.display()),
+                    ));
+                    None
+                }
+            }
+        }
+        _ => {
+            errors.push(at.error(key, "needs exactly one of `config` (inline TOML) or `file`"));
+            None
+        }
+    }
 }
 
 /// Why a variant's `instances` cannot run, if it cannot.
@@ -976,37 +1013,16 @@ impl CohortProblems<'_, '_> {
 /// problems go to `problems` (the cohort is returned anyway, for the count
 /// of connections); `accepted` are the entries before it that had none.
 fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'_, '_>) -> Cohort {
-    for k in problems.at.keys_of(&problems.key) {
-        if !c.kind.is_allowed(&k) {
-            problems.report_field(&k, format!("not a key of a `{}` cohort", c.kind.as_str()));
-        }
-    }
+    check_cohort_keys(c, problems);
     let name = cohort_name(c, accepted, problems);
     if !(c.rate.is_finite() && c.rate > 0.0) {
         problems.report_field("rate", format!("{} must be a number > 0", c.rate));
     }
-    let start = problems.fraction(c.start, 0.0, "start");
-    let stop = problems.fraction(c.stop, 1.0, "stop");
-    if start >= stop {
-        problems.report_field(
-            "stop",
-            format!("stop = {stop} is not after start = {start}"),
-        );
-    }
+    let (start, stop) = cohort_window(c, problems);
     let login_share = problems.fraction(c.login_share, 0.0, "login_share");
     let session_cookie_share =
         problems.fraction(c.session_cookie_share, 0.0, "session_cookie_share");
-    let headless_share = problems.fraction(c.headless_share, 0.0, "headless_share");
-    let refresh_share = problems.fraction(c.refresh_share, 0.0, "refresh_share");
-    if headless_share + refresh_share > 1.0 {
-        problems.report_field(
-            "refresh_share",
-            format!(
-                "headless_share + refresh_share = {} is over 1",
-                headless_share + refresh_share
-            ),
-        );
-    }
+    let (headless_share, refresh_share) = crawler_shares(c, problems);
     let browser_like = c.browser_like.unwrap_or(false);
     check_phases(&c.phases, problems);
     let (clients, addresses) = cohort_size(c, problems);
@@ -1014,14 +1030,7 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
     let own = addresses - among.iter().map(|(_, n)| n).sum::<usize>();
     let networks = cohort_networks(c, own, problems);
     let requests = cohort_requests(c, problems);
-    let timeout = c.timeout.map_or(Duration::from_secs(10), |d| d.0);
-    if timeout.is_zero() {
-        problems.report_field("timeout", "must be more than 0");
-    }
-    let upload_rate = c.upload_rate.unwrap_or(64 * 1024);
-    if upload_rate == 0 {
-        problems.report_field("upload_rate", "must be more than 0");
-    }
+    let (timeout, upload_rate) = cohort_timeout_and_upload_rate(c, problems);
     Cohort {
         name,
         kind: c.kind,
@@ -1039,14 +1048,7 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
         session_cookie_share,
         headless_share,
         refresh_share,
-        user_agent: c.user_agent.clone().unwrap_or_else(|| {
-            let like = if browser_like {
-                CohortKind::Humans
-            } else {
-                c.kind
-            };
-            default_user_agent(like).into()
-        }),
+        user_agent: cohort_user_agent(c, browser_like),
         host: c.host.clone().unwrap_or_else(|| "wiki.example.org".into()),
         timeout,
         start,
@@ -1061,15 +1063,91 @@ fn cohort(c: &CohortConfig, accepted: &[Cohort], problems: &mut CohortProblems<'
             CohortKind::Humans | CohortKind::Editors => 5,
             _ => 0,
         }),
-        ramp: c.ramp.map_or(
-            if c.kind == CohortKind::Flood {
-                Duration::from_secs(1)
-            } else {
-                Duration::ZERO
-            },
-            |d| d.0,
-        ),
+        ramp: cohort_ramp(c),
     }
+}
+
+/// Reports each key of the entry that its kind of cohort does not take.
+fn check_cohort_keys(c: &CohortConfig, problems: &mut CohortProblems<'_, '_>) {
+    for k in problems.at.keys_of(&problems.key) {
+        if !c.kind.is_allowed(&k) {
+            problems.report_field(&k, format!("not a key of a `{}` cohort", c.kind.as_str()));
+        }
+    }
+}
+
+/// When the cohort runs, `(start, stop)` as shares of the run (default the
+/// whole run); a stop not after the start is a problem.
+fn cohort_window(c: &CohortConfig, problems: &mut CohortProblems<'_, '_>) -> (f64, f64) {
+    let start = problems.fraction(c.start, 0.0, "start");
+    let stop = problems.fraction(c.stop, 1.0, "stop");
+    if start >= stop {
+        problems.report_field(
+            "stop",
+            format!("stop = {stop} is not after start = {start}"),
+        );
+    }
+    (start, stop)
+}
+
+/// The shares of crawlers that run a headless browser and that follow a
+/// challenge's refresh, `(headless_share, refresh_share)`: together at most 1.
+fn crawler_shares(c: &CohortConfig, problems: &mut CohortProblems<'_, '_>) -> (f64, f64) {
+    let headless_share = problems.fraction(c.headless_share, 0.0, "headless_share");
+    let refresh_share = problems.fraction(c.refresh_share, 0.0, "refresh_share");
+    if headless_share + refresh_share > 1.0 {
+        problems.report_field(
+            "refresh_share",
+            format!(
+                "headless_share + refresh_share = {} is over 1",
+                headless_share + refresh_share
+            ),
+        );
+    }
+    (headless_share, refresh_share)
+}
+
+/// A request's timeout (default 10 s) and an upload's send rate in bytes a
+/// second (default 64 KiB), `(timeout, upload_rate)`: each more than 0.
+fn cohort_timeout_and_upload_rate(
+    c: &CohortConfig,
+    problems: &mut CohortProblems<'_, '_>,
+) -> (Duration, u64) {
+    let timeout = c.timeout.map_or(Duration::from_secs(10), |d| d.0);
+    if timeout.is_zero() {
+        problems.report_field("timeout", "must be more than 0");
+    }
+    let upload_rate = c.upload_rate.unwrap_or(64 * 1024);
+    if upload_rate == 0 {
+        problems.report_field("upload_rate", "must be more than 0");
+    }
+    (timeout, upload_rate)
+}
+
+/// The cohort's user agent: its own, else the default of its kind (of people
+/// for a browser-like crawler).
+fn cohort_user_agent(c: &CohortConfig, browser_like: bool) -> String {
+    c.user_agent.clone().unwrap_or_else(|| {
+        let like = if browser_like {
+            CohortKind::Humans
+        } else {
+            c.kind
+        };
+        default_user_agent(like).into()
+    })
+}
+
+/// How long the cohort's clients take to all start: its own `ramp`, else 1 s
+/// for a flood and none for the others.
+fn cohort_ramp(c: &CohortConfig) -> Duration {
+    c.ramp.map_or(
+        if c.kind == CohortKind::Flood {
+            Duration::from_secs(1)
+        } else {
+            Duration::ZERO
+        },
+        |d| d.0,
+    )
 }
 
 /// The cohort's name (default: its kind), which checks refer to it by: it
