@@ -197,6 +197,108 @@ fn lend<'s, R>(
     }
 }
 
+/// Where a parsed line is counted: the reader's stats, the line's number,
+/// and how many examples of malformed lines they keep.
+struct Tally<'a> {
+    stats: &'a mut ParseStats,
+    max_examples: usize,
+    number: u64,
+}
+
+/// What the combined format's parser reads with: the fields after its
+/// standard ones, and the last timestamp it read.
+struct CombinedState<'a> {
+    trailing: &'a [TrailingField],
+    times: &'a mut TimeLocalMemo,
+}
+
+/// Parses a non-blank line `text` as `format`, counts it and lends it to `f`
+/// (noting the log's UTC offset from its first record). As `parse_line`, but
+/// each parser's result is matched in place (no copy of the record).
+fn parse_and_lend<'s, R>(
+    format: LogFormat,
+    text: &'s str,
+    tally: Tally<'_>,
+    state: CombinedState<'_>,
+    f: impl FnOnce(Lent<'_, 's>, &'s str) -> R,
+) -> R {
+    let Tally {
+        stats,
+        max_examples: max,
+        number,
+    } = tally;
+    match format {
+        LogFormat::Combined => {
+            let parsed = combined::parse(text, state.trailing, state.times);
+            if parsed.is_ok() && stats.utc_offset.is_none() {
+                stats.utc_offset = state.times.offset();
+            }
+            let parsed = match parsed {
+                Ok(ref r) => Ok(Some(r)),
+                Err(e) => Err(e),
+            };
+            lend(stats, max, number, text, parsed, f)
+        }
+        LogFormat::Caddy => {
+            let parsed = json::parse_caddy(text);
+            if matches!(parsed, Ok(Parsed::Record(_))) {
+                stats.utc_offset.get_or_insert(0);
+            }
+            let parsed = match parsed {
+                Ok(Parsed::Record(ref r)) => Ok(Some(r)),
+                Ok(Parsed::Skip) => Ok(None),
+                Err(e) => Err(e),
+            };
+            lend(stats, max, number, text, parsed, f)
+        }
+        LogFormat::Weir => {
+            let parsed = json::parse_weir(text);
+            if parsed.is_ok() {
+                stats.utc_offset.get_or_insert(0);
+            }
+            let parsed = match parsed {
+                Ok(ref r) => Ok(Some(r)),
+                Err(e) => Err(e),
+            };
+            lend(stats, max, number, text, parsed, f)
+        }
+    }
+}
+
+/// Consumes the line lent last (`lent` bytes of `input`'s buffer) and reads
+/// the next, without its newline: lent from the read buffer when it lies
+/// whole there (`lent` then notes its length), else copied into `buf`.
+/// `None` at the end of input.
+fn next_line_bytes<'b>(
+    input: &'b mut (dyn BufRead + Send),
+    buf: &'b mut Vec<u8>,
+    lent: &mut usize,
+) -> io::Result<Option<&'b [u8]>> {
+    input.consume(std::mem::take(lent));
+    // Most lines lie whole in the read buffer and are parsed there; only
+    // one crossing its end is copied out.
+    let newline = {
+        let available = input.fill_buf()?;
+        if available.is_empty() {
+            return Ok(None);
+        }
+        memchr::memchr(b'\n', available)
+    };
+    let bytes: &[u8] = match newline {
+        Some(n) => {
+            *lent = n + 1;
+            // The buffer is not empty: this returns it again, no read.
+            &input.fill_buf()?[..n]
+        }
+        None => {
+            buf.clear();
+            input.read_until(b'\n', buf)?;
+            buf.strip_suffix(b"\n").unwrap_or(buf)
+        }
+    };
+    Ok(Some(bytes))
+}
+
 /// A streaming reader of one log; see the module documentation.
 pub struct LogReader {
     input: Box<dyn BufRead + Send>,
@@ -281,27 +383,8 @@ impl LogReader {
         &'s mut self,
         f: impl FnOnce(Lent<'_, 's>, &'s str) -> R,
     ) -> io::Result<Option<R>> {
-        self.input.consume(std::mem::take(&mut self.lent));
-        // Most lines lie whole in the read buffer and are parsed there; only
-        // one crossing its end is copied out.
-        let newline = {
-            let available = self.input.fill_buf()?;
-            if available.is_empty() {
-                return Ok(None);
-            }
-            memchr::memchr(b'\n', available)
-        };
-        let bytes: &[u8] = match newline {
-            Some(n) => {
-                self.lent = n + 1;
-                // The buffer is not empty: this returns it again, no read.
-                &self.input.fill_buf()?[..n]
-            }
-            None => {
-                self.buf.clear();
-                self.input.read_until(b'\n', &mut self.buf)?;
-                self.buf.strip_suffix(b"\n").unwrap_or(&self.buf)
-            }
+        let Some(bytes) = next_line_bytes(&mut *self.input, &mut self.buf, &mut self.lent)? else {
+            return Ok(None);
         };
         self.stats.lines += 1;
         let number = self.stats.lines;
@@ -327,43 +410,16 @@ impl LogReader {
         if text.trim().is_empty() {
             return Ok(Some(lend(stats, max, number, text, Ok(None), f)));
         }
-        let lent = match format {
-            LogFormat::Combined => {
-                let parsed = combined::parse(text, &self.options.trailing, &mut self.times);
-                if parsed.is_ok() && stats.utc_offset.is_none() {
-                    stats.utc_offset = self.times.offset();
-                }
-                let parsed = match parsed {
-                    Ok(ref r) => Ok(Some(r)),
-                    Err(e) => Err(e),
-                };
-                lend(stats, max, number, text, parsed, f)
-            }
-            LogFormat::Caddy => {
-                let parsed = json::parse_caddy(text);
-                if matches!(parsed, Ok(Parsed::Record(_))) {
-                    stats.utc_offset.get_or_insert(0);
-                }
-                let parsed = match parsed {
-                    Ok(Parsed::Record(ref r)) => Ok(Some(r)),
-                    Ok(Parsed::Skip) => Ok(None),
-                    Err(e) => Err(e),
-                };
-                lend(stats, max, number, text, parsed, f)
-            }
-            LogFormat::Weir => {
-                let parsed = json::parse_weir(text);
-                if parsed.is_ok() {
-                    stats.utc_offset.get_or_insert(0);
-                }
-                let parsed = match parsed {
-                    Ok(ref r) => Ok(Some(r)),
-                    Err(e) => Err(e),
-                };
-                lend(stats, max, number, text, parsed, f)
-            }
+        let tally = Tally {
+            stats,
+            max_examples: max,
+            number,
         };
-        Ok(Some(lent))
+        let state = CombinedState {
+            trailing: &self.options.trailing,
+            times: &mut self.times,
+        };
+        Ok(Some(parse_and_lend(format, text, tally, state, f)))
     }
 
     /// Calls `f` with every record, in file order, lent from the read buffer; returns at
