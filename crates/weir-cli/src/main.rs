@@ -243,7 +243,18 @@ fn init_process_log(level: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_process_log(cli.command.default_log_level());
-    let result = match cli.command {
+    match execute(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("weir: {}", report::describe(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs the subcommand; its error is reported once, by `main`.
+fn execute(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
         Command::Check { config } => check(&config),
         Command::Run {
             config,
@@ -278,15 +289,7 @@ fn main() -> ExitCode {
             alert_series,
         } => sim(
             &scenario,
-            weir_lab::cli::SimOptions {
-                variants,
-                json,
-                html,
-                progress: weir_lab::runner::Progress::for_stderr(),
-                duration,
-                alert_series,
-                beside: None,
-            },
+            sim_options(variants, json, html, duration, alert_series),
         ),
         Command::Replay {
             config,
@@ -301,27 +304,52 @@ fn main() -> ExitCode {
             &logs,
             format.as_deref(),
             &trailing,
-            ReplayOutputs {
-                json: json.as_deref(),
-                html: html.as_deref(),
-                progress: !no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            },
+            replay_outputs(json.as_deref(), html.as_deref(), no_progress),
         ),
         Command::Generate { what } => generated(what),
         Command::Harm(args) => harm(args),
-        Command::Demo { html } => {
-            weir_lab::cli::demo(Some(html), weir_lab::runner::Progress::for_stderr())
-                .map(|_| ExitCode::SUCCESS)
-                .map_err(anyhow::Error::from)
-        }
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("weir: {}", report::describe(&e));
-            ExitCode::from(2)
-        }
+        Command::Demo { html } => demo(html),
     }
+}
+
+/// `weir sim`'s flags as the lab's options, with progress on stderr.
+fn sim_options(
+    variants: Vec<String>,
+    json: Option<PathBuf>,
+    html: Option<PathBuf>,
+    duration: Option<Duration>,
+    alert_series: Option<PathBuf>,
+) -> weir_lab::cli::SimOptions {
+    weir_lab::cli::SimOptions {
+        variants,
+        json,
+        html,
+        progress: weir_lab::runner::Progress::for_stderr(),
+        duration,
+        alert_series,
+        beside: None,
+    }
+}
+
+/// Where `weir replay` writes its report; a progress bar unless
+/// `no_progress` or stderr is not a terminal.
+fn replay_outputs<'a>(
+    json: Option<&'a Path>,
+    html: Option<&'a Path>,
+    no_progress: bool,
+) -> ReplayOutputs<'a> {
+    ReplayOutputs {
+        json,
+        html,
+        progress: !no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    }
+}
+
+/// `weir demo`: the lab's demo scenario, its report written to `html`.
+fn demo(html: PathBuf) -> anyhow::Result<ExitCode> {
+    weir_lab::cli::demo(Some(html), weir_lab::runner::Progress::for_stderr())
+        .map(|_| ExitCode::SUCCESS)
+        .map_err(anyhow::Error::from)
 }
 
 /// `weir sim`: runs a scenario's variants; exit 1 when a check failed.
