@@ -637,6 +637,35 @@ impl SimReport {
     /// A self-contained HTML page.
     pub fn to_html(&self) -> String {
         let mut h = String::new();
+        self.write_html_head(&mut h);
+        // The picture first: what people got under each variant, then each
+        // variant's seconds; the numbers after (a 120-line table opening the
+        // page hid the charts below the fold).
+        h.push_str("<h2>People</h2>");
+        h.push_str(&people_bars(&self.variants));
+        h.push_str("<div class=\"legend\">");
+        for o in OUTCOMES {
+            let _ = write!(
+                h,
+                "<span><i style=\"background:{}\"></i>{}</span>",
+                color(o),
+                o.as_str()
+            );
+        }
+        h.push_str("</div><div class=\"variants\">");
+        for v in &self.variants {
+            write_variant_charts(&mut h, v);
+        }
+        h.push_str("</div><h2>Side by side</h2><pre>");
+        h.push_str(&esc(&self.to_text()));
+        h.push_str("</pre>");
+        self.write_checks_table(&mut h);
+        h.push_str("</body></html>\n");
+        h
+    }
+
+    /// The page's head and style, its title, and what the run stands for.
+    fn write_html_head(&self, h: &mut String) {
         let _ = write!(
             h,
             "<!doctype html><html><head><meta charset=\"utf-8\"><title>weir sim: {}</title><style>\
@@ -663,42 +692,11 @@ impl SimReport {
                 .as_ref()
                 .map_or(String::new(), |s| format!(", starting at {}", esc(s)))
         );
-        // The picture first: what people got under each variant, then each
-        // variant's seconds; the numbers after (a 120-line table opening the
-        // page hid the charts below the fold).
-        h.push_str("<h2>People</h2>");
-        h.push_str(&people_bars(&self.variants));
-        h.push_str("<div class=\"legend\">");
-        for o in OUTCOMES {
-            let _ = write!(
-                h,
-                "<span><i style=\"background:{}\"></i>{}</span>",
-                color(o),
-                o.as_str()
-            );
-        }
-        h.push_str("</div><div class=\"variants\">");
-        for v in &self.variants {
-            let _ = write!(
-                h,
-                "<div class=\"variant\"><h2>{}</h2><p>{}</p>",
-                esc(&v.name),
-                esc(&v.description)
-            );
-            if v.generator.bottleneck {
-                h.push_str("<p class=\"warn\">The load generator fell behind: the machine limited the load.</p>");
-            }
-            for (name, series) in &v.timeline.cohorts {
-                let _ = write!(h, "<h3>{} — requests/s by outcome</h3>", esc(name));
-                h.push_str(&stacked_bars(series, v.timeline.seconds));
-            }
-            let _ = write!(h, "<h3>app: workers busy (max per s) vs W</h3>");
-            h.push_str(&upstream_chart(&v.timeline));
-            h.push_str("</div>");
-        }
-        h.push_str("</div><h2>Side by side</h2><pre>");
-        h.push_str(&esc(&self.to_text()));
-        h.push_str("</pre><h2>Checks</h2><table><tr><th>variant</th><th>check</th><th>value</th><th>result</th></tr>");
+    }
+
+    /// The table of checks: each with its variant, value and result.
+    fn write_checks_table(&self, h: &mut String) {
+        h.push_str("<h2>Checks</h2><table><tr><th>variant</th><th>check</th><th>value</th><th>result</th></tr>");
         for c in &self.checks {
             let (class, text) = match (c.passed, &c.pending) {
                 (true, _) => ("pass", "pass".to_string()),
@@ -714,9 +712,31 @@ impl SimReport {
                 esc(&text)
             );
         }
-        h.push_str("</table></body></html>\n");
-        h
+        h.push_str("</table>");
     }
+}
+
+/// One variant's column of the HTML page: its cohorts' requests a second by
+/// outcome, and its app's busy workers.
+fn write_variant_charts(h: &mut String, v: &VariantReport) {
+    let _ = write!(
+        h,
+        "<div class=\"variant\"><h2>{}</h2><p>{}</p>",
+        esc(&v.name),
+        esc(&v.description)
+    );
+    if v.generator.bottleneck {
+        h.push_str(
+            "<p class=\"warn\">The load generator fell behind: the machine limited the load.</p>",
+        );
+    }
+    for (name, series) in &v.timeline.cohorts {
+        let _ = write!(h, "<h3>{} — requests/s by outcome</h3>", esc(name));
+        h.push_str(&stacked_bars(series, v.timeline.seconds));
+    }
+    let _ = write!(h, "<h3>app: workers busy (max per s) vs W</h3>");
+    h.push_str(&upstream_chart(&v.timeline));
+    h.push_str("</div>");
 }
 
 /// The terminal table: a label column, then one column per variant.
