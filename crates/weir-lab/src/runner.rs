@@ -86,6 +86,17 @@ struct Runtimes {
     load: tokio::runtime::Runtime,
 }
 
+impl Runtimes {
+    /// The app's (one thread), weir's (two) and the load's (one).
+    fn start() -> Result<Runtimes, RunError> {
+        Ok(Runtimes {
+            app: runtime("weir-lab-app", 1)?,
+            weir: runtime("weir-lab-weir", 2)?,
+            load: runtime("weir-lab-load", 1)?,
+        })
+    }
+}
+
 /// The gateway in front of the app: weir in-process (one instance, or a
 /// fleet behind the load balancer), or a rival's process.
 enum Gateway {
@@ -297,39 +308,27 @@ pub fn run_variant(
     variant: &Variant,
     options: RunOptions<'_>,
 ) -> Result<VariantReport, RunError> {
-    let (progress, alert_series) = (options.progress, options.alert_series);
     let meta = &scenario.file.scenario;
     let dir = tempfile::tempdir().map_err(RunError::Setup)?;
-    let rts = Runtimes {
-        app: runtime("weir-lab-app", 1)?,
-        weir: runtime("weir-lab-weir", 2)?,
-        load: runtime("weir-lab-load", 1)?,
-    };
+    let rts = Runtimes::start()?;
 
     let supervisor = start_app(scenario, &rts.app)?;
     let access_log = dir.path().join("access.log");
-    let Front {
-        redis,
-        gateway,
-        lb,
-        target,
-    } = Front::start(
+    let front = Front::start(
         scenario,
         variant,
         (dir.path(), &access_log),
         &supervisor,
         &rts,
     )?;
+    let (gateway, target) = (front.gateway, front.target);
     let (plans, owners) = plan_clients(scenario)?;
 
-    let duration = meta.duration.0;
-    let clock = RunClock::new(Instant::now() + LEAD, duration, meta.grace.0);
-    let stats: Vec<Arc<CohortStats>> = (scenario.cohorts.iter())
-        .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
-        .collect();
+    let clock = RunClock::new(Instant::now() + LEAD, meta.duration.0, meta.grace.0);
+    let stats = cohort_stats(scenario, clock);
     let observers = Observers::start(scenario, &rts.app, &supervisor, &gateway, &stats, clock);
-    let outage =
-        redis.map(|r| RedisOutagePlan::start(r, scenario.file.topology.redis_outage, clock));
+    let outage = (front.redis)
+        .map(|r| RedisOutagePlan::start(r, scenario.file.topology.redis_outage, clock));
     if let Some(beside) = options.beside {
         beside.start(&variant.name, target, clock);
     }
@@ -339,35 +338,86 @@ pub fn run_variant(
         plans,
         &stats,
         (target, clock),
-        (progress, &variant.name, &supervisor),
+        (options.progress, &variant.name, &supervisor),
     );
     let observed = observers.finish(&rts.app);
 
-    let is_weir = variant.gateway == GatewayKind::Weir;
     let access_logs = gateway.access_logs();
     // `WEIR_SIM_KEEP` also keeps each instance's last metrics.
     let keep = std::env::var_os("WEIR_SIM_KEEP").map(|_| dir.path());
-    let (metrics, upstream) = stop_all(rts, (gateway, keep), lb, supervisor, &observed.utilisation);
+    let utilisation = observed.utilisation;
+    let (metrics, upstream) = stop_all(rts, (gateway, keep), front.lb, supervisor, &utilisation);
     drop(outage.map(RedisOutagePlan::finish));
 
+    let run = FinishedRun {
+        dir,
+        stats: &stats,
+        owners: &owners,
+        access_logs,
+        gateway: (metrics, upstream),
+        observed,
+        clock,
+    };
+    report_run(scenario, variant, run, options.alert_series)
+}
+
+/// Each cohort's live counters, with a bucket per second of `clock`.
+fn cohort_stats(scenario: &Scenario, clock: RunClock) -> Vec<Arc<CohortStats>> {
+    (scenario.cohorts.iter())
+        .map(|c| Arc::new(CohortStats::new(&c.name, c.kind, clock.buckets)))
+        .collect()
+}
+
+/// What a variant's run left to report on.
+struct FinishedRun<'a> {
+    /// The run's temporary directory (kept with `WEIR_SIM_KEEP`).
+    dir: tempfile::TempDir,
+    stats: &'a [Arc<CohortStats>],
+    /// The cohort each client address belongs to.
+    owners: &'a HashMap<IpAddr, String>,
+    /// weir's access logs (none for a rival).
+    access_logs: Vec<std::path::PathBuf>,
+    /// weir's metrics' text, and the app's totals.
+    gateway: (String, UpstreamReport),
+    observed: Observed,
+    clock: RunClock,
+}
+
+/// A finished run's report: weir's rule counters (with its access log's
+/// rejections by cohort when the scenario keeps the log), the cohorts'
+/// outcomes, and the alert replay over the metrics recorded. The run's
+/// directory is kept if asked (see [`keep_if_asked`]).
+fn report_run(
+    scenario: &Scenario,
+    variant: &Variant,
+    run: FinishedRun<'_>,
+    alert_series: Option<&Path>,
+) -> Result<VariantReport, RunError> {
+    let is_weir = variant.gateway == GatewayKind::Weir;
+    let (metrics, upstream) = run.gateway;
     let mut rules = rules_from_metrics(&metrics);
-    if meta.access_log && is_weir {
-        count_logs_rejections(scenario, &access_logs, (&owners, &stats), &mut rules);
+    if scenario.file.scenario.access_log && is_weir {
+        count_logs_rejections(
+            scenario,
+            &run.access_logs,
+            (run.owners, run.stats),
+            &mut rules,
+        );
     }
     let mut report = build_report(
         scenario,
         variant,
         lb_name(scenario),
-        &stats,
+        run.stats,
         upstream,
         rules,
-        observed.buckets,
-        clock,
+        run.observed.buckets,
+        run.clock,
     );
-    if let Some(recorded) = &observed.metrics {
-        report.alerts = replay_alerts(scenario, variant, recorded, &stats, alert_series)?;
+    if let Some(recorded) = &run.observed.metrics {
+        report.alerts = replay_alerts(scenario, variant, recorded, run.stats, alert_series)?;
     }
-    keep_if_asked(dir, &variant.name, &stats, &owners);
+    keep_if_asked(run.dir, &variant.name, run.stats, run.owners);
     Ok(report)
 }
 
@@ -620,72 +670,98 @@ fn plan_clients(scenario: &Scenario) -> Result<(Vec<Vec<ClientPlan>>, Owners), R
     let mut plans = Vec::new();
     let mut by_cohort: Vec<Vec<Ipv4Addr>> = Vec::new();
     for (ci, cohort) in scenario.cohorts.iter().enumerate() {
-        let shared: usize = cohort.among.iter().map(|(_, n)| n).sum();
-        let mut addrs: Vec<Ipv4Addr> = if cohort.networks.is_empty() {
-            Vec::new()
-        } else {
-            space
-                .allocate(&cohort.networks, cohort.addresses - shared)
-                .map_err(|source| RunError::Addresses {
-                    cohort: cohort.name.clone(),
-                    source,
-                })?
-        };
-        for (other, n) in &cohort.among {
-            let theirs = scenario
-                .cohorts
-                .iter()
-                .position(|c| &c.name == other)
-                .map_or(&[][..], |i| &by_cohort[i][..]);
-            addrs.extend(spread_over(theirs, *n));
-        }
-        for a in &addrs {
-            // An address two cohorts send from is neither's in the access
-            // log's ground truth: the log cannot tell them apart.
-            owners
-                .entry(IpAddr::V4(*a))
-                .and_modify(|o| {
-                    if *o != cohort.name {
-                        *o = SHARED_ADDRESS.to_string();
-                    }
-                })
-                .or_insert_with(|| cohort.name.clone());
-        }
-        let per = cohort.clients.div_ceil(cohort.addresses.max(1)).max(1);
-        let mut clients = Vec::with_capacity(cohort.clients);
-        for i in 0..cohort.clients {
-            let a = match cohort.kind {
-                CohortKind::Crawlers => i / per,
-                _ => i % addrs.len(),
-            };
-            // Exactly round(share x addresses) addresses carry the session cookie, spread evenly.
-            let share = cohort.session_cookie_share;
-            let session_cookie = ((a + 1) as f64 * share).floor() > (a as f64 * share).floor();
-            // The same even spread, offset so it does not coincide with the cookie one.
-            let hs = cohort.headless_share;
-            let headless = ((a + 2) as f64 * hs).floor() > ((a + 1) as f64 * hs).floor();
-            // The addresses that follow the no-script refresh: the same
-            // spread over the addresses that run no browser.
-            let rs = cohort.refresh_share / (1.0 - hs).max(f64::EPSILON);
-            let b = a - ((a + 1) as f64 * hs).floor() as usize;
-            let follows_refresh = !headless
-                && cohort.refresh_share > 0.0
-                && ((b + 3) as f64 * rs).floor() > ((b + 2) as f64 * rs).floor();
-            let seed = seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let offset = cohort.ramp.mul_f64(i as f64 / cohort.clients.max(1) as f64);
-            clients.push(ClientPlan {
-                src: addrs[a.min(addrs.len() - 1)],
-                session_cookie,
-                seed,
-                offset,
-                headless,
-                follows_refresh,
-            });
-        }
-        plans.push(clients);
+        let addrs = cohort_addresses(scenario, cohort, &mut space, &by_cohort)?;
+        claim_addresses(&mut owners, &addrs, &cohort.name);
+        plans.push(cohort_clients(cohort, ci, seed, &addrs));
         by_cohort.push(addrs);
     }
     Ok((plans, owners))
+}
+
+/// A cohort's source addresses: its own, allocated from `space` in its
+/// networks, then its share of the earlier cohorts' (`by_cohort`) it sends
+/// among.
+fn cohort_addresses(
+    scenario: &Scenario,
+    cohort: &Cohort,
+    space: &mut AddressSpace,
+    by_cohort: &[Vec<Ipv4Addr>],
+) -> Result<Vec<Ipv4Addr>, RunError> {
+    let shared: usize = cohort.among.iter().map(|(_, n)| n).sum();
+    let mut addrs: Vec<Ipv4Addr> = if cohort.networks.is_empty() {
+        Vec::new()
+    } else {
+        space
+            .allocate(&cohort.networks, cohort.addresses - shared)
+            .map_err(|source| RunError::Addresses {
+                cohort: cohort.name.clone(),
+                source,
+            })?
+    };
+    for (other, n) in &cohort.among {
+        let theirs = scenario
+            .cohorts
+            .iter()
+            .position(|c| &c.name == other)
+            .map_or(&[][..], |i| &by_cohort[i][..]);
+        addrs.extend(spread_over(theirs, *n));
+    }
+    Ok(addrs)
+}
+
+/// Notes `cohort` as the owner of `addrs` in the access log's ground truth.
+fn claim_addresses(owners: &mut Owners, addrs: &[Ipv4Addr], cohort: &str) {
+    for a in addrs {
+        // An address two cohorts send from is neither's in the access
+        // log's ground truth: the log cannot tell them apart.
+        owners
+            .entry(IpAddr::V4(*a))
+            .and_modify(|o| {
+                if *o != cohort {
+                    *o = SHARED_ADDRESS.to_string();
+                }
+            })
+            .or_insert_with(|| cohort.to_owned());
+    }
+}
+
+/// The clients of the `ci`th cohort, spread over its addresses `addrs`:
+/// which of them carry a session cookie, run a headless browser or follow a
+/// challenge's refresh, each one's seed (from the run's `seed`) and its
+/// start in the cohort's ramp.
+fn cohort_clients(cohort: &Cohort, ci: usize, seed: u64, addrs: &[Ipv4Addr]) -> Vec<ClientPlan> {
+    let per = cohort.clients.div_ceil(cohort.addresses.max(1)).max(1);
+    let mut clients = Vec::with_capacity(cohort.clients);
+    for i in 0..cohort.clients {
+        let a = match cohort.kind {
+            CohortKind::Crawlers => i / per,
+            _ => i % addrs.len(),
+        };
+        // Exactly round(share x addresses) addresses carry the session cookie, spread evenly.
+        let share = cohort.session_cookie_share;
+        let session_cookie = ((a + 1) as f64 * share).floor() > (a as f64 * share).floor();
+        // The same even spread, offset so it does not coincide with the cookie one.
+        let hs = cohort.headless_share;
+        let headless = ((a + 2) as f64 * hs).floor() > ((a + 1) as f64 * hs).floor();
+        // The addresses that follow the no-script refresh: the same
+        // spread over the addresses that run no browser.
+        let rs = cohort.refresh_share / (1.0 - hs).max(f64::EPSILON);
+        let b = a - ((a + 1) as f64 * hs).floor() as usize;
+        let follows_refresh = !headless
+            && cohort.refresh_share > 0.0
+            && ((b + 3) as f64 * rs).floor() > ((b + 2) as f64 * rs).floor();
+        let seed = seed ^ ((ci as u64) << 40) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let offset = cohort.ramp.mul_f64(i as f64 / cohort.clients.max(1) as f64);
+        clients.push(ClientPlan {
+            src: addrs[a.min(addrs.len() - 1)],
+            session_cookie,
+            seed,
+            offset,
+            headless,
+            follows_refresh,
+        });
+    }
+    clients
 }
 
 /// The owner the access log's ground truth gives an address two cohorts share.
