@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::app::{OrdinaryApp, OrdinaryAppConfig};
-use super::front::{Front, FrontKind, Operation};
+use super::front::{Front, FrontError, FrontKind, Operation};
 use super::mix::{self, Mix};
 use super::run::RunError;
 use super::tally::{Summary, Tally};
@@ -78,16 +78,11 @@ pub struct SoakReport {
 
 /// Runs the soak.
 pub async fn soak(plan: &SoakPlan) -> Result<SoakReport, RunError> {
-    let failed = |source| RunError::Front {
-        front: "weir",
-        operation: "soak",
-        source,
-    };
     let app = OrdinaryApp::start(plan.app.clone(), "127.0.0.1:0".parse().expect("literal"))
         .map_err(RunError::App)?;
     let mut front = Front::start(FrontKind::Weir, Operation::Upgrade, app.addr(), &plan.weir)
         .await
-        .map_err(failed)?;
+        .map_err(soak_failed)?;
     let tally = Arc::new(Tally::default());
     let began = Instant::now();
     let until = began + plan.duration;
@@ -97,6 +92,46 @@ pub async fn soak(plan: &SoakPlan) -> Result<SoakReport, RunError> {
         let (target, tally) = (front.target, tally.clone());
         async move { mix::run(&mix_plan, target, until, tally).await }
     });
+    let operated = operate_on_schedule(&mut front, plan, began, until).await?;
+    let _ = visitors.await;
+    front.stop().await.map_err(soak_failed)?;
+    let (rss_growth_pct, fds_growth, threads_growth) = growth(&operated.samples, plan.warm_up);
+    Ok(SoakReport {
+        duration_secs: plan.duration.as_secs(),
+        reloads: operated.reloads,
+        upgrades: operated.upgrades,
+        summary: tally.summary(),
+        samples: operated.samples,
+        rss_growth_pct,
+        fds_growth,
+        threads_growth,
+    })
+}
+
+/// A soak's failure to operate weir.
+fn soak_failed(source: FrontError) -> RunError {
+    RunError::Front {
+        front: "weir",
+        operation: "soak",
+        source,
+    }
+}
+
+/// What the schedule did: how many reloads and upgrades, and the samples.
+struct Operated {
+    reloads: u32,
+    upgrades: u32,
+    samples: Vec<Sample>,
+}
+
+/// Until `until`, upgrades and reloads weir on the plan's schedule (from
+/// `began`) and samples the serving generation's process.
+async fn operate_on_schedule(
+    front: &mut Front,
+    plan: &SoakPlan,
+    began: Instant,
+    until: Instant,
+) -> Result<Operated, RunError> {
     let (mut reloads, mut upgrades) = (0, 0);
     let mut samples = Vec::new();
     let mut next_reload = began + plan.reload_every;
@@ -110,13 +145,19 @@ pub async fn soak(plan: &SoakPlan) -> Result<SoakReport, RunError> {
             break;
         }
         if now >= next_upgrade {
-            front.operate(Operation::Upgrade).await.map_err(failed)?;
+            front
+                .operate(Operation::Upgrade)
+                .await
+                .map_err(soak_failed)?;
             upgrades += 1;
             next_upgrade += plan.upgrade_every;
             // An upgrade is a reload too: the next one comes a minute later.
             next_reload = now + plan.reload_every;
         } else if now >= next_reload {
-            front.operate(Operation::Reload).await.map_err(failed)?;
+            front
+                .operate(Operation::Reload)
+                .await
+                .map_err(soak_failed)?;
             reloads += 1;
             next_reload += plan.reload_every;
         }
@@ -129,29 +170,28 @@ pub async fn soak(plan: &SoakPlan) -> Result<SoakReport, RunError> {
             next_sample += plan.sample_every;
         }
     }
-    let _ = visitors.await;
-    front.stop().await.map_err(failed)?;
-    let warm = plan.warm_up.as_secs();
+    Ok(Operated {
+        reloads,
+        upgrades,
+        samples,
+    })
+}
+
+/// Growth from the first sample after `warm_up` to the last: resident
+/// memory in percent, descriptors and threads in number; zeros without
+/// such samples.
+fn growth(samples: &[Sample], warm_up: Duration) -> (f64, i64, i64) {
+    let warm = warm_up.as_secs();
     let first = samples.iter().find(|s| s.at_secs >= warm).copied();
     let last = samples.last().copied();
-    let (rss_growth_pct, fds_growth, threads_growth) = match (first, last) {
+    match (first, last) {
         (Some(f), Some(l)) => (
             (l.rss_kib as f64 / f.rss_kib.max(1) as f64 - 1.0) * 100.0,
             l.fds as i64 - f.fds as i64,
             l.threads as i64 - f.threads as i64,
         ),
         _ => (0.0, 0, 0),
-    };
-    Ok(SoakReport {
-        duration_secs: plan.duration.as_secs(),
-        reloads,
-        upgrades,
-        summary: tally.summary(),
-        samples,
-        rss_growth_pct,
-        fds_growth,
-        threads_growth,
-    })
+    }
 }
 
 /// Resident memory, descriptors and threads of `pid`, from `/proc`.
