@@ -185,8 +185,10 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
     };
     let (stacks, people) = axis.totals(rules);
     let max = stacks.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let bar = (CHART_W - LEFT) / axis.minutes as f64;
-    let y = |n: f64| CHART_H - n / max * (CHART_H - 10.0);
+    let scale = Scale {
+        max,
+        bar: (CHART_W - LEFT) / axis.minutes as f64,
+    };
     let mut s = String::new();
     let _ = write!(
         s,
@@ -200,6 +202,44 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
          <text x=\"0\" y=\"{CHART_H}\" font-size=\"11\">0</text>\
          <line x1=\"{LEFT}\" y1=\"{CHART_H}\" x2=\"{CHART_W}\" y2=\"{CHART_H}\" stroke=\"#999\"/>"
     );
+    stacked_bars(&mut s, &axis, &scale, rules);
+    people_line(&mut s, &people, &scale);
+    let _ = write!(
+        s,
+        "<text x=\"{LEFT}\" y=\"{}\" font-size=\"11\">{}</text>\
+         <text x=\"{CHART_W}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{}</text></svg>",
+        CHART_H + 16.0,
+        esc(&minute(first, 0)),
+        CHART_H + 16.0,
+        esc(&minute(last, 0)),
+    );
+    legend(&mut s, rules);
+    s
+}
+
+/// Where the chart draws: its tallest stack of rejections, and the width of
+/// a minute's bar.
+struct Scale {
+    max: f64,
+    bar: f64,
+}
+
+impl Scale {
+    /// The height on the chart of `n` rejections (0 at its foot).
+    fn y(&self, n: f64) -> f64 {
+        CHART_H - n / self.max * (CHART_H - 10.0)
+    }
+}
+
+/// A minute's rejections as a bar, stacked by rule in the rules' order, each
+/// part with a tooltip of its minute, rule and count.
+fn stacked_bars(
+    s: &mut String,
+    axis: &MinuteAxis,
+    scale: &Scale,
+    rules: &BTreeMap<String, RuleReport>,
+) {
+    let bar = scale.bar;
     let mut base = vec![0u64; axis.minutes];
     for (ri, (name, r)) in rules.iter().enumerate() {
         let color = COLORS[ri % COLORS.len()];
@@ -212,19 +252,30 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
                 "<rect class=\"bar\" x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" \
                  fill=\"{color}\"><title>{} {}: {n}</title></rect>",
                 LEFT + i as f64 * bar,
-                y(hi as f64),
+                scale.y(hi as f64),
                 (bar - 0.5).max(0.5),
-                y(lo as f64) - y(hi as f64),
+                scale.y(lo as f64) - scale.y(hi as f64),
                 esc(m),
                 esc(name),
             );
         }
     }
+}
+
+/// The dashed line of the rejections per minute that looked like people,
+/// unless there were none.
+fn people_line(s: &mut String, people: &[u64], scale: &Scale) {
     if people.iter().any(|n| *n > 0) {
         let points: Vec<String> = people
             .iter()
             .enumerate()
-            .map(|(i, n)| format!("{:.1},{:.1}", LEFT + (i as f64 + 0.5) * bar, y(*n as f64)))
+            .map(|(i, n)| {
+                format!(
+                    "{:.1},{:.1}",
+                    LEFT + (i as f64 + 0.5) * scale.bar,
+                    scale.y(*n as f64)
+                )
+            })
             .collect();
         let _ = write!(
             s,
@@ -233,17 +284,6 @@ fn chart(first: Option<&str>, last: Option<&str>, rules: &BTreeMap<String, RuleR
             points.join(" ")
         );
     }
-    let _ = write!(
-        s,
-        "<text x=\"{LEFT}\" y=\"{}\" font-size=\"11\">{}</text>\
-         <text x=\"{CHART_W}\" y=\"{}\" font-size=\"11\" text-anchor=\"end\">{}</text></svg>",
-        CHART_H + 16.0,
-        esc(&minute(first, 0)),
-        CHART_H + 16.0,
-        esc(&minute(last, 0)),
-    );
-    legend(&mut s, rules);
-    s
 }
 
 /// The chart's legend: a colour per rule, and the people line's.
