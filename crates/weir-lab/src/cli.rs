@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::report::{CheckResult, SimReport};
+use super::report::{CheckResult, SimReport, VariantReport};
 use super::runner::{RunError, RunOptions, run_variant};
 use super::scenario::{GatewayKind, Scenario, load_scenario_file, load_scenario_str};
 use weir::config::ConfigErrors;
@@ -118,28 +118,7 @@ fn demo_scenario() -> Result<Scenario, SimError> {
 
 /// Runs the selected variants and evaluates every check that applies to them.
 pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimReport, SimError> {
-    let selected: Vec<&super::scenario::Variant> = if options.variants.is_empty() {
-        scenario.variants.iter().collect()
-    } else {
-        let known = || {
-            scenario
-                .variants
-                .iter()
-                .map(|v| v.name.clone())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        (options.variants.iter())
-            .map(|name| {
-                (scenario.variants.iter().find(|v| &v.name == name)).ok_or_else(|| {
-                    SimError::UnknownVariant {
-                        name: name.clone(),
-                        known: known(),
-                    }
-                })
-            })
-            .collect::<Result<_, _>>()?
-    };
+    let selected = selected_variants(scenario, &options.variants)?;
     if let Some(alerts) = &scenario.alerts
         && selected.iter().any(|v| v.gateway == GatewayKind::Weir)
     {
@@ -160,6 +139,50 @@ pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimRepo
         };
         variants.push(run_variant(scenario, v, run)?);
     }
+    let checks = check_results(scenario, &variants);
+    let meta = &scenario.file.scenario;
+    Ok(SimReport {
+        scenario: meta.name.clone(),
+        description: meta.description.clone(),
+        duration_s: meta.duration.0.as_secs_f64(),
+        compression: meta.compression,
+        story_start: meta.story_start.clone(),
+        variants,
+        checks,
+    })
+}
+
+/// The variants `names` asks for, in its order (all of them, in the file's
+/// order, when it names none); a name the scenario lacks is an error.
+fn selected_variants<'s>(
+    scenario: &'s Scenario,
+    names: &[String],
+) -> Result<Vec<&'s super::scenario::Variant>, SimError> {
+    if names.is_empty() {
+        return Ok(scenario.variants.iter().collect());
+    }
+    let known = || {
+        scenario
+            .variants
+            .iter()
+            .map(|v| v.name.clone())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    (names.iter())
+        .map(|name| {
+            (scenario.variants.iter().find(|v| &v.name == name)).ok_or_else(|| {
+                SimError::UnknownVariant {
+                    name: name.clone(),
+                    known: known(),
+                }
+            })
+        })
+        .collect()
+}
+
+/// Every check of the scenario evaluated on each variant it applies to.
+fn check_results(scenario: &Scenario, variants: &[VariantReport]) -> Vec<CheckResult> {
     let mut checks = Vec::new();
     for e in &scenario.checks {
         for v in variants
@@ -177,16 +200,7 @@ pub fn run_scenario(scenario: &Scenario, options: &SimOptions) -> Result<SimRepo
             });
         }
     }
-    let meta = &scenario.file.scenario;
-    Ok(SimReport {
-        scenario: meta.name.clone(),
-        description: meta.description.clone(),
-        duration_s: meta.duration.0.as_secs_f64(),
-        compression: meta.compression,
-        story_start: meta.story_start.clone(),
-        variants,
-        checks,
-    })
+    checks
 }
 
 /// Before any variant runs: the alert replay will find its rules file and promtool.
