@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use serde::Serialize;
 
 use super::tally::{ClientSet, NetworkSet, SubnetCounts};
@@ -360,22 +360,10 @@ impl Replay {
             self.report.admitted += 1;
             return Verdict::Admit;
         }
-        let facts = RequestFacts {
-            client: &client,
-            method: target.method(),
-            headers,
-            user: None,
-            pass: None,
-            looped: false,
-            // The log's `bot` is not believed: a replay cannot re-verify it.
-            bot: false,
-            now,
-            // A visit only weir's own log records (a log of another server
-            // cannot show one: no request of it is `browsing`).
-            browsing: browsing(gw, rec),
-            // Replay has no challenge to offer: a refusal stays a refusal.
-            challengeable: false,
-        };
+        // A visit only weir's own log records (a log of another server
+        // cannot show one: no request of it is `browsing`).
+        let in_visit = browsing(gw, rec);
+        let facts = replay_facts(&client, target.method(), headers, now, in_visit);
         // The live rules phase, on the log's clock.
         let mut observer = Tally {
             activity: &self.activity,
@@ -553,6 +541,31 @@ fn browsing(gw: &Gateway, rec: &LogRecord<'_>) -> bool {
     })
 }
 
+/// What the rules know of a replayed request: what its log line shows, and
+/// nothing a replay cannot re-verify (no user, no pass, no verified bot).
+fn replay_facts<'a>(
+    client: &'a ClientId,
+    method: &'a Method,
+    headers: &'a HeaderMap,
+    now: MonoTime,
+    browsing: bool,
+) -> RequestFacts<'a> {
+    RequestFacts {
+        client,
+        method,
+        headers,
+        user: None,
+        pass: None,
+        looped: false,
+        // The log's `bot` is not believed: a replay cannot re-verify it.
+        bot: false,
+        now,
+        browsing,
+        // Replay has no challenge to offer: a refusal stays a refusal.
+        challengeable: false,
+    }
+}
+
 /// The client of a record: its address, or, for a log written behind a
 /// trusted proxy, the client its forwarding chain names.
 fn client_of(gw: &Gateway, headers: &HeaderMap, rec: &LogRecord<'_>) -> ClientId {
@@ -689,38 +702,45 @@ impl std::fmt::Display for ReplayReport {
             )?;
         }
         for (name, r) in &self.rules {
-            writeln!(
-                f,
-                "\nrule {name}: {} rejected ({} shadow, {} deferred) from {} clients in {} /24s and {} /16s",
-                r.rejections,
-                r.shadow_rejections,
-                r.deferrals,
-                r.distinct_clients,
-                r.distinct_subnets,
-                r.distinct_networks
-            )?;
-            if !r.collateral.is_empty() {
-                let parts: Vec<String> = r
-                    .collateral
-                    .iter()
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect();
-                writeln!(f, "  possible human collateral: {}", parts.join(", "))?;
-            }
-            writeln!(f, "  by level: {}", breakdown(&r.by_level, usize::MAX))?;
-            writeln!(f, "  by user agent: {}", breakdown(&r.by_user_agent, 8))?;
-            for (prefix, n) in &r.top_subnets {
-                writeln!(f, "  {n:>8}  {prefix}")?;
-            }
-            if !r.per_minute.is_empty() {
-                let peak = r.per_minute.iter().max_by_key(|(_, n)| **n);
-                if let Some((m, n)) = peak {
-                    writeln!(f, "  busiest minute: {m} with {n} rejections")?;
-                }
-            }
+            write_rule(f, name, r)?;
         }
         Ok(())
     }
+}
+
+/// A rule's section of the text report: whom it rejected, the likely
+/// people among them, by level, user agent and prefix, and its busiest minute.
+fn write_rule(f: &mut std::fmt::Formatter<'_>, name: &str, r: &RuleReport) -> std::fmt::Result {
+    writeln!(
+        f,
+        "\nrule {name}: {} rejected ({} shadow, {} deferred) from {} clients in {} /24s and {} /16s",
+        r.rejections,
+        r.shadow_rejections,
+        r.deferrals,
+        r.distinct_clients,
+        r.distinct_subnets,
+        r.distinct_networks
+    )?;
+    if !r.collateral.is_empty() {
+        let parts: Vec<String> = r
+            .collateral
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        writeln!(f, "  possible human collateral: {}", parts.join(", "))?;
+    }
+    writeln!(f, "  by level: {}", breakdown(&r.by_level, usize::MAX))?;
+    writeln!(f, "  by user agent: {}", breakdown(&r.by_user_agent, 8))?;
+    for (prefix, n) in &r.top_subnets {
+        writeln!(f, "  {n:>8}  {prefix}")?;
+    }
+    if !r.per_minute.is_empty() {
+        let peak = r.per_minute.iter().max_by_key(|(_, n)| **n);
+        if let Some((m, n)) = peak {
+            writeln!(f, "  busiest minute: {m} with {n} rejections")?;
+        }
+    }
+    Ok(())
 }
 
 /// `name n, name n, ...`, largest first (ties by name), at most `top`
