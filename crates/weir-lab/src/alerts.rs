@@ -286,24 +286,7 @@ pub fn replay(
         return Err(AlertError::Missing(binary));
     }
     let series = recorded.input_series(cfg.scrape_every, compression);
-    let story_end = cfg.story_interval.mul_f64(
-        recorded
-            .scrapes
-            .last()
-            .map_or(0, |s| slot_of(s.at, cfg.scrape_every)) as f64,
-    );
-    let mut expectations = Vec::new();
-    let mut t = cfg.evaluation_interval;
-    while t <= story_end {
-        for alert in &alerts {
-            expectations.push(serde_json::json!({
-                "eval_time": millis(t),
-                "alertname": alert,
-                "exp_alerts": [],
-            }));
-        }
-        t += cfg.evaluation_interval;
-    }
+    let expectations = no_alert_expectations(recorded, cfg, &alerts);
     let rules = std::fs::canonicalize(&cfg.rules)?;
     // JSON is YAML: serde_json writes the test with correct quoting.
     let test = serde_json::json!({
@@ -333,6 +316,34 @@ pub fn replay(
         });
     }
     Ok(firings)
+}
+
+/// One expectation of "no alert" per alert in `alerts` per evaluation, from
+/// the first evaluation to the story time of the last scrape.
+fn no_alert_expectations(
+    recorded: &MetricsRecorder,
+    cfg: &AlertReplay,
+    alerts: &[String],
+) -> Vec<serde_json::Value> {
+    let story_end = cfg.story_interval.mul_f64(
+        recorded
+            .scrapes
+            .last()
+            .map_or(0, |s| slot_of(s.at, cfg.scrape_every)) as f64,
+    );
+    let mut expectations = Vec::new();
+    let mut t = cfg.evaluation_interval;
+    while t <= story_end {
+        for alert in alerts {
+            expectations.push(serde_json::json!({
+                "eval_time": millis(t),
+                "alertname": alert,
+                "exp_alerts": [],
+            }));
+        }
+        t += cfg.evaluation_interval;
+    }
+    expectations
 }
 
 /// A duration as promtool reads it: whole milliseconds.
