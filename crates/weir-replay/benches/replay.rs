@@ -258,6 +258,45 @@ fn replay_row(
     Ok(())
 }
 
+/// The baseline row: line splitting and UTF-8 validation only.
+fn split_row(path: &Path, lines: u64, bytes: u64) -> std::io::Result<()> {
+    reset_peak();
+    let started = Instant::now();
+    let mut input = BufReader::with_capacity(256 * 1024, std::fs::File::open(path)?);
+    let mut buf = Vec::with_capacity(4096);
+    let mut n = 0u64;
+    while {
+        buf.clear();
+        input.read_until(b'\n', &mut buf)? > 0
+    } {
+        n += std::str::from_utf8(&buf).map_or(0, |s| s.len() as u64 & 1);
+    }
+    black_box(n);
+    report("split", lines, bytes, started, "");
+    Ok(())
+}
+
+/// The decide row: in file order, no reordering, so the decision cost alone
+/// on top of parsing.
+fn decide_row(path: &Path, options: ReaderOptions, lines: u64, bytes: u64) -> std::io::Result<()> {
+    let mut replay = Replay::new(gateway()?);
+    reset_peak();
+    let started = Instant::now();
+    let mut reader = LogReader::open(path, options)?;
+    reader.for_each_record(|r| {
+        black_box(replay.decide(r));
+    })?;
+    let summary = replay.finish();
+    report(
+        "combined decide",
+        lines,
+        bytes,
+        started,
+        &format!("{} rejected", summary.rejected),
+    );
+    Ok(())
+}
+
 fn main() -> std::io::Result<()> {
     let lines: u64 = std::env::var("WEIR_BENCH_LINES")
         .ok()
@@ -280,41 +319,13 @@ fn main() -> std::io::Result<()> {
         let file = dir.path().join("access.log");
         let bytes = write_log(&file, lines, combined_line)?;
         if row("split") {
-            // Baseline: line splitting and UTF-8 validation only.
-            reset_peak();
-            let started = Instant::now();
-            let mut input = BufReader::with_capacity(256 * 1024, std::fs::File::open(&file)?);
-            let mut buf = Vec::with_capacity(4096);
-            let mut n = 0u64;
-            while {
-                buf.clear();
-                input.read_until(b'\n', &mut buf)? > 0
-            } {
-                n += std::str::from_utf8(&buf).map_or(0, |s| s.len() as u64 & 1);
-            }
-            black_box(n);
-            report("split", lines, bytes, started, "");
+            split_row(&file, lines, bytes)?;
         }
         if row("parse") {
             parse_row("combined parse", &file, combined_options(), lines, bytes)?;
         }
         if row("decide") {
-            // File order, no reordering: the decision cost alone on top of parsing.
-            let mut replay = Replay::new(gateway()?);
-            reset_peak();
-            let started = Instant::now();
-            let mut reader = LogReader::open(&file, combined_options())?;
-            reader.for_each_record(|r| {
-                black_box(replay.decide(r));
-            })?;
-            let summary = replay.finish();
-            report(
-                "combined decide",
-                lines,
-                bytes,
-                started,
-                &format!("{} rejected", summary.rejected),
-            );
+            decide_row(&file, combined_options(), lines, bytes)?;
         }
         if row("replay") {
             replay_row("combined replay", &file, combined_options(), lines, bytes)?;
