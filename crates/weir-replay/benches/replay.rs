@@ -297,15 +297,17 @@ fn decide_row(path: &Path, options: ReaderOptions, lines: u64, bytes: u64) -> st
     Ok(())
 }
 
+/// A count from the environment variable `name`, else `default`.
+fn count_from_env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn main() -> std::io::Result<()> {
-    let lines: u64 = std::env::var("WEIR_BENCH_LINES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000_000);
-    let json_lines: u64 = std::env::var("WEIR_BENCH_JSON_LINES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or((lines / 10).max(1));
+    let lines = count_from_env("WEIR_BENCH_LINES", 10_000_000);
+    let json_lines = count_from_env("WEIR_BENCH_JSON_LINES", (lines / 10).max(1));
     let rows = std::env::var("WEIR_BENCH_ROWS")
         .unwrap_or_else(|_| "split,parse,decide,replay,caddy,weir".into());
     let row = |name: &str| rows.split(',').any(|r| r.trim() == name);
