@@ -61,6 +61,17 @@ border:3px solid color-mix(in srgb,var(--accent) 25%,transparent);border-top-col
 @media (prefers-reduced-motion:reduce){.spinner{animation-duration:3s}}
 ";
 
+/// The parts of the page for a browser not running its script.
+struct NoScriptParts<'a> {
+    /// The `<noscript>` meta refresh for the head, or nothing.
+    refresh: String,
+    /// The text shown in the body's `<noscript>`.
+    text: &'a str,
+    /// The `data-refresh` attribute the script follows where it cannot do
+    /// the work, or nothing.
+    fallback: String,
+}
+
 /// The parts of the page that do not change per request.
 #[derive(Debug, Clone)]
 pub struct PageTemplate {
@@ -106,28 +117,46 @@ impl PageTemplate {
         waited: std::time::Duration,
         probe: &str,
     ) -> Response<Bytes> {
+        let no_script = self.no_script_parts(nonce, waited);
+        let html = self.page_html(nonce, difficulty, &no_script);
+        self.challenge_response(html, probe)
+    }
+
+    /// What the page says and does for a browser not running its script:
+    /// the `<noscript>` meta refresh (when such browsers are let through),
+    /// the text shown to them, and the script's `data-refresh` fallback.
+    fn no_script_parts(&self, nonce: &str, waited: std::time::Duration) -> NoScriptParts<'_> {
         let t = &self.text;
-        let e = escape;
         // Inside `<noscript>` in the head: only a browser not running the
         // script follows it (the nonce is base64url, safe in a URL).
         // The script follows it too where the browser is too old to do the
         // work (`data-refresh`).
-        let link = format!("{REFRESH_PATH}?nonce={}", e(nonce));
-        let (refresh, noscript, fallback) = match self.no_script_delay {
-            Some(wait) => (
-                format!(
+        let link = format!("{REFRESH_PATH}?nonce={}", escape(nonce));
+        match self.no_script_delay {
+            Some(wait) => NoScriptParts {
+                refresh: format!(
                     "<noscript><meta http-equiv=\"refresh\" content=\"{}; url={link}\"></noscript>\n",
                     // Whole seconds only (HTML ignores a fraction): 0
                     // for the default 500 ms; weir holds the link for
                     // the rest (`Challenger::refresh_hold`).
                     wait.saturating_sub(waited).as_secs(),
                 ),
-                &t.noscript_wait,
-                format!(" data-refresh=\"{link}\""),
-            ),
-            None => (String::new(), &t.noscript, String::new()),
-        };
-        let html = format!(
+                text: &t.noscript_wait,
+                fallback: format!(" data-refresh=\"{link}\""),
+            },
+            None => NoScriptParts {
+                refresh: String::new(),
+                text: &t.noscript,
+                fallback: String::new(),
+            },
+        }
+    }
+
+    /// The page's HTML document, every text escaped.
+    fn page_html(&self, nonce: &str, difficulty: u8, no_script: &NoScriptParts<'_>) -> String {
+        let t = &self.text;
+        let e = escape;
+        format!(
             r#"<!doctype html>
 <html lang="{lang}">
 <head>
@@ -154,19 +183,26 @@ impl PageTemplate {
 "#,
             lang = e(&t.lang),
             title = e(&t.title),
+            refresh = no_script.refresh,
             css = CSS,
             working = e(&t.working),
             done = e(&t.done),
             failed = e(&t.failed),
             cookies = e(&t.cookies_needed),
+            fallback = no_script.fallback,
             heading = e(&t.heading),
             explanation = e(&t.explanation),
-            noscript = e(noscript),
+            noscript = e(no_script.text),
             verify = VERIFY_PATH,
             nonce = e(nonce),
             script = SCRIPT_PATH,
             version = self.script_version,
-        );
+        )
+    }
+
+    /// The page as a `429` response with its security and caching headers,
+    /// setting the `probe` cookie.
+    fn challenge_response(&self, html: String, probe: &str) -> Response<Bytes> {
         let mut resp = Response::new(Bytes::from(html));
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         let h = resp.headers_mut();
