@@ -138,12 +138,30 @@ impl AccessRecord {
         out.extend_from_slice(b"{\"time\":");
         let mut w = JsonObject { out };
         w.quoted(|out| write_timestamp(out, self.time));
+        self.write_client_fields(&mut w);
+        self.write_request_fields(&mut w);
+        self.write_decision_fields(&mut w);
+        self.write_visit_fields(&mut w);
+        self.write_outcome_fields(&mut w);
+        w.out.push(b'}');
+    }
+
+    /// Writes who asked: the request's id, the client and the peer it came
+    /// through, and where the client's address was read from.
+    #[inline]
+    fn write_client_fields(&self, w: &mut JsonObject<'_>) {
         w.token(key!("request_id"), self.request_id.as_str());
         w.key(key!("client"));
         w.quoted(|out| write_ip(out, self.client));
         w.key(key!("peer"));
         w.quoted(|out| write_ip(out, self.peer));
         w.token(key!("client_source"), self.client_source);
+    }
+
+    /// Writes what was asked: method, host, path, protocol and the headers
+    /// the log keeps.
+    #[inline]
+    fn write_request_fields(&self, w: &mut JsonObject<'_>) {
         w.string(key!("method"), self.method.as_str());
         let (host, path, raw) = match &self.target {
             Some(t) => (
@@ -161,6 +179,12 @@ impl AccessRecord {
         w.opt_token(key!("alpn"), self.alpn);
         w.opt_field(key!("user_agent"), self.user_agent.as_ref());
         w.opt_field(key!("referer"), self.referer.as_ref());
+    }
+
+    /// Writes what weir decided: class, decision, session, bot, challenge,
+    /// the rule that decided and the rules that would have in shadow.
+    #[inline]
+    fn write_decision_fields(&self, w: &mut JsonObject<'_>) {
         w.string(key!("class"), &self.class);
         w.token(key!("decision"), self.decision);
         w.token(key!("session"), self.session);
@@ -184,6 +208,12 @@ impl AccessRecord {
             }
         }
         w.opt_token(key!("collateral"), self.collateral.map(|c| c.as_str()));
+    }
+
+    /// Writes the navigation's visit (`visit_views`, `visit_costly`,
+    /// `visit_age_s`), `null` each without one.
+    #[inline]
+    fn write_visit_fields(&self, w: &mut JsonObject<'_>) {
         match self.visit {
             Some(v) => {
                 w.uint(key!("visit_views"), u64::from(v.views));
@@ -196,6 +226,12 @@ impl AccessRecord {
                 w.null(key!("visit_age_s"));
             }
         }
+    }
+
+    /// Writes how it went: pool and upstream, statuses, bytes, times,
+    /// lane, coalescing and error.
+    #[inline]
+    fn write_outcome_fields(&self, w: &mut JsonObject<'_>) {
         w.opt_string(key!("pool"), self.pool.as_deref());
         match &self.upstream {
             Some(a) => {
@@ -220,7 +256,6 @@ impl AccessRecord {
         }
         w.opt_token(key!("coalesced"), self.coalesced);
         w.opt_string(key!("error"), self.error.as_deref());
-        w.out.push(b'}');
     }
 }
 
