@@ -24,6 +24,7 @@
 //! Shadow mode decides, logs and counts "would reject" without enforcing.
 //! This module decides; it does not build responses (see `crate::respond`).
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -518,14 +519,10 @@ pub async fn evaluate(
         if !rule.methods.is_empty() && !rule.methods.contains(facts.method) {
             continue;
         }
-        let exempt = (rule.exempt_verified && facts.user.is_some())
-            || (rule.exempt_pass && facts.pass.is_some())
-            || (rule.exempt_bots && facts.bot);
-        if exempt {
+        if is_exempt(rule, facts) {
             ev.results.push((index, RuleResult::Exempt));
             continue;
         }
-        let shadow = rule.shadow || global_shadow;
         let verdict = match &rule.body {
             RuleBody::Rate(levels) => match shared {
                 // Boxed: a Redis round trip anyway, and its state would
@@ -535,53 +532,108 @@ pub async fn evaluate(
             },
             RuleBody::Concurrency {
                 key, max, table, ..
-            } => match key.key(facts) {
-                None => Ok(None),
-                Some((k, shown)) => match table.try_acquire(k, *max) {
-                    Ok(guard) => Ok(Some(guard)),
-                    Err(_) => Err(RuleRejection {
-                        rule: rule.name.clone(),
-                        level: key.label(),
-                        key: shown.to_string(),
-                        retry_after: Duration::from_secs(1),
-                        policy: None,
-                    }),
-                },
-            },
+            } => check_concurrency(rule, key, *max, table, facts),
         };
-        match verdict {
-            Ok(guard) => {
-                ev.guards.extend(guard);
-                ev.results.push((index, RuleResult::Allow));
-            }
-            Err(rejection) if shadow => {
-                ev.results.push((index, RuleResult::ShadowReject));
-                ev.shadow.push(rejection);
-            }
-            Err(rejection) if rule.defer => {
-                ev.results.push((index, RuleResult::Defer));
-                if ev.deferral.is_none() {
-                    ev.deferral = Some((rejection, rule.exempt_pass));
-                }
-            }
-            Err(rejection) if rule.exempt_pass && facts.challengeable => {
-                ev.results.push((index, RuleResult::Challenge));
-                ev.challenge = Some(rejection);
-                ev.deferral = None;
-                ev.guards.clear();
-                return ev;
-            }
-            Err(rejection) => {
-                ev.results.push((index, RuleResult::Reject));
-                ev.rejection = Some(rejection);
-                ev.deferral = None;
-                // A rejected request holds no slots.
-                ev.guards.clear();
-                return ev;
-            }
+        let mode = RuleMode {
+            shadow: rule.shadow || global_shadow,
+            challengeable: facts.challengeable,
+        };
+        if ev.record(index, rule, verdict, mode).is_break() {
+            return ev;
         }
     }
     ev
+}
+
+/// Whether the request is exempt from `rule`: a verified session, a
+/// challenge pass or a verified bot, where the rule exempts it.
+#[inline]
+fn is_exempt(rule: &Rule, facts: &RequestFacts<'_>) -> bool {
+    (rule.exempt_verified && facts.user.is_some())
+        || (rule.exempt_pass && facts.pass.is_some())
+        || (rule.exempt_bots && facts.bot)
+}
+
+/// Takes a slot of a concurrency rule's `table` for the request's key, or
+/// refuses when the key already holds `max`. Requests without the key
+/// (e.g. no session) are not counted.
+#[inline]
+fn check_concurrency(
+    rule: &Rule,
+    key: &KeyKind,
+    max: u32,
+    table: &Arc<InflightTable>,
+    facts: &RequestFacts<'_>,
+) -> Result<Option<InflightGuard>, RuleRejection> {
+    match key.key(facts) {
+        None => Ok(None),
+        Some((k, shown)) => match table.try_acquire(k, max) {
+            Ok(guard) => Ok(Some(guard)),
+            Err(_) => Err(RuleRejection {
+                rule: rule.name.clone(),
+                level: key.label(),
+                key: shown.to_string(),
+                retry_after: Duration::from_secs(1),
+                policy: None,
+            }),
+        },
+    }
+}
+
+/// How a rule's refusal is taken for one request.
+#[derive(Debug, Clone, Copy)]
+struct RuleMode {
+    /// The rule (or every rule) is in shadow mode: a refusal is only logged.
+    shadow: bool,
+    /// The request is a navigation that can be shown a challenge.
+    challengeable: bool,
+}
+
+impl Evaluation {
+    /// Records the `verdict` of the rule at `index`: its slot kept, or its
+    /// refusal taken as shadow, deferral, challenge or rejection. Breaks when
+    /// the refusal decides the request (later rules are not evaluated).
+    #[inline]
+    fn record(
+        &mut self,
+        index: usize,
+        rule: &Rule,
+        verdict: Result<Option<InflightGuard>, RuleRejection>,
+        mode: RuleMode,
+    ) -> ControlFlow<()> {
+        match verdict {
+            Ok(guard) => {
+                self.guards.extend(guard);
+                self.results.push((index, RuleResult::Allow));
+            }
+            Err(rejection) if mode.shadow => {
+                self.results.push((index, RuleResult::ShadowReject));
+                self.shadow.push(rejection);
+            }
+            Err(rejection) if rule.defer => {
+                self.results.push((index, RuleResult::Defer));
+                if self.deferral.is_none() {
+                    self.deferral = Some((rejection, rule.exempt_pass));
+                }
+            }
+            Err(rejection) if rule.exempt_pass && mode.challengeable => {
+                self.results.push((index, RuleResult::Challenge));
+                self.challenge = Some(rejection);
+                self.deferral = None;
+                self.guards.clear();
+                return ControlFlow::Break(());
+            }
+            Err(rejection) => {
+                self.results.push((index, RuleResult::Reject));
+                self.rejection = Some(rejection);
+                self.deferral = None;
+                // A rejected request holds no slots.
+                self.guards.clear();
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// Charges every level, and gives back what was charged if one refuses, so a
