@@ -124,13 +124,7 @@ pub fn resolve(
 
     let peer_ip = peer.ip();
     if !trusted.contains(peer_ip) {
-        // One pass over the names: cheaper than three hashed lookups of
-        // fields most requests do not carry.
-        let carries = proxy_source.is_some()
-            || headers
-                .keys()
-                .any(|k| *k == X_FORWARDED_FOR || *k == FORWARDED || *k == X_REAL_IP);
-        let warning = carries.then_some(ForwardingWarning::UntrustedPeer);
+        let warning = untrusted_peer_warning(proxy_source, headers);
         return found(peer_ip, AddrSource::Peer, warning);
     }
 
@@ -145,6 +139,44 @@ pub fn resolve(
         }
     }
 
+    let warning = walk_forwarding_header(
+        headers,
+        trusted,
+        header,
+        proxy_source.is_some(),
+        &mut current,
+    );
+    found(current.0, current.1, warning)
+}
+
+/// The warning for an untrusted peer that sent forwarding information
+/// anyway (a PROXY header or a forwarding header), which weir ignores.
+#[inline]
+fn untrusted_peer_warning(
+    proxy_source: Option<IpAddr>,
+    headers: &HeaderMap,
+) -> Option<ForwardingWarning> {
+    // One pass over the names: cheaper than three hashed lookups of
+    // fields most requests do not carry.
+    let carries = proxy_source.is_some()
+        || headers
+            .keys()
+            .any(|k| *k == X_FORWARDED_FOR || *k == FORWARDED || *k == X_REAL_IP);
+    carries.then_some(ForwardingWarning::UntrustedPeer)
+}
+
+/// Walks the hops of the forwarding `header` right to left, moving
+/// `current` (the nearest valid hop so far) to each, and stops at the first
+/// untrusted one. Returns the walk's warning: `Malformed` when it stopped at
+/// an invalid entry, `MissingFromTrustedPeer` when a trusted peer sent no hop
+/// at all (and no PROXY header, `had_proxy_source`).
+fn walk_forwarding_header(
+    headers: &HeaderMap,
+    trusted: &TrustedProxies,
+    header: ForwardedHeader,
+    had_proxy_source: bool,
+    current: &mut (IpAddr, AddrSource),
+) -> Option<ForwardingWarning> {
     let source = header.source();
     let mut walked_any = false;
     let mut walk = |hop: Hop| -> Option<Option<ForwardingWarning>> {
@@ -152,7 +184,7 @@ pub fn resolve(
         match hop {
             Hop::Invalid => Some(Some(ForwardingWarning::Malformed)),
             Hop::Addr(ip) => {
-                current = (ip, source);
+                *current = (ip, source);
                 (!trusted.contains(ip)).then_some(None)
             }
         }
@@ -173,14 +205,11 @@ pub fn resolve(
             .flat_map(|line| forwarded_hops(line.as_bytes()).into_iter().rev())
             .find_map(&mut walk),
     };
-    let warning = match stopped {
+    match stopped {
         Some(warning) => warning,
-        None if !walked_any && proxy_source.is_none() => {
-            Some(ForwardingWarning::MissingFromTrustedPeer)
-        }
+        None if !walked_any && !had_proxy_source => Some(ForwardingWarning::MissingFromTrustedPeer),
         None => None,
-    };
-    found(current.0, current.1, warning)
+    }
 }
 
 /// Whether the client's own connection was TLS, as the trusted proxy in
