@@ -358,54 +358,16 @@ pub async fn run(warm_up: WarmUp, stop: CancellationToken) {
         .set(readiness.phase().pending().len() as i64);
     loop {
         let pending = readiness.phase().pending().to_vec();
-        let waiting: Vec<Arc<Pool>> = pools
-            .iter()
-            .filter(|p| pending.contains(&Awaited::Pool(p.name.clone())))
-            .cloned()
-            .collect();
-        let mut round = tokio::task::JoinSet::new();
-        for pool in waiting {
-            round.spawn(async move {
-                let up = probe_pool(&pool).await;
-                (pool.name.clone(), up)
-            });
-        }
-        let mut answered = Vec::new();
-        let collect = async {
-            while let Some(r) = round.join_next().await {
-                if let Ok((name, true)) = r {
-                    answered.push(Awaited::Pool(name));
-                }
-            }
+        let Some(mut answered) = probe_pending_pools(&pools, &pending, deadline, &stop).await
+        else {
+            return;
         };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::timeout_at(deadline.into(), collect) => {}
-        }
         if pending.contains(&Awaited::Redis)
             && shared.as_ref().is_some_and(|s| !s.fallback_active())
         {
             answered.push(Awaited::Redis);
         }
-        let now = Instant::now();
-        let mut events = Vec::new();
-        let settled = readiness.update(|phase| {
-            for a in &answered {
-                events.extend(phase.answered(now, a));
-            }
-            phase.probed();
-            events.extend(phase.tick(now));
-            phase.settled()
-        });
-        // Set with the phase, so the gauge and `/readyz` never disagree
-        // for a probe interval.
-        metrics
-            .waiting
-            .set(readiness.phase().pending().len() as i64);
-        for e in events {
-            report(&e, &metrics);
-        }
-        if settled {
+        if record_answers(&readiness, &metrics, &answered) {
             metrics.waiting.set(0);
             return;
         }
@@ -415,6 +377,66 @@ pub async fn run(warm_up: WarmUp, stop: CancellationToken) {
             _ = tokio::time::sleep_until(next.into()) => {}
         }
     }
+}
+
+/// Probes, all at once, the `pools` still `pending`, until each answered or
+/// the `deadline`; returns the pools that answered, or `None` when `stop` was
+/// cancelled meanwhile.
+async fn probe_pending_pools(
+    pools: &[Arc<Pool>],
+    pending: &[Awaited],
+    deadline: Instant,
+    stop: &CancellationToken,
+) -> Option<Vec<Awaited>> {
+    let waiting: Vec<Arc<Pool>> = pools
+        .iter()
+        .filter(|p| pending.contains(&Awaited::Pool(p.name.clone())))
+        .cloned()
+        .collect();
+    let mut round = tokio::task::JoinSet::new();
+    for pool in waiting {
+        round.spawn(async move {
+            let up = probe_pool(&pool).await;
+            (pool.name.clone(), up)
+        });
+    }
+    let mut answered = Vec::new();
+    let collect = async {
+        while let Some(r) = round.join_next().await {
+            if let Ok((name, true)) = r {
+                answered.push(Awaited::Pool(name));
+            }
+        }
+    };
+    tokio::select! {
+        _ = stop.cancelled() => return None,
+        _ = tokio::time::timeout_at(deadline.into(), collect) => {}
+    }
+    Some(answered)
+}
+
+/// Records a probe round's `answered` things in the phase, the waiting gauge
+/// and the log; returns whether the phase has settled (ready or timed out).
+fn record_answers(readiness: &Readiness, metrics: &WarmUpMetrics, answered: &[Awaited]) -> bool {
+    let now = Instant::now();
+    let mut events = Vec::new();
+    let settled = readiness.update(|phase| {
+        for a in answered {
+            events.extend(phase.answered(now, a));
+        }
+        phase.probed();
+        events.extend(phase.tick(now));
+        phase.settled()
+    });
+    // Set with the phase, so the gauge and `/readyz` never disagree
+    // for a probe interval.
+    metrics
+        .waiting
+        .set(readiness.phase().pending().len() as i64);
+    for e in events {
+        report(&e, metrics);
+    }
+    settled
 }
 
 fn report(e: &Event, metrics: &WarmUpMetrics) {
