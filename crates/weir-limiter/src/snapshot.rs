@@ -325,6 +325,29 @@ impl Snapshot {
     }
 
     fn decode(input: &mut WordReader) -> Result<Snapshot, SnapshotError> {
+        let (generation, written_at) = Self::decode_header(input)?;
+        let at = input.offset;
+        let count = input.word("section count")?;
+        // Each section needs at least 16 bytes; refuse counts the file cannot hold
+        // before allocating for them.
+        if count > input.left() / 16 {
+            return Err(input.corrupt(at, format!("{count} sections cannot fit in the file")));
+        }
+        let mut sections: Vec<RuleSection> = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let section = Self::decode_section(input, &sections)?;
+            sections.push(section);
+        }
+        Ok(Snapshot {
+            generation,
+            written_at,
+            sections,
+        })
+    }
+
+    /// Reads and checks the file's magic and version; returns its
+    /// generation and when it was written.
+    fn decode_header(input: &mut WordReader) -> Result<(u64, SystemTime), SnapshotError> {
         let magic = input.word("magic")?;
         if magic != MAGIC {
             return Err(SnapshotError::BadMagic {
@@ -341,57 +364,55 @@ impl Snapshot {
         }
         let generation = input.word("generation")?;
         let written_at = UNIX_EPOCH + Duration::from_nanos(input.word("written_at")?);
+        Ok((generation, written_at))
+    }
+
+    /// Reads one rule's section, refusing a rule already among the `earlier`
+    /// sections and an entry count the rest of the file cannot hold.
+    fn decode_section(
+        input: &mut WordReader,
+        earlier: &[RuleSection],
+    ) -> Result<RuleSection, SnapshotError> {
         let at = input.offset;
-        let count = input.word("section count")?;
-        // Each section needs at least 16 bytes; refuse counts the file cannot hold
-        // before allocating for them.
-        if count > input.left() / 16 {
-            return Err(input.corrupt(at, format!("{count} sections cannot fit in the file")));
+        let fingerprint = RuleFingerprint(input.word("rule fingerprint")?);
+        if earlier.iter().any(|s| s.fingerprint == fingerprint) {
+            return Err(input.corrupt(at, format!("rule {:#018x} appears twice", fingerprint.0)));
         }
-        let mut sections: Vec<RuleSection> = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let at = input.offset;
-            let fingerprint = RuleFingerprint(input.word("rule fingerprint")?);
-            if sections.iter().any(|s| s.fingerprint == fingerprint) {
-                return Err(
-                    input.corrupt(at, format!("rule {:#018x} appears twice", fingerprint.0))
-                );
-            }
-            let at = input.offset;
-            let entries = input.word("entry count")?;
-            if entries > input.left() / 16 {
-                return Err(input.corrupt(
-                    at,
-                    format!(
-                        "rule {:#018x} claims {entries} entries but only {} bytes remain",
-                        fingerprint.0,
-                        input.left()
-                    ),
-                ));
-            }
-            let mut list = Vec::with_capacity(entries as usize);
-            for _ in 0..entries {
-                let key = input.word("entry key")?;
-                let at = input.offset;
-                let remaining_ns = input.word("entry remaining time")?;
-                if remaining_ns > MAX_TOLERANCE.as_nanos() as u64 {
-                    return Err(input.corrupt(
-                        at,
-                        format!("remaining time {remaining_ns} ns is longer than any quota allows"),
-                    ));
-                }
-                list.push(SnapshotEntry { key, remaining_ns });
-            }
-            sections.push(RuleSection {
-                fingerprint,
-                entries: list,
-            });
+        let at = input.offset;
+        let entries = input.word("entry count")?;
+        if entries > input.left() / 16 {
+            return Err(input.corrupt(
+                at,
+                format!(
+                    "rule {:#018x} claims {entries} entries but only {} bytes remain",
+                    fingerprint.0,
+                    input.left()
+                ),
+            ));
         }
-        Ok(Snapshot {
-            generation,
-            written_at,
-            sections,
+        let mut list = Vec::with_capacity(entries as usize);
+        for _ in 0..entries {
+            list.push(Self::decode_entry(input)?);
+        }
+        Ok(RuleSection {
+            fingerprint,
+            entries: list,
         })
+    }
+
+    /// Reads one key's entry, refusing a remaining time longer than any
+    /// quota allows.
+    fn decode_entry(input: &mut WordReader) -> Result<SnapshotEntry, SnapshotError> {
+        let key = input.word("entry key")?;
+        let at = input.offset;
+        let remaining_ns = input.word("entry remaining time")?;
+        if remaining_ns > MAX_TOLERANCE.as_nanos() as u64 {
+            return Err(input.corrupt(
+                at,
+                format!("remaining time {remaining_ns} ns is longer than any quota allows"),
+            ));
+        }
+        Ok(SnapshotEntry { key, remaining_ns })
     }
 }
 
