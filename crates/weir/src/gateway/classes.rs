@@ -172,6 +172,28 @@ fn attach_state(
     RuleStores,
     HashMap<RuleFingerprint, Arc<InflightTable>>,
 ) {
+    let rule_stores = build_rule_stores(loaded, &rule_defs, previous, errors);
+    let mut inflight_tables = HashMap::new();
+    let mut class_rules: HashMap<String, Arc<[Rule]>> = HashMap::new();
+    for (class, defs) in rule_defs {
+        let compiled: Vec<Rule> = defs
+            .into_iter()
+            .map(|d| compile_rule(d, &rule_stores, previous, &mut inflight_tables))
+            .collect();
+        class_rules.insert(class, Arc::from(compiled));
+    }
+    (class_rules, rule_stores, inflight_tables)
+}
+
+/// The sharded stores of every rate level, by fingerprint (the previous
+/// gateway's when unchanged); an empty set, with an error, when the
+/// configured size cannot be built.
+fn build_rule_stores(
+    loaded: &LoadedConfig,
+    rule_defs: &[(String, Vec<RuleDef>)],
+    previous: Option<&Gateway>,
+    errors: &mut Vec<ConfigError>,
+) -> RuleStores {
     let root = KeyPath::root();
     let cfg = &loaded.config;
     let store_config = StoreConfig::with_max_keys(cfg.rules.max_keys_per_level.max(1024));
@@ -180,61 +202,60 @@ fn attach_state(
         .flat_map(|(_, defs)| defs.iter())
         .flat_map(|d| d.levels.iter().map(|l| (l.fingerprint, store_config)))
         .collect();
-    let rule_stores = RuleStores::build(&level_fps, previous.map(|p| &p.rule_stores))
-        .unwrap_or_else(|e| {
-            errors
-                .push(loaded.error_at(&root.key("rules").key("max_keys_per_level"), e.to_string()));
-            RuleStores::default()
-        });
-    let mut inflight_tables = HashMap::new();
-    let mut class_rules: HashMap<String, Arc<[Rule]>> = HashMap::new();
-    for (class, defs) in rule_defs {
-        let mut compiled = Vec::new();
-        for d in defs {
-            let body = match d.concurrency {
-                Some((key, max, fp)) => {
-                    let table = previous
-                        .and_then(|p| p.inflight_tables.get(&fp).cloned())
-                        .unwrap_or_default();
-                    inflight_tables.insert(fp, table.clone());
-                    RuleBody::Concurrency {
-                        key,
-                        max,
-                        table,
-                        fingerprint: fp,
-                    }
-                }
-                None => RuleBody::Rate(
-                    d.levels
-                        .into_iter()
-                        .filter_map(|l| {
-                            let store = rule_stores.by_fingerprint(l.fingerprint)?.clone();
-                            Some(RateLevel {
-                                label: weir_limiter::redis::key_label(&d.name, l.key.label())
-                                    .into(),
-                                key: l.key,
-                                quota: l.quota,
-                                store,
-                                fingerprint: l.fingerprint,
-                            })
-                        })
-                        .collect(),
-                ),
-            };
-            compiled.push(Rule {
-                name: Arc::from(d.name.as_str()),
-                body,
-                exempt_verified: d.exempt.verified,
-                exempt_pass: d.exempt.pass,
-                exempt_bots: d.exempt.bots,
-                defer: d.defer,
-                shadow: d.shadow,
-                methods: d.methods,
-            });
+    RuleStores::build(&level_fps, previous.map(|p| &p.rule_stores)).unwrap_or_else(|e| {
+        errors.push(loaded.error_at(&root.key("rules").key("max_keys_per_level"), e.to_string()));
+        RuleStores::default()
+    })
+}
+
+/// One validated rule with its state attached: a concurrency rule gets its
+/// in-flight table (the previous gateway's when unchanged, recorded in
+/// `inflight_tables`), a rate rule's levels their stores.
+fn compile_rule(
+    d: RuleDef,
+    rule_stores: &RuleStores,
+    previous: Option<&Gateway>,
+    inflight_tables: &mut HashMap<RuleFingerprint, Arc<InflightTable>>,
+) -> Rule {
+    let body = match d.concurrency {
+        Some((key, max, fp)) => {
+            let table = previous
+                .and_then(|p| p.inflight_tables.get(&fp).cloned())
+                .unwrap_or_default();
+            inflight_tables.insert(fp, table.clone());
+            RuleBody::Concurrency {
+                key,
+                max,
+                table,
+                fingerprint: fp,
+            }
         }
-        class_rules.insert(class, Arc::from(compiled));
+        None => RuleBody::Rate(
+            d.levels
+                .into_iter()
+                .filter_map(|l| {
+                    let store = rule_stores.by_fingerprint(l.fingerprint)?.clone();
+                    Some(RateLevel {
+                        label: weir_limiter::redis::key_label(&d.name, l.key.label()).into(),
+                        key: l.key,
+                        quota: l.quota,
+                        store,
+                        fingerprint: l.fingerprint,
+                    })
+                })
+                .collect(),
+        ),
+    };
+    Rule {
+        name: Arc::from(d.name.as_str()),
+        body,
+        exempt_verified: d.exempt.verified,
+        exempt_pass: d.exempt.pass,
+        exempt_bots: d.exempt.bots,
+        defer: d.defer,
+        shadow: d.shadow,
+        methods: d.methods,
     }
-    (class_rules, rule_stores, inflight_tables)
 }
 
 /// A rule as validated, before its state is attached.
@@ -315,17 +336,14 @@ fn rule_methods(
     methods
 }
 
-/// A rate rule's levels from its `limits` (at least one, at most
-/// `rules::MAX_LEVELS`, no window over a day), each with the fingerprint
-/// that ties its state to this class, rule and quota; a level with an
-/// error is reported and left out.
-fn rate_levels(
+/// Reports a rate rule whose `limits` are empty or too many, or that
+/// carries a concurrency rule's `per` or `max`.
+fn check_rate_rule_shape(
     loaded: &LoadedConfig,
     at: &KeyPath,
-    class: &str,
     d: &crate::config::RuleConfig,
     errors: &mut Vec<ConfigError>,
-) -> Vec<LevelDef> {
+) {
     if d.limits.is_empty() {
         errors.push(loaded.error_at(
             &at.key("limits"),
@@ -344,6 +362,20 @@ fn rate_levels(
             "`per` and `max` belong to concurrency rules; rate rules use `limits`",
         ));
     }
+}
+
+/// A rate rule's levels from its `limits` (at least one, at most
+/// `rules::MAX_LEVELS`, no window over a day), each with the fingerprint
+/// that ties its state to this class, rule and quota; a level with an
+/// error is reported and left out.
+fn rate_levels(
+    loaded: &LoadedConfig,
+    at: &KeyPath,
+    class: &str,
+    d: &crate::config::RuleConfig,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<LevelDef> {
+    check_rate_rule_shape(loaded, at, d, errors);
     let mut levels = Vec::new();
     for (j, l) in d.limits.iter().enumerate() {
         let lat = at.key("limits").index(j);
