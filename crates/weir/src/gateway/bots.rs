@@ -122,6 +122,33 @@ fn crawler(
     keyring: &mut Keyring,
     errors: &mut Vec<ConfigError>,
 ) {
+    check_crawler_name(loaded, c, at, errors);
+    check_reverse_dns_claim(loaded, c, at, errors);
+    let keys = read_crawler_keys(loaded, c, at, errors);
+    for (key_at, key) in &keys {
+        if !keyring.insert(key, index) && keyring.bot_of(&key.thumbprint) != Some(index) {
+            errors.push(loaded.error_at(
+                key_at,
+                format!("key {} belongs to another crawler too", key.thumbprint),
+            ));
+        }
+    }
+    let has_keys = c.keys_file.is_some() || !c.keys.is_empty();
+    if !has_keys && c.user_agent.is_none() && c.domains.is_none() {
+        errors.push(loaded.error_at(
+            at,
+            "proves nothing: give Web Bot Auth keys (`keys`, `keys_file`) or reverse DNS (`user_agent` and `domains`)",
+        ));
+    }
+}
+
+/// Reports a crawler name that is not `[a-z0-9_-]`, 1 to 40 characters.
+fn check_crawler_name(
+    loaded: &LoadedConfig,
+    c: &CrawlerConfig,
+    at: &KeyPath,
+    errors: &mut Vec<ConfigError>,
+) {
     let name_ok = !c.name.is_empty()
         && c.name.len() <= 40
         && c.name
@@ -133,6 +160,16 @@ fn crawler(
             format!("`{}` is not [a-z0-9_-], 1 to 40 characters", c.name),
         ));
     }
+}
+
+/// Reports a reverse-DNS proof that is half given or cannot work: a
+/// `user_agent` and its `domains` go together, and each domain must be one.
+fn check_reverse_dns_claim(
+    loaded: &LoadedConfig,
+    c: &CrawlerConfig,
+    at: &KeyPath,
+    errors: &mut Vec<ConfigError>,
+) {
     match (&c.user_agent, &c.domains) {
         (None, None) => {}
         (Some(ua), _) if ua.trim().len() < 3 => errors.push(loaded.error_at(
@@ -159,6 +196,16 @@ fn crawler(
             }
         }
     }
+}
+
+/// The crawler's Web Bot Auth public keys, from its `keys_file` and `keys`,
+/// each with where it was configured; a key that cannot be read is reported.
+fn read_crawler_keys(
+    loaded: &LoadedConfig,
+    c: &CrawlerConfig,
+    at: &KeyPath,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<(KeyPath, PublicKey)> {
     let mut keys: Vec<(KeyPath, PublicKey)> = Vec::new();
     if let Some(path) = &c.keys_file {
         match jwk::read_key_file(path) {
@@ -172,21 +219,7 @@ fn crawler(
             Err(e) => errors.push(loaded.error_at(&at.key("keys").index(j), e.to_string())),
         }
     }
-    for (key_at, key) in &keys {
-        if !keyring.insert(key, index) && keyring.bot_of(&key.thumbprint) != Some(index) {
-            errors.push(loaded.error_at(
-                key_at,
-                format!("key {} belongs to another crawler too", key.thumbprint),
-            ));
-        }
-    }
-    let has_keys = c.keys_file.is_some() || !c.keys.is_empty();
-    if !has_keys && c.user_agent.is_none() && c.domains.is_none() {
-        errors.push(loaded.error_at(
-            at,
-            "proves nothing: give Web Bot Auth keys (`keys`, `keys_file`) or reverse DNS (`user_agent` and `domains`)",
-        ));
-    }
+    keys
 }
 
 /// A domain as reverse DNS compares it: a DNS name of at least two labels.
@@ -222,25 +255,7 @@ fn resolver(
             }
         }
     } else {
-        let mut servers = Vec::new();
-        for (j, s) in cfg.dns_servers.iter().enumerate() {
-            let parsed = s
-                .parse::<SocketAddr>()
-                .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)));
-            match parsed {
-                Ok(addr) => {
-                    let mut server = NameServerConfig::udp_and_tcp(addr.ip());
-                    for conn in &mut server.connections {
-                        conn.port = addr.port();
-                    }
-                    servers.push(server);
-                }
-                Err(_) => errors.push(loaded.error_at(
-                    &at.key("dns_servers").index(j),
-                    format!("`{s}` is not ip or ip:port"),
-                )),
-            }
-        }
+        let servers = name_servers(loaded, cfg, at, errors);
         TokioResolver::builder_with_config(ResolverConfig::from_name_servers(servers), provider)
     };
     let opts = builder.options_mut();
@@ -256,15 +271,49 @@ fn resolver(
             return None;
         }
     };
-    let settings = Settings {
+    Some(Fcrdns::new(resolver, fcrdns_settings(cfg)))
+}
+
+/// The configured `dns_servers` (`ip` or `ip:port`, port 53 by default),
+/// each asked over UDP and TCP; one that does not parse is reported.
+fn name_servers(
+    loaded: &LoadedConfig,
+    cfg: &BotsConfig,
+    at: &KeyPath,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<NameServerConfig> {
+    let mut servers = Vec::new();
+    for (j, s) in cfg.dns_servers.iter().enumerate() {
+        let parsed = s
+            .parse::<SocketAddr>()
+            .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)));
+        match parsed {
+            Ok(addr) => {
+                let mut server = NameServerConfig::udp_and_tcp(addr.ip());
+                for conn in &mut server.connections {
+                    conn.port = addr.port();
+                }
+                servers.push(server);
+            }
+            Err(_) => errors.push(loaded.error_at(
+                &at.key("dns_servers").index(j),
+                format!("`{s}` is not ip or ip:port"),
+            )),
+        }
+    }
+    servers
+}
+
+/// The reverse-DNS check's waits, lifetimes and bounds from the config.
+fn fcrdns_settings(cfg: &BotsConfig) -> Settings {
+    Settings {
         wait: cfg.dns_wait.0,
         timeout: cfg.dns_timeout.0,
         verified_ttl: cfg.dns_verified_ttl.0,
         negative_ttl: cfg.dns_negative_ttl.0,
         cache_size: NonZeroUsize::new(cfg.dns_cache_size).unwrap_or(NonZeroUsize::MIN),
         max_lookups: cfg.dns_max_lookups.max(1),
-    };
-    Some(Fcrdns::new(resolver, settings))
+    }
 }
 
 #[cfg(test)]
