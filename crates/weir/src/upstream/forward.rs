@@ -310,6 +310,39 @@ impl ForwardingHeaders {
 
     /// Rewrites forwarding headers on a request about to go upstream.
     pub fn apply(&self, headers: &mut HeaderMap, hop: &Hop<'_>, version: Version) {
+        self.apply_x_forwarded_for(headers, hop);
+        if !hop.peer_trusted {
+            // Both are rare in requests: look before paying for two removals.
+            if headers
+                .keys()
+                .any(|k| *k == X_REAL_IP || *k == header::FORWARDED)
+            {
+                headers.remove(&X_REAL_IP);
+                headers.remove(header::FORWARDED);
+            }
+        }
+        let proto = if hop.tls { "https" } else { "http" };
+        if self.config.x_forwarded_proto {
+            // A trusted load balancer that terminated TLS knows the real scheme.
+            if !(hop.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+                headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+            }
+        } else if !hop.peer_trusted {
+            headers.remove(&X_FORWARDED_PROTO);
+        }
+        if self.config.forwarded {
+            append_forwarded(headers, hop, proto);
+        }
+        if self.config.via {
+            append_via(headers, version);
+        }
+    }
+
+    /// Sets `X-Forwarded-For` as configured: removed, replaced by the
+    /// client, or (from a trusted peer) the received chain with the nearest
+    /// hop appended.
+    #[inline]
+    fn apply_x_forwarded_for(&self, headers: &mut HeaderMap, hop: &Hop<'_>) {
         let client = hop.client.client.ip();
         let nearest = hop.proxy_source.unwrap_or_else(|| hop.client.peer.ip());
         match self.config.x_forwarded_for {
@@ -336,51 +369,39 @@ impl ForwardingHeaders {
                 headers.insert(X_FORWARDED_FOR.clone(), ip_value(client));
             }
         }
-        if !hop.peer_trusted {
-            // Both are rare in requests: look before paying for two removals.
-            if headers
-                .keys()
-                .any(|k| *k == X_REAL_IP || *k == header::FORWARDED)
-            {
-                headers.remove(&X_REAL_IP);
-                headers.remove(header::FORWARDED);
-            }
-        }
-        let proto = if hop.tls { "https" } else { "http" };
-        if self.config.x_forwarded_proto {
-            // A trusted load balancer that terminated TLS knows the real scheme.
-            if !(hop.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
-                headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
-            }
-        } else if !hop.peer_trusted {
-            headers.remove(&X_FORWARDED_PROTO);
-        }
-        if self.config.forwarded {
-            let mut element = format!("for={}", forwarded_node(client));
-            if let Some(a) = hop.authority {
-                element.push_str(";host=");
-                push_quoted(&mut element, a.as_str());
-            }
-            element.push_str(&format!(";proto={proto}"));
-            let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-                Some(prev) if hop.peer_trusted => format!("{prev}, {element}"),
-                _ => element,
-            };
-            set(headers, &header::FORWARDED, &value);
-        }
-        if self.config.via {
-            let v = match version {
-                Version::HTTP_2 => "2 weir",
-                Version::HTTP_10 => "1.0 weir",
-                _ => "1.1 weir",
-            };
-            let value = match headers.get(header::VIA).and_then(|x| x.to_str().ok()) {
-                Some(prev) => format!("{prev}, {v}"),
-                None => v.to_string(),
-            };
-            set(headers, &header::VIA, &value);
-        }
     }
+}
+
+/// Appends this hop's `Forwarded` element (`for`, `host`, `proto`) to a
+/// trusted peer's, or sets it alone.
+#[inline]
+fn append_forwarded(headers: &mut HeaderMap, hop: &Hop<'_>, proto: &str) {
+    let mut element = format!("for={}", forwarded_node(hop.client.client.ip()));
+    if let Some(a) = hop.authority {
+        element.push_str(";host=");
+        push_quoted(&mut element, a.as_str());
+    }
+    element.push_str(&format!(";proto={proto}"));
+    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(prev) if hop.peer_trusted => format!("{prev}, {element}"),
+        _ => element,
+    };
+    set(headers, &header::FORWARDED, &value);
+}
+
+/// Appends weir to `Via`, with the protocol version it received.
+#[inline]
+fn append_via(headers: &mut HeaderMap, version: Version) {
+    let v = match version {
+        Version::HTTP_2 => "2 weir",
+        Version::HTTP_10 => "1.0 weir",
+        _ => "1.1 weir",
+    };
+    let value = match headers.get(header::VIA).and_then(|x| x.to_str().ok()) {
+        Some(prev) => format!("{prev}, {v}"),
+        None => v.to_string(),
+    };
+    set(headers, &header::VIA, &value);
 }
 
 /// An address as a header value, without a UTF-8 re-check and, for IPv4,
