@@ -516,32 +516,9 @@ impl AdmissionQueue {
             let mut st = shared.lock();
             let in_flight = st.in_flight;
             st.limiter.grow_open(now, in_flight);
-            let limit = shared.limit(&st);
-            let free = st.queued == 0 && st.in_flight < limit;
-            let lent = !free
-                && shared.may_lend(&st, limit)
-                && st.passes_nobody(lane, &key)
-                && shape.is_some_and(|s| shared.shapes.is_fast(s));
-            if free || lent {
-                if lent {
-                    st.lent += 1;
-                } else {
-                    st.in_flight += 1;
-                }
-                st.count_grant(lane.index());
-                let in_flight = st.in_flight + st.lent;
+            if let Some(granted) = shared.grant_at_once(&mut st, lane, &key, shape) {
                 drop(st);
-                return Ok(Queued::Admitted(Permit::new(
-                    shared.clone(),
-                    Granted {
-                        lane,
-                        waited: Duration::ZERO,
-                        in_flight,
-                        at_limit: in_flight >= limit,
-                        lent,
-                    },
-                    now,
-                )));
+                return Ok(Queued::Admitted(Permit::new(shared.clone(), granted, now)));
             }
             let refused = if deadline <= now {
                 Err(ShedReason::DeadlineExceeded)
@@ -725,6 +702,42 @@ impl Shared {
             && st.in_flight >= limit
             && st.health_in_flight == 0
             && st.lent < self.config.health_reserve
+    }
+
+    /// Takes a slot at once when one is free and nobody waits, or lends the
+    /// worker kept for health checks to a fast request that passes nobody;
+    /// `None` when the request must queue.
+    #[inline]
+    fn grant_at_once(
+        &self,
+        st: &mut State,
+        lane: Lane,
+        key: &FairKey,
+        shape: Option<Shape>,
+    ) -> Option<Granted> {
+        let limit = self.limit(st);
+        let free = st.queued == 0 && st.in_flight < limit;
+        let lent = !free
+            && self.may_lend(st, limit)
+            && st.passes_nobody(lane, key)
+            && shape.is_some_and(|s| self.shapes.is_fast(s));
+        if !(free || lent) {
+            return None;
+        }
+        if lent {
+            st.lent += 1;
+        } else {
+            st.in_flight += 1;
+        }
+        st.count_grant(lane.index());
+        let in_flight = st.in_flight + st.lent;
+        Some(Granted {
+            lane,
+            waited: Duration::ZERO,
+            in_flight,
+            at_limit: in_flight >= limit,
+            lent,
+        })
     }
 
     /// The traffic limit in force.
