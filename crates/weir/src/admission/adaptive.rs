@@ -649,27 +649,7 @@ impl GradientLimit {
         let next = if congested {
             self.cut_for_latency(w, short, long)
         } else if saturated {
-            // Every slot used and latency flat: the limit, not the app, is
-            // what holds requests back. After a few such windows in a row,
-            // probe again by doubling (demand grew since the last cut). A
-            // cut for one episode of drops (an app that restarted under its
-            // requests, a burst it refused once) probes at the first such
-            // window: an app that drops again at the same concurrency sets
-            // a ceiling, one that does not should not wait behind it.
-            self.flat_saturated = self.flat_saturated.saturating_add(1);
-            let reprobe_after = match (self.since_drop, self.ceiling) {
-                (Some(_), None) if self.cut_by_drop => 1,
-                _ => REPROBE_AFTER,
-            };
-            if self.flat_saturated >= reprobe_after {
-                self.probing = true;
-            }
-            if self.probing {
-                let near_the_knee = self.cut_by_latency_once && !self.cut_by_drop;
-                self.limit * if near_the_knee { REPROBE_GROWTH } else { 2.0 }
-            } else {
-                self.limit + cfg.smoothing * self.limit.sqrt()
-            }
+            self.next_when_saturated()
         } else {
             self.flat_saturated = 0;
             if app_limited {
@@ -683,6 +663,33 @@ impl GradientLimit {
             None => next,
         };
         self.limit = next.clamp(cfg.min as f64, cfg.max as f64);
+    }
+
+    /// The next limit after a saturated window (every slot used, latency
+    /// flat): a step up, or a doubling while probing.
+    #[inline]
+    fn next_when_saturated(&mut self) -> f64 {
+        // Every slot used and latency flat: the limit, not the app, is
+        // what holds requests back. After a few such windows in a row,
+        // probe again by doubling (demand grew since the last cut). A
+        // cut for one episode of drops (an app that restarted under its
+        // requests, a burst it refused once) probes at the first such
+        // window: an app that drops again at the same concurrency sets
+        // a ceiling, one that does not should not wait behind it.
+        self.flat_saturated = self.flat_saturated.saturating_add(1);
+        let reprobe_after = match (self.since_drop, self.ceiling) {
+            (Some(_), None) if self.cut_by_drop => 1,
+            _ => REPROBE_AFTER,
+        };
+        if self.flat_saturated >= reprobe_after {
+            self.probing = true;
+        }
+        if self.probing {
+            let near_the_knee = self.cut_by_latency_once && !self.cut_by_drop;
+            self.limit * if near_the_knee { REPROBE_GROWTH } else { 2.0 }
+        } else {
+            self.limit + self.config.smoothing * self.limit.sqrt()
+        }
     }
 
     /// A window within the tolerance: its peak in flight is what the app
