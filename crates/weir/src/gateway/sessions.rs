@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Gateway;
-use crate::config::{ConfigError, KeyPath, LoadedConfig};
+use crate::config::{
+    AuthSubrequestSettings, ConfigError, KeyPath, LoadedConfig, SignedCookieConfig,
+};
 use crate::identity::session::{
     AuthSubrequest, AuthSubrequestConfig, SessionVerifier, SignedCookie, SigningKeys,
     SystemWallClock,
@@ -121,60 +123,14 @@ fn build_sessions(
     let cfg = &loaded.config.sessions;
     let at = KeyPath::root().key("sessions");
     let before = errors.len();
-    let signed = cfg.signed_cookie.as_ref().and_then(|s| {
-        let at = at.key("signed_cookie");
-        if s.cookie.trim().is_empty() {
-            errors.push(loaded.error_at(&at.key("cookie"), "a cookie name is required"));
-        }
-        match SigningKeys::new(&s.keys) {
-            Ok(keys) => Some(SignedCookie::new(&s.cookie, keys)),
-            Err(e) => {
-                errors.push(loaded.error_at(&at.key("keys"), e.to_string()));
-                None
-            }
-        }
-    });
-    let subrequest = cfg.auth_subrequest.as_ref().and_then(|a| {
-        let at = at.key("auth_subrequest");
-        let Some(server) = pools
-            .iter()
-            .find(|p| &*p.name == a.pool.as_str())
-            .and_then(|p| p.servers.first())
-        else {
-            errors.push(loaded.error_at(&at.key("pool"), format!("no pool named `{}`", a.pool)));
-            return None;
-        };
-        let cookies: Vec<&str> = a.cookies.iter().map(String::as_str).collect();
-        let mut c = AuthSubrequestConfig::new(server.addr, &cookies);
-        c.path = a.path.clone();
-        c.user_header = match a
-            .user_header
-            .as_deref()
-            .map(|h| http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()))
-        {
-            None => None,
-            Some(Ok(h)) => Some(h),
-            Some(Err(_)) => {
-                errors.push(loaded.error_at(&at.key("user_header"), "not a header name"));
-                None
-            }
-        };
-        c.required_cookies = a.required_cookies.clone();
-        c.user_json = a.user_json_pointer.clone();
-        c.timeout = a.timeout.0;
-        c.verified_ttl = a.verified_ttl.0;
-        c.denied_ttl = a.denied_ttl.0;
-        c.unknown_ttl = a.unknown_ttl.0;
-        c.max_entries = a.max_entries;
-        c.max_in_flight = a.max_in_flight;
-        match AuthSubrequest::new(c, Arc::new(weir_limiter::MonotonicClock)) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                errors.push(loaded.error_at(&at, e.to_string()));
-                None
-            }
-        }
-    });
+    let signed = cfg
+        .signed_cookie
+        .as_ref()
+        .and_then(|s| build_signed_cookie(loaded, s, &at, errors));
+    let subrequest = cfg
+        .auth_subrequest
+        .as_ref()
+        .and_then(|a| build_auth_subrequest(loaded, a, pools, &at, errors));
     if errors.len() > before || (signed.is_none() && subrequest.is_none()) {
         return None;
     }
@@ -183,4 +139,75 @@ fn build_sessions(
         subrequest,
         Arc::new(SystemWallClock),
     )))
+}
+
+/// The signed-cookie method from `[sessions.signed_cookie]`, or `None`
+/// (with the errors reported) when its keys are invalid.
+fn build_signed_cookie(
+    loaded: &LoadedConfig,
+    s: &SignedCookieConfig,
+    at: &KeyPath,
+    errors: &mut Vec<ConfigError>,
+) -> Option<SignedCookie> {
+    let at = at.key("signed_cookie");
+    if s.cookie.trim().is_empty() {
+        errors.push(loaded.error_at(&at.key("cookie"), "a cookie name is required"));
+    }
+    match SigningKeys::new(&s.keys) {
+        Ok(keys) => Some(SignedCookie::new(&s.cookie, keys)),
+        Err(e) => {
+            errors.push(loaded.error_at(&at.key("keys"), e.to_string()));
+            None
+        }
+    }
+}
+
+/// The auth-subrequest method from `[sessions.auth_subrequest]`, asking the
+/// first server of its pool, or `None` (with the errors reported).
+fn build_auth_subrequest(
+    loaded: &LoadedConfig,
+    a: &AuthSubrequestSettings,
+    pools: &[Arc<Pool>],
+    at: &KeyPath,
+    errors: &mut Vec<ConfigError>,
+) -> Option<AuthSubrequest> {
+    let at = at.key("auth_subrequest");
+    let Some(server) = pools
+        .iter()
+        .find(|p| &*p.name == a.pool.as_str())
+        .and_then(|p| p.servers.first())
+    else {
+        errors.push(loaded.error_at(&at.key("pool"), format!("no pool named `{}`", a.pool)));
+        return None;
+    };
+    let cookies: Vec<&str> = a.cookies.iter().map(String::as_str).collect();
+    let mut c = AuthSubrequestConfig::new(server.addr, &cookies);
+    c.path = a.path.clone();
+    c.user_header = match a
+        .user_header
+        .as_deref()
+        .map(|h| http::HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()))
+    {
+        None => None,
+        Some(Ok(h)) => Some(h),
+        Some(Err(_)) => {
+            errors.push(loaded.error_at(&at.key("user_header"), "not a header name"));
+            None
+        }
+    };
+    c.required_cookies = a.required_cookies.clone();
+    c.user_json = a.user_json_pointer.clone();
+    c.timeout = a.timeout.0;
+    c.verified_ttl = a.verified_ttl.0;
+    c.denied_ttl = a.denied_ttl.0;
+    c.unknown_ttl = a.unknown_ttl.0;
+    c.max_entries = a.max_entries;
+    c.max_in_flight = a.max_in_flight;
+    match AuthSubrequest::new(c, Arc::new(weir_limiter::MonotonicClock)) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            errors.push(loaded.error_at(&at, e.to_string()));
+            None
+        }
+    }
 }
