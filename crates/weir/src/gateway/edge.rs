@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use crate::admin::guard::{AdminGuard, MIN_TOKEN_LEN};
-use crate::config::{ConfigError, KeyPath, LoadedConfig};
+use crate::config::{ConfigError, KeyPath, LimitsConfig, LoadedConfig};
 use crate::edge::tls;
 use crate::edge::{ConnLimits, EdgeSettings, ListenerSpec};
 use crate::identity::TrustedProxies;
@@ -136,9 +136,34 @@ pub(super) fn identity(
 
 /// `[limits]`: the caps and timeouts of connections and request heads.
 pub(super) fn limits(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> EdgeSettings {
-    let root = KeyPath::root();
     let lim = &loaded.config.limits;
-    let lim_at = root.key("limits");
+    check_limits(loaded, lim, errors);
+    EdgeSettings {
+        conn: ConnLimits {
+            max_connections: lim.max_connections,
+            max_per_ip: lim.max_connections_per_ip,
+            header_timeout: lim.header_read_timeout.0,
+            idle_timeout: lim.keepalive_idle_timeout.0,
+            send_timeout: lim.send_timeout.0,
+            ipv6_prefix: lim.ipv6_prefix_len,
+        },
+        max_in_flight_per_ip: lim.max_requests_in_flight_per_ip,
+        handshake_timeout: lim.handshake_timeout.0,
+        max_header_bytes: lim.max_header_bytes,
+        max_headers: lim.max_headers,
+        body: weir_http::body::BodyLimits {
+            read_timeout: lim.body_read_timeout.0,
+            min_rate: lim.min_body_rate,
+            max_bytes: lim.max_body_bytes,
+        },
+    }
+}
+
+/// Reports `[limits]` values that would refuse every connection or request:
+/// zero caps, a header size below the minimum, a bad IPv6 prefix length,
+/// zero timeouts.
+fn check_limits(loaded: &LoadedConfig, lim: &LimitsConfig, errors: &mut Vec<ConfigError>) {
+    let lim_at = KeyPath::root().key("limits");
     if lim.max_connections == 0 {
         errors.push(loaded.error_at(&lim_at.key("max_connections"), "must be at least 1"));
     }
@@ -184,24 +209,5 @@ pub(super) fn limits(loaded: &LoadedConfig, errors: &mut Vec<ConfigError>) -> Ed
         if value.is_zero() {
             errors.push(loaded.error_at(&lim_at.key(key), "must be longer than 0s"));
         }
-    }
-    EdgeSettings {
-        conn: ConnLimits {
-            max_connections: lim.max_connections,
-            max_per_ip: lim.max_connections_per_ip,
-            header_timeout: lim.header_read_timeout.0,
-            idle_timeout: lim.keepalive_idle_timeout.0,
-            send_timeout: lim.send_timeout.0,
-            ipv6_prefix: lim.ipv6_prefix_len,
-        },
-        max_in_flight_per_ip: lim.max_requests_in_flight_per_ip,
-        handshake_timeout: lim.handshake_timeout.0,
-        max_header_bytes: lim.max_header_bytes,
-        max_headers: lim.max_headers,
-        body: weir_http::body::BodyLimits {
-            read_timeout: lim.body_read_timeout.0,
-            min_rate: lim.min_body_rate,
-            max_bytes: lim.max_body_bytes,
-        },
     }
 }
