@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::admin::guard::AdminGuard;
 use crate::admission::{Coalescer, Lane, Shape};
-use crate::config::{ClientHeader, ConfigError, ConfigErrors, LoadedConfig};
+use crate::config::{ClientHeader, ConfigError, ConfigErrors, IdentityConfig, LoadedConfig};
 use crate::edge::{EdgeSettings, ListenerSpec};
 use crate::identity::TrustedProxies;
 use crate::identity::dominance::DominantPeerDetector;
@@ -166,32 +166,23 @@ impl Gateway {
         let (true, Some(low_rate)) = (errors.is_empty(), low_rate) else {
             return Err(ConfigErrors(errors));
         };
-        let warnings = process::warnings(&loaded, admin_address);
-        let dominance = Arc::new(DominantPeerDetector::new(
-            cfg.identity.dominant_peer_window.0,
-            share,
-            cfg.identity.dominant_peer_min_requests,
-        ));
         Ok(Gateway {
             version,
             listeners,
             routes: RouteTable { routes },
             pools,
             classes: classes.settings,
-            client_header: match cfg.identity.client_header {
-                ClientHeader::XForwardedFor => ForwardedHeader::XForwardedFor,
-                ClientHeader::Forwarded => ForwardedHeader::Forwarded,
-            },
+            client_header: forwarded_header(cfg.identity.client_header),
             trusted,
             path_policy: PathPolicy {
                 keep_encoded_slash: cfg.limits.allow_encoded_slash,
             },
             forwarding: ForwardingHeaders::new(cfg.forwarding.clone()),
             edge,
-            dominance,
+            dominance: dominant_peer_detector(&cfg.identity, share),
             admin_address,
             admin_guard,
-            warnings,
+            warnings: process::warnings(&loaded, admin_address),
             drain_timeout: cfg.process.drain_timeout.0,
             rule_stores: classes.rule_stores,
             inflight_tables: classes.inflight_tables,
@@ -207,6 +198,24 @@ impl Gateway {
             loaded,
         })
     }
+}
+
+/// The forwarding header weir reads the client from, as configured.
+fn forwarded_header(h: ClientHeader) -> ForwardedHeader {
+    match h {
+        ClientHeader::XForwardedFor => ForwardedHeader::XForwardedFor,
+        ClientHeader::Forwarded => ForwardedHeader::Forwarded,
+    }
+}
+
+/// The detector of one peer sending a dominant `share` of requests, over
+/// the configured window.
+fn dominant_peer_detector(identity: &IdentityConfig, share: f64) -> Arc<DominantPeerDetector> {
+    Arc::new(DominantPeerDetector::new(
+        identity.dominant_peer_window.0,
+        share,
+        identity.dominant_peer_min_requests,
+    ))
 }
 
 #[cfg(test)]
