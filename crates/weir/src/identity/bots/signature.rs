@@ -271,28 +271,44 @@ fn component_value(req: &SignedRequest<'_>, component: &Item) -> Result<String, 
         if !params.is_empty() {
             return Err(Rejection::Malformed);
         }
-        let query = req.query.unwrap_or("");
-        return Ok(match name {
-            "@method" => req.method.to_string(),
-            "@authority" => req.authority.to_ascii_lowercase(),
-            "@scheme" => req.scheme.to_string(),
-            "@path" if req.path.is_empty() => "/".to_string(),
-            "@path" => req.path.to_string(),
-            "@query" => format!("?{query}"),
-            "@target-uri" => {
-                let q = req.query.map(|q| format!("?{q}")).unwrap_or_default();
-                format!("{}://{}{}{q}", req.scheme, req.authority, req.path)
-            }
-            "@request-target" => match req.query {
-                Some(q) => format!("{}?{q}", req.path),
-                None => req.path.to_string(),
-            },
-            _ => return Err(Rejection::Malformed),
-        });
+        return derived_component_value(req, name);
     }
     if name.bytes().any(|b| b.is_ascii_uppercase()) {
         return Err(Rejection::Malformed);
     }
+    field_component_value(req, name, params)
+}
+
+/// A derived component's value (RFC 9421 §2.2): `@method`, `@path` and the
+/// like, from the request's parts.
+fn derived_component_value(req: &SignedRequest<'_>, name: &str) -> Result<String, Rejection> {
+    let query = req.query.unwrap_or("");
+    Ok(match name {
+        "@method" => req.method.to_string(),
+        "@authority" => req.authority.to_ascii_lowercase(),
+        "@scheme" => req.scheme.to_string(),
+        "@path" if req.path.is_empty() => "/".to_string(),
+        "@path" => req.path.to_string(),
+        "@query" => format!("?{query}"),
+        "@target-uri" => {
+            let q = req.query.map(|q| format!("?{q}")).unwrap_or_default();
+            format!("{}://{}{}{q}", req.scheme, req.authority, req.path)
+        }
+        "@request-target" => match req.query {
+            Some(q) => format!("{}?{q}", req.path),
+            None => req.path.to_string(),
+        },
+        _ => return Err(Rejection::Malformed),
+    })
+}
+
+/// A field's value (RFC 9421 §2.1): its lines trimmed and joined with
+/// `, `; with `;key`, the dictionary member re-serialised.
+fn field_component_value(
+    req: &SignedRequest<'_>,
+    name: &str,
+    params: &sfv::Parameters,
+) -> Result<String, Rejection> {
     let lines: Vec<&str> = req
         .headers
         .get_all(name)
