@@ -16,7 +16,7 @@
 //! would end the container (docs/operations.md).
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener as StdUnixListener;
 use std::path::{Path, PathBuf};
@@ -625,6 +625,37 @@ async fn accept_loop(listener: UnixListener, tx: mpsc::Sender<Incoming>) {
     }
 }
 
+/// Adopts the handed-over sockets, each with its descriptor: listeners go
+/// to `inherited` with the role and address they were configured for; the
+/// upgrade socket is returned, to keep listening on for the next upgrade.
+fn adopt_sockets(
+    sockets: Vec<SocketMeta>,
+    fds: Vec<OwnedFd>,
+    inherited: &mut Inherited,
+) -> Result<Option<UpgradeSocket>, HandoffError> {
+    let mut upgrade_socket = None;
+    for (meta, fd) in sockets.into_iter().zip(fds) {
+        match meta.role {
+            Some(role) => {
+                let configured = meta.configured.parse().map_err(|e| {
+                    HandoffError::BadFrame(format!("socket address `{}`: {e}", meta.configured))
+                })?;
+                inherited.listeners.push(InheritedListener {
+                    tag: Some((role, configured)),
+                    listener: std::net::TcpListener::from(fd),
+                });
+            }
+            None => {
+                upgrade_socket = Some(UpgradeSocket::inherited(
+                    PathBuf::from(meta.configured),
+                    StdUnixListener::from(fd),
+                ));
+            }
+        }
+    }
+    Ok(upgrade_socket)
+}
+
 /// New side: what the previous process handed over.
 pub struct Taken {
     channel: Channel,
@@ -672,26 +703,7 @@ impl Taken {
             admission,
             ..Inherited::default()
         };
-        let mut upgrade_socket = None;
-        for (meta, fd) in sockets.into_iter().zip(fds) {
-            match meta.role {
-                Some(role) => {
-                    let configured = meta.configured.parse().map_err(|e| {
-                        HandoffError::BadFrame(format!("socket address `{}`: {e}", meta.configured))
-                    })?;
-                    inherited.listeners.push(InheritedListener {
-                        tag: Some((role, configured)),
-                        listener: std::net::TcpListener::from(fd),
-                    });
-                }
-                None => {
-                    upgrade_socket = Some(UpgradeSocket::inherited(
-                        PathBuf::from(meta.configured),
-                        StdUnixListener::from(fd),
-                    ));
-                }
-            }
-        }
+        let upgrade_socket = adopt_sockets(sockets, fds, &mut inherited)?;
         let state = channel.recv_blob("limiter state", timeout).await?;
         if !state.is_empty() {
             let snapshot = tokio::task::spawn_blocking(move || snapshot_from_bytes(&state))
