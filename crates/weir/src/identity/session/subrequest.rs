@@ -230,16 +230,14 @@ impl std::fmt::Debug for AuthSubrequest {
     }
 }
 
-impl AuthSubrequest {
-    /// Checks the configuration and builds the client. Needs no runtime until first use.
-    pub fn new(
-        cfg: AuthSubrequestConfig,
-        clock: Arc<dyn Clock>,
-    ) -> Result<AuthSubrequest, AuthSubrequestConfigError> {
-        if cfg.cookies.is_empty() {
+impl AuthSubrequestConfig {
+    /// Checks the configuration, first problem first; returns the
+    /// sub-request's URI and `Host` value.
+    fn validate(&self) -> Result<(Uri, HeaderValue), AuthSubrequestConfigError> {
+        if self.cookies.is_empty() {
             return Err(AuthSubrequestConfigError::NoCookies);
         }
-        for name in &cfg.cookies {
+        for name in &self.cookies {
             let valid = !name.is_empty()
                 && name
                     .bytes()
@@ -248,42 +246,59 @@ impl AuthSubrequest {
                 return Err(AuthSubrequestConfigError::BadCookieName(name.clone()));
             }
         }
-        if !cfg.path.starts_with('/') {
-            return Err(AuthSubrequestConfigError::BadPath(cfg.path.clone()));
+        if !self.path.starts_with('/') {
+            return Err(AuthSubrequestConfigError::BadPath(self.path.clone()));
         }
-        let uri: Uri = format!("http://{}{}", cfg.upstream, cfg.path)
+        let uri: Uri = format!("http://{}{}", self.upstream, self.path)
             .parse()
-            .map_err(|_| AuthSubrequestConfigError::BadPath(cfg.path.clone()))?;
-        let host = HeaderValue::from_str(&cfg.host)
-            .map_err(|_| AuthSubrequestConfigError::BadHost(cfg.host.clone()))?;
-        if cfg.timeout.is_zero() {
+            .map_err(|_| AuthSubrequestConfigError::BadPath(self.path.clone()))?;
+        let host = HeaderValue::from_str(&self.host)
+            .map_err(|_| AuthSubrequestConfigError::BadHost(self.host.clone()))?;
+        if self.timeout.is_zero() {
             return Err(AuthSubrequestConfigError::ZeroTimeout);
         }
-        if cfg.max_in_flight == 0 {
+        if self.max_in_flight == 0 {
             return Err(AuthSubrequestConfigError::ZeroInFlight);
         }
-        if let Some(r) = cfg
+        if let Some(r) = self
             .required_cookies
             .iter()
-            .find(|r| !cfg.cookies.contains(r))
+            .find(|r| !self.cookies.contains(r))
         {
             return Err(AuthSubrequestConfigError::RequiredNotForwarded(r.clone()));
         }
-        if let Some(p) = &cfg.user_json
+        if let Some(p) = &self.user_json
             && !p.starts_with('/')
         {
             return Err(AuthSubrequestConfigError::BadJsonPointer(p.clone()));
         }
-        if cfg.user_json.is_some() && cfg.user_header.is_some() {
+        if self.user_json.is_some() && self.user_header.is_some() {
             return Err(AuthSubrequestConfigError::TwoUserFields);
         }
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(cfg.timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(cfg.max_in_flight)
-            .build(connector);
+        Ok((uri, host))
+    }
+}
+
+/// The HTTP client of the sub-requests: connecting within the timeout,
+/// keeping up to `max_in_flight` idle connections to the app.
+fn http_client(cfg: &AuthSubrequestConfig) -> Client<HttpConnector, Empty<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(cfg.timeout));
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(cfg.max_in_flight)
+        .build(connector)
+}
+
+impl AuthSubrequest {
+    /// Checks the configuration and builds the client. Needs no runtime until first use.
+    pub fn new(
+        cfg: AuthSubrequestConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<AuthSubrequest, AuthSubrequestConfigError> {
+        let (uri, host) = cfg.validate()?;
+        let client = http_client(&cfg);
         Ok(AuthSubrequest {
             permits: Semaphore::new(cfg.max_in_flight),
             state: Mutex::new(State {
