@@ -228,6 +228,29 @@ const HEALTH_RESERVE: usize = 1;
 /// How long after a shed a pool still reports itself busy.
 const BUSY_AFTER_SHED: Duration = Duration::from_secs(10);
 
+/// A candidate server as its health and slow start stood when a request
+/// looked for one.
+struct Seen<'a> {
+    server: &'a Arc<Server>,
+    state: HealthState,
+    cause: Option<DeadCause>,
+    /// Its slow-start cap on requests in flight, while ramping up.
+    cap: Option<u32>,
+}
+
+impl<'a> Seen<'a> {
+    /// Reads `server`'s health and slow-start cap at `now`.
+    fn of(server: &'a Arc<Server>, now: Instant) -> Seen<'a> {
+        let st = server.lock();
+        Seen {
+            server,
+            state: st.health.state(),
+            cause: st.health.dead_cause(),
+            cap: st.slow_start.as_ref().and_then(|s| s.max_in_flight(now)),
+        }
+    }
+}
+
 impl Pool {
     /// Builds a pool; server names are resolved now, once. Servers that
     /// `previous` (the pool of the same name before a reload) already had
@@ -328,29 +351,18 @@ impl Pool {
         })
     }
 
+    /// Picks among the `candidates` by health: the servers the pool's mode
+    /// admits, under their slow-start cap if any is, by the pool's balance
+    /// (in panic, the least bad). `AllDead` when it admits none.
     fn pick_by_health<'a>(
         &self,
         candidates: Vec<&'a Arc<Server>>,
         idempotent: bool,
         now: Instant,
     ) -> Result<Option<&'a Arc<Server>>, NoServer> {
-        struct Seen<'a> {
-            server: &'a Arc<Server>,
-            state: HealthState,
-            cause: Option<DeadCause>,
-            cap: Option<u32>,
-        }
         let seen: Vec<Seen<'a>> = candidates
             .into_iter()
-            .map(|server| {
-                let st = server.lock();
-                Seen {
-                    server,
-                    state: st.health.state(),
-                    cause: st.health.dead_cause(),
-                    cap: st.slow_start.as_ref().and_then(|s| s.max_in_flight(now)),
-                }
-            })
+            .map(|server| Seen::of(server, now))
             .collect();
         if seen.is_empty() {
             return Ok(None);
