@@ -16,6 +16,7 @@ use http::{Request, header};
 
 use super::health::CheckResult;
 use super::pool::{CheckSettings, Pool, Server};
+use crate::admission::AdmissionQueue;
 use crate::observe::Metrics;
 use crate::observe::metrics::CheckLabels;
 use weir_http::body::RequestBody;
@@ -64,63 +65,76 @@ pub fn round(pools: &[Arc<Pool>], metrics: &Arc<Metrics>, now: Instant) {
 /// Refreshes the pools' gauges: admission limit, in-flight and queue
 /// depth, pool signal and server health.
 pub fn export_gauges(pools: &[Arc<Pool>], metrics: &Metrics, now: Instant) {
-    use super::health::{HealthState, PoolSignal};
-    use crate::observe::metrics::{LaneLabels, PoolLabels, PoolStateLabels, ServerStateLabels};
     for pool in pools {
-        let labels = PoolLabels {
-            pool: pool.name.clone(),
-        };
         if let Some(q) = &pool.admission {
-            let snap = q.snapshot();
-            metrics
-                .admission_limit
-                .get_or_create(&labels)
-                .set(snap.limit as i64);
-            metrics
-                .admission_open_bound
-                .get_or_create(&labels)
-                .set(snap.open_bound.map_or(0, |b| b as i64));
-            metrics
-                .admission_expensive_shapes
-                .get_or_create(&labels)
-                .set(q.shapes().expensive_shapes() as i64);
-            metrics
-                .admission_in_flight
-                .get_or_create(&labels)
-                .set(snap.in_flight as i64);
-            for lane in &snap.lanes {
+            export_admission_gauges(pool, q, metrics);
+        }
+        export_health_gauges(pool, metrics, now);
+    }
+}
+
+/// Refreshes one pool's admission gauges: limit, open bound, expensive
+/// shapes, in flight, and each lane's queue depth.
+fn export_admission_gauges(pool: &Pool, q: &AdmissionQueue, metrics: &Metrics) {
+    use crate::observe::metrics::{LaneLabels, PoolLabels};
+    let labels = PoolLabels {
+        pool: pool.name.clone(),
+    };
+    let snap = q.snapshot();
+    metrics
+        .admission_limit
+        .get_or_create(&labels)
+        .set(snap.limit as i64);
+    metrics
+        .admission_open_bound
+        .get_or_create(&labels)
+        .set(snap.open_bound.map_or(0, |b| b as i64));
+    metrics
+        .admission_expensive_shapes
+        .get_or_create(&labels)
+        .set(q.shapes().expensive_shapes() as i64);
+    metrics
+        .admission_in_flight
+        .get_or_create(&labels)
+        .set(snap.in_flight as i64);
+    for lane in &snap.lanes {
+        metrics
+            .admission_queued
+            .get_or_create(&LaneLabels {
+                pool: pool.name.clone(),
+                lane: Arc::from(lane.name.as_str()),
+            })
+            .set(lane.queued as i64);
+    }
+}
+
+/// Refreshes one pool's signal gauge (1 on its current state) and, when it
+/// is checked, its servers' health gauges.
+fn export_health_gauges(pool: &Pool, metrics: &Metrics, now: Instant) {
+    use super::health::{HealthState, PoolSignal};
+    use crate::observe::metrics::{PoolStateLabels, ServerStateLabels};
+    let signal = pool.signal(now);
+    for s in [PoolSignal::Ready, PoolSignal::Busy, PoolSignal::Down] {
+        metrics
+            .pool_state
+            .get_or_create(&PoolStateLabels {
+                pool: pool.name.clone(),
+                state: s.as_str(),
+            })
+            .set(i64::from(s == signal));
+    }
+    if pool.checks.is_some() {
+        for server in &pool.servers {
+            let state = server.health();
+            for h in [HealthState::Healthy, HealthState::Slow, HealthState::Dead] {
                 metrics
-                    .admission_queued
-                    .get_or_create(&LaneLabels {
+                    .upstream_health
+                    .get_or_create(&ServerStateLabels {
                         pool: pool.name.clone(),
-                        lane: Arc::from(lane.name.as_str()),
+                        server: server.addr.to_string(),
+                        state: h.as_str(),
                     })
-                    .set(lane.queued as i64);
-            }
-        }
-        let signal = pool.signal(now);
-        for s in [PoolSignal::Ready, PoolSignal::Busy, PoolSignal::Down] {
-            metrics
-                .pool_state
-                .get_or_create(&PoolStateLabels {
-                    pool: pool.name.clone(),
-                    state: s.as_str(),
-                })
-                .set(i64::from(s == signal));
-        }
-        if pool.checks.is_some() {
-            for server in &pool.servers {
-                let state = server.health();
-                for h in [HealthState::Healthy, HealthState::Slow, HealthState::Dead] {
-                    metrics
-                        .upstream_health
-                        .get_or_create(&ServerStateLabels {
-                            pool: pool.name.clone(),
-                            server: server.addr.to_string(),
-                            state: h.as_str(),
-                        })
-                        .set(i64::from(h == state));
-                }
+                    .set(i64::from(h == state));
             }
         }
     }
