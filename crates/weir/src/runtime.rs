@@ -16,7 +16,7 @@ use arc_swap::ArcSwap;
 use weir_limiter::shared::{SharedLimiter, SharedStats};
 
 use crate::challenge::pressure::PressureTable;
-use crate::config::{ConfigErrors, Env, LoadedConfig, load_file};
+use crate::config::{Config, ConfigErrors, Env, LoadedConfig, load_file};
 use crate::edge::ConnTracker;
 use crate::edge::inflight::ClientInFlight;
 use crate::gateway::Gateway;
@@ -180,27 +180,7 @@ impl Runtime {
         for w in &next.warnings {
             tracing::warn!("configuration: {w}");
         }
-        let mut restart_needed = Vec::new();
-        if next.loaded.config.listeners != current.loaded.config.listeners {
-            restart_needed.push("listeners");
-        }
-        if next.loaded.config.admin.listener() != current.loaded.config.admin.listener() {
-            restart_needed.push("admin");
-        }
-        if next.loaded.config.access_log != current.loaded.config.access_log {
-            restart_needed.push("access_log");
-        }
-        if next.loaded.config.process.workers != current.loaded.config.process.workers {
-            restart_needed.push("process.workers");
-        }
-        if next
-            .loaded
-            .config
-            .state
-            .redis_differs(&current.loaded.config.state)
-        {
-            restart_needed.push("state.redis_url");
-        }
+        let restart_needed = restart_needed(&next.loaded.config, &current.loaded.config);
         if let Some(shared) = self.shared.get() {
             shared.set_rules(next.rule_stores.clone());
         }
@@ -294,4 +274,26 @@ impl Runtime {
         m.redis_fallback_active.set(i64::from(now.fallback_active));
         *last = now;
     }
+}
+
+/// The changed settings a reload cannot apply, from the `current`
+/// configuration to the `next`: they take effect at the next restart.
+fn restart_needed(next: &Config, current: &Config) -> Vec<&'static str> {
+    let mut restart_needed = Vec::new();
+    if next.listeners != current.listeners {
+        restart_needed.push("listeners");
+    }
+    if next.admin.listener() != current.admin.listener() {
+        restart_needed.push("admin");
+    }
+    if next.access_log != current.access_log {
+        restart_needed.push("access_log");
+    }
+    if next.process.workers != current.process.workers {
+        restart_needed.push("process.workers");
+    }
+    if next.state.redis_differs(&current.state) {
+        restart_needed.push("state.redis_url");
+    }
+    restart_needed
 }
