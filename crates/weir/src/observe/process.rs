@@ -75,6 +75,53 @@ fn boot_time(proc_stat: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// A gauge of the process: name, help, unit, and value (`None` where the
+/// system does not tell).
+type ProcessGauge = (&'static str, &'static str, Option<Unit>, Option<f64>);
+
+/// The process's gauges from its stats: memory, start time, threads and
+/// file descriptors.
+fn process_gauges(s: &ProcessStats) -> [ProcessGauge; 6] {
+    [
+        (
+            "process_resident_memory",
+            "Resident memory size",
+            Some(Unit::Bytes),
+            Some(s.resident_bytes as f64),
+        ),
+        (
+            "process_virtual_memory",
+            "Virtual memory size",
+            Some(Unit::Bytes),
+            Some(s.virtual_bytes as f64),
+        ),
+        (
+            "process_start_time",
+            "Start time of the process since the Unix epoch",
+            Some(Unit::Seconds),
+            Some(s.start_time_seconds),
+        ),
+        (
+            "process_threads",
+            "Operating system threads in the process",
+            None,
+            Some(s.threads as f64),
+        ),
+        (
+            "process_open_fds",
+            "Open file descriptors (connections, upstream sockets, files)",
+            None,
+            s.open_fds.map(|v| v as f64),
+        ),
+        (
+            "process_max_fds",
+            "The soft limit on open file descriptors",
+            None,
+            s.max_fds.map(|v| v as f64),
+        ),
+    ]
+}
+
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(s) = ProcessStats::read() else {
@@ -87,44 +134,7 @@ impl Collector for ProcessCollector {
             Some(&Unit::Seconds),
             cpu.metric_type(),
         )?)?;
-        let gauges: [(&str, &str, Option<Unit>, Option<f64>); 6] = [
-            (
-                "process_resident_memory",
-                "Resident memory size",
-                Some(Unit::Bytes),
-                Some(s.resident_bytes as f64),
-            ),
-            (
-                "process_virtual_memory",
-                "Virtual memory size",
-                Some(Unit::Bytes),
-                Some(s.virtual_bytes as f64),
-            ),
-            (
-                "process_start_time",
-                "Start time of the process since the Unix epoch",
-                Some(Unit::Seconds),
-                Some(s.start_time_seconds),
-            ),
-            (
-                "process_threads",
-                "Operating system threads in the process",
-                None,
-                Some(s.threads as f64),
-            ),
-            (
-                "process_open_fds",
-                "Open file descriptors (connections, upstream sockets, files)",
-                None,
-                s.open_fds.map(|v| v as f64),
-            ),
-            (
-                "process_max_fds",
-                "The soft limit on open file descriptors",
-                None,
-                s.max_fds.map(|v| v as f64),
-            ),
-        ];
+        let gauges = process_gauges(&s);
         for (name, help, unit, value) in &gauges {
             let Some(value) = *value else { continue };
             let gauge = ConstGauge::new(value);
