@@ -5,6 +5,7 @@
 //! Lookups go through [`Env`] so tests pass a map instead of mutating the
 //! process environment.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// A source of environment values.
@@ -67,35 +68,9 @@ pub fn substitute(text: &str, env: &dyn Env) -> Result<String, Vec<SubstError>> 
         };
         let body = &body_start[..end];
         rest = &body_start[end + 1..];
-        let (name, default) = match body.split_once(":-") {
-            Some((n, d)) => (n, Some(d)),
-            None => (body, None),
-        };
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            errors.push(SubstError {
-                line,
-                message: format!("`${{{body}}}` is not a valid variable name"),
-            });
-            continue;
-        }
-        match (env.get(name), default) {
-            (Some(v), _) if !(v.is_empty() && default.is_some()) => {
-                if v.contains('\n') {
-                    errors.push(SubstError {
-                        line,
-                        message: format!("{name} contains a line break, which is not allowed"),
-                    });
-                } else {
-                    out.push_str(&v);
-                }
-            }
-            (_, Some(d)) => out.push_str(d),
-            (None, None) | (Some(_), None) => errors.push(SubstError {
-                line,
-                message: format!(
-                    "{name} is not set and `${{{name}}}` has no default (use `${{{name}:-value}}`)"
-                ),
-            }),
+        match expand(body, env, line) {
+            Ok(value) => out.push_str(&value),
+            Err(e) => errors.push(e),
         }
     }
     out.push_str(rest);
@@ -103,6 +78,40 @@ pub fn substitute(text: &str, env: &dyn Env) -> Result<String, Vec<SubstError>> 
         Ok(out)
     } else {
         Err(errors)
+    }
+}
+
+/// The replacement for one `${body}` (`NAME` or `NAME:-default`) on
+/// `line`: the variable's value, or the default when it is unset or empty.
+fn expand<'a>(body: &'a str, env: &dyn Env, line: usize) -> Result<Cow<'a, str>, SubstError> {
+    let (name, default) = match body.split_once(":-") {
+        Some((n, d)) => (n, Some(d)),
+        None => (body, None),
+    };
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(SubstError {
+            line,
+            message: format!("`${{{body}}}` is not a valid variable name"),
+        });
+    }
+    match (env.get(name), default) {
+        (Some(v), _) if !(v.is_empty() && default.is_some()) => {
+            if v.contains('\n') {
+                Err(SubstError {
+                    line,
+                    message: format!("{name} contains a line break, which is not allowed"),
+                })
+            } else {
+                Ok(Cow::Owned(v))
+            }
+        }
+        (_, Some(d)) => Ok(Cow::Borrowed(d)),
+        (None, None) | (Some(_), None) => Err(SubstError {
+            line,
+            message: format!(
+                "{name} is not set and `${{{name}}}` has no default (use `${{{name}:-value}}`)"
+            ),
+        }),
     }
 }
 
