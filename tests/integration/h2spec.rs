@@ -92,6 +92,13 @@ fn cases(scheme: &'static str) -> Vec<Case> {
     ];
     let get_block = block(&req("/"));
     let post_block = block(&post);
+    // A POST the app answers without reading its body (`/bytes/N`): what
+    // the client sends after the answer meets a stream weir has answered.
+    let answered_early = |extra: &[(&'static str, &'static str)]| {
+        let mut f = vec![(":method", "POST"), (":scheme", scheme), (":path", "/bytes/1"), (":authority", "test.local")];
+        f.extend_from_slice(extra);
+        frame(HEADERS, END_HEADERS, 1, &block(&f))
+    };
     let with = |extra: &[(&'static str, &'static str)]| {
         let mut f = req("/");
         f.extend_from_slice(extra);
@@ -252,6 +259,10 @@ fn cases(scheme: &'static str) -> Vec<Case> {
         case("8.1.1/1", "content-length and one DATA frame disagree", vec![frame(HEADERS, END_HEADERS, 1, &[post_block.clone(), fields(&[("content-length", "1")])].concat()), data(1, END_STREAM, b"test")], Stream(1, &[PROTOCOL_ERROR])),
         case("8.1.1/2", "content-length and several DATA frames disagree", vec![frame(HEADERS, END_HEADERS, 1, &[post_block.clone(), fields(&[("content-length", "10")])].concat()), data(1, 0, b"abc"), data(1, END_STREAM, b"def")], Stream(1, &[PROTOCOL_ERROR])),
         case("8.1.1/3", "content-length on a request whose DATA is short", vec![frame(HEADERS, END_HEADERS, 1, &[post_block.clone(), fields(&[("content-length", "4")])].concat()), data(1, END_STREAM, b"ab")], Stream(1, &[PROTOCOL_ERROR])),
+        case("8.1.1/4", "a pseudo-header in trailers after the app answered", vec![answered_early(&[]), await_for(b'e'), hdr(1, &fields(&[(":path", "/x")]))], Stream(1, &[PROTOCOL_ERROR])),
+        case("8.1.1/5", "content-length and DATA disagree after the app answered", vec![answered_early(&[("content-length", "10")]), await_for(b'e'), data(1, END_STREAM, b"abc")], Stream(1, &[PROTOCOL_ERROR])),
+        case("6.9.1/4", "a stream window over 2^31-1 after the app answered", vec![answered_early(&[]), await_for(b'e'), wu(1, 0x7fff_ffff)], Stream(1, &[FLOW_CONTROL_ERROR])),
+        case("8.1/2", "a body the app did not read, sent whole after its answer", vec![answered_early(&[]), await_for(b'e'), data(1, 0, b"abc"), data(1, END_STREAM, b"def")], Alive),
         // 8.4 Server Push
         case("8.4/1", "PUSH_PROMISE from a client", vec![open(1), frame(PUSH_PROMISE, END_HEADERS, 1, &[u32s(&[2]), get_block.clone()].concat())], Conn(&[PROTOCOL_ERROR])),
         // HPACK (RFC 7541)

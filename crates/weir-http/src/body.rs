@@ -123,6 +123,52 @@ pub struct RequestBody {
     timer: Option<Pin<Box<Sleep>>>,
     /// Where the bytes read are counted; `None` for a body that is empty.
     bytes: Option<Arc<AtomicU64>>,
+    /// Read to its end when dropped unfinished ([`RequestBody::drained_when_dropped`]).
+    drain: bool,
+}
+
+/// What is read of an HTTP/2 request body nobody wants any more, and for how
+/// long, before its stream is let go (`RST_STREAM(NO_ERROR)`). A body
+/// under this comes whole, as nginx reads and discards one: the client sees
+/// its request end cleanly, and a request malformed after its answer (bad
+/// trailers, a length its DATA does not make) still gets its
+/// `PROTOCOL_ERROR` (RFC 9113 8.1.1), instead of a reset that depended on
+/// whether the app answered first. A large upload the app refused early is
+/// cut at the bound: its bytes are not worth the wait.
+const DRAIN_MAX_BYTES: usize = 256 * 1024;
+const DRAIN_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// Reads and discards what is left of `body`, within the bounds above.
+async fn drain(mut body: Incoming) {
+    use http_body_util::BodyExt as _;
+    let mut left = DRAIN_MAX_BYTES;
+    let read = async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let len = frame.data_ref().map_or(0, Bytes::len);
+            left = left.saturating_sub(len);
+            if left == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_MAX_WAIT, read).await;
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        if !self.drain {
+            return;
+        }
+        let Some(ClientBody::Hyper(body)) = self.inner.take() else {
+            return;
+        };
+        if body.is_end_stream() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(drain(body));
+        }
+    }
 }
 
 impl RequestBody {
@@ -136,6 +182,7 @@ impl RequestBody {
             received: 0,
             timer: None,
             bytes: None,
+            drain: false,
         }
     }
 
@@ -149,6 +196,15 @@ impl RequestBody {
         self.bytes = bytes;
     }
 
+    /// Read what is left of this body when it is dropped unfinished, within
+    /// bounds, before its stream goes: for HTTP/2, where dropping a body
+    /// resets its stream (see `DRAIN_MAX_BYTES`). HTTP/1 connections
+    /// settle an unread body themselves.
+    pub fn drained_when_dropped(mut self) -> Self {
+        self.drain = true;
+        self
+    }
+
     /// An empty body (for a request re-sent after a connect failure).
     pub fn empty() -> Self {
         RequestBody {
@@ -158,6 +214,7 @@ impl RequestBody {
             received: 0,
             timer: None,
             bytes: None,
+            drain: false,
         }
     }
 }

@@ -395,7 +395,11 @@ where
         // on; inline, each move copied the handler's whole future (about 6
         // KB of copies a request, bench/README.md "HTTP/2 over TLS under
         // callgrind").
-        let request = req.map(RequestBody::from);
+        let request = if http1 {
+            req.map(RequestBody::from)
+        } else {
+            req.map(|body| RequestBody::from(body).drained_when_dropped())
+        };
         let answer = Box::into_pin(Box::write(Box::new_uninit(), handler.handle(request)));
         let state = state.clone();
         async move {

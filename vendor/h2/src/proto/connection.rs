@@ -324,8 +324,16 @@ where
                             // This will also handle flushing `self.codec`
                             ready!(self.inner.streams.poll_complete(cx, &mut self.codec))?;
 
-                            if (self.inner.error.is_some()
-                                || self.inner.go_away.should_close_on_idle())
+                            // weir: a server keeps a connection the client
+                            // sent GOAWAY on until the client closes it (or
+                            // the server's own idle timeout does): a PING
+                            // after it is still answered (RFC 9113 7: no
+                            // special behaviour for an unknown code), where
+                            // closing at once made the answer depend on
+                            // whether the PING came in the same read.
+                            let peer_went_away =
+                                self.inner.error.is_some() && !P::r#dyn().is_server();
+                            if (peer_went_away || self.inner.go_away.should_close_on_idle())
                                 && !self.inner.streams.has_streams()
                             {
                                 self.inner.as_dyn().go_away_now(Reason::NO_ERROR);

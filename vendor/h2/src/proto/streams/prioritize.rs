@@ -299,7 +299,11 @@ impl Prioritize {
 
         if stream.state.is_send_closed() && stream.buffered_send_data == 0 {
             // We can't send any data, so don't bother doing anything else.
-            return Ok(());
+            // weir: but a window past 2^31-1 is still a stream error
+            // FLOW_CONTROL_ERROR (RFC 9113 6.9.1), whether or not this side
+            // has finished sending: before, the answer depended on whether
+            // the response had gone out first.
+            return stream.send_flow.inc_window(inc);
         }
 
         // Update the stream level flow control.
