@@ -5,6 +5,8 @@
 //! Servers (nginx, HAProxy, Redis) come from scripts/install-test-deps.sh;
 //! `scripts/test.sh` runs it first.
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 #[macro_use]
 mod support;
 

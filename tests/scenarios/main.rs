@@ -13,6 +13,8 @@
 //! clock, at a few requests a second, in tests/integration/sim.rs). `cargo test --test scenarios` runs it; plain `cargo test`
 //! does not (`test = false` in crates/weir-cli/Cargo.toml).
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 use std::path::Path;
 
 mod chromium_person;

@@ -2,6 +2,11 @@
 //! the lab lands, `replay`). Errors are printed once, with their chain, here and only
 //! here; exit status 2 for unusable input, 1 for failures.
 
+#![cfg_attr(
+    test,
+    allow(clippy::too_many_lines, reason = "a test reads as one story")
+)]
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;

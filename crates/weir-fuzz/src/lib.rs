@@ -10,6 +10,11 @@
 //!
 //! This crate owns no parser: each lives where weir uses it.
 
+#![cfg_attr(
+    test,
+    allow(clippy::too_many_lines, reason = "a test reads as one story")
+)]
+
 mod differential;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

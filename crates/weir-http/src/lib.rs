@@ -21,6 +21,11 @@
 //! TLS and HTTP/2 are hyper's (weir's `edge` drives them); this crate
 //! decides nothing about which requests may pass.
 
+#![cfg_attr(
+    test,
+    allow(clippy::too_many_lines, reason = "a test reads as one story")
+)]
+
 pub mod body;
 pub mod client;
 pub mod conn;

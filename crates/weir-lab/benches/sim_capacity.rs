@@ -28,6 +28,8 @@
 //!
 //! Run: `cargo bench --bench sim_capacity` or `bench/sim-capacity.sh`.
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -32,6 +32,11 @@
 //! # }
 //! ```
 
+#![cfg_attr(
+    test,
+    allow(clippy::too_many_lines, reason = "a test reads as one story")
+)]
+
 pub mod addresses;
 pub mod alerts;
 pub mod app;

@@ -23,6 +23,8 @@
 //! requests, three levels each):
 //! see bench/README.md, "Shared limits at a fleet's scale".
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 //! spray into governor, which has no cap. Run with
 //! `cargo bench --bench limiter_memory`.
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
 // A global allocator is an `unsafe impl`; this binary exists only to count.
 #![allow(unsafe_code)]
 

@@ -32,6 +32,8 @@
 //! 32 tasks 30-40 k req/s (120-160 k rule decisions/s), p50 0.73-0.97 ms,
 //! p99 1.9-2.9 ms. Redis (single-threaded) and the bench share 2 cores.
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};

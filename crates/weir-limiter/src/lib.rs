@@ -34,6 +34,11 @@
 //! assert!(rules.store(0).unwrap().check(slash24, &quota, clock.now(), 1).is_allowed());
 //! ```
 
+#![cfg_attr(
+    test,
+    allow(clippy::too_many_lines, reason = "a test reads as one story")
+)]
+
 pub mod gcra;
 pub mod inflight;
 pub mod lease;

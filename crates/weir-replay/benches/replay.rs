@@ -18,6 +18,8 @@
 //! Run: `cargo bench --bench replay`. Numbers depend on the machine; compare rows of one run;
 //! bench/README.md ("Replay") has a recorded run.
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;

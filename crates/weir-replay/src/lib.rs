@@ -36,6 +36,11 @@
 //! the raw header for that), and does not unescape nginx/Apache `\xNN` sequences (fields are
 //! kept as written).
 
+#![cfg_attr(
+    test,
+    allow(clippy::too_many_lines, reason = "a test reads as one story")
+)]
+
 pub mod agent;
 mod combined;
 pub mod engine;

@@ -5,6 +5,8 @@
 //! current-thread tokio runtime, so it measures the queue and task wake-ups,
 //! not parallelism; numbers are recorded in `docs/admission.md`.
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroUsize;

@@ -8,6 +8,8 @@
 //! Run: `cargo bench --bench bots`; numbers are recorded in
 //! `docs/admission.md` (verified bots).
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 use std::hint::black_box;
 use std::sync::Arc;
 

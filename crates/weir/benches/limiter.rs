@@ -22,6 +22,8 @@
 //! check is the time per request divided by 4.
 //! Bytes per key are measured in `benches/limiter_memory.rs`.
 
+#![allow(clippy::too_many_lines, reason = "a test or bench reads as one story")]
+
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};

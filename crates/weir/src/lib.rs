@@ -18,6 +18,11 @@
 //! - [`observe`]: access log, Prometheus metrics; [`admin`]: the admin API.
 //! - [`config`] and [`gateway`]: the TOML schema, and its compilation.
 
+#![cfg_attr(
+    test,
+    allow(clippy::too_many_lines, reason = "a test reads as one story")
+)]
+
 pub mod admin;
 pub mod admission;
 pub mod build_info;
