@@ -1,5 +1,5 @@
-//! What a refused request showed of a person: the collateral signal, as a
-//! type. The rules phase finds it (`policy::rules::collateral_signal`);
+//! What a request showed of a person, as types: the collateral signal of a
+//! refused request, its session's kind and the challenge's mark on it. The rules phase finds it (`policy::rules::collateral_signal`);
 //! the access log, metrics, the people timeline and `weir replay` carry and
 //! count it. Here so that none of those has to know the rules to ask
 //! whether a signal is evidence of a person, or compare strings to.
@@ -58,6 +58,80 @@ impl Collateral {
         matches!(
             self,
             Collateral::Verified | Collateral::Pass | Collateral::Browsing
+        )
+    }
+}
+
+/// What a request's session proved, as the log records it (`session`):
+/// [`crate::identity::session::SessionState`] without its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionKind {
+    /// No session cookie weir checks.
+    #[default]
+    Anonymous,
+    /// A checked login.
+    Verified,
+    /// A session cookie that failed its check.
+    Unverified,
+}
+
+impl SessionKind {
+    /// Its name in the access log and in metrics' `session` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionKind::Anonymous => "anonymous",
+            SessionKind::Verified => "verified",
+            SessionKind::Unverified => "unverified",
+        }
+    }
+}
+
+/// What the challenge made of a request, as the log records it
+/// (`challenge`): the first event of a challenge response, or what a pass
+/// it carried was worth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChallengeMark {
+    /// The challenge page was served.
+    Issued,
+    /// An answer was right: a pass was minted.
+    Solved,
+    /// An answer was wrong, stale or replayed.
+    Failed,
+    /// weir's answer endpoint admitted a pass.
+    PassAdmitted,
+    /// weir's answer endpoint refused a pass.
+    PassRejected,
+    /// A valid pass that is proof here admitted the request.
+    Pass,
+    /// No pass came back, but the browser solved the work three times
+    /// lately: admitted as proven.
+    Looped,
+    /// A valid no-script pass outside a visit weir counts as a person's:
+    /// not proof.
+    WaitPass,
+}
+
+impl ChallengeMark {
+    /// Its name in the access log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChallengeMark::Issued => "issued",
+            ChallengeMark::Solved => "solved",
+            ChallengeMark::Failed => "failed",
+            ChallengeMark::PassAdmitted => "pass_admitted",
+            ChallengeMark::PassRejected => "pass_rejected",
+            ChallengeMark::Pass => "pass",
+            ChallengeMark::Looped => "looped",
+            ChallengeMark::WaitPass => "wait_pass",
+        }
+    }
+
+    /// Whether the request was answered by the challenge itself (a page or
+    /// a verdict), not by the app.
+    pub fn is_challenge_answer(self) -> bool {
+        matches!(
+            self,
+            ChallengeMark::Issued | ChallengeMark::Solved | ChallengeMark::Failed
         )
     }
 }

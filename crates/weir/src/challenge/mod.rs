@@ -162,6 +162,18 @@ pub enum ChallengeEvent {
 }
 
 impl ChallengeEvent {
+    /// Its mark in the access log (`challenge`).
+    pub fn mark(&self) -> crate::evidence::ChallengeMark {
+        use crate::evidence::ChallengeMark;
+        match self {
+            ChallengeEvent::Issued { .. } => ChallengeMark::Issued,
+            ChallengeEvent::Solved { .. } => ChallengeMark::Solved,
+            ChallengeEvent::Failed(_) => ChallengeMark::Failed,
+            ChallengeEvent::PassAdmitted { .. } => ChallengeMark::PassAdmitted,
+            ChallengeEvent::PassRejected(_) => ChallengeMark::PassRejected,
+        }
+    }
+
     /// Bounded metric labels: `(event, reason)`.
     pub fn labels(&self) -> (&'static str, &'static str) {
         match self {

@@ -159,13 +159,19 @@ impl SessionState {
         }
     }
 
+    /// What it proved, without its user: for logs and metric labels.
+    pub fn kind(&self) -> crate::evidence::SessionKind {
+        use crate::evidence::SessionKind;
+        match self {
+            SessionState::Anonymous => SessionKind::Anonymous,
+            SessionState::Verified { .. } => SessionKind::Verified,
+            SessionState::Unverified { .. } => SessionKind::Unverified,
+        }
+    }
+
     /// `anonymous`, `verified` or `unverified`, for logs and metric labels.
     pub fn as_str(&self) -> &'static str {
-        match self {
-            SessionState::Anonymous => "anonymous",
-            SessionState::Verified { .. } => "verified",
-            SessionState::Unverified { .. } => "unverified",
-        }
+        self.kind().as_str()
     }
 }
 

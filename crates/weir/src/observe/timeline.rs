@@ -24,6 +24,8 @@ use ipnet::IpNet;
 use serde::Serialize;
 
 use super::AccessRecord;
+use super::access_log::{Coalescing, Verdict};
+use crate::evidence::{ChallengeMark, SessionKind};
 
 /// Seconds kept: the 15 minutes the page draws.
 pub const KEPT_SECONDS: usize = 900;
@@ -59,10 +61,10 @@ enum Outcome {
 
 impl Outcome {
     fn of(r: &AccessRecord) -> Outcome {
-        if r.upstream_status.is_some() || r.coalesced == Some("shared") {
+        if r.upstream_status.is_some() || r.coalesced == Some(Coalescing::Shared) {
             Outcome::Served
-        } else if r.decision == "challenge"
-            || matches!(r.challenge, Some("issued" | "solved" | "failed"))
+        } else if r.decision == Verdict::Challenge
+            || r.challenge.is_some_and(ChallengeMark::is_challenge_answer)
         {
             Outcome::Challenged
         } else if r.rule_level.is_some() {
@@ -353,8 +355,8 @@ pub fn unix_s(t: std::time::SystemTime) -> u64 {
 fn shows_a_person(r: &AccessRecord) -> bool {
     r.collateral
         .is_some_and(crate::evidence::Collateral::is_person_evidence)
-        || r.session == "verified"
-        || r.challenge == Some("pass")
+        || r.session == SessionKind::Verified
+        || r.challenge == Some(ChallengeMark::Pass)
 }
 
 /// The latency bucket of `d`: two per power of two of microseconds, split
@@ -469,8 +471,8 @@ mod tests {
             user_agent: None,
             referer: None,
             class: Arc::from("default"),
-            decision: "admit",
-            session: "anonymous",
+            decision: Verdict::Admit,
+            session: crate::evidence::SessionKind::Anonymous,
             bot: None,
             challenge: None,
             rule: None,
@@ -505,7 +507,7 @@ mod tests {
     fn refused(ua: &str, client: [u8; 4], collateral: Option<&'static str>) -> AccessRecord {
         let mut r = blank();
         r.status = 429;
-        r.decision = "reject";
+        r.decision = Verdict::Reject;
         r.rule_level = Some("ip");
         r.user_agent = Some(http::HeaderValue::from_str(ua).unwrap());
         r.client = IpAddr::from(client);
@@ -526,7 +528,7 @@ mod tests {
         shed.status = 503;
         t.record(&shed);
         let mut challenged = blank();
-        challenged.decision = "challenge";
+        challenged.decision = Verdict::Challenge;
         challenged.status = 200;
         t.record(&challenged);
 

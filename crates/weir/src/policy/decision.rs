@@ -49,17 +49,6 @@ pub enum Decision {
     Challenge(Box<Response<Bytes>>),
 }
 
-impl Decision {
-    /// A short label for logs and metrics (`admit`, `reject`, `challenge`).
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Decision::Admit(_) => "admit",
-            Decision::Reject(_) => "reject",
-            Decision::Challenge(_) => "challenge",
-        }
-    }
-}
-
 /// A request the policy admitted: proof buys priority, not entry.
 #[derive(Debug, Default)]
 pub struct Admitted {

@@ -13,6 +13,7 @@ use super::Routed;
 use super::exchange::Exchange;
 use super::log::RequestLog;
 use crate::admission::coalesce::{CoalesceKey, Leader, Role, SharedResponse, shareable};
+use crate::observe::access_log::Coalescing;
 use crate::observe::metrics::ClassLabels;
 use crate::policy::Proof;
 
@@ -45,9 +46,9 @@ impl Coalesced {
     pub fn recorded(self, log: &mut RequestLog) -> Coalesced {
         let role = match self {
             Coalesced::Alone => return self,
-            Coalesced::Leader(..) => "leader",
-            Coalesced::Shared(_) => "shared",
-            Coalesced::Unshared => "unshared",
+            Coalesced::Leader(..) => Coalescing::Leader,
+            Coalesced::Shared(_) => Coalescing::Shared,
+            Coalesced::Unshared => Coalescing::Unshared,
         };
         log.coalesced(role);
         self

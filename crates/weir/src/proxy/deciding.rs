@@ -99,7 +99,7 @@ pub(super) async fn policy(
     let verifier = ex.gw().bots.as_deref();
     let crawler = bot.zip(verifier).and_then(|(bot, v)| v.label(bot));
     ex.log_mut()
-        .identified(session.as_str(), crawler, route.class.shared());
+        .identified(session.kind(), crawler, route.class.shared());
     decide(ex, view, route, &session, bot).await
 }
 
@@ -677,6 +677,6 @@ pub(super) fn challenged(mut ex: Exchange<'_>, resp: Response<Bytes>) -> Respons
         challenge_event(ex.rt(), e);
     }
     ex.log_mut()
-        .challenged(events.first().map(|e| e.labels().0));
+        .challenged(events.first().map(ChallengeEvent::mark));
     ex.respond_with(resp)
 }

@@ -19,9 +19,10 @@ use weir_http::target::Target;
 
 use super::ConnCtx;
 use crate::edge::inflight::InFlightGuard;
+use crate::evidence::{ChallengeMark, SessionKind};
 use crate::gateway::Gateway;
 use crate::identity::ClientId;
-use crate::observe::access_log::{AccessRecord, LoggedVisit};
+use crate::observe::access_log::{AccessRecord, Coalescing, LoggedVisit, Verdict};
 use crate::observe::metrics::RuleLabels;
 use crate::observe::request_id::{RequestId, X_REQUEST_ID};
 use crate::policy::Decision;
@@ -186,7 +187,7 @@ impl RequestLog {
     /// dropped while the rules wait is logged with its class.
     pub(super) fn identified(
         &mut self,
-        session: &'static str,
+        session: SessionKind,
         crawler: Option<Arc<str>>,
         class: Arc<str>,
     ) {
@@ -199,7 +200,11 @@ impl RequestLog {
     /// back: a result `serve` lent to the log would keep its place in the
     /// request's future past every later wait.)
     pub(super) fn decided(&mut self, decision: Decision) -> Decision {
-        self.record.decision = decision.as_str();
+        self.record.decision = match decision {
+            Decision::Admit(_) => Verdict::Admit,
+            Decision::Reject(_) => Verdict::Reject,
+            Decision::Challenge(_) => Verdict::Challenge,
+        };
         decision
     }
 
@@ -228,19 +233,19 @@ impl RequestLog {
     /// The request carried a valid challenge pass that is proof here
     /// (`challenge: "pass"`).
     pub(super) fn pass_carried(&mut self) {
-        self.record.challenge = Some("pass");
+        self.record.challenge = Some(ChallengeMark::Pass);
     }
 
     /// No pass came, but the browser solved the page's work three times
     /// lately: a loop, admitted as proven (`challenge: "looped"`).
     pub(super) fn looped(&mut self) {
-        self.record.challenge = Some("looped");
+        self.record.challenge = Some(ChallengeMark::Looped);
     }
 
     /// The request carried a valid no-script pass outside a visit weir
     /// counts as a person's: not proof (`challenge: "wait_pass"`).
     pub(super) fn wait_pass_alone(&mut self) {
-        self.record.challenge = Some("wait_pass");
+        self.record.challenge = Some(ChallengeMark::WaitPass);
     }
 
     /// Rules in shadow mode that would have refused the request.
@@ -261,8 +266,8 @@ impl RequestLog {
     }
 
     /// Answered with the challenge: its first event (`issued`, `solved`, ...).
-    pub(super) fn challenged(&mut self, event: Option<&'static str>) {
-        self.record.decision = "challenge";
+    pub(super) fn challenged(&mut self, event: Option<ChallengeMark>) {
+        self.record.decision = Verdict::Challenge;
         self.record.challenge = event;
     }
 
@@ -272,7 +277,7 @@ impl RequestLog {
     }
 
     /// The request's role in coalescing (`leader`, `shared`, `unshared`).
-    pub(super) fn coalesced(&mut self, role: &'static str) {
+    pub(super) fn coalesced(&mut self, role: Coalescing) {
         self.record.coalesced = Some(role);
     }
 
@@ -360,7 +365,7 @@ impl RequestLog {
         reason: &(impl Reason + ?Sized),
         gw: &Gateway,
     ) -> Response<ResponseBody> {
-        self.record.decision = "reject";
+        self.record.decision = Verdict::Reject;
         self.answer(reason, gw)
     }
 
@@ -426,7 +431,7 @@ impl RequestLog {
         rt.metrics.count_request(
             &self.record.class,
             self.record.status,
-            self.record.decision,
+            self.record.decision.as_str(),
             self.record.duration,
         );
         rt.timeline.record(&self.record);
@@ -464,8 +469,8 @@ fn first_record<B>(req: &Request<B>, client: &ClientId, conn: &ConnCtx) -> Acces
         user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
         referer: req.headers().get(http::header::REFERER).cloned(),
         class: unrouted(),
-        decision: "admit",
-        session: "anonymous",
+        decision: Verdict::Admit,
+        session: SessionKind::Anonymous,
         bot: None,
         challenge: None,
         rule: None,
