@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Request, Response, StatusCode, Uri};
 use weir_http::body::{OnComplete, ResponseBody};
 use weir_http::target::Target;
 
@@ -449,21 +449,16 @@ impl RequestLog {
 /// A request's record as it begins: who sent what, and how; the phases
 /// fill in the rest.
 fn first_record<B>(req: &Request<B>, client: &ClientId, conn: &ConnCtx) -> AccessRecord {
-    let proto = match req.version() {
-        Version::HTTP_2 => "HTTP/2",
-        Version::HTTP_10 => "HTTP/1.0",
-        _ => "HTTP/1.1",
-    };
     AccessRecord {
         time: SystemTime::now(),
         request_id: RequestId::of(req.headers(), client),
         client: client.client.ip(),
         peer: client.peer.ip(),
-        client_source: client.source.as_str(),
+        client_source: client.source,
         method: req.method().clone(),
         target: None,
         raw_target: None,
-        proto,
+        proto: req.version(),
         tls_version: conn.edge.tls.map(|t| t.version),
         alpn: conn.edge.tls.and_then(|t| t.alpn),
         user_agent: req.headers().get(http::header::USER_AGENT).cloned(),
