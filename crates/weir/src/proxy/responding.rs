@@ -13,6 +13,7 @@ use weir_http::server::ClientUpgrade;
 use super::coalescing::lead;
 use super::exchange::Exchange;
 use super::forwarding::Unanswered;
+use super::log::RequestLog;
 use crate::admission::coalesce::Leader;
 use crate::policy::{RejectReason, ShedCause};
 use crate::respond::{Reason, Side};
@@ -59,22 +60,8 @@ pub(super) async fn respond(
         Err(why) => return unanswered(ex, why),
     };
     ex.log_mut().app_answered(resp.status());
-    let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    if is_101 && client_upgrade.is_none() {
-        // A switch no one asked for: the client would get a connection it
-        // cannot speak on (and the app's end of it is closed with `resp`).
-        return ex.answer(&AppFault::UnaskedUpgrade);
-    }
-    strip_hop_by_hop(resp.headers_mut(), is_101 && client_upgrade.is_some());
-    if is_101
-        && let Some(client_upgrade) = client_upgrade
-        && let Some((upstream, early)) = resp.body_mut().take_tunnel()
-    {
-        let tunnel_guard = ex.conn().edge.guard.clone();
-        tokio::spawn(async move {
-            client_upgrade.tunnel(upstream, early).await;
-            drop(tunnel_guard);
-        });
+    if let Err(fault) = switch_protocols(&ex, &mut resp, client_upgrade) {
+        return ex.answer(&fault);
     }
     let (mut parts, body) = resp.into_parts();
     let body = match leader {
@@ -94,18 +81,51 @@ pub(super) async fn respond(
     log.passed_on(parts.status);
     log.stamp(&mut parts.headers);
     if log.visit().is_some() {
-        // A plain response's fields are not in the map (weir_http::fields).
-        use weir_http::server::Outgoing as _;
-        let received = body.received_fields().map(|r| r.values("cache-control"));
-        let shared = crate::visit::shared_cacheable_map(&parts.headers)
-            || received.is_some_and(crate::visit::shared_cacheable);
-        let served = crate::visit::ServedBy::App {
-            status: parts.status,
-            shared_cacheable: shared,
-        };
-        log.own_fields(served, &mut parts.headers);
+        visit_fields(&mut log, &mut parts, &body);
     }
     Response::from_parts(parts, body.on_complete(log))
+}
+
+/// The response's hop-by-hop fields removed, and an upgrade the client
+/// asked for and the app agreed to (`101`) turned into a tunnel between
+/// them. A switch no one asked for is the app's fault: the client would get
+/// a connection it cannot speak on (the app's end closes with `resp`).
+fn switch_protocols(
+    ex: &Exchange<'_>,
+    resp: &mut Response<UpstreamBody>,
+    client_upgrade: Option<ClientUpgrade>,
+) -> Result<(), AppFault> {
+    let is_101 = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if is_101 && client_upgrade.is_none() {
+        return Err(AppFault::UnaskedUpgrade);
+    }
+    strip_hop_by_hop(resp.headers_mut(), is_101 && client_upgrade.is_some());
+    if is_101
+        && let Some(client_upgrade) = client_upgrade
+        && let Some((upstream, early)) = resp.body_mut().take_tunnel()
+    {
+        let tunnel_guard = ex.conn().edge.guard.clone();
+        tokio::spawn(async move {
+            client_upgrade.tunnel(upstream, early).await;
+            drop(tunnel_guard);
+        });
+    }
+    Ok(())
+}
+
+/// The visit's own fields on an app's page (its next cookie, unless the
+/// page may be cached for others), for a request that carries a visit.
+fn visit_fields(log: &mut RequestLog, parts: &mut http::response::Parts, body: &ResponseBody) {
+    // A plain response's fields are not in the map (weir_http::fields).
+    use weir_http::server::Outgoing as _;
+    let received = body.received_fields().map(|r| r.values("cache-control"));
+    let shared = crate::visit::shared_cacheable_map(&parts.headers)
+        || received.is_some_and(crate::visit::shared_cacheable);
+    let served = crate::visit::ServedBy::App {
+        status: parts.status,
+        shared_cacheable: shared,
+    };
+    log.own_fields(served, &mut parts.headers);
 }
 
 /// The rescue's answer to a request the upstream phase has no response
