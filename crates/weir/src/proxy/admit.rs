@@ -16,9 +16,9 @@ use crate::admission::{AdmissionQueue, Lane, Standing};
 use crate::challenge::Challenger;
 use crate::gateway::ClassAdmission;
 use crate::identity::ClientAddr;
+use crate::observe::metrics::Metrics;
 use crate::policy::route::RequestView;
 use crate::policy::{Admitted, ChallengeInstead, PageWhen, RejectReason};
-use crate::runtime::Runtime;
 use crate::upstream::{ForwardError, Pool};
 
 /// **Admission phase**: after the policy admitted the request (and after
@@ -62,7 +62,7 @@ pub(super) async fn admission(
     match slot(ex, pool, queue, place).await {
         Ok(()) => {
             if ask.is_some_and(|(c, _)| c.engaged) {
-                spared(ex.rt(), pool);
+                spared(ex.metrics(), pool);
             }
             Ok(())
         }
@@ -101,7 +101,7 @@ fn place(
     let lane = queue.lanes().clamp(Lane::for_request(standing, class_lane));
     let cheap = class_lane < Lane::ANONYMOUS;
     let client = ex.client().client;
-    let browsing = ex.rt().browsing.record(client, cheap, now);
+    let browsing = ex.browsing().record(client, cheap, now);
     let key = turn(proof.pass, visit, browsing, client);
     Place {
         lane,
@@ -220,7 +220,7 @@ async fn slot(
     queue: &AdmissionQueue,
     place: Place,
 ) -> Result<(), RejectReason> {
-    let metrics = &ex.rt().metrics;
+    let metrics = ex.metrics();
     let Place {
         lane,
         key,
@@ -268,11 +268,11 @@ fn challenge_page(
 
 /// Counts a navigation served under pressure without being asked for proof
 /// (`weir_challenge_spared_total`).
-fn spared(rt: &Runtime, pool: &Pool) {
+fn spared(metrics: &Metrics, pool: &Pool) {
     let labels = crate::observe::metrics::PoolLabels {
         pool: pool.name.clone(),
     };
-    rt.metrics.challenge_spared.get_or_create(&labels).inc();
+    metrics.challenge_spared.get_or_create(&labels).inc();
 }
 
 /// Records a request the queue shed (metrics, the pool's busy signal, the
@@ -293,7 +293,7 @@ fn shed_reason(
         lane: shed_lane,
         reason: shed.reason.as_str(),
     };
-    ex.rt().metrics.admission_shed.get_or_create(&labels).inc();
+    ex.metrics().admission_shed.get_or_create(&labels).inc();
     ex.log_mut().waited(shed.waited);
     RejectReason::Shed {
         cause: shed.reason.into(),

@@ -149,14 +149,14 @@ pub(super) fn shared_response(
     shared: &SharedResponse,
     req: &Request<RequestBody>,
 ) -> Response<ResponseBody> {
-    let rt = ex.rt();
+    let metrics = ex.metrics();
     let mut log = ex.into_log();
     let version = req.version();
     log.passed_on(shared.status);
     let labels = ClassLabels {
         class: log.class().clone(),
     };
-    rt.metrics.coalesced_requests.get_or_create(&labels).inc();
+    metrics.coalesced_requests.get_or_create(&labels).inc();
     let mut headers = shared.headers.clone();
     log.stamp(&mut headers);
     let cacheable = crate::visit::shared_cacheable_map(&headers);

@@ -27,7 +27,7 @@ use crate::identity::bots::BotId;
 use crate::identity::bots::signature::SignedRequest;
 use crate::identity::session::SessionState;
 use crate::observe::metrics::{
-    BotLabels, ChallengeLabels, CollateralLabels, PoolLabels, RuleLabels, RuleLevelLabels,
+    BotLabels, ChallengeLabels, CollateralLabels, Metrics, PoolLabels, RuleLabels, RuleLevelLabels,
 };
 use crate::policy::route::{RequestView, Route};
 use crate::policy::rules::{
@@ -153,11 +153,7 @@ pub(super) async fn bot(ex: &mut Exchange<'_>, view: &RequestView<'_>) -> Option
             method: a.method.as_str(),
             result: a.result,
         };
-        ex.rt()
-            .metrics
-            .bot_verifications
-            .get_or_create(&labels)
-            .inc();
+        ex.metrics().bot_verifications.get_or_create(&labels).inc();
     }
     check.bot
 }
@@ -313,16 +309,9 @@ async fn decide_rules(
     route: &Route,
     facts: Facts<'_>,
 ) -> Ruled {
-    let gw = ex.gw();
-    let max = gw.edge.max_in_flight_per_ip;
-    let Some(slot) =
-        ex.rt()
-            .client_in_flight
-            .acquire(ex.client().client, max, gw.edge.conn.ipv6_prefix)
-    else {
-        return Ruled::Reject(RejectReason::ClientInFlight { limit: max });
-    };
-    ex.held().in_flight = Some(slot);
+    if let Err(refusal) = ex.hold_client_slot() {
+        return Ruled::Reject(refusal);
+    }
     if route.rules.is_empty() {
         return Ruled::Admit(None);
     }
@@ -410,7 +399,7 @@ fn carried_pass(
 ) -> Option<PassToken> {
     let check = ch.pass(view.headers, ex.client(), SystemTime::now());
     if let Some(e) = check.event() {
-        challenge_event(ex.rt(), &e);
+        challenge_event(ex.metrics(), &e);
     }
     match check {
         PassCheck::Valid(t) => Some(t),
@@ -656,16 +645,14 @@ fn count_rejection(
 
 /// Counts a challenge event (`weir_challenge_events_total`, and the time to
 /// solve of a solved one).
-pub(super) fn challenge_event(rt: &Runtime, e: &ChallengeEvent) {
+pub(super) fn challenge_event(metrics: &Metrics, e: &ChallengeEvent) {
     let (event, reason) = e.labels();
-    rt.metrics
+    metrics
         .challenge_events
         .get_or_create(&ChallengeLabels { event, reason })
         .inc();
     if let ChallengeEvent::Solved { time_to_solve, .. } = e {
-        rt.metrics
-            .challenge_solve
-            .observe(time_to_solve.as_secs_f64());
+        metrics.challenge_solve.observe(time_to_solve.as_secs_f64());
     }
 }
 
@@ -674,7 +661,7 @@ pub(super) fn challenge_event(rt: &Runtime, e: &ChallengeEvent) {
 pub(super) fn challenged(mut ex: Exchange<'_>, resp: Response<Bytes>) -> Response<ResponseBody> {
     let events = crate::challenge::events(&resp);
     for e in events {
-        challenge_event(ex.rt(), e);
+        challenge_event(ex.metrics(), e);
     }
     ex.log_mut()
         .challenged(events.first().map(ChallengeEvent::mark));

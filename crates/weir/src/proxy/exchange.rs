@@ -58,9 +58,36 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// The process: metrics, tallies, the client's in-flight counts.
-    pub fn rt(&self) -> &'a Runtime {
+    /// The process's tallies that outlive a request, for the phases that
+    /// keep one: the rules' observer (activity, refused clients, shared
+    /// limits) and the challenge's pressure. Others ask for what they use:
+    /// [`Exchange::metrics`], [`Exchange::browsing`],
+    /// [`Exchange::hold_client_slot`].
+    pub(super) fn rt(&self) -> &'a Runtime {
         &self.conn.rt
+    }
+
+    /// The process's metrics, for a phase to count what it did.
+    pub fn metrics(&self) -> &'a crate::observe::metrics::Metrics {
+        &self.conn.rt.metrics
+    }
+
+    /// Admission's evidence of browsing, by address.
+    pub fn browsing(&self) -> &'a crate::admission::BrowsingEvidence {
+        &self.conn.rt.browsing
+    }
+
+    /// Takes one of the client's slots among requests in flight
+    /// (`limits.max_requests_in_flight_per_ip`), held until the request's
+    /// line is written; or the refusal, when it has none left.
+    pub fn hold_client_slot(&mut self) -> Result<(), crate::policy::RejectReason> {
+        let edge = &self.gw.edge;
+        let max = edge.max_in_flight_per_ip;
+        let slot = (self.conn.rt.client_in_flight)
+            .acquire(self.client.client, max, edge.conn.ipv6_prefix)
+            .ok_or(crate::policy::RejectReason::ClientInFlight { limit: max })?;
+        self.held().in_flight = Some(slot);
+        Ok(())
     }
 
     /// The connection: what the edge said of it.

@@ -19,11 +19,11 @@ use weir_http::connections::UpstreamBody;
 use super::Routed;
 use super::exchange::Exchange;
 use super::log::Place;
+use crate::observe::metrics::Metrics;
 use crate::observe::metrics::{PoolErrorLabels, PoolLabels};
 use crate::policy::RejectReason;
 use crate::policy::route::Route;
 use crate::respond::{Reason, Side};
-use crate::runtime::Runtime;
 use crate::upstream::forward::{self, ForwardError, Hop, strip_hop_by_hop};
 use crate::upstream::{NoServer, Pool, ServerGuard};
 
@@ -65,11 +65,7 @@ pub(super) async fn forward(
         let labels = PoolLabels {
             pool: pool.name.clone(),
         };
-        ex.rt()
-            .metrics
-            .admission_requeued
-            .get_or_create(&labels)
-            .inc();
+        ex.metrics().admission_requeued.get_or_create(&labels).inc();
         return Err(Unanswered::Refused {
             again: Box::new(again),
             error,
@@ -145,7 +141,7 @@ async fn send_with_failover(
     request: &mut Request<RequestBody>,
     timeout: Duration,
 ) -> Result<Box<Response<UpstreamBody>>, ForwardError> {
-    let rt = ex.rt();
+    let metrics = ex.metrics();
     let mut failover = Failover::of(request, pool);
     // One clock read before and one after each attempt serve every
     // timestamp and duration below (they are per request, and add up).
@@ -153,12 +149,12 @@ async fn send_with_failover(
     pool.record_request(sent);
     let handles = pool
         .metrics
-        .get_or_init(|| rt.metrics.pool_handles(&pool.name));
+        .get_or_init(|| metrics.pool_handles(&pool.name));
     loop {
         // A block: what the attempt leaves (its result, large) is not held
         // across the wait for an app that did not listen.
         let refused_by = {
-            let guard = pick(pool, failover.exclude(), failover.idempotent, sent, rt)?;
+            let guard = pick(pool, failover.exclude(), failover.idempotent, sent, metrics)?;
             let req = failover.request(request)?;
             ex.log_mut().sent_to(guard.server.addr);
             handles.in_flight.inc();
@@ -174,9 +170,9 @@ async fn send_with_failover(
                 }
                 Err(e) => e,
             };
-            count_failure(pool, &e, rt);
+            count_failure(pool, &e, metrics);
             if !failover.waits_for_the_app(&e) {
-                failover.retry(e, guard, pool, rt)?;
+                failover.retry(e, guard, pool, metrics)?;
                 sent = Instant::now();
                 continue;
             }
@@ -249,10 +245,10 @@ impl Failover {
         e: ForwardError,
         guard: ServerGuard,
         pool: &Pool,
-        rt: &Runtime,
+        metrics: &Metrics,
     ) -> Result<(), ForwardError> {
         let once_more = e.retryable(self.idempotent) && self.failed.is_none();
-        if !once_more || !self.resendable || !retry_allowed(pool, rt) {
+        if !once_more || !self.resendable || !retry_allowed(pool, metrics) {
             return Err(e);
         }
         tracing::debug!(error = %e, "trying another server");
@@ -268,14 +264,14 @@ fn pick(
     exclude: Option<&Arc<crate::upstream::Server>>,
     idempotent: bool,
     now: Instant,
-    rt: &Runtime,
+    metrics: &Metrics,
 ) -> Result<ServerGuard, ForwardError> {
     pool.pick(exclude, idempotent, now).map_err(|none| {
         let e = match none {
             NoServer::AllDead => ForwardError::NoHealthyServer,
             NoServer::Exhausted => ForwardError::NoServer,
         };
-        count_failure(pool, &e, rt);
+        count_failure(pool, &e, metrics);
         e
     })
 }
@@ -366,11 +362,11 @@ const APP_BACKOFF_MAX: Duration = Duration::from_millis(400);
 /// Counts a failed exchange: the app's in `weir_upstream_errors_total`; the
 /// client's own upload failing is not the server's error (and must not
 /// page whoever watches upstream errors).
-fn count_failure(pool: &Pool, e: &ForwardError, rt: &Runtime) {
+fn count_failure(pool: &Pool, e: &ForwardError, metrics: &Metrics) {
     if e.side() == Side::Client {
-        rt.metrics.connection_error(e.kind());
+        metrics.connection_error(e.kind());
     } else {
-        rt.metrics
+        metrics
             .upstream_errors
             .get_or_create(&PoolErrorLabels {
                 pool: pool.name.clone(),
@@ -381,18 +377,15 @@ fn count_failure(pool: &Pool, e: &ForwardError, rt: &Runtime) {
 }
 
 /// Whether the pool's retry budget allows one more attempt, counted either way.
-fn retry_allowed(pool: &Pool, rt: &Runtime) -> bool {
+fn retry_allowed(pool: &Pool, metrics: &Metrics) -> bool {
     let labels = PoolLabels {
         pool: pool.name.clone(),
     };
     if pool.try_retry(Instant::now()) {
-        rt.metrics.upstream_retries.get_or_create(&labels).inc();
+        metrics.upstream_retries.get_or_create(&labels).inc();
         true
     } else {
-        rt.metrics
-            .upstream_retries_denied
-            .get_or_create(&labels)
-            .inc();
+        metrics.upstream_retries_denied.get_or_create(&labels).inc();
         false
     }
 }

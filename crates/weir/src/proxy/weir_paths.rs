@@ -35,18 +35,12 @@ pub(super) async fn challenge_endpoint(
     req: Request<RequestBody>,
 ) -> Response<ResponseBody> {
     use http_body_util::BodyExt as _;
-    let (gw, client, target) = (ex.gw(), ex.client(), ex.target());
+    let (gw, target) = (ex.gw(), ex.target());
     ex.log_mut().weir_endpoint();
     let (parts, mut body) = req.into_parts();
-    let max = gw.edge.max_in_flight_per_ip;
-    let Some(slot) = ex
-        .rt()
-        .client_in_flight
-        .acquire(client.client, max, gw.edge.conn.ipv6_prefix)
-    else {
-        return ex.reject(&RejectReason::ClientInFlight { limit: max });
-    };
-    ex.held().in_flight = Some(slot);
+    if let Err(refusal) = ex.hold_client_slot() {
+        return ex.reject(&refusal);
+    }
     // The timeouts of any body; the size is `Limited`'s, below.
     body.watch(gw.edge.body, None);
     let limited = http_body_util::Limited::new(body, crate::challenge::MAX_VERIFY_BODY);
@@ -74,7 +68,7 @@ pub(super) async fn challenge_endpoint(
         Some(Ok(resp)) => super::deciding::challenged(ex, resp),
         Some(Err(refusal)) => {
             if let Some(e) = refusal.event() {
-                super::deciding::challenge_event(ex.rt(), &e);
+                super::deciding::challenge_event(ex.metrics(), &e);
             }
             ex.reject(&refusal)
         }
