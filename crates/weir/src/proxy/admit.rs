@@ -10,6 +10,7 @@ use http::{Response, StatusCode};
 use weir_http::connections::UpstreamBody;
 
 use super::Routed;
+use super::challenging::page_at_admission;
 use super::exchange::Exchange;
 use super::log::Place;
 use crate::admission::{AdmissionQueue, Lane, Standing};
@@ -54,7 +55,7 @@ pub(super) async fn admission(
         let deferred = admitted.deferred.is_some();
         match page_deadline(queue, &place, ask, deferred, now) {
             Some(deadline) => place.deadline = place.deadline.min(deadline),
-            None => return Err(challenge_page(ex, ask, view, now)),
+            None => return Err(Unadmitted::Challenge(page_at_admission(ex, ask, view, now))),
         }
     }
     // Kept: a request the app refuses waits here again (`requeue`).
@@ -67,7 +68,7 @@ pub(super) async fn admission(
             Ok(())
         }
         Err(reason) => Err(match (ask, admitted.deferred) {
-            (Some(ask), _) => challenge_page(ex, ask, view, now),
+            (Some(ask), _) => Unadmitted::Challenge(page_at_admission(ex, ask, view, now)),
             (None, Some(d)) => Unadmitted::Deferred(d),
             (None, None) => Unadmitted::Reject(reason),
         }),
@@ -244,26 +245,6 @@ async fn slot(
         }
         Err(shed) => Err(shed_reason(ex, pool, queue, &shed)),
     }
-}
-
-/// The challenge page for a navigation admission would not serve promptly,
-/// counting the wait since `asked` (when it came to the queue) towards the
-/// no-script delay ([`Challenger::page_after`]).
-fn challenge_page(
-    ex: &Exchange<'_>,
-    (c, ch): (ChallengeInstead, &Challenger),
-    view: &RequestView<'_>,
-    asked: tokio::time::Instant,
-) -> Unadmitted {
-    let asker = ex.asker(view.headers);
-    let page = ch.page_after(
-        view.target,
-        asker,
-        c.difficulty,
-        ex.challenge_at(),
-        asked.elapsed(),
-    );
-    Unadmitted::Challenge(Box::new(page))
 }
 
 /// Counts a navigation served under pressure without being asked for proof

@@ -7,8 +7,11 @@
 //!   `policy::route`).
 //! - [`deciding`]: visit, session, verified bots, rules and challenge:
 //!   the [`Decision`].
-//! - [`weir_paths`]: weir's own endpoints (the challenge's script and
-//!   answer), before any decision.
+//! - [`challenging`]: the challenge's part in every phase it meets, in one
+//!   place: a pass in the address or the `Referer`, a pass's worth, a
+//!   loop, when the page is offered (now, on a long wait, at admission),
+//!   and weir's own endpoints (its script and answers, before any
+//!   decision).
 //! - [`coalescing`]: identical anonymous GETs sharing one upstream request.
 //! - [`admit`]: a slot in the pool's admission queue.
 //! - [`forwarding`]: the request sent upstream with failover.
@@ -22,13 +25,13 @@
 //! connection, over the gateway in force.
 
 mod admit;
+mod challenging;
 mod coalescing;
 mod deciding;
 mod exchange;
 mod forwarding;
 mod log;
 mod responding;
-mod weir_paths;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -193,7 +196,7 @@ fn serve(
         let client = identify(&req, &conn, &gw, started);
         // The pass is a secret: out of the `Referer` before the record copies it.
         if let Some(ch) = &gw.challenger {
-            pass_out_of_the_referer(ch, &mut req);
+            challenging::pass_out_of_the_referer(ch, &mut req);
         }
         let mut log = RequestLog::new(&mut req, &client, conn.clone(), started);
         // Target: the codec's leftover framing, then the one canonical reading.
@@ -207,9 +210,9 @@ fn serve(
         let mut ex = Exchange::new(&conn, &gw, &client, &target, log);
         ex.log_mut().set_target(&target, req.uri());
         // weir's own endpoints: the challenge's script and answer.
-        if let Some(ch) = weir_paths::owner(&gw, &target) {
+        if let Some(ch) = challenging::owner(&gw, &target) {
             // Boxed: rare, and its state would enlarge every request's future.
-            return Box::pin(weir_paths::challenge_endpoint(ex, ch, req)).await;
+            return Box::pin(challenging::challenge_endpoint(ex, ch, req)).await;
         }
         // Route: the pool and class.
         let route = match route(&gw, &target, &req) {
@@ -225,7 +228,7 @@ fn serve(
         let admitted = match ex.log_mut().decided(decision) {
             Decision::Admit(admitted) => admitted,
             Decision::Reject(reason) => return ex.answer(&reason),
-            Decision::Challenge(page) => return deciding::challenged(ex, *page),
+            Decision::Challenge(page) => return challenging::challenged(ex, *page),
         };
         let routed = Routed::new(route, &mut ex);
         // Coalescing: identical anonymous GETs share one upstream request.
@@ -271,7 +274,7 @@ async fn send_again(
 /// deferring rule's refusal (reported as that rule's), or the shed's `503`.
 fn unadmitted(mut ex: Exchange<'_>, why: admit::Unadmitted) -> Response<ResponseBody> {
     match why {
-        admit::Unadmitted::Challenge(page) => deciding::challenged(ex, *page),
+        admit::Unadmitted::Challenge(page) => challenging::challenged(ex, *page),
         admit::Unadmitted::Deferred(d) => {
             let reason = deciding::deferral_refused(&mut ex, *d);
             ex.answer(&reason)
@@ -317,7 +320,7 @@ enum Unread {
 /// the same refusals on both listeners (HTTP/2's header count, codings
 /// other than chunked), then the canonical target every later phase reads.
 /// Changes only a pass that came in the address (with the challenge on:
-/// [`deciding::pass_in_address`]). Result: the target and whether a pass
+/// [`challenging::pass_in_address`]). Result: the target and whether a pass
 /// came in its address, or why the request is refused.
 fn read_target(
     req: &mut Request<RequestBody>,
@@ -331,21 +334,8 @@ fn read_target(
     let mut target =
         Target::of(req, gw.path_policy).map_err(|e| Unread::Target(RejectReason::Target(e)))?;
     let pass_in_address = (gw.challenger.as_deref())
-        .is_some_and(|ch| deciding::pass_in_address(ch, req, &mut target));
+        .is_some_and(|ch| challenging::pass_in_address(ch, req, &mut target));
     Ok((target, pass_in_address))
-}
-
-/// A pass in the `Referer` (the page before held it in its address) taken
-/// out, before the log records the field or the app sees it
-/// (`challenge::secret`).
-fn pass_out_of_the_referer(ch: &crate::challenge::Challenger, req: &mut Request<RequestBody>) {
-    let headers = req.headers_mut();
-    let Some(referer) = headers.get(header::REFERER) else {
-        return;
-    };
-    if let Some(clean) = crate::challenge::secret::referer_without_pass(referer, ch.pass_name()) {
-        headers.insert(header::REFERER, clean);
-    }
 }
 
 /// A refusal of a request whose target was not read (its framing, or the
