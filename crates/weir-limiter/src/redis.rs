@@ -675,7 +675,7 @@ impl RedisLimiter {
             .collect())
     }
 
-    /// Gives leased tokens back unused: each key's TAT moves `tokens`
+    /// Gives leased tokens back unused: each key's TAT moves `cost`
     /// intervals earlier (not before now). One script call per hash slot on
     /// a cluster, one in all otherwise; bounded by [`RedisTimeouts::admin`]
     /// each.
@@ -701,7 +701,7 @@ impl RedisLimiter {
                 .push(self.key_name(r.label, r.rule, r.key));
             batches[at]
                 .tokens
-                .push((nanos(r.quota.emission_interval()), r.tokens));
+                .push((nanos(r.quota.emission_interval()), r.cost));
         }
         for batch in &batches {
             let args = ScriptArgs::Return(&batch.tokens);
@@ -939,15 +939,9 @@ struct ReturnBatch<'a> {
     tokens: Vec<(u64, u32)>,
 }
 
-/// Leased tokens to give back ([`RedisLimiter::give_back`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Unused<'q> {
-    pub rule: RuleFingerprint,
-    pub label: &'q str,
-    pub key: u64,
-    pub quota: &'q Quota,
-    pub tokens: u32,
-}
+/// Leased tokens to give back ([`RedisLimiter::give_back`]): the rule's
+/// key as checked, its `cost` the tokens unused.
+pub type Unused<'q> = RuleCheck<'q>;
 
 /// The part of a label a cluster hashes: the rule's name, as
 /// [`rule_prefix`] tags it.

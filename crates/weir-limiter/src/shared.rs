@@ -475,7 +475,7 @@ impl Inner {
                     label: &info.label,
                     key: d.key,
                     quota: &info.quota,
-                    tokens: d.tokens,
+                    cost: d.tokens,
                 })
             })
             .collect();
@@ -487,10 +487,10 @@ impl Inner {
         let now = self.clock.now();
         for u in &unused {
             if let Some(store) = stores.by_fingerprint(u.rule) {
-                store.refund(u.key, u.quota, now, u.tokens);
+                store.refund(u.key, u.quota, now, u.cost);
             }
             self.returned_tokens
-                .fetch_add(u64::from(u.tokens), Ordering::Relaxed);
+                .fetch_add(u64::from(u.cost), Ordering::Relaxed);
         }
     }
 

@@ -654,7 +654,7 @@ async fn leases_come_from_the_far_half_of_a_bucket_and_go_back() {
         label: check.label,
         key: check.key,
         quota: &quota,
-        tokens: 21,
+        cost: 21,
     };
     redis.give_back(&[unused]).await.unwrap();
     let got = redis.check_all_at(&[check], Some(now)).await.unwrap();
