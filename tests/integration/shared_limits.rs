@@ -76,6 +76,22 @@ async fn assert_one_shared_rate(instances: &[Weir], subnet: u8, how: &str) {
     );
 }
 
+/// How many of `tasks`' requests were admitted (200); every other answer
+/// must be the rule's 429.
+async fn count_admitted<E: std::fmt::Debug>(
+    tasks: Vec<tokio::task::JoinHandle<Result<u16, E>>>,
+) -> usize {
+    let mut admitted = 0;
+    for t in tasks {
+        match t.await.unwrap().expect("every request is answered") {
+            200 => admitted += 1,
+            429 => {}
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    admitted
+}
+
 async fn fallback_active(w: &Weir) -> bool {
     let m = HttpRequest::get("/metrics")
         .send(w.admin())
@@ -121,15 +137,26 @@ async fn three_instances_share_one_rate_and_survive_redis_loss() {
                 .map(|r| r.status)
         }));
     }
-    let mut admitted = 0;
-    for t in tasks {
-        match t.await.unwrap().expect("every request is answered") {
-            200 => admitted += 1,
-            429 => {}
-            other => panic!("unexpected status {other}"),
-        }
+    let mut admitted = count_admitted(tasks).await;
+    // Tokens another instance leased and did not use go back after a
+    // lease period (250 ms): until then a fleet may refuse early by what
+    // they hold (docs/operations.md, leases; one CI run admitted 293 of
+    // the burst). A second burst after the return takes them.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut tasks = Vec::new();
+    for i in 0..60usize {
+        let to = listeners[i % 3];
+        tasks.push(tokio::spawn(async move {
+            let src = IpAddr::V4(Ipv4Addr::new(127, 81, 0, (i + 1) as u8));
+            HttpRequest::get("/api")
+                .from(src)
+                .send(to)
+                .await
+                .map(|r| r.status)
+        }));
     }
-    // 300 per minute: the burst, plus what refilled while the burst ran.
+    admitted += count_admitted(tasks).await;
+    // 300 per minute: the burst, plus what refilled while the bursts ran.
     assert!(
         (300..=315).contains(&admitted),
         "admitted {admitted}, want 300 within 5%"
@@ -137,11 +164,11 @@ async fn three_instances_share_one_rate_and_survive_redis_loss() {
     // At most one round trip a request (one rule); refusals the local
     // mirror already knew of needed none, and admissions from leased
     // tokens none either.
-    let calls = round_trips_since(&instances, before, started.elapsed(), 600, "one redis").await;
+    let calls = round_trips_since(&instances, before, started.elapsed(), 660, "one redis").await;
     let leased = lease_decisions(&instances).await;
     assert!(
-        calls + leased >= admitted as f64 && calls <= 600.0,
-        "{calls} round trips and {leased} leased decisions for 600 requests, {admitted} admitted"
+        calls + leased >= admitted as f64 && calls <= 660.0,
+        "{calls} round trips and {leased} leased decisions for 660 requests, {admitted} admitted"
     );
     // Key names say which rule and level they count for: the site-wide
     // level is one key, found by the rule's name.

@@ -107,8 +107,11 @@ pub async fn start_on_loopback(
 }
 
 /// An address on loopback that nothing listens on (yet): bound to learn a
-/// free port, then closed.
+/// free port, then closed. On 127.0.0.253, which no other test binds: on
+/// 127.0.0.1 the port, once closed, went to another test's listener now
+/// and then, and "an app that never comes" answered (a CI run of
+/// `readiness_stops_waiting_at_the_timeout`).
 pub fn unused_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let l = TcpListener::bind("127.0.0.253:0").unwrap();
     l.local_addr().unwrap()
 }
