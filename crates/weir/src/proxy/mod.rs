@@ -437,12 +437,11 @@ fn host_is_authority(req: &Request<RequestBody>) -> bool {
     } else {
         ":80"
     };
-    let normal = |s: &str| {
-        s.strip_suffix(default_port)
-            .unwrap_or(s)
-            .to_ascii_lowercase()
-    };
-    normal(authority.as_str()) == normal(host)
+    // Compared in place: no copy made to lowercase either side.
+    let a = authority.as_str();
+    let a = a.strip_suffix(default_port).unwrap_or(a);
+    let h = host.strip_suffix(default_port).unwrap_or(host);
+    a.eq_ignore_ascii_case(h)
 }
 
 /// **Identity phase**: first, before the target is read. Names the client:
